@@ -1,0 +1,70 @@
+# Fusebox: `make help` lists every target.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PY := .venv/bin/python
+PYTEST := $(PY) -m pytest
+export FUSEBOX_CACHE ?= $(HOME)/.cache/fusebox
+
+.PHONY: help
+help: ## List the targets with what each one does
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+##@ Set-up
+.PHONY: setup setup-system setup-python setup-binaries lock
+setup: setup-system setup-python setup-binaries ## Install everything (Debian packages, Python env, cluster binaries); a warm machine rebuilds nothing
+
+setup-system: ## Install the Debian packages the cluster and tests need (containerd, runc, CNI, podman, debootstrap, promtool)
+	@scripts/install-system-packages.sh
+
+setup-python: ## Create the Python environment in the cache (keyed by requirements-dev.lock) and link .venv to it
+	@scripts/setup-python.sh
+
+setup-binaries: ## Build etcd, Kubernetes, helm and CoreDNS from the pinned Go modules into the cache
+	@localcluster/build-binaries.sh
+
+lock: ## Re-resolve requirements-*.in into the committed lock files
+	@scripts/lock.sh
+
+##@ Images and cluster
+.PHONY: images cluster-up cluster-down cluster-status
+images: setup ## Build the base, inference and operator images with podman (layers cached under the cache dir)
+	@localcluster/build-images.sh
+
+cluster-up: setup images ## Start localcluster: a real one-node Kubernetes with a simulated GPU, in its own network namespace
+	@$(PY) -m localcluster up
+
+cluster-down: ## Stop localcluster and leave the host as it was
+	@$(PY) -m localcluster down
+
+cluster-status: ## Show each localcluster component
+	@$(PY) -m localcluster status
+
+##@ Tests and checks
+.PHONY: test test-unit test-integration test-e2e lint fmt snapshots
+test: setup images ## Run every tier: unit, integration, e2e (what CI runs)
+	@$(PYTEST) tests/unit tests/integration tests/e2e
+
+test-unit: setup-python ## Pure logic and in-process components (fast)
+	@$(PYTEST) tests/unit
+
+test-integration: setup-python ## The real server and sidecar as processes, with the real openai client
+	@$(PYTEST) tests/integration
+
+test-e2e: setup images ## Against localcluster (or the cluster FUSEBOX_KUBECONFIG names)
+	@$(PYTEST) tests/e2e
+
+lint: setup-python ## ruff (lint + format check) and mypy strict
+	@$(PY) -m ruff check .
+	@$(PY) -m ruff format --check .
+	@$(PY) -m mypy
+
+fmt: setup-python ## Format and auto-fix with ruff
+	@$(PY) -m ruff format .
+	@$(PY) -m ruff check --fix .
+
+##@ Demo
+.PHONY: demo demo-down
+demo: ## Bring up the cluster, install Fusebox, serve a chat, inject a leak and watch the operator recover
+	@echo "make demo: not yet (the demo issue will add it)"
+
+demo-down: cluster-down ## Stop the demo's cluster

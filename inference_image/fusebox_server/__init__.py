@@ -1,0 +1,1 @@
+"""Fusebox hardened inference server."""

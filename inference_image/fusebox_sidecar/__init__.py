@@ -1,0 +1,1 @@
+"""Fusebox metrics sidecar."""

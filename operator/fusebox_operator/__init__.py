@@ -1,0 +1,1 @@
+"""Fusebox operator: reconciles InferenceServices and keeps their pods serving."""
