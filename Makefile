@@ -40,7 +40,7 @@ cluster-status: ## Show each localcluster component
 	@$(PY) -m localcluster status
 
 ##@ Tests and checks
-.PHONY: test test-unit test-integration test-e2e lint fmt snapshots
+.PHONY: test test-unit test-integration test-e2e lint fmt snapshots models bench gpu-check
 test: setup images ## Run every tier: unit, integration, e2e (what CI runs)
 	@$(PYTEST) tests/unit tests/integration tests/e2e
 
@@ -57,6 +57,19 @@ lint: setup-python ## ruff (lint + format check) and mypy strict
 	@$(PY) -m ruff check .
 	@$(PY) -m ruff format --check .
 	@$(PY) -m mypy
+
+snapshots: setup-python ## Refresh the operator's golden YAML snapshots (tests/unit/operator/snapshots)
+	@FUSEBOX_UPDATE_SNAPSHOTS=1 $(PYTEST) tests/unit/operator -q
+
+models: setup-python ## Generate the tiny and small test models into the cache
+	@$(PY) -m fusebox_server.tiny_model $(FUSEBOX_CACHE)/models/tiny --size tiny
+	@$(PY) -m fusebox_server.tiny_model $(FUSEBOX_CACHE)/models/small --size small
+
+bench: setup-python models ## Run the benchmarks (bench/), writing figures to bench/results/
+	@$(PY) -m bench
+
+gpu-check: setup-python models ## On a CUDA machine: drive the leak fault on the GPU and record what each admin action frees
+	@$(PY) bench/gpu_check.py --out $${OUT:-bench/results/gpu-check}
 
 fmt: setup-python ## Format and auto-fix with ruff
 	@$(PY) -m ruff format .
