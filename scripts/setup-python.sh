@@ -7,7 +7,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${FUSEBOX_CACHE:-$HOME/.cache/fusebox}
 python=${PYTHON:-python3}
-key=$( { "$python" --version; cat "$root/requirements-dev.lock" "$root/scripts/setup-python.sh"; } | sha256sum | cut -c1-16)
+# Bump when the way the environment is built changes (the lock covers the pins).
+recipe=1
+key=$( { echo "recipe $recipe"; "$python" --version; cat "$root/requirements-dev.lock"; } | sha256sum | cut -c1-16)
 venv="$cache/venv-$key"
 mkdir -p "$cache"
 
@@ -28,5 +30,9 @@ if [ -e "$root/.venv" ] && [ ! -L "$root/.venv" ]; then
   exit 1
 fi
 ln -sfn "$venv" "$root/.venv"
-"$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
-  -e "$root/operator" -e "$root/inference_image"
+# setuptools warns on stderr about editable installs; keep it for failures only.
+if ! "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+  -e "$root/operator" -e "$root/inference_image" 2>"$venv/editable.log"; then
+  cat "$venv/editable.log" >&2
+  exit 1
+fi
