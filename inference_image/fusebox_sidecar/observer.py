@@ -1,0 +1,145 @@
+"""The sidecar's I/O edge: read the stats file, `/proc` and NVML once per scrape.
+
+Kept apart from the collectors so those stay pure. Every expected failure
+(file missing, unreadable, garbage; process gone; NVML down) becomes a value
+in the `Observation`, never an exception, so a scrape always answers.
+
+The only memory kept between scrapes: the last valid stats file's
+`written_at` (so `fusebox_server_stats_age_seconds` keeps growing after the
+file is deleted or corrupted) and its `pid` (so the server's RSS is still
+measured from `/proc` while its stats file is broken). Problems are logged
+when they change, not on every scrape, so a broken file does not flood the
+log at the scrape rate.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+from fusebox_sidecar.collectors import Observation
+from fusebox_sidecar.nvml import GpuAccess, GpuReading, NvmlReader
+from fusebox_sidecar.readings import (
+    ProcOutcome,
+    ProcReading,
+    StatsReading,
+    parse_proc_status,
+    parse_stats,
+)
+
+log = logging.getLogger(__name__)
+
+# A stats file is a few KiB; anything much larger is not ours and is not read.
+MAX_STATS_BYTES: Final = 1024 * 1024
+
+
+def read_stats_file(path: Path) -> StatsReading:
+    try:
+        with path.open("rb") as stats_file:
+            raw = stats_file.read(MAX_STATS_BYTES + 1)
+    except FileNotFoundError:
+        return StatsReading(None, f"stats file {path} is missing")
+    except OSError as error:
+        return StatsReading(None, f"stats file {path} is unreadable: {error.strerror or error}")
+    if len(raw) > MAX_STATS_BYTES:
+        return StatsReading(None, f"stats file {path} is larger than {MAX_STATS_BYTES} bytes")
+    return parse_stats(raw)
+
+
+def read_proc(proc_root: Path, pid: int | None, own_pid: int) -> ProcReading:
+    if pid is None:
+        return ProcReading(ProcOutcome.NO_PID, detail="no valid stats file has named a pid yet")
+    if pid == own_pid:
+        # Without a shared process namespace the server's pid (often 1) can
+        # name the sidecar itself; its RSS would be a confident wrong answer.
+        return ProcReading(
+            ProcOutcome.UNREADABLE,
+            detail=f"pid {pid} is the sidecar itself: the pod does not share its process namespace",
+        )
+    status_path = proc_root / str(pid) / "status"
+    try:
+        text = status_path.read_text(encoding="utf-8", errors="strict")
+    except (FileNotFoundError, ProcessLookupError):
+        return ProcReading(ProcOutcome.GONE, detail=f"no process {pid} in {proc_root}")
+    except (OSError, UnicodeDecodeError) as error:
+        return ProcReading(ProcOutcome.UNREADABLE, detail=f"{status_path} is unreadable: {error}")
+    status = parse_proc_status(text)
+    if status.rss_bytes is None:
+        return ProcReading(ProcOutcome.UNREADABLE, detail=f"{status_path} has no VmRSS line")
+    return ProcReading(ProcOutcome.MEASURED, rss_bytes=status.rss_bytes)
+
+
+class ServerObserver:
+    """Gathers one `Observation` per scrape; safe to call from many threads."""
+
+    def __init__(
+        self,
+        stats_path: Path,
+        proc_root: Path,
+        nvml: NvmlReader,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._stats_path = stats_path
+        self._proc_root = proc_root
+        self._nvml = nvml
+        self._clock = clock
+        self._own_pid = os.getpid()
+        self._lock = threading.Lock()
+        self._last_written_at: float | None = None
+        self._last_pid: int | None = None
+        self._reported: dict[str, str | None] = {}
+
+    def observe(self) -> Observation:
+        with self._lock:
+            stats = read_stats_file(self._stats_path)
+            now_seconds = self._clock()
+            snapshot = stats.snapshot
+            if snapshot is not None and snapshot.written_at is not None:
+                self._last_written_at = snapshot.written_at
+            if snapshot is not None and snapshot.pid is not None:
+                self._last_pid = snapshot.pid
+            proc = read_proc(self._proc_root, self._last_pid, self._own_pid)
+            gpu = self._nvml.read(self._last_pid)
+            self._report(stats, proc, gpu)
+            return Observation(now_seconds, stats, self._last_written_at, proc, gpu)
+
+    def _report(self, stats: StatsReading, proc: ProcReading, gpu: GpuReading) -> None:
+        stats_problem = stats.problem
+        if stats.snapshot is not None and stats.snapshot.problems:
+            stats_problem = "; ".join(stats.snapshot.problems)
+        self._transition("stats", stats_problem, "stats file unusable", "stats file valid again")
+        proc_problem = None if proc.outcome is ProcOutcome.MEASURED else proc.detail
+        if proc.outcome is ProcOutcome.NO_PID:
+            proc_problem = None  # already reported as a stats problem
+        self._transition(
+            "proc",
+            proc_problem,
+            "server RSS not measurable from /proc",
+            "server RSS measured again",
+        )
+        if gpu.access is not GpuAccess.OK:
+            if "gpu_access" not in self._reported:
+                self._reported["gpu_access"] = gpu.detail
+                log.info("GPU metrics come from the server only", extra={"reason": gpu.detail})
+        lost = [str(device.index) for device in gpu.devices if device.lost]
+        self._transition(
+            "gpu_lost",
+            f"GPU {', '.join(lost)} lost" if lost else None,
+            "NVML reports a GPU as lost",
+            "no GPU reported lost",
+        )
+
+    def _transition(self, key: str, problem: str | None, warning: str, recovery: str) -> None:
+        previous = self._reported.get(key)
+        if problem == previous:
+            return
+        self._reported[key] = problem
+        if problem is not None:
+            log.warning(warning, extra={"problem": problem})
+        elif previous is not None:
+            log.info(recovery)

@@ -1,0 +1,63 @@
+"""HTTP for the sidecar: `/metrics` and `/healthz` on a small threaded WSGI server.
+
+The standard library's wsgiref plus prometheus-client's WSGI app keep the
+sidecar's own memory small (no ASGI stack, no torch). `/healthz` says only
+that the sidecar answers: it must not fail when the server is wedged, or the
+kubelet would restart the one container that is reporting the wedge.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterable
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
+
+from prometheus_client import make_wsgi_app
+from prometheus_client.registry import CollectorRegistry
+
+_TEXT = [("Content-Type", "text/plain; charset=utf-8")]
+
+
+def make_app(registry: CollectorRegistry) -> WSGIApplication:
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        method = environ.get("REQUEST_METHOD", "GET")
+        if path not in ("/metrics", "/healthz"):
+            start_response("404 Not Found", _TEXT)
+            return [b"not found: try /metrics or /healthz\n"]
+        if method not in ("GET", "HEAD"):
+            start_response("405 Method Not Allowed", [*_TEXT, ("Allow", "GET, HEAD")])
+            return [b"method not allowed\n"]
+        if path == "/metrics":
+            body: Iterable[bytes] = metrics_app(environ, start_response)
+            return body
+        start_response("200 OK", _TEXT)
+        return [b"ok\n"]
+
+    return app
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _ThreadingServerV6(_ThreadingServer):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log: a scrape every few seconds is not news."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def make_http_server(host: str, port: int, app: WSGIApplication) -> WSGIServer:
+    server_class = _ThreadingServerV6 if ":" in host else _ThreadingServer
+    return make_server(host, port, app, server_class=server_class, handler_class=_QuietHandler)

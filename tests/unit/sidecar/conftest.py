@@ -1,0 +1,167 @@
+"""Fixtures for the sidecar's unit tests.
+
+`fake_pynvml` is the only fake in the test suite: there is no GPU on the
+development machine, so NVML is replaced at the hardware edge by a module
+object with the same names (nvmlInit, nvmlDeviceGetMemoryInfo, NVMLError
+subclasses with the real error codes). It is handed to `NvmlReader`
+directly; nothing is patched into `sys.modules`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+
+# Real NVML return codes (nvml.h), so the fake classifies like the library.
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_GPU_IS_LOST = 15
+_ERROR_NAMES = {
+    NVML_ERROR_NOT_SUPPORTED: ("NVMLError_NotSupported", "Not Supported"),
+    NVML_ERROR_DRIVER_NOT_LOADED: ("NVMLError_DriverNotLoaded", "Driver Not Loaded"),
+    NVML_ERROR_LIBRARY_NOT_FOUND: ("NVMLError_LibraryNotFound", "NVML Shared Library Not Found"),
+    NVML_ERROR_GPU_IS_LOST: ("NVMLError_GpuIsLost", "GPU is lost"),
+}
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+@dataclass
+class FakeDevice:
+    """One simulated GPU. `processes` None means per-process info is
+    unsupported; a process's memory None means NVML withholds it."""
+
+    used_bytes: int = 3 * GiB
+    total_bytes: int = 80 * GiB
+    processes: list[tuple[int, int | None]] | None = field(default_factory=list)
+    lost: bool = False
+
+
+def _make_fake_pynvml(devices: list[FakeDevice], init_error: int | None = None) -> ModuleType:
+    module = ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        value = 999
+
+        def __str__(self) -> str:
+            return _ERROR_NAMES.get(self.value, ("", f"NVML error {self.value}"))[1]
+
+    errors: dict[int, type[NVMLError]] = {}
+    for code, (name, _) in _ERROR_NAMES.items():
+        errors[code] = type(name, (NVMLError,), {"value": code})
+        setattr(module, name, errors[code])
+    module.NVML_ERROR_GPU_IS_LOST = NVML_ERROR_GPU_IS_LOST  # type: ignore[attr-defined]
+    module.NVMLError = NVMLError  # type: ignore[attr-defined]
+    calls: dict[str, int] = {"init": 0, "shutdown": 0}
+
+    def check(device: FakeDevice) -> None:
+        if device.lost:
+            raise errors[NVML_ERROR_GPU_IS_LOST]()
+
+    def nvml_init() -> None:
+        calls["init"] += 1
+        if init_error is not None:
+            raise errors[init_error]()
+
+    def get_handle(index: int) -> FakeDevice:
+        return devices[index]
+
+    def get_memory_info(handle: FakeDevice) -> SimpleNamespace:
+        check(handle)
+        return SimpleNamespace(
+            total=handle.total_bytes,
+            used=handle.used_bytes,
+            free=handle.total_bytes - handle.used_bytes,
+        )
+
+    def get_processes(handle: FakeDevice) -> list[SimpleNamespace]:
+        check(handle)
+        if handle.processes is None:
+            raise errors[NVML_ERROR_NOT_SUPPORTED]()
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in handle.processes]
+
+    def shutdown() -> None:
+        calls["shutdown"] += 1
+
+    module.nvmlInit = nvml_init  # type: ignore[attr-defined]
+    module.nvmlShutdown = shutdown  # type: ignore[attr-defined]
+    module.nvmlDeviceGetCount = lambda: len(devices)  # type: ignore[attr-defined]
+    module.nvmlDeviceGetHandleByIndex = get_handle  # type: ignore[attr-defined]
+    module.nvmlDeviceGetMemoryInfo = get_memory_info  # type: ignore[attr-defined]
+    module.nvmlDeviceGetComputeRunningProcesses = get_processes  # type: ignore[attr-defined]
+    module.calls = calls  # type: ignore[attr-defined]
+    return module
+
+
+@pytest.fixture
+def fake_pynvml() -> Callable[..., ModuleType]:
+    """Factory: `fake_pynvml([FakeDevice(...)], init_error=None)`."""
+    return _make_fake_pynvml
+
+
+# The example from docs/stats-file.md, with realistic figures.
+_EXAMPLE_STATS: dict[str, Any] = {
+    "schema": 1,
+    "written_at": 1796000000.12,
+    "pid": 4242,
+    "model_name": "chat",
+    "gpu_device_id": 0,
+    "rss_bytes": 1_234_567_890,
+    "cgroup_memory_usage_bytes": 2_345_678_901,
+    "cgroup_memory_limit_bytes": 107_374_182_400,
+    "cuda": {
+        "allocated_bytes": 14_000_000_000,
+        "reserved_bytes": 16_000_000_000,
+        "num_alloc_retries": 2,
+        "num_ooms": 1,
+        "contexts": 1,
+    },
+    "nvml": [
+        {"index": 0, "uuid": "GPU-1", "memory_used_bytes": 17 * GiB, "memory_total_bytes": 80 * GiB}
+    ],
+    "queue_length": 5,
+    "running": 8,
+    "tokenizer_cache_entries": 812,
+    "tokenizer_cache_hits_total": 10,
+    "tokenizer_template_hits_total": 3,
+    "requests": {
+        "succeeded_total": 1000,
+        "failed_total": 3,
+        "rejected_total": 40,
+        "timed_out_total": 2,
+    },
+    "latency_seconds": {
+        "ttft": {"p50": 0.01, "p99": 0.05, "count": 100},
+        "itl": {"p50": 0.01, "p99": 0.02, "count": 3000},
+        "e2e": {"p50": 0.30, "p99": 0.90, "count": 100},
+    },
+    "quality": {"sampled_total": 10, "failed_total": 1, "failure_ratio": 0.1},
+    "heartbeats": {"loop": 1796000000.10, "worker": 1796000000.05},
+    "state": {
+        "breaker": "open",
+        "admit_percent": 100,
+        "degradation_level": 2,
+        "variant": "fallback",
+        "model_loaded": True,
+        "memory_guard_active": False,
+    },
+}
+
+
+@pytest.fixture
+def stats_document() -> Callable[[], dict[str, Any]]:
+    """Factory: a fresh deep copy of a complete, valid stats document."""
+    return lambda: copy.deepcopy(_EXAMPLE_STATS)
+
+
+@pytest.fixture
+def device_class() -> type[FakeDevice]:
+    """The simulated GPU type, for building `fake_pynvml` devices."""
+    return FakeDevice

@@ -1,0 +1,65 @@
+"""Flags, their env vars, and clear failures for bad values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fusebox_sidecar.config import parse_config
+
+
+def test_defaults_match_the_pod_layout() -> None:
+    config = parse_config([], {})
+
+    assert config.stats_file == Path("/run/fusebox/stats.json")
+    assert (config.host, config.port) == ("0.0.0.0", 9400)
+    assert config.proc_root == Path("/proc")
+
+
+def test_env_vars_set_every_flag() -> None:
+    config = parse_config(
+        [],
+        {
+            "FUSEBOX_SIDECAR_STATS_FILE": "/tmp/s.json",
+            "FUSEBOX_SIDECAR_HOST": "127.0.0.1",
+            "FUSEBOX_SIDECAR_PORT": "9500",
+            "FUSEBOX_SIDECAR_PROC_ROOT": "/host/proc",
+            "FUSEBOX_SIDECAR_LOG_LEVEL": "WARNING",
+        },
+    )
+
+    assert config.stats_file == Path("/tmp/s.json")
+    assert (config.host, config.port) == ("127.0.0.1", 9500)
+    assert config.proc_root == Path("/host/proc")
+    assert config.log_level == "warning"
+
+
+def test_flags_win_over_env_and_stats_is_an_alias() -> None:
+    config = parse_config(
+        ["--stats", "/a.json", "--port", "1234"],
+        {"FUSEBOX_SIDECAR_STATS_FILE": "/b.json", "FUSEBOX_SIDECAR_PORT": "9"},
+    )
+
+    assert config.stats_file == Path("/a.json")
+    assert config.port == 1234
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "message"),
+    [
+        (["--port", "http"], {}, "'http' is not a port number"),
+        (["--port", "70000"], {}, "70000 is not in 0..65535"),
+        ([], {"FUSEBOX_SIDECAR_PORT": "-1"}, "-1 is not in 0..65535"),
+        (["--log-level", "loud"], {}, "invalid choice"),
+    ],
+)
+def test_a_bad_value_stops_with_a_message_naming_the_flag(
+    argv: list[str], environ: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(argv, environ)
+
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert message in error and "--" in error

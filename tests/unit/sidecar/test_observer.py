@@ -1,0 +1,215 @@
+"""The observer's I/O against real files and real processes: a missing,
+deleted or broken stats file, a pid that is gone, an unreadable /proc entry.
+Every case must still give a valid scrape, and say what is wrong."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.registry import CollectorRegistry
+
+from fusebox_sidecar.collectors import SidecarCollector
+from fusebox_sidecar.nvml import NvmlReader
+from fusebox_sidecar.observer import MAX_STATS_BYTES, ServerObserver
+
+Document = Callable[[], dict[str, Any]]
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def sleeper() -> Iterator[int]:
+    """A real process standing in for the server, holding ~40 MiB."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import time; b = bytearray(40 << 20); time.sleep(120)"]
+    )
+    try:
+        yield process.pid
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _missing_pid() -> int:
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    for pid in range(pid_max - 1, 1, -1):
+        if not psutil.pid_exists(pid):
+            return pid
+    raise AssertionError("no free pid")
+
+
+def _write(path: Path, document: dict[str, Any]) -> None:
+    path.write_text(json.dumps(document))
+
+
+def _registry(observer: ServerObserver) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(SidecarCollector(observer.observe))
+    return registry
+
+
+def test_rss_is_measured_from_proc_for_the_pid_in_the_stats_file(
+    tmp_path: Path, stats_document: Document, sleeper: int
+) -> None:
+    document = stats_document()
+    document["pid"] = sleeper
+    _write(tmp_path / "stats.json", document)
+    registry = _registry(
+        ServerObserver(tmp_path / "stats.json", Path("/proc"), NvmlReader(None), Clock(2e9))
+    )
+
+    # Wait until the child has touched its buffer, then compare with psutil.
+    psutil_rss = 0
+    for _ in range(100):
+        psutil_rss = psutil.Process(sleeper).memory_info().rss
+        if psutil_rss > 40 << 20:
+            break
+    rss = registry.get_sample_value("fusebox_process_resident_memory_bytes")
+
+    assert rss is not None and rss == pytest.approx(psutil_rss, rel=0.05)
+    assert rss != document["rss_bytes"]
+    assert registry.get_sample_value("fusebox_sidecar_measured", {"quantity": "rss"}) == 1
+
+
+def test_stats_age_keeps_growing_after_the_file_is_deleted(
+    tmp_path: Path, stats_document: Document, sleeper: int
+) -> None:
+    stats_path = tmp_path / "stats.json"
+    document = stats_document()
+    document["pid"] = sleeper
+    clock = Clock(document["written_at"] + 1)
+    registry = _registry(ServerObserver(stats_path, Path("/proc"), NvmlReader(None), clock))
+
+    assert registry.get_sample_value("fusebox_server_stats_age_seconds") is None
+    _write(stats_path, document)
+    assert registry.get_sample_value("fusebox_server_stats_age_seconds") == pytest.approx(1)
+
+    stats_path.unlink()
+    clock.now += 10
+    assert registry.get_sample_value("fusebox_server_stats_age_seconds") == pytest.approx(11)
+    clock.now += 10
+    assert registry.get_sample_value("fusebox_server_stats_age_seconds") == pytest.approx(21)
+    assert registry.get_sample_value("fusebox_stats_valid") == 0
+    # The server process is still watched through the last pid it reported.
+    assert registry.get_sample_value("fusebox_sidecar_measured", {"quantity": "rss"}) == 1
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b'{"schema": 1, "written_at": 17', b"not json at all", b'"just a string"', b"\x00\xff"],
+)
+def test_a_broken_stats_file_gives_a_valid_scrape_with_stats_valid_0(
+    tmp_path: Path, content: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    stats_path = tmp_path / "stats.json"
+    stats_path.write_bytes(content)
+    registry = _registry(ServerObserver(stats_path, Path("/proc"), NvmlReader(None)))
+
+    with caplog.at_level(logging.WARNING):
+        exposition = generate_latest(registry).decode()
+
+    assert "fusebox_stats_valid 0.0" in exposition
+    assert "fusebox_gpu_visible 0.0" in exposition
+    assert any(record.getMessage() == "stats file unusable" for record in caplog.records)
+
+
+def test_a_stats_path_that_is_a_directory_or_too_large_is_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "dir.json").mkdir()
+    (tmp_path / "big.json").write_bytes(b" " * (MAX_STATS_BYTES + 1))
+    with caplog.at_level(logging.WARNING):
+        for name in ("dir.json", "big.json"):
+            registry = _registry(ServerObserver(tmp_path / name, Path("/proc"), NvmlReader(None)))
+            assert registry.get_sample_value("fusebox_stats_valid") == 0
+
+    problems = [getattr(record, "problem", "") for record in caplog.records]
+    assert any("unreadable" in problem for problem in problems)
+    assert any("larger than" in problem for problem in problems)
+
+
+def test_a_pid_that_does_not_exist_relays_the_server_rss_and_warns(
+    tmp_path: Path, stats_document: Document, caplog: pytest.LogCaptureFixture
+) -> None:
+    document = stats_document()
+    document["pid"] = _missing_pid()
+    _write(tmp_path / "stats.json", document)
+    registry = _registry(ServerObserver(tmp_path / "stats.json", Path("/proc"), NvmlReader(None)))
+
+    with caplog.at_level(logging.WARNING):
+        rss = registry.get_sample_value("fusebox_process_resident_memory_bytes")
+
+    assert rss == document["rss_bytes"]
+    assert registry.get_sample_value("fusebox_sidecar_measured", {"quantity": "rss"}) == 0
+    assert any(f"no process {document['pid']}" in getattr(r, "problem", "") for r in caplog.records)
+
+
+@pytest.mark.parametrize("entry", ["directory", "garbage"])
+def test_an_unreadable_proc_entry_relays_the_server_rss_and_warns(
+    tmp_path: Path, stats_document: Document, caplog: pytest.LogCaptureFixture, entry: str
+) -> None:
+    document = stats_document()
+    _write(tmp_path / "stats.json", document)
+    proc_root = tmp_path / "proc"
+    status = proc_root / str(document["pid"]) / "status"
+    if entry == "directory":
+        status.mkdir(parents=True)
+    else:
+        status.parent.mkdir(parents=True)
+        status.write_bytes(b"\xff\xfe\x00 not a status file")
+    registry = _registry(ServerObserver(tmp_path / "stats.json", proc_root, NvmlReader(None)))
+
+    with caplog.at_level(logging.WARNING):
+        exposition = generate_latest(registry).decode()
+
+    assert "fusebox_process_resident_memory_bytes 1.23456789e+09" in exposition
+    assert 'fusebox_sidecar_measured{quantity="rss"} 0.0' in exposition
+    assert any("unreadable" in getattr(r, "problem", "") for r in caplog.records)
+
+
+def test_the_sidecar_never_reports_its_own_rss_as_the_server_s(
+    tmp_path: Path, stats_document: Document
+) -> None:
+    import os
+
+    document = stats_document()
+    document["pid"] = os.getpid()  # what an unshared process namespace looks like
+    _write(tmp_path / "stats.json", document)
+    registry = _registry(ServerObserver(tmp_path / "stats.json", Path("/proc"), NvmlReader(None)))
+
+    assert registry.get_sample_value("fusebox_process_resident_memory_bytes") == 1_234_567_890
+    assert registry.get_sample_value("fusebox_sidecar_measured", {"quantity": "rss"}) == 0
+
+
+def test_a_problem_is_logged_once_and_its_end_once(
+    tmp_path: Path, stats_document: Document, caplog: pytest.LogCaptureFixture
+) -> None:
+    stats_path = tmp_path / "stats.json"
+    stats_path.write_text("{")
+    observer = ServerObserver(stats_path, Path("/proc"), NvmlReader(None))
+
+    with caplog.at_level(logging.INFO):
+        for _ in range(5):
+            observer.observe()
+        _write(stats_path, stats_document())
+        observer.observe()
+        observer.observe()
+
+    messages = [record.getMessage() for record in caplog.records]
+    assert messages.count("stats file unusable") == 1
+    assert messages.count("stats file valid again") == 1
