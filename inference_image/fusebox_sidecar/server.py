@@ -18,7 +18,10 @@ from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 from prometheus_client import make_wsgi_app
 from prometheus_client.registry import CollectorRegistry
 
-_TEXT = [("Content-Type", "text/plain; charset=utf-8")]
+
+def _text_headers(*extra: tuple[str, str]) -> list[tuple[str, str]]:
+    # A fresh list each time: wsgiref appends Content-Length to the list it gets.
+    return [("Content-Type", "text/plain; charset=utf-8"), *extra]
 
 
 def make_app(registry: CollectorRegistry) -> WSGIApplication:
@@ -28,15 +31,15 @@ def make_app(registry: CollectorRegistry) -> WSGIApplication:
         path = environ.get("PATH_INFO", "")
         method = environ.get("REQUEST_METHOD", "GET")
         if path not in ("/metrics", "/healthz"):
-            start_response("404 Not Found", _TEXT)
+            start_response("404 Not Found", _text_headers())
             return [b"not found: try /metrics or /healthz\n"]
         if method not in ("GET", "HEAD"):
-            start_response("405 Method Not Allowed", [*_TEXT, ("Allow", "GET, HEAD")])
+            start_response("405 Method Not Allowed", _text_headers(("Allow", "GET, HEAD")))
             return [b"method not allowed\n"]
         if path == "/metrics":
             body: Iterable[bytes] = metrics_app(environ, start_response)
             return body
-        start_response("200 OK", _TEXT)
+        start_response("200 OK", _text_headers())
         return [b"ok\n"]
 
     return app
