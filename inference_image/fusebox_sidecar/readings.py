@@ -86,7 +86,7 @@ class StatsReading:
 class _Fields:
     """Typed access to a decoded JSON document, collecting problems."""
 
-    def __init__(self, document: Mapping[str, object]) -> None:
+    def __init__(self, document: dict[str, object]) -> None:
         self._document = document
         self.problems: list[str] = []
 
@@ -95,7 +95,7 @@ class _Fields:
         for key in path.split("."):
             if node is None:  # a null parent: everything under it is absent
                 return None
-            if not isinstance(node, Mapping):
+            if not isinstance(node, dict):  # JSON objects decode to dict
                 self.problems.append(f"{path}: parent is not an object")
                 return None
             node = node.get(key)
@@ -156,7 +156,7 @@ class _Fields:
             return ()
         gpus = []
         for position, entry in enumerate(value):
-            if not isinstance(entry, Mapping):
+            if not isinstance(entry, dict):
                 self.problems.append(f"{path}[{position}]: expected an object")
                 continue
             inner = _Fields(entry)
