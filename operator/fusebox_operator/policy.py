@@ -1,0 +1,604 @@
+"""Breaker state machines and the per-pod action ladder (DESIGN §6).
+
+Why: every decision the operator makes about a pod (collect garbage, empty
+the CUDA cache, reload, swap, restart) and about a service (open, half-open
+or close its latency breaker, step degradation tiers) must be explainable,
+repeatable and testable with a fake clock. So it is one pure function,
+`decide(state, samples, now, spec) -> (state, actions)`: no I/O, no clock,
+no randomness. Action ids come from a persisted sequence, so after an
+operator restart the same decision carries the same id and the server's
+idempotency turns a repeat into a no-op.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fusebox_operator.spec import InferenceServiceSpec
+
+MIB = 1024**2
+HARD_RATIO = 0.95
+"""Above this share of a limit a pod is acted on whatever the slope."""
+STALE_INTERVALS = 3
+MIN_SLOPE_POINTS = 3
+
+
+class BreakerState(enum.StrEnum):
+    CLOSED = "Closed"
+    OPEN = "Open"
+    HALF_OPEN = "HalfOpen"
+
+    @property
+    def admin_value(self) -> str:
+        """The spelling of the server's admin API (PUT /admin/v1/breaker)."""
+        return {"Closed": "closed", "Open": "open", "HalfOpen": "half_open"}[self.value]
+
+
+class ActionKind(enum.StrEnum):
+    GC = "gc"
+    EMPTY_CACHE = "empty_cache"
+    RELOAD = "reload"  # unload, then load the same variant
+    SWAP_FALLBACK = "swap_fallback"
+    RESTORE_PRIMARY = "restore_primary"
+    RESTART = "restart"  # delete the pod; the Deployment replaces it
+
+
+LADDER: tuple[ActionKind, ...] = (
+    ActionKind.GC,
+    ActionKind.EMPTY_CACHE,
+    ActionKind.RELOAD,
+    ActionKind.SWAP_FALLBACK,
+    ActionKind.RESTART,
+)
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    """Monotonic request counters of one pod (fusebox_requests_total by outcome)."""
+
+    succeeded: float = 0
+    failed: float = 0
+    rejected: float = 0
+    timed_out: float = 0
+
+    @property
+    def calls(self) -> float:
+        """Requests that ran: breaker rejections (503) are not calls."""
+        return self.succeeded + self.failed + self.timed_out
+
+    def since(self, earlier: RequestCounts | None) -> RequestCounts:
+        if earlier is None:
+            return RequestCounts()
+        values = []
+        for now_value, then_value in zip(self.as_tuple(), earlier.as_tuple(), strict=True):
+            # A counter that went down means the process restarted: count from zero.
+            values.append(now_value - then_value if now_value >= then_value else now_value)
+        return RequestCounts(*values)
+
+    def plus(self, other: RequestCounts) -> RequestCounts:
+        return RequestCounts(
+            *(a + b for a, b in zip(self.as_tuple(), other.as_tuple(), strict=True))
+        )
+
+    def as_tuple(self) -> tuple[float, float, float, float]:
+        return (self.succeeded, self.failed, self.rejected, self.timed_out)
+
+
+@dataclass(frozen=True)
+class PodSample:
+    """One scrape of one pod's sidecar; None means "not measured", never zero."""
+
+    pod: str
+    sampled_at: float
+    ok: bool = True
+    rss_bytes: float | None = None
+    memory_limit_bytes: float | None = None
+    gpu_memory_used_bytes: float | None = None
+    gpu_memory_total_bytes: float | None = None
+    latency_p99_seconds: float | None = None
+    quality_failure_ratio: float | None = None
+    stats_age_seconds: float | None = None
+    heartbeat_age_seconds: float | None = None
+    requests: RequestCounts | None = None
+    breaker_state: str | None = None
+    degradation_level: int | None = None
+    model_loaded: bool | None = None
+    queue_length: float | None = None
+    tokenizer_cache_entries: float | None = None
+    cuda_contexts: float | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Action:
+    id: str
+    kind: ActionKind
+    pod: str
+    reason: str
+    at: float
+    variant: str = "primary"  # the variant a reload loads / a swap targets
+
+
+@dataclass
+class Ladder:
+    """Where one pod stands on the ladder for one resource (rss, gpu, wedge)."""
+
+    step: int = 0
+    last_action_at: float | None = None
+    calm_since: float | None = None
+
+
+@dataclass
+class PolicyState:
+    """Everything decide() remembers. `to_status` keeps what must survive a restart."""
+
+    service_id: str
+    memory_limit_bytes: float | None = None
+    sequence: int = 0
+    breaker: BreakerState = BreakerState.CLOSED
+    breaker_since: float = 0.0
+    breaker_reason: str = ""
+    trips: int = 0
+    slow_since: float | None = None
+    slow_calls: float = 0.0
+    half_open_counts: RequestCounts = RequestCounts()
+    level: int = 0
+    level_since: float = 0.0
+    level_reason: str = ""
+    healthy_since: float | None = None
+    ladders: dict[str, Ladder] = field(default_factory=dict)  # key "pod/resource"
+    variants: dict[str, str] = field(default_factory=dict)  # pods swapped by the ladder
+    swapped_at: dict[str, float] = field(default_factory=dict)
+    last_counts: dict[str, RequestCounts] = field(default_factory=dict)
+    last_restart_at: float | None = None
+    # In memory only: rebuilt after a restart by fresh scrapes.
+    history: dict[str, list[tuple[float, float | None, float | None]]] = field(default_factory=dict)
+    first_seen: dict[str, float] = field(default_factory=dict)
+    last_fresh: dict[str, float] = field(default_factory=dict)
+    served_once: set[str] = field(default_factory=set)  # pods whose stats were fresh once
+    stale_pods: set[str] = field(default_factory=set)
+    quality_ratio: float | None = None
+    p99_millis: float | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        """The persisted part (status.policy), JSON-safe."""
+        return {
+            "sequence": self.sequence,
+            "breakerSince": self.breaker_since,
+            "slowSince": self.slow_since,
+            "slowCalls": self.slow_calls,
+            "halfOpenCounts": list(self.half_open_counts.as_tuple()),
+            "levelSince": self.level_since,
+            "healthySince": self.healthy_since,
+            "ladders": {
+                key: {
+                    "step": lad.step,
+                    "lastActionAt": lad.last_action_at,
+                    "calmSince": lad.calm_since,
+                }
+                for key, lad in sorted(self.ladders.items())
+            },
+            "variants": dict(sorted(self.variants.items())),
+            "swappedAt": dict(sorted(self.swapped_at.items())),
+            "lastCounts": {pod: list(c.as_tuple()) for pod, c in sorted(self.last_counts.items())},
+            "lastRestartAt": self.last_restart_at,
+        }
+
+    @classmethod
+    def from_status(
+        cls, service_id: str, status: Mapping[str, Any], memory_limit_bytes: float | None = None
+    ) -> PolicyState:
+        """Rebuild after an operator restart from the object's status (missing parts default)."""
+        policy = status.get("policy") or {}
+        breaker = status.get("breaker") or {}
+        degradation = status.get("degradation") or {}
+        try:
+            breaker_state = BreakerState(breaker.get("state", "Closed"))
+        except ValueError:
+            breaker_state = BreakerState.CLOSED
+        return cls(
+            service_id=service_id,
+            memory_limit_bytes=memory_limit_bytes,
+            sequence=int(policy.get("sequence", 0)),
+            breaker=breaker_state,
+            breaker_since=float(policy.get("breakerSince", 0.0)),
+            breaker_reason=str(breaker.get("reason", "")),
+            trips=int(breaker.get("trips", 0)),
+            slow_since=policy.get("slowSince"),
+            slow_calls=float(policy.get("slowCalls", 0.0)),
+            half_open_counts=RequestCounts(*policy.get("halfOpenCounts", (0, 0, 0, 0))),
+            level=int(degradation.get("level", 0)),
+            level_since=float(policy.get("levelSince", 0.0)),
+            level_reason=str(degradation.get("reason", "")),
+            healthy_since=policy.get("healthySince"),
+            ladders={
+                key: Ladder(int(v.get("step", 0)), v.get("lastActionAt"), v.get("calmSince"))
+                for key, v in (policy.get("ladders") or {}).items()
+            },
+            variants=dict(policy.get("variants") or {}),
+            swapped_at={k: float(v) for k, v in (policy.get("swappedAt") or {}).items()},
+            last_counts={
+                pod: RequestCounts(*values)
+                for pod, values in (policy.get("lastCounts") or {}).items()
+            },
+            last_restart_at=policy.get("lastRestartAt"),
+        )
+
+    def pod_variant(self, pod: str) -> str:
+        return self.variants.get(pod, "primary")
+
+
+def least_squares_slope(points: Sequence[tuple[float, float]]) -> float | None:
+    """Slope (units per second) of the least-squares line through (t, value) points."""
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    var_t = sum((t - mean_t) ** 2 for t, _ in points)
+    if var_t == 0:
+        return None
+    return sum((t - mean_t) * (v - mean_v) for t, v in points) / var_t
+
+
+def _mib(value_bytes: float) -> str:
+    return f"{value_bytes / MIB:.0f} MiB"
+
+
+@dataclass(frozen=True)
+class ResourceReading:
+    resource: str  # "rss" | "gpu"
+    ratio: float
+    slope_mib_per_minute: float | None
+    triggered: bool
+    reason: str
+
+
+def read_resources(
+    state: PolicyState, pod: str, sample: PodSample, spec: InferenceServiceSpec
+) -> list[ResourceReading]:
+    """RSS against the memory limit and GPU memory against VRAM, with their trends."""
+    thresholds = spec.breaker.resource
+    window_start = sample.sampled_at - thresholds.window_seconds
+    history = [p for p in state.history.get(pod, []) if p[0] >= window_start]
+    readings = []
+    rss_limit = sample.memory_limit_bytes or state.memory_limit_bytes
+    candidates = (
+        ("rss", sample.rss_bytes, rss_limit, 1, thresholds.rss, "RSS", "of the memory limit"),
+        (
+            "gpu",
+            sample.gpu_memory_used_bytes,
+            sample.gpu_memory_total_bytes,
+            2,
+            thresholds.gpu_memory,
+            "GPU memory",
+            "of VRAM",
+        ),
+    )
+    for resource, value, limit, column, threshold, label, of_what in candidates:
+        if value is None or not limit:
+            continue
+        ratio = value / limit
+        points = [(p[0], p[column]) for p in history if p[column] is not None]
+        slope_per_second = (
+            least_squares_slope(points)  # type: ignore[arg-type]
+            if len(points) >= MIN_SLOPE_POINTS
+            else None
+        )
+        slope = None if slope_per_second is None else slope_per_second * 60 / MIB
+        over = ratio > threshold.ratio
+        growing = slope is not None and slope > threshold.growth_mib_per_minute
+        triggered = ratio > HARD_RATIO or (over and growing)
+        trend = "" if slope is None else f", {slope:+.0f} MiB/min"
+        reason = f"{label} {_mib(value)} = {ratio:.0%} {of_what}{trend}"
+        readings.append(ResourceReading(resource, ratio, slope, triggered, reason))
+    return readings
+
+
+def _next_id(state: PolicyState, kind: ActionKind) -> str:
+    state.sequence += 1
+    return f"{state.service_id}-{state.sequence:06d}-{kind.value.replace('_', '-')}"
+
+
+def _forget_pod(state: PolicyState, pod: str) -> None:
+    for key in [k for k in state.ladders if k.split("/", 1)[0] == pod]:
+        del state.ladders[key]
+    for mapping in (state.variants, state.swapped_at, state.last_counts, state.history):
+        mapping.pop(pod, None)
+    for times in (state.first_seen, state.last_fresh):
+        times.pop(pod, None)
+    state.served_once.discard(pod)
+    state.stale_pods.discard(pod)
+
+
+def _ladder_step(
+    state: PolicyState, pod: str, ladder: Ladder, spec: InferenceServiceSpec, now: float
+) -> ActionKind | None:
+    """The next rung for this pod, skipping a swap that cannot help."""
+    while ladder.step < len(LADDER):
+        kind = LADDER[ladder.step]
+        if kind is ActionKind.SWAP_FALLBACK and (
+            spec.fallback is None or state.pod_variant(pod) == "fallback"
+        ):
+            ladder.step += 1
+            continue
+        if kind is ActionKind.RESTART and not _restart_allowed(state, spec, now):
+            return None  # wait: one restart per cooldown keeps the service up
+        return kind
+    return None
+
+
+def _restart_allowed(state: PolicyState, spec: InferenceServiceSpec, now: float) -> bool:
+    last = state.last_restart_at
+    return last is None or now - last >= spec.breaker.resource.cooldown_seconds
+
+
+def _memory_ladder(
+    state: PolicyState,
+    sample: PodSample,
+    spec: InferenceServiceSpec,
+    now: float,
+    actions: list[Action],
+) -> None:
+    cooldown = spec.breaker.resource.cooldown_seconds
+    pod = sample.pod
+    acted = False
+    for reading in read_resources(state, pod, sample, spec):
+        key = f"{pod}/{reading.resource}"
+        ladder = state.ladders.get(key)
+        if not reading.triggered:
+            if ladder is not None:
+                ladder.calm_since = ladder.calm_since if ladder.calm_since is not None else now
+                if now - ladder.calm_since >= cooldown:
+                    del state.ladders[key]  # back under for a cooldown: the episode is over
+            continue
+        if ladder is None:
+            ladder = state.ladders[key] = Ladder()
+        ladder.calm_since = None
+        if acted or (ladder.last_action_at is not None and now - ladder.last_action_at < cooldown):
+            continue
+        kind = _ladder_step(state, pod, ladder, spec, now)
+        if kind is None:
+            continue
+        variant = state.pod_variant(pod)
+        if kind is ActionKind.SWAP_FALLBACK:
+            variant = "fallback"
+            state.variants[pod] = "fallback"
+            state.swapped_at[pod] = now
+        if kind is ActionKind.RESTART:
+            state.last_restart_at = now
+        actions.append(Action(_next_id(state, kind), kind, pod, reading.reason, now, variant))
+        ladder.step += 1
+        ladder.last_action_at = now
+        acted = True
+
+
+def _restore_primary(
+    state: PolicyState, pod: str, spec: InferenceServiceSpec, now: float, actions: list[Action]
+) -> None:
+    """A pod the ladder swapped goes back to primary once calm for the degradation cool-off."""
+    if state.pod_variant(pod) != "fallback":
+        return
+    if any(k.split("/", 1)[0] == pod and k.split("/", 1)[1] != "wedge" for k in state.ladders):
+        return
+    if now - state.swapped_at.get(pod, now) < spec.degradation.cool_off_seconds:
+        return
+    kind = ActionKind.RESTORE_PRIMARY
+    reason = f"memory calm for {spec.degradation.cool_off_seconds:g} s after the swap"
+    actions.append(Action(_next_id(state, kind), kind, pod, reason, now, "primary"))
+    del state.variants[pod]
+    state.swapped_at.pop(pod, None)
+
+
+def _wedge_check(
+    state: PolicyState,
+    sample: PodSample,
+    spec: InferenceServiceSpec,
+    now: float,
+    actions: list[Action],
+) -> bool:
+    """A fresh scrape of a stale stats file means a wedged server: restart that pod."""
+    ages = [a for a in (sample.stats_age_seconds, sample.heartbeat_age_seconds) if a is not None]
+    if not ages:
+        return False
+    age = max(ages)
+    limit = spec.telemetry.wedge_after_seconds
+    if age <= limit:
+        state.served_once.add(sample.pod)
+        return False
+    if sample.pod not in state.served_once:
+        return False  # still starting: never wedged if it never ran
+    key = f"{sample.pod}/wedge"
+    ladder = state.ladders.setdefault(key, Ladder())
+    if ladder.last_action_at is not None or not _restart_allowed(state, spec, now):
+        return True
+    kind = ActionKind.RESTART
+    reason = f"server stats {age:.0f} s old (> {limit:g} s): event loop or worker wedged"
+    actions.append(Action(_next_id(state, kind), kind, sample.pod, reason, now))
+    ladder.step, ladder.last_action_at = 1, now
+    state.last_restart_at = now
+    return True
+
+
+def _latency_breaker(
+    state: PolicyState,
+    p99_millis: float | None,
+    calls: RequestCounts,
+    spec: InferenceServiceSpec,
+    now: float,
+) -> bool:
+    """Advance the service's latency breaker; True when it tripped (-> OPEN) just now."""
+    latency = spec.breaker.latency
+    half = spec.breaker.half_open
+    metric = latency.metric
+    if state.breaker is BreakerState.CLOSED:
+        if p99_millis is not None and p99_millis > latency.p99_threshold_millis:
+            if state.slow_since is None:
+                state.slow_since, state.slow_calls = now, 0.0
+            state.slow_calls += calls.calls
+            slow_for = now - state.slow_since
+            if slow_for >= latency.for_seconds and state.slow_calls >= latency.min_requests:
+                state.breaker, state.breaker_since = BreakerState.OPEN, now
+                state.breaker_reason = (
+                    f"p99 {metric} {p99_millis:.0f} ms > {latency.p99_threshold_millis:g} ms "
+                    f"for {slow_for:.0f} s over {state.slow_calls:.0f} requests"
+                )
+                state.trips += 1
+                state.slow_since, state.slow_calls = None, 0.0
+                return True
+        else:
+            state.slow_since, state.slow_calls = None, 0.0
+        return False
+    if state.breaker is BreakerState.OPEN:
+        if now - state.breaker_since >= spec.breaker.open_seconds:
+            state.breaker, state.breaker_since = BreakerState.HALF_OPEN, now
+            state.half_open_counts = RequestCounts()
+            state.breaker_reason = (
+                f"open for {spec.breaker.open_seconds:g} s: admitting {half.admit_percent}% "
+                f"until {half.min_requests} requests decide"
+            )
+        return False
+    # HALF_OPEN: only results seen while half-open decide.
+    state.half_open_counts = state.half_open_counts.plus(calls)
+    seen = state.half_open_counts
+    if seen.calls < half.min_requests or p99_millis is None:
+        return False
+    success_rate = seen.succeeded / seen.calls
+    summary = (
+        f"{seen.calls:.0f} half-open requests: p99 {metric} {p99_millis:.0f} ms "
+        f"(recovery < {half.p99_recovery_millis:g} ms), success {success_rate:.1%} "
+        f"(need >= {half.min_success_rate:.1%})"
+    )
+    if p99_millis < half.p99_recovery_millis and success_rate >= half.min_success_rate:
+        state.breaker, state.breaker_since = BreakerState.CLOSED, now
+        state.breaker_reason = summary
+        return False
+    state.breaker, state.breaker_since = BreakerState.OPEN, now
+    state.breaker_reason = summary
+    state.trips += 1
+    return True
+
+
+def _step_level(state: PolicyState, levels: Sequence[int], up: bool) -> int | None:
+    if up:
+        return next((lv for lv in levels if lv > state.level), None)
+    lower = [lv for lv in levels if lv < state.level]
+    return lower[-1] if lower else (0 if state.level > 0 else None)
+
+
+def _degradation(
+    state: PolicyState,
+    tripped: bool,
+    quality_ratio: float | None,
+    spec: InferenceServiceSpec,
+    now: float,
+) -> None:
+    levels = spec.degradation.levels
+    max_rate = spec.breaker.quality.max_failure_rate
+    quality_bad = quality_ratio is not None and quality_ratio > max_rate
+    quality_target = 2 if 2 in levels else max(levels, default=0)
+    step_spacing = spec.telemetry.scrape_interval_seconds
+    target: int | None = None
+    if tripped:
+        target = _step_level(state, levels, up=True)
+        reason = f"latency breaker tripped ({state.breaker_reason})"
+    elif quality_bad and state.level < quality_target and now - state.level_since >= step_spacing:
+        target = _step_level(state, levels, up=True)
+        reason = f"quality failure ratio {quality_ratio:.1%} > {max_rate:.1%}"
+    if target is not None:
+        state.level, state.level_since, state.level_reason = target, now, reason
+    healthy = state.breaker is BreakerState.CLOSED and not quality_bad
+    if not healthy:
+        state.healthy_since = None
+        return
+    if state.healthy_since is None:
+        state.healthy_since = now
+    cool_off = spec.degradation.cool_off_seconds
+    if state.level > 0 and now - max(state.healthy_since, state.level_since) >= cool_off:
+        lower = _step_level(state, levels, up=False)
+        if lower is not None:
+            state.level, state.level_since = lower, now
+            state.level_reason = f"healthy for {cool_off:g} s: stepping down"
+
+
+def decide(
+    state: PolicyState,
+    samples: Iterable[PodSample],
+    now: float,
+    spec: InferenceServiceSpec,
+) -> tuple[PolicyState, list[Action]]:
+    """One control-loop step: new state and the actions to execute, in order.
+
+    `samples` holds the latest scrape of every pod that currently exists
+    (failed scrapes included, with ok=False); pods absent from it are gone.
+    The input state is not modified.
+    """
+    state = copy.deepcopy(state)
+    samples = list(samples)
+    actions: list[Action] = []
+    interval = spec.telemetry.scrape_interval_seconds
+    present = {s.pod for s in samples}
+    known = (
+        set(state.first_seen)
+        | set(state.last_counts)
+        | {key.split("/", 1)[0] for key in state.ladders}
+        | set(state.variants)
+    )
+    for pod in known - present:
+        _forget_pod(state, pod)
+
+    fresh: list[PodSample] = []
+    for sample in samples:
+        state.first_seen.setdefault(sample.pod, now)
+        if sample.ok and now - sample.sampled_at <= STALE_INTERVALS * interval:
+            fresh.append(sample)
+            state.last_fresh[sample.pod] = sample.sampled_at
+    state.stale_pods = {
+        pod
+        for pod in present
+        if now - max(state.last_fresh.get(pod, -1e18), state.first_seen[pod])
+        > STALE_INTERVALS * interval
+    }
+
+    calls = RequestCounts()
+    for sample in fresh:
+        pod = sample.pod
+        if sample.requests is not None:
+            calls = calls.plus(sample.requests.since(state.last_counts.get(pod)))
+            state.last_counts[pod] = sample.requests
+        if _wedge_check(state, sample, spec, now, actions):
+            continue
+        if pod in state.stale_pods:
+            continue
+        # Decide on the trend up to the previous scrape plus this one.
+        history = state.history.setdefault(pod, [])
+        history.append((sample.sampled_at, sample.rss_bytes, sample.gpu_memory_used_bytes))
+        horizon = sample.sampled_at - spec.breaker.resource.window_seconds
+        state.history[pod] = [p for p in history if p[0] >= horizon]
+        _memory_ladder(state, sample, spec, now, actions)
+        _restore_primary(state, pod, spec, now, actions)
+
+    if not fresh:
+        return state, actions  # nothing fresh: no breaker moves on stale data
+
+    # Telemetry picked the configured latency metric's p99 for each pod.
+    p99s = [s.latency_p99_seconds * 1000 for s in fresh if s.latency_p99_seconds is not None]
+    state.p99_millis = max(p99s) if p99s else None
+    ratios = [s.quality_failure_ratio for s in fresh if s.quality_failure_ratio is not None]
+    state.quality_ratio = max(ratios) if ratios else None
+    tripped = _latency_breaker(state, state.p99_millis, calls, spec, now)
+    _degradation(state, tripped, state.quality_ratio, spec, now)
+    return state, actions
+
+
+def admit_percent(state: PolicyState, spec: InferenceServiceSpec) -> int:
+    """Share of new requests each pod admits in the current breaker state."""
+    if state.breaker is BreakerState.OPEN:
+        return 0
+    if state.breaker is BreakerState.HALF_OPEN:
+        return spec.breaker.half_open.admit_percent
+    return 100

@@ -1,0 +1,81 @@
+"""Operator-wide settings read once from the environment.
+
+Why: the image, the namespaces the NetworkPolicy trusts and the watch scope
+differ between a laptop cluster, CI and production, and the Helm chart sets
+them as env vars. Reading them in one place, into a frozen dataclass, keeps
+the builders pure (they take `OperatorSettings`, never `os.environ`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+DEFAULT_INFERENCE_IMAGE = "localhost/fusebox/inference:dev"
+DEFAULT_OPERATOR_NAMESPACE = "fusebox-system"
+DEFAULT_OPERATOR_POD_SELECTOR = "app.kubernetes.io/name=fusebox-operator"
+DEFAULT_MONITORING_NAMESPACE = "monitoring"
+
+
+def parse_label_selector(text: str) -> dict[str, str]:
+    """`a=b,c=d` into a matchLabels dict; raises ValueError on anything else."""
+    labels: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"label selector {text!r}: expected key=value[,key=value]")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    inference_image: str = DEFAULT_INFERENCE_IMAGE
+    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
+    operator_pod_labels: Mapping[str, str] = field(
+        default_factory=lambda: parse_label_selector(DEFAULT_OPERATOR_POD_SELECTOR)
+    )
+    monitoring_namespace: str = DEFAULT_MONITORING_NAMESPACE  # "" = none
+    watch_namespaces: tuple[str, ...] = ()  # empty = all namespaces
+    peering: str = "auto"  # auto | standalone | <peering object name>
+    replicas: int = 1
+    liveness_port: int = 8080
+    watch_server_timeout_seconds: int = 300
+    watch_client_timeout_seconds: int = 330
+    request_timeout_seconds: int = 30
+
+    @property
+    def standalone(self) -> bool:
+        """Peering only matters when several operator replicas could act at once."""
+        if self.peering == "auto":
+            return self.replicas <= 1
+        return self.peering == "standalone"
+
+    @property
+    def peering_name(self) -> str:
+        return "fusebox" if self.peering in ("auto", "standalone") else self.peering
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> OperatorSettings:
+        def integer(name: str, default: int) -> int:
+            text = env.get(name, "").strip()
+            return int(text) if text else default
+
+        namespaces = env.get("FUSEBOX_WATCH_NAMESPACES", "")
+        return cls(
+            inference_image=env.get("FUSEBOX_INFERENCE_IMAGE") or DEFAULT_INFERENCE_IMAGE,
+            operator_namespace=env.get("FUSEBOX_OPERATOR_NAMESPACE") or DEFAULT_OPERATOR_NAMESPACE,
+            operator_pod_labels=parse_label_selector(
+                env.get("FUSEBOX_OPERATOR_POD_SELECTOR") or DEFAULT_OPERATOR_POD_SELECTOR
+            ),
+            monitoring_namespace=env.get(
+                "FUSEBOX_MONITORING_NAMESPACE", DEFAULT_MONITORING_NAMESPACE
+            ),
+            watch_namespaces=tuple(n.strip() for n in namespaces.split(",") if n.strip()),
+            peering=env.get("FUSEBOX_PEERING") or "auto",
+            replicas=integer("FUSEBOX_OPERATOR_REPLICAS", 1),
+            liveness_port=integer("FUSEBOX_LIVENESS_PORT", 8080),
+            watch_server_timeout_seconds=integer("FUSEBOX_WATCH_SERVER_TIMEOUT_SECONDS", 300),
+            watch_client_timeout_seconds=integer("FUSEBOX_WATCH_CLIENT_TIMEOUT_SECONDS", 330),
+            request_timeout_seconds=integer("FUSEBOX_REQUEST_TIMEOUT_SECONDS", 30),
+        )

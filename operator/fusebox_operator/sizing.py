@@ -1,0 +1,110 @@
+"""Host memory limits sized above the GPU memory they must mirror (DESIGN §5).
+
+Why: while a model loads, host memory holds what the GPU will hold; a pod
+whose memory limit is below its VRAM makes the kernel's OOM killer take the
+GPU process first. So the limit is VRAM x GPUs x headroom + 2 GiB, never
+less than an explicit limit, and an explicit limit below VRAM is refused.
+Kubernetes has no --memory-swap: requests == limits (Guaranteed QoS) is
+what keeps swap away under NodeSwap LimitedSwap.
+Pure: node labels arrive as plain numbers from kube.py.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fusebox_operator.spec import GIB, InferenceServiceSpec, SpecError
+
+MIB = 1024**2
+BASE_OVERHEAD_BYTES = 2 * GIB
+"""Python, torch, tokenizer and the server itself, beyond the model's weights."""
+
+NODE_VRAM_LABEL = "nvidia.com/gpu.memory"
+NODE_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+# GPU family -> (default VRAM GiB, sizes a product name may state explicitly).
+_PRODUCT_VRAM_GIB: dict[str, tuple[int, tuple[int, ...]]] = {
+    "T4": (16, (16,)),
+    "V100": (16, (16, 32)),
+    "A10": (24, (24,)),
+    "L4": (24, (24,)),
+    "A100": (40, (40, 80)),
+    "H100": (80, (80, 94)),
+    "H200": (141, (141,)),
+    "B200": (180, (180, 192)),
+}
+_FAMILY = re.compile(r"(?:^|[^A-Z0-9])(T4|V100|A100|A10|L4|H100|H200|B200)(?![0-9])")
+_STATED_GB = re.compile(r"(\d+)\s*GB")
+
+
+@dataclass(frozen=True)
+class MemorySizing:
+    limit_bytes: int
+    request_bytes: int
+    vram_bytes: int  # per GPU; 0 when no GPU is requested
+    vram_source: str
+
+    @property
+    def qos_class(self) -> str:
+        return "Guaranteed" if self.request_bytes == self.limit_bytes else "Burstable"
+
+
+def product_vram_gib(product: str) -> int | None:
+    """VRAM of a GPU product name as GPU Feature Discovery labels it, or None."""
+    family = _FAMILY.search(product.upper())
+    if family is None:
+        return None
+    default_gib, sizes = _PRODUCT_VRAM_GIB[family.group(1)]
+    for stated in _STATED_GB.findall(product.upper()):
+        if int(stated) in sizes:
+            return int(stated)
+    return default_gib
+
+
+def ceil_gib(size_bytes: float) -> int:
+    return math.ceil(size_bytes / GIB) * GIB
+
+
+def vram_per_gpu(spec: InferenceServiceSpec, node_vram_mib: Sequence[int]) -> tuple[int, str]:
+    """(bytes, where the figure came from): spec override > node label > product table."""
+    if spec.gpu.count == 0:
+        return 0, "no GPU requested"
+    if spec.gpu.memory_gib is not None:
+        return int(spec.gpu.memory_gib * GIB), "spec.gpu.memoryGiB"
+    if node_vram_mib:
+        # Nodes may differ; size for the largest so any node the pod lands on fits.
+        return max(node_vram_mib) * MIB, f"node label {NODE_VRAM_LABEL}"
+    table_gib = product_vram_gib(spec.gpu.product) if spec.gpu.product else None
+    if table_gib is not None:
+        return table_gib * GIB, f"product table ({spec.gpu.product})"
+    raise SpecError(
+        "cannot tell the GPU memory: set spec.gpu.memoryGiB, or spec.gpu.product to a known "
+        f"GPU, or label the nodes with {NODE_VRAM_LABEL} (MiB)"
+    )
+
+
+def size_memory(spec: InferenceServiceSpec, node_vram_mib: Sequence[int]) -> MemorySizing:
+    """The pod's memory request and limit for the server container (DESIGN §5)."""
+    vram_bytes, source = vram_per_gpu(spec, node_vram_mib)
+    total_vram_bytes = vram_bytes * spec.gpu.count
+    explicit = spec.memory.limit_bytes
+    if explicit is not None and explicit < total_vram_bytes:
+        raise SpecError(
+            f"memory.limit {explicit / GIB:.2f} GiB is below the GPU memory it must hold, "
+            f"{total_vram_bytes / GIB:.2f} GiB ({spec.gpu.count} x {vram_bytes / GIB:.2f} GiB "
+            f"from {source})"
+        )
+    sized = total_vram_bytes * spec.memory.headroom_ratio + BASE_OVERHEAD_BYTES
+    limit_bytes = ceil_gib(max(explicit or 0, sized))
+    if spec.memory.allow_swap:
+        # Burstable: the scheduler reserves half; LimitedSwap may swap the rest.
+        request_bytes = max(GIB, ceil_gib(limit_bytes / 2))
+        request_bytes = min(request_bytes, limit_bytes)
+        if request_bytes == limit_bytes:
+            request_bytes = limit_bytes - GIB // 2
+    else:
+        request_bytes = limit_bytes
+    return MemorySizing(limit_bytes, request_bytes, vram_bytes, source)

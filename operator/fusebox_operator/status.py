@@ -1,0 +1,343 @@
+"""The InferenceService status: conditions, breaker block, pods, printer fields.
+
+Why: `kubectl get` and `kubectl describe` are the operator's user interface,
+and a status rewritten on every scrape would flood the API server and make
+every watch client wake up. So the status is computed purely from the policy
+state and the latest samples, a condition's lastTransitionTime moves only when
+its status flips, and `should_write` lets through only real changes or, at
+most every 30 s, the refreshed per-pod figures.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fusebox_operator.policy import Action, ActionKind, BreakerState, PodSample, PolicyState
+from fusebox_operator.spec import DEGRADATION_TIER_LEVELS
+
+REFRESH_SECONDS = 30.0
+MAX_PODS_LISTED = 20
+MAX_RECENT_ACTIONS = 10
+TIER_NAMES = {level: name for name, level in DEGRADATION_TIER_LEVELS.items()} | {0: "none"}
+
+CONDITION_TYPES = ("Ready", "Available", "Degraded", "TelemetryFresh", "MemoryPressure")
+# Parts of the status that change on every scrape; refreshed at most every 30 s.
+VOLATILE_KEYS = ("pods", "policy", "updatedAt")
+VOLATILE_SUMMARY_KEYS = ("gpuMemory", "rss")
+
+ACTION_EVENT_REASONS: dict[ActionKind, tuple[str, ...]] = {
+    ActionKind.GC: ("GarbageCollected",),
+    ActionKind.EMPTY_CACHE: ("CacheEmptied",),
+    ActionKind.RELOAD: ("ModelUnloaded", "ModelReloaded"),
+    ActionKind.SWAP_FALLBACK: ("SwappedToFallback",),
+    ActionKind.RESTORE_PRIMARY: ("RestoredPrimary",),
+    ActionKind.RESTART: ("PodRestarted",),
+}
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+def iso(timestamp: float) -> str:
+    moment = dt.datetime.fromtimestamp(timestamp, tz=dt.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def human_bytes(size_bytes: float | None) -> str:
+    if size_bytes is None:
+        return "-"
+    for unit, factor in (("Gi", 1024**3), ("Mi", 1024**2), ("Ki", 1024)):
+        if size_bytes >= factor:
+            return f"{size_bytes / factor:.1f}{unit}"
+    return f"{size_bytes:.0f}B"
+
+
+def set_condition(
+    conditions: Sequence[Mapping[str, Any]],
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    generation: int,
+    now: float,
+) -> list[dict[str, Any]]:
+    """Upsert one metav1.Condition; lastTransitionTime moves only when status flips."""
+    status_text = "True" if status else "False"
+    updated: list[dict[str, Any]] = []
+    found = False
+    for condition in conditions:
+        if condition.get("type") != type_:
+            updated.append(dict(condition))
+            continue
+        found = True
+        flipped = condition.get("status") != status_text
+        transition = iso(now) if flipped else condition.get("lastTransitionTime", iso(now))
+        updated.append(
+            {
+                "type": type_,
+                "status": status_text,
+                "reason": reason,
+                "message": message,
+                "observedGeneration": generation,
+                "lastTransitionTime": transition,
+            }
+        )
+    if not found:
+        updated.append(
+            {
+                "type": type_,
+                "status": status_text,
+                "reason": reason,
+                "message": message,
+                "observedGeneration": generation,
+                "lastTransitionTime": iso(now),
+            }
+        )
+    return updated
+
+
+def pod_entry(sample: PodSample, state: PolicyState) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": sample.pod,
+        "sampledAt": iso(sample.sampled_at),
+        "scraped": sample.ok,
+        "variant": state.pod_variant(sample.pod),
+    }
+    figures = {
+        "gpuMemoryBytes": sample.gpu_memory_used_bytes,
+        "rssBytes": sample.rss_bytes,
+        "memoryLimitBytes": sample.memory_limit_bytes,
+        "queueLength": sample.queue_length,
+        "tokenizerCacheEntries": sample.tokenizer_cache_entries,
+        "cudaContexts": sample.cuda_contexts,
+        "heartbeatAgeSeconds": sample.heartbeat_age_seconds,
+        "statsAgeSeconds": sample.stats_age_seconds,
+    }
+    for key, value in figures.items():
+        if value is not None:
+            entry[key] = (
+                int(value)
+                if key.endswith(("Bytes", "Length", "Entries", "Contexts"))
+                else round(value, 3)
+            )
+    if sample.latency_p99_seconds is not None:
+        entry["p99Millis"] = round(sample.latency_p99_seconds * 1000, 1)
+    if sample.error:
+        entry["error"] = sample.error[:200]
+    return entry
+
+
+def action_entry(action: Action, result: str) -> dict[str, Any]:
+    return {
+        "id": action.id,
+        "type": action.kind.value,
+        "pod": action.pod,
+        "at": iso(action.at),
+        "reason": action.reason,
+        "result": result,
+    }
+
+
+def tier_name(level: int) -> str:
+    return TIER_NAMES.get(level, str(level))
+
+
+def active_variant(state: PolicyState) -> str:
+    if state.level >= DEGRADATION_TIER_LEVELS["fallback-model"] or state.variants:
+        return "fallback"
+    return "primary"
+
+
+def build_status(
+    previous: Mapping[str, Any],
+    state: PolicyState,
+    samples: Sequence[PodSample],
+    executed: Sequence[tuple[Action, str]],
+    ready_pods: int,
+    desired_pods: int,
+    generation: int,
+    now: float,
+) -> dict[str, Any]:
+    """The whole telemetry-owned status, from the policy state and this scrape."""
+    conditions: list[dict[str, Any]] = list(previous.get("conditions") or [])
+    ready = ready_pods >= desired_pods and state.breaker is not BreakerState.OPEN
+    if state.breaker is BreakerState.OPEN:
+        ready_reason, ready_message = "BreakerOpen", state.breaker_reason
+    elif ready_pods < desired_pods:
+        ready_reason, ready_message = "PodsNotReady", f"{ready_pods}/{desired_pods} pods ready"
+    else:
+        ready_reason, ready_message = "PodsReady", f"{ready_pods}/{desired_pods} pods ready"
+    conditions = set_condition(
+        conditions, "Ready", ready, ready_reason, ready_message, generation, now
+    )
+    conditions = set_condition(
+        conditions,
+        "Available",
+        ready_pods > 0 and state.breaker is not BreakerState.OPEN,
+        "MinimumPodsReady" if ready_pods > 0 else "NoPodReady",
+        f"{ready_pods} pod(s) serving",
+        generation,
+        now,
+    )
+    degraded = state.level > 0 or state.breaker is not BreakerState.CLOSED
+    degraded_message = (
+        f"tier {tier_name(state.level)} (level {state.level}); breaker {state.breaker.value}"
+    )
+    conditions = set_condition(
+        conditions,
+        "Degraded",
+        degraded,
+        "Degraded" if degraded else "FullService",
+        degraded_message if degraded else "primary model, every feature on",
+        generation,
+        now,
+    )
+    stale = sorted(state.stale_pods)
+    conditions = set_condition(
+        conditions,
+        "TelemetryFresh",
+        not stale,
+        "TelemetryStale" if stale else "Scraped",
+        f"no fresh sample from {', '.join(stale)}" if stale else f"{len(samples)} pod(s) scraped",
+        generation,
+        now,
+    )
+    pressured = sorted({k.split("/", 1)[0] for k in state.ladders if not k.endswith("/wedge")})
+    conditions = set_condition(
+        conditions,
+        "MemoryPressure",
+        bool(pressured),
+        "LadderActive" if pressured else "WithinLimits",
+        f"resource ladder active on {', '.join(pressured)}"
+        if pressured
+        else "every pod under its thresholds",
+        generation,
+        now,
+    )
+    recent = list(previous.get("recentActions") or [])
+    for action, result in executed:
+        recent.append(action_entry(action, result))
+    recent = recent[-MAX_RECENT_ACTIONS:]
+    pods = [pod_entry(sample, state) for sample in sorted(samples, key=lambda s: s.pod)]
+    pods = pods[:MAX_PODS_LISTED]
+    gpu_values = [s.gpu_memory_used_bytes for s in samples if s.gpu_memory_used_bytes is not None]
+    rss_values = [s.rss_bytes for s in samples if s.rss_bytes is not None]
+    previous_breaker = previous.get("breaker") or {}
+    since = (
+        previous_breaker.get("since")
+        if previous_breaker.get("state") == state.breaker.value and previous_breaker.get("since")
+        else iso(state.breaker_since or now)
+    )
+    status: dict[str, Any] = {
+        "conditions": conditions,
+        "breaker": {
+            "state": state.breaker.value,
+            "reason": state.breaker_reason,
+            "since": since,
+            "trips": state.trips,
+        },
+        "degradation": {
+            "level": state.level,
+            "tier": tier_name(state.level),
+            "reason": state.level_reason,
+        },
+        "activeVariant": active_variant(state),
+        "pods": pods,
+        "recentActions": recent,
+        "summary": {
+            "ready": f"{ready_pods}/{desired_pods}",
+            "gpuMemory": human_bytes(max(gpu_values)) if gpu_values else "-",
+            "rss": human_bytes(max(rss_values)) if rss_values else "-",
+        },
+        "policy": state.to_status(),
+        "updatedAt": iso(now),
+    }
+    if recent:
+        status["lastAction"] = recent[-1]
+    return status
+
+
+def _significant(status: Mapping[str, Any]) -> dict[str, Any]:
+    kept = {k: v for k, v in status.items() if k not in VOLATILE_KEYS}
+    summary = dict(kept.get("summary") or {})
+    for key in VOLATILE_SUMMARY_KEYS:
+        summary.pop(key, None)
+    kept["summary"] = summary
+    return kept
+
+
+def should_write(previous: Mapping[str, Any], new: Mapping[str, Any], now: float) -> bool:
+    """Write on a real change, else refresh the volatile figures at most every 30 s."""
+    if _significant(previous) != _significant(new):
+        return True
+    updated_at = previous.get("updatedAt")
+    if not updated_at:
+        return True
+    try:
+        last = dt.datetime.strptime(str(updated_at), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return True
+    return now - last.timestamp() >= REFRESH_SECONDS
+
+
+def transition_events(
+    before: PolicyState, after: PolicyState, executed: Sequence[tuple[Action, str]]
+) -> list[EventRecord]:
+    """One event per breaker/tier transition and per executed action, with the numbers."""
+    events: list[EventRecord] = []
+    if before.breaker is not after.breaker:
+        reason = {
+            BreakerState.OPEN: "BreakerOpened",
+            BreakerState.HALF_OPEN: "BreakerHalfOpen",
+            BreakerState.CLOSED: "BreakerClosed",
+        }[after.breaker]
+        kind = "Normal" if after.breaker is BreakerState.CLOSED else "Warning"
+        events.append(EventRecord(kind, reason, after.breaker_reason))
+    if before.level != after.level:
+        direction = "Degraded" if after.level > before.level else "Recovered"
+        message = (
+            f"degradation {tier_name(before.level)} -> {tier_name(after.level)} "
+            f"(level {after.level}): {after.level_reason}"
+        )
+        events.append(
+            EventRecord("Warning" if direction == "Degraded" else "Normal", direction, message)
+        )
+        fallback = DEGRADATION_TIER_LEVELS["fallback-model"]
+        if before.level < fallback <= after.level:
+            events.append(
+                EventRecord(
+                    "Warning", "SwappedToFallback", f"service now serves the fallback: {message}"
+                )
+            )
+        if after.level < fallback <= before.level:
+            events.append(
+                EventRecord(
+                    "Normal", "RestoredPrimary", f"service serves the primary again: {message}"
+                )
+            )
+    newly_stale = sorted(after.stale_pods - before.stale_pods)
+    if newly_stale:
+        events.append(
+            EventRecord(
+                "Warning",
+                "TelemetryStale",
+                f"no fresh sample for 3 intervals from {', '.join(newly_stale)}; "
+                "memory actions held",
+            )
+        )
+    for action, result in executed:
+        for reason in ACTION_EVENT_REASONS[action.kind]:
+            kind = "Warning" if action.kind is ActionKind.RESTART else "Normal"
+            events.append(
+                EventRecord(
+                    kind, reason, f"{action.pod}: {action.reason} -> {result} [{action.id}]"
+                )
+            )
+    return events

@@ -1,0 +1,156 @@
+"""manifests: every builder against golden YAML, pods under restricted Pod Security."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from fusebox_operator.manifests import (
+    build_admin_secret,
+    build_config_map,
+    build_deployment,
+    build_network_policy,
+    build_pdb,
+    build_pod_template,
+    build_service,
+    template_hash,
+)
+from fusebox_operator.settings import OperatorSettings
+from fusebox_operator.sizing import size_memory
+from fusebox_operator.spec import parse_spec
+
+from .conftest import load_example
+from .pod_security import restricted_violations
+
+Snapshot = Callable[[str, Any], None]
+SETTINGS = OperatorSettings()
+EXAMPLES = ["tiny-chat.yaml", "llama-h100.yaml", "cpu-only.yaml"]
+
+
+def deployment_of(example: str) -> dict[str, Any]:
+    document = load_example(example)
+    spec = parse_spec(document["spec"])
+    sizing = size_memory(spec, [1024])
+    return build_deployment(spec, document["metadata"]["name"], "ml", sizing, SETTINGS)
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_deployment_matches_snapshot(example: str, snapshot: Snapshot) -> None:
+    snapshot(f"deployment-{example.removesuffix('.yaml')}", deployment_of(example))
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_pod_spec_passes_restricted_pod_security(example: str) -> None:
+    assert restricted_violations(deployment_of(example)["spec"]["template"]["spec"]) == []
+
+
+def test_pod_security_checker_catches_a_privileged_pod() -> None:
+    pod = {
+        "hostNetwork": True,
+        "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+        "containers": [{"name": "c", "securityContext": {"privileged": True}}],
+    }
+    problems = restricted_violations(pod)
+    assert "hostNetwork is set" in problems
+    assert "c: privileged" in problems
+    assert any("hostPath" in p for p in problems)
+
+
+def test_service_secret_configmap_pdb_networkpolicy_match_snapshots(snapshot: Snapshot) -> None:
+    spec = parse_spec(load_example("tiny-chat.yaml")["spec"])
+    snapshot("service", build_service("tiny-chat", "ml"))
+    snapshot("secret", build_admin_secret("tiny-chat", "ml", "test-token"))
+    snapshot("configmap", build_config_map(spec, "tiny-chat", "ml"))
+    snapshot("pdb", build_pdb("tiny-chat", "ml"))
+    snapshot("networkpolicy", build_network_policy("tiny-chat", "ml", SETTINGS))
+
+
+def test_gpu_request_and_product_node_selector() -> None:
+    deployment = deployment_of("llama-h100.yaml")
+    pod = deployment["spec"]["template"]["spec"]
+    server = pod["containers"][0]
+    assert server["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+
+
+def test_pvc_model_is_mounted_read_only_and_model_dir_points_inside() -> None:
+    pod = deployment_of("llama-h100.yaml")["spec"]["template"]["spec"]
+    server = pod["containers"][0]
+    env = {e["name"]: e["value"] for e in server["env"]}
+    assert env["FUSEBOX_MODEL_DIR"] == "/models/models/llama-2-7b-chat"
+    assert env["FUSEBOX_FALLBACK_DIR"] == "/models/models/llama-2-7b-chat-awq"
+    claims = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    assert claims == [
+        {"name": "model-models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}
+    ]
+    mount = next(m for m in server["volumeMounts"] if m["name"] == "model-models")
+    assert mount["readOnly"] is True
+
+
+def test_memory_requests_equal_limits_without_swap() -> None:
+    server = deployment_of("tiny-chat.yaml")["spec"]["template"]["spec"]["containers"][0]
+    assert server["resources"]["requests"]["memory"] == server["resources"]["limits"]["memory"]
+    assert server["resources"]["requests"]["cpu"] == server["resources"]["limits"]["cpu"]
+
+
+def test_server_env_passthrough_overrides_in_place() -> None:
+    document = load_example("cpu-only.yaml")
+    document["spec"]["server"]["env"] = [
+        {"name": "FUSEBOX_FAULTS", "value": "leak:64"},
+        {"name": "FUSEBOX_MAX_QUEUE", "value": "3"},
+    ]
+    spec = parse_spec(document["spec"])
+    template = build_pod_template(spec, "x", size_memory(spec, []), SETTINGS)
+    env = template["spec"]["containers"][0]["env"]
+    names = [e["name"] for e in env]
+    assert len(names) == len(set(names))
+    assert {"name": "FUSEBOX_FAULTS", "value": "leak:64"} in env
+    assert {"name": "FUSEBOX_MAX_QUEUE", "value": "3"} in env
+
+
+def test_template_hash_moves_only_when_the_pod_template_changes() -> None:
+    document = load_example("tiny-chat.yaml")
+    spec = parse_spec(document["spec"])
+    sizing = size_memory(spec, [1024])
+    base = build_deployment(spec, "t", "ml", sizing, SETTINGS)
+    document["spec"]["replicas"] = 5
+    scaled_spec = parse_spec(document["spec"])
+    scaled = build_deployment(scaled_spec, "t", "ml", sizing, SETTINGS)
+    assert template_hash(base["spec"]["template"]) == template_hash(scaled["spec"]["template"])
+    document["spec"]["server"]["maxQueue"] = 7
+    changed = build_deployment(parse_spec(document["spec"]), "t", "ml", sizing, SETTINGS)
+    assert (
+        changed["metadata"]["annotations"]["fusebox.dev/pod-template-hash"]
+        != base["metadata"]["annotations"]["fusebox.dev/pod-template-hash"]
+    )
+
+
+def test_image_is_an_operator_setting() -> None:
+    settings = OperatorSettings.from_env({"FUSEBOX_INFERENCE_IMAGE": "registry.example/inf:1.2"})
+    spec = parse_spec(load_example("cpu-only.yaml")["spec"])
+    template = build_pod_template(spec, "x", size_memory(spec, []), settings)
+    images = {c["image"] for c in template["spec"]["containers"]}
+    assert images == {"registry.example/inf:1.2"}
+    assert {c["imagePullPolicy"] for c in template["spec"]["containers"]} == {"IfNotPresent"}
+
+
+def test_network_policy_admin_port_only_from_operator_pods() -> None:
+    settings = OperatorSettings.from_env(
+        {
+            "FUSEBOX_OPERATOR_NAMESPACE": "ops",
+            "FUSEBOX_OPERATOR_POD_SELECTOR": "app=fuse,tier=control",
+            "FUSEBOX_MONITORING_NAMESPACE": "",
+        }
+    )
+    policy = build_network_policy("x", "ml", settings)
+    admin_rule, metrics_rule = policy["spec"]["ingress"][1], policy["spec"]["ingress"][2]
+    assert admin_rule["ports"] == [{"port": 8001, "protocol": "TCP"}]
+    assert admin_rule["from"] == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}},
+            "podSelector": {"matchLabels": {"app": "fuse", "tier": "control"}},
+        }
+    ]
+    assert metrics_rule["from"] == admin_rule["from"]  # no monitoring namespace configured

@@ -1,0 +1,479 @@
+"""policy.decide with an injected clock: the ladder, the breakers, staleness, restarts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fusebox_operator.policy import (
+    ActionKind,
+    BreakerState,
+    PodSample,
+    PolicyState,
+    RequestCounts,
+    decide,
+    least_squares_slope,
+)
+from fusebox_operator.spec import InferenceServiceSpec, parse_spec
+
+MIB = 1024**2
+LIMIT = 4096 * MIB
+INTERVAL = 5.0
+COOLDOWN = 20.0
+T0 = 1_800_000_000.0
+
+
+def make_spec(**breaker: Any) -> InferenceServiceSpec:
+    raw_breaker: dict[str, Any] = {
+        "latency": {"p99ThresholdMillis": 200, "forSeconds": 30, "minRequests": 10},
+        "openSeconds": 20,
+        "halfOpen": {"admitPercent": 10, "minRequests": 20, "p99RecoveryMillis": 100},
+        "resource": {"cooldownSeconds": COOLDOWN, "windowSeconds": 60},
+    }
+    raw_breaker.update(breaker)
+    return parse_spec(
+        {
+            "model": {"name": "chat", "source": "pvc://models/tiny"},
+            "fallback": {"quantization": "int8"},
+            "breaker": raw_breaker,
+            "degradation": {"coolOffSeconds": 60},
+            "telemetry": {"scrapeIntervalSeconds": INTERVAL, "wedgeAfterSeconds": 15},
+        }
+    )
+
+
+SPEC = make_spec()
+
+
+def sample(pod: str, at: float, rss_mib: float | None = None, **fields: Any) -> PodSample:
+    values: dict[str, Any] = {
+        "rss_bytes": None if rss_mib is None else rss_mib * MIB,
+        "memory_limit_bytes": LIMIT,
+        "stats_age_seconds": 1.0,
+        "heartbeat_age_seconds": 0.5,
+    }
+    values.update(fields)
+    return PodSample(pod=pod, sampled_at=at, **values)
+
+
+def run(
+    state: PolicyState,
+    steps: list[tuple[float, list[PodSample]]],
+    spec: InferenceServiceSpec = SPEC,
+) -> tuple[PolicyState, list[Any]]:
+    actions: list[Any] = []
+    for now, samples in steps:
+        state, new = decide(state, samples, now, spec)
+        actions.extend(new)
+    return state, actions
+
+
+def leak_steps(seconds: float, start_mib: float, mib_per_minute: float) -> list[Any]:
+    steps = []
+    t = 0.0
+    while t <= seconds:
+        steps.append((T0 + t, [sample("p", T0 + t, start_mib + mib_per_minute * t / 60)]))
+        t += INTERVAL
+    return steps
+
+
+# --- resource ladder -----------------------------------------------------------------
+
+
+def test_least_squares_slope_of_a_line() -> None:
+    assert least_squares_slope([(0, 1.0), (1, 3.0), (2, 5.0)]) == 2.0
+    assert least_squares_slope([(0, 1.0)]) is None
+
+
+def test_ladder_climbs_in_order_with_cooldowns_while_the_signal_stays_high() -> None:
+    # 80% of the limit and growing 600 MiB/min: above ratio 0.75 and growth 200.
+    _, actions = run(PolicyState("svc"), leak_steps(120, 0.80 * 4096, 600))
+    kinds = [a.kind for a in actions]
+    assert kinds == [
+        ActionKind.GC,
+        ActionKind.EMPTY_CACHE,
+        ActionKind.RELOAD,
+        ActionKind.SWAP_FALLBACK,
+        ActionKind.RESTART,
+    ]
+    gaps = [b.at - a.at for a, b in zip(actions, actions[1:], strict=False)]
+    assert all(gap >= COOLDOWN for gap in gaps)
+    assert actions[0].reason.startswith("RSS") and "MiB/min" in actions[0].reason
+    assert actions[3].variant == "fallback"
+
+
+def test_ladder_stops_when_the_signal_comes_back_under() -> None:
+    steps = leak_steps(15, 0.80 * 4096, 600)  # triggers gc at the third sample
+    t = T0 + 20
+    steps += [(t + i * INTERVAL, [sample("p", t + i * INTERVAL, 0.5 * 4096)]) for i in range(20)]
+    state, actions = run(PolicyState("svc"), steps)
+    assert [a.kind for a in actions] == [ActionKind.GC]
+    assert state.ladders == {}  # episode over after a calm cooldown
+
+
+def test_above_ratio_but_flat_does_nothing() -> None:
+    _, actions = run(PolicyState("svc"), leak_steps(120, 0.85 * 4096, 0))
+    assert actions == []
+
+
+def test_growing_below_ratio_does_nothing() -> None:
+    _, actions = run(PolicyState("svc"), leak_steps(60, 0.30 * 4096, 1000))
+    assert actions == []
+
+
+def test_above_95_percent_acts_regardless_of_slope() -> None:
+    _, actions = run(PolicyState("svc"), [(T0, [sample("p", T0, 0.96 * 4096)])])
+    assert [a.kind for a in actions] == [ActionKind.GC]
+
+
+def test_sized_limit_is_used_when_the_pod_reports_none() -> None:
+    state = PolicyState("svc", memory_limit_bytes=LIMIT)
+    _, actions = run(state, [(T0, [sample("p", T0, 0.96 * 4096, memory_limit_bytes=None)])])
+    assert [a.kind for a in actions] == [ActionKind.GC]
+
+
+def test_stale_samples_never_trigger_memory_actions() -> None:
+    old = T0 - 4 * INTERVAL
+    steps = [(T0 + i * INTERVAL, [sample("p", old, 0.99 * 4096)]) for i in range(10)]
+    state, actions = run(PolicyState("svc"), steps)
+    assert actions == []
+    assert state.stale_pods == {"p"}
+
+
+def test_failed_scrapes_never_trigger_memory_actions() -> None:
+    steps = [
+        (T0 + i * INTERVAL, [replace(sample("p", T0 + i * INTERVAL, 0.99 * 4096), ok=False)])
+        for i in range(10)
+    ]
+    _, actions = run(PolicyState("svc"), steps)
+    assert actions == []
+
+
+def test_swap_is_skipped_without_a_fallback() -> None:
+    spec = parse_spec(
+        {
+            "model": {"name": "chat", "source": "pvc://models/tiny"},
+            "breaker": {"resource": {"cooldownSeconds": COOLDOWN}},
+            "degradation": {"tiers": ["no-streaming"]},
+            "telemetry": {"scrapeIntervalSeconds": INTERVAL},
+        }
+    )
+    _, actions = run(PolicyState("svc"), leak_steps(120, 0.8 * 4096, 600), spec)
+    assert ActionKind.SWAP_FALLBACK not in [a.kind for a in actions]
+    assert actions[-1].kind is ActionKind.RESTART
+
+
+def test_swapped_pod_returns_to_primary_after_calm_cool_off() -> None:
+    state = PolicyState("svc", variants={"p": "fallback"}, swapped_at={"p": T0})
+    steps = [(T0 + i * INTERVAL, [sample("p", T0 + i * INTERVAL, 1000)]) for i in range(14)]
+    state, actions = run(state, steps)
+    assert [a.kind for a in actions] == [ActionKind.RESTORE_PRIMARY]
+    assert actions[0].at - T0 >= 60
+    assert state.pod_variant("p") == "primary"
+
+
+def test_wedged_server_is_restarted_once() -> None:
+    steps = [(T0, [sample("p", T0, 100)])]
+    steps += [
+        (T0 + i * INTERVAL, [sample("p", T0 + i * INTERVAL, 100, stats_age_seconds=10 + 5 * i)])
+        for i in range(1, 8)
+    ]
+    _, actions = run(PolicyState("svc"), steps)
+    assert [(a.kind, a.pod) for a in actions] == [(ActionKind.RESTART, "p")]
+    assert "wedged" in actions[0].reason
+
+
+def test_a_pod_that_never_served_is_not_called_wedged() -> None:
+    steps = [
+        (T0 + i * INTERVAL, [sample("p", T0 + i * INTERVAL, 100, stats_age_seconds=999)])
+        for i in range(5)
+    ]
+    _, actions = run(PolicyState("svc"), steps)
+    assert actions == []
+
+
+def test_only_one_restart_per_cooldown_across_pods() -> None:
+    steps = [(T0, [sample("a", T0, 100), sample("b", T0, 100)])]
+    wedged = {"stats_age_seconds": 100}
+    steps.append((T0 + 5, [sample("a", T0 + 5, 100, **wedged), sample("b", T0 + 5, 100, **wedged)]))
+    steps.append((T0 + 30, [sample("b", T0 + 30, 100, **wedged)]))
+    _, actions = run(PolicyState("svc"), steps)
+    assert [(a.pod, a.at - T0) for a in actions] == [("a", 5), ("b", 30)]
+
+
+def test_pods_that_disappear_are_forgotten() -> None:
+    state, _ = run(PolicyState("svc"), leak_steps(15, 0.8 * 4096, 600))
+    assert state.ladders
+    state, _ = decide(state, [sample("q", T0 + 20, 100)], T0 + 20, SPEC)
+    assert not any(key.startswith("p/") for key in state.ladders)
+    assert "p" not in state.history
+
+
+# --- latency breaker ---------------------------------------------------------------------
+
+
+def latency(
+    at: float, p99_ms: float | None, calls: float, pod: str = "p", **extra: Any
+) -> PodSample:
+    succeeded = extra.pop("succeeded", calls)
+    failed = extra.pop("failed", 0)
+    return sample(
+        pod,
+        at,
+        100,
+        latency_p99_seconds=None if p99_ms is None else p99_ms / 1000,
+        requests=RequestCounts(succeeded=succeeded, failed=failed),
+        **extra,
+    )
+
+
+def latency_run(
+    points: list[tuple[float, float | None, float]], state: PolicyState | None = None
+) -> tuple[PolicyState, list[tuple[float, BreakerState]]]:
+    """points: (seconds after T0, p99 ms, cumulative calls); returns breaker transitions."""
+    state = state or PolicyState("svc")
+    transitions = []
+    for offset, p99, calls in points:
+        before = state.breaker
+        state, _ = decide(state, [latency(T0 + offset, p99, calls)], T0 + offset, SPEC)
+        if state.breaker is not before:
+            transitions.append((offset, state.breaker))
+    return state, transitions
+
+
+def test_breaker_opens_only_after_for_seconds_of_slow_p99() -> None:
+    points = [(t, 450.0, 10.0 * t) for t in range(0, 40, 5)]
+    state, transitions = latency_run(points)
+    assert transitions == [(30, BreakerState.OPEN)]
+    assert "p99 ttft 450 ms > 200 ms" in state.breaker_reason
+    assert state.trips == 1
+
+
+def test_breaker_needs_minimum_calls_before_opening() -> None:
+    points = [(t, 450.0, 0.0) for t in range(0, 100, 5)]  # slow window, no new requests
+    _, transitions = latency_run(points)
+    assert transitions == []
+
+
+def test_p99_equal_to_threshold_is_not_slow() -> None:
+    points = [(t, 200.0, 10.0 * t) for t in range(0, 100, 5)]
+    _, transitions = latency_run(points)
+    assert transitions == []
+
+
+def test_a_fast_scrape_resets_the_slow_window() -> None:
+    points = [(t, 450.0 if t != 20 else 50.0, 10.0 * t) for t in range(0, 65, 5)]
+    _, transitions = latency_run(points)
+    assert transitions == [(55, BreakerState.OPEN)]  # 30 s after the slow run restarted at 25
+
+
+def test_open_goes_half_open_only_after_open_seconds_then_closes_on_good_results() -> None:
+    points = [(t, 450.0, 10.0 * t) for t in range(0, 35, 5)]  # opens at 30
+    points += [(t, 50.0, 300.0) for t in range(35, 55, 5)]  # half-open at 50
+    points += [(55, 50.0, 310.0), (60, 50.0, 325.0)]  # 25 half-open calls, all fast and good
+    state, transitions = latency_run(points)
+    assert transitions == [
+        (30, BreakerState.OPEN),
+        (50, BreakerState.HALF_OPEN),
+        (60, BreakerState.CLOSED),
+    ]
+    assert "25 half-open requests" in state.breaker_reason
+
+
+def test_half_open_waits_for_min_requests() -> None:
+    state = PolicyState("svc", breaker=BreakerState.HALF_OPEN, breaker_since=T0)
+    state.last_counts["p"] = RequestCounts(succeeded=100)
+    points = [(t, 10.0, 100.0 + t / 5) for t in range(5, 60, 5)]  # 1 call per scrape
+    _, transitions = latency_run(points, state)
+    assert transitions == []
+
+
+def test_half_open_reopens_when_p99_not_under_recovery() -> None:
+    state = PolicyState("svc", breaker=BreakerState.HALF_OPEN, breaker_since=T0, trips=1)
+    state.last_counts["p"] = RequestCounts(succeeded=100)
+    state, transitions = latency_run([(5, 150.0, 130.0)], state)  # 150 ms: < 200 but > 100
+    assert transitions == [(5, BreakerState.OPEN)]
+    assert state.trips == 2
+
+
+def test_half_open_reopens_when_success_rate_is_too_low() -> None:
+    state = PolicyState("svc", breaker=BreakerState.HALF_OPEN, breaker_since=T0)
+    state.last_counts["p"] = RequestCounts(succeeded=100)
+    sample_ = latency(T0 + 5, 10.0, 0, succeeded=125, failed=5)
+    state, _ = decide(state, [sample_], T0 + 5, SPEC)
+    assert state.breaker is BreakerState.OPEN
+    assert "success 83.3%" in state.breaker_reason
+
+
+def test_stale_telemetry_moves_no_breaker() -> None:
+    state = PolicyState("svc", breaker=BreakerState.OPEN, breaker_since=T0)
+    stale = latency(T0, 10.0, 0)
+    state, _ = decide(state, [stale], T0 + 100, SPEC)
+    assert state.breaker is BreakerState.OPEN
+
+
+# --- degradation ---------------------------------------------------------------------------
+
+
+def test_quality_failures_escalate_one_tier_at_a_time_to_fallback_then_cool_off() -> None:
+    state = PolicyState("svc")
+    levels = []
+    for i in range(6):
+        t = T0 + i * INTERVAL
+        state, _ = decide(state, [latency(t, 10, i * 10, quality_failure_ratio=0.5)], t, SPEC)
+        levels.append(state.level)
+    assert levels == [1, 2, 2, 2, 2, 2]
+    good_levels = []
+    for i in range(6, 40):
+        t = T0 + i * INTERVAL
+        state, _ = decide(state, [latency(t, 10, i * 10, quality_failure_ratio=0.0)], t, SPEC)
+        good_levels.append((i * INTERVAL, state.level))
+    steps_down = [
+        (t, lv)
+        for (t, lv), (_, prev) in zip(good_levels[1:], good_levels, strict=False)
+        if lv != prev
+    ]
+    assert steps_down == [(90.0, 1), (150.0, 0)]  # 60 s cool-off each
+
+
+def test_latency_trip_raises_one_tier() -> None:
+    points = [(t, 450.0, 10.0 * t) for t in range(0, 35, 5)]
+    state, _ = latency_run(points)
+    assert state.breaker is BreakerState.OPEN and state.level == 1
+
+
+# --- restart from status ------------------------------------------------------------------
+
+
+def test_restart_from_status_repeats_no_action() -> None:
+    steps = leak_steps(45, 0.8 * 4096, 600)
+    state, actions = run(PolicyState("svc"), steps)
+    assert [a.kind for a in actions] == [ActionKind.GC, ActionKind.EMPTY_CACHE]
+    rebuilt = PolicyState.from_status(
+        "svc", {"policy": state.to_status(), "breaker": {"state": "Closed"}}
+    )
+    now, samples = steps[-1]
+    _, again = decide(rebuilt, samples, now, SPEC)
+    assert again == []
+    later, more = run(rebuilt, leak_steps(120, 0.8 * 4096, 600)[10:])
+    ids = [a.id for a in actions + more]
+    assert len(ids) == len(set(ids))
+    assert more[0].kind is ActionKind.RELOAD  # resumes the ladder where it stood
+
+
+# --- properties ----------------------------------------------------------------------------
+
+pod_step = st.tuples(
+    st.floats(min_value=0.0, max_value=1.0),  # rss ratio
+    st.booleans(),  # scrape ok
+    st.sampled_from([0.0, 0.0, 0.0, 30.0]),  # sample age: mostly fresh, sometimes stale
+)
+timeline = st.lists(
+    st.tuples(st.sampled_from([1.0, 5.0, 5.0, 10.0]), pod_step, pod_step), min_size=1, max_size=60
+)
+
+
+def replay(
+    steps: list[Any], restart_every: int = 0
+) -> list[tuple[float, list[PodSample], Any, list[Any]]]:
+    state = PolicyState("svc")
+    now = T0
+    log = []
+    for index, (dt, *pods) in enumerate(steps):
+        now += dt
+        samples = [
+            PodSample(
+                pod=name,
+                sampled_at=now - age,
+                ok=ok,
+                rss_bytes=ratio * LIMIT,
+                memory_limit_bytes=LIMIT,
+                stats_age_seconds=1.0,
+            )
+            for name, (ratio, ok, age) in zip(("a", "b"), pods, strict=True)
+        ]
+        if restart_every and index % restart_every == 0:
+            state = PolicyState.from_status("svc", {"policy": state.to_status()})
+        state, actions = decide(state, samples, now, SPEC)
+        log.append((now, samples, state, actions))
+    return log
+
+
+@settings(max_examples=150, deadline=None)
+@given(timeline)
+def test_property_never_acts_on_stale_or_failed_samples(steps: list[Any]) -> None:
+    for now, samples, _, actions in replay(steps):
+        fresh = {s.pod for s in samples if s.ok and now - s.sampled_at <= 3 * INTERVAL}
+        assert {a.pod for a in actions} <= fresh
+
+
+@settings(max_examples=150, deadline=None)
+@given(timeline, st.sampled_from([0, 1, 3]))
+def test_property_ladder_steps_respect_cooldown_and_ids_are_unique(
+    steps: list[Any], restart_every: int
+) -> None:
+    log = replay(steps, restart_every)
+    actions = [a for *_, acts in log for a in acts]
+    assert len({a.id for a in actions}) == len(actions)
+    for pod in ("a", "b"):
+        times = [a.at for a in actions if a.pod == pod and a.kind is not ActionKind.RESTORE_PRIMARY]
+        assert all(b - a >= COOLDOWN for a, b in zip(times, times[1:], strict=False))
+    restarts = [a.at for a in actions if a.kind is ActionKind.RESTART]
+    assert all(b - a >= COOLDOWN for a, b in zip(restarts, restarts[1:], strict=False))
+
+
+@settings(max_examples=150, deadline=None)
+@given(timeline)
+def test_property_restart_from_status_repeats_nothing(steps: list[Any]) -> None:
+    for now, samples, state, _ in replay(steps):
+        rebuilt = PolicyState.from_status("svc", {"policy": state.to_status()})
+        _, again = decide(rebuilt, samples, now, SPEC)
+        assert again == []
+
+
+latency_step = st.tuples(
+    st.sampled_from([1.0, 5.0, 5.0, 10.0]),
+    st.one_of(st.none(), st.floats(min_value=1, max_value=1000)),
+    st.integers(min_value=0, max_value=20),  # new calls
+    st.integers(min_value=0, max_value=2),  # new failures
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(latency_step, min_size=1, max_size=80))
+def test_property_breaker_transitions_respect_their_windows(steps: list[Any]) -> None:
+    state = PolicyState("svc")
+    now, succeeded, failed = T0, 0, 0
+    slow_since: float | None = None
+    entered = T0
+    half_open_calls = 0.0
+    for dt, p99, calls, failures in steps:
+        now += dt
+        succeeded += calls
+        failed += failures
+        before = state.breaker
+        state, _ = decide(
+            state, [latency(now, p99, 0, succeeded=succeeded, failed=failed)], now, SPEC
+        )
+        if before is BreakerState.HALF_OPEN:
+            half_open_calls += calls + failures
+        if before is BreakerState.CLOSED:
+            slow = p99 is not None and p99 > 200
+            slow_since = (slow_since if slow_since is not None else now) if slow else None
+        if state.breaker is before:
+            continue
+        if before is BreakerState.CLOSED:
+            assert state.breaker is BreakerState.OPEN
+            assert slow_since is not None and now - slow_since >= 30
+        elif before is BreakerState.OPEN:
+            assert state.breaker is BreakerState.HALF_OPEN and now - entered >= 20
+            half_open_calls = 0.0
+        else:
+            assert half_open_calls >= 20
+            if state.breaker is BreakerState.CLOSED:
+                assert p99 is not None and p99 < 100
+        slow_since = None
+        entered = now

@@ -1,0 +1,81 @@
+"""status: conditions flip times, write throttling, events with numbers."""
+
+from __future__ import annotations
+
+from fusebox_operator.policy import Action, ActionKind, BreakerState, PodSample, PolicyState
+from fusebox_operator.status import (
+    build_status,
+    iso,
+    set_condition,
+    should_write,
+    transition_events,
+)
+
+T0 = 1_800_000_000.0
+
+
+def test_last_transition_time_moves_only_when_status_flips() -> None:
+    first = set_condition([], "Ready", True, "PodsReady", "2/2", 1, T0)
+    same = set_condition(first, "Ready", True, "PodsReady", "2/2 again", 2, T0 + 60)
+    assert same[0]["lastTransitionTime"] == iso(T0)
+    assert same[0]["message"] == "2/2 again" and same[0]["observedGeneration"] == 2
+    flipped = set_condition(same, "Ready", False, "PodsNotReady", "1/2", 2, T0 + 90)
+    assert flipped[0]["lastTransitionTime"] == iso(T0 + 90)
+
+
+def status_for(state: PolicyState, rss: float, now: float, previous: dict | None = None) -> dict:
+    samples = [PodSample("p", now, rss_bytes=rss, gpu_memory_used_bytes=None)]
+    return build_status(previous or {}, state, samples, [], 2, 2, 1, now)
+
+
+def test_status_not_rewritten_for_new_figures_within_30_seconds() -> None:
+    state = PolicyState("svc")
+    written = status_for(state, 1e9, T0)
+    assert should_write({}, written, T0)
+    assert not should_write(written, status_for(state, 1.1e9, T0 + 5, written), T0 + 5)
+    assert should_write(written, status_for(state, 1.2e9, T0 + 31, written), T0 + 31)
+
+
+def test_status_written_at_once_when_the_breaker_changes() -> None:
+    written = status_for(PolicyState("svc"), 1e9, T0)
+    opened = PolicyState("svc", breaker=BreakerState.OPEN, breaker_since=T0 + 5)
+    new = status_for(opened, 1e9, T0 + 5, written)
+    assert should_write(written, new, T0 + 5)
+    ready = next(c for c in new["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "BreakerOpen"
+
+
+def test_summary_holds_printer_column_figures() -> None:
+    status = status_for(PolicyState("svc", level=2), 3 * 1024**3, T0)
+    assert status["summary"] == {"ready": "2/2", "gpuMemory": "-", "rss": "3.0Gi"}
+    assert status["degradation"]["tier"] == "fallback-model"
+    assert status["activeVariant"] == "fallback"
+
+
+def test_events_name_transitions_and_actions_with_numbers() -> None:
+    before = PolicyState("svc")
+    after = PolicyState(
+        "svc", breaker=BreakerState.OPEN, breaker_reason="p99 ttft 450 ms > 200 ms", level=2
+    )
+    action = Action("svc-000001-reload", ActionKind.RELOAD, "pod-a", "RSS 3500 MiB = 85%", T0)
+    events = transition_events(before, after, [(action, "freed 1.2 GiB")])
+    reasons = [e.reason for e in events]
+    assert reasons == [
+        "BreakerOpened",
+        "Degraded",
+        "SwappedToFallback",
+        "ModelUnloaded",
+        "ModelReloaded",
+    ]
+    assert "450 ms" in events[0].message
+    assert "freed 1.2 GiB" in events[-1].message and "svc-000001-reload" in events[-1].message
+
+
+def test_last_action_and_bounded_history() -> None:
+    state = PolicyState("svc")
+    previous: dict = {}
+    for i in range(15):
+        action = Action(f"svc-{i:06d}-gc", ActionKind.GC, "p", "RSS high", T0 + i)
+        previous = build_status(previous, state, [], [(action, "ok")], 1, 1, 1, T0 + i)
+    assert len(previous["recentActions"]) == 10
+    assert previous["lastAction"]["id"] == "svc-000014-gc"
