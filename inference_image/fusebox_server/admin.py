@@ -1,0 +1,182 @@
+"""The admin API (port 8001): how the operator acts on one server.
+
+Why a separate port: the NetworkPolicy opens it to the operator only, and
+the public API can never reach an admin route. Every call needs
+`Authorization: Bearer <token>` (the token file comes from a Secret),
+compared in constant time; headers are never logged. Actions carry an id
+and run once per id (a retried call gets the recorded result).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from fusebox_server.app import (
+    error_response,
+    http_error_handler,
+    read_body,
+    unexpected_error_handler,
+)
+from fusebox_server.breaker import STATES
+from fusebox_server.errors import InvalidRequest, SchemaError, ServerError, Unauthorized
+from fusebox_server.openai_schema import parse_json_body
+from fusebox_server.runtime import Runtime
+
+log = structlog.get_logger("fusebox_server.admin")
+
+ADMIN_BODY_LIMIT_BYTES = 64 * 1024
+MAX_ACTION_ID_CHARS = 256
+
+
+def read_token(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    token = path.read_text(encoding="utf-8").strip()
+    return token or None
+
+
+def token_matches(header: str | None, token: str) -> bool:
+    """Constant-time check of an `Authorization: Bearer <token>` header."""
+    if not header:
+        return False
+    scheme, _, supplied = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(supplied.strip().encode(), token.encode())
+
+
+class RequireToken:
+    """ASGI middleware: 401 unless the bearer token matches. No token file: admin is closed."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header = None
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                header = value.decode("latin-1")
+        if self.token is None or not token_matches(header, self.token):
+            await error_response(Unauthorized("missing or invalid admin token"))(
+                scope, receive, send
+            )
+            return
+        await self.app(scope, receive, send)
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    return parse_json_body(await read_body(request, ADMIN_BODY_LIMIT_BYTES))
+
+
+class Admin:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    async def actions(self, request: Request) -> Response:
+        try:
+            body = await _json_object(request)
+            action_id = body.get("id")
+            if not isinstance(action_id, str) or not action_id:
+                raise SchemaError("'id' must be a non-empty string", param="id")
+            if len(action_id) > MAX_ACTION_ID_CHARS:
+                raise InvalidRequest("'id' is too long", param="id")
+            action_type = body.get("type")
+            if not isinstance(action_type, str):
+                raise SchemaError("'type' must be a string", param="type")
+            variant = body.get("variant")
+            if variant is not None and not isinstance(variant, str):
+                raise SchemaError("'variant' must be a string", param="variant")
+            result = await self.runtime.run_action(action_id, action_type, variant)
+        except ServerError as error:
+            return error_response(error)
+        return JSONResponse(result)
+
+    async def breaker(self, request: Request) -> Response:
+        try:
+            body = await _json_object(request)
+            state = body.get("state")
+            if state not in STATES:
+                raise InvalidRequest(f"'state' must be one of {', '.join(STATES)}", param="state")
+            percent = body.get("admitPercent")
+            if percent is not None and (
+                isinstance(percent, bool) or not isinstance(percent, int) or not 0 <= percent <= 100
+            ):
+                raise InvalidRequest(
+                    "'admitPercent' must be an integer 0..100", param="admitPercent"
+                )
+            self.runtime.breaker.set(str(state), percent)
+            log.info("breaker_set", state=state, admit_percent=self.runtime.breaker.admit_percent)
+        except ServerError as error:
+            return error_response(error)
+        return JSONResponse(self.runtime.state())
+
+    async def degradation(self, request: Request) -> Response:
+        try:
+            body = await _json_object(request)
+            level = body.get("level")
+            if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 3:
+                raise InvalidRequest("'level' must be an integer 0..3", param="level")
+            await self.runtime.set_degradation(level)
+            log.info("degradation_set", level=level, variant=self.runtime.variant)
+        except ServerError as error:
+            return error_response(error)
+        return JSONResponse(self.runtime.state())
+
+    async def state(self, request: Request) -> Response:
+        return JSONResponse(self.runtime.state())
+
+    async def faults(self, request: Request) -> Response:
+        try:
+            if not self.runtime.faults.armed:
+                # Refuse before reading anything: faults cannot exist in this process.
+                self.runtime.faults.update({})
+            body = await _json_object(request)
+            values = self.runtime.faults.update(body)
+            if body.get("wedge"):
+                wedge_event_loop_soon()
+            log.warning("faults_set", faults=values)
+        except ServerError as error:
+            return error_response(error)
+        return JSONResponse({"faults": values})
+
+
+def wedge_event_loop_soon() -> None:
+    """The `wedge` fault: block the event loop for good, after this response is sent."""
+
+    def block() -> None:
+        log.warning("event_loop_wedged")
+        while True:
+            time.sleep(3600)
+
+    asyncio.get_running_loop().call_later(0.2, block)
+
+
+def build_admin_app(runtime: Runtime, token: str | None) -> ASGIApp:
+    admin = Admin(runtime)
+    app = Starlette(
+        routes=[
+            Route("/admin/v1/actions", admin.actions, methods=["POST"]),
+            Route("/admin/v1/breaker", admin.breaker, methods=["PUT"]),
+            Route("/admin/v1/degradation", admin.degradation, methods=["PUT"]),
+            Route("/admin/v1/state", admin.state, methods=["GET"]),
+            Route("/admin/v1/faults", admin.faults, methods=["PUT"]),
+        ],
+        exception_handlers={HTTPException: http_error_handler, Exception: unexpected_error_handler},
+    )
+    return RequireToken(app, token)

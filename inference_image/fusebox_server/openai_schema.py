@@ -1,0 +1,262 @@
+"""Validation of OpenAI request bodies into plain dataclasses.
+
+Why: the peer answers 500 to ill-typed `messages` (FACTS.md); here every
+field is checked before any model work, and each problem becomes a 400
+(a value we refuse) or a 422 (a wrong type or a missing field) naming the
+parameter. Pure functions: bytes in, a request or a domain error out.
+Unknown fields are ignored, as OpenAI clients send extras.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from fusebox_server.errors import InvalidJson, InvalidRequest, SchemaError
+
+ROLES = ("system", "user", "assistant", "developer", "tool")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str
+    messages: tuple[ChatMessage, ...]
+    stream: bool
+    include_usage: bool
+    sampling: Sampling
+    wants_json: bool
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    model: str
+    prompt: str
+    stream: bool
+    include_usage: bool
+    sampling: Sampling
+    wants_json: bool = False
+
+
+def parse_json_body(body: bytes) -> dict[str, Any]:
+    """Strict UTF-8, JSON, an object at the top."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InvalidJson(f"request body is not valid UTF-8: {error.reason}") from error
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise InvalidJson(f"request body is not valid JSON: {error}") from error
+    if not isinstance(value, dict):
+        raise SchemaError("request body must be a JSON object")
+    return value
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _optional_int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise SchemaError(f"'{name}' must be an integer", param=name)
+    if value < 1:
+        raise InvalidRequest(f"'{name}' must be at least 1, got {value}", param=name)
+    return int(value)
+
+
+def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not _is_number(value):
+        raise SchemaError(f"'{name}' must be a number", param=name)
+    number = float(value)
+    if not math.isfinite(number) or not low <= number <= high:
+        raise InvalidRequest(f"'{name}' must be between {low} and {high}, got {value}", param=name)
+    return number
+
+
+def _bool(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise SchemaError(f"'{name}' must be a boolean", param=name)
+    return value
+
+
+def _stop(body: dict[str, Any]) -> tuple[str, ...]:
+    value = body.get("stop")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise SchemaError("'stop' must be a string or a list of strings", param="stop")
+    if len(value) > 4:
+        raise InvalidRequest("'stop' takes at most 4 sequences", param="stop")
+    if any(item == "" for item in value):
+        raise InvalidRequest("'stop' sequences must not be empty", param="stop")
+    return tuple(value)
+
+
+def _common(body: dict[str, Any]) -> tuple[str, bool, bool, Sampling]:
+    model = body.get("model")
+    if model is None:
+        raise SchemaError("'model' is required", param="model")
+    if not isinstance(model, str):
+        raise SchemaError("'model' must be a string", param="model")
+    n = body.get("n")
+    if n is not None:
+        if not _is_int(n):
+            raise SchemaError("'n' must be an integer", param="n")
+        if n != 1:
+            raise InvalidRequest(f"only n=1 is supported, got {n}", param="n")
+    stream = _bool(body, "stream")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict):
+            raise SchemaError("'stream_options' must be an object", param="stream_options")
+        include_usage = bool(options.get("include_usage", False))
+    max_tokens = _optional_int(body, "max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = _optional_int(body, "max_tokens")
+    seed = body.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise SchemaError("'seed' must be an integer", param="seed")
+    sampling = Sampling(
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+        seed=seed,
+        stop=_stop(body),
+    )
+    if sampling.top_p == 0.0:
+        raise InvalidRequest("'top_p' must be greater than 0", param="top_p")
+    for name in ("presence_penalty", "frequency_penalty"):
+        _number(body, name, 0.0, -2.0, 2.0)
+    return model, stream, include_usage, sampling
+
+
+def _wants_json(body: dict[str, Any]) -> bool:
+    value = body.get("response_format")
+    if value is None:
+        return False
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise SchemaError(
+            "'response_format' must be an object with a 'type'", param="response_format"
+        )
+    kind = value["type"]
+    if kind not in ("text", "json_object", "json_schema"):
+        raise InvalidRequest(
+            f"'response_format.type' must be text, json_object or json_schema, got {kind!r}",
+            param="response_format",
+        )
+    return bool(kind != "text")
+
+
+def _content(value: object, index: int) -> str:
+    param = f"messages[{index}].content"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts: list[str] = []
+        for part in value:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise InvalidRequest(f"'{param}' supports only text parts", param=param)
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise SchemaError(f"'{param}' text parts need a string 'text'", param=param)
+            parts.append(text)
+        return "".join(parts)
+    if value is None:
+        return ""
+    raise SchemaError(f"'{param}' must be a string or a list of text parts", param=param)
+
+
+def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
+    model, stream, include_usage, sampling = _common(body)
+    messages = body.get("messages")
+    if messages is None:
+        raise SchemaError("'messages' is required", param="messages")
+    if not isinstance(messages, list):
+        raise SchemaError("'messages' must be a list", param="messages")
+    if not messages:
+        raise InvalidRequest("'messages' must not be empty", param="messages")
+    parsed: list[ChatMessage] = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise SchemaError(f"'messages[{index}]' must be an object", param=f"messages[{index}]")
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise SchemaError(
+                f"'messages[{index}].role' must be a string", param=f"messages[{index}].role"
+            )
+        if role not in ROLES:
+            raise InvalidRequest(
+                f"'messages[{index}].role' must be one of {', '.join(ROLES)}, got {role!r}",
+                param=f"messages[{index}].role",
+            )
+        parsed.append(ChatMessage(role=role, content=_content(message.get("content"), index)))
+    return ChatRequest(
+        model=model,
+        messages=tuple(parsed),
+        stream=stream,
+        include_usage=include_usage,
+        sampling=sampling,
+        wants_json=_wants_json(body),
+    )
+
+
+def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
+    model, stream, include_usage, sampling = _common(body)
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise SchemaError("'prompt' is required", param="prompt")
+    if isinstance(prompt, list):
+        if len(prompt) != 1 or not isinstance(prompt[0], str):
+            raise InvalidRequest(
+                "'prompt' must be a string or a list of one string", param="prompt"
+            )
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise SchemaError("'prompt' must be a string", param="prompt")
+    if body.get("echo"):
+        raise InvalidRequest("'echo' is not supported", param="echo")
+    if body.get("logprobs") not in (None, False, 0):
+        raise InvalidRequest("'logprobs' is not supported", param="logprobs")
+    best_of = body.get("best_of")
+    if best_of not in (None, 1):
+        raise InvalidRequest("only best_of=1 is supported", param="best_of")
+    return CompletionRequest(
+        model=model,
+        prompt=prompt,
+        stream=stream,
+        include_usage=include_usage,
+        sampling=sampling,
+    )

@@ -1,0 +1,84 @@
+"""Quality sampling: a share of responses is checked, and the failure ratio exported.
+
+Why: a model can keep answering fast and still answer badly (a corrupted
+swap, a wrong variant). The operator's quality breaker needs a failure
+ratio; the server computes it on a `--quality-sample-rate` share of
+responses, chosen by an even spread over the response count. A sampled
+response fails when JSON was asked for (`response_format`) and the text is
+not valid JSON, when output/input tokens exceed
+`--quality-max-output-input-ratio`, or when it contains a blocked term
+(`--quality-blocked-terms-file`, case-insensitive).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class QualityVerdict:
+    ok: bool
+    reasons: tuple[str, ...]
+
+
+def check_response(
+    text: str,
+    wants_json: bool,
+    input_tokens: int,
+    output_tokens: int,
+    max_output_input_ratio: float,
+    blocked_terms: Sequence[str],
+) -> QualityVerdict:
+    reasons: list[str] = []
+    if wants_json:
+        try:
+            json.loads(text)
+        except ValueError:
+            reasons.append("invalid_json")
+    if input_tokens > 0 and output_tokens / input_tokens > max_output_input_ratio:
+        reasons.append("output_input_ratio")
+    lowered = text.lower()
+    if any(term.lower() in lowered for term in blocked_terms if term):
+        reasons.append("blocked_term")
+    return QualityVerdict(ok=not reasons, reasons=tuple(reasons))
+
+
+class QualitySampler:
+    """Chooses which responses to check and keeps the failure ratio over a window."""
+
+    def __init__(self, sample_rate: float, window_seconds: float) -> None:
+        self.sample_rate = sample_rate
+        self.window_seconds = window_seconds
+        self.sampled_total = 0
+        self.failed_total = 0
+        self._responses = 0
+        self._window: deque[tuple[float, bool]] = deque(maxlen=100_000)
+        self._lock = threading.Lock()
+
+    def should_sample(self) -> bool:
+        with self._lock:
+            index = self._responses
+            self._responses += 1
+        return int((index + 1) * self.sample_rate) > int(index * self.sample_rate)
+
+    def record(self, verdict: QualityVerdict, now: float | None = None) -> None:
+        with self._lock:
+            self.sampled_total += 1
+            if not verdict.ok:
+                self.failed_total += 1
+            self._window.append((time.time() if now is None else now, verdict.ok))
+
+    def failure_ratio(self, now: float | None = None) -> float | None:
+        cutoff = (time.time() if now is None else now) - self.window_seconds
+        with self._lock:
+            while self._window and self._window[0][0] < cutoff:
+                self._window.popleft()
+            if not self._window:
+                return None
+            failed = sum(1 for _, ok in self._window if not ok)
+            return failed / len(self._window)

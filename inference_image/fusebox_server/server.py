@@ -1,0 +1,120 @@
+"""Process wiring: one event loop, two uvicorn servers, the worker and stats threads.
+
+Why one process: the admin port must act on the very model and queues the
+API port serves (unload, swap, breaker), so both share one Runtime. uvicorn's
+own signal capture assumes one server per process; here SIGTERM/SIGINT stop
+both servers, which drain open connections for a few seconds, then the
+threads stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Iterator, Sequence
+
+import structlog
+import uvicorn
+
+from fusebox_server.admin import build_admin_app, read_token, wedge_event_loop_soon
+from fusebox_server.app import build_api_app
+from fusebox_server.config import ConfigError, ServerConfig, parse_config
+from fusebox_server.faults import Faults, parse_faults
+from fusebox_server.logs import configure_logging
+from fusebox_server.runtime import Runtime
+from fusebox_server.stats import StatsThread
+
+log = structlog.get_logger("fusebox_server")
+
+GRACEFUL_SHUTDOWN_SECONDS = 5
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to us."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _uvicorn_server(app: object, host: str, port: int) -> _Server:
+    config = uvicorn.Config(
+        app,  # type: ignore[arg-type]
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        server_header=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+    )
+    return _Server(config)
+
+
+async def serve(config: ServerConfig, faults: Faults, admin_token: str | None) -> int:
+    loop = asyncio.get_running_loop()
+    runtime = Runtime(config, faults)
+    runtime.start(loop)
+    stats = StatsThread(config.stats_file, runtime.stats_document, runtime.check_memory_guard)
+    stats.start()
+    servers = [
+        _uvicorn_server(build_api_app(runtime), config.host, config.port),
+        _uvicorn_server(build_admin_app(runtime, admin_token), config.host, config.admin_port),
+    ]
+    exit_code = 0
+
+    def shut_down() -> None:
+        for server in servers:
+            server.should_exit = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, shut_down)
+
+    async def load_primary() -> None:
+        nonlocal exit_code
+        try:
+            await runtime.load_variant("primary")
+        except Exception as error:
+            log.error("model_load_failed", model_dir=str(config.model_dir), error=repr(error))
+            exit_code = 1
+            shut_down()
+            return
+        if faults.value("wedge") >= 1:
+            wedge_event_loop_soon()
+
+    heartbeat = asyncio.create_task(runtime.beat_loop())
+    loader = asyncio.create_task(load_primary())
+    log.info(
+        "server_starting",
+        model_name=config.model_name,
+        port=config.port,
+        admin_port=config.admin_port,
+        device=str(runtime.device),
+        faults=faults.snapshot() if faults.armed else None,
+        admin_enabled=admin_token is not None,
+    )
+    try:
+        await asyncio.gather(*(server.serve() for server in servers))
+    finally:
+        loader.cancel()
+        heartbeat.cancel()
+        runtime.stop()
+        stats.stop()
+    if any(not server.started for server in servers) and exit_code == 0:
+        exit_code = 1  # a port could not be bound
+    return exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = parse_config(sys.argv[1:] if argv is None else argv, os.environ)
+        faults = Faults(parse_faults(os.environ.get("FUSEBOX_FAULTS", "")))
+        token = read_token(config.admin_token_file)
+    except (ConfigError, ValueError, OSError) as error:
+        print(f"fusebox_server: {error}", file=sys.stderr)
+        return 2
+    configure_logging(config.log_level)
+    return asyncio.run(serve(config, faults, token))

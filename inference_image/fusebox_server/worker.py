@@ -1,0 +1,252 @@
+"""The inference worker: the one thread where torch runs.
+
+Why: torch on the event loop would stall every connection, health checks
+included. The loop hands admitted requests and admin actions to this thread
+through a bounded queue; the thread interleaves the running requests one
+decoding step each (so a request that is cancelled, or past its deadline,
+stops within one step), and sends every token and the final result back with
+`loop.call_soon_threadsafe`. Any exception inside one request goes to that
+request's caller; the thread itself never dies. It stamps a heartbeat on
+every turn, idle or not, which `/healthz` and the stats file read.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fusebox_server.engine import Decoding, LoadedModel, leak_block, release_memory
+from fusebox_server.errors import (
+    DeadlineExceeded,
+    GenerationFailed,
+    ModelUnavailable,
+    ServerError,
+)
+from fusebox_server.faults import Faults
+from fusebox_server.memory import cuda_memory
+from fusebox_server.openai_schema import Sampling
+from fusebox_server.tokenization import IncrementalDecoder
+
+IDLE_WAIT_SECONDS = 0.2
+
+
+@dataclass(frozen=True)
+class Piece:
+    """New text from the model (one decoded piece)."""
+
+    text: str
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The generation ended: `stop`, `length` or `cancelled`."""
+
+    reason: str
+    completion_tokens: int
+    cuda_at_entry: dict[str, int | None]
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The generation failed; the caller maps the error to a status."""
+
+    error: ServerError
+    completion_tokens: int
+
+
+Event = Piece | Finished | Failed
+
+
+@dataclass
+class GenerationJob:
+    request_id: str
+    variant: str
+    prompt_ids: tuple[int, ...]
+    sampling: Sampling
+    max_tokens: int
+    deadline_monotonic: float
+    tokenizer: Any
+    deliver: Callable[[Event], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    decoding: Decoding | None = None
+    decoder: IncrementalDecoder | None = None
+    completion_tokens: int = 0
+    text: str = ""
+    emitted_chars: int = 0
+    cuda_at_entry: dict[str, int | None] = field(default_factory=dict)
+
+
+@dataclass
+class ControlJob:
+    action: Callable[[], Any]
+    deliver: Callable[[Any, BaseException | None], None]
+
+
+def _held_back_chars(text: str, stops: tuple[str, ...]) -> int:
+    """How many trailing chars could start a stop sequence (kept until decided)."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:size]):
+                longest = max(longest, size)
+                break
+    return longest
+
+
+class InferenceWorker(threading.Thread):
+    def __init__(self, loop: Any, faults: Faults, inbox_size: int) -> None:
+        super().__init__(name="fusebox-inference", daemon=True)
+        self._loop = loop
+        self._faults = faults
+        self._inbox: queue.Queue[GenerationJob | ControlJob] = queue.Queue(maxsize=inbox_size)
+        self._active: list[GenerationJob] = []
+        self._stopping = threading.Event()
+        self.loaded: LoadedModel | None = None
+        self.heartbeat = time.time()
+        self.steps_total = 0
+
+    # ----- called from the event loop -----
+    def submit(self, job: GenerationJob | ControlJob) -> None:
+        self._inbox.put_nowait(job)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    @property
+    def active_count(self) -> int:
+        return len(self._active)
+
+    # ----- the thread -----
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            self.heartbeat = time.time()
+            try:
+                self._turn()
+            except BaseException as error:  # the worker must outlive anything
+                self._fail_all(GenerationFailed(f"inference worker error: {error!r}"))
+                time.sleep(IDLE_WAIT_SECONDS)
+
+    def _turn(self) -> None:
+        self._take_inbox(block=not self._active)
+        for job in list(self._active):
+            self._advance(job)
+
+    def _take_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=IDLE_WAIT_SECONDS) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if isinstance(item, ControlJob):
+                self._run_control(item)
+            else:
+                self._active.append(item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _run_control(self, job: ControlJob) -> None:
+        try:
+            result = job.action()
+        except BaseException as error:
+            self._post(job.deliver, None, error)
+        else:
+            self._post(job.deliver, result, None)
+
+    def _post(self, callback: Callable[..., None], *args: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:
+            pass  # the loop is closed: the process is shutting down
+
+    def _finish(self, job: GenerationJob, event: Event) -> None:
+        if job in self._active:
+            self._active.remove(job)
+        job.decoding = None
+        self._post(job.deliver, event)
+
+    def _fail_all(self, error: ServerError) -> None:
+        for job in list(self._active):
+            self._finish(job, Failed(error, job.completion_tokens))
+
+    def abort_active(self, error: ServerError) -> None:
+        """Called on this thread by unload/swap: running requests lose their model."""
+        self._fail_all(error)
+
+    def _emit(self, job: GenerationJob, text: str) -> None:
+        if text:
+            self._post(job.deliver, Piece(text, job.completion_tokens))
+
+    def _advance(self, job: GenerationJob) -> None:
+        try:
+            self._step(job)
+        except ServerError as error:
+            self._finish(job, Failed(error, job.completion_tokens))
+        except torch.OutOfMemoryError as error:
+            self._finish(job, Failed(GenerationFailed(f"out of memory: {error}"), 0))
+            release_memory(self.loaded.device if self.loaded else torch.device("cpu"))
+        except Exception as error:
+            self._finish(job, Failed(GenerationFailed(f"generation failed: {error!r}"), 0))
+
+    def _step(self, job: GenerationJob) -> None:
+        if job.cancelled.is_set():
+            self._finish(job, Finished("cancelled", job.completion_tokens, job.cuda_at_entry))
+            return
+        if time.monotonic() > job.deadline_monotonic:
+            raise DeadlineExceeded("the request outlived its deadline during generation")
+        if job.decoding is None:
+            self._start(job)
+        assert job.decoding is not None and job.decoder is not None
+        token_id = job.decoding.step()
+        self.steps_total += 1
+        slow_ms = self._faults.value("slow")
+        if slow_ms > 0:
+            time.sleep(slow_ms / 1000.0)
+        if job.decoding.is_end(token_id):
+            self._complete(job, "stop", job.decoder.flush())
+            return
+        job.completion_tokens += 1
+        piece = job.decoder.push(token_id)
+        if job.completion_tokens >= job.max_tokens:
+            self._complete(job, "length", piece + job.decoder.flush())
+            return
+        self._append(job, piece, final=False)
+
+    def _start(self, job: GenerationJob) -> None:
+        loaded = self.loaded
+        if loaded is None or loaded.variant != job.variant:
+            raise ModelUnavailable("the model was unloaded or swapped before generation started")
+        job.cuda_at_entry = cuda_memory(loaded.device)
+        leak_block(loaded, self._faults.value("leak"))
+        job.decoding = Decoding(loaded, job.prompt_ids, job.sampling)
+        job.decoder = IncrementalDecoder(job.tokenizer)
+
+    def _append(self, job: GenerationJob, piece: str, final: bool) -> bool:
+        """Add text; emit what is safe; returns True when a stop sequence ended it."""
+        job.text += piece
+        stops = job.sampling.stop
+        for stop in stops:
+            index = job.text.find(stop, max(0, job.emitted_chars - len(stop)))
+            if index >= 0:
+                self._emit(job, job.text[job.emitted_chars : index])
+                job.text = job.text[:index]
+                job.emitted_chars = index
+                return True
+        safe_end = len(job.text) if final else len(job.text) - _held_back_chars(job.text, stops)
+        if safe_end > job.emitted_chars:
+            self._emit(job, job.text[job.emitted_chars : safe_end])
+            job.emitted_chars = safe_end
+        return False
+
+    def _complete(self, job: GenerationJob, reason: str, rest: str) -> None:
+        if self._append(job, rest, final=True):
+            reason = "stop"
+        self._finish(job, Finished(reason, job.completion_tokens, job.cuda_at_entry))
