@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -206,3 +208,160 @@ def write_stats(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return write
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The generated tiny model, made once into the cache (deterministic files)."""
+    cache = Path(os.environ.get("FUSEBOX_CACHE", Path.home() / ".cache" / "fusebox"))
+    model_dir = cache / "models" / "tiny"
+    if not (model_dir / "config.json").exists():
+        subprocess.run(
+            [sys.executable, "-m", "fusebox_server.tiny_model", str(model_dir), "--size", "tiny"],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+    return model_dir
+
+
+@dataclass
+class Server:
+    """A real `python -m fusebox_server` process on loopback."""
+
+    process: subprocess.Popen[bytes]
+    api_url: str
+    admin_url: str
+    token: str
+    stats_path: Path
+    log_path: Path
+
+    def _call(
+        self, url: str, method: str, body: object | None, headers: dict[str, str]
+    ) -> dict[str, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            url, data=data, method=method, headers={"Content-Type": "application/json", **headers}
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            parsed: dict[str, Any] = json.loads(response.read())
+            return parsed
+
+    def complete(self, prompt: str, max_tokens: int = 2) -> dict[str, Any]:
+        return self._call(
+            self.api_url + "/v1/completions",
+            "POST",
+            {"model": "chat", "prompt": prompt, "max_tokens": max_tokens},
+            {},
+        )
+
+    def admin(self, method: str, path: str, body: object | None = None) -> dict[str, Any]:
+        return self._call(
+            self.admin_url + path, method, body, {"Authorization": f"Bearer {self.token}"}
+        )
+
+    def stats(self) -> dict[str, Any]:
+        for _ in range(40):
+            try:
+                parsed: dict[str, Any] = json.loads(self.stats_path.read_text())
+                return parsed
+            except (FileNotFoundError, ValueError):
+                time.sleep(0.1)
+        raise AssertionError(f"no readable stats file at {self.stats_path}")
+
+    def log_tail(self) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-30:])
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # a wedged loop never handles SIGTERM
+                self.process.kill()
+                self.process.wait()
+
+
+def _wait_until_ready(server: Server) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise AssertionError(f"server exited {server.process.returncode}:\n{server.log_tail()}")
+        try:
+            with urllib.request.urlopen(server.api_url + "/readyz", timeout=5) as response:
+                if response.status == 200 and server.stats_path.exists():
+                    if server.stats().get("state", {}).get("model_loaded"):
+                        return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"server not ready in time:\n{server.log_tail()}")
+
+
+@pytest.fixture(scope="module")
+def server_factory(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., Server]]:
+    """Factory: `server_factory(faults="leak:64")` → a ready server on CPU."""
+    servers: list[Server] = []
+
+    def start(faults: str = "") -> Server:
+        workdir = tmp_path_factory.mktemp("server")
+        token = "test-admin-token-" + os.urandom(8).hex()
+        token_file = workdir / "admin-token"
+        token_file.write_text(token)
+        token_file.chmod(0o600)
+        api_port, admin_port = _free_port(), _free_port()
+        stats_path = workdir / "run" / "stats.json"
+        log_path = workdir / "server.log"
+        with log_path.open("wb") as log_file:
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "fusebox_server",
+                    "--model-dir",
+                    str(tiny_model_dir),
+                    "--model-name",
+                    "chat",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(api_port),
+                    "--admin-port",
+                    str(admin_port),
+                    "--admin-token-file",
+                    str(token_file),
+                    "--stats-file",
+                    str(stats_path),
+                    "--device",
+                    "cpu",
+                    "--max-new-tokens",
+                    "16",
+                ],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "FUSEBOX_FAULTS": faults, "PYTHONUNBUFFERED": "1"},
+            )
+        server = Server(
+            process,
+            f"http://127.0.0.1:{api_port}",
+            f"http://127.0.0.1:{admin_port}",
+            token,
+            stats_path,
+            log_path,
+        )
+        servers.append(server)
+        _wait_until_ready(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
