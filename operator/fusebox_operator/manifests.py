@@ -105,7 +105,6 @@ def _server_env(spec: InferenceServiceSpec) -> list[Manifest]:
     values: list[tuple[str, str]] = [
         ("FUSEBOX_MODEL_DIR", _model_dir(spec.model.source)),
         ("FUSEBOX_MODEL_NAME", spec.model.name),
-        ("FUSEBOX_DTYPE", spec.model.dtype),
         ("FUSEBOX_HOST", "0.0.0.0"),
         ("FUSEBOX_PORT", str(API_PORT)),
         ("FUSEBOX_ADMIN_PORT", str(ADMIN_PORT)),
@@ -125,7 +124,8 @@ def _server_env(spec: InferenceServiceSpec) -> list[Manifest]:
             f"{spec.breaker.quality.max_output_input_ratio:g}",
         ),
         ("FUSEBOX_QUALITY_BLOCKED_TERMS_FILE", f"{CONFIG_DIR}/blocked-terms.json"),
-        ("FUSEBOX_DEVICE", "cuda" if spec.gpu.count > 0 else "cpu"),
+        # auto: CUDA when the container sees a GPU (a simulated one shows none).
+        ("FUSEBOX_DEVICE", "auto" if spec.gpu.count > 0 else "cpu"),
         # Read-only root: every library cache goes to the writable /tmp volume.
         ("HOME", "/tmp"),
         ("HF_HOME", "/tmp/huggingface"),

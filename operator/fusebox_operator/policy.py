@@ -174,17 +174,28 @@ class PolicyState:
             "halfOpenCounts": list(self.half_open_counts.as_tuple()),
             "levelSince": self.level_since,
             "healthySince": self.healthy_since,
-            "ladders": {
-                key: {
+            # Lists, not maps: a merge patch replaces a list whole, so an entry
+            # dropped here is dropped from the stored status too.
+            "ladders": [
+                {
+                    "key": key,
                     "step": lad.step,
                     "lastActionAt": lad.last_action_at,
                     "calmSince": lad.calm_since,
                 }
                 for key, lad in sorted(self.ladders.items())
-            },
-            "variants": dict(sorted(self.variants.items())),
-            "swappedAt": dict(sorted(self.swapped_at.items())),
-            "lastCounts": {pod: list(c.as_tuple()) for pod, c in sorted(self.last_counts.items())},
+            ],
+            "pods": [
+                {
+                    "pod": pod,
+                    "variant": self.variants.get(pod),
+                    "swappedAt": self.swapped_at.get(pod),
+                    "counts": list(self.last_counts[pod].as_tuple())
+                    if pod in self.last_counts
+                    else None,
+                }
+                for pod in sorted(set(self.variants) | set(self.last_counts))
+            ],
             "lastRestartAt": self.last_restart_at,
         }
 
@@ -194,6 +205,7 @@ class PolicyState:
     ) -> PolicyState:
         """Rebuild after an operator restart from the object's status (missing parts default)."""
         policy = status.get("policy") or {}
+        pods = [p for p in policy.get("pods") or [] if isinstance(p, Mapping) and "pod" in p]
         breaker = status.get("breaker") or {}
         degradation = status.get("degradation") or {}
         try:
@@ -216,14 +228,22 @@ class PolicyState:
             level_reason=str(degradation.get("reason", "")),
             healthy_since=policy.get("healthySince"),
             ladders={
-                key: Ladder(int(v.get("step", 0)), v.get("lastActionAt"), v.get("calmSince"))
-                for key, v in (policy.get("ladders") or {}).items()
+                str(v["key"]): Ladder(
+                    int(v.get("step", 0)), v.get("lastActionAt"), v.get("calmSince")
+                )
+                for v in (policy.get("ladders") or [])
+                if isinstance(v, Mapping) and "key" in v
             },
-            variants=dict(policy.get("variants") or {}),
-            swapped_at={k: float(v) for k, v in (policy.get("swappedAt") or {}).items()},
+            variants={
+                str(p["pod"]): str(p["variant"]) for p in pods if p.get("variant") is not None
+            },
+            swapped_at={
+                str(p["pod"]): float(p["swappedAt"]) for p in pods if p.get("swappedAt") is not None
+            },
             last_counts={
-                pod: RequestCounts(*values)
-                for pod, values in (policy.get("lastCounts") or {}).items()
+                str(p["pod"]): RequestCounts(*p["counts"])
+                for p in pods
+                if p.get("counts") is not None
             },
             last_restart_at=policy.get("lastRestartAt"),
         )

@@ -1,0 +1,266 @@
+"""kopf handlers: thin, idempotent glue between events and the pure modules.
+
+Why: kopf decides when something happens (create, update, resume, a timer
+tick); the pure modules decide what; kube/telemetry/actuator do the I/O.
+Handlers never write their own object's status through the API: they fill
+kopf's `patch`, and kopf sends one patch per handler run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from typing import Any
+
+import aiohttp
+import kopf
+
+from fusebox_operator import manifests
+from fusebox_operator.actuator import Actuator, RuntimeTarget
+from fusebox_operator.kube import Kube, KubeError, load_config, ready_count
+from fusebox_operator.policy import PolicyState, admit_percent, decide
+from fusebox_operator.settings import OperatorSettings
+from fusebox_operator.sizing import size_memory
+from fusebox_operator.spec import InferenceServiceSpec, SpecError, parse_spec
+from fusebox_operator.status import (
+    build_status,
+    iso,
+    set_condition,
+    should_write,
+    transition_events,
+)
+from fusebox_operator.telemetry import scrapable, scrape_all
+
+GROUP, VERSION, PLURAL = "fusebox.dev", "v1alpha1", "inferenceservices"
+TICK_SECONDS = 1.0  # the timer ticks often; each object scrapes at its own interval
+log = logging.getLogger(__name__)
+
+
+def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
+    """Explicit timeouts and storage: nothing left to kopf's defaults that matters."""
+    settings.watching.server_timeout = ours.watch_server_timeout_seconds
+    settings.watching.client_timeout = ours.watch_client_timeout_seconds
+    settings.watching.connect_timeout = 10
+    settings.networking.request_timeout = ours.request_timeout_seconds
+    settings.networking.connect_timeout = 10
+    settings.peering.standalone = ours.standalone
+    settings.peering.name = ours.peering_name
+    settings.peering.mandatory = not ours.standalone
+    settings.peering.clusterwide = not ours.watch_namespaces
+    # Our own events carry the story; kopf's per-handler success lines would flood it.
+    settings.posting.level = logging.WARNING
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="fusebox.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="fusebox.dev", key="last-handled-configuration"
+    )
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    ours = OperatorSettings.from_env(os.environ)
+    configure(settings, ours)
+    load_config()
+    memo.settings = ours
+    memo.kube = Kube()
+    memo.session = aiohttp.ClientSession()
+    memo.actuator = Actuator(memo.session, memo.kube)
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await memo.session.close()
+
+
+def _invalid(
+    body: kopf.Body, status: kopf.Status, patch: kopf.Patch, generation: int, message: str
+) -> kopf.PermanentError:
+    now = time.time()
+    conditions = list(status.get("conditions") or [])
+    conditions = set_condition(
+        conditions, "InvalidSpec", True, "InvalidSpec", message, generation, now
+    )
+    conditions = set_condition(conditions, "Ready", False, "InvalidSpec", message, generation, now)
+    patch.status["conditions"] = conditions
+    patch.status["observedGeneration"] = generation
+    kopf.warn(body, reason="InvalidSpec", message=message)
+    return kopf.PermanentError(message)
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+async def reconcile(
+    spec: kopf.Spec,
+    name: str,
+    namespace: str | None,
+    body: kopf.Body,
+    status: kopf.Status,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: Any,
+    **_: Any,
+) -> None:
+    """Children from the spec: built purely, adopted (owner refs), applied level-triggered."""
+    assert namespace is not None  # the CRD is namespaced
+    generation = int(meta.get("generation") or 0)
+    kube: Kube = memo.kube
+    ours: OperatorSettings = memo.settings
+    try:
+        parsed = parse_spec(spec)
+        node_vram: list[int] = []
+        if parsed.gpu.count > 0 and parsed.gpu.memory_gib is None:
+            node_vram = await kube.node_vram_mib(parsed.gpu.product)
+        sizing = size_memory(parsed, node_vram)
+    except SpecError as error:
+        raise _invalid(body, status, patch, generation, str(error)) from error
+
+    secret = manifests.build_admin_secret(name, namespace, secrets.token_urlsafe(32))
+    children = [
+        manifests.build_config_map(parsed, name, namespace),
+        manifests.build_service(name, namespace),
+        manifests.build_pdb(name, namespace),
+        manifests.build_network_policy(name, namespace, ours),
+        manifests.build_deployment(parsed, name, namespace, sizing, ours),
+    ]
+    kopf.adopt([secret, *children], owner=body)
+    try:
+        await kube.create_secret_once(secret)  # the token is never logged nor regenerated
+        for child in children:
+            await kube.apply(child)
+    except KubeError as error:
+        raise kopf.TemporaryError(str(error), delay=10) from error
+
+    memory = {
+        "limitBytes": sizing.limit_bytes,
+        "requestBytes": sizing.request_bytes,
+        "vramBytes": sizing.vram_bytes,
+        "source": sizing.vram_source,
+        "qosClass": sizing.qos_class,
+    }
+    if status.get("memory") != memory:
+        kopf.info(
+            body,
+            reason="MemorySized",
+            message=(
+                f"memory limit {manifests.memory_quantity(sizing.limit_bytes)}, request "
+                f"{manifests.memory_quantity(sizing.request_bytes)} ({sizing.qos_class}); VRAM "
+                f"{sizing.vram_bytes / 1024**3:.2f} GiB x {parsed.gpu.count} from "
+                f"{sizing.vram_source}, headroom {parsed.memory.headroom_ratio:g}"
+            ),
+        )
+    now = time.time()
+    conditions = list(status.get("conditions") or [])
+    conditions = set_condition(
+        conditions, "InvalidSpec", False, "SpecValid", "spec accepted", generation, now
+    )
+    if not any(c.get("type") == "Ready" for c in conditions) or any(
+        c.get("type") == "Ready" and c.get("reason") == "InvalidSpec" for c in conditions
+    ):
+        conditions = set_condition(
+            conditions, "Ready", False, "Reconciling", "children applied", generation, now
+        )
+    patch.status["conditions"] = conditions
+    patch.status["memory"] = memory
+    patch.status["observedGeneration"] = generation
+
+
+def _service_id(uid: str) -> str:
+    return uid.replace("-", "")[:8]
+
+
+async def _token(memo: kopf.Memo, kube: Kube, namespace: str, name: str) -> str:
+    token = memo.get("admin_token")
+    if not token:
+        token = await kube.read_secret_value(namespace, manifests.admin_secret_name(name))
+        memo.admin_token = token
+    return str(token)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=TICK_SECONDS, initial_delay=2.0)
+async def telemetry(
+    spec: kopf.Spec,
+    name: str,
+    namespace: str | None,
+    uid: str,
+    body: kopf.Body,
+    status: kopf.Status,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: Any,
+    **_: Any,
+) -> None:
+    """Scrape -> decide -> act -> reconcile runtime state -> status and events."""
+    assert namespace is not None
+    now = time.time()
+    if now < memo.get("next_scrape_at", 0.0):
+        return
+    try:
+        parsed: InferenceServiceSpec = parse_spec(spec)
+    except SpecError:
+        return  # reconcile reported it; nothing to watch
+    memo.next_scrape_at = now + parsed.telemetry.scrape_interval_seconds
+    invalid = any(
+        c.get("type") == "InvalidSpec" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    if invalid or "memory" not in status:
+        return
+    kube: Kube = memo.kube
+    actuator: Actuator = memo.actuator
+    state: PolicyState | None = memo.get("policy")
+    if state is None:
+        # First tick after a start or an operator restart: resume from status.
+        state = PolicyState.from_status(
+            _service_id(uid), status, float(status["memory"].get("limitBytes") or 0) or None
+        )
+    try:
+        pods = await kube.list_pods(namespace, manifests.selector_labels(name))
+        token = await _token(memo, kube, namespace, name)
+    except KubeError as error:
+        log.warning("%s/%s: %s", namespace, name, error)
+        return
+    targets = scrapable(pods)
+    samples = await scrape_all(
+        memo.session,
+        targets,
+        parsed.telemetry.scrape_timeout_seconds,
+        parsed.breaker.latency.metric,
+    )
+    new_state, actions = decide(state, samples, now, parsed)
+    by_name = {pod.name: pod for pod in targets}
+    executed = []
+    for action in actions:
+        result = await actuator.execute(namespace, by_name.get(action.pod), token, action)
+        executed.append((action, result))
+    restarted = {a.pod for a, _ in executed if a.kind.value == "restart"}
+    target: RuntimeTarget = (
+        new_state.breaker.admin_value,
+        admit_percent(new_state, parsed),
+        new_state.level,
+    )
+    applied = memo.setdefault("applied", {})
+    sample_by_pod = {s.pod: s for s in samples}
+    for pod in targets:
+        if pod.name not in restarted and pod.server_started:
+            await actuator.reconcile_runtime(
+                pod, token, target, sample_by_pod.get(pod.name), applied
+            )
+    memo.policy = new_state
+
+    for event in transition_events(state, new_state, executed):
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+    generation = int(meta.get("generation") or 0)
+    new_status = build_status(
+        status, new_state, samples, executed, ready_count(pods), parsed.replicas, generation, now
+    )
+    if should_write(status, new_status, now):
+        for key, value in new_status.items():
+            patch.status[key] = value
+
+
+@kopf.on.probe(id="scrapedAt")
+def scraped_at(**_: Any) -> str:
+    """Liveness payload: the operator's own clock, proving the event loop runs."""
+    return iso(time.time())

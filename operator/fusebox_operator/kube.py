@@ -1,0 +1,260 @@
+"""The only module that talks to the Kubernetes API (besides kopf itself).
+
+Why: keeping every API call here gives one place for timeouts, error
+classification and the create-or-update rules (the Deployment is replaced
+only when its pod template hash moves; the admin Secret is created once and
+never rewritten). The official client is synchronous, so every call runs in
+a worker thread and the kopf event loop never blocks on the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
+
+from fusebox_operator.manifests import (
+    ADMIN_TOKEN_KEY,
+    SERVER_CONTAINER,
+    SIDECAR_CONTAINER,
+    TEMPLATE_HASH_ANNOTATION,
+)
+from fusebox_operator.sizing import NODE_PRODUCT_LABEL, NODE_VRAM_LABEL
+
+T = TypeVar("T")
+REQUEST_TIMEOUT_SECONDS = 15
+
+
+class KubeError(RuntimeError):
+    """An API call failed in a way a retry later may fix."""
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the telemetry loop needs of a pod."""
+
+    name: str
+    uid: str
+    ip: str
+    phase: str
+    ready: bool
+    sidecar_ready: bool
+    server_started: bool
+    server_restarts: int
+    terminating: bool
+    oom_killed: bool
+
+
+def load_config() -> None:
+    """In-cluster credentials when running as a pod, else KUBECONFIG / ~/.kube/config."""
+    try:
+        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
+
+
+async def _run(function: Callable[[], T]) -> T:
+    return await asyncio.to_thread(function)
+
+
+class Kube:
+    def __init__(self) -> None:
+        self.api_client = kubernetes.client.ApiClient()
+        self.core = kubernetes.client.CoreV1Api(self.api_client)
+        self.dynamic = DynamicClient(self.api_client)  # type: ignore[no-untyped-call]
+
+    # ----- nodes -----
+    async def node_vram_mib(self, product: str) -> list[int]:
+        """nvidia.com/gpu.memory (MiB) of the nodes a pod of this product could land on."""
+        selector = f"{NODE_PRODUCT_LABEL}={product}" if product else NODE_VRAM_LABEL
+
+        def call() -> list[int]:
+            nodes = self.core.list_node(
+                label_selector=selector, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
+            values = []
+            for node in nodes.items:
+                raw = ((node.metadata and node.metadata.labels) or {}).get(NODE_VRAM_LABEL)
+                if raw and raw.isdigit():
+                    values.append(int(raw))
+            return values
+
+        return await _run(call)
+
+    # ----- children -----
+    def _resource(self, manifest: Mapping[str, Any]) -> Any:
+        return self.dynamic.resources.get(api_version=manifest["apiVersion"], kind=manifest["kind"])
+
+    async def apply(self, manifest: dict[str, Any]) -> str:
+        """Create the object, or bring it to the manifest; returns created|updated|unchanged."""
+        resource = self._resource(manifest)
+        name = manifest["metadata"]["name"]
+        namespace = manifest["metadata"]["namespace"]
+
+        def call() -> str:
+            try:
+                current = resource.get(name=name, namespace=namespace).to_dict()
+            except NotFoundError:
+                try:
+                    resource.create(body=manifest, namespace=namespace)
+                except ConflictError:
+                    return "unchanged"  # created concurrently; the next reconcile compares
+                return "created"
+            if manifest["kind"] == "Deployment":
+                return self._update_deployment(resource, current, manifest)
+            body = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
+            resource.patch(
+                body=body,
+                name=name,
+                namespace=namespace,
+                content_type="application/merge-patch+json",
+            )
+            return "updated"
+
+        try:
+            return await _run(call)
+        except ApiException as error:
+            raise KubeError(f"{manifest['kind']} {namespace}/{name}: {error.reason}") from error
+
+    @staticmethod
+    def _update_deployment(resource: Any, current: dict[str, Any], manifest: dict[str, Any]) -> str:
+        meta = manifest["metadata"]
+        wanted_hash = meta["annotations"][TEMPLATE_HASH_ANNOTATION]
+        current_hash = (current["metadata"].get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION)
+        if current_hash != wanted_hash:
+            # Replace: a merge patch would keep stale list entries (env, volumes).
+            body = dict(manifest)
+            body["metadata"] = {
+                **meta,
+                "resourceVersion": current["metadata"]["resourceVersion"],
+            }
+            resource.replace(body=body, name=meta["name"], namespace=meta["namespace"])
+            return "updated"
+        if current["spec"].get("replicas") != manifest["spec"]["replicas"]:
+            resource.patch(
+                body={"spec": {"replicas": manifest["spec"]["replicas"]}},
+                name=meta["name"],
+                namespace=meta["namespace"],
+                content_type="application/merge-patch+json",
+            )
+            return "scaled"
+        return "unchanged"
+
+    async def create_secret_once(self, manifest: dict[str, Any]) -> bool:
+        """Create the admin-token Secret if absent; True when created. Never overwrites."""
+        namespace = manifest["metadata"]["namespace"]
+
+        def call() -> bool:
+            try:
+                body: Any = manifest  # the client accepts plain dicts
+                self.core.create_namespaced_secret(
+                    namespace, body, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                )
+                return True
+            except ApiException as error:
+                if error.status == 409:
+                    return False
+                raise KubeError(f"Secret {namespace}: {error.reason}") from error
+
+        return await _run(call)
+
+    async def read_secret_value(self, namespace: str, name: str, key: str = ADMIN_TOKEN_KEY) -> str:
+        def call() -> str:
+            secret = self.core.read_namespaced_secret(
+                name, namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
+            raw = (secret.data or {}).get(key)
+            if raw is None:
+                raise KubeError(f"Secret {namespace}/{name} has no key {key}")
+            return base64.b64decode(raw).decode()
+
+        try:
+            return await _run(call)
+        except ApiException as error:
+            raise KubeError(f"Secret {namespace}/{name}: {error.reason}") from error
+
+    # ----- pods -----
+    async def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[PodView]:
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+        def call() -> list[PodView]:
+            pods = self.core.list_namespaced_pod(
+                namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            )
+            return [_pod_view(pod) for pod in pods.items]
+
+        try:
+            return await _run(call)
+        except ApiException as error:
+            raise KubeError(f"pods in {namespace}: {error.reason}") from error
+
+    async def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> bool:
+        """Delete (the Deployment replaces it); False when it was already gone."""
+
+        def call() -> bool:
+            try:
+                self.core.delete_namespaced_pod(
+                    name,
+                    namespace,
+                    grace_period_seconds=grace_seconds,
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                )
+                return True
+            except ApiException as error:
+                if error.status == 404:
+                    return False
+                raise KubeError(f"delete pod {namespace}/{name}: {error.reason}") from error
+
+        return await _run(call)
+
+    async def deployment_replicas(self, namespace: str, name: str) -> tuple[int, int] | None:
+        """(desired, ready) of the service's Deployment, or None when absent."""
+
+        def call() -> tuple[int, int] | None:
+            apps = kubernetes.client.AppsV1Api(self.api_client)
+            try:
+                deployment = apps.read_namespaced_deployment(
+                    name, namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                )
+            except ApiException as error:
+                if error.status == 404:
+                    return None
+                raise KubeError(f"deployment {namespace}/{name}: {error.reason}") from error
+            desired = deployment.spec.replicas if deployment.spec else 0
+            ready = deployment.status.ready_replicas if deployment.status else 0
+            return (desired or 0, ready or 0)
+
+        return await _run(call)
+
+
+def _pod_view(pod: Any) -> PodView:
+    statuses = {s.name: s for s in (pod.status.container_statuses or [])}
+    server = statuses.get(SERVER_CONTAINER)
+    sidecar = statuses.get(SIDECAR_CONTAINER)
+    conditions = {c.type: c.status for c in (pod.status.conditions or [])}
+    oom = False
+    if server is not None and server.last_state and server.last_state.terminated:
+        oom = server.last_state.terminated.reason == "OOMKilled"
+    return PodView(
+        name=pod.metadata.name,
+        uid=pod.metadata.uid,
+        ip=pod.status.pod_ip or "",
+        phase=pod.status.phase or "",
+        ready=conditions.get("Ready") == "True",
+        sidecar_ready=bool(sidecar and sidecar.ready),
+        server_started=bool(server and server.started),
+        server_restarts=int(server.restart_count) if server else 0,
+        terminating=pod.metadata.deletion_timestamp is not None,
+        oom_killed=oom,
+    )
+
+
+def ready_count(pods: Sequence[PodView]) -> int:
+    return sum(1 for pod in pods if pod.ready and not pod.terminating)
