@@ -213,3 +213,23 @@ def test_a_problem_is_logged_once_and_its_end_once(
     messages = [record.getMessage() for record in caplog.records]
     assert messages.count("stats file unusable") == 1
     assert messages.count("stats file valid again") == 1
+
+
+def test_a_lost_gpu_is_flagged_and_logged_as_a_warning(
+    tmp_path: Path,
+    stats_document: Document,
+    fake_pynvml: Callable[..., Any],
+    device_class: type[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _write(tmp_path / "stats.json", stats_document())
+    nvml = NvmlReader(fake_pynvml([device_class(lost=True)]))
+    registry = _registry(ServerObserver(tmp_path / "stats.json", Path("/proc"), nvml))
+
+    with caplog.at_level(logging.WARNING):
+        lost = registry.get_sample_value("fusebox_gpu_lost")
+        registry.get_sample_value("fusebox_gpu_lost")
+
+    assert lost == 1
+    warnings = [r for r in caplog.records if r.getMessage() == "NVML reports a GPU as lost"]
+    assert len(warnings) == 1 and getattr(warnings[0], "problem", "") == "GPU 0 lost"

@@ -1,0 +1,668 @@
+"""What GPU memory really does under the leak fault, and what each admin action frees.
+
+The development machine has no GPU, so the sidecar's NVML path and the
+server's CUDA figures are only unit-tested against a fake. This script is the
+check on real hardware: on any CUDA machine, no Kubernetes needed, it
+
+1. generates the `small` model (or uses --model-dir),
+2. starts `python -m fusebox_server --device cuda` with `FUSEBOX_FAULTS=leak:N`
+   and an admin token file, and `python -m fusebox_sidecar` next to it in the
+   host PID namespace (so NVML's host PIDs match the server's pid),
+3. sends requests so the leak grows CUDA memory, while a sampler scrapes the
+   sidecar every second: fusebox_gpu_memory_used_bytes, CUDA allocated and
+   reserved, NVML per-process memory, RSS,
+4. calls gc, empty_cache, unload, load and swap (to the fallback) through the
+   admin API and records what each freed, by the server's own before/after
+   and as the sidecar saw it,
+5. writes samples.csv, memory.png, actions.json and summary.md under --out.
+
+Without CUDA it stops at once (exit 2) and says so. `--dry-run` runs the
+same steps on CPU with the tiny model (RSS instead of GPU memory), to prove
+the script end to end where there is no GPU. Exit 1 when a check in the
+summary failed. One run takes a few minutes; --budget-seconds bounds it.
+
+    .venv/bin/python bench/gpu_check.py --out bench/results/gpu-check
+    .venv/bin/python bench/gpu_check.py --dry-run --out /tmp/gpu-check-dry
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+MiB = 1 << 20
+GiB = 1 << 30
+COLUMNS = (
+    "elapsed_seconds",
+    "phase",
+    "gpu_memory_used_bytes",
+    "gpu_memory_total_bytes",
+    "gpu_process_memory_used_bytes",
+    "cuda_memory_allocated_bytes",
+    "cuda_memory_reserved_bytes",
+    "process_resident_memory_bytes",
+    "server_stats_age_seconds",
+)
+ACTIONS = (("gc", None), ("empty_cache", None), ("unload", None), ("load", "primary"))
+SWAP = ("swap", "fallback")
+
+
+class CheckAborted(RuntimeError):
+    """The run cannot go on (a process died, the budget ran out)."""
+
+
+def _python() -> str:
+    return sys.executable
+
+
+def cuda_report() -> dict[str, Any]:
+    """Ask torch, in a child process, whether CUDA works here (this script stays torch-free)."""
+    probe = (
+        "import json, torch\n"
+        "ok = torch.cuda.is_available()\n"
+        "print(json.dumps({'available': ok, 'torch': torch.__version__,"
+        " 'cuda': torch.version.cuda, 'count': torch.cuda.device_count() if ok else 0,"
+        " 'name': torch.cuda.get_device_name(0) if ok else None}))\n"
+    )
+    result = subprocess.run(
+        [_python(), "-c", probe], capture_output=True, text=True, timeout=180, check=False
+    )
+    if result.returncode != 0:
+        return {"available": False, "error": result.stderr.strip().splitlines()[-1:]}
+    report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return report
+
+
+def ensure_model(model_dir: Path | None, size: str) -> Path:
+    if model_dir is None:
+        cache = Path(os.environ.get("FUSEBOX_CACHE", Path.home() / ".cache" / "fusebox"))
+        model_dir = cache / "models" / size
+    if not (model_dir / "config.json").exists():
+        print(f"gpu_check: generating the {size} model into {model_dir}", flush=True)
+        subprocess.run(
+            [_python(), "-m", "fusebox_server.tiny_model", str(model_dir), "--size", size],
+            check=True,
+            timeout=900,
+        )
+    return model_dir
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _http_json(
+    url: str,
+    method: str = "GET",
+    body: object | None = None,
+    token: str | None = None,
+    timeout: float = 30,
+) -> tuple[int, Any]:
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        with error:
+            raw = error.read()
+        try:
+            return error.code, json.loads(raw)
+        except ValueError:
+            return error.code, raw.decode(errors="replace")
+
+
+@dataclass
+class Stack:
+    """The server and the sidecar as child processes."""
+
+    workdir: Path
+    out: Path
+    server: subprocess.Popen[bytes] | None = None
+    sidecar: subprocess.Popen[bytes] | None = None
+    api_url: str = ""
+    admin_url: str = ""
+    metrics_url: str = ""
+    token: str = field(default_factory=lambda: secrets.token_hex(16))
+
+    @property
+    def stats_path(self) -> Path:
+        return self.workdir / "run" / "stats.json"
+
+    def start_server(self, model_dir: Path, device: str, leak_mib: int) -> None:
+        token_file = self.workdir / "admin-token"
+        token_file.write_text(self.token)
+        token_file.chmod(0o600)
+        api_port, admin_port = _free_port(), _free_port()
+        self.api_url = f"http://127.0.0.1:{api_port}"
+        self.admin_url = f"http://127.0.0.1:{admin_port}"
+        log_file = (self.out / "server.log").open("wb")
+        self.server = subprocess.Popen(
+            [
+                _python(),
+                "-m",
+                "fusebox_server",
+                "--model-dir",
+                str(model_dir),
+                "--model-name",
+                "chat",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(api_port),
+                "--admin-port",
+                str(admin_port),
+                "--admin-token-file",
+                str(token_file),
+                "--stats-file",
+                str(self.stats_path),
+                "--device",
+                device,
+                "--max-new-tokens",
+                "16",
+                "--memory-guard-ratio",
+                "1.0",
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "FUSEBOX_FAULTS": f"leak:{leak_mib}", "PYTHONUNBUFFERED": "1"},
+        )
+
+    def wait_until_ready(self, deadline: float) -> None:
+        assert self.server is not None
+        while time.monotonic() < deadline:
+            if self.server.poll() is not None:
+                raise CheckAborted(
+                    f"the server exited with {self.server.returncode}; see {self.out}/server.log"
+                )
+            try:
+                status, _ = _http_json(self.api_url + "/readyz", timeout=5)
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                status = 0
+            if status == 200 and self.stats_path.exists():
+                return
+            time.sleep(0.5)
+        raise CheckAborted(f"the server was not ready in time; see {self.out}/server.log")
+
+    def start_sidecar(self, deadline: float) -> None:
+        log_path = self.out / "sidecar.log"
+        with log_path.open("wb") as log_file:
+            self.sidecar = subprocess.Popen(
+                [
+                    _python(),
+                    "-m",
+                    "fusebox_sidecar",
+                    "--stats-file",
+                    str(self.stats_path),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    "0",
+                ],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        while time.monotonic() < deadline:
+            for line in log_path.read_text().splitlines():
+                if '"listening"' in line:
+                    self.metrics_url = f"http://127.0.0.1:{json.loads(line)['port']}/metrics"
+                    return
+            if self.sidecar.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise CheckAborted(f"the sidecar did not start; see {log_path}")
+
+    def stop(self) -> None:
+        for process in (self.sidecar, self.server):
+            if process is None or process.poll() is not None:
+                continue
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def scrape(metrics_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def _row(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], gpu: str) -> dict[str, Any]:
+    def get(name: str, **labels: str) -> float | None:
+        return samples.get((name, tuple(sorted(labels.items()))))
+
+    return {
+        "gpu_memory_used_bytes": get("fusebox_gpu_memory_used_bytes", gpu=gpu),
+        "gpu_memory_total_bytes": get("fusebox_gpu_memory_total_bytes", gpu=gpu),
+        "gpu_process_memory_used_bytes": get("fusebox_gpu_process_memory_used_bytes", gpu=gpu),
+        "cuda_memory_allocated_bytes": get("fusebox_cuda_memory_allocated_bytes"),
+        "cuda_memory_reserved_bytes": get("fusebox_cuda_memory_reserved_bytes"),
+        "process_resident_memory_bytes": get("fusebox_process_resident_memory_bytes"),
+        "server_stats_age_seconds": get("fusebox_server_stats_age_seconds"),
+        "gpu_visible": get("fusebox_gpu_visible"),
+    }
+
+
+class Sampler(threading.Thread):
+    """Scrapes the sidecar every interval, tagging rows with the current phase."""
+
+    def __init__(self, metrics_url: str, gpu: str, interval_seconds: float) -> None:
+        super().__init__(name="gpu-check-sampler", daemon=True)
+        self.metrics_url = metrics_url
+        self.gpu = gpu
+        self.interval_seconds = interval_seconds
+        self.phase = "baseline"
+        self.rows: list[dict[str, Any]] = []
+        self.errors = 0
+        self.started_at = time.monotonic()
+        self._stopping = threading.Event()
+
+    def sample_now(self) -> dict[str, Any]:
+        row = _row(scrape(self.metrics_url), self.gpu)
+        row["elapsed_seconds"] = round(time.monotonic() - self.started_at, 3)
+        row["phase"] = self.phase
+        return row
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self.rows.append(self.sample_now())
+            except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+                self.errors += 1
+            self._stopping.wait(self.interval_seconds)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join(timeout=10)
+
+
+def _delta(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else before - after
+
+
+def run_actions(stack: Stack, sampler: Sampler, settle_seconds: float) -> list[dict[str, Any]]:
+    records = []
+    for action_type, variant in (*ACTIONS, SWAP):
+        sampler.phase = action_type if variant is None else f"{action_type}:{variant}"
+        seen_before = sampler.sample_now()
+        body: dict[str, Any] = {
+            "id": f"gpu-check-{action_type}-{secrets.token_hex(4)}",
+            "type": action_type,
+        }
+        if variant is not None:
+            body["variant"] = variant
+        started = time.monotonic()
+        status, result = _http_json(
+            stack.admin_url + "/admin/v1/actions", "POST", body, stack.token, timeout=300
+        )
+        elapsed = time.monotonic() - started
+        time.sleep(settle_seconds)
+        seen_after = sampler.sample_now()
+        record: dict[str, Any] = {
+            "action": action_type,
+            "variant": variant,
+            "http_status": status,
+            "seconds": round(elapsed, 3),
+            "server_reported": result if status == 200 else None,
+            "error": None if status == 200 else result,
+            "sidecar_before": seen_before,
+            "sidecar_after": seen_after,
+            "freed_bytes": {
+                key: _delta(seen_before[key], seen_after[key])
+                for key in (
+                    "gpu_memory_used_bytes",
+                    "gpu_process_memory_used_bytes",
+                    "cuda_memory_allocated_bytes",
+                    "cuda_memory_reserved_bytes",
+                    "process_resident_memory_bytes",
+                )
+            },
+        }
+        if status == 200:
+            before, after = result["memory_before"], result["memory_after"]
+            record["server_freed_bytes"] = {
+                key: _delta(before.get(key), after.get(key)) for key in before
+            }
+        records.append(record)
+        print(f"gpu_check: {sampler.phase}: HTTP {status} in {elapsed:.1f} s", flush=True)
+    return records
+
+
+def drive_leak(stack: Stack, requests: int, deadline: float) -> int:
+    sent = 0
+    for index in range(requests):
+        if time.monotonic() > deadline:
+            break
+        status, body = _http_json(
+            stack.api_url + "/v1/completions",
+            "POST",
+            {"model": "chat", "prompt": f"leak number {index}", "max_tokens": 2},
+            timeout=120,
+        )
+        if status != 200:
+            raise CheckAborted(f"request {index} answered {status}: {body}")
+        sent += 1
+    return sent
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({key: "" if row.get(key) is None else row[key] for key in COLUMNS})
+
+
+def plot(path: Path, rows: list[dict[str, Any]], actions: list[dict[str, Any]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (gpu_axis, host_axis) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    times = [row["elapsed_seconds"] for row in rows]
+    for key, label in (
+        ("gpu_memory_used_bytes", "NVML device used (sidecar)"),
+        ("gpu_process_memory_used_bytes", "NVML server process (sidecar)"),
+        ("cuda_memory_reserved_bytes", "CUDA reserved (server)"),
+        ("cuda_memory_allocated_bytes", "CUDA allocated (server)"),
+    ):
+        values = [None if row[key] is None else row[key] / GiB for row in rows]
+        if any(value is not None for value in values):
+            gpu_axis.plot(
+                times, [v if v is not None else float("nan") for v in values], label=label
+            )
+    gpu_axis.set_ylabel("GiB on the GPU")
+    gpu_axis.set_title(title)
+    host_axis.plot(
+        times,
+        [
+            float("nan")
+            if row["process_resident_memory_bytes"] is None
+            else row["process_resident_memory_bytes"] / GiB
+            for row in rows
+        ],
+        label="server RSS (sidecar, /proc)",
+        color="tab:purple",
+    )
+    host_axis.set_ylabel("GiB host RSS")
+    host_axis.set_xlabel("seconds since the sampler started")
+    for action in actions:
+        moment = action["sidecar_before"]["elapsed_seconds"]
+        for axis in (gpu_axis, host_axis):
+            axis.axvline(moment, color="grey", linestyle=":", linewidth=1)
+        gpu_axis.annotate(
+            action["action"] + (f":{action['variant']}" if action["variant"] else ""),
+            (moment, 1.0),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            va="top",
+            fontsize=8,
+        )
+    if not gpu_axis.get_legend_handles_labels()[1]:
+        gpu_axis.text(
+            0.5,
+            0.5,
+            "no GPU figures (no CUDA / NVML here)",
+            ha="center",
+            transform=gpu_axis.transAxes,
+            color="grey",
+        )
+    for axis in (gpu_axis, host_axis):
+        if axis.get_legend_handles_labels()[1]:
+            axis.legend(loc="upper left", fontsize=8)
+        axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _gib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value / GiB:+.3f}".lstrip("+")
+
+
+def evaluate(
+    rows: list[dict[str, Any]], actions: list[dict[str, Any]], leaked_bytes: int, dry_run: bool
+) -> list[tuple[str, bool, str]]:
+    """Checks as (what, passed, evidence)."""
+    checks: list[tuple[str, bool, str]] = []
+    leak_rows = [row for row in rows if row["phase"] in ("baseline", "leak")]
+    first, last = leak_rows[0], leak_rows[-1]
+    keys = (
+        ("process_resident_memory_bytes",)
+        if dry_run
+        else ("cuda_memory_allocated_bytes", "gpu_memory_used_bytes")
+    )
+    for key in keys:
+        grown = _delta(last[key], first[key])
+        checks.append(
+            (
+                f"the leak shows in {key}",
+                grown is not None and grown >= 0.8 * leaked_bytes,
+                f"grew {_gib(grown)} GiB for {leaked_bytes / GiB:.3f} GiB leaked",
+            )
+        )
+    unload = next(action for action in actions if action["action"] == "unload")
+    key = "process_resident_memory_bytes" if dry_run else "cuda_memory_allocated_bytes"
+    freed = unload["freed_bytes"].get(key)
+    checks.append(
+        (
+            f"unload frees the leak ({key})",
+            freed is not None and freed >= 0.5 * leaked_bytes,
+            f"freed {_gib(freed)} GiB",
+        )
+    )
+    if not dry_run:
+        visible = any(row.get("gpu_visible") == 1 for row in rows)
+        checks.append(("the sidecar sees the GPU through NVML", visible, f"gpu_visible={visible}"))
+    for action in actions:
+        checks.append(
+            (
+                f"admin action {action['action']} answers 200",
+                action["http_status"] == 200,
+                f"HTTP {action['http_status']}",
+            )
+        )
+    return checks
+
+
+def write_summary(
+    path: Path,
+    environment: dict[str, Any],
+    rows: list[dict[str, Any]],
+    actions: list[dict[str, Any]],
+    checks: list[tuple[str, bool, str]],
+) -> None:
+    lines = [
+        "# GPU check" + (" (dry run on CPU)" if environment["dry_run"] else ""),
+        "",
+        f"- when: {environment['when']}",
+        f"- device: {environment['device']}; CUDA: {json.dumps(environment['cuda'])}",
+        f"- model: {environment['model_dir']}",
+        f"- leak: {environment['leak_mib']} MiB x {environment['requests_sent']} requests",
+        f"- samples: {len(rows)} (every {environment['interval_seconds']} s), "
+        f"scrape errors: {environment['scrape_errors']}, "
+        f"run took {environment['seconds']:.0f} s",
+        "",
+        "## What each action freed (GiB; before minus after, negative = grew)",
+        "",
+        "| action | HTTP | s | CUDA allocated (server) | CUDA reserved (server) "
+        "| NVML device used (sidecar) | NVML process (sidecar) | RSS (sidecar) | RSS (server) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for action in actions:
+        server = action.get("server_freed_bytes") or {}
+        seen = action["freed_bytes"]
+        name = action["action"] + (f":{action['variant']}" if action["variant"] else "")
+        lines.append(
+            f"| {name} | {action['http_status']} | {action['seconds']} "
+            f"| {_gib(server.get('cuda_allocated_bytes'))} "
+            f"| {_gib(server.get('cuda_reserved_bytes'))} "
+            f"| {_gib(seen['gpu_memory_used_bytes'])} "
+            f"| {_gib(seen['gpu_process_memory_used_bytes'])} "
+            f"| {_gib(seen['process_resident_memory_bytes'])} "
+            f"| {_gib(server.get('rss_bytes'))} |"
+        )
+    lines += ["", "## Checks", ""]
+    lines += [
+        f"- {'PASS' if passed else 'FAIL'}: {what} ({evidence})"
+        for what, passed, evidence in checks
+    ]
+    lines += [
+        "",
+        "Files: samples.csv (one row per second), memory.png, actions.json (the server's",
+        "own before/after per action, with torch.cuda.memory_summary on swap), server.log,",
+        "sidecar.log.",
+        "",
+    ]
+    path.write_text("\n".join(lines))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description="Record GPU memory under the leak fault and what each admin action frees."
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench/results/gpu-check"))
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="CPU and the tiny model: exercise the whole script without a GPU",
+    )
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help="default: the cache's small model (tiny with --dry-run), generated when missing",
+    )
+    parser.add_argument("--leak-mib", type=int, default=64)
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="leaking requests to send (default 48 on GPU, 8 dry)",
+    )
+    parser.add_argument("--interval-seconds", type=float, default=1.0)
+    parser.add_argument("--settle-seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--budget-seconds",
+        type=float,
+        default=450.0,
+        help="give up after this long (default 7.5 minutes)",
+    )
+    arguments = parser.parse_args()
+    started = time.monotonic()
+    deadline = started + arguments.budget_seconds
+    requests = arguments.requests or (8 if arguments.dry_run else 48)
+
+    if arguments.dry_run:
+        cuda: dict[str, Any] = {"available": False, "skipped": "dry run"}
+        device, size = "cpu", "tiny"
+    else:
+        cuda = cuda_report()
+        if not cuda.get("available"):
+            print(
+                "gpu_check: CUDA is not available on this machine "
+                f"({json.dumps(cuda)}). Run it on a machine with an NVIDIA GPU and driver, "
+                "or pass --dry-run to exercise the script on CPU with the tiny model.",
+                file=sys.stderr,
+            )
+            return 2
+        device, size = "cuda", "small"
+
+    out: Path = arguments.out
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = ensure_model(arguments.model_dir, size)
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
+        stack = Stack(Path(scratch), out)
+        sampler: Sampler | None = None
+        try:
+            stack.start_server(model_dir, device, arguments.leak_mib)
+            stack.wait_until_ready(min(deadline, time.monotonic() + 240))
+            stack.start_sidecar(deadline)
+            stats = json.loads(stack.stats_path.read_text())
+            gpu = str(stats.get("gpu_device_id") or 0)
+            sampler = Sampler(stack.metrics_url, gpu, arguments.interval_seconds)
+            sampler.start()
+            time.sleep(3 * arguments.interval_seconds)
+            sampler.phase = "leak"
+            sent = drive_leak(stack, requests, deadline - 120)
+            time.sleep(3 * arguments.interval_seconds)
+            actions = run_actions(stack, sampler, arguments.settle_seconds)
+            sampler.phase = "end"
+            time.sleep(2 * arguments.interval_seconds)
+        except CheckAborted as error:
+            print(f"gpu_check: {error}", file=sys.stderr)
+            return 1
+        finally:
+            if sampler is not None:
+                sampler.stop()
+            stack.stop()
+
+    rows = sampler.rows
+    checks = evaluate(rows, actions, sent * arguments.leak_mib * MiB, arguments.dry_run)
+    environment = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "dry_run": arguments.dry_run,
+        "device": device,
+        "cuda": cuda,
+        "model_dir": str(model_dir),
+        "leak_mib": arguments.leak_mib,
+        "requests_sent": sent,
+        "interval_seconds": arguments.interval_seconds,
+        "scrape_errors": sampler.errors,
+        "seconds": time.monotonic() - started,
+    }
+    write_csv(out / "samples.csv", rows)
+    (out / "actions.json").write_text(
+        json.dumps({"environment": environment, "actions": actions}, indent=2) + "\n"
+    )
+    plot(
+        out / "memory.png",
+        rows,
+        actions,
+        f"leak {arguments.leak_mib} MiB x {sent} on {device}, then admin actions",
+    )
+    write_summary(out / "summary.md", environment, rows, actions, checks)
+    failed = [what for what, passed, _ in checks if not passed]
+    print(
+        f"gpu_check: wrote {out}/summary.md, samples.csv, memory.png, actions.json; "
+        f"{len(checks) - len(failed)}/{len(checks)} checks passed",
+        flush=True,
+    )
+    for what in failed:
+        print(f"gpu_check: FAILED: {what}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""bench/gpu_check.py end to end: its CPU dry run with the tiny model writes
+every artefact and passes its own checks; without CUDA it refuses clearly."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[3] / "bench" / "gpu_check.py"
+
+
+def test_without_cuda_it_exits_2_and_points_at_dry_run(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+
+    assert result.returncode == 2
+    assert "CUDA is not available" in result.stderr and "--dry-run" in result.stderr
+    assert not (tmp_path / "out" / "summary.md").exists()
+
+
+def test_the_dry_run_records_the_leak_and_what_unload_frees(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--dry-run",
+            "--model-dir",
+            str(tiny_model_dir),
+            "--requests",
+            "4",
+            "--interval-seconds",
+            "0.5",
+            "--settle-seconds",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    summary = (out / "summary.md").read_text()
+    assert "FAIL" not in summary
+    assert "PASS: unload frees the leak" in summary
+    with (out / "samples.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert {"baseline", "leak", "unload", "swap:fallback"} <= {row["phase"] for row in rows}
+    assert all(row["process_resident_memory_bytes"] for row in rows)
+    assert (out / "memory.png").read_bytes().startswith(b"\x89PNG")
+    assert (out / "actions.json").exists()
