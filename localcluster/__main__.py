@@ -1,0 +1,5 @@
+"""Entry point: `python -m localcluster ...`."""
+
+from localcluster.cli import main
+
+raise SystemExit(main())

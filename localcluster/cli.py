@@ -1,0 +1,161 @@
+"""`python -m localcluster up|down|status|env|load-images|pv`: the command line.
+
+Thin: parses flags into a ClusterConfig, calls lifecycle, maps its errors to
+a message and exit status 1 (never a traceback for an expected failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from localcluster import addons, lifecycle, storage
+from localcluster.config import (
+    ClusterConfig,
+    ConfigError,
+    build_config,
+    default_name,
+    load_saved,
+)
+from localcluster.kubectl import KubectlError
+from localcluster.network import NetworkError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m localcluster",
+        description="A real one-node Kubernetes in its own network namespace, with simulated GPUs.",
+    )
+    parser.add_argument(
+        "--name", help="cluster name (env FUSEBOX_LOCALCLUSTER_NAME; default fusebox)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="start the cluster (or confirm it is up)")
+    up.add_argument("--netns", help="network namespace name (default: the cluster name)")
+    up.add_argument("--host-veth", help="host end of the veth (default fbx0)")
+    up.add_argument("--node-veth", help="node end of the veth (default fbx1)")
+    up.add_argument("--node-cidr", help="host<->node link, at least a /30 (default 10.250.0.0/30)")
+    up.add_argument("--pod-cidr", help="pod network (default 10.251.0.0/16)")
+    up.add_argument("--service-cidr", help="Service ClusterIPs (default 10.252.0.0/16)")
+    up.add_argument("--gpus", type=int, help="simulated nvidia.com/gpu count (default 1)")
+    up.add_argument(
+        "--gpu-product", help="nvidia.com/gpu.product label (default NVIDIA-H100-80GB-HBM3)"
+    )
+    up.add_argument("--gpu-memory-mib", type=int, help="nvidia.com/gpu.memory label (default 1024)")
+    up.add_argument(
+        "--no-images",
+        action="store_true",
+        help="do not load images (the node runs no pod; for quick checks)",
+    )
+
+    up.add_argument(
+        "--images",
+        help="load only these images, comma-separated (e.g. pause,coredns,testapp); default all",
+    )
+
+    sub.add_parser("down", help="stop everything and leave the host as it was")
+    sub.add_parser("status", help="show each component (exit 0 only when all are healthy)")
+    sub.add_parser("env", help="print shell exports for KUBECONFIG and PATH")
+    sub.add_parser("load-images", help="load built images into a running cluster's containerd")
+
+    pv = sub.add_parser("pv", help="create a `local` PersistentVolume backed by a directory")
+    pv.add_argument("pv_name", metavar="NAME")
+    pv.add_argument("--path", required=True, type=Path, help="absolute directory on this machine")
+    pv.add_argument("--size", default="1Gi", help="capacity (default 1Gi)")
+    pv.add_argument(
+        "--access-mode",
+        default="ReadWriteOnce",
+        choices=("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod"),
+    )
+    return parser
+
+
+def _require_saved(name: str) -> ClusterConfig:
+    saved = load_saved(name, os.environ)
+    if saved is None:
+        raise lifecycle.ClusterError(f"cluster {name!r} is not up: run `python -m localcluster up`")
+    return saved
+
+
+def run(argv: Sequence[str]) -> int:
+    args = _parser().parse_args(argv)
+    name = args.name or default_name(os.environ)
+    report = lifecycle.Reporter(sys.stderr)
+    saved = load_saved(name, os.environ)
+    if args.command == "up":
+        config = build_config(
+            name=name,
+            env=os.environ,
+            netns=args.netns,
+            host_veth=args.host_veth,
+            node_veth=args.node_veth,
+            node_cidr=args.node_cidr,
+            pod_cidr=args.pod_cidr,
+            service_cidr=args.service_cidr,
+            gpus=args.gpus,
+            gpu_product=args.gpu_product,
+            gpu_memory_mib=args.gpu_memory_mib,
+        )
+        only = tuple(n for n in args.images.split(",") if n) if args.images else None
+        lifecycle.up(
+            config, saved=saved, load_images=not args.no_images, only_images=only, report=report
+        )
+        return 0
+    if args.command == "down":
+        if saved is None:
+            report.say(f"cluster {name!r} is not up")
+            return 0
+        problems = lifecycle.down(saved, report=report)
+        if problems:
+            print("could not remove:\n  " + "\n  ".join(problems), file=sys.stderr)
+            return 1
+        report.say(f"cluster {name!r} is down")
+        return 0
+    if args.command == "status":
+        if saved is None:
+            print(f"cluster {name!r}: down")
+            return 1
+        healthy, lines = lifecycle.status_lines(saved)
+        print(f"cluster {name!r}: {'up' if healthy else 'NOT healthy'}")
+        print("\n".join(lines))
+        return 0 if healthy else 1
+    if args.command == "env":
+        config = saved or build_config(name=name, env=os.environ)
+        print(f"export KUBECONFIG={config.kubeconfig}")
+        print(f"export PATH={config.bin_dir}:$PATH")
+        return 0
+    if args.command == "load-images":
+        lifecycle.load_images_into_running(_require_saved(name))
+        return 0
+    if args.command == "pv":
+        config = _require_saved(name)
+        path: Path = args.path
+        storage.check_directory(path)
+        volume = storage.persistent_volume(
+            config, name=args.pv_name, path=path, size=args.size, access_mode=args.access_mode
+        )
+        lifecycle.kubectl_for(config).apply(addons.as_list([volume]))
+        print(f"persistentvolume/{args.pv_name} backed by {path}")
+        return 0
+    raise AssertionError(args.command)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return run(sys.argv[1:] if argv is None else argv)
+    except (
+        ConfigError,
+        lifecycle.ClusterError,
+        NetworkError,
+        KubectlError,
+        storage.StorageError,
+    ) as err:
+        print(f"localcluster: {err}", file=sys.stderr)
+        return 1
+    except PermissionError as err:
+        print(f"localcluster: {err} (the cluster needs root)", file=sys.stderr)
+        return 1

@@ -1,0 +1,389 @@
+"""Command lines and configuration files of every cluster component. Pure.
+
+Kept apart from the code that starts processes so the settings that matter
+(and why each is there) read in one place, and tests can look at them
+without a cluster. Every path is under the cluster's state directory except
+containerd's content store, which lives in the cache so images survive
+`down`/`up`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from localcluster.config import ClusterConfig
+
+SANDBOX_IMAGE = "localhost/fusebox/pause:latest"
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where each component keeps its files inside the state directory."""
+
+    state: Path
+
+    @property
+    def pki(self) -> Path:
+        return self.state / "pki"
+
+    @property
+    def kubeconfigs(self) -> Path:
+        return self.state / "kubeconfigs"
+
+    @property
+    def conf(self) -> Path:
+        return self.state / "conf"
+
+    @property
+    def logs(self) -> Path:
+        return self.state / "logs"
+
+    @property
+    def pids(self) -> Path:
+        return self.state / "pids"
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.state / "etcd"
+
+    @property
+    def containerd(self) -> Path:
+        return self.state / "containerd"
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.state / "kubelet"
+
+    @property
+    def pod_logs(self) -> Path:
+        return self.state / "pod-logs"
+
+    @property
+    def cni_conf_dir(self) -> Path:
+        return self.conf / "cni"
+
+    @property
+    def cni_ipam(self) -> Path:
+        return self.state / "cni-ipam"
+
+    @property
+    def host_records(self) -> Path:
+        """What `up` changed on the host, so `down` can restore it after a crash."""
+        return self.state / "host"
+
+    def log(self, component: str) -> Path:
+        return self.logs / f"{component}.log"
+
+    def pid(self, component: str) -> Path:
+        return self.pids / f"{component}.pid"
+
+    def kubeconfig(self, component: str) -> Path:
+        return self.kubeconfigs / f"{component}.kubeconfig"
+
+
+# Start order; `down` stops in the reverse, with the kubelet first.
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "containerd",
+    "kubelet",
+    "kube-proxy",
+)
+
+
+def etcd_argv(config: ClusterConfig, layout: Layout) -> list[str]:
+    pki = layout.pki
+    return [
+        str(Path(config.bin_dir) / "etcd"),
+        "--name=fusebox",
+        f"--data-dir={layout.etcd_data}",
+        "--listen-client-urls=https://127.0.0.1:2379",
+        "--advertise-client-urls=https://127.0.0.1:2379",
+        "--listen-peer-urls=http://127.0.0.1:2380",
+        "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+        "--initial-cluster=fusebox=http://127.0.0.1:2380",
+        "--listen-metrics-urls=http://127.0.0.1:2381",
+        f"--cert-file={pki / 'etcd-server.crt'}",
+        f"--key-file={pki / 'etcd-server.key'}",
+        f"--trusted-ca-file={pki / 'ca.crt'}",
+        "--client-cert-auth=true",
+        "--quota-backend-bytes=2147483648",
+        "--log-level=warn",
+    ]
+
+
+def apiserver_argv(config: ClusterConfig, layout: Layout) -> list[str]:
+    pki = layout.pki
+    return [
+        str(Path(config.bin_dir) / "kube-apiserver"),
+        f"--advertise-address={config.node_ip}",
+        "--bind-address=0.0.0.0",
+        "--secure-port=6443",
+        f"--cert-dir={layout.state / 'apiserver-generated'}",
+        "--etcd-servers=https://127.0.0.1:2379",
+        f"--etcd-cafile={pki / 'ca.crt'}",
+        f"--etcd-certfile={pki / 'apiserver-etcd-client.crt'}",
+        f"--etcd-keyfile={pki / 'apiserver-etcd-client.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction,PodSecurity",
+        # PodSecurity, not a global switch, must be what refuses privileged pods.
+        "--allow-privileged=true",
+        f"--service-cluster-ip-range={config.service_cidr}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+        # Otherwise the node name is resolved through the machine's DNS for logs/exec.
+        "--kubelet-preferred-address-types=InternalIP",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def controller_manager_argv(config: ClusterConfig, layout: Layout) -> list[str]:
+    pki = layout.pki
+    kubeconfig = layout.kubeconfig("kube-controller-manager")
+    return [
+        str(Path(config.bin_dir) / "kube-controller-manager"),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        "--leader-elect=false",
+        "--allocate-node-cidrs=true",
+        f"--cluster-cidr={config.pod_cidr}",
+        "--node-cidr-mask-size=24",
+        f"--service-cluster-ip-range={config.service_cidr}",
+        f"--root-ca-file={pki / 'ca.crt'}",
+        f"--service-account-private-key-file={pki / 'sa.key'}",
+        "--use-service-account-credentials=true",
+        f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+        f"--cluster-signing-key-file={pki / 'ca.key'}",
+        "--controllers=*",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def scheduler_argv(config: ClusterConfig, layout: Layout) -> list[str]:
+    kubeconfig = layout.kubeconfig("kube-scheduler")
+    return [
+        str(Path(config.bin_dir) / "kube-scheduler"),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        "--leader-elect=false",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def containerd_config(config: ClusterConfig, layout: Layout) -> str:
+    """containerd 1.6 (Debian's) with the CRI plugin set for a rootful, SYS_RESOURCE-less host."""
+    root = Path(config.containerd_root)
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    return f"""version = 2
+root = "{root}"
+state = "{layout.containerd / "state"}"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+
+[grpc]
+  address = "{config.containerd_socket}"
+
+[ttrpc]
+  address = "{config.containerd_socket}.ttrpc"
+
+[metrics]
+  address = ""
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{root / "opt"}"
+
+[{cri}]
+  sandbox_image = "{SANDBOX_IMAGE}"
+  # Root here lacks CAP_SYS_RESOURCE: without this every sandbox fails to start.
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  enable_selinux = false
+
+  [{cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+
+    [{cri}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+
+      [{cri}.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        # Not /run/containerd/runc: keep runc's state with the cluster's.
+        Root = "{layout.containerd / "runc"}"
+
+  [{cri}.cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{layout.cni_conf_dir}"
+    max_conf_num = 1
+"""
+
+
+def containerd_argv(layout: Layout) -> list[str]:
+    return ["containerd", f"--config={layout.containerd / 'config.toml'}"]
+
+
+def cni_conflist(config: ClusterConfig, layout: Layout) -> str:
+    """Bridge + host-local on the node's /24; no masquerade: nothing leaves the node."""
+    return json.dumps(
+        {
+            "cniVersion": "1.0.0",
+            "name": config.cni_network_name,
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": "cni0",
+                    "isGateway": True,
+                    "ipMasq": False,
+                    "hairpinMode": True,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": config.node_pod_cidr}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "dataDir": str(layout.cni_ipam),
+                    },
+                }
+            ],
+        },
+        indent=2,
+    )
+
+
+def kubelet_config(config: ClusterConfig, layout: Layout) -> str:
+    pki = layout.pki
+    return f"""apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# This machine's memory controller is cgroup v1; kubelet 1.37 refuses v1 otherwise.
+failCgroupV1: false
+cgroupDriver: cgroupfs
+# Every pod cgroup under one root named after the cluster, so `down` finds them.
+cgroupRoot: {config.cgroup_root}
+containerRuntimeEndpoint: unix://{config.containerd_socket}
+address: {config.node_ip}
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: {pki / "ca.crt"}
+authorization:
+  mode: Webhook
+tlsCertFile: {pki / "kubelet-server.crt"}
+tlsPrivateKeyFile: {pki / "kubelet-server.key"}
+clusterDomain: cluster.local
+clusterDNS:
+- {config.dns_service_ip}
+# The host's resolvers must not leak into pods: the cluster reaches nothing outside.
+resolvConf: {layout.conf / "resolv.conf"}
+podLogsDir: {layout.pod_logs}
+failSwapOn: false
+# Images cannot be pulled again here: never garbage-collect them.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: "200Mi"
+  nodefs.available: "2%"
+  nodefs.inodesFree: "2%"
+  imagefs.available: "2%"
+maxPods: 110
+serializeImagePulls: false
+"""
+
+
+def kubelet_argv(config: ClusterConfig, layout: Layout) -> list[str]:
+    return [
+        str(Path(config.bin_dir) / "kubelet"),
+        f"--config={layout.conf / 'kubelet.yaml'}",
+        f"--kubeconfig={layout.kubeconfig('kubelet')}",
+        f"--root-dir={layout.kubelet_root}",
+        f"--cert-dir={layout.kubelet_root / 'pki'}",
+        f"--hostname-override={config.node_name}",
+        f"--node-ip={config.node_ip}",
+        "--v=1",
+    ]
+
+
+def kube_proxy_config(config: ClusterConfig, layout: Layout) -> str:
+    return f"""apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: {layout.kubeconfig("kube-proxy")}
+mode: iptables
+clusterCIDR: {config.pod_cidr}
+hostnameOverride: {config.node_name}
+bindAddress: {config.node_ip}
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+# Zero: leave the (partly machine-wide) conntrack sysctls alone.
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+"""
+
+
+def kube_proxy_argv(config: ClusterConfig, layout: Layout) -> list[str]:
+    return [
+        str(Path(config.bin_dir) / "kube-proxy"),
+        f"--config={layout.conf / 'kube-proxy.yaml'}",
+        "--v=1",
+    ]
+
+
+def argv_for(component: str, config: ClusterConfig, layout: Layout) -> list[str]:
+    builders = {
+        "etcd": lambda: etcd_argv(config, layout),
+        "kube-apiserver": lambda: apiserver_argv(config, layout),
+        "kube-controller-manager": lambda: controller_manager_argv(config, layout),
+        "kube-scheduler": lambda: scheduler_argv(config, layout),
+        "containerd": lambda: containerd_argv(layout),
+        "kubelet": lambda: kubelet_argv(config, layout),
+        "kube-proxy": lambda: kube_proxy_argv(config, layout),
+    }
+    return builders[component]()
+
+
+# Binaries the cluster runs, by where they come from, for clear errors.
+BUILT_BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "kube-proxy",
+    "kubectl",
+)
+SYSTEM_BINARIES = (
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
+    "runc",
+    "iptables",
+    "ip",
+    "nsenter",
+    "openssl",
+    "conntrack",
+)
+PROGRAM_NAMES = frozenset({*BUILT_BINARIES, "containerd", "containerd-shim-runc-v2", "nsenter"})
