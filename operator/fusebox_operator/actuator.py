@@ -23,6 +23,7 @@ from fusebox_operator.status import human_bytes
 
 ADMIN_TIMEOUT_SECONDS = 10.0
 LOAD_TIMEOUT_SECONDS = 120.0  # unload/load/swap move a whole model
+STATE_TIMEOUT_SECONDS = 5.0  # a breaker flip is instant unless the server is wedged
 log = logging.getLogger(__name__)
 
 RuntimeTarget = tuple[str, int, int]  # (breaker, admitPercent, level)
@@ -145,7 +146,12 @@ class Actuator:
             return False
         try:
             await self._admin(
-                pod, token, "PUT", "/admin/v1/breaker", {"state": breaker, "admitPercent": admit}
+                pod,
+                token,
+                "PUT",
+                "/admin/v1/breaker",
+                {"state": breaker, "admitPercent": admit},
+                STATE_TIMEOUT_SECONDS,
             )
             await self._admin(
                 pod,

@@ -8,6 +8,7 @@ kopf's `patch`, and kopf sends one patch per handler run.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import secrets
@@ -242,11 +243,20 @@ async def telemetry(
     )
     applied = memo.setdefault("applied", {})
     sample_by_pod = {s.pod: s for s in samples}
-    for pod in targets:
-        if pod.name not in restarted and pod.server_started:
-            await actuator.reconcile_runtime(
-                pod, token, target, sample_by_pod.get(pod.name), applied
-            )
+    # New and restarted pods converge here; a pod with neither readiness nor a
+    # good scrape is still starting, and calling it would only time out.
+    settable = [
+        pod
+        for pod in targets
+        if pod.name not in restarted
+        and (pod.ready or (pod.name in sample_by_pod and sample_by_pod[pod.name].ok))
+    ]
+    await asyncio.gather(
+        *(
+            actuator.reconcile_runtime(pod, token, target, sample_by_pod.get(pod.name), applied)
+            for pod in settable
+        )
+    )
     memo.policy = new_state
 
     for event in transition_events(state, new_state, executed):

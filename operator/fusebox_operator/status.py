@@ -275,7 +275,9 @@ def _significant(status: Mapping[str, Any]) -> dict[str, Any]:
 
 def should_write(previous: Mapping[str, Any], new: Mapping[str, Any], now: float) -> bool:
     """Write on a real change, else refresh the volatile figures at most every 30 s."""
-    if _significant(previous) != _significant(new):
+    # Only the keys this writer owns: observedGeneration and memory belong to reconcile.
+    owned_previous = {k: v for k, v in previous.items() if k in new}
+    if _significant(owned_previous) != _significant(new):
         return True
     updated_at = previous.get("updatedAt")
     if not updated_at:

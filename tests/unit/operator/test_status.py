@@ -79,3 +79,9 @@ def test_last_action_and_bounded_history() -> None:
         previous = build_status(previous, state, [], [(action, "ok")], 1, 1, 1, T0 + i)
     assert len(previous["recentActions"]) == 10
     assert previous["lastAction"]["id"] == "svc-000014-gc"
+
+
+def test_keys_owned_by_reconcile_do_not_force_a_write() -> None:
+    written = status_for(PolicyState("svc"), 1e9, T0)
+    stored = {**written, "observedGeneration": 3, "memory": {"limitBytes": 1}}
+    assert not should_write(stored, status_for(PolicyState("svc"), 1e9, T0 + 5, stored), T0 + 5)
