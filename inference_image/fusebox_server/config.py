@@ -48,6 +48,7 @@ class ServerConfig:
     memory_guard_ratio: float = 0.95
     latency_window_seconds: float = 60.0
     log_level: str = "info"
+    torch_threads: int = 0
 
 
 _FLAGS: list[tuple[str, type, str]] = [
@@ -77,6 +78,7 @@ _FLAGS: list[tuple[str, type, str]] = [
     ("memory-guard-ratio", float, "share of the memory limit at which new requests are refused"),
     ("latency-window", float, "seconds of the sliding window for latency and quality figures"),
     ("log-level", str, "debug|info|warning|error"),
+    ("torch-threads", int, "torch intra-op CPU threads; 0 keeps torch's default"),
 ]
 
 
@@ -192,6 +194,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> ServerConfi
             str(values.get("latency-window", defaults.latency_window_seconds))
         ),
         log_level=str(values.get("log-level", defaults.log_level)),
+        torch_threads=int(str(values.get("torch-threads", defaults.torch_threads))),
     )
     validate(config)
     return config

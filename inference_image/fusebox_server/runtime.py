@@ -94,6 +94,8 @@ class Runtime:
         self.config = config
         self.faults = faults
         self.device = engine.pick_device(config.device)
+        if config.torch_threads > 0:
+            torch.set_num_threads(config.torch_threads)
         primary_tokenizer = load_tokenizer(config.model_dir)
         primary = PromptEncoder(primary_tokenizer, config.tokenizer_cache_size, config.templates)
         self.encoders: dict[str, PromptEncoder] = {"primary": primary, "fallback": primary}
@@ -126,7 +128,9 @@ class Runtime:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._model_lock = asyncio.Lock()
-        self.worker = InferenceWorker(loop, self.faults, self.config.max_concurrency + 64)
+        self.worker = InferenceWorker(
+            loop, self.faults, self.config.max_concurrency + 64, self.config.torch_threads
+        )
         self.worker.start()
 
     def stop(self) -> None:

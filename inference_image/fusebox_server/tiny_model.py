@@ -154,6 +154,26 @@ def write_model(out_dir: Path, size: str = "tiny") -> Path:
     return out_dir
 
 
+def ensure_model(size: str = "tiny", cache_dir: Path | None = None) -> Path:
+    """The model for `size` under the cache (FUSEBOX_CACHE/models/SIZE-FINGERPRINT), made once.
+
+    Keyed by the generator's fingerprint, so a change to this file or the
+    corpus makes a new model; a file lock lets parallel processes share it.
+    """
+    import fcntl
+
+    root = cache_dir or Path(os.environ.get("FUSEBOX_CACHE", Path.home() / ".cache" / "fusebox"))
+    target = root / "models" / f"{size}-{generator_fingerprint()}"
+    if (target / "model.safetensors").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "model.safetensors").exists():
+            write_model(target, size)
+    return target
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m fusebox_server.tiny_model", description=__doc__

@@ -101,7 +101,7 @@ def _held_back_chars(text: str, stops: tuple[str, ...]) -> int:
 
 
 class InferenceWorker(threading.Thread):
-    def __init__(self, loop: Any, faults: Faults, inbox_size: int) -> None:
+    def __init__(self, loop: Any, faults: Faults, inbox_size: int, torch_threads: int = 0) -> None:
         super().__init__(name="fusebox-inference", daemon=True)
         self._loop = loop
         self._faults = faults
@@ -111,6 +111,7 @@ class InferenceWorker(threading.Thread):
         self.loaded: LoadedModel | None = None
         self.heartbeat = time.time()
         self.steps_total = 0
+        self._torch_threads = torch_threads
 
     # ----- called from the event loop -----
     def submit(self, job: GenerationJob | ControlJob) -> None:
@@ -125,6 +126,9 @@ class InferenceWorker(threading.Thread):
 
     # ----- the thread -----
     def run(self) -> None:
+        if self._torch_threads > 0:
+            # Per thread under OpenMP: set it where torch runs.
+            torch.set_num_threads(self._torch_threads)
         while not self._stopping.is_set():
             self.heartbeat = time.time()
             try:

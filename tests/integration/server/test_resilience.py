@@ -1,0 +1,204 @@
+"""Breaker enforcement, degradation levels, client disconnects and the tokenizer cache."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from typing import Any
+
+import httpx
+
+from .conftest import MODEL_NAME, ServerProcess
+
+
+def test_open_breaker_refuses_new_requests_while_running_ones_finish(
+    clean_server: ServerProcess,
+) -> None:
+    results: list[httpx.Response] = []
+
+    def long_request() -> None:
+        with httpx.Client(base_url=clean_server.url, timeout=120) as client:
+            results.append(
+                client.post(
+                    "/v1/completions",
+                    json={
+                        "model": MODEL_NAME,
+                        "prompt": "Once",
+                        "max_tokens": 120,
+                        "temperature": 0,
+                    },
+                )
+            )
+
+    threads = [threading.Thread(target=long_request) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    clean_server.wait_for(
+        lambda: clean_server.state()["running"] == 3, what="three running requests"
+    )
+    clean_server.admin.put("/admin/v1/breaker", json={"state": "open"}).raise_for_status()
+    refused = clean_server.chat("hi")
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "breaker_open"
+    assert int(refused.headers["retry-after"]) > 0
+    for thread in threads:
+        thread.join(timeout=120)
+    assert [r.status_code for r in results] == [200, 200, 200]
+
+    clean_server.admin.put("/admin/v1/breaker", json={"state": "closed"}).raise_for_status()
+    assert clean_server.chat("hi").status_code == 200
+
+
+def test_half_open_admits_the_configured_share(clean_server: ServerProcess) -> None:
+    clean_server.admin.put(
+        "/admin/v1/breaker", json={"state": "half_open", "admitPercent": 20}
+    ).raise_for_status()
+    statuses = [clean_server.chat("hi", max_tokens=1).status_code for _ in range(200)]
+    admitted = statuses.count(200)
+    assert set(statuses) <= {200, 503}
+    assert 24 <= admitted <= 56  # 20% +- 8% of 200
+    assert clean_server.stats()["state"]["breaker"] == "half_open"
+    clean_server.admin.put("/admin/v1/breaker", json={"state": "closed"}).raise_for_status()
+    assert all(clean_server.chat("hi", max_tokens=1).status_code == 200 for _ in range(10))
+
+
+def test_level_1_answers_a_stream_request_with_one_complete_response(
+    clean_server: ServerProcess,
+) -> None:
+    clean_server.admin.put("/admin/v1/degradation", json={"level": 1}).raise_for_status()
+    response = clean_server.chat("hi", stream=True)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["content"]
+    clean_server.admin.put("/admin/v1/degradation", json={"level": 0}).raise_for_status()
+    streamed = clean_server.chat("hi", stream=True)
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+
+
+def test_level_2_serves_the_fallback_and_level_0_restores_the_primary(
+    clean_server: ServerProcess,
+) -> None:
+    clean_server.admin.put("/admin/v1/degradation", json={"level": 2}).raise_for_status()
+    assert clean_server.state()["variant"] == "fallback"
+    response = clean_server.chat("hi")
+    assert response.status_code == 200
+    assert response.headers["x-fusebox-served-by"] == "fallback"
+    assert clean_server.stats()["state"]["degradation_level"] == 2
+    clean_server.admin.put("/admin/v1/degradation", json={"level": 0}).raise_for_status()
+    assert clean_server.chat("hi").headers["x-fusebox-served-by"] == "primary"
+
+
+def test_level_3_answers_template_prompts_from_canned_answers(
+    clean_server: ServerProcess,
+) -> None:
+    clean_server.admin.put("/admin/v1/degradation", json={"level": 3}).raise_for_status()
+    canned = clean_server.chat("你好", stream=True)
+    assert canned.status_code == 200
+    assert canned.headers["x-fusebox-served-by"] == "canned"
+    assert canned.json()["choices"][0]["message"]["content"] == "你好！"
+    completion = clean_server.client.post(
+        "/v1/completions",
+        json={"model": MODEL_NAME, "prompt": "What is the capital of France?", "max_tokens": 4},
+    )
+    assert completion.json()["choices"][0]["text"] == "The capital of France is Paris."
+    # Canned answers bypass the model: they work even with the model unloaded.
+    clean_server.admin.post(
+        "/admin/v1/actions", json={"id": uuid.uuid4().hex, "type": "unload"}
+    ).raise_for_status()
+    assert clean_server.chat("再见").json()["choices"][0]["message"]["content"] == "再见！"
+    assert clean_server.chat("not a template").status_code == 503
+
+
+async def _drop_after_first_chunk(port: int, index: int) -> str:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    request_id = f"drop-{index}-{uuid.uuid4().hex[:8]}"
+    body = json.dumps(
+        {
+            "model": MODEL_NAME,
+            "messages": [{"role": "user", "content": f"Tell me a long story number {index}"}],
+            "max_tokens": 500,
+            "temperature": 0,
+            "stream": True,
+        }
+    ).encode()
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"X-Request-Id: {request_id}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    received = b""
+    while b"data: {" not in received:
+        chunk = await asyncio.wait_for(reader.read(4096), timeout=120)
+        assert chunk, "server closed before the first chunk"
+        received += chunk
+    assert b" 200 " in received.split(b"\r\n", 1)[0]
+    writer.close()
+    await writer.wait_closed()
+    return request_id
+
+
+def test_disconnected_streams_are_cancelled_and_free_their_slots(
+    clean_server: ServerProcess,
+) -> None:
+    baseline = clean_server.state()
+
+    async def drop_all() -> list[str]:
+        return await asyncio.gather(
+            *(_drop_after_first_chunk(clean_server.port, i) for i in range(50))
+        )
+
+    request_ids = asyncio.run(drop_all())
+    settled = clean_server.wait_for(
+        lambda: (lambda s: s if s["running"] == 0 and s["queue_length"] == 0 else None)(
+            clean_server.state()
+        ),
+        timeout=30,
+        what="running and queue back to 0",
+    )
+    assert settled["worker_active"] == 0
+    clean_server.wait_for(
+        lambda: clean_server.state()["asyncio_tasks"] <= baseline["asyncio_tasks"],
+        what="asyncio tasks back to the baseline",
+    )
+    assert clean_server.state()["threads"] <= baseline["threads"]
+
+    lines = [json.loads(line) for line in clean_server.log_text().splitlines() if '"drop-' in line]
+    by_id = {line["request_id"]: line for line in lines if line.get("event") == "request"}
+    assert set(request_ids) <= set(by_id)
+    for request_id in request_ids:
+        assert by_id[request_id]["finish_reason"] == "cancelled"
+        assert by_id[request_id]["output_length"] < 500
+
+    response = clean_server.chat("Hello, world.", max_tokens=4)
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"]
+
+
+def test_tokenizer_cache_stays_bounded_and_templates_hit_the_pre_encoded_path(
+    server: ServerProcess,
+) -> None:
+    before = server.stats()["tokenizer_template_hits_total"]
+    for index in range(150):
+        response = server.client.post(
+            "/v1/completions",
+            json={
+                "model": MODEL_NAME,
+                "prompt": f"unique prompt {index} {uuid.uuid4()}",
+                "max_tokens": 1,
+            },
+        )
+        assert response.status_code == 200
+    for template in ("Hello, world.", "你好"):
+        assert server.chat(template, max_tokens=1).status_code == 200
+
+    def settled() -> Any:
+        stats = server.stats()
+        return stats if stats["tokenizer_template_hits_total"] >= before + 2 else None
+
+    stats = server.wait_for(settled, what="template hits in the stats file")
+    assert stats["tokenizer_cache_entries"] == 100
