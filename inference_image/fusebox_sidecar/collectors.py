@@ -4,9 +4,13 @@ Every family here is a pure function of an `Observation` (the stats
 snapshot, the `/proc` reading, the NVML reading and the clock), so each is
 tested with hand-written inputs and a fresh `CollectorRegistry`. Nothing is
 remembered between scrapes: the relayed counters are the server's own, and
-the one piece of memory the sidecar needs (when the stats file was last
-valid, so its age can keep growing after it disappears) lives in the
-observer, not here.
+the little memory the sidecar needs (the last valid stats file's time and
+pid, so its age keeps growing after it disappears and the server's RSS is
+still measured) lives in the observer, not here.
+
+One collector builds every family from one observation, so a scrape is
+consistent (every family from the same read of the stats file) and costs
+one read, not one per family group.
 
 A value that cannot be measured is left out, never exported as a fake 0.
 Names and units follow docs/metrics.md (DESIGN §4 plus agreed additions).
