@@ -211,9 +211,7 @@ class InferenceWorker(threading.Thread):
         assert job.decoding is not None and job.decoder is not None
         token_id = job.decoding.step()
         self.steps_total += 1
-        slow_ms = self._faults.value("slow")
-        if slow_ms > 0:
-            time.sleep(slow_ms / 1000.0)
+        self._slow_fault(job)
         if job.decoding.is_end(token_id):
             self._complete(job, "stop", job.decoder.flush())
             return
@@ -223,6 +221,15 @@ class InferenceWorker(threading.Thread):
             self._complete(job, "length", piece + job.decoder.flush())
             return
         self._append(job, piece, final=False)
+
+    def _slow_fault(self, job: GenerationJob) -> None:
+        """The `slow` fault: N ms per token, in slices so a cancel or a change takes effect."""
+        started = time.monotonic()
+        while not job.cancelled.is_set() and not self._stopping.is_set():
+            left = self._faults.value("slow") / 1000.0 - (time.monotonic() - started)
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.05))
 
     def _start(self, job: GenerationJob) -> None:
         loaded = self.loaded

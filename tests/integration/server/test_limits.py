@@ -1,0 +1,234 @@
+"""Overload, deadlines, quality sampling, the leak fault and a stuck worker, on one small server.
+
+The server runs one generation at a time with a queue of two, a 4-second
+deadline, every response quality-checked, and the leak and slow faults armed
+(off until a test switches them on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import MODEL_NAME, ServerProcess
+
+MIB = 1 << 20
+PLAIN_PROMPT = "Hello, world."
+FLAGGED_PROMPT = "Translate the following text into French."
+
+
+def _greedy_text(server: ServerProcess, prompt: str) -> str:
+    response = server.chat(prompt, max_tokens=8)
+    assert response.status_code == 200
+    return str(response.json()["choices"][0]["message"]["content"])
+
+
+def _blocked_term(flagged: str, plain: str) -> str:
+    """A piece of the flagged prompt's greedy output that the plain prompt's lacks."""
+    runs = [run for run in flagged.replace("\ufffd", "\x00").split("\x00") if run.strip()]
+    for run in sorted(runs, key=len, reverse=True):
+        for size in range(min(len(run), 4), 0, -1):
+            term = run[:size]
+            if term.strip() and term.lower() not in plain.lower():
+                return term
+    pytest.skip("the tiny model's outputs share every piece; no distinguishing term")
+
+
+@pytest.fixture(scope="module")
+def limited(
+    start_server: Any, server: ServerProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    term = _blocked_term(_greedy_text(server, FLAGGED_PROMPT), _greedy_text(server, PLAIN_PROMPT))
+    blocked: Path = tmp_path_factory.mktemp("quality") / "blocked.json"
+    blocked.write_text(json.dumps([term]))
+    limited = start_server(
+        flags={
+            "max-concurrency": 1,
+            "max-queue": 2,
+            "request-timeout": 4,
+            "quality-sample-rate": 1.0,
+            "quality-blocked-terms-file": str(blocked),
+            "heartbeat-timeout": 3,
+        },
+        env={"FUSEBOX_FAULTS": "leak:0,slow:0"},
+    )
+    yield limited
+    limited.stop()
+
+
+def set_faults(server: ServerProcess, **values: int) -> None:
+    response = server.admin.put("/admin/v1/faults", json=values)
+    assert response.status_code == 200, response.text
+
+
+@pytest.fixture
+def faults_off(limited: ServerProcess) -> Iterator[ServerProcess]:
+    yield limited
+    set_faults(limited, leak=0, slow=0)
+    limited.wait_for(
+        lambda: limited.state()["running"] == 0 and limited.state()["queue_length"] == 0,
+        what="an idle server",
+    )
+
+
+def test_overload_gets_429_beyond_running_plus_queue(faults_off: ServerProcess) -> None:
+    server = faults_off
+    set_faults(server, slow=100)
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            body = {
+                "model": MODEL_NAME,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 5,
+                "temperature": 0,
+            }
+            return await asyncio.gather(
+                *(client.post("/v1/chat/completions", json=body) for _ in range(10))
+            )
+
+    responses = asyncio.run(burst())
+    statuses = sorted(response.status_code for response in responses)
+    assert statuses == [200] * 3 + [429] * 7
+    for response in responses:
+        if response.status_code == 429:
+            assert int(response.headers["retry-after"]) >= 1
+            assert response.json()["error"]["type"] == "rate_limit_error"
+    state = server.wait_for(
+        lambda: (lambda s: s if s["running"] == 0 and s["queue_length"] == 0 else None)(
+            server.state()
+        ),
+        what="running and queue back to 0",
+    )
+    assert state["worker_active"] == 0
+    assert server.stats()["requests"]["rejected_total"] >= 7
+
+
+def test_generation_past_the_deadline_gets_504_and_frees_the_slot(
+    faults_off: ServerProcess,
+) -> None:
+    server = faults_off
+    set_faults(server, slow=300)
+    timed_out_before = server.stats()["requests"]["timed_out_total"]
+    response = server.chat("hi", max_tokens=40)
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "timeout"
+    server.wait_for(lambda: server.state()["running"] == 0, what="the slot to be freed")
+    server.wait_for(
+        lambda: server.stats()["requests"]["timed_out_total"] > timed_out_before,
+        what="timed_out_total to rise",
+    )
+    set_faults(server, slow=0)
+    assert server.chat("hi").status_code == 200
+
+
+def test_stream_past_the_deadline_ends_with_an_error_event(faults_off: ServerProcess) -> None:
+    server = faults_off
+    set_faults(server, slow=300)
+    events: list[str] = []
+    with server.client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={
+            "model": MODEL_NAME,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 40,
+            "temperature": 0,
+            "stream": True,
+        },
+    ) as response:
+        assert response.status_code == 200
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert len(events) >= 2
+    last = json.loads(events[-1][len("data: ") :])
+    assert last["error"]["code"] == "timeout"
+    assert "data: [DONE]" not in events
+    server.wait_for(lambda: server.state()["running"] == 0, what="the slot to be freed")
+
+
+def test_quality_failures_raise_the_failure_ratio(faults_off: ServerProcess) -> None:
+    server = faults_off
+
+    def quality() -> dict[str, Any]:
+        return dict(server.stats()["quality"])
+
+    start = server.wait_for(quality, what="stats")
+    assert server.chat(PLAIN_PROMPT, max_tokens=8).status_code == 200
+    after_plain = server.wait_for(
+        lambda: (lambda q: q if q["sampled_total"] > start["sampled_total"] else None)(quality()),
+        what="a sampled response",
+    )
+    assert after_plain["failed_total"] == start["failed_total"]
+
+    assert server.chat(FLAGGED_PROMPT, max_tokens=8).status_code == 200
+    after_blocked = server.wait_for(
+        lambda: (lambda q: q if q["failed_total"] > start["failed_total"] else None)(quality()),
+        what="a blocked-term failure",
+    )
+    json_response = server.chat(PLAIN_PROMPT, max_tokens=8, response_format={"type": "json_object"})
+    assert json_response.status_code == 200
+    after_json = server.wait_for(
+        lambda: (lambda q: q if q["failed_total"] > after_blocked["failed_total"] else None)(
+            quality()
+        ),
+        what="an invalid-JSON failure",
+    )
+    assert after_json["failure_ratio"] > 0
+    assert after_json["failure_ratio"] >= after_blocked["failure_ratio"]
+
+
+def test_leak_fault_grows_rss_until_unload_drops_it(faults_off: ServerProcess) -> None:
+    server = faults_off
+    before = server.state()["leaked_bytes"]
+    rss_before = server.stats()["rss_bytes"]
+    set_faults(server, leak=64)
+    for _ in range(3):
+        assert server.chat("hi", max_tokens=1).status_code == 200
+    set_faults(server, leak=0)
+    assert server.state()["leaked_bytes"] == before + 3 * 64 * MIB
+    grown = server.wait_for(
+        lambda: (lambda s: s if s["rss_bytes"] >= rss_before + 150 * MIB else None)(server.stats()),
+        what="RSS to grow by the leaked blocks",
+    )
+
+    gc = server.admin.post("/admin/v1/actions", json={"id": uuid.uuid4().hex, "type": "gc"})
+    assert gc.json()["memory_after"]["rss_bytes"] >= grown["rss_bytes"] - 64 * MIB
+
+    unload = server.admin.post(
+        "/admin/v1/actions", json={"id": uuid.uuid4().hex, "type": "unload"}
+    ).json()
+    assert unload["memory_after"]["rss_bytes"] <= unload["memory_before"]["rss_bytes"] - 150 * MIB
+    load = server.admin.post(
+        "/admin/v1/actions", json={"id": uuid.uuid4().hex, "type": "load", "variant": "primary"}
+    )
+    assert load.status_code == 200
+    assert server.chat("hi").status_code == 200
+
+
+def test_a_stuck_worker_fails_healthz_while_the_loop_answers(faults_off: ServerProcess) -> None:
+    server = faults_off
+    set_faults(server, slow=8000)
+    thread = threading.Thread(target=lambda: server.chat("hi", max_tokens=2), daemon=True)
+    thread.start()
+    stale = server.wait_for(
+        lambda: (lambda r: r if r.status_code == 503 else None)(server.client.get("/healthz")),
+        timeout=30,
+        what="/healthz to fail",
+    )
+    ages = stale.json()["heartbeat_age_seconds"]
+    assert ages["worker"] >= 3 and ages["loop"] < 3
+    set_faults(server, slow=0)
+    server.wait_for(
+        lambda: server.client.get("/healthz").status_code == 200,
+        timeout=30,
+        what="/healthz to recover",
+    )
+    thread.join(timeout=30)
