@@ -155,7 +155,7 @@ def _memory_bytes(pid: int) -> dict[str, int]:
 def run(scrapes: int, out: Path) -> dict[str, Any]:
     # A process holding 200 MB stands in for the server whose RSS is read.
     server = subprocess.Popen(
-        [sys.executable, "-c", "import time; b = bytearray(200_000_000); time.sleep(3600)"]
+        [sys.executable, "-c", "import time; b = b'x' * 200_000_000; time.sleep(3600)"]
     )
     stop = threading.Event()
     with tempfile.TemporaryDirectory(prefix="sidecar-bench-") as scratch:

@@ -8,6 +8,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,8 @@ class Clock:
 def sleeper() -> Iterator[int]:
     """A real process standing in for the server, holding ~40 MiB."""
     process = subprocess.Popen(
-        [sys.executable, "-c", "import time; b = bytearray(40 << 20); time.sleep(120)"]
+        # b"x" * n writes every page, so the memory is resident (calloc'd zeros are not).
+        [sys.executable, "-c", "import time; b = b'x' * (40 << 20); time.sleep(120)"]
     )
     try:
         yield process.pid
@@ -73,12 +75,12 @@ def test_rss_is_measured_from_proc_for_the_pid_in_the_stats_file(
         ServerObserver(tmp_path / "stats.json", Path("/proc"), NvmlReader(None), Clock(2e9))
     )
 
-    # Wait until the child has touched its buffer, then compare with psutil.
-    psutil_rss = 0
-    for _ in range(100):
-        psutil_rss = psutil.Process(sleeper).memory_info().rss
-        if psutil_rss > 40 << 20:
-            break
+    # Wait until the child has written its buffer, then compare with psutil.
+    deadline = time.monotonic() + 60
+    while psutil.Process(sleeper).memory_info().rss < 40 << 20:
+        assert time.monotonic() < deadline, "the child never filled its buffer"
+        time.sleep(0.05)
+    psutil_rss = psutil.Process(sleeper).memory_info().rss
     rss = registry.get_sample_value("fusebox_process_resident_memory_bytes")
 
     assert rss is not None and rss == pytest.approx(psutil_rss, rel=0.05)
