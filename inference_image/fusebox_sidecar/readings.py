@@ -19,6 +19,7 @@ from enum import StrEnum
 from typing import Final
 
 SUPPORTED_SCHEMA: Final = 1
+PID_MAX: Final = 4_194_304  # the kernel's ceiling for /proc/sys/kernel/pid_max
 
 BREAKER_STATES: Final = ("closed", "open", "half_open")
 VARIANTS: Final = ("primary", "fallback")
@@ -108,21 +109,28 @@ class _Fields:
         if isinstance(value, bool) or not isinstance(value, int | float):
             self.problems.append(f"{path}: expected a number, got {type(value).__name__}")
             return None
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
         if not math.isfinite(number) or not minimum <= number <= maximum:
-            self.problems.append(f"{path}: {number!r} is out of range [{minimum}, {maximum}]")
+            self.problems.append(
+                f"{path}: {str(value)[:40]} is out of range [{minimum}, {maximum}]"
+            )
             return None
         return number
 
-    def integer(self, path: str, *, minimum: int = 0) -> int | None:
+    def integer(self, path: str, *, minimum: int = 0, maximum: int = 2**63 - 1) -> int | None:
         value = self.raw(path)
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
             self.problems.append(f"{path}: expected an integer, got {type(value).__name__}")
             return None
-        if value < minimum:
-            self.problems.append(f"{path}: {value} is below {minimum}")
+        if not minimum <= value <= maximum:
+            self.problems.append(
+                f"{path}: {str(value)[:40]} is out of range [{minimum}, {maximum}]"
+            )
             return None
         return value
 
@@ -178,8 +186,8 @@ def parse_stats(raw: bytes) -> StatsReading:
         return StatsReading(None, "stats file is empty")
     try:
         document = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as error:
-        return StatsReading(None, f"stats file is not JSON: {error}")
+    except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
+        return StatsReading(None, f"stats file is not JSON: {str(error)[:200]}")
     if not isinstance(document, dict):
         return StatsReading(None, f"stats file holds a {type(document).__name__}, not an object")
     schema = document.get("schema")
@@ -189,7 +197,7 @@ def parse_stats(raw: bytes) -> StatsReading:
     fields = _Fields(document)
     snapshot = StatsSnapshot(
         written_at=fields.number("written_at", minimum=1e-9),
-        pid=fields.integer("pid", minimum=1),
+        pid=fields.integer("pid", minimum=1, maximum=PID_MAX),
         rss_bytes=fields.number("rss_bytes"),
         cgroup_memory_usage_bytes=fields.number("cgroup_memory_usage_bytes"),
         cgroup_memory_limit_bytes=fields.number("cgroup_memory_limit_bytes"),
@@ -211,7 +219,7 @@ def parse_stats(raw: bytes) -> StatsReading:
         quality_failure_ratio=fields.number("quality.failure_ratio", maximum=1.0),
         heartbeats=fields.numbers({thread: f"heartbeats.{thread}" for thread in HEARTBEAT_THREADS}),
         breaker=fields.choice("state.breaker", BREAKER_STATES),
-        degradation_level=fields.integer("state.degradation_level"),
+        degradation_level=fields.integer("state.degradation_level", maximum=3),
         variant=fields.choice("state.variant", VARIANTS),
         model_loaded=fields.boolean("state.model_loaded"),
         memory_guard_active=fields.boolean("state.memory_guard_active"),

@@ -158,3 +158,39 @@ def test_proc_status_rss_is_read_in_bytes() -> None:
 )
 def test_proc_status_without_a_usable_vmrss_has_no_rss(text: str) -> None:
     assert parse_proc_status(text).rss_bytes is None
+
+
+def test_integers_too_large_for_a_float_are_problems_not_crashes(
+    stats_document: Document,
+) -> None:
+    raw = json.dumps(stats_document()).replace('"running": 8', '"running": 1' + "0" * 400)
+
+    reading = parse_stats(raw.encode())
+
+    assert reading.snapshot is not None and reading.snapshot.running is None
+    assert any("running" in problem for problem in reading.snapshot.problems)
+
+
+def test_deeply_nested_json_is_reported_not_raised() -> None:
+    reading = parse_stats(b"[" * 100_000)
+
+    assert reading.snapshot is None and reading.problem is not None
+    assert "not JSON" in reading.problem
+
+
+@pytest.mark.parametrize(
+    ("path", "value"), [(("pid",), 2**40), (("state", "degradation_level"), 7)]
+)
+def test_values_beyond_their_domain_are_problems(
+    stats_document: Document, path: tuple[str, ...], value: int
+) -> None:
+    document = stats_document()
+    parent = document
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+
+    reading = _parse(document)
+
+    assert not reading.valid
+    assert any(".".join(path) in problem for problem in reading.snapshot.problems)
