@@ -57,6 +57,8 @@ ACTION_TYPES = ("gc", "empty_cache", "unload", "load", "swap")
 MAX_RECORDED_ACTIONS = 1000
 WARMUP_PROMPT = "Hello"
 LONG_PROMPT_CHARS = 8192
+# Admission re-reads memory at most this often (the stats thread does every second).
+GUARD_RECHECK_SECONDS = 0.05
 
 
 def malloc_trim() -> None:
@@ -123,6 +125,7 @@ class Runtime:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.worker: InferenceWorker | None = None
         self._guard_lock = threading.Lock()
+        self._guard_checked_at = 0.0
 
     # ----- lifecycle -----
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -173,6 +176,8 @@ class Runtime:
     # ----- admission checks -----
     def check_available(self) -> None:
         """503s, in the order an operator would want to read them."""
+        if time.monotonic() - self._guard_checked_at > GUARD_RECHECK_SECONDS:
+            self.evaluate_memory_guard()
         if self.memory_guard_active:
             raise MemoryPressure("memory above the guard threshold; refusing new requests")
         if not self.breaker.admit():
@@ -272,28 +277,33 @@ class Runtime:
             cuda_total_bytes=memory.cuda_total_bytes(self.device),
         )
 
-    def check_memory_guard(self) -> None:
-        """Refuse new requests near the limit; on entry run gc and empty_cache."""
+    def evaluate_memory_guard(self) -> bool:
+        """Read memory and update the guard state; cheap enough for every admission."""
         with self._guard_lock:
+            self._guard_checked_at = time.monotonic()
             reading = self.memory_reading()
             ratio = pressure_ratio(reading)
             was_active = self.memory_guard_active
             active = next_guard_state(was_active, ratio, self.config.memory_guard_ratio)
             self.memory_guard_active = active
-            if active and not was_active:
-                log.warning(
-                    "memory_guard_engaged",
-                    pressure_ratio=ratio,
-                    rss_bytes=reading.rss_bytes,
-                    cgroup_usage_bytes=reading.cgroup_usage_bytes,
-                    cgroup_limit_bytes=reading.cgroup_limit_bytes,
-                    cuda_reserved_bytes=reading.cuda_reserved_bytes,
-                )
-            elif was_active and not active:
-                log.info("memory_guard_released", pressure_ratio=ratio)
-            if active:
-                engine.release_memory(self.device)
-                malloc_trim()
+        if active and not was_active:
+            log.warning(
+                "memory_guard_engaged",
+                pressure_ratio=ratio,
+                rss_bytes=reading.rss_bytes,
+                cgroup_usage_bytes=reading.cgroup_usage_bytes,
+                cgroup_limit_bytes=reading.cgroup_limit_bytes,
+                cuda_reserved_bytes=reading.cuda_reserved_bytes,
+            )
+        elif was_active and not active:
+            log.info("memory_guard_released", pressure_ratio=ratio)
+        return active
+
+    def check_memory_guard(self) -> None:
+        """Stats-thread tick: evaluate, and while engaged run gc and empty_cache."""
+        if self.evaluate_memory_guard():
+            engine.release_memory(self.device)
+            malloc_trim()
 
     # ----- model variants (run on the worker) -----
     def _variant_source(self, variant: str) -> tuple[Any, str]:

@@ -40,7 +40,14 @@ def free_port() -> int:
 class ServerProcess:
     """A running server: its URLs, admin client, stats file and log."""
 
-    def __init__(self, workdir: Path, model_dir: Path, flags: dict[str, Any], env: dict[str, str]):
+    def __init__(
+        self,
+        workdir: Path,
+        model_dir: Path,
+        flags: dict[str, Any],
+        env: dict[str, str],
+        preexec: Any = None,
+    ):
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -71,7 +78,11 @@ class ServerProcess:
         environment.update(env)
         self._log = open(self.log_file, "wb")
         self.process = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, env=environment
+            command,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            preexec_fn=preexec,
         )
         self.url = f"http://127.0.0.1:{self.port}"
         self.admin_url = f"http://127.0.0.1:{self.admin_port}"
@@ -140,9 +151,11 @@ class ServerProcess:
             action = {"id": f"reset-{time.time_ns()}", "type": "load", "variant": "primary"}
             self.admin.post("/admin/v1/actions", json=action).raise_for_status()
 
-    def stop(self) -> None:
+    def stop(self, graceful: bool = True) -> None:
         self.client.close()
         self.admin.close()
+        if self.process.poll() is None and not graceful:
+            self.process.kill()
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -160,14 +173,17 @@ def tiny_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def start_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """Factory: start_server(flags={...}, env={...}) -> a ready ServerProcess."""
+    """Factory: start_server(flags={...}, env={...}, preexec=fn) -> a ready ServerProcess."""
     started: list[ServerProcess] = []
 
     def start(
-        flags: dict[str, Any] | None = None, env: dict[str, str] | None = None, ready: bool = True
+        flags: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+        ready: bool = True,
+        preexec: Any = None,
     ) -> ServerProcess:
         server = ServerProcess(
-            tmp_path_factory.mktemp("server"), tiny_model_dir, flags or {}, env or {}
+            tmp_path_factory.mktemp("server"), tiny_model_dir, flags or {}, env or {}, preexec
         )
         started.append(server)
         if ready:

@@ -1,0 +1,136 @@
+"""The local memory guard inside a real memory cgroup, and the wedge fault.
+
+The server starts inside a cgroup v1 memory cgroup limited to 1.5 GiB, with
+the leak fault holding 32 MiB per request: it must refuse new requests with
+503 before the kernel's OOM killer acts, and stay alive. The wedge test
+runs last because a wedged loop cannot be unwedged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .conftest import ServerProcess
+
+CGROUP_V1_MEMORY = Path("/sys/fs/cgroup/memory")
+LIMIT_BYTES = 1536 << 20
+MIB = 1 << 20
+
+
+def _cgroup_usable() -> bool:
+    return os.geteuid() == 0 and (CGROUP_V1_MEMORY / "cgroup.procs").exists()
+
+
+pytestmark = pytest.mark.skipif(
+    not _cgroup_usable(), reason="needs root and a cgroup v1 memory hierarchy"
+)
+
+
+@pytest.fixture(scope="module")
+def cgroup() -> Iterator[Path]:
+    path = CGROUP_V1_MEMORY / f"fusebox-test-{uuid.uuid4().hex[:12]}"
+    path.mkdir()
+    (path / "memory.limit_in_bytes").write_text(str(LIMIT_BYTES))
+    yield path
+    for _ in range(100):
+        try:
+            path.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)  # the killed server's pages are still being uncharged
+    path.rmdir()
+
+
+@pytest.fixture(scope="module")
+def guarded(start_server: object, cgroup: Path) -> Iterator[ServerProcess]:
+    procs = str(cgroup / "cgroup.procs")
+
+    def join_cgroup() -> None:  # runs in the child before exec: all its memory is charged
+        with open(procs, "w") as handle:
+            handle.write(str(os.getpid()))
+
+    server: ServerProcess = start_server(  # type: ignore[operator]
+        flags={"heartbeat-timeout": 3},
+        env={"FUSEBOX_FAULTS": "leak:32,wedge"},
+        preexec=join_cgroup,
+    )
+    yield server
+    server.stop(graceful=False)  # the wedge test leaves a loop that cannot handle SIGTERM
+
+
+def test_memory_guard_refuses_before_the_oom_killer(guarded: ServerProcess, cgroup: Path) -> None:
+    assert str(guarded.pid) in (cgroup / "cgroup.procs").read_text().split()
+    assert guarded.stats()["cgroup_memory_limit_bytes"] == LIMIT_BYTES
+    statuses: list[int] = []
+    refusal = None
+    for _ in range(60):
+        response = guarded.chat("hi", max_tokens=1)
+        statuses.append(response.status_code)
+        if response.status_code != 200:
+            refusal = response
+            break
+    assert refusal is not None, f"never refused after {len(statuses)} leaking requests"
+    assert refusal.status_code == 503
+    assert refusal.json()["error"]["code"] == "memory_pressure"
+    assert int(refusal.headers["retry-after"]) > 0
+    assert statuses.count(200) >= 5
+    assert guarded.process.poll() is None
+    failcnt = int((cgroup / "memory.failcnt").read_text())
+    oom = (cgroup / "memory.oom_control").read_text()
+    assert "oom_kill 0" in oom or "oom_kill " not in oom, (failcnt, oom)
+    stats = guarded.wait_for(
+        lambda: (lambda s: s if s["state"]["memory_guard_active"] else None)(guarded.stats()),
+        what="memory_guard_active in the stats file",
+    )
+    assert stats["rss_bytes"] < LIMIT_BYTES
+    assert guarded.client.get("/healthz").status_code == 200
+
+    # The operator's ladder recovers: unload drops the leaked blocks, the guard releases.
+    guarded.admin.put("/admin/v1/faults", json={"leak": 0}).raise_for_status()
+    unload = guarded.admin.post(
+        "/admin/v1/actions", json={"id": uuid.uuid4().hex, "type": "unload"}
+    ).json()
+    assert unload["memory_after"]["rss_bytes"] < unload["memory_before"]["rss_bytes"] - 128 * MIB
+    guarded.admin.post(
+        "/admin/v1/actions", json={"id": uuid.uuid4().hex, "type": "load", "variant": "primary"}
+    ).raise_for_status()
+    guarded.wait_for(
+        lambda: not guarded.stats()["state"]["memory_guard_active"], what="the guard to release"
+    )
+    assert guarded.chat("hi", max_tokens=1).status_code == 200
+    assert guarded.process.poll() is None
+
+
+def test_wedged_event_loop_fails_healthz_while_the_process_lives(
+    guarded: ServerProcess,
+) -> None:
+    assert guarded.client.get("/healthz").status_code == 200
+    response = guarded.admin.put("/admin/v1/faults", json={"wedge": 1})
+    assert response.status_code == 200
+
+    def healthz_fails() -> bool:
+        try:
+            return guarded.client.get("/healthz", timeout=1).status_code != 200
+        except httpx.TimeoutException:
+            return True
+
+    guarded.wait_for(healthz_fails, what="/healthz to fail")
+    for _ in range(3):
+        assert healthz_fails()
+    assert guarded.process.poll() is None
+    # The stats thread still writes, and its loop heartbeat shows which part is stuck.
+    stats = guarded.wait_for(
+        lambda: (lambda s: s if s["written_at"] - s["heartbeats"]["loop"] > 3 else None)(
+            json.loads(guarded.stats_file.read_text())
+        ),
+        what="a stale loop heartbeat in a fresh stats file",
+    )
+    assert stats["written_at"] - stats["heartbeats"]["worker"] < 3
