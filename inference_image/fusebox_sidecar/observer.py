@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -40,12 +41,21 @@ MAX_STATS_BYTES: Final = 1024 * 1024
 
 def read_stats_file(path: Path) -> StatsReading:
     try:
-        with path.open("rb") as stats_file:
-            raw = stats_file.read(MAX_STATS_BYTES + 1)
+        # O_NONBLOCK: a FIFO planted at the path must not hang every scrape.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return StatsReading(None, f"stats file {path} is missing")
     except OSError as error:
         return StatsReading(None, f"stats file {path} is unreadable: {error.strerror or error}")
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return StatsReading(None, f"stats file {path} is not a regular file")
+        with os.fdopen(descriptor, "rb", closefd=False) as stats_file:
+            raw = stats_file.read(MAX_STATS_BYTES + 1)
+    except OSError as error:
+        return StatsReading(None, f"stats file {path} is unreadable: {error.strerror or error}")
+    finally:
+        os.close(descriptor)
     if len(raw) > MAX_STATS_BYTES:
         return StatsReading(None, f"stats file {path} is larger than {MAX_STATS_BYTES} bytes")
     return parse_stats(raw)

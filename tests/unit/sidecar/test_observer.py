@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -130,18 +131,19 @@ def test_a_broken_stats_file_gives_a_valid_scrape_with_stats_valid_0(
     assert any(record.getMessage() == "stats file unusable" for record in caplog.records)
 
 
-def test_a_stats_path_that_is_a_directory_or_too_large_is_reported(
+def test_a_stats_path_that_is_a_directory_fifo_or_too_large_is_reported(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     (tmp_path / "dir.json").mkdir()
     (tmp_path / "big.json").write_bytes(b" " * (MAX_STATS_BYTES + 1))
+    os.mkfifo(tmp_path / "fifo.json")  # opening it for reading would block a naive reader
     with caplog.at_level(logging.WARNING):
-        for name in ("dir.json", "big.json"):
+        for name in ("dir.json", "big.json", "fifo.json"):
             registry = _registry(ServerObserver(tmp_path / name, Path("/proc"), NvmlReader(None)))
             assert registry.get_sample_value("fusebox_stats_valid") == 0
 
     problems = [getattr(record, "problem", "") for record in caplog.records]
-    assert any("unreadable" in problem for problem in problems)
+    assert any("not a regular file" in problem for problem in problems)
     assert any("larger than" in problem for problem in problems)
 
 
@@ -187,8 +189,6 @@ def test_an_unreadable_proc_entry_relays_the_server_rss_and_warns(
 def test_the_sidecar_never_reports_its_own_rss_as_the_server_s(
     tmp_path: Path, stats_document: Document
 ) -> None:
-    import os
-
     document = stats_document()
     document["pid"] = os.getpid()  # what an unshared process namespace looks like
     _write(tmp_path / "stats.json", document)
