@@ -8,17 +8,40 @@ argument to get wrong.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
+from collections.abc import Sequence
 
 import kopf
 
 from fusebox_operator import handlers
 from fusebox_operator.settings import OperatorSettings
 
+SETTINGS_HELP = """settings (environment variables, see docs/operator.md):
+  FUSEBOX_INFERENCE_IMAGE       image of the server and sidecar containers
+  FUSEBOX_WATCH_NAMESPACES      comma-separated namespaces; empty = all
+  FUSEBOX_PEERING               auto | standalone | <peering name>
+  FUSEBOX_OPERATOR_REPLICAS     operator replicas (auto peering when > 1)
+  FUSEBOX_OPERATOR_NAMESPACE    namespace of the operator pods (NetworkPolicy)
+  FUSEBOX_OPERATOR_POD_SELECTOR labels of the operator pods (NetworkPolicy)
+  FUSEBOX_MONITORING_NAMESPACE  namespace allowed to scrape the sidecars
+  FUSEBOX_LIVENESS_PORT         port of /healthz (default 8080)
+  FUSEBOX_LOG_LEVEL             DEBUG | INFO | WARNING | ERROR
+credentials: in-cluster service account, else KUBECONFIG / ~/.kube/config"""
 
-def main() -> None:
-    ours = OperatorSettings.from_env(os.environ)
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argparse.ArgumentParser(
+        prog="python -m fusebox_operator",
+        description="Run the Fusebox operator (kopf) for InferenceService objects.",
+        epilog=SETTINGS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ).parse_args(argv)
+    try:
+        ours = OperatorSettings.from_env(os.environ)
+    except ValueError as error:
+        raise SystemExit(f"fusebox-operator: bad setting: {error}") from error
     logging.basicConfig(
         level=os.environ.get("FUSEBOX_LOG_LEVEL", "INFO").upper(),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",

@@ -59,7 +59,11 @@ class OperatorSettings:
     def from_env(cls, env: Mapping[str, str]) -> OperatorSettings:
         def integer(name: str, default: int) -> int:
             text = env.get(name, "").strip()
-            return int(text) if text else default
+            if not text:
+                return default
+            if not text.isdigit():
+                raise ValueError(f"{name}={text!r} must be a whole number")
+            return int(text)
 
         namespaces = env.get("FUSEBOX_WATCH_NAMESPACES", "")
         return cls(

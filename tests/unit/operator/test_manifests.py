@@ -154,3 +154,17 @@ def test_network_policy_admin_port_only_from_operator_pods() -> None:
         }
     ]
     assert metrics_rule["from"] == admin_rule["from"]  # no monitoring namespace configured
+
+
+def test_bad_operator_setting_names_the_variable() -> None:
+    with pytest.raises(ValueError, match="FUSEBOX_LIVENESS_PORT='abc' must be a whole number"):
+        OperatorSettings.from_env({"FUSEBOX_LIVENESS_PORT": "abc"})
+
+
+def test_peering_is_standalone_for_one_replica_and_peered_for_more() -> None:
+    assert OperatorSettings.from_env({}).standalone
+    assert not OperatorSettings.from_env({"FUSEBOX_OPERATOR_REPLICAS": "2"}).standalone
+    assert OperatorSettings.from_env({"FUSEBOX_WATCH_NAMESPACES": "a, b"}).watch_namespaces == (
+        "a",
+        "b",
+    )
