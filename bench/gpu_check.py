@@ -257,6 +257,30 @@ def scrape(metrics_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], fl
     }
 
 
+def pick_gpu_label(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], hint: str) -> str:
+    """The `gpu` label that is the server's device.
+
+    NVML numbers devices ignoring CUDA_VISIBLE_DEVICES, so the server's CUDA
+    index is only a hint: prefer the device NVML attributes the server's
+    memory to, then the only device, then the hint.
+    """
+    labels = {
+        dict(labels).get("gpu", "")
+        for name, labels in samples
+        if name == "fusebox_gpu_memory_used_bytes"
+    }
+    process = [
+        dict(labels).get("gpu", "")
+        for name, labels in samples
+        if name == "fusebox_gpu_process_memory_used_bytes"
+    ]
+    if len(process) == 1:
+        return process[0]
+    if len(labels) == 1:
+        return labels.pop()
+    return hint
+
+
 def _row(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], gpu: str) -> dict[str, Any]:
     def get(name: str, **labels: str) -> float | None:
         return samples.get((name, tuple(sorted(labels.items()))))
@@ -610,7 +634,7 @@ def main() -> int:
             stack.wait_until_ready(min(deadline, time.monotonic() + 240))
             stack.start_sidecar(deadline)
             stats = json.loads(stack.stats_path.read_text())
-            gpu = str(stats.get("gpu_device_id") or 0)
+            gpu = pick_gpu_label(scrape(stack.metrics_url), str(stats.get("gpu_device_id") or 0))
             sampler = Sampler(stack.metrics_url, gpu, arguments.interval_seconds)
             sampler.start()
             time.sleep(3 * arguments.interval_seconds)
