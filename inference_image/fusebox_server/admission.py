@@ -40,7 +40,8 @@ class Admission:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), timeout=max(0.0, timeout_seconds))
+            async with asyncio.timeout(max(0.0, timeout_seconds)):
+                await waiter
         except BaseException as error:
             if waiter.done() and not waiter.cancelled():
                 # The slot was handed over just as we gave up: pass it on.

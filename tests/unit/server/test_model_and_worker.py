@@ -1,0 +1,96 @@
+"""The tiny model generator, the engine's quantized variant, and the worker thread's resilience."""
+
+from __future__ import annotations
+
+import asyncio
+import filecmp
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fusebox_server.engine import Decoding, load_model
+from fusebox_server.errors import GenerationFailed, ModelUnavailable
+from fusebox_server.faults import Faults
+from fusebox_server.openai_schema import Sampling
+from fusebox_server.tiny_model import write_model
+from fusebox_server.worker import Failed, Finished, GenerationJob, InferenceWorker, Piece
+
+GREEDY = Sampling(max_tokens=8, temperature=0.0, top_p=1.0, seed=None, stop=())
+
+
+def test_the_generator_writes_the_same_files_byte_for_byte(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    again = write_model(tmp_path / "again", "tiny")
+    names = sorted(p.name for p in tiny_model_dir.iterdir())
+    assert names == sorted(p.name for p in again.iterdir())
+    assert "model.safetensors" in names and "tokenizer.json" in names
+    match, mismatch, errors = filecmp.cmpfiles(tiny_model_dir, again, names, shallow=False)
+    assert mismatch == [] and errors == []
+
+
+def test_greedy_decoding_produces_text_and_the_int8_variant_is_smaller(
+    tiny_model_dir: Path, tiny_tokenizer: Any
+) -> None:
+    prompt = tuple(tiny_tokenizer.backend_tokenizer.encode("Hello, world.").ids)
+    cpu = torch.device("cpu")
+    primary = load_model("primary", tiny_model_dir, "none", cpu, tiny_tokenizer)
+    fallback = load_model("fallback", tiny_model_dir, "int8", cpu, tiny_tokenizer)
+    assert fallback.parameter_bytes < 0.5 * primary.parameter_bytes
+    for loaded in (primary, fallback):
+        decoding = Decoding(loaded, prompt, GREEDY)
+        ids = [decoding.step() for _ in range(8)]
+        assert not any(decoding.is_end(i) for i in ids)
+        assert tiny_tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+
+def test_a_failing_request_reaches_its_caller_and_the_worker_carries_on(
+    tiny_model_dir: Path, tiny_tokenizer: Any
+) -> None:
+    async def scenario() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        worker = InferenceWorker(loop, Faults({}), inbox_size=8)
+        worker.loaded = load_model(
+            "primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer
+        )
+        worker.start()
+        outcomes: list[Any] = []
+
+        async def run(prompt_ids: tuple[int, ...], variant: str = "primary") -> Any:
+            done: asyncio.Future[Any] = loop.create_future()
+            pieces: list[str] = []
+
+            def deliver(event: Any) -> None:
+                if isinstance(event, Piece):
+                    pieces.append(event.text)
+                elif not done.done():
+                    done.set_result(event)
+
+            worker.submit(
+                GenerationJob(
+                    request_id="t",
+                    variant=variant,
+                    prompt_ids=prompt_ids,
+                    sampling=GREEDY,
+                    max_tokens=4,
+                    deadline_monotonic=time.monotonic() + 60,
+                    tokenizer=tiny_tokenizer,
+                    deliver=deliver,
+                )
+            )
+            event = await done
+            return event, "".join(pieces)
+
+        outcomes.append(await run((10**9,)))  # an id outside the vocabulary: the model raises
+        outcomes.append(await run((5, 6, 7), variant="fallback"))  # not the loaded variant
+        outcomes.append(await run((5, 6, 7)))
+        assert worker.is_alive()
+        worker.stop()
+        return outcomes
+
+    (bad, _), (wrong, _), (good, text) = asyncio.run(scenario())
+    assert isinstance(bad, Failed) and isinstance(bad.error, GenerationFailed)
+    assert isinstance(wrong, Failed) and isinstance(wrong.error, ModelUnavailable)
+    assert isinstance(good, Finished) and good.reason == "length" and text

@@ -1,0 +1,83 @@
+"""Pure decisions: half-open admission, the memory guard, quality checks, fault parsing."""
+
+from __future__ import annotations
+
+import pytest
+
+from fusebox_server.breaker import Breaker, admits
+from fusebox_server.errors import Forbidden
+from fusebox_server.faults import Faults, parse_faults
+from fusebox_server.guard import MemoryReading, next_guard_state, pressure_ratio
+from fusebox_server.quality import QualitySampler, check_response
+
+GIB = 1 << 30
+
+
+@pytest.mark.parametrize("percent", [0, 5, 20, 33, 100])
+def test_half_open_admits_exactly_the_share(percent: int) -> None:
+    assert sum(admits(i, percent) for i in range(1000)) == 10 * percent
+
+
+def test_breaker_states() -> None:
+    breaker = Breaker()
+    assert breaker.admit()
+    breaker.set("open", None)
+    assert not any(breaker.admit() for _ in range(10))
+    breaker.set("half_open", 50)
+    assert [breaker.admit() for _ in range(4)].count(True) == 2
+    breaker.set("closed", None)
+    assert breaker.admit_percent == 100 and breaker.admit()
+
+
+def test_pressure_is_the_highest_ratio_to_its_limit() -> None:
+    reading = MemoryReading(
+        rss_bytes=GIB,
+        cgroup_usage_bytes=GIB // 2,
+        cgroup_limit_bytes=2 * GIB,
+        cuda_reserved_bytes=9 * GIB,
+        cuda_total_bytes=10 * GIB,
+    )
+    assert pressure_ratio(reading) == pytest.approx(0.9)
+    assert pressure_ratio(MemoryReading(GIB, None, None, None, None)) is None
+
+
+def test_guard_engages_at_the_ratio_and_releases_five_points_under() -> None:
+    assert not next_guard_state(False, 0.94, 0.95)
+    assert next_guard_state(False, 0.95, 0.95)
+    assert next_guard_state(True, 0.91, 0.95)
+    assert not next_guard_state(True, 0.89, 0.95)
+    assert not next_guard_state(True, None, 0.95)
+
+
+def test_quality_check_names_each_failure() -> None:
+    assert check_response('{"a": 1}', True, 10, 5, 100, []).ok
+    assert check_response("not json", True, 10, 5, 100, []).reasons == ("invalid_json",)
+    assert check_response("x", False, 2, 500, 100, []).reasons == ("output_input_ratio",)
+    assert check_response("Some SECRET here", False, 10, 5, 100, ["secret"]).reasons == (
+        "blocked_term",
+    )
+
+
+def test_quality_sampler_samples_the_rate_and_windows_the_ratio() -> None:
+    sampler = QualitySampler(sample_rate=0.25, window_seconds=60)
+    assert sum(sampler.should_sample() for _ in range(100)) == 25
+    assert sampler.failure_ratio(now=1000) is None
+    sampler.record(check_response("x", True, 1, 1, 100, []), now=1000)
+    sampler.record(check_response("{}", True, 1, 1, 100, []), now=1000)
+    assert sampler.failure_ratio(now=1001) == 0.5
+    assert sampler.failure_ratio(now=1100) is None
+    assert (sampler.sampled_total, sampler.failed_total) == (2, 1)
+
+
+def test_faults_parse_and_only_armed_ones_change() -> None:
+    assert parse_faults("leak:64,slow:100,wedge") == {"leak": 64, "slow": 100, "wedge": 0}
+    assert parse_faults("") == {}
+    with pytest.raises(ValueError):
+        parse_faults("explode:1")
+    with pytest.raises(Forbidden):
+        Faults({}).update({"leak": 1})
+    faults = Faults({"slow": 0})
+    with pytest.raises(Forbidden):
+        faults.update({"leak": 1})
+    assert faults.update({"slow": 5}) == {"slow": 5}
+    assert faults.value("slow") == 5 and faults.value("leak") == 0
