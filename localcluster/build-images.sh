@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Builds the project's images with podman, without Docker or a registry, and
+# exports them into the OCI layout that localcluster loads into its
+# containerd (localcluster/images.py). Idempotent and fast when nothing
+# changed: the base is remade only when its recipe changes, the other images
+# reuse podman's layer cache, and the export copies only new layers.
+#
+#   localhost/fusebox/base:bookworm   debootstrap (localcluster/images/base/)
+#   localhost/fusebox/pause:latest    static C, the pod sandbox image
+#   localhost/fusebox/coredns:latest  the CoreDNS binary from build-binaries.sh
+#   localhost/fusebox/<dir>:latest    every other localcluster/images/<dir>/Dockerfile
+#   localhost/fusebox/operator:dev    operator/Dockerfile
+#   localhost/fusebox/inference:dev   inference_image/Dockerfile
+#
+# When localcluster is running, the changed images are loaded into its
+# containerd at the end (`python -m localcluster load-images`).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+export FUSEBOX_CACHE=${FUSEBOX_CACHE:-$HOME/.cache/fusebox}
+cache=$FUSEBOX_CACHE
+images_py="$here/images.py"
+base=localhost/fusebox/base:bookworm
+
+# The one podman invocation (storage under the cache), defined in images.py.
+mapfile -t podman < <(python3 "$images_py" podman-argv)
+mkdir -p "$cache/podman/tmp" "$cache/images"
+
+# Builds must reach PyPI through this machine's TLS-inspecting proxy: lend
+# them the host's pip configuration and CA trust at build time only; nothing
+# of it ends up in an image.
+trust=()
+for path in /etc/pip.conf /etc/ssl/certs; do
+  [ -e "$path" ] && trust+=(--volume "$path:$path:ro")
+done
+
+timed() { # timed LABEL COMMAND...: run, then print how long it took
+  local label=$1 start=$SECONDS
+  shift
+  "$@"
+  echo "images: $label ready in $((SECONDS - start)) s"
+}
+
+build() { # build NAME CONTEXT [DOCKERFILE]
+  local name=$1 context=$2 dockerfile=${3:-$2/Dockerfile}
+  "${podman[@]}" build --quiet --isolation chroot --network host --layers \
+    --build-arg "BASE=$base" "${trust[@]}" --file "$dockerfile" --tag "$name" "$context" >/dev/null
+}
+
+stage() { # stage DIR: a build context in the cache holding DIR's files
+  local source=$1 context="$cache/images/$(basename "$1")"
+  mkdir -p "$context"
+  cp -p "$source"/* "$context"/
+  echo "$context"
+}
+
+install_if_changed() { # install_if_changed SOURCE TARGET: keep TARGET's bytes unless they differ
+  cmp -s "$1" "$2" || install -m 0755 "$1" "$2"
+}
+
+# 1. The base, remade only when its recipe changes.
+recipe=$(cat "$here"/images/base/* | sha256sum | cut -c1-16)
+stamp="$cache/podman/base.recipe"
+if [ "$(cat "$stamp" 2>/dev/null)" = "$recipe" ] && "${podman[@]}" image exists "$base"; then
+  echo "images: $base up to date"
+else
+  timed "$base" "$here/images/base/build.sh" "$base" "${podman[@]}"
+  echo "$recipe" >"$stamp"
+fi
+
+# 2. The pod sandbox: pause.c compiled statically into an otherwise empty image.
+context=$(stage "$here/images/pause")
+gcc -static -Os -s -Wall -Wextra -Werror -o "$context/pause.new" "$here/images/pause/pause.c"
+install_if_changed "$context/pause.new" "$context/pause" && rm -f "$context/pause.new"
+timed localhost/fusebox/pause:latest build localhost/fusebox/pause:latest "$context"
+
+# 3. CoreDNS, from the binary build-binaries.sh made.
+coredns_binary="$root/.cache/bin/coredns"
+if [ -x "$coredns_binary" ]; then
+  context=$(stage "$here/images/coredns")
+  install_if_changed "$coredns_binary" "$context/coredns"
+  # Bind port 53 as a non-root user (upstream's image does the same).
+  setcap cap_net_bind_service=+ep "$context/coredns"
+  timed localhost/fusebox/coredns:latest build localhost/fusebox/coredns:latest "$context"
+else
+  echo "images: skipping localhost/fusebox/coredns:latest: $coredns_binary is missing (run \`make setup-binaries\`)" >&2
+fi
+
+# 4. Every other localcluster/images/<dir>/Dockerfile (e.g. the e2e test app).
+for dockerfile in "$here"/images/*/Dockerfile; do
+  dir=$(basename "$(dirname "$dockerfile")")
+  case $dir in base | pause | coredns) continue ;; esac
+  timed "localhost/fusebox/$dir:latest" build "localhost/fusebox/$dir:latest" "$(dirname "$dockerfile")"
+done
+
+# 5. The project's two images.
+timed localhost/fusebox/operator:dev build localhost/fusebox/operator:dev "$root/operator"
+if [ -f "$root/inference_image/Dockerfile" ]; then
+  timed localhost/fusebox/inference:dev build localhost/fusebox/inference:dev "$root/inference_image"
+else
+  echo "images: skipping localhost/fusebox/inference:dev: inference_image/Dockerfile does not exist yet" >&2
+fi
+
+# Old versions of rebuilt images are now untagged; drop them (the layer
+# cache of the current ones stays).
+"${podman[@]}" image prune --force >/dev/null
+
+# 6. Export into the OCI layout localcluster loads from; load now if it runs.
+timed "OCI layout export" python3 "$images_py" export
+if (cd "$root" && .venv/bin/python -m localcluster --help 2>/dev/null | grep -q load-images); then
+  if (cd "$root" && .venv/bin/python -m localcluster status >/dev/null 2>&1); then
+    (cd "$root" && .venv/bin/python -m localcluster load-images)
+  else
+    echo "images: localcluster is not running; \`make cluster-up\` loads the images"
+  fi
+else
+  echo "images: \`python -m localcluster load-images\` does not exist yet; not loading"
+fi
