@@ -34,6 +34,36 @@ def test_every_field_has_a_type_and_a_description() -> None:
     assert missing == []
 
 
+SCHEMA_KEYWORDS = {
+    "type",
+    "description",
+    "properties",
+    "items",
+    "additionalProperties",
+    "required",
+    "default",
+    "enum",
+    "pattern",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "maxLength",
+    "maxItems",
+    "maxProperties",
+    "format",
+    "x-kubernetes-validations",
+    "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys",
+    "x-kubernetes-preserve-unknown-fields",
+}
+
+
+def test_every_schema_node_uses_only_known_keywords() -> None:
+    # Catches YAML slips such as an unquoted comma in a flow-mapping description.
+    unknown = [(path, sorted(set(node) - SCHEMA_KEYWORDS)) for path, node in walk(SCHEMA, "")]
+    assert [entry for entry in unknown if entry[1]] == []
+
+
 def test_schema_is_structural() -> None:
     # Structural: no value validation without a type, objects declare their properties
     # (or preserve unknown fields explicitly), no $ref or anyOf at the field roots.
