@@ -79,7 +79,9 @@ def load_model(
     variant: str, model_dir: Path, quantization: str, device: torch.device, tokenizer: Any
 ) -> LoadedModel:
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as transformers_logging
 
+    transformers_logging.disable_progress_bar()  # a progress bar is not a JSON log line
     model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
     model.to(device)
     model.eval()
