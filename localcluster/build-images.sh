@@ -79,8 +79,6 @@ coredns_binary="$root/.cache/bin/coredns"
 if [ -x "$coredns_binary" ]; then
   context=$(stage "$here/images/coredns")
   install_if_changed "$coredns_binary" "$context/coredns"
-  # Bind port 53 as a non-root user (upstream's image does the same).
-  setcap cap_net_bind_service=+ep "$context/coredns"
   timed localhost/fusebox/coredns:latest build localhost/fusebox/coredns:latest "$context"
 else
   echo "images: skipping localhost/fusebox/coredns:latest: $coredns_binary is missing (run \`make setup-binaries\`)" >&2

@@ -320,7 +320,9 @@ class _BytesReader:
         return chunk
 
 
-def load_images(ctr_binary: str, containerd_address: str) -> None:
+def load_images(
+    ctr_binary: str, containerd_address: str, names: Sequence[str] | None = None
+) -> None:
     """Make containerd hold every built image under the name pods use.
 
     Reads the layout `build-images.sh` exported (run `make images` first),
@@ -329,6 +331,7 @@ def load_images(ctr_binary: str, containerd_address: str) -> None:
     sending only the blobs containerd lacks. Images never built (for example
     the inference image before its Dockerfile exists) are reported on stderr
     and skipped; `missing_images` lists them for a caller that must fail.
+    `names` restricts the load to those images (default: IMAGE_NAMES).
 
     Raises ImageError when the layout is absent or ctr fails.
     """
@@ -339,11 +342,12 @@ def load_images(ctr_binary: str, containerd_address: str) -> None:
     ctr = [ctr_binary, "--address", containerd_address, "--namespace", CONTAINERD_NAMESPACE]
     with _locked(layout):
         in_layout = manifests_by_name(_read_json(index_path))
-        for name in IMAGE_NAMES:
+        wanted = IMAGE_NAMES if names is None else tuple(names)
+        for name in wanted:
             if name not in in_layout:
                 print(f"images: {name} is not built; run `make images`", file=sys.stderr)
         in_containerd = parse_ctr_images(_run([*ctr, "images", "ls"]))
-        stale = stale_images(IMAGE_NAMES, in_layout, in_containerd)
+        stale = stale_images(wanted, in_layout, in_containerd)
         if not stale:
             print("images: containerd is up to date", file=sys.stderr)
             return
