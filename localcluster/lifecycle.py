@@ -187,6 +187,9 @@ def _start(
             cert_name=cert,
             server=config.apiserver_url,
         )
+    pki.write_kubeconfig(
+        config.kubeconfig, pki_dir=layout.pki, cert_name="admin", server=config.apiserver_url
+    )
     _write_configs(config, layout)
     report.say(f"network namespace {config.netns}, node {config.node_ip}")
     hostchanges.record(layout.host_records)
@@ -203,9 +206,6 @@ def _start(
         lambda: apiserver_ready(config),
         90,
         "the API server to answer /readyz",
-    )
-    pki.write_kubeconfig(
-        config.kubeconfig, pki_dir=layout.pki, cert_name="admin", server=config.apiserver_url
     )
     _launch(config, layout, "kube-controller-manager")
     _launch(config, layout, "kube-scheduler")
