@@ -1,0 +1,74 @@
+"""Render the chart with the real helm binary (built by `make setup-binaries`).
+
+Helm is the edge these tests exercise, so nothing here re-implements its
+template engine: every test runs `helm template` / `helm lint` and reads the
+YAML it prints.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+CHART = REPO / "helm" / "fusebox"
+VALUES_DIR = Path(__file__).resolve().parent / "values"
+
+Render = Callable[..., list[dict[str, Any]]]
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    local = REPO / ".cache" / "bin" / "helm"
+    if local.exists():
+        return local
+    found = shutil.which("helm")
+    if found is None:
+        pytest.fail("no helm binary: run `make setup-binaries` (it builds .cache/bin/helm)")
+    return Path(found)
+
+
+def run_helm(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(helm), *args], capture_output=True, text=True, check=False, timeout=120
+    )
+
+
+@pytest.fixture(scope="session")
+def render(helm: Path) -> Render:
+    """`helm template` the chart with values files / --set pairs; returns the documents."""
+
+    def template(
+        *values_files: Path, sets: tuple[str, ...] = (), namespace: str = "fusebox-system"
+    ) -> list[dict[str, Any]]:
+        args = ["template", "fusebox", str(CHART), "--namespace", namespace, "--include-crds"]
+        for path in values_files:
+            args += ["--values", str(path)]
+        for pair in sets:
+            args += ["--set", pair]
+        result = run_helm(helm, *args)
+        assert result.returncode == 0, result.stderr
+        return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+    return template
+
+
+def by_kind(documents: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in documents if doc["kind"] == kind]
+
+
+def one(documents: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = by_kind(documents, kind)
+    assert len(found) == 1, f"expected one {kind}, got {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def env_of(deployment: dict[str, Any]) -> dict[str, str]:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {item["name"]: item.get("value", "") for item in container["env"]}
