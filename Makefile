@@ -77,7 +77,7 @@ fmt: setup-python ## Format and auto-fix with ruff
 
 ##@ Demo
 .PHONY: demo demo-down
-demo: ## Bring up the cluster, install Fusebox, serve a chat, inject a leak and watch the operator recover
-	@echo "make demo: not yet (the demo issue will add it)"
+demo: setup images ## Bring up the cluster, install Fusebox with Helm, stream a chat, inject a leak and watch the operator act
+	@$(PY) scripts/demo.py
 
 demo-down: cluster-down ## Stop the demo's cluster
