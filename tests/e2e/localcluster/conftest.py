@@ -1,0 +1,143 @@
+"""Helpers for localcluster's own e2e tests: restricted pods of the test app, waits, HTTP.
+
+`kube` binds the session's cluster to the test's namespace; `testapp_pod`
+builds a pod that passes the `restricted` Pod Security Standard and runs
+localhost/fusebox/testapp (localcluster/images/testapp).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+TESTAPP_IMAGE = "localhost/fusebox/testapp:latest"
+RESTRICTED: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def testapp_container(name: str = "app", **extra: Any) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": name,
+        "image": TESTAPP_IMAGE,
+        "imagePullPolicy": "Never",
+        "ports": [{"containerPort": 8080}],
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        ],
+        "securityContext": copy.deepcopy(RESTRICTED),
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "96Mi"}},
+    }
+    container.update(extra)
+    return container
+
+
+def testapp_pod_spec(**extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": 5,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "runAsGroup": 65532,
+            "fsGroup": 65532,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [testapp_container()],
+    }
+    spec.update(extra)
+    return spec
+
+
+def testapp_pod(name: str, labels: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {"app": name}},
+        "spec": testapp_pod_spec(**extra),
+    }
+
+
+def eventually(
+    probe: Callable[[], Any],
+    *,
+    timeout_seconds: float = 90,
+    interval_seconds: float = 1.0,
+    what: str = "condition",
+) -> Any:
+    """Poll probe until it returns something truthy; fail with the last value."""
+    deadline = time.monotonic() + timeout_seconds
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval_seconds)
+    pytest.fail(f"timed out waiting for {what}; last value: {last!r}")
+
+
+def http_get_json(url: str, timeout_seconds: float = 5) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=timeout_seconds) as response:  # noqa: S310
+        result: dict[str, Any] = json.loads(response.read())
+        return result
+
+
+class Kube:
+    """kubectl in one namespace, plus the builders and waits the tests need.
+
+    The builders hang off this fixture because test modules cannot import a
+    conftest under --import-mode=importlib.
+    """
+
+    testapp_pod = staticmethod(testapp_pod)
+    testapp_container = staticmethod(testapp_container)
+    testapp_pod_spec = staticmethod(testapp_pod_spec)
+    eventually = staticmethod(eventually)
+    http_get_json = staticmethod(http_get_json)
+
+    def __init__(self, cluster: Any, namespace: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+
+    def __call__(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> Any:
+        return self.cluster.kubectl(
+            "-n", self.namespace, *args, input=input, check=check, timeout=timeout
+        )
+
+    def apply(self, *objects: dict[str, Any], check: bool = True) -> Any:
+        body = json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)})
+        return self("apply", "-f", "-", input=body, check=check)
+
+    def get(self, *args: str) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(self("get", *args, "-o", "json").stdout)
+        return result
+
+    def wait(self, target: str, condition: str, timeout_seconds: int = 120) -> None:
+        self(
+            "wait",
+            f"--for={condition}",
+            target,
+            f"--timeout={timeout_seconds}s",
+            timeout=timeout_seconds + 30,
+        )
+
+    def exec_python(self, pod: str, code: str, container: str | None = None) -> str:
+        where = ["-c", container] if container else []
+        return str(self("exec", pod, *where, "--", "python3", "-c", code).stdout)
+
+
+@pytest.fixture
+def kube(cluster: Any, namespace: str) -> Kube:
+    return Kube(cluster, namespace)
