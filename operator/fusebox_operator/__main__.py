@@ -31,6 +31,13 @@ SETTINGS_HELP = """settings (environment variables, see docs/operator.md):
 credentials: in-cluster service account, else KUBECONFIG / ~/.kube/config"""
 
 
+class TimerTickFilter(logging.Filter):
+    """Drop kopf's per-tick "Timer ... succeeded" line: the timer ticks every second."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timer 'telemetry' succeeded")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argparse.ArgumentParser(
         prog="python -m fusebox_operator",
@@ -42,11 +49,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         ours = OperatorSettings.from_env(os.environ)
     except ValueError as error:
         raise SystemExit(f"fusebox-operator: bad setting: {error}") from error
-    logging.basicConfig(
-        level=os.environ.get("FUSEBOX_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    kopf.configure(verbose=False)
+    kopf.configure(verbose=False)  # installs kopf's own handler; no second root handler
+    logging.getLogger().setLevel(os.environ.get("FUSEBOX_LOG_LEVEL", "INFO").upper())
+    logging.getLogger("kopf.objects").addFilter(TimerTickFilter())
     assert handlers.GROUP  # imported for its decorators
     kopf.run(
         standalone=ours.standalone,
