@@ -40,9 +40,11 @@ def status_patch(node: dict[str, Any], gpus: int) -> list[dict[str, Any]]:
 
 
 def advertise(kubectl: Kubectl, config: ClusterConfig) -> None:
-    if config.gpus == 0:
-        return
+    """Make the node show config.gpus GPUs; with 0, withdraw any it showed before."""
     node = kubectl.get_json("node", config.node_name)
+    shown = RESOURCE in node.get("status", {}).get("capacity", {})
+    if config.gpus == 0 and not shown:
+        return
     ops = status_patch(node, config.gpus)
     if ops:
         kubectl.run(
@@ -54,8 +56,11 @@ def advertise(kubectl: Kubectl, config: ClusterConfig) -> None:
             "-p",
             json.dumps(ops),
         )
-    pairs = [f"{k}={v}" for k, v in labels(config).items()]
-    kubectl.run("label", "node", config.node_name, "--overwrite", *pairs)
+    if config.gpus == 0:
+        kubectl.run("label", "node", config.node_name, *(f"{k}-" for k in labels(config)))
+    else:
+        pairs = [f"{k}={v}" for k, v in labels(config).items()]
+        kubectl.run("label", "node", config.node_name, "--overwrite", *pairs)
 
 
 def advertised_count(node: dict[str, Any]) -> int:
