@@ -52,6 +52,7 @@ def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
     settings.peering.clusterwide = not ours.watch_namespaces
     # Our own events carry the story; kopf's per-handler success lines would flood it.
     settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = "fusebox-operator"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="fusebox.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="fusebox.dev", key="last-handled-configuration"
@@ -85,7 +86,7 @@ def _invalid(
     conditions = set_condition(conditions, "Ready", False, "InvalidSpec", message, generation, now)
     patch.status["conditions"] = conditions
     patch.status["observedGeneration"] = generation
-    kopf.warn(body, reason="InvalidSpec", message=message)
+    kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
     return kopf.PermanentError(message)
 
 
@@ -141,8 +142,10 @@ async def reconcile(
         "qosClass": sizing.qos_class,
     }
     if status.get("memory") != memory:
-        kopf.info(
+        # kopf.event, not kopf.info: posting.level (WARNING) filters kopf.info.
+        kopf.event(
             body,
+            type="Normal",
             reason="MemorySized",
             message=(
                 f"memory limit {manifests.memory_quantity(sizing.limit_bytes)}, request "
