@@ -1,0 +1,96 @@
+{{/*
+Names and labels shared by every template, and the operator's RBAC rules in
+one place so the cluster-wide and the per-namespace modes cannot drift.
+*/}}
+
+{{- define "fusebox.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-operator" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "fusebox.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "fusebox.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The labels the operator's NetworkPolicies trust: keep in step with FUSEBOX_OPERATOR_POD_SELECTOR. */}}
+{{- define "fusebox.selectorLabels" -}}
+app.kubernetes.io/name: fusebox-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "fusebox.labels" -}}
+{{ include "fusebox.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: fusebox
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "fusebox.podSelector" -}}
+app.kubernetes.io/name=fusebox-operator,app.kubernetes.io/instance={{ .Release.Name }}
+{{- end -}}
+
+{{- define "fusebox.standalone" -}}
+{{- if le (int .Values.replicaCount) 1 -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+Rules on namespaced resources: a ClusterRole's in cluster-wide mode, a Role's
+in each watched namespace otherwise. Together with fusebox.rules.cluster they
+equal operator/rbac/clusterrole.yaml (a unit test compares them).
+*/}}
+{{- define "fusebox.rules.namespaced" -}}
+- apiGroups: [fusebox.dev]
+  resources: [inferenceservices]
+  verbs: [get, list, watch, patch]
+- apiGroups: [fusebox.dev]
+  resources: [inferenceservices/status]
+  verbs: [get, patch, update]
+- apiGroups: [kopf.dev]
+  resources: [kopfpeerings]
+  verbs: [get, list, watch, patch]
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, update, patch]
+- apiGroups: [""]
+  resources: [services, configmaps]
+  verbs: [get, list, watch, create, update, patch]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, list, watch, create, update, patch]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch, create, update, patch]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, delete]
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end -}}
+
+{{/* Rules on cluster-scoped resources: always a ClusterRole (a Role cannot grant them). */}}
+{{- define "fusebox.rules.cluster" -}}
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [get, list, watch]
+- apiGroups: [kopf.dev]
+  resources: [clusterkopfpeerings]
+  verbs: [get, list, watch, patch]
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [get, list, watch]
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get, list]
+{{- end -}}

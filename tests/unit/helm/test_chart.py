@@ -1,0 +1,217 @@
+"""The Helm chart: lints strictly, renders what a platform team expects, keeps
+the CRD and the RBAC in step with their canonical copies, and refuses bad
+values with a message naming the key."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .conftest import CHART, REPO, VALUES_DIR, Render, by_kind, env_of, one, run_helm
+
+ALL_OPTIONS = VALUES_DIR / "all-options.yaml"
+
+
+def rule_triples(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """RBAC rules as (apiGroup, resource, verb): equal sets grant exactly the same."""
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule.get("apiGroups", [])
+        for resource in rule.get("resources", [])
+        for verb in rule.get("verbs", [])
+    }
+
+
+def canonical_rules() -> set[tuple[str, str, str]]:
+    document = yaml.safe_load((REPO / "operator" / "rbac" / "clusterrole.yaml").read_text())
+    return rule_triples(document["rules"])
+
+
+def test_chart_passes_helm_lint_strict(helm: Path) -> None:
+    for values in (None, ALL_OPTIONS):
+        args = ["lint", "--strict", str(CHART)] + (["--values", str(values)] if values else [])
+        result = run_helm(helm, *args)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_chart_crd_is_byte_identical_to_the_canonical_crd() -> None:
+    canonical = (REPO / "crds" / "inferenceservice.yaml").read_bytes()
+    assert (CHART / "crds" / "inferenceservice.yaml").read_bytes() == canonical
+
+
+def test_defaults_render_operator_with_restricted_security_and_local_image(render: Render) -> None:
+    documents = render()
+    kinds = sorted(doc["kind"] for doc in documents)
+    assert kinds == sorted(
+        [
+            "CustomResourceDefinition",  # InferenceService
+            "CustomResourceDefinition",  # ClusterKopfPeering
+            "CustomResourceDefinition",  # KopfPeering
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Deployment",
+            "Service",
+        ]
+    )
+    deployment = one(documents, "Deployment")
+    assert deployment["metadata"]["name"] == "fusebox-operator"
+    assert deployment["spec"]["replicas"] == 1
+    # Standalone: never two operators acting at once during a rollout.
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == "localhost/fusebox/operator:dev"
+    assert container["imagePullPolicy"] == "IfNotPresent"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    env = env_of(deployment)
+    assert env["FUSEBOX_INFERENCE_IMAGE"] == "localhost/fusebox/inference:dev"
+    assert env["FUSEBOX_WATCH_NAMESPACES"] == ""
+    assert env["FUSEBOX_PEERING"] == "standalone"
+    assert env["FUSEBOX_OPERATOR_NAMESPACE"] == "fusebox-system"
+    # The NetworkPolicy peer the operator writes must match these very pods.
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    selector = dict(pair.split("=") for pair in env["FUSEBOX_OPERATOR_POD_SELECTOR"].split(","))
+    assert selector.items() <= labels.items()
+    service = one(documents, "Service")
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert service["spec"]["ports"][0]["port"] == 8080
+
+
+def test_cluster_role_grants_exactly_the_operator_rbac_rules(render: Render) -> None:
+    role = one(render(), "ClusterRole")
+    assert rule_triples(role["rules"]) == canonical_rules()
+    binding = one(render(), "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "fusebox-operator", "namespace": "fusebox-system"}
+    ]
+
+
+def test_watch_namespaces_grants_namespaced_rules_only_in_those_namespaces(
+    render: Render,
+) -> None:
+    documents = render(sets=("watchNamespaces={team-a,team-b}",))
+    roles = by_kind(documents, "Role")
+    assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
+    bindings = by_kind(documents, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    cluster_role = one(documents, "ClusterRole")
+    cluster_scoped = {"customresourcedefinitions", "clusterkopfpeerings", "namespaces", "nodes"}
+    assert {resource for _, resource, _ in rule_triples(cluster_role["rules"])} == cluster_scoped
+    # Nothing lost and nothing added: the split is the canonical set.
+    assert rule_triples(cluster_role["rules"]) | rule_triples(roles[0]["rules"]) == (
+        canonical_rules()
+    )
+    assert env_of(one(documents, "Deployment"))["FUSEBOX_WATCH_NAMESPACES"] == "team-a,team-b"
+
+
+def test_several_replicas_turn_on_kopf_peering_with_its_peering_object(render: Render) -> None:
+    documents = render(sets=("replicaCount=3",))
+    deployment = one(documents, "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    env = env_of(deployment)
+    assert (env["FUSEBOX_PEERING"], env["FUSEBOX_OPERATOR_REPLICAS"]) == ("fusebox", "3")
+    assert one(documents, "ClusterKopfPeering")["metadata"]["name"] == "fusebox"
+    # Watching namespaces: kopf peers per namespace.
+    documents = render(sets=("replicaCount=2", "watchNamespaces={team-a}"))
+    peering = one(documents, "KopfPeering")
+    assert (peering["metadata"]["name"], peering["metadata"]["namespace"]) == ("fusebox", "team-a")
+
+
+def test_all_options_render_monitors_dashboard_and_overrides(render: Render) -> None:
+    documents = render(ALL_OPTIONS)
+    deployment = one(documents, "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "registry.example.com/fusebox/operator:v0.1.0"
+    assert container["imagePullPolicy"] == "Always"
+    env = env_of(deployment)
+    assert env["FUSEBOX_INFERENCE_IMAGE"] == "registry.example.com/fusebox/inference:v0.1.0"
+    assert env["FUSEBOX_MONITORING_NAMESPACE"] == "observability"
+    assert env["FUSEBOX_LIVENESS_PORT"] == "8081"
+    assert container["ports"][0]["containerPort"] == 8081
+    assert deployment["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    monitor = one(documents, "PodMonitor")
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    dashboard = one(documents, "ConfigMap")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    panels = json.loads(dashboard["data"]["fusebox.json"])["panels"]
+    assert len(panels) >= 10
+
+
+def test_dashboard_queries_only_metrics_the_sidecar_documents() -> None:
+    documented = set(
+        re.findall(r"`(fusebox_[a-z0-9_]+)", (REPO / "docs" / "metrics.md").read_text())
+    )
+    dashboard = json.loads((CHART / "dashboards" / "fusebox.json").read_text())
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"fusebox_[a-z0-9_]+", target["expr"])
+    }
+    assert queried and queried <= documented, queried - documented
+
+
+def test_every_values_key_has_a_comment() -> None:
+    """values.yaml is the chart's manual: each key is preceded by a comment line."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    missing = []
+    for number, line in enumerate(lines):
+        key = re.match(r"^(\s*)([A-Za-z][\w-]*):", line)
+        if not key:
+            continue
+        indent = key.group(1)
+        above = lines[number - 1] if number else ""
+        is_parent_of_commented = number + 1 < len(lines) and lines[number + 1].strip().startswith(
+            "#"
+        )
+        if not above.strip().startswith("#") and not is_parent_of_commented:
+            # Keys inside a documented map (e.g. resources.requests.cpu) inherit its comment.
+            parent_documented = any(
+                lines[i].strip().startswith("# --")
+                for i in range(number - 1, -1, -1)
+                if len(lines[i]) - len(lines[i].lstrip()) < len(indent) and lines[i].strip()
+            )
+            if not indent or not parent_documented:
+                missing.append(line.strip())
+    assert missing == []
+
+
+@pytest.mark.parametrize(
+    ("values_file", "message"),
+    [
+        ("invalid-replicas.yaml", "at '/replicaCount': minimum: got 0, want 1"),
+        (
+            "invalid-pull-policy.yaml",
+            "at '/image/pullPolicy': value must be one of 'Always', 'IfNotPresent', 'Never'",
+        ),
+        ("invalid-namespace.yaml", "at '/watchNamespaces/0': 'Team_A' does not match pattern"),
+        ("invalid-typo.yaml", "additional properties 'replicas' not allowed"),
+        ("invalid-root.yaml", "at '/securityContext/runAsNonRoot': value must be true"),
+    ],
+)
+def test_schema_rejects_bad_values_with_a_message_naming_the_key(
+    helm: Path, values_file: str, message: str
+) -> None:
+    result = run_helm(
+        helm, "template", "fusebox", str(CHART), "--values", str(VALUES_DIR / values_file)
+    )
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert message in result.stderr, result.stderr
