@@ -7,9 +7,12 @@ the Python environment exists) and exercises the same client users run.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
+
+from localcluster.processes import daemon_environment
 
 
 class KubectlError(RuntimeError):
@@ -37,6 +40,7 @@ class Kubectl:
                     *args,
                 ],
                 input=input_text,
+                env=daemon_environment(os.environ),
                 capture_output=True,
                 text=True,
                 check=False,

@@ -14,7 +14,7 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 
@@ -68,7 +68,7 @@ def spawn(argv: Sequence[str], *, log_path: Path, pid_path: Path, netns: str | N
     pid = os.posix_spawn(
         executable,
         command,
-        dict(os.environ),
+        daemon_environment(os.environ),
         setsid=True,
         file_actions=[
             (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
@@ -81,6 +81,18 @@ def spawn(argv: Sequence[str], *, log_path: Path, pid_path: Path, netns: str | N
     pid_path.parent.mkdir(parents=True, exist_ok=True)
     pid_path.write_text(f"{pid} {ticks}\n")
     return proc
+
+
+PROXY_VARIABLES = frozenset({"http_proxy", "https_proxy", "all_proxy", "no_proxy"})
+
+
+def daemon_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The caller's environment minus proxy settings. Pure.
+
+    Every peer of a cluster daemon is inside the node; a machine-wide proxy
+    would send the apiserver's calls to the kubelet (logs, exec) astray.
+    """
+    return {k: v for k, v in environ.items() if k.lower() not in PROXY_VARIABLES}
 
 
 def _which(program: str) -> str:

@@ -26,6 +26,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCALCLUSTER = [sys.executable, "-m", "localcluster"]
 UP_TIMEOUT_SECONDS = 600
+_PROXY_VARIABLES = frozenset({"http_proxy", "https_proxy", "all_proxy", "no_proxy"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,9 +41,14 @@ class Cluster:
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
         """Run kubectl against this cluster; on failure the assertion shows stderr."""
+        env = dict(os.environ)
+        if self.local:
+            # localcluster is reached directly; a machine-wide proxy would intercept it.
+            env = {k: v for k, v in env.items() if k.lower() not in _PROXY_VARIABLES}
         result = subprocess.run(
             [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
             input=input,
+            env=env,
             capture_output=True,
             text=True,
             check=False,
@@ -73,24 +79,15 @@ def _env_value(output: str, name: str) -> str:
     raise AssertionError(f"`localcluster env` printed no {name}: {output!r}")
 
 
-def _node_ip(kubeconfig: Path, bin_dir: Path) -> str:
-    result = subprocess.run(
-        [
-            str(bin_dir / "kubectl"),
-            f"--kubeconfig={kubeconfig}",
-            "get",
-            "nodes",
-            "-o",
-            "jsonpath={.items[0].status.addresses[?(@.type=='InternalIP')].address}",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
+def _with_node_ip(cluster: Cluster) -> Cluster:
+    """The cluster with node_ip filled in from its (first) node's InternalIP."""
+    result = cluster.kubectl(
+        "get",
+        "nodes",
+        "-o",
+        "jsonpath={.items[0].status.addresses[?(@.type=='InternalIP')].address}",
     )
-    if result.returncode != 0:
-        pytest.fail(f"cannot list the cluster's nodes: {result.stderr}")
-    return result.stdout.strip()
+    return dataclasses.replace(cluster, node_ip=result.stdout.strip())
 
 
 @pytest.fixture(scope="session")
@@ -101,7 +98,7 @@ def cluster() -> Iterator[Cluster]:
         local_bin = REPO_ROOT / ".cache" / "bin"
         found = shutil.which("kubectl")
         bin_dir = local_bin if (local_bin / "kubectl").exists() else Path(found or "").parent
-        yield Cluster(kubeconfig, bin_dir, _node_ip(kubeconfig, bin_dir), local=False)
+        yield _with_node_ip(Cluster(kubeconfig, bin_dir, "", local=False))
         return
     already_up = _localcluster("status", timeout=120).returncode == 0
     if not already_up:
@@ -113,7 +110,7 @@ def cluster() -> Iterator[Cluster]:
     kubeconfig = Path(_env_value(env, "KUBECONFIG"))
     bin_dir = Path(_env_value(env, "PATH"))
     try:
-        yield Cluster(kubeconfig, bin_dir, _node_ip(kubeconfig, bin_dir), local=True)
+        yield _with_node_ip(Cluster(kubeconfig, bin_dir, "", local=True))
     finally:
         if not already_up:
             stopped = _localcluster("down", timeout=300)
