@@ -45,7 +45,7 @@ OPERATOR_NAMESPACE = "fusebox-system"
 RELEASE = "fusebox"
 PV_NAME = "fusebox-demo-models"
 GPUS = 2  # the example asks for 2 replicas with one GPU each
-LEAK_MIB_PER_REQUEST = 32
+LEAK_MIB_PER_REQUEST = 16
 RSS_RATIO_OF_LIMIT = 0.3  # the demo's ladder threshold (default 0.75)
 MIB = 1024 * 1024
 LADDER_REASONS = (
@@ -130,13 +130,6 @@ def progress_line(status: dict[str, Any], ready_pods: int, desired: int) -> str:
 
 def mib(value: Any) -> str:
     return f"{int(value) / MIB:,.0f} MiB" if isinstance(value, int | float) else "-"
-
-
-def pod_sample(status: dict[str, Any], pod: str) -> dict[str, Any]:
-    for sample in status.get("pods") or []:
-        if sample.get("name") == pod:
-            return dict(sample)
-    return {}
 
 
 def event_line(event: dict[str, Any]) -> str:
@@ -330,6 +323,18 @@ def prepare_model(cluster: Cluster) -> None:
     say(f"PersistentVolumeClaim {NAMESPACE}/models (the example's source pvc://models/tiny)")
 
 
+def check_images(pods: list[dict[str, Any]]) -> None:
+    """Fail at once, saying what to run, when an image was never loaded into the cluster."""
+    for pod in pods:
+        for container in pod["status"].get("containerStatuses") or []:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull"):
+                raise DemoError(
+                    f"image {container.get('image')} is not in the cluster"
+                    f" ({waiting['reason']}): run `make images`"
+                )
+
+
 def install_operator(cluster: Cluster) -> None:
     ensure_namespace(cluster, OPERATOR_NAMESPACE)
     result = cluster.run(
@@ -340,30 +345,25 @@ def install_operator(cluster: Cluster) -> None:
         str(CHART),
         "--namespace",
         OPERATOR_NAMESPACE,
+        # Only the demo's namespace: a demo operator left running must never
+        # act on services of other namespaces (or of tests reusing the cluster).
+        "--set",
+        f"watchNamespaces={{{NAMESPACE}}}",
         timeout=300,
     )
-    say(
-        result.stdout.strip().splitlines()[0]
-        if result.stdout.strip()
-        else "helm upgrade --install done"
-    )
+    summary = [
+        line.strip()
+        for line in result.stdout.splitlines()
+        if line.startswith(("NAME:", "NAMESPACE:", "STATUS:", "REVISION:"))
+    ]
+    say("helm: " + ", ".join(summary))
+    say(f"the operator watches namespace {NAMESPACE} only (chart value watchNamespaces)")
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         pods = cluster.get_json(
             "pods", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=fusebox-operator"
         )
-        for pod in pods["items"]:
-            for container in pod["status"].get("containerStatuses") or []:
-                waiting = (container.get("state") or {}).get("waiting") or {}
-                if waiting.get("reason") in (
-                    "ErrImagePull",
-                    "ImagePullBackOff",
-                    "ErrImageNeverPull",
-                ):
-                    raise DemoError(
-                        f"the operator image is not in the cluster ({waiting['reason']}):"
-                        " run `make images`"
-                    )
+        check_images(pods["items"])
         rollout = cluster.kubectl(
             "-n",
             OPERATOR_NAMESPACE,
@@ -400,6 +400,7 @@ def service_status(cluster: Cluster, name: str) -> dict[str, Any]:
 
 def ready_pods(cluster: Cluster, name: str) -> list[dict[str, Any]]:
     pods = cluster.get_json("pods", "-n", NAMESPACE, "-l", f"fusebox.dev/service={name}")["items"]
+    check_images(pods)
     ready = []
     for pod in pods:
         conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions") or []}
@@ -470,6 +471,24 @@ def admin_put(pod_ip: str, token: str, path: str, body: dict[str, Any]) -> tuple
         return 0, str(error)
 
 
+def metric_value(text: str, name: str) -> float | None:
+    """The first sample of an unlabelled metric in Prometheus text, or None."""
+    for line in text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    return None
+
+
+def sidecar_rss(pod_ip: str) -> float | None:
+    """The pod's RSS as its sidecar reports it now (the operator's status lags up to 30 s)."""
+    try:
+        with urllib.request.urlopen(f"http://{pod_ip}:9400/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    return metric_value(text, "fusebox_process_resident_memory_bytes")
+
+
 def chat_once(url: str) -> int:
     body = {"model": "chat", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
     request = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode())
@@ -498,7 +517,7 @@ class Traffic:
         while not self._stop.is_set():
             status = chat_once(self.url)
             self.statuses[status] = self.statuses.get(status, 0) + 1
-            self._stop.wait(0.3)
+            self._stop.wait(0.5)
 
     def __enter__(self) -> Traffic:
         self._thread.start()
@@ -560,8 +579,7 @@ def leak_and_watch(cluster: Cluster, name: str, timeout: float = 150) -> None:
         while time.monotonic() < deadline and not recovered:
             time.sleep(1)
             status = service_status(cluster, name)
-            sample = pod_sample(status, pod_name)
-            rss = f"{pod_name} rss={mib(sample.get('rssBytes'))}"
+            rss = f"{pod_name} rss={mib(sidecar_rss(pod_ip))}"
             if rss != last_rss:
                 breaker = (status.get("breaker") or {}).get("state", "-")
                 pressure = condition(status, "MemoryPressure").get("status", "-")
@@ -592,9 +610,7 @@ def leak_and_watch(cluster: Cluster, name: str, timeout: float = 150) -> None:
             f"status.lastAction: {last.get('type')} on {last.get('pod')} "
             f"because {last.get('reason')} -> {last.get('result')}"
         )
-    sample = pod_sample(status, pod_name)
-    if sample:
-        say(f"{pod_name} rss now {mib(sample.get('rssBytes'))}")
+    say(f"{pod_name} rss now {mib(sidecar_rss(pod_ip))} (sidecar)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
