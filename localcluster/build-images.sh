@@ -41,10 +41,15 @@ timed() { # timed LABEL COMMAND...: run, then print how long it took
   echo "images: $label ready in $((SECONDS - start)) s"
 }
 
-build() { # build NAME CONTEXT [DOCKERFILE]
+build() { # build NAME CONTEXT [DOCKERFILE]: the full log goes to the cache, its tail on failure
   local name=$1 context=$2 dockerfile=${3:-$2/Dockerfile}
-  "${podman[@]}" build --quiet --isolation chroot --network host --layers \
-    --build-arg "BASE=$base" "${trust[@]}" --file "$dockerfile" --tag "$name" "$context" >/dev/null
+  local log="$cache/images/${name//[\/:]/_}.log"
+  if ! "${podman[@]}" build --isolation chroot --network host --layers \
+    --build-arg "BASE=$base" "${trust[@]}" --file "$dockerfile" --tag "$name" "$context" >"$log" 2>&1; then
+    tail -n 40 "$log" >&2
+    echo "images: building $name failed; full log: $log" >&2
+    return 1
+  fi
 }
 
 stage() { # stage DIR: a build context in the cache holding DIR's files
