@@ -81,7 +81,7 @@ def load_model(
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as transformers_logging
 
-    transformers_logging.disable_progress_bar()  # a progress bar is not a JSON log line
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
     model.to(device)
     model.eval()
@@ -131,7 +131,12 @@ def choose_token(
 
 
 class Decoding:
-    """One request's generation state: its KV cache and sampler; one token per step."""
+    """One request's generation state: its sampler, and its KV cache until it joins a batch.
+
+    The first `step()` runs the prompt (prefill) on the request's own cache;
+    after that the request normally joins a `DecodeBatch`, which owns the
+    cache and decodes every member with one forward pass per step.
+    """
 
     def __init__(
         self, loaded: LoadedModel, prompt_ids: tuple[int, ...], sampling: Sampling
@@ -141,20 +146,114 @@ class Decoding:
         self.loaded = loaded
         self.sampling = sampling
         self._pending = torch.tensor([list(prompt_ids)], dtype=torch.long, device=loaded.device)
-        self._cache = DynamicCache(config=loaded.model.config)
-        self._generator: torch.Generator | None = None
+        self.cache: Any = DynamicCache(config=loaded.model.config)
+        self.position = len(prompt_ids)  # the position of the next token fed to the model
+        self.last_token = -1
+        self.generator: torch.Generator | None = None
         if sampling.temperature > 0.0:
-            self._generator = torch.Generator(device=loaded.device)
+            self.generator = torch.Generator(device=loaded.device)
             seed = sampling.seed if sampling.seed is not None else time.time_ns() % (1 << 62)
-            self._generator.manual_seed(seed)
+            self.generator.manual_seed(seed)
 
     def step(self) -> int:
-        """Run the model once; returns the next token id."""
+        """Run the model once on this request alone; returns the next token id."""
         with torch.inference_mode():
-            output = self.loaded.model(input_ids=self._pending, cache=self._cache, use_cache=True)
-            token_id = choose_token(output.logits[0, -1], self.sampling, self._generator)
+            output = self.loaded.model(input_ids=self._pending, cache=self.cache, use_cache=True)
+            token_id = choose_token(output.logits[0, -1], self.sampling, self.generator)
         self._pending = torch.tensor([[token_id]], dtype=torch.long, device=self.loaded.device)
+        self.last_token = token_id
         return token_id
 
     def is_end(self, token_id: int) -> bool:
         return token_id in self.loaded.eos_token_ids
+
+
+def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    missing = length - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+class DecodeBatch:
+    """Step-level batching: the running requests decode together, one forward per step.
+
+    Rows join after their own prefill and leave when they finish, at any step.
+    Their caches are left-padded to a common length; the attention mask hides
+    the padding and explicit position ids keep each row's own positions, so a
+    row decodes as it would alone. Columns that are padding in every row are
+    trimmed when a row leaves, so the batch never grows past its longest row.
+    """
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        self.rows: list[Decoding] = []
+        self._cache: Any = None
+        self._mask: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, row: Decoding) -> None:
+        layers = row.cache.layers
+        length = layers[0].keys.shape[-2]
+        mask = torch.ones((1, length), dtype=torch.long, device=self.loaded.device)
+        if self._cache is None or self._mask is None:
+            self._cache, self._mask = row.cache, mask
+        else:
+            width = max(length, self._mask.shape[1])
+            for mine, theirs in zip(self._cache.layers, layers, strict=True):
+                mine.keys = torch.cat(
+                    [_left_pad(mine.keys, width, 2), _left_pad(theirs.keys, width, 2)]
+                )
+                mine.values = torch.cat(
+                    [_left_pad(mine.values, width, 2), _left_pad(theirs.values, width, 2)]
+                )
+            self._mask = torch.cat([_left_pad(self._mask, width, 1), _left_pad(mask, width, 1)])
+        row.cache = None
+        self.rows.append(row)
+
+    def remove(self, row: Decoding) -> None:
+        if row not in self.rows:
+            return
+        keep = [index for index, member in enumerate(self.rows) if member is not row]
+        self.rows = [self.rows[index] for index in keep]
+        if not keep or self._mask is None:
+            self._cache, self._mask = None, None
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.loaded.device)
+        mask = self._mask.index_select(0, index)
+        used = torch.nonzero(mask.any(dim=0))
+        start = int(used[0].item()) if used.numel() else 0
+        self._mask = mask[:, start:]
+        for layer in self._cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[:, :, start:]
+            layer.values = layer.values.index_select(0, index)[:, :, start:]
+
+    def step(self) -> list[int]:
+        """One forward pass for every row; returns each row's next token."""
+        assert self._mask is not None
+        device = self.loaded.device
+        inputs = torch.tensor([[row.last_token] for row in self.rows], device=device)
+        positions = torch.tensor([[row.position] for row in self.rows], device=device)
+        mask = torch.cat([self._mask, self._mask.new_ones((len(self.rows), 1))], dim=1)
+        with torch.inference_mode():
+            output = self.loaded.model(
+                input_ids=inputs,
+                attention_mask=mask,
+                position_ids=positions,
+                cache=self._cache,
+                use_cache=True,
+            )
+            logits = output.logits[:, -1]
+            tokens = [
+                choose_token(logits[index], row.sampling, row.generator)
+                for index, row in enumerate(self.rows)
+            ]
+        self._mask = mask
+        for row, token in zip(self.rows, tokens, strict=True):
+            row.last_token = token
+            row.position += 1
+        return tokens

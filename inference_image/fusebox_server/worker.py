@@ -17,11 +17,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 
-from fusebox_server.engine import Decoding, LoadedModel, leak_block, release_memory
+from fusebox_server.engine import (
+    DecodeBatch,
+    Decoding,
+    LoadedModel,
+    leak_block,
+    release_memory,
+)
 from fusebox_server.errors import (
     DeadlineExceeded,
     GenerationFailed,
@@ -112,6 +119,7 @@ class InferenceWorker(threading.Thread):
         self.heartbeat = time.time()
         self.steps_total = 0
         self._torch_threads = torch_threads
+        self._batch: DecodeBatch | None = None
 
     # ----- called from the event loop -----
     def submit(self, job: GenerationJob | ControlJob) -> None:
@@ -140,7 +148,78 @@ class InferenceWorker(threading.Thread):
     def _turn(self) -> None:
         self._take_inbox(block=not self._active)
         for job in list(self._active):
-            self._advance(job)
+            self._guarded(job, partial(self._check_alive, job))
+        for job in [job for job in self._active if job.decoding is None]:
+            self._guarded(job, partial(self._prefill, job))
+        if self._batch is not None and len(self._batch):
+            self._batched_step()
+
+    def _guarded(self, job: GenerationJob, action: Callable[[], object]) -> None:
+        """Run one job's part of a turn; its errors go to its caller, never up."""
+        try:
+            action()
+        except ServerError as error:
+            self._finish(job, Failed(error, job.completion_tokens))
+        except torch.OutOfMemoryError as error:
+            self._finish(job, Failed(GenerationFailed(f"out of memory: {error}"), 0))
+            release_memory(self.loaded.device if self.loaded else torch.device("cpu"))
+        except Exception as error:
+            self._finish(job, Failed(GenerationFailed(f"generation failed: {error!r}"), 0))
+
+    def _check_alive(self, job: GenerationJob) -> None:
+        if job.cancelled.is_set():
+            self._finish(job, Finished("cancelled", job.completion_tokens, job.cuda_at_entry))
+        elif time.monotonic() > job.deadline_monotonic:
+            raise DeadlineExceeded("the request outlived its deadline during generation")
+
+    def _prefill(self, job: GenerationJob) -> None:
+        """Start a job: its prompt runs alone, then it joins the batch."""
+        self._start(job)
+        assert job.decoding is not None
+        token_id = job.decoding.step()
+        self.steps_total += 1
+        if self._on_token(job, token_id):
+            return
+        batch = self._batch
+        if batch is None or batch.loaded is not job.decoding.loaded:
+            batch = self._batch = DecodeBatch(job.decoding.loaded)
+        batch.add(job.decoding)
+
+    def _batched_step(self) -> None:
+        batch = self._batch
+        assert batch is not None
+        jobs = {id(job.decoding): job for job in self._active if job.decoding is not None}
+        members = [jobs[id(row)] for row in batch.rows]
+        try:
+            tokens = batch.step()
+        except Exception as error:  # the batch is lost; its members fail, the worker goes on
+            self._batch = None
+            failure = GenerationFailed(f"generation failed: {error!r}")
+            for job in members:
+                job.decoding = None
+                self._finish(job, Failed(failure, job.completion_tokens))
+            return
+        self.steps_total += 1
+        self._slow_fault(members)
+        for job, token_id in zip(members, tokens, strict=True):
+            if job in self._active:
+                self._guarded(job, partial(self._on_token, job, token_id))
+
+    def _on_token(self, job: GenerationJob, token_id: int) -> bool:
+        """Decode, emit, and finish the job if this token ends it; True when it ended."""
+        assert job.decoding is not None and job.decoder is not None
+        if job.decoding.is_end(token_id):
+            self._complete(job, "stop", job.decoder.flush())
+            return True
+        job.completion_tokens += 1
+        piece = job.decoder.push(token_id)
+        if job.completion_tokens >= job.max_tokens:
+            self._complete(job, "length", piece + job.decoder.flush())
+            return True
+        if self._append(job, piece, final=False):
+            self._finish(job, Finished("stop", job.completion_tokens, job.cuda_at_entry))
+            return True
+        return False
 
     def _take_inbox(self, block: bool) -> None:
         try:
@@ -174,6 +253,8 @@ class InferenceWorker(threading.Thread):
     def _finish(self, job: GenerationJob, event: Event) -> None:
         if job in self._active:
             self._active.remove(job)
+        if job.decoding is not None and self._batch is not None:
+            self._batch.remove(job.decoding)
         job.decoding = None
         self._post(job.deliver, event)
 
@@ -184,48 +265,16 @@ class InferenceWorker(threading.Thread):
     def abort_active(self, error: ServerError) -> None:
         """Called on this thread by unload/swap: running requests lose their model."""
         self._fail_all(error)
+        self._batch = None
 
     def _emit(self, job: GenerationJob, text: str) -> None:
         if text:
             self._post(job.deliver, Piece(text, job.completion_tokens))
 
-    def _advance(self, job: GenerationJob) -> None:
-        try:
-            self._step(job)
-        except ServerError as error:
-            self._finish(job, Failed(error, job.completion_tokens))
-        except torch.OutOfMemoryError as error:
-            self._finish(job, Failed(GenerationFailed(f"out of memory: {error}"), 0))
-            release_memory(self.loaded.device if self.loaded else torch.device("cpu"))
-        except Exception as error:
-            self._finish(job, Failed(GenerationFailed(f"generation failed: {error!r}"), 0))
-
-    def _step(self, job: GenerationJob) -> None:
-        if job.cancelled.is_set():
-            self._finish(job, Finished("cancelled", job.completion_tokens, job.cuda_at_entry))
-            return
-        if time.monotonic() > job.deadline_monotonic:
-            raise DeadlineExceeded("the request outlived its deadline during generation")
-        if job.decoding is None:
-            self._start(job)
-        assert job.decoding is not None and job.decoder is not None
-        token_id = job.decoding.step()
-        self.steps_total += 1
-        self._slow_fault(job)
-        if job.decoding.is_end(token_id):
-            self._complete(job, "stop", job.decoder.flush())
-            return
-        job.completion_tokens += 1
-        piece = job.decoder.push(token_id)
-        if job.completion_tokens >= job.max_tokens:
-            self._complete(job, "length", piece + job.decoder.flush())
-            return
-        self._append(job, piece, final=False)
-
-    def _slow_fault(self, job: GenerationJob) -> None:
+    def _slow_fault(self, jobs: list[GenerationJob]) -> None:
         """The `slow` fault: N ms per token, in slices so a cancel or a change takes effect."""
         started = time.monotonic()
-        while not job.cancelled.is_set() and not self._stopping.is_set():
+        while not self._stopping.is_set() and not all(job.cancelled.is_set() for job in jobs):
             left = self._faults.value("slow") / 1000.0 - (time.monotonic() - started)
             if left <= 0:
                 return

@@ -94,3 +94,36 @@ def test_a_failing_request_reaches_its_caller_and_the_worker_carries_on(
     assert isinstance(bad, Failed) and isinstance(bad.error, GenerationFailed)
     assert isinstance(wrong, Failed) and isinstance(wrong.error, ModelUnavailable)
     assert isinstance(good, Finished) and good.reason == "length" and text
+
+
+def test_rows_decoded_in_a_batch_match_decoding_alone(
+    tiny_model_dir: Path, tiny_tokenizer: Any
+) -> None:
+    from fusebox_server.engine import DecodeBatch
+
+    loaded = load_model("primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer)
+    texts = ["Hello", "The quick brown fox jumps over", "你好，今天天气很好", "a"]
+    prompts = [tuple(tiny_tokenizer.backend_tokenizer.encode(t).ids) for t in texts]
+    alone = []
+    for prompt in prompts:
+        decoding = Decoding(loaded, prompt, GREEDY)
+        alone.append([decoding.step() for _ in range(10)])
+
+    batch = DecodeBatch(loaded)
+    rows: list[Decoding] = []
+    outputs: list[list[int]] = []
+    for index, prompt in enumerate(prompts):  # rows join at different steps...
+        row = Decoding(loaded, prompt, GREEDY)
+        outputs.append([row.step()])
+        rows.append(row)
+        batch.add(row)
+        if index == 1:
+            for member, token in zip(list(batch.rows), batch.step(), strict=True):
+                outputs[rows.index(member)].append(token)
+    while len(batch):  # ...and leave when they have their ten tokens
+        for member, token in zip(list(batch.rows), batch.step(), strict=True):
+            outputs[rows.index(member)].append(token)
+        for member in list(batch.rows):
+            if len(outputs[rows.index(member)]) == 10:
+                batch.remove(member)
+    assert outputs == alone
