@@ -1,0 +1,305 @@
+"""The chart against a real API server: strict server-side validation of what
+it renders, then a real install whose operator pod becomes Ready, reconciles
+the examples, and goes away on uninstall.
+
+Order matters for the session: these tests install an in-cluster operator
+scoped to their own namespace and uninstall it before the operator tests
+(tests/e2e/operator) start their host-process operator.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from .monitoring_crds import MONITORING_CRDS
+
+REPO = Path(__file__).resolve().parents[3]
+CHART = REPO / "helm" / "fusebox"
+ALL_OPTIONS = REPO / "tests" / "unit" / "helm" / "values" / "all-options.yaml"
+EXAMPLES = REPO / "crds" / "examples"
+MODELS_CACHE = Path.home() / ".cache" / "fusebox" / "models"
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 180) -> T:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(2)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; last seen: {last!r}")
+
+
+def helm(cluster: Any, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [str(cluster.bin_dir / "helm"), f"--kubeconfig={cluster.kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, f"helm {' '.join(args)}: {result.stderr}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def chart_crds(cluster: Any) -> None:
+    """The chart's CRDs (what `helm install` would create) and the monitoring stand-ins."""
+    for path in sorted((CHART / "crds").glob("*.yaml")):
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+    for crd in MONITORING_CRDS:
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(crd))
+    for name in (
+        "inferenceservices.fusebox.dev",
+        "clusterkopfpeerings.kopf.dev",
+        "kopfpeerings.kopf.dev",
+        "podmonitors.monitoring.coreos.com",
+        "servicemonitors.monitoring.coreos.com",
+    ):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+
+
+@pytest.fixture
+def second_namespace(cluster: Any) -> Iterator[str]:
+    name = f"e2e-helm-b-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def server_dry_run(cluster: Any, namespace: str, *values_args: str) -> str:
+    rendered = helm(
+        cluster, "template", "fusebox", str(CHART), "--namespace", namespace, *values_args
+    )
+    applied = cluster.kubectl(
+        "apply",
+        "--dry-run=server",
+        "--validate=strict",
+        "-f",
+        "-",
+        input=rendered.stdout,
+        check=False,
+    )
+    assert applied.returncode == 0, applied.stderr
+    return str(applied.stdout)
+
+
+def test_default_render_passes_strict_server_side_validation(
+    cluster: Any, chart_crds: None, namespace: str
+) -> None:
+    out = server_dry_run(cluster, namespace)
+    for kind_name in (
+        "serviceaccount/fusebox-operator",
+        "clusterrole.rbac.authorization.k8s.io/fusebox-operator",
+        "deployment.apps/fusebox-operator",
+        "service/fusebox-operator",
+    ):
+        assert f"{kind_name} " in out, out
+
+
+def test_all_options_render_passes_strict_server_side_validation(
+    cluster: Any, chart_crds: None, namespace: str, second_namespace: str
+) -> None:
+    out = server_dry_run(
+        cluster,
+        namespace,
+        "--values",
+        str(ALL_OPTIONS),
+        "--set",
+        f"watchNamespaces={{{namespace},{second_namespace}}}",
+    )
+    for kind_name in (
+        "podmonitor.monitoring.coreos.com/fusebox-all-inference",
+        "configmap/fusebox-all-dashboard",
+        "kopfpeering.kopf.dev/fusebox-peers",
+        "role.rbac.authorization.k8s.io/fusebox-all",
+        "clusterrole.rbac.authorization.k8s.io/fusebox-all-cluster",
+    ):
+        assert f"{kind_name} " in out, out
+
+
+def model_volume(cluster: Any, namespace: str) -> str:
+    """The tiny model behind PV + PVC `models` (pvc://models/tiny), as the examples expect."""
+    root = Path("/var/tmp") / f"fusebox-e2e-helm-{uuid.uuid4().hex[:8]}"
+    target = root / "tiny"
+    if (MODELS_CACHE / "tiny" / "config.json").exists():
+        import shutil
+
+        shutil.copytree(MODELS_CACHE / "tiny", target)
+    else:
+        subprocess.run(
+            [sys.executable, "-m", "fusebox_server.tiny_model", str(target)],
+            check=True,
+            timeout=600,
+            cwd=REPO,
+        )
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    pv_name = f"models-{namespace}"[:60]
+    made = subprocess.run(
+        [sys.executable, "-m", "localcluster", "pv", pv_name, "--path", str(root)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "models", "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "local",
+            "volumeName": pv_name,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(claim))
+    return pv_name
+
+
+def operator_pods(cluster: Any, namespace: str, release: str) -> list[dict[str, Any]]:
+    out = cluster.kubectl(
+        "-n",
+        namespace,
+        "get",
+        "pods",
+        "-l",
+        f"app.kubernetes.io/name=fusebox-operator,app.kubernetes.io/instance={release}",
+        "-o",
+        "json",
+    ).stdout
+    return list(json.loads(out)["items"])
+
+
+def test_install_runs_the_operator_which_reconciles_the_examples_and_uninstall_removes_it(
+    cluster: Any, chart_crds: None, namespace: str
+) -> None:
+    if not cluster.local:
+        pytest.fail("this test loads images and PVs through localcluster; run it there")
+    release = f"fbx-{uuid.uuid4().hex[:6]}"
+    pv_name = model_volume(cluster, namespace)
+    try:
+        helm(
+            cluster,
+            "install",
+            release,
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--set",
+            f"watchNamespaces={{{namespace}}}",
+            "--set",
+            "monitoring.scrapeNamespace=",
+            "--wait",
+            "--timeout",
+            "4m",
+        )
+        pods = operator_pods(cluster, namespace, release)
+        assert len(pods) == 1
+        ready = {c["type"]: c["status"] for c in pods[0]["status"]["conditions"]}
+        assert ready["Ready"] == "True"
+        assert pods[0]["spec"]["containers"][0]["image"] == "localhost/fusebox/operator:dev"
+
+        names = []
+        for example in sorted(EXAMPLES.glob("*.yaml")):
+            document = yaml.safe_load(example.read_text())
+            document["metadata"]["namespace"] = namespace
+            cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(document, allow_unicode=True))
+            names.append(document["metadata"]["name"])
+        for name in names:
+            wait_for(
+                f"deployment/{name} created by the operator",
+                lambda name=name: cluster.kubectl(
+                    "-n", namespace, "get", "deployment", name, "-o", "name", check=False
+                ).stdout.strip(),
+                timeout=180,
+            )
+            owner = cluster.kubectl(
+                "-n",
+                namespace,
+                "get",
+                "deployment",
+                name,
+                "-o",
+                "jsonpath={.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}",
+            ).stdout
+            assert owner == f"InferenceService/{name}"
+        # The operator in the pod, not some other one, did it: its own log
+        # records one processed creation per example.
+        log = cluster.kubectl("-n", namespace, "logs", pods[0]["metadata"]["name"]).stdout
+        # (Counted by timestamp: the operator may print each record in two formats.)
+        stamps = (
+            re.search(r"\d\d:\d\d:\d\d[,.]\d+", line)
+            for line in log.splitlines()
+            if "Creation is processed" in line
+        )
+        creations = {stamp.group() for stamp in stamps if stamp}
+        assert len(creations) >= len(names), log[-3000:]
+        # kopf's finalizer needs the operator: delete the services while it runs.
+        for name in names:
+            cluster.kubectl("-n", namespace, "delete", "fis", name, "--wait=true", "--timeout=90s")
+        helm(cluster, "uninstall", release, "--namespace", namespace, "--wait", "--timeout", "2m")
+        wait_for(
+            "the operator pods to be gone after helm uninstall",
+            lambda: not operator_pods(cluster, namespace, release) or None,
+            timeout=120,
+        )
+        assert (
+            cluster.kubectl(
+                "-n", namespace, "get", "deployment", f"{release}-operator", check=False
+            ).returncode
+            != 0
+        )
+        assert (
+            cluster.kubectl(
+                "get", "clusterrole", f"{release}-operator-cluster", check=False
+            ).returncode
+            != 0
+        )
+    finally:
+        helm_bin = cluster.bin_dir / "helm"
+        subprocess.run(
+            [
+                str(helm_bin),
+                f"--kubeconfig={cluster.kubeconfig}",
+                "uninstall",
+                release,
+                "-n",
+                namespace,
+            ],
+            capture_output=True,
+            check=False,
+            timeout=120,
+        )
+        for name in ("cpu-chat", "llama-chat", "tiny-chat"):  # only if a step above failed
+            cluster.kubectl(
+                "-n",
+                namespace,
+                "patch",
+                "fis",
+                name,
+                "--type",
+                "merge",
+                "-p",
+                '{"metadata":{"finalizers":null}}',
+                check=False,
+            )
+            cluster.kubectl("-n", namespace, "delete", "fis", name, "--wait=false", check=False)
+        cluster.kubectl("delete", "pv", pv_name, "--wait=false", check=False)
