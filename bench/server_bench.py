@@ -101,6 +101,7 @@ def start_fusebox(model_dir: Path, workdir: Path, **flags: Any) -> tuple[Any, st
         "stats-file": workdir / f"stats-{port}.json",
         "max-concurrency": CONCURRENCY,
         "max-queue": 256,
+        "request-timeout": 3600,
         "log-level": "warning",
     }
     args.update({key.replace("_", "-"): value for key, value in flags.items()})
@@ -162,8 +163,9 @@ def latency_over_http(url: str, model: str, requests: int) -> list[float]:
     return latencies
 
 
-def throughput_over_http(url: str, model: str, per_client: int) -> dict[str, float]:
+def throughput_over_http(url: str, model: str, per_client: int) -> dict[str, Any]:
     tokens = [0] * CONCURRENCY
+    errors: list[str] = []
     barrier = threading.Barrier(CONCURRENCY + 1)
 
     def client_loop(slot: int) -> None:
@@ -171,7 +173,10 @@ def throughput_over_http(url: str, model: str, per_client: int) -> dict[str, flo
             barrier.wait()
             for index in range(per_client):
                 prompt = f"{PROMPTS[(slot + index) % len(PROMPTS)]} ({slot}-{index})"
-                tokens[slot] += completion(client, model, prompt, NEW_TOKENS)
+                try:
+                    tokens[slot] += completion(client, model, prompt, NEW_TOKENS)
+                except httpx.HTTPError as error:
+                    errors.append(repr(error))
 
     threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(CONCURRENCY)]
     for thread in threads:
@@ -181,7 +186,13 @@ def throughput_over_http(url: str, model: str, per_client: int) -> dict[str, flo
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - started
-    return {"tokens": sum(tokens), "seconds": elapsed, "tokens_per_second": sum(tokens) / elapsed}
+    return {
+        "tokens": sum(tokens),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "seconds": elapsed,
+        "tokens_per_second": sum(tokens) / elapsed,
+    }
 
 
 def in_process_latency(model_dir: Path, requests: int) -> list[float]:
@@ -250,7 +261,7 @@ def rss_growth(model_dir: Path, workdir: Path, requests: int) -> dict[str, Any]:
     }
 
 
-def run(requests: int, rss_requests: int, out: Path) -> dict[str, Any]:
+def run(requests: int, per_client: int, rss_requests: int, out: Path) -> dict[str, Any]:
     from fusebox_server.tiny_model import ensure_model
 
     small = ensure_model("small")
@@ -258,7 +269,7 @@ def run(requests: int, rss_requests: int, out: Path) -> dict[str, Any]:
     result: dict[str, Any] = {
         "model": str(small),
         "new_tokens": NEW_TOKENS,
-        "machine": {"cpus": os.cpu_count(), "load_average_1m": os.getloadavg()[0]},
+        "machine": {"cpus": os.cpu_count(), "load_average_1m_at_start": os.getloadavg()[0]},
     }
     with tempfile.TemporaryDirectory(prefix="fusebox-bench-") as raw:
         workdir = Path(raw)
@@ -266,7 +277,7 @@ def run(requests: int, rss_requests: int, out: Path) -> dict[str, Any]:
         fusebox, url, _ = start_fusebox(small, workdir)
         try:
             over_http = summarize(latency_over_http(url, "bench", requests))
-            fusebox_c16 = throughput_over_http(url, "bench", per_client=2)
+            fusebox_c16 = throughput_over_http(url, "bench", per_client=per_client)
         finally:
             stop(fusebox)
         result["latency_c1_seconds"] = {
@@ -277,7 +288,7 @@ def run(requests: int, rss_requests: int, out: Path) -> dict[str, Any]:
         result["latency_c1_p99_ratio"] = over_http["p99"] / in_process["p99"]
         peer, peer_url, _ = start_transformers_serve(small, workdir)
         try:
-            peer_c16 = throughput_over_http(peer_url, str(small), per_client=2)
+            peer_c16 = throughput_over_http(peer_url, str(small), per_client=per_client)
         finally:
             stop(peer)
         result["throughput_c16"] = {"fusebox": fusebox_c16, "transformers_serve": peer_c16}
@@ -286,6 +297,7 @@ def run(requests: int, rss_requests: int, out: Path) -> dict[str, Any]:
         )
         if rss_requests:
             result["rss_growth"] = rss_growth(tiny, workdir, rss_requests)
+    result["load_average_1m_at_end"] = os.getloadavg()[0]
     result["targets"] = {
         "latency_c1_p50_ratio_at_most": 1.05,
         "throughput_c16_ratio_at_least": 2.0,
@@ -299,10 +311,11 @@ def run(requests: int, rss_requests: int, out: Path) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=30, help="latency samples per side")
+    parser.add_argument("--per-client", type=int, default=2, help="c=16 requests per client")
     parser.add_argument("--rss-requests", type=int, default=20000, help="0 skips the RSS run")
     parser.add_argument("--out", type=Path, default=Path("bench/results/server.json"))
     arguments = parser.parse_args()
-    result = run(arguments.requests, arguments.rss_requests, arguments.out)
+    result = run(arguments.requests, arguments.per_client, arguments.rss_requests, arguments.out)
     summary = {
         key: result.get(key)
         for key in ("latency_c1_p50_ratio", "latency_c1_p99_ratio", "throughput_c16_ratio")

@@ -68,8 +68,14 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
+def _bitsandbytes_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("bitsandbytes") is not None
+
+
 def quantize_int8(model: Any, device: torch.device) -> None:
-    """Int8 weight-only on the linear layers (torchao; CPU and CUDA alike)."""
+    """Int8 weight-only on the linear layers with torchao (CPU, and CUDA without bitsandbytes)."""
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
     quantize_(model, Int8WeightOnlyConfig(), device=device)
@@ -82,11 +88,22 @@ def load_model(
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
-    model.to(device)
+    if quantization == "int8" and device.type == "cuda" and _bitsandbytes_available():
+        from transformers import BitsAndBytesConfig
+
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            str(model_dir),
+            local_files_only=True,
+            quantization_config=BitsAndBytesConfig(load_in_8bit=True),  # type: ignore[no-untyped-call]
+            device_map={"": device},
+        )
+        quantization = "int8-bitsandbytes"
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
+        model.to(device)
+        if quantization == "int8":
+            quantize_int8(model, device)
     model.eval()
-    if quantization == "int8":
-        quantize_int8(model, device)
     return LoadedModel(
         variant=variant,
         model_dir=model_dir,

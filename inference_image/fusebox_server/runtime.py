@@ -421,8 +421,14 @@ class Runtime:
             "replayed": False,
         }
         if action_type == "swap" and summary_before is not None:
-            result["memory_summary_before"] = summary_before
-            result["memory_summary_after"] = summary_after
+            result["memory_summary_before"] = summary_before[0]
+            result["memory_summary_after"] = summary_after[0] if summary_after else None
+            after_stats = summary_after[1] if summary_after else {}
+            result["memory_stats_diff"] = {
+                key: after_stats.get(key, 0) - value
+                for key, value in summary_before[1].items()
+                if after_stats.get(key, 0) != value
+            }
         log.info(
             "admin_action",
             action_id=action_id,
@@ -437,10 +443,16 @@ class Runtime:
         engine.release_memory(self.device)
         malloc_trim()
 
-    def _memory_summary(self) -> str | None:
+    def _memory_summary(self) -> tuple[str, dict[str, int]] | None:
+        """torch.cuda.memory_summary and the numeric memory_stats behind it (CUDA only)."""
         if self.device.type != "cuda" or not memory.cuda_initialized():
             return None
-        return str(torch.cuda.memory_summary(self.device, abbreviated=True))
+        stats = {
+            key: int(value)
+            for key, value in torch.cuda.memory_stats(self.device).items()
+            if isinstance(value, int | float)
+        }
+        return str(torch.cuda.memory_summary(self.device, abbreviated=True)), stats
 
     async def set_degradation(self, level: int) -> None:
         """Level 2+ serves the fallback variant; going back under 2 restores the primary."""

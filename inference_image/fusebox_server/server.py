@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -109,6 +110,7 @@ async def serve(config: ServerConfig, faults: Faults, admin_token: str | None) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the server; returns only on a configuration error (exit status 2)."""
     try:
         config = parse_config(sys.argv[1:] if argv is None else argv, os.environ)
         faults = Faults(parse_faults(os.environ.get("FUSEBOX_FAULTS", "")))
@@ -117,4 +119,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fusebox_server: {error}", file=sys.stderr)
         return 2
     configure_logging(config.log_level)
-    return asyncio.run(serve(config, faults, token))
+    code = asyncio.run(serve(config, faults, token))
+    # Tearing down torch and transformers module by module takes seconds and
+    # frees nothing the kernel would not: flush and leave now.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
