@@ -229,10 +229,15 @@ def start_cluster() -> Cluster:
     else:
         say("starting localcluster (1 node, simulated GPUs, 1 GiB of VRAM each) ...")
     # `up` is idempotent: on a running cluster it only re-applies the GPU count.
-    started = localcluster("up", "--gpus", str(GPUS))
+    # Its progress goes straight to the terminal: a cold start takes a while.
+    started = subprocess.run(
+        [PYTHON, "-m", "localcluster", "up", "--gpus", str(GPUS)],
+        cwd=REPO,
+        check=False,
+        timeout=900,
+    )
     if started.returncode != 0:
-        tail = "\n".join((started.stdout + started.stderr).splitlines()[-30:])
-        raise DemoError(f"`python -m localcluster up` failed:\n{tail}")
+        raise DemoError("`python -m localcluster up` failed (its output is above)")
     env_lines = [
         line for line in localcluster("env").stdout.splitlines() if line.startswith("export ")
     ]

@@ -59,3 +59,25 @@ def test_progress_line_shows_pods_ready_condition_and_breaker() -> None:
         "pods ready 1/2  Ready=False (PodsNotReady)  breaker=Closed  tier=none"
     )
     assert demo.progress_line({}, 0, 2).startswith("pods ready 0/2  Ready=- (-)  breaker=-")
+
+
+def test_a_missing_image_stops_the_demo_with_what_to_run() -> None:
+    demo = load_demo()
+    pod = {
+        "status": {
+            "containerStatuses": [
+                {
+                    "image": "localhost/fusebox/inference:dev",
+                    "state": {"waiting": {"reason": "ErrImageNeverPull"}},
+                }
+            ]
+        }
+    }
+    try:
+        demo.check_images([pod])
+    except demo.DemoError as error:
+        assert "localhost/fusebox/inference:dev" in str(error)
+        assert "make images" in str(error)
+    else:
+        raise AssertionError("check_images accepted a pod whose image is missing")
+    demo.check_images([{"status": {"containerStatuses": [{"state": {"running": {}}}]}}])
