@@ -64,6 +64,8 @@ def parse_json_body(body: bytes) -> dict[str, Any]:
         value = json.loads(text)
     except ValueError as error:
         raise InvalidJson(f"request body is not valid JSON: {error}") from error
+    except RecursionError:
+        raise InvalidJson("request body nests JSON too deeply") from None
     if not isinstance(value, dict):
         raise SchemaError("request body must be a JSON object")
     return value

@@ -161,6 +161,7 @@ def test_max_tokens_over_the_limit_names_both_numbers(server: ServerProcess) -> 
         pytest.param(b"[1, 2]", 422, id="json-not-an-object"),
         pytest.param(b"", 400, id="empty-body"),
         pytest.param(b'{"model": "tiny", "prompt": "x", "temperature": NaN}', 400, id="nan"),
+        pytest.param(b"[" * 200_000 + b"]" * 200_000, 400, id="deeply-nested"),
     ],
 )
 def test_malformed_bodies_get_an_openai_error(

@@ -92,3 +92,9 @@ def test_non_finite_numbers_are_refused(value: str) -> None:
         )
     assert caught.value.status == 400
     assert caught.value.param == "temperature"
+
+
+def test_deeply_nested_json_is_a_client_error() -> None:
+    with pytest.raises(ServerError) as caught:
+        parse_json_body(b"[" * 200_000 + b"]" * 200_000)
+    assert caught.value.status == 400
