@@ -252,6 +252,21 @@ def test_install_runs_the_operator_which_reconciles_the_examples_and_uninstall_r
         )
         creations = {stamp.group() for stamp in stamps if stamp}
         assert len(creations) >= len(names), log[-3000:]
+        # Least privilege as the API server sees it: namespaced rights only here.
+        account = f"system:serviceaccount:{namespace}:{release}-operator"
+        for verb, resource, where, allowed in (
+            ("delete", "pods", namespace, "yes"),
+            ("delete", "pods", "kube-system", "no"),
+            ("get", "secrets", namespace, "yes"),
+            ("list", "secrets", namespace, "no"),
+            ("create", "pods", namespace, "no"),
+            ("list", "nodes", "", "yes"),
+        ):
+            scope = ["-n", where] if where else []
+            answer = cluster.kubectl(
+                "auth", "can-i", verb, resource, *scope, f"--as={account}", check=False
+            ).stdout.strip()
+            assert answer == allowed, (verb, resource, where, answer)
         # kopf's finalizer needs the operator: delete the services while it runs.
         for name in names:
             cluster.kubectl("-n", namespace, "delete", "fis", name, "--wait=true", "--timeout=90s")
