@@ -262,7 +262,7 @@ class Runtime:
 
     def heartbeat_ages(self, now: float | None = None) -> dict[str, float]:
         now = time.time() if now is None else now
-        worker = self.worker.heartbeat if self.worker is not None else self.started_at
+        worker = self.worker.effective_heartbeat(now) if self.worker is not None else now
         return {"loop": now - self.loop_heartbeat, "worker": now - worker}
 
     # ----- memory guard (stats thread) -----
@@ -497,7 +497,7 @@ class Runtime:
         now = time.time()
         cgroup = memory.cgroup_memory()
         encoder = self.encoder()
-        worker_heartbeat = self.worker.heartbeat if self.worker is not None else None
+        worker_heartbeat = self.worker.effective_heartbeat(now) if self.worker else None
         counters = self.counters
         return {
             "schema": SCHEMA_VERSION,

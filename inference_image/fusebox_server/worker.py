@@ -41,6 +41,7 @@ from fusebox_server.openai_schema import Sampling
 from fusebox_server.tokenization import IncrementalDecoder
 
 IDLE_WAIT_SECONDS = 0.2
+CONTROL_ACTION_GRACE_SECONDS = 900.0
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ class InferenceWorker(threading.Thread):
         self._stopping = threading.Event()
         self.loaded: LoadedModel | None = None
         self.heartbeat = time.time()
+        self.control_started_at: float | None = None
         self.steps_total = 0
         self._torch_threads = torch_threads
         self._batch: DecodeBatch | None = None
@@ -237,12 +239,28 @@ class InferenceWorker(threading.Thread):
                 return
 
     def _run_control(self, job: ControlJob) -> None:
+        self.control_started_at = time.time()
         try:
             result = job.action()
         except BaseException as error:
             self._post(job.deliver, None, error)
         else:
             self._post(job.deliver, result, None)
+        finally:
+            self.control_started_at = None
+            self.heartbeat = time.time()
+
+    def effective_heartbeat(self, now: float) -> float:
+        """The heartbeat, counting a model load or swap in progress as alive (up to a limit).
+
+        Loading a large model takes minutes on this thread; liveness must not
+        kill the pod for it. A control action running longer than
+        CONTROL_ACTION_GRACE_SECONDS is treated as a hang.
+        """
+        started = self.control_started_at
+        if started is not None and now - started < CONTROL_ACTION_GRACE_SECONDS:
+            return now
+        return self.heartbeat
 
     def _post(self, callback: Callable[..., None], *args: Any) -> None:
         try:

@@ -127,3 +127,15 @@ def test_rows_decoded_in_a_batch_match_decoding_alone(
             if len(outputs[rows.index(member)]) == 10:
                 batch.remove(member)
     assert outputs == alone
+
+
+def test_a_model_load_in_progress_counts_as_a_live_worker_up_to_a_limit() -> None:
+    from fusebox_server.worker import CONTROL_ACTION_GRACE_SECONDS
+
+    worker = InferenceWorker(loop=None, faults=Faults({}), inbox_size=1)
+    worker.heartbeat = 1000.0
+    assert worker.effective_heartbeat(now=1100.0) == 1000.0
+    worker.control_started_at = 1050.0
+    assert worker.effective_heartbeat(now=1100.0) == 1100.0
+    later = 1050.0 + CONTROL_ACTION_GRACE_SECONDS + 1
+    assert worker.effective_heartbeat(now=later) == 1000.0
