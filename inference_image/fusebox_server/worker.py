@@ -191,7 +191,15 @@ class InferenceWorker(threading.Thread):
         batch = self._batch
         assert batch is not None
         jobs = {id(job.decoding): job for job in self._active if job.decoding is not None}
-        members = [jobs[id(row)] for row in batch.rows]
+        members: list[GenerationJob] = []
+        for row in list(batch.rows):
+            member = jobs.get(id(row))
+            if member is None:
+                batch.remove(row)  # an orphan row would decode for nobody
+            else:
+                members.append(member)
+        if not members:
+            return
         try:
             tokens = batch.step()
         except Exception as error:  # the batch is lost; its members fail, the worker goes on
