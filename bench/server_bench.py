@@ -2,14 +2,16 @@
 
 1. Latency at concurrency 1: p50/p99 of a 32-token completion over HTTP
    (Fusebox, non-streaming) vs in-process `model.generate` on the same small
-   model. Target: Fusebox p50 <= 1.05x in-process.
+   model, measured in alternation (one of each in turn). Target: Fusebox p50
+   <= 1.05x in-process.
 2. Throughput at concurrency 16 (tokens/s): Fusebox vs `transformers serve`
-   (offline, default flags) on the same model directory. Target >= 2x.
+   (offline, default flags) on the same model directory, in alternating
+   rounds. Target >= 2x.
 3. RSS growth of the server over N unique-prompt requests after warm-up
    (tiny model, 1 new token each, tokenizer cache 1,000 entries so the cache
    is full before measuring). Target < 1 MiB per 1,000 requests.
 
-    .venv/bin/python bench/server_bench.py [--requests 30] [--rss-requests 20000] [--out ...]
+    .venv/bin/python bench/server_bench.py [--requests 30] [--rounds 3] [--rss-requests 20000]
 """
 
 from __future__ import annotations
@@ -152,15 +154,33 @@ def completion(client: httpx.Client, model: str, prompt: str, max_tokens: int) -
     return int(usage.get("completion_tokens") or max_tokens)
 
 
-def latency_over_http(url: str, model: str, requests: int) -> list[float]:
-    latencies = []
-    with httpx.Client(base_url=url) as client:
-        completion(client, model, PROMPTS[0], NEW_TOKENS)  # warm-up
-        for index in range(requests):
+def interleaved_latency(model_dir: Path, url: str, requests: int) -> dict[str, list[float]]:
+    """Alternate one in-process generate and one HTTP request, so load hits both alike."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True).eval()
+    in_process: list[float] = []
+    over_http: list[float] = []
+    with httpx.Client(base_url=url) as client, torch.inference_mode():
+        for index in range(requests + 1):
+            prompt = PROMPTS[index % len(PROMPTS)]
+            ids = tokenizer(prompt, return_tensors="pt")
             started = time.perf_counter()
-            completion(client, model, PROMPTS[index % len(PROMPTS)], NEW_TOKENS)
-            latencies.append(time.perf_counter() - started)
-    return latencies
+            model.generate(
+                **ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
+            )
+            local = time.perf_counter() - started
+            started = time.perf_counter()
+            completion(client, "bench", prompt, NEW_TOKENS)
+            remote = time.perf_counter() - started
+            if index:  # the first pair is warm-up
+                in_process.append(local)
+                over_http.append(remote)
+    del model
+    gc.collect()
+    return {"in_process": in_process, "http": over_http}
 
 
 def throughput_over_http(url: str, model: str, per_client: int) -> dict[str, Any]:
@@ -193,27 +213,6 @@ def throughput_over_http(url: str, model: str, per_client: int) -> dict[str, Any
         "seconds": elapsed,
         "tokens_per_second": sum(tokens) / elapsed,
     }
-
-
-def in_process_latency(model_dir: Path, requests: int) -> list[float]:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True).eval()
-    latencies = []
-    with torch.inference_mode():
-        for index in range(requests + 1):
-            ids = tokenizer(PROMPTS[index % len(PROMPTS)], return_tensors="pt")
-            started = time.perf_counter()
-            model.generate(
-                **ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
-            )
-            if index:  # the first is warm-up
-                latencies.append(time.perf_counter() - started)
-    del model
-    gc.collect()
-    return latencies
 
 
 def rss_growth(model_dir: Path, workdir: Path, requests: int) -> dict[str, Any]:
@@ -261,7 +260,9 @@ def rss_growth(model_dir: Path, workdir: Path, requests: int) -> dict[str, Any]:
     }
 
 
-def run(requests: int, per_client: int, rss_requests: int, out: Path) -> dict[str, Any]:
+def run(
+    requests: int, per_client: int, throughput_rounds: int, rss_requests: int, out: Path
+) -> dict[str, Any]:
     from fusebox_server.tiny_model import ensure_model
 
     small = ensure_model("small")
@@ -273,27 +274,41 @@ def run(requests: int, per_client: int, rss_requests: int, out: Path) -> dict[st
     }
     with tempfile.TemporaryDirectory(prefix="fusebox-bench-") as raw:
         workdir = Path(raw)
-        in_process = summarize(in_process_latency(small, requests))
         fusebox, url, _ = start_fusebox(small, workdir)
+        peer, peer_url, _ = start_transformers_serve(small, workdir)
         try:
-            over_http = summarize(latency_over_http(url, "bench", requests))
-            fusebox_c16 = throughput_over_http(url, "bench", per_client=per_client)
+            pairs = interleaved_latency(small, url, requests)
+            in_process, over_http = summarize(pairs["in_process"]), summarize(pairs["http"])
+            # Alternate rounds of the two servers so a change in load hits both alike.
+            rounds: dict[str, list[dict[str, Any]]] = {"fusebox": [], "transformers_serve": []}
+            for _ in range(throughput_rounds):
+                rounds["fusebox"].append(throughput_over_http(url, "bench", per_client))
+                rounds["transformers_serve"].append(
+                    throughput_over_http(peer_url, str(small), per_client)
+                )
         finally:
             stop(fusebox)
+            stop(peer)
         result["latency_c1_seconds"] = {
             "in_process_generate": in_process,
             "fusebox_http": over_http,
         }
         result["latency_c1_p50_ratio"] = over_http["p50"] / in_process["p50"]
         result["latency_c1_p99_ratio"] = over_http["p99"] / in_process["p99"]
-        peer, peer_url, _ = start_transformers_serve(small, workdir)
-        try:
-            peer_c16 = throughput_over_http(peer_url, str(small), per_client=per_client)
-        finally:
-            stop(peer)
-        result["throughput_c16"] = {"fusebox": fusebox_c16, "transformers_serve": peer_c16}
+        totals = {
+            name: {
+                "tokens": sum(r["tokens"] for r in runs),
+                "errors": sum(r["errors"] for r in runs),
+                "seconds": sum(r["seconds"] for r in runs),
+            }
+            for name, runs in rounds.items()
+        }
+        for total in totals.values():
+            total["tokens_per_second"] = total["tokens"] / total["seconds"]
+        result["throughput_c16"] = {**totals, "rounds": rounds}
         result["throughput_c16_ratio"] = (
-            fusebox_c16["tokens_per_second"] / peer_c16["tokens_per_second"]
+            totals["fusebox"]["tokens_per_second"]
+            / totals["transformers_serve"]["tokens_per_second"]
         )
         if rss_requests:
             result["rss_growth"] = rss_growth(tiny, workdir, rss_requests)
@@ -311,11 +326,18 @@ def run(requests: int, per_client: int, rss_requests: int, out: Path) -> dict[st
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=30, help="latency samples per side")
-    parser.add_argument("--per-client", type=int, default=2, help="c=16 requests per client")
+    parser.add_argument("--per-client", type=int, default=1, help="c=16 requests per client")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating c=16 rounds per side")
     parser.add_argument("--rss-requests", type=int, default=20000, help="0 skips the RSS run")
     parser.add_argument("--out", type=Path, default=Path("bench/results/server.json"))
     arguments = parser.parse_args()
-    result = run(arguments.requests, arguments.per_client, arguments.rss_requests, arguments.out)
+    result = run(
+        arguments.requests,
+        arguments.per_client,
+        arguments.rounds,
+        arguments.rss_requests,
+        arguments.out,
+    )
     summary = {
         key: result.get(key)
         for key in ("latency_c1_p50_ratio", "latency_c1_p99_ratio", "throughput_c16_ratio")

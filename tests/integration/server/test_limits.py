@@ -1,6 +1,6 @@
 """Overload, deadlines, quality sampling, the leak fault and a stuck worker, on one small server.
 
-The server runs one generation at a time with a queue of two, a 4-second
+The server runs one generation at a time with a queue of two, a 6-second
 deadline, every response quality-checked, and the leak and slow faults armed
 (off until a test switches them on).
 """
@@ -53,7 +53,7 @@ def limited(
         flags={
             "max-concurrency": 1,
             "max-queue": 2,
-            "request-timeout": 4,
+            "request-timeout": 6,
             "quality-sample-rate": 1.0,
             "quality-blocked-terms-file": str(blocked),
             "heartbeat-timeout": 3,
@@ -81,7 +81,9 @@ def faults_off(limited: ServerProcess) -> Iterator[ServerProcess]:
 
 def test_overload_gets_429_beyond_running_plus_queue(faults_off: ServerProcess) -> None:
     server = faults_off
-    set_faults(server, slow=100)
+    # Each request holds its slot for about a second: all ten arrive while the first three
+    # are still in the server, and the third still finishes well inside the deadline.
+    set_faults(server, slow=250)
 
     async def burst() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
