@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Creates the development environment in ${FUSEBOX_CACHE}/venv-<hash of the
-# lock> (torch alone is 5 GB: paid once per machine, not once per clone) and
-# links .venv to it. Both distributions are installed editable from this
-# checkout every time, so a fresh clone re-points them in a few seconds.
+# Creates the development environment in two layers:
+# - the dependencies, in ${FUSEBOX_CACHE}/venv-<hash of the lock>: torch alone
+#   is 5 GB, so it is paid once per machine, not once per clone;
+# - .venv in the checkout, a small virtual environment that sees those
+#   dependencies (a .pth file) and holds this checkout's two distributions,
+#   installed editable. Every clone gets its own, so a CI clone never
+#   re-points another checkout's imports.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${FUSEBOX_CACHE:-$HOME/.cache/fusebox}
@@ -10,29 +13,49 @@ python=${PYTHON:-python3}
 # Bump when the way the environment is built changes (the lock covers the pins).
 recipe=1
 key=$( { echo "recipe $recipe"; "$python" --version; cat "$root/requirements-dev.lock"; } | sha256sum | cut -c1-16)
-venv="$cache/venv-$key"
+shared="$cache/venv-$key"
 mkdir -p "$cache"
 
-if [ ! -f "$venv/.complete" ]; then
+if [ ! -f "$shared/.complete" ]; then
   start=$SECONDS
-  echo "python: creating $venv (torch and transformers: about 4 minutes cold)"
-  rm -rf "$venv"
-  "$python" -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check --upgrade pip setuptools wheel
-  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$root/requirements-dev.lock"
-  touch "$venv/.complete"
-  echo "python: environment built in $((SECONDS - start)) s"
+  echo "python: creating $shared (torch and transformers: about 4 minutes cold)"
+  rm -rf "$shared"
+  "$python" -m venv "$shared"
+  "$shared/bin/pip" install --quiet --disable-pip-version-check --upgrade pip setuptools wheel
+  "$shared/bin/pip" install --quiet --disable-pip-version-check -r "$root/requirements-dev.lock"
+  touch "$shared/.complete"
+  echo "python: dependencies installed in $((SECONDS - start)) s"
 else
-  echo "python: up to date in $venv"
+  echo "python: dependencies up to date in $shared"
 fi
-if [ -e "$root/.venv" ] && [ ! -L "$root/.venv" ]; then
-  echo "python: .venv exists and is not a link; remove it to let setup manage it" >&2
-  exit 1
+
+venv="$root/.venv"
+if [ -L "$venv" ]; then
+  rm "$venv"  # an older setup linked .venv straight to the cache
 fi
-ln -sfn "$venv" "$root/.venv"
+if [ "$(cat "$venv/.fusebox-shared" 2>/dev/null)" != "$shared" ]; then
+  rm -rf "$venv"
+  "$python" -m venv --without-pip "$venv"
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  shared_site=$("$shared/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  echo "import site; site.addsitedir('$shared_site')" > "$site/_fusebox_shared.pth"
+  # The tools' entry points (pytest, ruff, mypy, ...) run with this
+  # environment's interpreter, so they see the editable packages too.
+  for tool in "$shared"/bin/*; do
+    name=$(basename "$tool")
+    case "$name" in python*|activate*|Activate*) continue ;; esac
+    if head -c 2 "$tool" | grep -q '^#!'; then
+      { echo "#!$venv/bin/python"; tail -n +2 "$tool"; } > "$venv/bin/$name"
+      chmod +x "$venv/bin/$name"
+    else
+      ln -s "$tool" "$venv/bin/$name"
+    fi
+  done
+  echo "$shared" > "$venv/.fusebox-shared"
+fi
 # setuptools warns on stderr about editable installs; keep it for failures only.
-if ! "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
-  -e "$root/operator" -e "$root/inference_image" 2>"$venv/editable.log"; then
+if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+  --no-build-isolation -e "$root/operator" -e "$root/inference_image" 2>"$venv/editable.log"; then
   cat "$venv/editable.log" >&2
   exit 1
 fi
