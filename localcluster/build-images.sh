@@ -34,11 +34,15 @@ for path in /etc/pip.conf /etc/ssl/certs; do
   [ -e "$path" ] && trust+=(--volume "$path:$path:ro")
 done
 
-timed() { # timed LABEL COMMAND...: run, then print how long it took
+failed=()
+timed() { # timed LABEL COMMAND...: run, print how long it took; a failure is noted, not fatal
   local label=$1 start=$SECONDS
   shift
-  "$@"
-  echo "images: $label ready in $((SECONDS - start)) s"
+  if "$@"; then
+    echo "images: $label ready in $((SECONDS - start)) s"
+  else
+    failed+=("$label")
+  fi
 }
 
 build() { # build NAME CONTEXT [DOCKERFILE]: the full log goes to the cache, its tail on failure
@@ -69,8 +73,11 @@ stamp="$cache/podman/base.recipe"
 if [ "$(cat "$stamp" 2>/dev/null)" = "$recipe" ] && "${podman[@]}" image exists "$base"; then
   echo "images: $base up to date"
 else
-  timed "$base" "$here/images/base/build.sh" "$base" "${podman[@]}"
+  # Everything else builds on the base: without it, stop here.
+  start=$SECONDS
+  "$here/images/base/build.sh" "$base" "${podman[@]}"
   echo "$recipe" >"$stamp"
+  echo "images: $base ready in $((SECONDS - start)) s"
 fi
 
 # 2. The pod sandbox: pause.c compiled statically into an otherwise empty image.
@@ -108,14 +115,19 @@ fi
 # cache of the current ones stays).
 "${podman[@]}" image prune --force >/dev/null
 
-# 6. Export into the OCI layout localcluster loads from; load now if it runs.
+# 6. Export what was built into the OCI layout localcluster loads from, even
+# when one image failed, so the others still reach the cluster; load now if
+# a cluster runs.
 timed "OCI layout export" python3 "$images_py" export
 if (cd "$root" && .venv/bin/python -m localcluster --help 2>/dev/null | grep -q load-images); then
-  if (cd "$root" && .venv/bin/python -m localcluster status >/dev/null 2>&1); then
-    (cd "$root" && .venv/bin/python -m localcluster load-images)
-  else
-    echo "images: localcluster is not running; \`make cluster-up\` loads the images"
-  fi
+  # A cluster that is not up says so; the images stay exported for `up`.
+  (cd "$root" && .venv/bin/python -m localcluster load-images) ||
+    echo "images: not loaded into a cluster (none running?); \`make cluster-up\` loads them"
 else
   echo "images: \`python -m localcluster load-images\` does not exist yet; not loading"
+fi
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "images: FAILED: ${failed[*]} (the others are built and exported)" >&2
+  exit 1
 fi
