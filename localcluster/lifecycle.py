@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 import json
 import os
 import shutil
@@ -353,17 +352,10 @@ def _load_images(config: ClusterConfig, only: tuple[str, ...] | None = None) -> 
             "localcluster/images.py is missing, so no image can be loaded: run `make images`"
         ) from err
     load: Callable[..., None] = images.load_images
+    names = None if only is None else [image_reference(n) for n in only]
     try:
-        if only is None:
-            load(CTR, str(config.containerd_socket))
-        elif "names" in inspect.signature(load).parameters:
-            load(CTR, str(config.containerd_socket), names=[image_reference(n) for n in only])
-        else:
-            # An images module without subset loading: load everything (slower, same result).
-            load(CTR, str(config.containerd_socket))
+        load(CTR, str(config.containerd_socket), names=names)
     except RuntimeError as err:  # images.ImageError: its message names the make target
-        if isinstance(err, ClusterError):
-            raise
         raise ClusterError(f"loading images: {err}") from err
 
 
@@ -422,13 +414,20 @@ def down(config: ClusterConfig, *, report: Reporter, keep_logs: bool = True) -> 
             processes.stop(proc, grace_seconds=10 if component != "kubelet" else 5)
 
     stop("kubelet")
+    # Shims killed without a trace leave their sockets; their ids are the bundles'.
+    shim_sockets = [
+        hostchanges.shim_socket(str(config.containerd_socket), K8S_NAMESPACE, bundle.name)
+        for bundle in _task_bundles(layout)
+    ]
     pod_netns = _kill_containers(config, report)
     for component in reversed(COMPONENTS):
         if component != "kubelet":
             stop(component)
     # Anything of ours still running (pid files lost, shims, nsenter wrappers).
     strays = processes.find_by_cmdline(str(config.state), PROGRAM_NAMES)
-    shim_sockets = [_shim_socket_of(processes.cmdline(p.pid)) for p in strays]
+    shim_sockets += [
+        socket for p in strays if (socket := _shim_socket_of(processes.cmdline(p.pid)))
+    ]
     if strays:
         report.say(f"killing {len(strays)} leftover processes")
         processes.kill_all(strays)
@@ -439,7 +438,7 @@ def down(config: ClusterConfig, *, report: Reporter, keep_logs: bool = True) -> 
         layout.host_records,
         pod_logs_dir=layout.pod_logs,
         cni_network_name=config.cni_network_name,
-        shim_sockets=[s for s in shim_sockets if s is not None],
+        shim_sockets=shim_sockets,
     )
     problems = [f"cgroup {c}" for c in stuck_cgroups] + [f"mount {m}" for m in stuck_mounts]
     problems += network.leftovers(config)
@@ -452,6 +451,11 @@ def down(config: ClusterConfig, *, report: Reporter, keep_logs: bool = True) -> 
             else:
                 entry.unlink(missing_ok=True)
     return problems
+
+
+def _task_bundles(layout: Layout) -> list[Path]:
+    tasks = layout.containerd / "state" / "io.containerd.runtime.v2.task" / K8S_NAMESPACE
+    return sorted(tasks.iterdir()) if tasks.is_dir() else []
 
 
 def _kill_containers(config: ClusterConfig, report: Reporter) -> list[str]:

@@ -1,0 +1,81 @@
+"""Pod IPs, Services (kube-proxy) and cluster DNS (CoreDNS) work as on a real cluster."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# Run in a pod: ask a URL `times` times, `pause` s apart; print which pods answered.
+ASK_REPEATEDLY = """
+import json, sys, time, urllib.request
+url, times, pause = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+answers = []
+for _ in range(times):
+    try:
+        answers.append(json.load(urllib.request.urlopen(url, timeout=5))["pod"])
+    except Exception as err:
+        answers.append("error: " + repr(err))
+    time.sleep(pause)
+print(json.dumps(answers))
+"""
+
+
+def _deployment(kube: Any, name: str, replicas: int) -> dict[str, Any]:
+    app = kube.testapp_container(
+        env=[
+            *kube.testapp_container()["env"],
+            # Keep serving while the endpoint is withdrawn, as a graceful server does.
+            {"name": "TERM_DELAY_SECONDS", "value": "4"},
+        ],
+        readinessProbe={"httpGet": {"path": "/readyz", "port": 8080}, "periodSeconds": 1},
+    )
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": kube.testapp_pod_spec(terminationGracePeriodSeconds=10, containers=[app]),
+            },
+        },
+    }
+
+
+def test_deployment_pods_and_service_answer_by_ip_clusterip_and_dns(
+    cluster: Any, kube: Any
+) -> None:
+    kube.apply(_deployment(kube, "web", 2))
+    kube("expose", "deployment", "web", "--port=80", "--target-port=8080")
+    kube.wait("deployment/web", "condition=Available")
+    kube.wait("deployment/web", "jsonpath={.status.readyReplicas}=2")
+    pods = kube.get("pods", "-l", "app=web")["items"]
+    ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in pods}
+    assert len(ips) == 2 and len(set(ips.values())) == 2
+
+    if cluster.local:
+        # From the host, through its route to the node: each pod IP answers as itself.
+        for name, ip in ips.items():
+            assert kube.http_get_json(f"http://{ip}:8080/")["pod"] == name
+        cluster_ip = kube.get("service", "web")["spec"]["clusterIP"]
+        seen = {kube.http_get_json(f"http://{cluster_ip}/")["pod"] for _ in range(30)}
+        assert seen == set(ips)
+
+    # From inside a pod: the Service's DNS name balances across both pods.
+    client = next(iter(ips))
+    dns_name = f"http://web.{kube.namespace}.svc.cluster.local/"
+    answers = json.loads(
+        kube("exec", client, "--", "python3", "-c", ASK_REPEATEDLY, dns_name, "30", "0").stdout
+    )
+    assert set(answers) == set(ips), answers
+
+    # Losing a pod: requests to the Service keep succeeding while it is replaced.
+    victim, survivor = sorted(ips)
+    kube("delete", "pod", victim, "--wait=false")
+    answers = json.loads(
+        kube("exec", survivor, "--", "python3", "-c", ASK_REPEATEDLY, dns_name, "40", "0.25").stdout
+    )
+    assert not [a for a in answers if a.startswith("error")], answers
+    kube.wait("deployment/web", "jsonpath={.status.readyReplicas}=2")
