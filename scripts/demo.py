@@ -81,7 +81,7 @@ def demo_service(example: dict[str, Any], node_cpu_millis: int) -> tuple[dict[st
     cpu_millis = max(250, min(1000, (node_cpu_millis - 600) // max(replicas, 1) // 50 * 50))
     server["cpu"] = f"{cpu_millis}m"
     notes.append(
-        f"server.cpu={cpu_millis}m: {replicas} Guaranteed pods must fit the node's "
+        f"server.cpu={cpu_millis}m: {replicas} pods' CPU requests must fit the node's "
         f"{node_cpu_millis}m allocatable CPU next to the operator and CoreDNS"
     )
     env = [item for item in server.get("env", []) if item.get("name") != "FUSEBOX_FAULTS"]
@@ -101,12 +101,21 @@ def demo_service(example: dict[str, Any], node_cpu_millis: int) -> tuple[dict[st
         " windowSeconds=20 "
         "(defaults 0.75 / 30 / 60) so the ladder climbs within a minute"
     )
+    spec.setdefault("memory", {})["allowSwap"] = True
+    notes.append(
+        "memory.allowSwap=true: Burstable QoS without a CPU limit, so loading torch and"
+        " the model is not throttled on a small machine (keep the default, Guaranteed, in"
+        " production)"
+    )
     spec["telemetry"] = {
         "scrapeIntervalSeconds": 2,
         "scrapeTimeoutSeconds": 1.5,
-        "wedgeAfterSeconds": 15,
+        "wedgeAfterSeconds": 60,
     }
-    notes.append("telemetry.scrapeIntervalSeconds=2 (default 5)")
+    notes.append(
+        "telemetry: scrapeIntervalSeconds=2 (default 5); wedgeAfterSeconds=60 (default 15)"
+        " so a starved CPU during model load is not mistaken for a wedged server"
+    )
     return service, notes
 
 

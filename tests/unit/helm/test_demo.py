@@ -34,7 +34,9 @@ def test_demo_service_arms_the_leak_at_start_and_keeps_the_example_shape() -> No
     assert {"name": "FUSEBOX_FAULTS", "value": "leak:0"} in spec["server"]["env"]
     assert spec["server"]["cpu"] == "700m"
     assert spec["breaker"]["resource"]["cooldownSeconds"] == 8
-    assert len(notes) == 4
+    assert spec["memory"]["allowSwap"] is True
+    assert spec["telemetry"]["wedgeAfterSeconds"] > spec["telemetry"]["scrapeIntervalSeconds"]
+    assert len(notes) == 5
     # The example file itself is not changed.
     assert "env" not in example()["spec"]["server"]
 
