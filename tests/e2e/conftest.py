@@ -106,6 +106,8 @@ def cluster() -> Iterator[Cluster]:
         if started.returncode != 0:
             tail = "\n".join((started.stdout + started.stderr).splitlines()[-60:])
             pytest.fail(f"`python -m localcluster up` failed; its output ends:\n{tail}")
+        # Up but momentarily unhealthy (say, node NotReady): someone else's cluster.
+        already_up = "is already up" in started.stderr
     env = _localcluster("env", timeout=60).stdout
     kubeconfig = Path(_env_value(env, "KUBECONFIG"))
     bin_dir = Path(_env_value(env, "PATH"))
