@@ -613,6 +613,9 @@ def leak_and_watch(cluster: Cluster, name: str, timeout: float = 150) -> None:
                     recovered = True
     if not recovered:
         say(f"the operator took no recovering step within {timeout:.0f} s (see the events above)")
+    refused = traffic.statuses.get(503, 0)
+    if refused:
+        say(f"{refused} request(s) got 503 + Retry-After while the model was out")
     # Stop the fault whatever happened (a restarted pod starts with leak:0 anyway).
     code, _ = admin_put(pod_ip, token, "/admin/v1/faults", {"leak": 0})
     say(f"leak switched off on {pod_name}: {code or 'pod gone (restarted)'}")
