@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import os
 import re
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+STATE_ROOT = Path(os.environ.get("FUSEBOX_LOCALCLUSTER_DIR") or "/var/lib/fusebox-localcluster")
 NAME = "fbxdown"
 UP_FLAGS = [
     "--netns",
@@ -222,3 +224,33 @@ def test_killed_cluster_recovers_on_up_and_down_leaves_nothing_behind(cluster: A
     assert {kind: new for kind, new in appeared.items() if new} == {}
     strays = [p for p in _processes() - processes_before if NAME in p]
     assert strays == []
+
+
+def test_up_refuses_interfaces_and_subnets_already_in_use() -> None:
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "localcluster",
+            "--name",
+            "e2e-collide",
+            "up",
+            "--host-veth",
+            "lo",
+            "--node-cidr",
+            "127.0.0.0/30",
+            "--no-images",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert refused.returncode == 1
+    assert "network interface 'lo' already exists" in refused.stderr
+    assert "address 127.0.0.1 on lo lies in 127.0.0.0/30" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    # Refused before touching anything.
+    assert not [n for n in _lines("ip", "netns", "list") if n.startswith("e2e-collide")]
+    assert not (STATE_ROOT / "e2e-collide").exists()
