@@ -7,163 +7,20 @@ the modules that need them through `start_server`.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
+import shutil
 import sys
-import time
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from fusebox_server.tiny_model import ensure_model
+sys.path.insert(0, str(Path(__file__).parent))
 
-CORPUS = Path(__file__).resolve().parents[3] / "inference_image" / "fusebox_server" / "corpus"
-TEMPLATES_FILE = CORPUS / "templates.json"
-CANNED_FILE = CORPUS / "canned_answers.json"
-MODEL_NAME = "tiny"
-ADMIN_TOKEN = "s3cr3t-admin-token-for-tests"
-STARTUP_TIMEOUT_SECONDS = 240.0
+from fusebox_server_harness import ServerProcess  # noqa: E402
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class ServerProcess:
-    """A running server: its URLs, admin client, stats file and log."""
-
-    def __init__(
-        self,
-        workdir: Path,
-        model_dir: Path,
-        flags: dict[str, Any],
-        env: dict[str, str],
-        preexec: Any = None,
-    ):
-        self.workdir = workdir
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.admin_port = free_port()
-        self.stats_file = workdir / "run" / "stats.json"
-        self.log_file = workdir / "server.log"
-        token_file = workdir / "admin-token"
-        token_file.write_text(ADMIN_TOKEN + "\n")
-        args = {
-            "model-dir": str(model_dir),
-            "model-name": MODEL_NAME,
-            "host": "127.0.0.1",
-            "port": self.port,
-            "admin-port": self.admin_port,
-            "admin-token-file": str(token_file),
-            "stats-file": str(self.stats_file),
-            "templates-file": str(TEMPLATES_FILE),
-            "canned-answers-file": str(CANNED_FILE),
-            # One intra-op thread: on a shared 2-core box more threads only contend.
-            "torch-threads": 1,
-        }
-        args.update(flags)
-        command = [sys.executable, "-m", "fusebox_server"]
-        for name, value in args.items():
-            command += [f"--{name}", str(value)]
-        environment = {k: v for k, v in os.environ.items() if not k.startswith("FUSEBOX_")}
-        environment.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-        environment.update(env)
-        self._log = open(self.log_file, "wb")
-        self.process = subprocess.Popen(
-            command,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=environment,
-            preexec_fn=preexec,
-        )
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.admin_url = f"http://127.0.0.1:{self.admin_port}"
-        self.client = httpx.Client(base_url=self.url, timeout=60)
-        self.admin = httpx.Client(
-            base_url=self.admin_url,
-            timeout=60,
-            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def log_text(self) -> str:
-        return self.log_file.read_text(errors="replace")
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.log_text()[-4000:]}")
-            try:
-                if self.client.get("/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"server not ready in time:\n{self.log_text()[-4000:]}")
-
-    def state(self) -> dict[str, Any]:
-        response = self.admin.get("/admin/v1/state")
-        response.raise_for_status()
-        return dict(response.json())
-
-    def stats(self) -> dict[str, Any]:
-        return dict(json.loads(self.stats_file.read_text()))
-
-    def wait_for(self, predicate: Any, timeout: float = 20.0, what: str = "condition") -> Any:
-        """Poll predicate() until it returns something truthy (no wall-time assertion)."""
-        deadline = time.monotonic() + timeout
-        last: Any = None
-        while time.monotonic() < deadline:
-            last = predicate()
-            if last:
-                return last
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}; last value {last!r}")
-
-    def chat(self, content: str, **fields: Any) -> httpx.Response:
-        body = {
-            "model": MODEL_NAME,
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": 4,
-            "temperature": 0,
-        }
-        body.update(fields)
-        return self.client.post("/v1/chat/completions", json=body)
-
-    def reset_runtime(self) -> None:
-        """Put the runtime state back to the defaults other tests expect."""
-        self.admin.put("/admin/v1/breaker", json={"state": "closed"}).raise_for_status()
-        self.admin.put("/admin/v1/degradation", json={"level": 0}).raise_for_status()
-        state = self.state()
-        if not state["model_loaded"] or state["variant"] != "primary":
-            action = {"id": f"reset-{time.time_ns()}", "type": "load", "variant": "primary"}
-            self.admin.post("/admin/v1/actions", json=action).raise_for_status()
-
-    def stop(self, graceful: bool = True) -> None:
-        self.client.close()
-        self.admin.close()
-        if self.process.poll() is None and not graceful:
-            self.process.kill()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=15)
-        self._log.close()
+from fusebox_server.tiny_model import ensure_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -172,7 +29,19 @@ def tiny_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def start_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def server_workdir() -> Iterator[Path]:
+    """Our own directory for the servers' files, removed at the end.
+
+    Not pytest's tmp_path: concurrent pytest sessions of the same user prune
+    each other's numbered base directories, and a server outlives many tests.
+    """
+    path = Path(tempfile.mkdtemp(prefix="fusebox-server-tests-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def start_server(tiny_model_dir: Path, server_workdir: Path) -> Iterator[Any]:
     """Factory: start_server(flags={...}, env={...}, preexec=fn) -> a ready ServerProcess."""
     started: list[ServerProcess] = []
 
@@ -182,13 +51,26 @@ def start_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         ready: bool = True,
         preexec: Any = None,
     ) -> ServerProcess:
-        server = ServerProcess(
-            tmp_path_factory.mktemp("server"), tiny_model_dir, flags or {}, env or {}, preexec
-        )
-        started.append(server)
-        if ready:
-            server.wait_ready()
-        return server
+        for attempt in range(3):
+            server = ServerProcess(
+                Path(tempfile.mkdtemp(prefix="server-", dir=server_workdir)),
+                tiny_model_dir,
+                flags or {},
+                env or {},
+                preexec,
+            )
+            started.append(server)
+            if not ready:
+                return server
+            try:
+                server.wait_ready()
+                return server
+            except RuntimeError:
+                # A free port can be taken by another process before the server binds it.
+                if attempt == 2 or "address already in use" not in server.log_text().lower():
+                    raise
+                server.stop()
+        raise AssertionError("unreachable")
 
     yield start
     for server in started:

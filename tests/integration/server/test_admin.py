@@ -7,8 +7,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-from .conftest import ADMIN_TOKEN, ServerProcess
+from fusebox_server_harness import ADMIN_TOKEN, ServerProcess
 
 
 def action(server: ServerProcess, kind: str, variant: str | None = None, **extra: Any) -> Any:

@@ -17,8 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-from .conftest import MODEL_NAME, ServerProcess
+from fusebox_server_harness import MODEL_NAME, ServerProcess
 
 MIB = 1 << 20
 PLAIN_PROMPT = "Hello, world."
@@ -44,10 +43,10 @@ def _blocked_term(flagged: str, plain: str) -> str:
 
 @pytest.fixture(scope="module")
 def limited(
-    start_server: Any, server: ServerProcess, tmp_path_factory: pytest.TempPathFactory
+    start_server: Any, server: ServerProcess, server_workdir: Path
 ) -> Iterator[ServerProcess]:
     term = _blocked_term(_greedy_text(server, FLAGGED_PROMPT), _greedy_text(server, PLAIN_PROMPT))
-    blocked: Path = tmp_path_factory.mktemp("quality") / "blocked.json"
+    blocked = server_workdir / "blocked-terms.json"
     blocked.write_text(json.dumps([term]))
     limited = start_server(
         flags={

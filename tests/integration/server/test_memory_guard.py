@@ -17,8 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from .conftest import ServerProcess
+from fusebox_server_harness import ServerProcess
 
 CGROUP_V1_MEMORY = Path("/sys/fs/cgroup/memory")
 LIMIT_BYTES = 1536 << 20

@@ -7,8 +7,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
-from .conftest import MODEL_NAME, ServerProcess
+from fusebox_server_harness import MODEL_NAME, ServerProcess
 
 
 @pytest.fixture

@@ -9,8 +9,7 @@ import uuid
 from typing import Any
 
 import httpx
-
-from .conftest import MODEL_NAME, ServerProcess
+from fusebox_server_harness import MODEL_NAME, ServerProcess
 
 
 def test_open_breaker_refuses_new_requests_while_running_ones_finish(

@@ -1,0 +1,162 @@
+"""The server harness: a real fusebox_server process on loopback, and what tests ask of it.
+
+Imported by this folder's conftest and tests as `fusebox_server_harness` (the
+conftest puts this folder on sys.path; the unique name cannot clash with
+another part's test modules).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+CORPUS = Path(__file__).resolve().parents[3] / "inference_image" / "fusebox_server" / "corpus"
+TEMPLATES_FILE = CORPUS / "templates.json"
+CANNED_FILE = CORPUS / "canned_answers.json"
+MODEL_NAME = "tiny"
+ADMIN_TOKEN = "s3cr3t-admin-token-for-tests"
+STARTUP_TIMEOUT_SECONDS = 240.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """A running server: its URLs, admin client, stats file and log."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        model_dir: Path,
+        flags: dict[str, Any],
+        env: dict[str, str],
+        preexec: Any = None,
+    ):
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.admin_port = free_port()
+        self.stats_file = workdir / "run" / "stats.json"
+        self.log_file = workdir / "server.log"
+        token_file = workdir / "admin-token"
+        token_file.write_text(ADMIN_TOKEN + "\n")
+        args = {
+            "model-dir": str(model_dir),
+            "model-name": MODEL_NAME,
+            "host": "127.0.0.1",
+            "port": self.port,
+            "admin-port": self.admin_port,
+            "admin-token-file": str(token_file),
+            "stats-file": str(self.stats_file),
+            "templates-file": str(TEMPLATES_FILE),
+            "canned-answers-file": str(CANNED_FILE),
+            # One intra-op thread: on a shared 2-core box more threads only contend.
+            "torch-threads": 1,
+        }
+        args.update(flags)
+        command = [sys.executable, "-m", "fusebox_server"]
+        for name, value in args.items():
+            command += [f"--{name}", str(value)]
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("FUSEBOX_")}
+        environment.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+        environment.update(env)
+        self._log = open(self.log_file, "wb")
+        self.process = subprocess.Popen(
+            command,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            preexec_fn=preexec,
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.admin_url = f"http://127.0.0.1:{self.admin_port}"
+        self.client = httpx.Client(base_url=self.url, timeout=60)
+        self.admin = httpx.Client(
+            base_url=self.admin_url,
+            timeout=60,
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log_text(self) -> str:
+        return self.log_file.read_text(errors="replace")
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log_text()[-4000:]}")
+            try:
+                if self.client.get("/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready in time:\n{self.log_text()[-4000:]}")
+
+    def state(self) -> dict[str, Any]:
+        response = self.admin.get("/admin/v1/state")
+        response.raise_for_status()
+        return dict(response.json())
+
+    def stats(self) -> dict[str, Any]:
+        return dict(json.loads(self.stats_file.read_text()))
+
+    def wait_for(self, predicate: Any, timeout: float = 20.0, what: str = "condition") -> Any:
+        """Poll predicate() until it returns something truthy (no wall-time assertion)."""
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            last = predicate()
+            if last:
+                return last
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}; last value {last!r}")
+
+    def chat(self, content: str, **fields: Any) -> httpx.Response:
+        body = {
+            "model": MODEL_NAME,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 4,
+            "temperature": 0,
+        }
+        body.update(fields)
+        return self.client.post("/v1/chat/completions", json=body)
+
+    def reset_runtime(self) -> None:
+        """Put the runtime state back to the defaults other tests expect."""
+        self.admin.put("/admin/v1/breaker", json={"state": "closed"}).raise_for_status()
+        self.admin.put("/admin/v1/degradation", json={"level": 0}).raise_for_status()
+        state = self.state()
+        if not state["model_loaded"] or state["variant"] != "primary":
+            action = {"id": f"reset-{time.time_ns()}", "type": "load", "variant": "primary"}
+            self.admin.post("/admin/v1/actions", json=action).raise_for_status()
+
+    def stop(self, graceful: bool = True) -> None:
+        self.client.close()
+        self.admin.close()
+        if self.process.poll() is None and not graceful:
+            self.process.kill()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=15)
+        self._log.close()
