@@ -1,0 +1,329 @@
+"""Fixtures of the operator's e2e tests: the CRD, the operator as a host
+process against the cluster, the tiny model behind a PVC, and polling helpers.
+
+The operator runs on the host (not as a pod) so a test can kill and restart
+it; localcluster routes pod IPs to the host, so it scrapes and calls the
+admin API exactly as it would in-cluster. Every wait polls with a generous
+deadline and fails with what it last saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+CRD = REPO / "crds" / "inferenceservice.yaml"
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 240, every: float = 2) -> T:
+    """Poll until probe() returns something truthy; fail naming `what` and the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(every)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; last seen: {last!r}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class OperatorProcess:
+    """`python -m fusebox_operator` on the host, restartable by tests."""
+
+    kubeconfig: Path
+    log_dir: Path
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log = open(self.log_dir / f"operator-{self.starts}.log", "wb")  # noqa: SIM115
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "FUSEBOX_LIVENESS_PORT": str(free_port()),
+            "FUSEBOX_PEERING": "standalone",
+            "FUSEBOX_WATCH_NAMESPACES": "",
+            "PYTHONPATH": str(REPO / "operator"),
+        }
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "fusebox_operator"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+        log.close()
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, exactly like a crashed or evicted operator."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=30)
+        self.process = None
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def log_tail(self) -> str:
+        path = self.log_dir / f"operator-{self.starts}.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+
+@pytest.fixture(scope="session")
+def crd(cluster: Any) -> None:
+    cluster.kubectl("apply", "-f", str(CRD))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/inferenceservices.fusebox.dev", "--timeout=60s"
+    )
+
+
+@pytest.fixture(scope="session")
+def operator(
+    cluster: Any, crd: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("operator-logs"))
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="session")
+def model_root() -> Path:
+    """A world-readable copy of the tiny model, as `<root>/tiny` (pods run as uid 65532)."""
+    cache = Path(os.environ.get("FUSEBOX_CACHE", Path.home() / ".cache" / "fusebox"))
+    source = cache / "models" / "tiny"
+    root = Path("/var/tmp") / f"fusebox-e2e-operator-{uuid.uuid4().hex[:8]}"
+    target = root / "tiny"
+    if (source / "config.json").exists():
+        shutil.copytree(source, target)
+    else:
+        subprocess.run(
+            [sys.executable, "-m", "fusebox_server.tiny_model", str(target)],
+            check=True,
+            timeout=600,
+            cwd=REPO,
+        )
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return root
+
+
+@dataclass
+class Service:
+    """One InferenceService under test, with its namespace and helpers."""
+
+    cluster: Any
+    namespace: str
+    name: str
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> Any:
+        return self.cluster.kubectl("-n", self.namespace, *args, input=input, check=check)
+
+    def get(self) -> dict[str, Any]:
+        out = self.kubectl("get", "inferenceservice", self.name, "-o", "json").stdout
+        return dict(json.loads(out))
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.get().get("status") or {})
+
+    def condition(self, type_: str) -> dict[str, Any]:
+        for condition in self.status().get("conditions") or []:
+            if condition.get("type") == type_:
+                return dict(condition)
+        return {}
+
+    def events(self) -> list[dict[str, Any]]:
+        out = self.kubectl(
+            "get",
+            "events",
+            "--field-selector",
+            f"involvedObject.kind=InferenceService,involvedObject.name={self.name}",
+            "-o",
+            "json",
+        ).stdout
+        items = json.loads(out)["items"]
+        # Timestamps have one-second resolution; the resourceVersion orders creation
+        # (kopf posts in order and never updates an event).
+        items.sort(key=lambda e: int(e["metadata"]["resourceVersion"]))
+        return list(items)
+
+    def event_reasons(self) -> list[str]:
+        return [e["reason"] for e in self.events()]
+
+    def pods(self) -> list[dict[str, Any]]:
+        out = self.kubectl(
+            "get", "pods", "-l", f"fusebox.dev/service={self.name}", "-o", "json"
+        ).stdout
+        return list(json.loads(out)["items"])
+
+    def ready_pods(self) -> list[dict[str, Any]]:
+        ready = []
+        for pod in self.pods():
+            conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions") or []}
+            if conditions.get("Ready") == "True" and not pod["metadata"].get("deletionTimestamp"):
+                ready.append(pod)
+        return ready
+
+    def admin_token(self) -> str:
+        out = self.kubectl(
+            "get", "secret", f"{self.name}-admin", "-o", "jsonpath={.data.token}"
+        ).stdout
+        import base64
+
+        return base64.b64decode(out).decode()
+
+    def service_url(self) -> str:
+        ip = self.kubectl("get", "service", self.name, "-o", "jsonpath={.spec.clusterIP}").stdout
+        return f"http://{ip.strip()}:8000"
+
+
+def http(
+    method: str,
+    url: str,
+    body: dict[str, Any] | None = None,
+    token: str | None = None,
+    timeout: float = 30,
+) -> tuple[int, dict[str, Any] | str]:
+    """One HTTP call; returns (status, parsed JSON or text); connection errors are status 0."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            text = response.read().decode()
+            status = response.status
+    except urllib.error.HTTPError as error:
+        with error:
+            text = error.read().decode()
+            status = error.code
+    except (OSError, TimeoutError) as error:
+        return 0, str(error)
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def chat(url: str, content: str = "Hello", max_tokens: int = 8, timeout: float = 60) -> int:
+    status, _ = http(
+        "POST",
+        f"{url}/v1/chat/completions",
+        {
+            "model": "chat",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+        },
+        timeout=timeout,
+    )
+    return status
+
+
+ServiceFactory = Callable[..., Service]
+
+
+@pytest.fixture
+def inference_service(
+    cluster: Any, namespace: str, operator: OperatorProcess, model_root: Path
+) -> Iterator[ServiceFactory]:
+    """Create the model PV/PVC in the test namespace and apply an InferenceService."""
+    pv_name = f"models-{namespace}"[:60]
+    localcluster = [sys.executable, "-m", "localcluster", "pv", pv_name, "--path", str(model_root)]
+    created = subprocess.run(localcluster, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert created.returncode == 0, created.stderr
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "models", "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "local",
+            "volumeName": pv_name,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(pvc))
+
+    def make(name: str, spec: dict[str, Any]) -> Service:
+        document = {
+            "apiVersion": "fusebox.dev/v1alpha1",
+            "kind": "InferenceService",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": spec,
+        }
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(document, allow_unicode=True))
+        return Service(cluster, namespace, name)
+
+    try:
+        yield make
+    finally:
+        cluster.kubectl("delete", "pv", pv_name, "--wait=false", check=False)
+
+
+def base_spec(**overrides: Any) -> dict[str, Any]:
+    """A small, fast service: CPU only, one replica, shrunk timings."""
+    spec: dict[str, Any] = {
+        "model": {"name": "chat", "source": "pvc://models/tiny"},
+        "fallback": {"quantization": "int8"},
+        "replicas": 1,
+        "gpu": {"count": 0},
+        "memory": {"limit": "2Gi"},
+        "server": {
+            "cpu": "500m",
+            "maxNewTokens": 16,
+            "requestTimeoutSeconds": 20,
+            "env": [{"name": "FUSEBOX_LATENCY_WINDOW", "value": "5"}],
+        },
+        "degradation": {"coolOffSeconds": 15, "cannedAnswers": {"你好": "你好！"}},
+        "telemetry": {
+            "scrapeIntervalSeconds": 2,
+            "scrapeTimeoutSeconds": 1.5,
+            "wedgeAfterSeconds": 8,
+        },
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+            spec[key] = {**spec[key], **value}
+        else:
+            spec[key] = value
+    return spec
+
+
+def pod_url(pod: dict[str, Any], port: int) -> str:
+    return f"http://{pod['status']['podIP']}:{port}"

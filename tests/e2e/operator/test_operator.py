@@ -1,0 +1,603 @@
+"""The operator end to end: real apiserver, kubelet, images, server and sidecar.
+
+Ordered by priority: apply -> serve, CRD validation, the leak ladder (with
+`kubectl describe`), wedge -> restart, the latency breaker, operator restart
+and deletion, quality -> fallback, RBAC. Timings are shrunk in each spec;
+every wait polls with a generous deadline, nothing asserts wall-clock time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .conftest import (
+    REPO,
+    OperatorProcess,
+    Service,
+    ServiceFactory,
+    base_spec,
+    chat,
+    http,
+    pod_url,
+    wait_for,
+)
+
+GIB = 1024**3
+LADDER_EVENTS = ("GarbageCollected", "CacheEmptied", "ModelUnloaded", "ModelReloaded")
+
+
+def printer_columns(service: Service) -> dict[str, str]:
+    out = service.kubectl("get", "fis", service.name).stdout.splitlines()
+    header, row = out[0].split(), out[1].split()
+    return dict(zip(header, row, strict=False))
+
+
+def wait_ready(service: Service, pods: int = 1, timeout: float = 420) -> None:
+    wait_for(
+        f"{pods} ready pod(s) of {service.name}",
+        lambda: len(service.ready_pods()) >= pods,
+        timeout=timeout,
+    )
+    wait_for(
+        "READY True and BREAKER Closed in `kubectl get fis`",
+        lambda: (
+            (cols := printer_columns(service)).get("READY") == "True"
+            and cols.get("BREAKER") == "Closed"
+            and cols
+        ),
+        timeout=120,
+    )
+
+
+@contextmanager
+def traffic(url: str, every_seconds: float, **chat_args: Any) -> Iterator[list[int]]:
+    """Send chat requests in the background; yields the list of status codes seen."""
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.is_set():
+            statuses.append(chat(url, **chat_args))
+            stop.wait(every_seconds)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield statuses
+    finally:
+        stop.set()
+        thread.join(timeout=90)
+
+
+def subsequence(wanted: tuple[str, ...] | list[str], seen: list[str]) -> bool:
+    iterator = iter(seen)
+    return all(any(item == reason for reason in iterator) for item in wanted)
+
+
+# --- 5: apply -> children -> Ready -> serves ----------------------------------------------
+
+
+def test_apply_creates_owned_children_ready_pods_and_a_serving_endpoint(
+    inference_service: ServiceFactory,
+) -> None:
+    spec = base_spec(gpu={"count": 1}, memory={"limit": "auto"})
+    service = inference_service("tiny-chat", spec)
+    uid = service.get()["metadata"]["uid"]
+    for kind, name in [
+        ("deployment", "tiny-chat"),
+        ("service", "tiny-chat"),
+        ("secret", "tiny-chat-admin"),
+        ("configmap", "tiny-chat-config"),
+        ("poddisruptionbudget", "tiny-chat"),
+        ("networkpolicy", "tiny-chat"),
+    ]:
+        owners = wait_for(
+            f"{kind}/{name} owned by the InferenceService",
+            lambda kind=kind, name=name: (
+                service.kubectl(
+                    "get",
+                    kind,
+                    name,
+                    "-o",
+                    "jsonpath={.metadata.ownerReferences[0].uid}",
+                    check=False,
+                ).stdout
+            ),
+            timeout=120,
+        )
+        assert owners == uid
+    wait_ready(service)
+    columns = printer_columns(service)
+    assert (columns["READY"], columns["BREAKER"], columns["TIER"], columns["VARIANT"]) == (
+        "True",
+        "Closed",
+        "none",
+        "primary",
+    )
+    memory = service.status()["memory"]
+    # Node label nvidia.com/gpu.memory = 1024 MiB: 1 GiB x 1.25 + 2 GiB -> 4 GiB.
+    assert memory["source"] == "node label nvidia.com/gpu.memory"
+    assert memory["limitBytes"] == 4 * GIB and memory["qosClass"] == "Guaranteed"
+    assert "MemorySized" in service.event_reasons()
+    pod = service.ready_pods()[0]
+    assert pod["status"]["qosClass"] == "Guaranteed"
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert wait_for("a 200 from /v1/chat/completions", lambda: chat(service.service_url()) == 200)
+
+
+# --- 4: the apiserver rejects inconsistent specs ----------------------------------------------
+
+INVALID_SPECS: list[tuple[str, dict[str, Any], str]] = [
+    ("no-model", {"replicas": 1}, "spec.model: Required value"),
+    (
+        "bad-source",
+        {"model": {"name": "c", "source": "s3://bucket/m"}, "fallback": {}},
+        "model source must be pvc://CLAIM/path",
+    ),
+    (
+        "bad-claim",
+        {"model": {"name": "c", "source": "pvc://Bad_Claim/m"}, "fallback": {}},
+        "lowercase DNS label",
+    ),
+    (
+        "no-fallback",
+        {"model": {"name": "c", "source": "pvc://m/x"}},
+        "spec.fallback is required when degradation.tiers lists fallback-model",
+    ),
+    (
+        "unquantized-fallback",
+        {"model": {"name": "c", "source": "pvc://m/x"}, "fallback": {"quantization": "none"}},
+        "must be quantized",
+    ),
+    (
+        "admit-zero",
+        {
+            "model": {"name": "c", "source": "pvc://m/x"},
+            "fallback": {},
+            "breaker": {"halfOpen": {"admitPercent": 0}},
+        },
+        "admitPercent",
+    ),
+    (
+        "recovery-above-threshold",
+        {
+            "model": {"name": "c", "source": "pvc://m/x"},
+            "fallback": {},
+            "breaker": {
+                "latency": {"p99ThresholdMillis": 100},
+                "halfOpen": {"p99RecoveryMillis": 150},
+            },
+        },
+        "p99RecoveryMillis must be below breaker.latency.p99ThresholdMillis",
+    ),
+    (
+        "ratio-above-one",
+        {
+            "model": {"name": "c", "source": "pvc://m/x"},
+            "fallback": {},
+            "breaker": {"resource": {"rss": {"ratioOfLimit": 1.5}}},
+        },
+        "ratioOfLimit",
+    ),
+    (
+        "failure-rate-zero",
+        {
+            "model": {"name": "c", "source": "pvc://m/x"},
+            "fallback": {},
+            "breaker": {"quality": {"maxFailureRate": 0}},
+        },
+        "maxFailureRate",
+    ),
+    (
+        "bad-limit",
+        {
+            "model": {"name": "c", "source": "pvc://m/x"},
+            "fallback": {},
+            "memory": {"limit": "lots"},
+        },
+        "memory.limit must be auto or a quantity",
+    ),
+    (
+        "product-without-gpu",
+        {
+            "model": {"name": "c", "source": "pvc://m/x"},
+            "fallback": {},
+            "gpu": {"count": 0, "product": "NVIDIA-H100-80GB-HBM3"},
+        },
+        "gpu.product requires gpu.count > 0",
+    ),
+    (
+        "reserved-env",
+        {
+            "model": {"name": "c", "source": "pvc://m/x"},
+            "fallback": {},
+            "server": {"env": [{"name": "FUSEBOX_ADMIN_TOKEN_FILE", "value": "/x"}]},
+        },
+        "server.env may not set the operator's wiring",
+    ),
+    (
+        "unknown-tier",
+        {
+            "model": {"name": "c", "source": "pvc://m/x"},
+            "fallback": {},
+            "degradation": {"tiers": ["turbo"]},
+        },
+        'Unsupported value: "turbo"',
+    ),
+    (
+        "wedge-below-interval",
+        {
+            "model": {"name": "c", "source": "pvc://m/x"},
+            "fallback": {},
+            "telemetry": {"scrapeIntervalSeconds": 10, "wedgeAfterSeconds": 5},
+        },
+        "wedgeAfterSeconds must exceed",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "spec", "message"), INVALID_SPECS, ids=[c[0] for c in INVALID_SPECS]
+)
+def test_apiserver_rejects_inconsistent_specs(
+    cluster: Any, crd: None, namespace: str, name: str, spec: dict[str, Any], message: str
+) -> None:
+    document = {
+        "apiVersion": "fusebox.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+    result = cluster.kubectl(
+        "apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(document), check=False
+    )
+    assert result.returncode != 0, f"{name} was accepted"
+    assert message in result.stderr, result.stderr
+
+
+def test_the_tiny_chat_example_is_accepted_with_defaults(
+    cluster: Any, crd: None, namespace: str
+) -> None:
+    example = (REPO / "crds" / "examples" / "tiny-chat.yaml").read_text()
+    result = cluster.kubectl(
+        "apply", "-n", namespace, "--dry-run=server", "-f", "-", "-o", "json", input=example
+    )
+    spec = json.loads(result.stdout)["spec"]
+    assert spec["breaker"]["halfOpen"]["admitPercent"] == 5
+    assert spec["memory"] == {"limit": "auto", "headroomRatio": 1.25, "allowSwap": False}
+
+
+def test_explicit_limit_below_vram_is_reported_and_nothing_is_deployed(
+    inference_service: ServiceFactory,
+) -> None:
+    spec = base_spec(gpu={"count": 1, "memoryGiB": 1}, memory={"limit": "512Mi"})
+    service = inference_service("too-small", spec)
+    condition = wait_for(
+        "condition InvalidSpec",
+        lambda: (
+            service.condition("InvalidSpec").get("status") == "True"
+            and service.condition("InvalidSpec")
+        ),
+        timeout=120,
+    )
+    assert "0.50 GiB" in condition["message"] and "1.00 GiB" in condition["message"]
+    assert wait_for(
+        "an InvalidSpec event", lambda: "InvalidSpec" in service.event_reasons(), timeout=60
+    )
+    assert service.kubectl("get", "deployment", "too-small", check=False).returncode != 0
+
+
+# --- 6 + 11: leak -> ladder -> recovery, and `kubectl describe` tells the story ----------------
+
+
+def leak_spec() -> dict[str, Any]:
+    spec = base_spec(
+        breaker={
+            "resource": {
+                "rss": {"ratioOfLimit": 0.5, "growthMiBPerMinute": 30},
+                "cooldownSeconds": 6,
+                "windowSeconds": 20,
+            }
+        }
+    )
+    spec["server"]["env"] = [
+        {"name": "FUSEBOX_FAULTS", "value": "leak:16"},
+        {"name": "FUSEBOX_LATENCY_WINDOW", "value": "5"},
+    ]
+    return spec
+
+
+def ladder_reasons(service: Service) -> list[str]:
+    reasons = set(LADDER_EVENTS) | {"SwappedToFallback", "PodRestarted"}
+    return [r for r in service.event_reasons() if r in reasons]
+
+
+def test_leak_climbs_the_ladder_and_rss_comes_back_under_without_oom(
+    inference_service: ServiceFactory,
+) -> None:
+    service = inference_service("leaky", leak_spec())
+    wait_ready(service)
+    with traffic(service.service_url(), 1.0, max_tokens=4):
+        wait_for(
+            "the ladder to reach unload+reload",
+            lambda: "ModelReloaded" in ladder_reasons(service) and ladder_reasons(service),
+            timeout=300,
+        )
+    reasons = ladder_reasons(service)
+    assert reasons[:4] == list(LADDER_EVENTS), reasons
+    status = service.status()
+    last = status["lastAction"]
+    assert last["type"] in ("reload", "swap_fallback", "restart") and last["pod"] and last["result"]
+    gc_event = next(e for e in service.events() if e["reason"] == "GarbageCollected")
+    assert re.search(r"RSS \d+ MiB = \d+% of the memory limit", gc_event["message"]), gc_event[
+        "message"
+    ]
+    reload = next(a for a in status["recentActions"] if a["type"] == "reload")
+    trigger_mib = int(re.search(r"RSS (\d+) MiB", reload["reason"]).group(1))  # type: ignore[union-attr]
+    assert "freed" in reload["result"], reload
+    wait_for(
+        f"RSS back under the {trigger_mib} MiB that triggered the reload",
+        lambda: all(
+            p.get("rssBytes", 1 << 60) < trigger_mib * 1024**2
+            for p in service.status().get("pods", [])
+        ),
+        timeout=120,
+    )
+    wait_for(
+        "MemoryPressure False once the ladder is calm",
+        lambda: service.condition("MemoryPressure").get("status") == "False",
+        timeout=120,
+    )
+    for pod in service.pods():
+        server = pod["status"]["containerStatuses"][0]
+        terminated = (server.get("lastState") or {}).get("terminated") or {}
+        assert terminated.get("reason") != "OOMKilled"
+    # 11: describe shows conditions with reasons, the breaker block, the last action, events.
+    described = service.kubectl("describe", "fis", service.name).stdout
+    for text in (
+        "Conditions:",
+        "PodsReady",
+        "Breaker:",
+        "Closed",
+        "Last Action:",
+        "GarbageCollected",
+        "ModelReloaded",
+        "MemorySized",
+    ):
+        assert text in described, f"{text!r} missing from kubectl describe:\n{described}"
+
+
+# --- 9: wedge -> that pod restarted, the service stays available ---------------------------------
+
+
+def test_wedged_pod_is_restarted_while_the_service_keeps_answering(
+    inference_service: ServiceFactory,
+) -> None:
+    spec = base_spec(replicas=2)
+    spec["server"]["env"] = [{"name": "FUSEBOX_FAULTS", "value": "wedge"}]
+    service = inference_service("wedgy", spec)
+    wait_ready(service, pods=2)
+    victim = service.ready_pods()[0]
+    name = victim["metadata"]["name"]
+    status, body = http(
+        "PUT", f"{pod_url(victim, 8001)}/admin/v1/faults", {"wedge": 1}, token=service.admin_token()
+    )
+    assert status == 200, body
+    event = wait_for(
+        f"PodRestarted for {name}",
+        lambda: next(
+            (e for e in service.events() if e["reason"] == "PodRestarted" and name in e["message"]),
+            None,
+        ),
+        timeout=180,
+    )
+    assert "wedged" in event["message"]
+    assert wait_for(
+        "a 200 through the Service", lambda: chat(service.service_url()) == 200, timeout=60
+    )
+    assert service.condition("Available")["status"] == "True"
+    wait_for(
+        "two ready pods without the wedged one",
+        lambda: (
+            len(names := [p["metadata"]["name"] for p in service.ready_pods()]) == 2
+            and name not in names
+        ),
+        timeout=300,
+    )
+
+
+# --- 7: latency -> Open (503) -> HalfOpen -> Closed ---
+
+
+def test_slow_pod_opens_the_breaker_then_half_open_then_closed(
+    inference_service: ServiceFactory,
+) -> None:
+    spec = base_spec(
+        breaker={
+            "latency": {
+                "metric": "ttft",
+                "p99ThresholdMillis": 400,
+                "forSeconds": 4,
+                "minRequests": 3,
+            },
+            "openSeconds": 8,
+            "halfOpen": {"admitPercent": 50, "minRequests": 3, "p99RecoveryMillis": 300},
+        }
+    )
+    spec["server"]["cpu"] = "1"  # CPU throttling would blur fast vs slow
+    spec["server"]["env"] = [
+        {"name": "FUSEBOX_FAULTS", "value": "slow:0"},
+        {"name": "FUSEBOX_LATENCY_WINDOW", "value": "5"},
+    ]
+    service = inference_service("slowpoke", spec)
+    wait_ready(service)
+    pod = service.ready_pods()[0]
+    token = service.admin_token()
+    assert (
+        http("PUT", f"{pod_url(pod, 8001)}/admin/v1/faults", {"slow": 600}, token=token)[0] == 200
+    )
+    with traffic(service.service_url(), 0.5, max_tokens=2) as statuses:
+        wait_for("BreakerOpened", lambda: "BreakerOpened" in service.event_reasons(), timeout=180)
+        assert wait_for("a 503 while open", lambda: 503 in statuses, timeout=60)
+        assert printer_columns(service)["BREAKER"] in ("Open", "HalfOpen")
+        assert (
+            http("PUT", f"{pod_url(pod, 8001)}/admin/v1/faults", {"slow": 0}, token=token)[0] == 200
+        )
+        wait_for("BreakerClosed", lambda: "BreakerClosed" in service.event_reasons(), timeout=240)
+    reasons = [r for r in service.event_reasons() if r.startswith("Breaker")]
+    assert subsequence(["BreakerOpened", "BreakerHalfOpen", "BreakerClosed"], reasons), reasons
+    opened = next(e for e in service.events() if e["reason"] == "BreakerOpened")
+    assert "ms > 400 ms" in opened["message"]
+    assert service.status()["breaker"]["trips"] >= 1
+
+
+# --- 10: operator killed mid-ladder resumes without repeating; delete cascades -------------------
+
+
+def test_operator_restart_resumes_without_repeating_and_delete_cascades(
+    inference_service: ServiceFactory, operator: OperatorProcess
+) -> None:
+    service = inference_service("resume", leak_spec())
+    wait_ready(service)
+    with traffic(service.service_url(), 1.0, max_tokens=4):
+        wait_for(
+            "the first ladder step",
+            lambda: "GarbageCollected" in ladder_reasons(service),
+            timeout=300,
+        )
+        operator.kill()
+        operator.start()
+        wait_for(
+            "the ladder to continue after the restart",
+            lambda: "ModelReloaded" in ladder_reasons(service),
+            timeout=300,
+        )
+    reasons = ladder_reasons(service)
+    before_reload = reasons[: reasons.index("ModelReloaded") + 1]
+    assert before_reload == list(LADDER_EVENTS), reasons
+    ids = [a["id"] for a in service.status()["recentActions"]]
+    assert len(ids) == len(set(ids)), ids
+    event_ids = [
+        m.group(1) for e in service.events() if (m := re.search(r"\[([^\]]+)\]$", e["message"]))
+    ]
+    per_action = {i: event_ids.count(i) for i in event_ids}
+    # A reload posts two events (unloaded, reloaded) under one id; nothing else repeats.
+    assert all(count <= 2 for count in per_action.values()), per_action
+
+    service.kubectl("delete", "fis", service.name, "--wait=true", "--timeout=120s")
+    for kind, name in [
+        ("deployment", "resume"),
+        ("service", "resume"),
+        ("secret", "resume-admin"),
+        ("configmap", "resume-config"),
+        ("poddisruptionbudget", "resume"),
+        ("networkpolicy", "resume"),
+    ]:
+        wait_for(
+            f"{kind}/{name} garbage-collected",
+            lambda kind=kind, name=name: (
+                service.kubectl("get", kind, name, check=False).returncode != 0
+            ),
+            timeout=180,
+        )
+
+
+# --- 8: quality -> tier 2 (fallback), cool-off -> primary ---
+
+
+def test_quality_failures_degrade_to_fallback_and_cool_off_restores_primary(
+    inference_service: ServiceFactory,
+) -> None:
+    spec = base_spec(
+        breaker={
+            "quality": {"sampleRate": 1.0, "maxFailureRate": 0.15, "maxOutputInputRatio": 0.01}
+        }
+    )
+    service = inference_service("picky", spec)
+    wait_ready(service)
+    with traffic(service.service_url(), 1.0, max_tokens=8):
+        wait_for(
+            "TIER fallback-model and VARIANT fallback",
+            lambda: (
+                (c := printer_columns(service)).get("TIER") == "fallback-model"
+                and c.get("VARIANT") == "fallback"
+            ),
+            timeout=180,
+        )
+    assert "SwappedToFallback" in service.event_reasons()
+    wait_for(
+        "VARIANT primary after the cool-off",
+        lambda: (
+            (c := printer_columns(service)).get("VARIANT") == "primary" and c.get("TIER") == "none"
+        ),
+        timeout=240,
+    )
+    assert "RestoredPrimary" in service.event_reasons()
+
+
+# --- 12: RBAC ------------------------------------------------------------------------------------
+
+
+RBAC_DIR = REPO / "operator" / "rbac"
+AS_OPERATOR = "--as=system:serviceaccount:fusebox-system:fusebox-operator"
+ALLOWED = [
+    ("watch", "inferenceservices.fusebox.dev"),
+    ("patch", "inferenceservices.fusebox.dev/status"),
+    ("create", "deployments.apps"),
+    ("update", "deployments.apps"),
+    ("create", "secrets"),
+    ("get", "secrets"),
+    ("list", "pods"),
+    ("delete", "pods"),
+    ("create", "events"),
+    ("list", "nodes"),
+    ("create", "networkpolicies.networking.k8s.io"),
+    ("create", "poddisruptionbudgets.policy"),
+]
+DENIED = [
+    ("list", "secrets"),
+    ("watch", "secrets"),
+    ("update", "secrets"),
+    ("create", "pods"),
+    ("create", "pods/exec"),
+    ("delete", "deployments.apps"),
+    ("patch", "nodes"),
+    ("delete", "inferenceservices.fusebox.dev"),
+    ("create", "clusterroles.rbac.authorization.k8s.io"),
+]
+
+
+def test_operator_rbac_allows_what_it_needs_and_denies_the_rest(
+    cluster: Any, crd: None, namespace: str
+) -> None:
+    existed = cluster.kubectl("get", "namespace", "fusebox-system", check=False).returncode == 0
+    if not existed:
+        cluster.kubectl("create", "namespace", "fusebox-system")
+    try:
+        for path in sorted(Path(RBAC_DIR).glob("*.yaml")):
+            cluster.kubectl("apply", "-f", str(path))
+        for verb, resource in ALLOWED:
+            result = cluster.kubectl(
+                "auth", "can-i", verb, resource, AS_OPERATOR, "-n", namespace, check=False
+            )
+            assert result.stdout.strip() == "yes", (
+                f"{verb} {resource}: {result.stdout}{result.stderr}"
+            )
+        for verb, resource in DENIED:
+            result = cluster.kubectl(
+                "auth", "can-i", verb, resource, AS_OPERATOR, "-n", namespace, check=False
+            )
+            assert result.stdout.strip() == "no", f"{verb} {resource} allowed"
+    finally:
+        cluster.kubectl("delete", "-f", str(RBAC_DIR), "--ignore-not-found", check=False)
+        if not existed:
+            cluster.kubectl("delete", "namespace", "fusebox-system", "--wait=false", check=False)
