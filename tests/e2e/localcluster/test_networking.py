@@ -25,7 +25,7 @@ def _deployment(kube: Any, name: str, replicas: int) -> dict[str, Any]:
         env=[
             *kube.testapp_container()["env"],
             # Keep serving while the endpoint is withdrawn, as a graceful server does.
-            {"name": "TERM_DELAY_SECONDS", "value": "4"},
+            {"name": "TERM_DELAY_SECONDS", "value": "10"},
         ],
         readinessProbe={"httpGet": {"path": "/readyz", "port": 8080}, "periodSeconds": 1},
     )
@@ -38,7 +38,7 @@ def _deployment(kube: Any, name: str, replicas: int) -> dict[str, Any]:
             "selector": {"matchLabels": {"app": name}},
             "template": {
                 "metadata": {"labels": {"app": name}},
-                "spec": kube.testapp_pod_spec(terminationGracePeriodSeconds=10, containers=[app]),
+                "spec": kube.testapp_pod_spec(terminationGracePeriodSeconds=20, containers=[app]),
             },
         },
     }
