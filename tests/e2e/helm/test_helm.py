@@ -58,7 +58,7 @@ def helm(cluster: Any, *args: str, timeout: float = 300) -> subprocess.Completed
 def chart_crds(cluster: Any) -> None:
     """The chart's CRDs (what `helm install` would create) and the monitoring stand-ins."""
     for path in sorted((CHART / "crds").glob("*.yaml")):
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+        cluster.kubectl("apply", "-f", str(path))  # as the operator tests apply it
     for crd in MONITORING_CRDS:
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(crd))
     for name in (
