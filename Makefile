@@ -40,11 +40,11 @@ cluster-status: ## Show each localcluster component
 	@$(PY) -m localcluster status
 
 ##@ Tests and checks
-.PHONY: test test-unit test-integration test-e2e lint fmt snapshots models bench gpu-check
+.PHONY: test test-unit test-integration test-e2e lint fmt snapshots models bench gpu-check api-docs
 test: setup images ## Run every tier: unit, integration, e2e (what CI runs)
 	@$(PYTEST) tests/unit tests/integration tests/e2e
 
-test-unit: setup-python ## Pure logic and in-process components (fast)
+test-unit: setup ## Pure logic and in-process components (fast; the chart tests need the helm binary)
 	@$(PYTEST) tests/unit
 
 test-integration: setup-python ## The real server and sidecar as processes, with the real openai client
@@ -70,6 +70,9 @@ bench: setup-python models ## Run the benchmarks (bench/), writing figures to be
 
 gpu-check: setup-python models ## On a CUDA machine: drive the leak fault on the GPU and record what each admin action frees
 	@$(PY) bench/gpu_check.py --out $${OUT:-bench/results/gpu-check}
+
+api-docs: setup-python ## Regenerate docs/api.md and the chart's CRD copy from crds/inferenceservice.yaml
+	@$(PY) scripts/gen_api_docs.py
 
 fmt: setup-python ## Format and auto-fix with ruff
 	@$(PY) -m ruff format .
