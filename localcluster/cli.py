@@ -54,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
 
     up.add_argument(
         "--images",
-        help="load only these images, comma-separated (e.g. pause,coredns,testapp); default all",
+        help="load only these images, comma-separated (e.g. pause,coredns,testapp; "
+        "env FUSEBOX_LOCALCLUSTER_IMAGES); default all",
     )
 
     sub.add_parser("down", help="stop everything and leave the host as it was")
@@ -100,7 +101,8 @@ def run(argv: Sequence[str]) -> int:
             gpu_product=args.gpu_product,
             gpu_memory_mib=args.gpu_memory_mib,
         )
-        only = tuple(n for n in args.images.split(",") if n) if args.images else None
+        wanted = args.images or os.environ.get("FUSEBOX_LOCALCLUSTER_IMAGES")
+        only = tuple(n for n in wanted.split(",") if n) if wanted else None
         lifecycle.up(
             config, saved=saved, load_images=not args.no_images, only_images=only, report=report
         )

@@ -38,9 +38,13 @@ def testapp_container(name: str = "app", **extra: Any) -> dict[str, Any]:
         ],
         "securityContext": copy.deepcopy(RESTRICTED),
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "96Mi"}},
+        # Ready only once the app answers: by then its SIGTERM handler is installed
+        # and its start-up line logged.
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8080}, "periodSeconds": 1},
     }
     container.update(extra)
-    return container
+    # None removes a default (e.g. the probe from a container running another command).
+    return {k: v for k, v in container.items() if v is not None}
 
 
 def testapp_pod_spec(**extra: Any) -> dict[str, Any]:

@@ -75,6 +75,7 @@ def test_container_exceeding_its_memory_limit_is_oom_killed_and_neighbours_survi
             "for i in range(0, len(b), 4096): b[i] = 1\n"
             "import time; time.sleep(3600)",
         ],
+        readinessProbe=None,
     )
     hog["resources"]["limits"]["memory"] = "64Mi"
     kube.apply(kube.testapp_pod("hog", containers=[hog]))
@@ -162,7 +163,9 @@ def test_configmap_secret_emptydir_and_local_pvc_are_mounted_and_processes_are_s
             {"name": "data", "mountPath": "/data"},
         ]
     )
-    sidecar = kube.testapp_container("sidecar", command=["sleep", "3600"], ports=[])
+    sidecar = kube.testapp_container(
+        "sidecar", command=["sleep", "3600"], ports=[], readinessProbe=None
+    )
     pod = kube.testapp_pod(
         "volumes",
         shareProcessNamespace=True,
