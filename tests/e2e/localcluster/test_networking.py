@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 # Run in a pod: ask a URL `times` times, `pause` s apart; print which pods answered.
 ASK_REPEATEDLY = """
 import json, sys, time, urllib.request
@@ -79,3 +81,29 @@ def test_deployment_pods_and_service_answer_by_ip_clusterip_and_dns(
     )
     assert not [a for a in answers if a.startswith("error")], answers
     kube.wait("deployment/web", "jsonpath={.status.readyReplicas}=2")
+
+
+# Run in a pod: try to open a TCP connection to each address; print what happened.
+CONNECT = """
+import json, socket, sys
+results = {}
+for address in sys.argv[1:]:
+    try:
+        socket.create_connection((address, 80), timeout=3).close()
+        results[address] = "connected"
+    except OSError as err:
+        results[address] = type(err).__name__
+print(json.dumps(results))
+"""
+
+
+def test_pods_cannot_reach_anything_beyond_the_machine(cluster: Any, kube: Any) -> None:
+    if not cluster.local:
+        pytest.fail("this checks localcluster's network isolation")
+    kube.apply(kube.testapp_pod("isolated"))
+    kube.wait("pod/isolated", "condition=Ready")
+    # A public address, a documentation-range address and the default gateway's range.
+    targets = ["1.1.1.1", "192.0.2.1", "8.8.8.8"]
+    results = json.loads(kube("exec", "isolated", "--", "python3", "-c", CONNECT, *targets).stdout)
+    assert set(results) == set(targets)
+    assert "connected" not in results.values(), results
