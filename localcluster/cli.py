@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from localcluster import addons, lifecycle, storage
+from localcluster import addons, containerd, health, lifecycle, storage, teardown
 from localcluster.config import (
     ClusterConfig,
     ConfigError,
@@ -22,6 +22,7 @@ from localcluster.config import (
 )
 from localcluster.kubectl import KubectlError
 from localcluster.network import NetworkError
+from localcluster.progress import ClusterError, Reporter
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,14 +79,14 @@ def _parser() -> argparse.ArgumentParser:
 def _require_saved(name: str) -> ClusterConfig:
     saved = load_saved(name, os.environ)
     if saved is None:
-        raise lifecycle.ClusterError(f"cluster {name!r} is not up: run `python -m localcluster up`")
+        raise ClusterError(f"cluster {name!r} is not up: run `python -m localcluster up`")
     return saved
 
 
 def run(argv: Sequence[str]) -> int:
     args = _parser().parse_args(argv)
     name = args.name or default_name(os.environ)
-    report = lifecycle.Reporter(sys.stderr)
+    report = Reporter(sys.stderr)
     saved = load_saved(name, os.environ)
     if args.command == "up":
         config = build_config(
@@ -111,7 +112,7 @@ def run(argv: Sequence[str]) -> int:
         if saved is None:
             report.say(f"cluster {name!r} is not up")
             return 0
-        problems = lifecycle.down(saved, report=report)
+        problems = teardown.down(saved, report=report)
         if problems:
             print("could not remove:\n  " + "\n  ".join(problems), file=sys.stderr)
             return 1
@@ -121,7 +122,7 @@ def run(argv: Sequence[str]) -> int:
         if saved is None:
             print(f"cluster {name!r}: down")
             return 1
-        healthy, lines = lifecycle.status_lines(saved)
+        healthy, lines = health.status_lines(saved)
         print(f"cluster {name!r}: {'up' if healthy else 'NOT healthy'}")
         print("\n".join(lines))
         return 0 if healthy else 1
@@ -131,7 +132,7 @@ def run(argv: Sequence[str]) -> int:
         print(f"export PATH={config.bin_dir}:$PATH")
         return 0
     if args.command == "load-images":
-        lifecycle.load_images_into_running(_require_saved(name))
+        containerd.load_images_into_running(_require_saved(name))
         return 0
     if args.command == "pv":
         config = _require_saved(name)
@@ -140,7 +141,7 @@ def run(argv: Sequence[str]) -> int:
         volume = storage.persistent_volume(
             config, name=args.pv_name, path=path, size=args.size, access_mode=args.access_mode
         )
-        lifecycle.kubectl_for(config).apply(addons.as_list([volume]))
+        health.kubectl_for(config).apply(addons.as_list([volume]))
         print(f"persistentvolume/{args.pv_name} backed by {path}")
         return 0
     raise AssertionError(args.command)
@@ -151,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(sys.argv[1:] if argv is None else argv)
     except (
         ConfigError,
-        lifecycle.ClusterError,
+        ClusterError,
         NetworkError,
         KubectlError,
         storage.StorageError,

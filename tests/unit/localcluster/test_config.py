@@ -8,7 +8,7 @@ import pytest
 
 from localcluster import gpu, storage
 from localcluster.config import ClusterConfig, ConfigError, build_config
-from localcluster.lifecycle import image_reference
+from localcluster.containerd import image_reference
 
 
 def _config(**flags: object) -> ClusterConfig:

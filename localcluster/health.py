@@ -1,0 +1,95 @@
+"""Is the cluster up? Probes of each daemon, the API server, the node and CoreDNS.
+
+Used by `up` (to say "already up" or to wait), by `status`, and by the e2e
+fixture through `status`'s exit code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from localcluster import gpu, processes
+from localcluster.components import COMPONENTS, Layout
+from localcluster.config import ClusterConfig
+from localcluster.kubectl import Kubectl, KubectlError
+
+
+def kubectl_for(config: ClusterConfig) -> Kubectl:
+    return Kubectl(Path(config.bin_dir) / "kubectl", config.kubeconfig)
+
+
+def component_states(config: ClusterConfig) -> dict[str, bool]:
+    layout = Layout(config.state)
+    states: dict[str, bool] = {}
+    for component in COMPONENTS:
+        proc = processes.read_pid_file(layout.pid(component))
+        states[component] = proc is not None and processes.is_alive(proc)
+    return states
+
+
+def apiserver_ready(config: ClusterConfig) -> bool:
+    if not config.kubeconfig.exists():
+        return False
+    try:
+        return kubectl_for(config).run("get", "--raw", "/readyz", timeout_seconds=15).stdout == "ok"
+    except KubectlError:
+        return False
+
+
+def is_healthy(config: ClusterConfig) -> bool:
+    return all(component_states(config).values()) and apiserver_ready(config)
+
+
+def node_exists(kubectl: Kubectl, config: ClusterConfig) -> bool:
+    return kubectl.run("get", "node", config.node_name, check=False).returncode == 0
+
+
+def node_ready(kubectl: Kubectl, config: ClusterConfig) -> bool:
+    result = kubectl.run(
+        "get",
+        "node",
+        config.node_name,
+        "-o",
+        "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
+        check=False,
+    )
+    return result.stdout.strip() == "True"
+
+
+def coredns_ready(kubectl: Kubectl) -> bool:
+    result = kubectl.run(
+        "-n",
+        "kube-system",
+        "get",
+        "deployment",
+        "coredns",
+        "-o",
+        "jsonpath={.status.availableReplicas}",
+        check=False,
+    )
+    return result.stdout.strip() not in ("", "0")
+
+
+def status_lines(config: ClusterConfig) -> tuple[bool, list[str]]:
+    states = component_states(config)
+    lines = [f"{name:<24} {'running' if alive else 'stopped'}" for name, alive in states.items()]
+    ready = apiserver_ready(config)
+    lines.append(f"{'apiserver /readyz':<24} {'ok' if ready else 'not answering'}")
+    healthy = all(states.values()) and ready
+    if ready:
+        kubectl = kubectl_for(config)
+        is_ready = node_ready(kubectl, config)
+        lines.append(f"{'node ' + config.node_name:<24} {'Ready' if is_ready else 'NotReady'}")
+        try:
+            count = gpu.advertised_count(kubectl.get_json("node", config.node_name))
+        except KubectlError:
+            count = 0
+        lines.append(
+            f"{'nvidia.com/gpu':<24} {count} ({config.gpu_product}, {config.gpu_memory_mib} MiB)"
+        )
+        dns = coredns_ready(kubectl)
+        lines.append(f"{'coredns':<24} {'Available' if dns else 'not available'}")
+        healthy = healthy and is_ready
+    lines.append(f"{'kubeconfig':<24} {config.kubeconfig}")
+    lines.append(f"{'logs':<24} {Layout(config.state).logs}")
+    return healthy, lines
