@@ -4,6 +4,9 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 export FUSEBOX_CACHE ?= $(HOME)/.cache/fusebox
+# Nothing here may reach a model hub: models are generated locally.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: help
 help: ## List the targets with what each one does
@@ -61,9 +64,8 @@ lint: setup-python ## ruff (lint + format check) and mypy strict
 snapshots: setup-python ## Refresh the operator's golden YAML snapshots (tests/unit/operator/snapshots)
 	@FUSEBOX_UPDATE_SNAPSHOTS=1 $(PYTEST) tests/unit/operator -q
 
-models: setup-python ## Generate the tiny and small test models into the cache
-	@$(PY) -m fusebox_server.tiny_model $(FUSEBOX_CACHE)/models/tiny --size tiny
-	@$(PY) -m fusebox_server.tiny_model $(FUSEBOX_CACHE)/models/small --size small
+models: setup-python ## Generate the tiny and small models into the cache (keyed by the generator's fingerprint), as the tests and benchmarks do
+	@$(PY) -c 'from fusebox_server.tiny_model import ensure_model; print(ensure_model("tiny")); print(ensure_model("small"))'
 
 bench: setup-python models ## Run the benchmarks (bench/), writing figures to bench/results/
 	@$(PY) -m bench

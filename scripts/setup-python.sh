@@ -53,9 +53,15 @@ if [ "$(cat "$venv/.fusebox-shared" 2>/dev/null)" != "$shared" ]; then
   done
   echo "$shared" > "$venv/.fusebox-shared"
 fi
-# setuptools warns on stderr about editable installs; keep it for failures only.
-if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
-  --no-build-isolation -e "$root/operator" -e "$root/inference_image" 2>"$venv/editable.log"; then
-  cat "$venv/editable.log" >&2
-  exit 1
+# The editable installs follow code changes by themselves; only a change to a
+# distribution's metadata (its pyproject.toml) needs a reinstall.
+editable=$(cat "$root/operator/pyproject.toml" "$root/inference_image/pyproject.toml" | sha256sum)
+if [ "$(cat "$venv/.fusebox-editable" 2>/dev/null)" != "$editable" ]; then
+  # setuptools warns on stderr about editable installs; keep it for failures only.
+  if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+    --no-build-isolation -e "$root/operator" -e "$root/inference_image" 2>"$venv/editable.log"; then
+    cat "$venv/editable.log" >&2
+    exit 1
+  fi
+  echo "$editable" > "$venv/.fusebox-editable"
 fi
