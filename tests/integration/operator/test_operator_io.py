@@ -151,7 +151,13 @@ def _action(kind: ActionKind, action_id: str, variant: str = "primary") -> Actio
 
 
 def test_scrape_of_the_real_sidecar_gives_memory_counters_and_state(pair: Pair) -> None:
+    # /readyz flips before the stats thread's next write (once a second), so
+    # the first scrape may still carry the loading state.
+    deadline = time.monotonic() + 30
     sample = asyncio.run(_scrape(pair))
+    while not sample.model_loaded and time.monotonic() < deadline:
+        time.sleep(0.5)
+        sample = asyncio.run(_scrape(pair))
     assert sample.rss_bytes is not None and sample.rss_bytes > 10 * 1024**2
     assert sample.requests is not None
     assert sample.breaker_state == "closed" and sample.model_loaded is True
