@@ -123,7 +123,7 @@ def operator(
 
 
 @pytest.fixture(scope="session")
-def model_root() -> Path:
+def model_root() -> Iterator[Path]:
     """A world-readable copy of the tiny model, as `<root>/tiny` (pods run as uid 65532)."""
     cache = Path(os.environ.get("FUSEBOX_CACHE", Path.home() / ".cache" / "fusebox"))
     source = cache / "models" / "tiny"
@@ -140,7 +140,10 @@ def model_root() -> Path:
         )
     for path in [root, *root.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
-    return root
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @dataclass
