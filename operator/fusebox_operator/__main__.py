@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 from collections.abc import Sequence
 
 import kopf
@@ -23,6 +24,7 @@ SETTINGS_HELP = """settings (environment variables, see docs/operator.md):
   FUSEBOX_WATCH_NAMESPACES      comma-separated namespaces; empty = all
   FUSEBOX_PEERING               auto | standalone | <peering name>
   FUSEBOX_OPERATOR_REPLICAS     operator replicas (auto peering when > 1)
+  FUSEBOX_PEERING_PRIORITY      this replica's peering priority (default: drawn at start)
   FUSEBOX_OPERATOR_NAMESPACE    namespace of the operator pods (NetworkPolicy)
   FUSEBOX_OPERATOR_POD_SELECTOR labels of the operator pods (NetworkPolicy)
   FUSEBOX_MONITORING_NAMESPACE  namespace allowed to scrape the sidecars
@@ -36,6 +38,13 @@ class TimerTickFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith("Timer 'telemetry' succeeded")
+
+
+def peering_priority(configured: int) -> int:
+    """The configured priority, else a random one: with peering, kopf pauses
+    every operator that shares the highest priority, so two replicas started
+    from one Deployment (same env) would both stand still."""
+    return configured or secrets.randbelow(2**31 - 1) + 1
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -56,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     kopf.run(
         standalone=ours.standalone,
         peering_name=None if ours.standalone else ours.peering_name,
+        priority=peering_priority(ours.peering_priority),
         clusterwide=not ours.watch_namespaces,
         namespaces=list(ours.watch_namespaces),
         liveness_endpoint=f"http://0.0.0.0:{ours.liveness_port}/healthz",

@@ -38,6 +38,9 @@ class OperatorSettings:
     monitoring_namespace: str = DEFAULT_MONITORING_NAMESPACE  # "" = none
     watch_namespaces: tuple[str, ...] = ()  # empty = all namespaces
     peering: str = "auto"  # auto | standalone | <peering object name>
+    # kopf pauses every peer that shares the highest priority, so replicas must
+    # not tie: 0 means "draw one at start" (see __main__.peering_priority).
+    peering_priority: int = 0
     replicas: int = 1
     liveness_port: int = 8080
     watch_server_timeout_seconds: int = 300
@@ -77,6 +80,7 @@ class OperatorSettings:
             ),
             watch_namespaces=tuple(n.strip() for n in namespaces.split(",") if n.strip()),
             peering=env.get("FUSEBOX_PEERING") or "auto",
+            peering_priority=integer("FUSEBOX_PEERING_PRIORITY", 0),
             replicas=integer("FUSEBOX_OPERATOR_REPLICAS", 1),
             liveness_port=integer("FUSEBOX_LIVENESS_PORT", 8080),
             watch_server_timeout_seconds=integer("FUSEBOX_WATCH_SERVER_TIMEOUT_SECONDS", 300),
