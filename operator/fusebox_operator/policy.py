@@ -428,7 +428,10 @@ def _wedge_check(
     age = max(ages)
     limit = spec.telemetry.wedge_after_seconds
     if age <= limit:
-        state.served_once.add(sample.pod)
+        # Loading torch and the model can starve the stats thread for seconds;
+        # the kubelet's probes own start-up, so a pod counts only once loaded.
+        if sample.model_loaded is not False:
+            state.served_once.add(sample.pod)
         return False
     if sample.pod not in state.served_once:
         return False  # still starting: never wedged if it never ran

@@ -195,6 +195,17 @@ def test_a_pod_that_never_served_is_not_called_wedged() -> None:
     assert actions == []
 
 
+def test_a_stall_while_the_model_is_still_loading_is_not_a_wedge() -> None:
+    loading = {"model_loaded": False}
+    steps = [(T0, [sample("p", T0, 100, **loading)])]
+    steps += [
+        (T0 + i * INTERVAL, [sample("p", T0 + i * INTERVAL, 100, stats_age_seconds=30, **loading)])
+        for i in range(1, 5)
+    ]
+    _, actions = run(PolicyState("svc"), steps)
+    assert actions == []
+
+
 def test_only_one_restart_per_cooldown_across_pods() -> None:
     steps = [(T0, [sample("a", T0, 100), sample("b", T0, 100)])]
     wedged = {"stats_age_seconds": 100}
