@@ -86,7 +86,10 @@ def test_level_2_serves_the_fallback_and_level_0_restores_the_primary(
     response = clean_server.chat("hi")
     assert response.status_code == 200
     assert response.headers["x-fusebox-served-by"] == "fallback"
-    assert clean_server.stats()["state"]["degradation_level"] == 2
+    # The stats file is rewritten once a second: wait for the next write.
+    clean_server.wait_for(
+        lambda: clean_server.stats()["state"]["degradation_level"] == 2, what="level 2 in stats"
+    )
     clean_server.admin.put("/admin/v1/degradation", json={"level": 0}).raise_for_status()
     assert clean_server.chat("hi").headers["x-fusebox-served-by"] == "primary"
 
