@@ -35,7 +35,8 @@ def test_demo_service_arms_the_leak_at_start_and_keeps_the_example_shape() -> No
     assert spec["server"]["cpu"] == "700m"
     assert spec["breaker"]["resource"]["cooldownSeconds"] == 8
     assert spec["memory"]["allowSwap"] is True
-    assert spec["telemetry"]["wedgeAfterSeconds"] > spec["telemetry"]["scrapeIntervalSeconds"]
+    assert spec["telemetry"]["scrapeIntervalSeconds"] == 2
+    assert "wedgeAfterSeconds" not in spec["telemetry"]  # the default holds since load is no wedge
     assert len(notes) == 5
     # The example file itself is not changed.
     assert "env" not in example()["spec"]["server"]
