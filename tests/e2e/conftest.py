@@ -13,6 +13,7 @@ Security Standard, deleted (without waiting) after the test.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -144,3 +145,47 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
         yield name
     finally:
         cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def model_root() -> Iterator[Path]:
+    """The tiny model as `<root>/tiny`, world-readable (pods run as uid 65532).
+
+    A copy outside the cache: the node's PV points at a directory it may
+    read, and /root is not traversable by the pods' user.
+    """
+    from fusebox_server.tiny_model import ensure_model
+
+    root = Path("/var/tmp") / f"fusebox-e2e-models-{uuid.uuid4().hex[:8]}"
+    shutil.copytree(ensure_model("tiny"), root / "tiny")
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def model_claim(cluster: Cluster, namespace: str, model_root: Path) -> Iterator[str]:
+    """A `local` PV over model_root and the PVC `models` bound to it in the test's
+    namespace, so `pvc://models/tiny` (the examples' source) resolves. Yields the PV name."""
+    pv_name = f"models-{namespace}"[:60]
+    made = _localcluster("pv", pv_name, "--path", str(model_root), timeout=120)
+    assert made.returncode == 0, made.stderr
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "models", "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "local",
+            "volumeName": pv_name,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(claim))
+    try:
+        yield pv_name
+    finally:
+        cluster.kubectl("delete", "pv", pv_name, "--wait=false", check=False)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,7 +26,6 @@ REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "helm" / "fusebox"
 ALL_OPTIONS = REPO / "tests" / "unit" / "helm" / "values" / "all-options.yaml"
 EXAMPLES = REPO / "crds" / "examples"
-MODELS_CACHE = Path.home() / ".cache" / "fusebox" / "models"
 T = TypeVar("T")
 
 
@@ -132,47 +130,6 @@ def test_all_options_render_passes_strict_server_side_validation(
         assert f"{kind_name} " in out, out
 
 
-def model_volume(cluster: Any, namespace: str) -> str:
-    """The tiny model behind PV + PVC `models` (pvc://models/tiny), as the examples expect."""
-    root = Path("/var/tmp") / f"fusebox-e2e-helm-{uuid.uuid4().hex[:8]}"
-    target = root / "tiny"
-    if (MODELS_CACHE / "tiny" / "config.json").exists():
-        import shutil
-
-        shutil.copytree(MODELS_CACHE / "tiny", target)
-    else:
-        subprocess.run(
-            [sys.executable, "-m", "fusebox_server.tiny_model", str(target)],
-            check=True,
-            timeout=600,
-            cwd=REPO,
-        )
-    for path in [root, *root.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    pv_name = f"models-{namespace}"[:60]
-    made = subprocess.run(
-        [sys.executable, "-m", "localcluster", "pv", pv_name, "--path", str(root)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
-    assert made.returncode == 0, made.stderr
-    claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "models", "namespace": namespace},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "local",
-            "volumeName": pv_name,
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(claim))
-    return pv_name
-
-
 def operator_pods(cluster: Any, namespace: str, release: str) -> list[dict[str, Any]]:
     out = cluster.kubectl(
         "-n",
@@ -188,12 +145,11 @@ def operator_pods(cluster: Any, namespace: str, release: str) -> list[dict[str, 
 
 
 def test_install_runs_the_operator_which_reconciles_the_examples_and_uninstall_removes_it(
-    cluster: Any, chart_crds: None, namespace: str
+    cluster: Any, chart_crds: None, namespace: str, model_claim: str
 ) -> None:
     if not cluster.local:
         pytest.fail("this test loads images and PVs through localcluster; run it there")
     release = f"fbx-{uuid.uuid4().hex[:6]}"
-    pv_name = model_volume(cluster, namespace)
     try:
         helm(
             cluster,
@@ -315,4 +271,3 @@ def test_install_runs_the_operator_which_reconciles_the_examples_and_uninstall_r
                 check=False,
             )
             cluster.kubectl("-n", namespace, "delete", "fis", name, "--wait=false", check=False)
-        cluster.kubectl("delete", "pv", pv_name, "--wait=false", check=False)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -19,7 +18,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,30 +118,6 @@ def operator(
         yield process
     finally:
         process.stop()
-
-
-@pytest.fixture(scope="session")
-def model_root() -> Iterator[Path]:
-    """A world-readable copy of the tiny model, as `<root>/tiny` (pods run as uid 65532)."""
-    cache = Path(os.environ.get("FUSEBOX_CACHE", Path.home() / ".cache" / "fusebox"))
-    source = cache / "models" / "tiny"
-    root = Path("/var/tmp") / f"fusebox-e2e-operator-{uuid.uuid4().hex[:8]}"
-    target = root / "tiny"
-    if (source / "config.json").exists():
-        shutil.copytree(source, target)
-    else:
-        subprocess.run(
-            [sys.executable, "-m", "fusebox_server.tiny_model", str(target)],
-            check=True,
-            timeout=600,
-            cwd=REPO,
-        )
-    for path in [root, *root.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    try:
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @dataclass
@@ -263,25 +237,9 @@ ServiceFactory = Callable[..., Service]
 
 @pytest.fixture
 def inference_service(
-    cluster: Any, namespace: str, operator: OperatorProcess, model_root: Path
-) -> Iterator[ServiceFactory]:
-    """Create the model PV/PVC in the test namespace and apply an InferenceService."""
-    pv_name = f"models-{namespace}"[:60]
-    localcluster = [sys.executable, "-m", "localcluster", "pv", pv_name, "--path", str(model_root)]
-    created = subprocess.run(localcluster, capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert created.returncode == 0, created.stderr
-    pvc = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "models", "namespace": namespace},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "local",
-            "volumeName": pv_name,
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(pvc))
+    cluster: Any, namespace: str, operator: OperatorProcess, model_claim: str
+) -> ServiceFactory:
+    """Apply InferenceServices in the test namespace, next to the model PVC."""
 
     def make(name: str, spec: dict[str, Any]) -> Service:
         document = {
@@ -293,10 +251,7 @@ def inference_service(
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(document, allow_unicode=True))
         return Service(cluster, namespace, name)
 
-    try:
-        yield make
-    finally:
-        cluster.kubectl("delete", "pv", pv_name, "--wait=false", check=False)
+    return make
 
 
 def base_spec(**overrides: Any) -> dict[str, Any]:
