@@ -49,7 +49,8 @@ build() { # build NAME CONTEXT [DOCKERFILE]: the full log goes to the cache, its
   local name=$1 context=$2 dockerfile=${3:-$2/Dockerfile}
   local log="$cache/images/${name//[\/:]/_}.log"
   if ! "${podman[@]}" build --isolation chroot --network host --layers \
-    --build-arg "BASE=$base" "${trust[@]}" --file "$dockerfile" --tag "$name" "$context" >"$log" 2>&1; then
+    --build-arg "BASE=$base" --build-context "contract=$root/contract" "${trust[@]}" \
+    --file "$dockerfile" --tag "$name" "$context" >"$log" 2>&1; then
     tail -n 40 "$log" >&2
     echo "images: building $name failed; full log: $log" >&2
     return 1

@@ -3,7 +3,7 @@
 # - the dependencies, in ${FUSEBOX_CACHE}/venv-<hash of the lock>: torch alone
 #   is 5 GB, so it is paid once per machine, not once per clone;
 # - .venv in the checkout, a small virtual environment that sees those
-#   dependencies (a .pth file) and holds this checkout's two distributions,
+#   dependencies (a .pth file) and holds this checkout's three distributions,
 #   installed editable. Every clone gets its own, so a CI clone never
 #   re-points another checkout's imports.
 set -euo pipefail
@@ -55,11 +55,11 @@ if [ "$(cat "$venv/.fusebox-shared" 2>/dev/null)" != "$shared" ]; then
 fi
 # The editable installs follow code changes by themselves; only a change to a
 # distribution's metadata (its pyproject.toml) needs a reinstall.
-editable=$(cat "$root/operator/pyproject.toml" "$root/inference_image/pyproject.toml" | sha256sum)
+editable=$(cat "$root/contract/pyproject.toml" "$root/operator/pyproject.toml" "$root/inference_image/pyproject.toml" | sha256sum)
 if [ "$(cat "$venv/.fusebox-editable" 2>/dev/null)" != "$editable" ]; then
   # setuptools warns on stderr about editable installs; keep it for failures only.
   if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
-    --no-build-isolation -e "$root/operator" -e "$root/inference_image" 2>"$venv/editable.log"; then
+    --no-build-isolation -e "$root/contract" -e "$root/operator" -e "$root/inference_image" 2>"$venv/editable.log"; then
     cat "$venv/editable.log" >&2
     exit 1
   fi

@@ -1,0 +1,163 @@
+"""Enumerated names shared across processes: the wire values are the enum values."""
+
+from __future__ import annotations
+
+import enum
+
+
+class BreakerState(enum.StrEnum):
+    """The circuit breaker's state as the admin API and the stats file spell it."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+    @property
+    def status_name(self) -> str:
+        """The spelling of `status.breaker.state` and the printer column."""
+        return {"closed": "Closed", "open": "Open", "half_open": "HalfOpen"}[self.value]
+
+    @property
+    def gauge_value(self) -> int:
+        """`fusebox_breaker_state`: 0 closed, 1 open, 2 half-open."""
+        return {"closed": 0, "open": 1, "half_open": 2}[self.value]
+
+    @classmethod
+    def from_status_name(cls, name: str) -> BreakerState:
+        for state in cls:
+            if state.status_name == name:
+                return state
+        raise ValueError(f"unknown breaker state {name!r}")
+
+    @classmethod
+    def from_gauge_value(cls, value: int) -> BreakerState:
+        for state in cls:
+            if state.gauge_value == value:
+                return state
+        raise ValueError(f"unknown breaker gauge value {value!r}")
+
+
+class DegradationLevel(enum.IntEnum):
+    """The server's degradation level; levels are cumulative."""
+
+    NONE = 0
+    NO_STREAMING = 1  # stream:true answered as one complete response
+    FALLBACK_MODEL = 2  # the fallback variant serves
+    CANNED_ANSWERS = 3  # exact template matches answered without the model
+
+
+class DegradationTier(enum.StrEnum):
+    """`spec.degradation.tiers` entries; each switches on one server level."""
+
+    NO_STREAMING = "no-streaming"
+    FALLBACK_MODEL = "fallback-model"
+    CANNED_ANSWERS = "canned-answers"
+
+    @property
+    def level(self) -> DegradationLevel:
+        return {
+            "no-streaming": DegradationLevel.NO_STREAMING,
+            "fallback-model": DegradationLevel.FALLBACK_MODEL,
+            "canned-answers": DegradationLevel.CANNED_ANSWERS,
+        }[self.value]
+
+
+class Variant(enum.StrEnum):
+    PRIMARY = "primary"
+    FALLBACK = "fallback"
+
+
+class Quantization(enum.StrEnum):
+    """How the fallback variant is quantized on load.
+
+    int8 is weight-only and runs on CPU and GPU; int4 (weight-only) and fp8
+    need a CUDA device (fp8 a Hopper-class one, compute capability >= 8.9).
+    """
+
+    NONE = "none"
+    INT8 = "int8"
+    INT4 = "int4"
+    FP8 = "fp8"
+
+    @property
+    def needs_gpu(self) -> bool:
+        return self in (Quantization.INT4, Quantization.FP8)
+
+
+class Dtype(enum.StrEnum):
+    """`spec.model.dtype`: the dtype the weights are loaded in (auto: as saved)."""
+
+    AUTO = "auto"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FLOAT32 = "float32"
+
+
+class ActionType(enum.StrEnum):
+    """`POST /admin/v1/actions` types."""
+
+    GC = "gc"
+    EMPTY_CACHE = "empty_cache"
+    UNLOAD = "unload"
+    LOAD = "load"
+    SWAP = "swap"
+
+
+class RequestOutcome(enum.StrEnum):
+    """`fusebox_requests_total{outcome}`: each request is counted once, with one of these."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    REJECTED = "rejected"  # 429 queue full, 503 breaker / unavailable / memory guard
+    TIMED_OUT = "timed_out"  # 504
+    CANCELLED = "cancelled"  # the client went away
+    INVALID = "invalid"  # 4xx other than 429: the caller's mistake
+
+
+class LatencyMetric(enum.StrEnum):
+    TTFT = "ttft"
+    ITL = "itl"
+    E2E = "e2e"
+
+
+class HeartbeatThread(enum.StrEnum):
+    LOOP = "loop"
+    WORKER = "worker"
+
+
+class Fault(enum.StrEnum):
+    """Faults `FUSEBOX_FAULTS` may arm at start."""
+
+    LEAK = "leak"
+    SLOW = "slow"
+    WEDGE = "wedge"
+
+
+class ConditionType(enum.StrEnum):
+    READY = "Ready"
+    AVAILABLE = "Available"
+    DEGRADED = "Degraded"
+    TELEMETRY_FRESH = "TelemetryFresh"
+    MEMORY_PRESSURE = "MemoryPressure"
+    INVALID_SPEC = "InvalidSpec"
+
+
+class EventReason(enum.StrEnum):
+    """Reasons of the Events the operator posts on an InferenceService."""
+
+    BREAKER_OPENED = "BreakerOpened"
+    BREAKER_HALF_OPEN = "BreakerHalfOpen"
+    BREAKER_CLOSED = "BreakerClosed"
+    GARBAGE_COLLECTED = "GarbageCollected"
+    CACHE_EMPTIED = "CacheEmptied"
+    MODEL_UNLOADED = "ModelUnloaded"
+    MODEL_RELOADED = "ModelReloaded"
+    SWAPPED_TO_FALLBACK = "SwappedToFallback"
+    RESTORED_PRIMARY = "RestoredPrimary"
+    POD_RESTARTED = "PodRestarted"
+    TELEMETRY_STALE = "TelemetryStale"
+    MEMORY_SIZED = "MemorySized"
+    INVALID_SPEC = "InvalidSpec"
+    DEGRADED = "Degraded"
+    RECOVERED = "Recovered"
+    ACTION_FAILED = "ActionFailed"

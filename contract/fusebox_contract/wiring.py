@@ -1,0 +1,38 @@
+"""How a Fusebox pod is wired: ports, paths and HTTP headers both ends rely on."""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+
+class Port(enum.IntEnum):
+    API = 8000  # OpenAI-compatible API, /healthz, /readyz
+    ADMIN = 8001  # admin API, bearer token
+    METRICS = 9400  # the sidecar's /metrics and /healthz
+
+
+RUNTIME_DIR: Final = "/run/fusebox"
+STATS_FILE: Final = f"{RUNTIME_DIR}/stats.json"
+ADMIN_TOKEN_DIR: Final = "/var/run/fusebox-admin"
+ADMIN_TOKEN_KEY: Final = "token"
+ADMIN_TOKEN_FILE: Final = f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}"
+CONFIG_DIR: Final = "/etc/fusebox"
+MODELS_ROOT: Final = "/models"
+
+
+class ConfigFile(enum.StrEnum):
+    """Files of the service's ConfigMap, mounted at CONFIG_DIR and re-read live."""
+
+    TEMPLATES = "templates.json"
+    CANNED_ANSWERS = "canned-answers.json"
+    BLOCKED_TERMS = "blocked-terms.json"
+
+    @property
+    def path(self) -> str:
+        return f"{CONFIG_DIR}/{self.value}"
+
+
+REQUEST_ID_HEADER: Final = "X-Request-Id"
+VARIANT_HEADER: Final = "X-Fusebox-Variant"  # which variant answered
+FAULTS_ENV: Final = "FUSEBOX_FAULTS"
