@@ -37,7 +37,17 @@ class Metric(enum.StrEnum):
     FALLBACK_ACTIVE = "fusebox_fallback_active"
     MODEL_LOADED = "fusebox_model_loaded"
     MEMORY_GUARD_ACTIVE = "fusebox_memory_guard_active"
-    SIDECAR_MEASURED = "fusebox_sidecar_measured"
+    SIDECAR_MEASURED = "fusebox_sidecar_measured"  # {quantity}
+    TOKENIZER_CACHE_HITS = "fusebox_tokenizer_cache_hits"  # counter
+    TOKENIZER_TEMPLATE_HITS = "fusebox_tokenizer_template_hits"  # counter
+    LATENCY_WINDOW_SAMPLES = "fusebox_latency_window_samples"  # {metric}
+    QUALITY_SAMPLED = "fusebox_quality_sampled"  # counter
+    QUALITY_FAILURES = "fusebox_quality_failures"  # counter
+    BREAKER_ADMIT_RATIO = "fusebox_breaker_admit_ratio"
+    MODEL_INFO = "fusebox_model_info"  # {model,variant,quantization,dtype,revision}, value 1
+    FALLBACK_CONFIGURED = "fusebox_fallback_configured"
+    FALLBACK_TARGET = "fusebox_fallback_target"
+    VARIANT_CONVERGING = "fusebox_variant_converging"
 
     @property
     def is_counter(self) -> bool:
@@ -49,4 +59,14 @@ class Metric(enum.StrEnum):
         return f"{self.value}_total" if self.is_counter else self.value
 
 
-_COUNTERS = frozenset({Metric.CUDA_ALLOC_RETRIES, Metric.CUDA_OOMS, Metric.REQUESTS})
+_COUNTERS = frozenset(
+    {
+        Metric.CUDA_ALLOC_RETRIES,
+        Metric.CUDA_OOMS,
+        Metric.REQUESTS,
+        Metric.TOKENIZER_CACHE_HITS,
+        Metric.TOKENIZER_TEMPLATE_HITS,
+        Metric.QUALITY_SAMPLED,
+        Metric.QUALITY_FAILURES,
+    }
+)
