@@ -285,3 +285,116 @@ def base_spec(**overrides: Any) -> dict[str, Any]:
 
 def pod_url(pod: dict[str, Any], port: int) -> str:
     return f"http://{pod['status']['podIP']}:{port}"
+
+
+# --- helpers of the seams tests (issue 10) ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One HTTP answer with its headers (names lower-cased); status 0 is a connection error."""
+
+    status: int
+    headers: dict[str, str]
+    body: dict[str, Any] | str
+
+
+def http_reply(
+    method: str,
+    url: str,
+    body: dict[str, Any] | None = None,
+    token: str | None = None,
+    timeout: float = 30,
+) -> Reply:
+    """Like http(), keeping the response headers."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            text = response.read().decode()
+            status = response.status
+            headers = {k.lower(): v for k, v in response.headers.items()}
+    except urllib.error.HTTPError as error:
+        with error:
+            text = error.read().decode()
+            status = error.code
+            headers = {k.lower(): v for k, v in error.headers.items()}
+    except (OSError, TimeoutError) as error:
+        return Reply(0, {}, str(error))
+    try:
+        return Reply(status, headers, json.loads(text))
+    except ValueError:
+        return Reply(status, headers, text)
+
+
+def chat_reply(url: str, content: str = "Hello", max_tokens: int = 8, timeout: float = 60) -> Reply:
+    return http_reply(
+        "POST",
+        f"{url}/v1/chat/completions",
+        {
+            "model": "chat",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+        },
+        timeout=timeout,
+    )
+
+
+def answer_text(reply: Reply) -> str | None:
+    """The assistant's text of a chat completion, or None when the reply is not one."""
+    if not isinstance(reply.body, dict):
+        return None
+    try:
+        return str(reply.body["choices"][0]["message"]["content"])
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+def ready_endpoints(service: Service) -> int:
+    """Ready addresses behind the Service, from its EndpointSlices (-1 if kubectl failed)."""
+    result = service.kubectl(
+        "get",
+        "endpointslices",
+        "-l",
+        f"kubernetes.io/service-name={service.name}",
+        "-o",
+        "json",
+        check=False,
+    )
+    if result.returncode != 0:
+        return -1
+    return sum(
+        1
+        for item in json.loads(result.stdout)["items"]
+        for endpoint in item.get("endpoints") or []
+        if (endpoint.get("conditions") or {}).get("ready") is True
+    )
+
+
+@pytest.fixture(scope="session")
+def two_gpus(cluster: Any) -> None:
+    """At least two simulated GPUs on the node (localcluster: `up --gpus 2` re-applies them)."""
+
+    def allocatable() -> int:
+        out = cluster.kubectl(
+            "get", "nodes", "-o", "jsonpath={.items[0].status.allocatable.nvidia\\.com/gpu}"
+        ).stdout.strip()
+        return int(out or 0)
+
+    if allocatable() >= 2:
+        return
+    if not cluster.local:
+        pytest.fail("the cluster's node offers fewer than 2 nvidia.com/gpu")
+    result = subprocess.run(
+        [sys.executable, "-m", "localcluster", "up", "--gpus", "2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    wait_for("2 allocatable GPUs", lambda: allocatable() >= 2, timeout=60)
