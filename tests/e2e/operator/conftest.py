@@ -266,7 +266,8 @@ def base_spec(**overrides: Any) -> dict[str, Any]:
             "cpu": "500m",
             "maxNewTokens": 16,
             "requestTimeoutSeconds": 20,
-            "env": [{"name": "FUSEBOX_LATENCY_WINDOW", "value": "5"}],
+            # FUSEBOX_LATENCY_WINDOW is reserved now (fusebox_contract.settings).
+            "env": [],
         },
         "degradation": {"coolOffSeconds": 15, "cannedAnswers": {"你好": "你好！"}},
         "telemetry": {

@@ -77,11 +77,6 @@ def every_output_character() -> list[str]:
     return sorted(c for c in characters if c.strip())
 
 
-def unreserved(env: list[dict[str, str]]) -> list[dict[str, str]]:
-    """base_spec's env minus what the contract now reserves for the operator."""
-    return [e for e in env if e["name"] not in RESERVED_ENV_NAMES]
-
-
 def document(name: str, spec: dict[str, Any], namespace: str) -> str:
     return yaml.safe_dump(
         {
@@ -411,7 +406,6 @@ def quality_switch_spec(**overrides: Any) -> dict[str, Any]:
         },
         **overrides,
     )
-    spec["server"]["env"] = unreserved(spec["server"]["env"])
     return spec
 
 
