@@ -1,7 +1,7 @@
 """Metric families built at scrape time from one observation.
 
-Every family here is a pure function of an `Observation` (the stats
-snapshot, the `/proc` reading, the NVML reading and the clock), so each is
+Every family here is a pure function of an `Observation` (the parsed stats
+document, the `/proc` reading, the NVML reading and the clock), so each is
 tested with hand-written inputs and a fresh `CollectorRegistry`. Nothing is
 remembered between scrapes: the relayed counters are the server's own, and
 the little memory the sidecar needs (the last valid stats file's time and
@@ -13,7 +13,8 @@ consistent (every family from the same read of the stats file) and costs
 one read, not one per family group.
 
 A value that cannot be measured is left out, never exported as a fake 0.
-Names and units follow docs/metrics.md (DESIGN §4 plus agreed additions).
+Every name is a `fusebox_contract.metrics.Metric` and every label value a
+contract enum's value, as the operator reads them; docs/metrics.md lists them.
 """
 
 from __future__ import annotations
@@ -21,20 +22,23 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import Metric as Family
 from prometheus_client.registry import Collector
 
+from fusebox_contract.metrics import Metric
+from fusebox_contract.names import Variant
+from fusebox_contract.stats import StatsDocument, StatsReading
 from fusebox_sidecar.nvml import GpuReading
-from fusebox_sidecar.readings import (
-    BREAKER_STATES,
-    ProcOutcome,
-    ProcReading,
-    StatsReading,
-    StatsSnapshot,
-)
+from fusebox_sidecar.readings import ProcOutcome, ProcReading
 
-# closed=0, open=1, half_open=2: the order of BREAKER_STATES is the contract.
-BREAKER_STATE_CODES: Mapping[str, int] = {state: code for code, state in enumerate(BREAKER_STATES)}
+# The labels' names; their values are the contract's enum values.
+OUTCOME_LABEL = "outcome"
+LATENCY_LABEL = "metric"
+THREAD_LABEL = "thread"
+GPU_LABEL = "gpu"
+QUANTITY_LABEL = "quantity"
+MODEL_INFO_LABELS = ("model", "variant", "quantization", "dtype", "revision")
 
 
 @dataclass(frozen=True)
@@ -48,164 +52,253 @@ class Observation:
     gpu: GpuReading
 
 
-def _gauge(name: str, documentation: str, value: float | None) -> Iterator[Metric]:
+def _gauge(metric: Metric, documentation: str, value: float | None) -> Iterator[Family]:
     if value is not None:
-        yield GaugeMetricFamily(name, documentation, value=value)
+        yield GaugeMetricFamily(metric.value, documentation, value=value)
 
 
 def _labelled_gauge(
-    name: str, documentation: str, label: str, values: Mapping[str, float]
-) -> Iterator[Metric]:
+    metric: Metric, documentation: str, label: str, values: Mapping[str, float]
+) -> Iterator[Family]:
     if not values:
         return
-    family = GaugeMetricFamily(name, documentation, labels=[label])
+    family = GaugeMetricFamily(metric.value, documentation, labels=[label])
     for label_value, value in sorted(values.items()):
         family.add_metric([label_value], value)
     yield family
 
 
-def _counter(name: str, documentation: str, value: float | None) -> Iterator[Metric]:
+def _counter(metric: Metric, documentation: str, value: float | None) -> Iterator[Family]:
     if value is not None:
-        yield CounterMetricFamily(name, documentation, value=value)
+        yield CounterMetricFamily(metric.value, documentation, value=value)
 
 
 def _flag(value: bool | None) -> float | None:
     return None if value is None else float(value)
 
 
+def _is_fallback(variant: Variant | None) -> float | None:
+    return None if variant is None else float(variant is Variant.FALLBACK)
+
+
 def stats_families(
     reading: StatsReading, now_seconds: float, last_written_at: float | None
-) -> Iterator[Metric]:
+) -> Iterator[Family]:
     """Health of the stats file itself: validity and age."""
     yield from _gauge(
-        "fusebox_stats_valid",
+        Metric.STATS_VALID,
         "1 when the server's stats file was read and every field had the contracted type, else 0",
         float(reading.valid),
     )
     if last_written_at is not None:
         yield from _gauge(
-            "fusebox_server_stats_age_seconds",
+            Metric.SERVER_STATS_AGE_SECONDS,
             "Seconds since the server last wrote a valid stats file (a stale file means a "
             "stuck server)",
             max(0.0, now_seconds - last_written_at),
         )
 
 
-def relayed_families(snapshot: StatsSnapshot | None, now_seconds: float) -> Iterator[Metric]:
+def relayed_families(document: StatsDocument | None, now_seconds: float) -> Iterator[Family]:
     """Values only the server can know, relayed from its stats file."""
-    if snapshot is None:
+    if document is None:
         return
-    s = snapshot
+    d = document
     yield from _gauge(
-        "fusebox_memory_limit_bytes",
+        Metric.MEMORY_LIMIT_BYTES,
         "Memory limit of the server's cgroup",
-        s.cgroup_memory_limit_bytes,
+        d.cgroup_memory_limit_bytes,
     )
     yield from _gauge(
-        "fusebox_cgroup_memory_usage_bytes",
-        "Memory usage of the server's cgroup as the server reads it",
-        s.cgroup_memory_usage_bytes,
+        Metric.CGROUP_MEMORY_USAGE_BYTES,
+        "Working set of the server's cgroup (usage minus inactive file cache)",
+        d.cgroup_memory_usage_bytes,
     )
     yield from _gauge(
-        "fusebox_cuda_memory_allocated_bytes",
+        Metric.CUDA_MEMORY_ALLOCATED_BYTES,
         "Bytes held by tensors in the server's CUDA caching allocator",
-        s.cuda_allocated_bytes,
+        d.cuda.allocated_bytes,
     )
     yield from _gauge(
-        "fusebox_cuda_memory_reserved_bytes",
+        Metric.CUDA_MEMORY_RESERVED_BYTES,
         "Bytes reserved from the GPU by the server's CUDA caching allocator",
-        s.cuda_reserved_bytes,
+        d.cuda.reserved_bytes,
     )
     yield from _counter(
-        "fusebox_cuda_alloc_retries_total",
+        Metric.CUDA_ALLOC_RETRIES,
         "CUDA allocations the server retried after freeing its cache",
-        s.cuda_alloc_retries_total,
+        d.cuda.num_alloc_retries,
     )
     yield from _counter(
-        "fusebox_cuda_ooms_total",
-        "CUDA out-of-memory errors the server's allocator raised",
-        s.cuda_ooms_total,
+        Metric.CUDA_OOMS, "CUDA out-of-memory errors the server's allocator raised", d.cuda.num_ooms
     )
-    yield from _gauge("fusebox_cuda_contexts", "CUDA contexts the server holds", s.cuda_contexts)
+    yield from _gauge(Metric.CUDA_CONTEXTS, "CUDA contexts the server holds", d.cuda.contexts)
     yield from _gauge(
-        "fusebox_request_queue_length", "Requests waiting for a generation slot", s.queue_length
+        Metric.REQUEST_QUEUE_LENGTH, "Requests waiting for a generation slot", d.queue_length
     )
-    yield from _gauge("fusebox_requests_running", "Generations running now", s.running)
-    yield from _gauge(
-        "fusebox_tokenizer_cache_entries",
-        "Entries in the server's bounded tokenizer cache",
-        s.tokenizer_cache_entries,
-    )
-    if s.requests_total:
+    yield from _gauge(Metric.REQUESTS_RUNNING, "Generations running now", d.running)
+    yield from _tokenizer_families(d)
+    if d.requests:
         requests = CounterMetricFamily(
-            "fusebox_requests",
-            "Requests the server finished, by outcome, since it started",
-            labels=["outcome"],
+            Metric.REQUESTS.value,
+            "Requests the server finished, by outcome, each counted once, since it started",
+            labels=[OUTCOME_LABEL],
         )
-        for outcome, count in sorted(s.requests_total.items()):
-            requests.add_metric([outcome], count)
+        for outcome, count in sorted(d.requests.items()):
+            requests.add_metric([outcome.value], count)
         yield requests
+    yield from _latency_families(d)
+    yield from _quality_families(d)
     yield from _labelled_gauge(
-        "fusebox_latency_p99_seconds",
-        "99th percentile latency over the server's sliding window (ttft: time to first "
-        "token, itl: inter-token, e2e: whole request)",
-        "metric",
-        s.latency_p99_seconds,
-    )
-    yield from _gauge(
-        "fusebox_quality_failure_ratio",
-        "Share of sampled responses that failed the quality checks, over the sliding window",
-        s.quality_failure_ratio,
-    )
-    yield from _labelled_gauge(
-        "fusebox_heartbeat_age_seconds",
+        Metric.HEARTBEAT_AGE_SECONDS,
         "Seconds since the server's event loop (loop) or inference thread (worker) last "
         "stamped its heartbeat",
-        "thread",
-        {thread: max(0.0, now_seconds - stamp) for thread, stamp in s.heartbeats.items()},
+        THREAD_LABEL,
+        {thread.value: max(0.0, now_seconds - stamp) for thread, stamp in d.heartbeats.items()},
     )
+    yield from _state_families(d)
+
+
+def _tokenizer_families(d: StatsDocument) -> Iterator[Family]:
     yield from _gauge(
-        "fusebox_breaker_state",
+        Metric.TOKENIZER_CACHE_ENTRIES,
+        "Entries in the server's bounded tokenizer cache",
+        d.tokenizer_cache_entries,
+    )
+    yield from _counter(
+        Metric.TOKENIZER_CACHE_HITS,
+        "Prompt encodings the server's tokenizer cache answered",
+        d.tokenizer_cache_hits_total,
+    )
+    yield from _counter(
+        Metric.TOKENIZER_TEMPLATE_HITS,
+        "Prompts that matched a pre-encoded template",
+        d.tokenizer_template_hits_total,
+    )
+
+
+def _latency_families(d: StatsDocument) -> Iterator[Family]:
+    yield from _labelled_gauge(
+        Metric.LATENCY_P99_SECONDS,
+        "99th percentile latency over the server's sliding window (ttft: time to first "
+        "token, itl: inter-token, e2e: whole request)",
+        LATENCY_LABEL,
+        {m.value: s.p99_seconds for m, s in d.latency.items() if s.p99_seconds is not None},
+    )
+    yield from _labelled_gauge(
+        Metric.LATENCY_WINDOW_SAMPLES,
+        "Samples in the server's sliding window behind each latency p99",
+        LATENCY_LABEL,
+        {m.value: s.count for m, s in d.latency.items() if s.count is not None},
+    )
+
+
+def _quality_families(d: StatsDocument) -> Iterator[Family]:
+    yield from _gauge(
+        Metric.QUALITY_FAILURE_RATIO,
+        "Share of sampled responses that failed the quality checks, over the sliding window",
+        d.quality.failure_ratio,
+    )
+    yield from _counter(
+        Metric.QUALITY_SAMPLED,
+        "Responses the server checked for quality since it started",
+        d.quality.sampled_total,
+    )
+    yield from _counter(
+        Metric.QUALITY_FAILURES,
+        "Sampled responses that failed a quality check since the server started",
+        d.quality.failed_total,
+    )
+
+
+def _state_families(d: StatsDocument) -> Iterator[Family]:
+    state = d.state
+    yield from _gauge(
+        Metric.BREAKER_STATE,
         "Circuit breaker state the server enforces: 0 closed, 1 open, 2 half_open",
-        None if s.breaker is None else float(BREAKER_STATE_CODES[s.breaker]),
+        None if state.breaker is None else float(state.breaker.gauge_value),
     )
     yield from _gauge(
-        "fusebox_degradation_level",
+        Metric.BREAKER_ADMIT_RATIO,
+        "Share of new requests the server admits while the breaker is half open (0..1)",
+        None if state.admit_percent is None else state.admit_percent / 100,
+    )
+    yield from _gauge(
+        Metric.DEGRADATION_LEVEL,
         "Degradation level the server applies (0 none, 1 no streaming, 2 fallback model, "
         "3 canned answers)",
-        None if s.degradation_level is None else float(s.degradation_level),
+        None if state.degradation_level is None else float(state.degradation_level),
     )
     yield from _gauge(
-        "fusebox_fallback_active",
+        Metric.FALLBACK_ACTIVE,
         "1 when the fallback (quantized) variant serves, 0 when the primary does",
-        None if s.variant is None else float(s.variant == "fallback"),
+        _is_fallback(state.variant),
     )
     yield from _gauge(
-        "fusebox_model_loaded", "1 when the served model is loaded", _flag(s.model_loaded)
+        Metric.FALLBACK_TARGET,
+        "1 when the server is set to serve the fallback variant, 0 for the primary",
+        _is_fallback(state.target_variant),
     )
     yield from _gauge(
-        "fusebox_memory_guard_active",
+        Metric.VARIANT_CONVERGING,
+        "1 while a load or swap towards the target variant is under way",
+        _flag(state.converging),
+    )
+    yield from _gauge(
+        Metric.FALLBACK_CONFIGURED,
+        "1 when the server has a fallback variant to swap to",
+        _flag(state.fallback_configured),
+    )
+    yield from _gauge(
+        Metric.MODEL_LOADED, "1 when the served model is loaded", _flag(state.model_loaded)
+    )
+    yield from _gauge(
+        Metric.MEMORY_GUARD_ACTIVE,
         "1 while the server's last-resort memory guard refuses new requests",
-        _flag(s.memory_guard_active),
+        _flag(state.memory_guard_active),
     )
+    yield from _model_info(d)
 
 
-def process_families(proc: ProcReading, snapshot: StatsSnapshot | None) -> Iterator[Metric]:
+def _model_info(d: StatsDocument) -> Iterator[Family]:
+    """`fusebox_model_info{...} 1`: what serves, as labels; absent until something does."""
+    state = d.state
+    if state.variant is None:
+        return
+    labels = {
+        "model": d.model_name,
+        "variant": state.variant,
+        "quantization": state.quantization,
+        "dtype": state.dtype,
+        "revision": state.model_revision,
+    }
+    family = GaugeMetricFamily(
+        Metric.MODEL_INFO.value,
+        "The model variant serving now, its quantization, weight dtype and revision (value 1)",
+        labels=list(MODEL_INFO_LABELS),
+    )
+    family.add_metric(
+        ["" if labels[name] is None else str(labels[name]) for name in MODEL_INFO_LABELS], 1.0
+    )
+    yield family
+
+
+def process_families(proc: ProcReading, document: StatsDocument | None) -> Iterator[Family]:
     """The server's RSS: measured from /proc when possible, else relayed."""
     rss_bytes = proc.rss_bytes if _rss_measured(proc) else None
-    if rss_bytes is None and snapshot is not None:
-        rss_bytes = snapshot.rss_bytes
+    if rss_bytes is None and document is not None:
+        rss_bytes = document.rss_bytes
     yield from _gauge(
-        "fusebox_process_resident_memory_bytes",
+        Metric.PROCESS_RESIDENT_MEMORY_BYTES,
         "Resident memory of the server process (pinned host memory counts here, not on the GPU)",
         rss_bytes,
     )
 
 
-def gpu_families(gpu: GpuReading, snapshot: StatsSnapshot | None) -> Iterator[Metric]:
+def gpu_families(gpu: GpuReading, document: StatsDocument | None) -> Iterator[Family]:
     """GPU memory: the sidecar's own NVML reading, else the server's."""
     yield from _gauge(
-        "fusebox_gpu_visible",
+        Metric.GPU_VISIBLE,
         "1 when the sidecar itself can read GPUs through NVML",
         float(gpu.visible),
     )
@@ -214,7 +307,7 @@ def gpu_families(gpu: GpuReading, snapshot: StatsSnapshot | None) -> Iterator[Me
     process_used: dict[str, float] = {}
     if gpu.visible:
         yield from _gauge(
-            "fusebox_gpu_lost",
+            Metric.GPU_LOST,
             "1 when NVML reports a visible GPU as lost (fell off the bus; needs a reset)",
             float(gpu.lost),
         )
@@ -222,23 +315,23 @@ def gpu_families(gpu: GpuReading, snapshot: StatsSnapshot | None) -> Iterator[Me
             _put(used, str(device.index), device.used_bytes)
             _put(total, str(device.index), device.total_bytes)
             _put(process_used, str(device.index), device.process_used_bytes)
-    elif snapshot is not None:
-        for entry in snapshot.nvml:
-            _put(used, str(entry.index), entry.used_bytes)
-            _put(total, str(entry.index), entry.total_bytes)
+    elif document is not None:
+        for entry in document.nvml:
+            _put(used, str(entry.index), entry.memory_used_bytes)
+            _put(total, str(entry.index), entry.memory_total_bytes)
     yield from _labelled_gauge(
-        "fusebox_gpu_memory_used_bytes",
+        Metric.GPU_MEMORY_USED_BYTES,
         "Device memory in use on the GPU (all processes)",
-        "gpu",
+        GPU_LABEL,
         used,
     )
     yield from _labelled_gauge(
-        "fusebox_gpu_memory_total_bytes", "Device memory of the GPU", "gpu", total
+        Metric.GPU_MEMORY_TOTAL_BYTES, "Device memory of the GPU", GPU_LABEL, total
     )
     yield from _labelled_gauge(
-        "fusebox_gpu_process_memory_used_bytes",
+        Metric.GPU_PROCESS_MEMORY_USED_BYTES,
         "Device memory NVML attributes to the server process (absent when NVML cannot tell)",
-        "gpu",
+        GPU_LABEL,
         process_used,
     )
 
@@ -252,26 +345,26 @@ def _rss_measured(proc: ProcReading) -> bool:
     return proc.outcome is ProcOutcome.MEASURED and proc.rss_bytes is not None
 
 
-def measured_families(proc: ProcReading, gpu: GpuReading) -> Iterator[Metric]:
+def measured_families(proc: ProcReading, gpu: GpuReading) -> Iterator[Family]:
     """Which figures the sidecar measured itself rather than relayed."""
     gpu_measured = gpu.visible and any(device.used_bytes is not None for device in gpu.devices)
     yield from _labelled_gauge(
-        "fusebox_sidecar_measured",
+        Metric.SIDECAR_MEASURED,
         "1 when the sidecar measured the quantity itself, 0 when it relays the server's figure "
         "or has none",
-        "quantity",
+        QUANTITY_LABEL,
         {"rss": float(_rss_measured(proc)), "gpu_memory": float(gpu_measured)},
     )
 
 
-def build_families(observation: Observation) -> list[Metric]:
+def build_families(observation: Observation) -> list[Family]:
     """All families for one scrape."""
-    snapshot = observation.stats.snapshot
+    document = observation.stats.document
     return [
         *stats_families(observation.stats, observation.now_seconds, observation.last_written_at),
-        *relayed_families(snapshot, observation.now_seconds),
-        *process_families(observation.proc, snapshot),
-        *gpu_families(observation.gpu, snapshot),
+        *relayed_families(document, observation.now_seconds),
+        *process_families(observation.proc, document),
+        *gpu_families(observation.gpu, document),
         *measured_families(observation.proc, observation.gpu),
     ]
 
@@ -282,9 +375,9 @@ class SidecarCollector(Collector):
     def __init__(self, observe: Callable[[], Observation]) -> None:
         self._observe = observe
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Family]:
         yield from build_families(self._observe())
 
-    def describe(self) -> Iterator[Metric]:
+    def describe(self) -> Iterator[Family]:
         # Names vary with what can be measured; registering must not scrape.
         return iter(())

@@ -23,15 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+from fusebox_contract.stats import StatsReading, parse
 from fusebox_sidecar.collectors import Observation
 from fusebox_sidecar.nvml import GpuAccess, GpuReading, NvmlReader
-from fusebox_sidecar.readings import (
-    ProcOutcome,
-    ProcReading,
-    StatsReading,
-    parse_proc_status,
-    parse_stats,
-)
+from fusebox_sidecar.readings import ProcOutcome, ProcReading, parse_proc_status
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +53,7 @@ def read_stats_file(path: Path) -> StatsReading:
         os.close(descriptor)
     if len(raw) > MAX_STATS_BYTES:
         return StatsReading(None, f"stats file {path} is larger than {MAX_STATS_BYTES} bytes")
-    return parse_stats(raw)
+    return parse(raw)
 
 
 def read_proc(proc_root: Path, pid: int | None, own_pid: int) -> ProcReading:
@@ -108,20 +103,18 @@ class ServerObserver:
         with self._lock:
             stats = read_stats_file(self._stats_path)
             now_seconds = self._clock()
-            snapshot = stats.snapshot
-            if snapshot is not None and snapshot.written_at is not None:
-                self._last_written_at = snapshot.written_at
-            if snapshot is not None and snapshot.pid is not None:
-                self._last_pid = snapshot.pid
+            document = stats.document
+            if document is not None and document.written_at is not None:
+                self._last_written_at = document.written_at
+            if document is not None and document.pid is not None:
+                self._last_pid = document.pid
             proc = read_proc(self._proc_root, self._last_pid, self._own_pid)
             gpu = self._nvml.read(self._last_pid)
             self._report(stats, proc, gpu)
             return Observation(now_seconds, stats, self._last_written_at, proc, gpu)
 
     def _report(self, stats: StatsReading, proc: ProcReading, gpu: GpuReading) -> None:
-        stats_problem = stats.problem
-        if stats.snapshot is not None and stats.snapshot.problems:
-            stats_problem = "; ".join(stats.snapshot.problems)
+        stats_problem = "; ".join(stats.problems) or None
         self._transition("stats", stats_problem, "stats file unusable", "stats file valid again")
         proc_problem = None if proc.outcome is ProcOutcome.MEASURED else proc.detail
         if proc.outcome is ProcOutcome.NO_PID:

@@ -9,13 +9,30 @@ directly; nothing is patched into `sys.modules`.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType, SimpleNamespace
-from typing import Any
 
 import pytest
+
+from fusebox_contract.names import (
+    BreakerState,
+    DegradationLevel,
+    Dtype,
+    HeartbeatThread,
+    LatencyMetric,
+    Quantization,
+    RequestOutcome,
+    Variant,
+)
+from fusebox_contract.stats import (
+    CudaMemory,
+    GpuMemory,
+    LatencySummary,
+    Quality,
+    RuntimeState,
+    StatsDocument,
+)
 
 # Real NVML return codes (nvml.h), so the fake classifies like the library.
 NVML_ERROR_NOT_SUPPORTED = 3
@@ -106,59 +123,64 @@ def fake_pynvml() -> Callable[..., ModuleType]:
     return _make_fake_pynvml
 
 
-# The example from docs/stats-file.md, with realistic figures.
-_EXAMPLE_STATS: dict[str, Any] = {
-    "schema": 1,
-    "written_at": 1796000000.12,
-    "pid": 4242,
-    "model_name": "chat",
-    "gpu_device_id": 0,
-    "rss_bytes": 1_234_567_890,
-    "cgroup_memory_usage_bytes": 2_345_678_901,
-    "cgroup_memory_limit_bytes": 107_374_182_400,
-    "cuda": {
-        "allocated_bytes": 14_000_000_000,
-        "reserved_bytes": 16_000_000_000,
-        "num_alloc_retries": 2,
-        "num_ooms": 1,
-        "contexts": 1,
+# The example from docs/stats-file.md, with realistic figures, built with the
+# contract's dataclasses: what the server's writer writes.
+EXAMPLE_STATS = StatsDocument(
+    written_at=1796000000.12,
+    pid=4242,
+    model_name="chat",
+    rss_bytes=1_234_567_890,
+    cgroup_memory_usage_bytes=2_345_678_901,
+    cgroup_memory_limit_bytes=107_374_182_400,
+    cuda=CudaMemory(
+        allocated_bytes=14_000_000_000,
+        reserved_bytes=16_000_000_000,
+        num_alloc_retries=2,
+        num_ooms=1,
+        contexts=1,
+    ),
+    nvml=(GpuMemory(index=0, memory_used_bytes=17 * GiB, memory_total_bytes=80 * GiB),),
+    queue_length=5,
+    running=8,
+    tokenizer_cache_entries=812,
+    tokenizer_cache_hits_total=10,
+    tokenizer_template_hits_total=3,
+    requests={
+        RequestOutcome.SUCCEEDED: 1000,
+        RequestOutcome.FAILED: 3,
+        RequestOutcome.REJECTED: 40,
+        RequestOutcome.TIMED_OUT: 2,
+        RequestOutcome.CANCELLED: 6,
+        RequestOutcome.INVALID: 9,
     },
-    "nvml": [
-        {"index": 0, "uuid": "GPU-1", "memory_used_bytes": 17 * GiB, "memory_total_bytes": 80 * GiB}
-    ],
-    "queue_length": 5,
-    "running": 8,
-    "tokenizer_cache_entries": 812,
-    "tokenizer_cache_hits_total": 10,
-    "tokenizer_template_hits_total": 3,
-    "requests": {
-        "succeeded_total": 1000,
-        "failed_total": 3,
-        "rejected_total": 40,
-        "timed_out_total": 2,
+    latency={
+        LatencyMetric.TTFT: LatencySummary(p99_seconds=0.05, count=100),
+        LatencyMetric.ITL: LatencySummary(p99_seconds=0.02, count=3000),
+        LatencyMetric.E2E: LatencySummary(p99_seconds=0.90, count=100),
     },
-    "latency_seconds": {
-        "ttft": {"p50": 0.01, "p99": 0.05, "count": 100},
-        "itl": {"p50": 0.01, "p99": 0.02, "count": 3000},
-        "e2e": {"p50": 0.30, "p99": 0.90, "count": 100},
-    },
-    "quality": {"sampled_total": 10, "failed_total": 1, "failure_ratio": 0.1},
-    "heartbeats": {"loop": 1796000000.10, "worker": 1796000000.05},
-    "state": {
-        "breaker": "open",
-        "admit_percent": 100,
-        "degradation_level": 2,
-        "variant": "fallback",
-        "model_loaded": True,
-        "memory_guard_active": False,
-    },
-}
+    quality=Quality(sampled_total=10, failed_total=1, failure_ratio=0.1),
+    heartbeats={HeartbeatThread.LOOP: 1796000000.10, HeartbeatThread.WORKER: 1796000000.05},
+    state=RuntimeState(
+        breaker=BreakerState.OPEN,
+        admit_percent=5,
+        degradation_level=DegradationLevel.FALLBACK_MODEL,
+        variant=Variant.FALLBACK,
+        model_loaded=True,
+        memory_guard_active=False,
+        model_revision="main",
+        dtype=Dtype.BFLOAT16,
+        quantization=Quantization.INT8,
+        fallback_configured=True,
+        target_variant=Variant.FALLBACK,
+        converging=False,
+    ),
+)
 
 
 @pytest.fixture
-def stats_document() -> Callable[[], dict[str, Any]]:
-    """Factory: a fresh deep copy of a complete, valid stats document."""
-    return lambda: copy.deepcopy(_EXAMPLE_STATS)
+def stats_document() -> StatsDocument:
+    """A complete, valid stats document (frozen: vary it with `dataclasses.replace`)."""
+    return EXAMPLE_STATS
 
 
 @pytest.fixture

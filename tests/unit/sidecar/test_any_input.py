@@ -12,9 +12,10 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
+from fusebox_contract.stats import parse
 from fusebox_sidecar.collectors import Observation, SidecarCollector
 from fusebox_sidecar.nvml import GpuAccess, GpuReading
-from fusebox_sidecar.readings import ProcOutcome, ProcReading, parse_stats
+from fusebox_sidecar.readings import ProcOutcome, ProcReading
 
 _scalars = (
     st.none()
@@ -33,8 +34,9 @@ _json = st.recursive(
 )
 _keys = st.sampled_from(
     [
-        "written_at", "pid", "rss_bytes", "cuda", "nvml", "queue_length", "requests",
+        "written_at", "pid", "rss_bytes", "cuda", "nvml", "queue_length", "requests", "model_name",
         "latency_seconds", "quality", "heartbeats", "state", "cgroup_memory_limit_bytes",
+        "tokenizer_cache_hits_total", "tokenizer_template_hits_total",
     ]
 )  # fmt: skip
 _documents = st.dictionaries(_keys, _json, max_size=12).map(lambda d: {"schema": 1, **d})
@@ -43,7 +45,7 @@ _documents = st.dictionaries(_keys, _json, max_size=12).map(lambda d: {"schema":
 def _exposition(raw: bytes) -> str:
     observation = Observation(
         1.8e9,
-        parse_stats(raw),
+        parse(raw),
         1.8e9 - 5,
         ProcReading(ProcOutcome.NO_PID),
         GpuReading(GpuAccess.NOT_INSTALLED),
@@ -56,9 +58,9 @@ def _exposition(raw: bytes) -> str:
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=200))
 def test_arbitrary_bytes_never_raise(raw: bytes) -> None:
-    reading = parse_stats(raw)
+    reading = parse(raw)
 
-    assert reading.snapshot is not None or reading.problem
+    assert reading.document is not None or reading.problem
 
 
 @settings(max_examples=300, deadline=None)

@@ -4,24 +4,35 @@ through a fresh CollectorRegistry, as Prometheus would see it."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Iterator, Mapping
+from dataclasses import fields, is_dataclass, replace
 
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from fusebox_contract.metrics import Metric
+from fusebox_contract.names import (
+    BreakerState,
+    Dtype,
+    LatencyMetric,
+    Quantization,
+    RequestOutcome,
+    Variant,
+)
+from fusebox_contract.stats import (
+    CudaMemory,
+    LatencySummary,
+    StatsDocument,
+    StatsReading,
+    dumps,
+    encode,
+    parse,
+)
 from fusebox_sidecar.collectors import Observation, SidecarCollector
 from fusebox_sidecar.nvml import GpuAccess, GpuDevice, GpuReading
-from fusebox_sidecar.readings import (
-    ProcOutcome,
-    ProcReading,
-    StatsReading,
-    StatsSnapshot,
-    parse_stats,
-)
+from fusebox_sidecar.readings import ProcOutcome, ProcReading
 
-Document = Callable[[], dict[str, Any]]
 NOW = 1796000010.0
 NO_GPU = GpuReading(GpuAccess.NOT_INSTALLED, detail="not installed")
 MEASURED = ProcReading(ProcOutcome.MEASURED, rss_bytes=2_000_000_000.0)
@@ -35,20 +46,25 @@ def _registry(
     last_written_at: float | None = None,
     now: float = NOW,
 ) -> CollectorRegistry:
-    if last_written_at is None and stats.snapshot is not None:
-        last_written_at = stats.snapshot.written_at
+    if last_written_at is None and stats.document is not None:
+        last_written_at = stats.document.written_at
     observation = Observation(now, stats, last_written_at, proc, gpu)
     registry = CollectorRegistry()
     registry.register(SidecarCollector(lambda: observation))
     return registry
 
 
-def _read(document: dict[str, Any]) -> StatsReading:
-    return parse_stats(json.dumps(document).encode())
+def _read(document: StatsDocument) -> StatsReading:
+    """What the sidecar reads after the server's writer wrote `document`."""
+    return parse(dumps(document))
 
 
-def test_relayed_server_values_appear_in_base_units(stats_document: Document) -> None:
-    registry = _registry(_read(stats_document()))
+def _with_state(document: StatsDocument, **changes: object) -> StatsDocument:
+    return replace(document, state=replace(document.state, **changes))
+
+
+def test_relayed_server_values_appear_in_base_units(stats_document: StatsDocument) -> None:
+    registry = _registry(_read(stats_document))
     value = registry.get_sample_value
 
     assert value("fusebox_memory_limit_bytes") == 107_374_182_400
@@ -70,22 +86,23 @@ def test_relayed_server_values_appear_in_base_units(stats_document: Document) ->
 
 
 def test_request_outcomes_are_one_counter_with_an_outcome_label(
-    stats_document: Document,
+    stats_document: StatsDocument,
 ) -> None:
-    registry = _registry(_read(stats_document()))
+    registry = _registry(_read(stats_document))
 
     counts = {
-        outcome: registry.get_sample_value("fusebox_requests_total", {"outcome": outcome})
-        for outcome in ("succeeded", "failed", "rejected", "timed_out")
+        outcome: registry.get_sample_value(Metric.REQUESTS.sample, {"outcome": outcome.value})
+        for outcome in RequestOutcome
     }
-    assert counts == {"succeeded": 1000, "failed": 3, "rejected": 40, "timed_out": 2}
+    assert counts == stats_document.requests
+    assert counts[RequestOutcome.CANCELLED] == 6 and counts[RequestOutcome.INVALID] == 9
     exposition = generate_latest(registry).decode()
     assert "# TYPE fusebox_requests_total counter" in exposition
     assert "# TYPE fusebox_cuda_alloc_retries_total counter" in exposition
 
 
-def test_latency_p99s_are_labelled_by_metric_in_seconds(stats_document: Document) -> None:
-    registry = _registry(_read(stats_document()))
+def test_latency_p99s_are_labelled_by_metric_in_seconds(stats_document: StatsDocument) -> None:
+    registry = _registry(_read(stats_document))
 
     for metric, seconds in {"ttft": 0.05, "itl": 0.02, "e2e": 0.90}.items():
         assert (
@@ -93,27 +110,28 @@ def test_latency_p99s_are_labelled_by_metric_in_seconds(stats_document: Document
         )
 
 
-@pytest.mark.parametrize(("state", "code"), [("closed", 0), ("open", 1), ("half_open", 2)])
+@pytest.mark.parametrize(
+    ("state", "code"),
+    [(BreakerState.CLOSED, 0), (BreakerState.OPEN, 1), (BreakerState.HALF_OPEN, 2)],
+)
 def test_breaker_state_is_encoded_closed_0_open_1_half_open_2(
-    stats_document: Document, state: str, code: int
+    stats_document: StatsDocument, state: BreakerState, code: int
 ) -> None:
-    document = stats_document()
-    document["state"]["breaker"] = state
+    document = _with_state(stats_document, breaker=state)
 
     assert _registry(_read(document)).get_sample_value("fusebox_breaker_state") == code
 
 
-def test_primary_variant_means_fallback_inactive(stats_document: Document) -> None:
-    document = stats_document()
-    document["state"]["variant"] = "primary"
+def test_primary_variant_means_fallback_inactive(stats_document: StatsDocument) -> None:
+    document = _with_state(stats_document, variant=Variant.PRIMARY)
 
     assert _registry(_read(document)).get_sample_value("fusebox_fallback_active") == 0
 
 
 def test_heartbeat_and_stats_ages_count_from_the_server_stamps(
-    stats_document: Document,
+    stats_document: StatsDocument,
 ) -> None:
-    registry = _registry(_read(stats_document()), now=1796000004.10)
+    registry = _registry(_read(stats_document), now=1796000004.10)
     value = registry.get_sample_value
 
     assert value("fusebox_heartbeat_age_seconds", {"thread": "loop"}) == pytest.approx(4.0)
@@ -122,19 +140,21 @@ def test_heartbeat_and_stats_ages_count_from_the_server_stamps(
 
 
 def test_a_stamp_slightly_in_the_future_gives_age_zero_not_negative(
-    stats_document: Document,
+    stats_document: StatsDocument,
 ) -> None:
-    registry = _registry(_read(stats_document()), now=1796000000.0)
+    registry = _registry(_read(stats_document), now=1796000000.0)
 
     assert registry.get_sample_value("fusebox_heartbeat_age_seconds", {"thread": "loop"}) == 0
     assert registry.get_sample_value("fusebox_server_stats_age_seconds") == 0
 
 
-def test_an_unmeasurable_value_is_absent_not_zero(stats_document: Document) -> None:
-    document = stats_document()
-    document["cuda"] = {key: None for key in document["cuda"]}
-    document["latency_seconds"] = {"ttft": None, "itl": None, "e2e": None}
-    document["quality"]["failure_ratio"] = None
+def test_an_unmeasurable_value_is_absent_not_zero(stats_document: StatsDocument) -> None:
+    document = replace(
+        stats_document,
+        cuda=CudaMemory(),
+        latency={},
+        quality=replace(stats_document.quality, failure_ratio=None),
+    )
 
     registry = _registry(_read(document))
     exposition = generate_latest(registry).decode()
@@ -148,12 +168,12 @@ def test_an_unmeasurable_value_is_absent_not_zero(stats_document: Document) -> N
 
 
 def test_a_wrong_typed_field_drops_its_metric_and_marks_the_stats_invalid(
-    stats_document: Document,
+    stats_document: StatsDocument,
 ) -> None:
-    document = stats_document()
-    document["queue_length"] = "five"
+    malformed = encode(stats_document)
+    malformed["queue_length"] = "five"
 
-    registry = _registry(_read(document))
+    registry = _registry(parse(json.dumps(malformed)))
 
     assert registry.get_sample_value("fusebox_request_queue_length") is None
     assert registry.get_sample_value("fusebox_stats_valid") == 0
@@ -182,8 +202,8 @@ def test_stats_age_is_absent_until_a_valid_file_was_ever_seen() -> None:
     assert registry.get_sample_value("fusebox_process_resident_memory_bytes") is None
 
 
-def test_rss_measured_from_proc_wins_over_the_server_report(stats_document: Document) -> None:
-    registry = _registry(_read(stats_document()), proc=MEASURED)
+def test_rss_measured_from_proc_wins_over_the_server_report(stats_document: StatsDocument) -> None:
+    registry = _registry(_read(stats_document), proc=MEASURED)
 
     assert registry.get_sample_value("fusebox_process_resident_memory_bytes") == 2_000_000_000
     assert registry.get_sample_value("fusebox_sidecar_measured", {"quantity": "rss"}) == 1
@@ -191,15 +211,15 @@ def test_rss_measured_from_proc_wins_over_the_server_report(stats_document: Docu
 
 @pytest.mark.parametrize("outcome", [ProcOutcome.GONE, ProcOutcome.UNREADABLE])
 def test_rss_falls_back_to_the_server_report_when_proc_cannot_tell(
-    stats_document: Document, outcome: ProcOutcome
+    stats_document: StatsDocument, outcome: ProcOutcome
 ) -> None:
-    registry = _registry(_read(stats_document()), proc=ProcReading(outcome, detail="x"))
+    registry = _registry(_read(stats_document), proc=ProcReading(outcome, detail="x"))
 
     assert registry.get_sample_value("fusebox_process_resident_memory_bytes") == 1_234_567_890
     assert registry.get_sample_value("fusebox_sidecar_measured", {"quantity": "rss"}) == 0
 
 
-def test_gpu_memory_measured_by_the_sidecar_per_device(stats_document: Document) -> None:
+def test_gpu_memory_measured_by_the_sidecar_per_device(stats_document: StatsDocument) -> None:
     gpu = GpuReading(
         GpuAccess.OK,
         (
@@ -207,7 +227,7 @@ def test_gpu_memory_measured_by_the_sidecar_per_device(stats_document: Document)
             GpuDevice(1, used_bytes=1e9, total_bytes=8e10),
         ),
     )
-    registry = _registry(_read(stats_document()), gpu=gpu)
+    registry = _registry(_read(stats_document), gpu=gpu)
     value = registry.get_sample_value
 
     assert value("fusebox_gpu_visible") == 1
@@ -221,9 +241,9 @@ def test_gpu_memory_measured_by_the_sidecar_per_device(stats_document: Document)
 
 
 def test_without_its_own_nvml_the_sidecar_relays_the_server_gpu_figures(
-    stats_document: Document,
+    stats_document: StatsDocument,
 ) -> None:
-    registry = _registry(_read(stats_document()), gpu=NO_GPU)
+    registry = _registry(_read(stats_document), gpu=NO_GPU)
     value = registry.get_sample_value
 
     assert value("fusebox_gpu_visible") == 0
@@ -233,9 +253,8 @@ def test_without_its_own_nvml_the_sidecar_relays_the_server_gpu_figures(
     assert value("fusebox_sidecar_measured", {"quantity": "gpu_memory"}) == 0
 
 
-def test_no_gpu_anywhere_means_gpu_metrics_absent(stats_document: Document) -> None:
-    document = stats_document()
-    document["nvml"] = []
+def test_no_gpu_anywhere_means_gpu_metrics_absent(stats_document: StatsDocument) -> None:
+    document = replace(stats_document, nvml=())
 
     exposition = generate_latest(_registry(_read(document), gpu=NO_GPU)).decode()
 
@@ -244,21 +263,21 @@ def test_no_gpu_anywhere_means_gpu_metrics_absent(stats_document: Document) -> N
     assert "fusebox_gpu_lost" not in exposition
 
 
-def test_a_lost_gpu_is_flagged_and_its_numbers_left_out(stats_document: Document) -> None:
+def test_a_lost_gpu_is_flagged_and_its_numbers_left_out(stats_document: StatsDocument) -> None:
     gpu = GpuReading(
         GpuAccess.OK,
         (GpuDevice(0, None, None, lost=True), GpuDevice(1, used_bytes=1e9, total_bytes=8e10)),
     )
-    registry = _registry(_read(stats_document()), gpu=gpu)
+    registry = _registry(_read(stats_document), gpu=gpu)
 
     assert registry.get_sample_value("fusebox_gpu_lost") == 1
     assert registry.get_sample_value("fusebox_gpu_memory_used_bytes", {"gpu": "0"}) is None
     assert registry.get_sample_value("fusebox_gpu_memory_used_bytes", {"gpu": "1"}) == 1e9
 
 
-def test_every_family_has_help_text_and_a_fusebox_name(stats_document: Document) -> None:
+def test_every_family_has_help_text_and_a_fusebox_name(stats_document: StatsDocument) -> None:
     gpu = GpuReading(GpuAccess.OK, (GpuDevice(0, 1.0, 2.0, 1.0),))
-    registry = _registry(_read(stats_document()), gpu=gpu)
+    registry = _registry(_read(stats_document), gpu=gpu)
 
     families = list(registry.collect())
     assert len(families) >= 25
@@ -269,7 +288,7 @@ def test_every_family_has_help_text_and_a_fusebox_name(stats_document: Document)
 
 def test_an_empty_snapshot_exports_only_sidecar_facts() -> None:
     registry = _registry(
-        StatsReading(StatsSnapshot(written_at=NOW)), proc=ProcReading(ProcOutcome.NO_PID)
+        StatsReading(StatsDocument(written_at=NOW)), proc=ProcReading(ProcOutcome.NO_PID)
     )
 
     names = {family.name for family in registry.collect()}
@@ -279,3 +298,134 @@ def test_an_empty_snapshot_exports_only_sidecar_facts() -> None:
         "fusebox_gpu_visible",
         "fusebox_sidecar_measured",
     }
+
+
+def test_the_serving_variant_is_described_by_an_info_gauge(stats_document: StatsDocument) -> None:
+    registry = _registry(_read(stats_document))
+
+    labels = {
+        "model": "chat",
+        "variant": Variant.FALLBACK.value,
+        "quantization": Quantization.INT8.value,
+        "dtype": Dtype.BFLOAT16.value,
+        "revision": "main",
+    }
+    assert registry.get_sample_value(Metric.MODEL_INFO, labels) == 1
+
+
+def test_model_info_leaves_unknown_facts_empty_and_is_absent_without_a_variant(
+    stats_document: StatsDocument,
+) -> None:
+    unknown = _with_state(stats_document, dtype=None, quantization=None, model_revision=None)
+    labels = {
+        "model": "chat",
+        "variant": "fallback",
+        "quantization": "",
+        "dtype": "",
+        "revision": "",
+    }
+
+    assert _registry(_read(unknown)).get_sample_value(Metric.MODEL_INFO, labels) == 1
+    no_variant = _registry(_read(_with_state(stats_document, variant=None)))
+    assert Metric.MODEL_INFO.value not in generate_latest(no_variant).decode()
+
+
+def test_the_fallback_plan_and_its_progress_are_gauges(stats_document: StatsDocument) -> None:
+    converging = _with_state(
+        stats_document, variant=Variant.PRIMARY, target_variant=Variant.FALLBACK, converging=True
+    )
+    value = _registry(_read(converging)).get_sample_value
+
+    assert value(Metric.FALLBACK_CONFIGURED) == 1
+    assert value(Metric.FALLBACK_ACTIVE) == 0
+    assert value(Metric.FALLBACK_TARGET) == 1
+    assert value(Metric.VARIANT_CONVERGING) == 1
+    without = _with_state(stats_document, fallback_configured=False, target_variant=None)
+    assert _registry(_read(without)).get_sample_value(Metric.FALLBACK_CONFIGURED) == 0
+    assert _registry(_read(without)).get_sample_value(Metric.FALLBACK_TARGET) is None
+
+
+def test_tokenizer_and_quality_counters_window_samples_and_admit_ratio_are_relayed(
+    stats_document: StatsDocument,
+) -> None:
+    registry = _registry(_read(stats_document))
+    value = registry.get_sample_value
+
+    assert value(Metric.TOKENIZER_CACHE_HITS.sample) == 10
+    assert value(Metric.TOKENIZER_TEMPLATE_HITS.sample) == 3
+    assert value(Metric.QUALITY_SAMPLED.sample) == 10
+    assert value(Metric.QUALITY_FAILURES.sample) == 1
+    assert value(Metric.BREAKER_ADMIT_RATIO) == 0.05
+    for metric, summary in stats_document.latency.items():
+        assert value(Metric.LATENCY_WINDOW_SAMPLES, {"metric": metric.value}) == summary.count
+    exposition = generate_latest(registry).decode()
+    for counter in (Metric.TOKENIZER_CACHE_HITS, Metric.QUALITY_SAMPLED, Metric.QUALITY_FAILURES):
+        assert f"# TYPE {counter.sample} counter" in exposition
+
+
+def _without_each_field(document: StatsDocument) -> Iterator[tuple[str, StatsDocument]]:
+    """`document` with one written value made absent, for every value it holds."""
+    for outer in fields(StatsDocument):
+        value = getattr(document, outer.name)
+        if is_dataclass(value) and not isinstance(value, type):
+            for inner in fields(value):
+                changed = replace(value, **{inner.name: None})
+                yield f"{outer.name}.{inner.name}", replace(document, **{outer.name: changed})
+        elif isinstance(value, Mapping):
+            for key, entry in value.items():
+                rest = {k: v for k, v in value.items() if k != key}
+                yield f"{outer.name}[{key}]", replace(document, **{outer.name: rest})
+                if isinstance(entry, LatencySummary):
+                    for inner in fields(entry):
+                        part = {**value, key: replace(entry, **{inner.name: None})}
+                        yield (
+                            f"{outer.name}[{key}].{inner.name}",
+                            replace(document, **{outer.name: part}),
+                        )
+        elif isinstance(value, tuple):
+            for position, gpu in enumerate(value):
+                for inner in fields(gpu):
+                    if inner.name != "index":
+                        gpus = list(value)
+                        gpus[position] = replace(gpu, **{inner.name: None})
+                        yield (
+                            f"{outer.name}[{position}].{inner.name}",
+                            replace(document, **{outer.name: tuple(gpus)}),
+                        )
+        else:
+            yield outer.name, replace(document, **{outer.name: None})
+
+
+# The observer, not a collector, reads these (tests/unit/sidecar/test_observer.py).
+READ_BY_THE_OBSERVER = {"pid"}
+
+
+def test_every_field_the_server_writes_shows_in_the_scrape(stats_document: StatsDocument) -> None:
+    """A written field nobody reads is a field that cannot be trusted to work."""
+    relayed = ProcReading(ProcOutcome.GONE, detail="the server's RSS comes from its stats file")
+
+    def scrape(document: StatsDocument) -> str:
+        return generate_latest(_registry(_read(document), proc=relayed)).decode()
+
+    full = scrape(stats_document)
+    unread = [
+        name
+        for name, document in _without_each_field(stats_document)
+        if name not in READ_BY_THE_OBSERVER and scrape(document) == full
+    ]
+    assert unread == []
+
+
+def test_every_field_of_the_example_is_set(stats_document: StatsDocument) -> None:
+    """The test above only covers what the example holds: it must hold everything."""
+    assert None not in _leaf_values(encode(stats_document))
+    assert set(stats_document.requests) == set(RequestOutcome)
+    assert set(stats_document.latency) == set(LatencyMetric)
+
+
+def _leaf_values(node: object) -> list[object]:
+    if isinstance(node, dict):
+        return [leaf for value in node.values() for leaf in _leaf_values(value)]
+    if isinstance(node, list):
+        return [leaf for value in node for leaf in _leaf_values(value)]
+    return [node]

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from prometheus_client.registry import CollectorRegistry
 
+from fusebox_contract.stats import StatsReading
 from fusebox_sidecar.collectors import Observation, SidecarCollector
 from fusebox_sidecar.nvml import GpuAccess, GpuReading, NvmlReader
-from fusebox_sidecar.readings import ProcOutcome, ProcReading, StatsReading
+from fusebox_sidecar.readings import ProcOutcome, ProcReading
 
 FakeNvml = Callable[..., ModuleType]
 SERVER_PID = 4242

@@ -4,13 +4,13 @@ Every case must still give a valid scrape, and say what is wrong."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,10 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from fusebox_contract.stats import StatsDocument, dumps
 from fusebox_sidecar.collectors import SidecarCollector
 from fusebox_sidecar.nvml import NvmlReader
 from fusebox_sidecar.observer import MAX_STATS_BYTES, ServerObserver
-
-Document = Callable[[], dict[str, Any]]
 
 
 class Clock:
@@ -56,8 +55,8 @@ def _missing_pid() -> int:
     raise AssertionError("no free pid")
 
 
-def _write(path: Path, document: dict[str, Any]) -> None:
-    path.write_text(json.dumps(document))
+def _write(path: Path, document: StatsDocument) -> None:
+    path.write_text(dumps(document))
 
 
 def _registry(observer: ServerObserver) -> CollectorRegistry:
@@ -67,10 +66,9 @@ def _registry(observer: ServerObserver) -> CollectorRegistry:
 
 
 def test_rss_is_measured_from_proc_for_the_pid_in_the_stats_file(
-    tmp_path: Path, stats_document: Document, sleeper: int
+    tmp_path: Path, stats_document: StatsDocument, sleeper: int
 ) -> None:
-    document = stats_document()
-    document["pid"] = sleeper
+    document = replace(stats_document, pid=sleeper)
     _write(tmp_path / "stats.json", document)
     registry = _registry(
         ServerObserver(tmp_path / "stats.json", Path("/proc"), NvmlReader(None), Clock(2e9))
@@ -85,17 +83,17 @@ def test_rss_is_measured_from_proc_for_the_pid_in_the_stats_file(
     rss = registry.get_sample_value("fusebox_process_resident_memory_bytes")
 
     assert rss is not None and rss == pytest.approx(psutil_rss, rel=0.05)
-    assert rss != document["rss_bytes"]
+    assert rss != document.rss_bytes
     assert registry.get_sample_value("fusebox_sidecar_measured", {"quantity": "rss"}) == 1
 
 
 def test_stats_age_keeps_growing_after_the_file_is_deleted(
-    tmp_path: Path, stats_document: Document, sleeper: int
+    tmp_path: Path, stats_document: StatsDocument, sleeper: int
 ) -> None:
     stats_path = tmp_path / "stats.json"
-    document = stats_document()
-    document["pid"] = sleeper
-    clock = Clock(document["written_at"] + 1)
+    document = replace(stats_document, pid=sleeper)
+    assert document.written_at is not None
+    clock = Clock(document.written_at + 1)
     registry = _registry(ServerObserver(stats_path, Path("/proc"), NvmlReader(None), clock))
 
     assert registry.get_sample_value("fusebox_server_stats_age_seconds") is None
@@ -148,29 +146,28 @@ def test_a_stats_path_that_is_a_directory_fifo_or_too_large_is_reported(
 
 
 def test_a_pid_that_does_not_exist_relays_the_server_rss_and_warns(
-    tmp_path: Path, stats_document: Document, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, stats_document: StatsDocument, caplog: pytest.LogCaptureFixture
 ) -> None:
-    document = stats_document()
-    document["pid"] = _missing_pid()
+    document = replace(stats_document, pid=_missing_pid())
     _write(tmp_path / "stats.json", document)
     registry = _registry(ServerObserver(tmp_path / "stats.json", Path("/proc"), NvmlReader(None)))
 
     with caplog.at_level(logging.WARNING):
         rss = registry.get_sample_value("fusebox_process_resident_memory_bytes")
 
-    assert rss == document["rss_bytes"]
+    assert rss == document.rss_bytes
     assert registry.get_sample_value("fusebox_sidecar_measured", {"quantity": "rss"}) == 0
-    assert any(f"no process {document['pid']}" in getattr(r, "problem", "") for r in caplog.records)
+    assert any(f"no process {document.pid}" in getattr(r, "problem", "") for r in caplog.records)
 
 
 @pytest.mark.parametrize("entry", ["directory", "garbage"])
 def test_an_unreadable_proc_entry_relays_the_server_rss_and_warns(
-    tmp_path: Path, stats_document: Document, caplog: pytest.LogCaptureFixture, entry: str
+    tmp_path: Path, stats_document: StatsDocument, caplog: pytest.LogCaptureFixture, entry: str
 ) -> None:
-    document = stats_document()
+    document = stats_document
     _write(tmp_path / "stats.json", document)
     proc_root = tmp_path / "proc"
-    status = proc_root / str(document["pid"]) / "status"
+    status = proc_root / str(document.pid) / "status"
     if entry == "directory":
         status.mkdir(parents=True)
     else:
@@ -187,10 +184,10 @@ def test_an_unreadable_proc_entry_relays_the_server_rss_and_warns(
 
 
 def test_the_sidecar_never_reports_its_own_rss_as_the_server_s(
-    tmp_path: Path, stats_document: Document
+    tmp_path: Path, stats_document: StatsDocument
 ) -> None:
-    document = stats_document()
-    document["pid"] = os.getpid()  # what an unshared process namespace looks like
+    # What an unshared process namespace looks like: the server's pid is the sidecar's.
+    document = replace(stats_document, pid=os.getpid())
     _write(tmp_path / "stats.json", document)
     registry = _registry(ServerObserver(tmp_path / "stats.json", Path("/proc"), NvmlReader(None)))
 
@@ -199,7 +196,7 @@ def test_the_sidecar_never_reports_its_own_rss_as_the_server_s(
 
 
 def test_a_problem_is_logged_once_and_its_end_once(
-    tmp_path: Path, stats_document: Document, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, stats_document: StatsDocument, caplog: pytest.LogCaptureFixture
 ) -> None:
     stats_path = tmp_path / "stats.json"
     stats_path.write_text("{")
@@ -208,7 +205,7 @@ def test_a_problem_is_logged_once_and_its_end_once(
     with caplog.at_level(logging.INFO):
         for _ in range(5):
             observer.observe()
-        _write(stats_path, stats_document())
+        _write(stats_path, stats_document)
         observer.observe()
         observer.observe()
 
@@ -219,12 +216,12 @@ def test_a_problem_is_logged_once_and_its_end_once(
 
 def test_a_lost_gpu_is_flagged_and_logged_as_a_warning(
     tmp_path: Path,
-    stats_document: Document,
+    stats_document: StatsDocument,
     fake_pynvml: Callable[..., Any],
     device_class: type[Any],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    _write(tmp_path / "stats.json", stats_document())
+    _write(tmp_path / "stats.json", stats_document)
     nvml = NvmlReader(fake_pynvml([device_class(lost=True)]))
     registry = _registry(ServerObserver(tmp_path / "stats.json", Path("/proc"), nvml))
 
