@@ -5,6 +5,9 @@ and recording), so every admin call carries the policy's idempotency id and
 the server replays a recorded result instead of acting twice. Each pod's
 runtime state (breaker, admit share, degradation level) is reconciled to the
 desired one on every loop, so pods that start or restart later converge too.
+A call whose outcome is unknown (it timed out, the connection broke) is
+reported unsettled: the tick retries it later with the same id, so a model
+load slower than the timeout is waited for, never requested twice.
 The admin token is passed in, used in one header, and never logged.
 """
 
@@ -12,25 +15,44 @@ from __future__ import annotations
 
 import logging
 from collections.abc import MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
+from fusebox_contract.names import ActionType, BreakerState, Variant
+from fusebox_contract.wiring import Port
 from fusebox_operator.kube import Kube, KubeError, PodView
-from fusebox_operator.manifests import ADMIN_PORT
 from fusebox_operator.policy import Action, ActionKind, PodSample
 from fusebox_operator.status import human_bytes
 
 ADMIN_TIMEOUT_SECONDS = 10.0
-LOAD_TIMEOUT_SECONDS = 120.0  # unload/load/swap move a whole model
+LOAD_TIMEOUT_SECONDS = 300.0
+"""unload/load/swap move a whole model: minutes for a large one from a PVC. A
+load slower still is not lost: the retry reuses the id and the server makes
+the duplicate wait for the first call's result."""
 STATE_TIMEOUT_SECONDS = 5.0  # a breaker flip is instant unless the server is wedged
+MODEL_ACTIONS = frozenset({ActionType.UNLOAD, ActionType.LOAD, ActionType.SWAP})
+ACCEPTED = frozenset({200, 202})  # 202: the server converges in the background
 log = logging.getLogger(__name__)
 
-RuntimeTarget = tuple[str, int, int]  # (breaker, admitPercent, level)
+RuntimeTarget = tuple[BreakerState, int, int]  # (breaker, admitPercent, level)
 
 
 class AdminError(RuntimeError):
-    pass
+    """The call failed. `settled` is False when its outcome is unknown (retry it)."""
+
+    def __init__(self, message: str, settled: bool = True) -> None:
+        super().__init__(message)
+        self.settled = settled
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """What an action did, as one line; `settled` is False while its outcome is unknown."""
+
+    text: str
+    settled: bool = True
 
 
 def describe_result(result: dict[str, Any]) -> str:
@@ -54,7 +76,7 @@ def describe_result(result: dict[str, Any]) -> str:
 
 class Actuator:
     def __init__(
-        self, session: aiohttp.ClientSession, kube: Kube | None, admin_port: int = ADMIN_PORT
+        self, session: aiohttp.ClientSession, kube: Kube | None, admin_port: int = Port.ADMIN
     ) -> None:
         self.session = session
         self.kube = kube
@@ -80,48 +102,75 @@ class Actuator:
                 timeout=aiohttp.ClientTimeout(total=timeout_seconds),
             ) as response:
                 payload = await response.json(content_type=None)
-                if response.status != 200:
+                if response.status not in ACCEPTED:
                     message = (payload or {}).get("error", {}).get("message", "")
                     raise AdminError(f"{method} {path} -> HTTP {response.status} {message}")
                 return dict(payload)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+        except ValueError as error:
             raise AdminError(f"{method} {path}: {type(error).__name__} {error}") from error
+        except (aiohttp.ClientError, TimeoutError) as error:
+            # Sent or not, done or not: unknown. A retry with the same id is safe.
+            raise AdminError(
+                f"{method} {path}: {type(error).__name__} {error}".rstrip(), settled=False
+            ) from error
 
     async def _post_action(
-        self, pod: PodView, token: str, action_id: str, type_: str, variant: str | None = None
+        self,
+        pod: PodView,
+        token: str,
+        action_id: str,
+        type_: ActionType,
+        variant: Variant | None = None,
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"id": action_id, "type": type_}
+        body: dict[str, Any] = {"id": action_id, "type": type_.value}
         if variant is not None:
-            body["variant"] = variant
-        slow = type_ in ("unload", "load", "swap")
-        timeout = LOAD_TIMEOUT_SECONDS if slow else ADMIN_TIMEOUT_SECONDS
+            body["variant"] = variant.value
+        timeout = LOAD_TIMEOUT_SECONDS if type_ in MODEL_ACTIONS else ADMIN_TIMEOUT_SECONDS
         return await self._admin(pod, token, "POST", "/admin/v1/actions", body, timeout)
 
-    async def execute(self, namespace: str, pod: PodView | None, token: str, action: Action) -> str:
-        """Run one action; returns the result line (errors included, never raised)."""
+    async def execute(
+        self, namespace: str, pod: PodView | None, token: str, action: Action
+    ) -> ActionResult:
+        """Run one action; the result line, errors included (never raised).
+
+        Every call carries the action's id (a reload's two calls derive
+        theirs from it), so running the same action again replays the
+        server's recorded results instead of acting twice.
+        """
         try:
             if action.kind is ActionKind.RESTART:
                 if self.kube is None:
-                    return "failed: no Kubernetes client to delete the pod"
+                    return ActionResult("failed: no Kubernetes client to delete the pod")
                 gone = await self.kube.delete_pod(namespace, action.pod)
-                return "pod deleted; the Deployment replaces it" if gone else "pod already gone"
+                return ActionResult(
+                    "pod deleted; the Deployment replaces it" if gone else "pod already gone"
+                )
             if pod is None:
-                return "failed: pod no longer listed"
+                return ActionResult("failed: pod no longer listed")
             if action.kind is ActionKind.RELOAD:
-                unload = await self._post_action(pod, token, f"{action.id}-unload", "unload")
+                unload = await self._post_action(
+                    pod, token, f"{action.id}-unload", ActionType.UNLOAD
+                )
                 load = await self._post_action(
-                    pod, token, f"{action.id}-load", "load", action.variant
+                    pod, token, f"{action.id}-load", ActionType.LOAD, action.variant
                 )
                 merged = {**load, "memory_before": unload.get("memory_before")}
-                return describe_result(merged)
+                return ActionResult(describe_result(merged))
             if action.kind in (ActionKind.SWAP_FALLBACK, ActionKind.RESTORE_PRIMARY):
-                result = await self._post_action(pod, token, action.id, "swap", action.variant)
-                return describe_result(result)
-            result = await self._post_action(pod, token, action.id, action.kind.value)
-            return describe_result(result)
-        except (AdminError, KubeError) as error:
-            log.warning("action %s on %s failed: %s", action.id, action.pod, error)
-            return f"failed: {error}"
+                result = await self._post_action(
+                    pod, token, action.id, ActionType.SWAP, action.variant
+                )
+                return ActionResult(describe_result(result))
+            result = await self._post_action(pod, token, action.id, ActionType(action.kind.value))
+            return ActionResult(describe_result(result))
+        except AdminError as error:
+            log.warning("action %s on %s: %s", action.id, action.pod, error)
+            if not error.settled:
+                return ActionResult(f"in flight: {error}", settled=False)
+            return ActionResult(f"failed: {error}")
+        except KubeError as error:
+            log.warning("action %s on %s: %s", action.id, action.pod, error)
+            return ActionResult(f"in flight: {error}", settled=False)  # a delete is safe to repeat
 
     async def reconcile_runtime(
         self,
@@ -132,7 +181,7 @@ class Actuator:
         applied: MutableMapping[str, RuntimeTarget],
     ) -> bool:
         """Bring one pod's breaker and degradation level to the target; True if it changed."""
-        key = f"{pod.uid}/{pod.server_restarts}"
+        key = pod.instance
         breaker, admit, level = target
         observed_ok = (
             sample is None
@@ -150,7 +199,7 @@ class Actuator:
                 token,
                 "PUT",
                 "/admin/v1/breaker",
-                {"state": breaker, "admitPercent": admit},
+                {"state": breaker.value, "admitPercent": admit},
                 STATE_TIMEOUT_SECONDS,
             )
             await self._admin(
@@ -159,7 +208,9 @@ class Actuator:
                 "PUT",
                 "/admin/v1/degradation",
                 {"level": level},
-                LOAD_TIMEOUT_SECONDS,
+                # 202: the server swaps in the background; an older server
+                # answers when loaded, and a repeat never starts a second load.
+                ADMIN_TIMEOUT_SECONDS,
             )
         except AdminError as error:
             log.warning("runtime state of %s not set: %s", pod.name, error)

@@ -8,31 +8,27 @@ kopf's `patch`, and kopf sends one patch per handler run.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
 import kopf
 
+from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator import manifests
-from fusebox_operator.actuator import Actuator, RuntimeTarget
-from fusebox_operator.kube import Kube, KubeError, load_config, ready_count
-from fusebox_operator.policy import PolicyState, admit_percent, decide
+from fusebox_operator.actuator import Actuator
+from fusebox_operator.kube import Kube, KubeError, PodView, load_config
+from fusebox_operator.policy import PodSample
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import size_memory
 from fusebox_operator.spec import InferenceServiceSpec, SpecError, parse_spec
-from fusebox_operator.status import (
-    build_status,
-    iso,
-    set_condition,
-    should_write,
-    transition_events,
-)
-from fusebox_operator.telemetry import scrapable, scrape_all
+from fusebox_operator.status import iso, set_condition
+from fusebox_operator.telemetry import scrape_all
+from fusebox_operator.tick import TickInputs, TickMemory, run_tick
 
 GROUP, VERSION, PLURAL = "fusebox.dev", "v1alpha1", "inferenceservices"
 TICK_SECONDS = 1.0  # the timer ticks often; each object scrapes at its own interval
@@ -80,13 +76,16 @@ def _invalid(
 ) -> kopf.PermanentError:
     now = time.time()
     conditions = list(status.get("conditions") or [])
+    invalid = EventReason.INVALID_SPEC
     conditions = set_condition(
-        conditions, "InvalidSpec", True, "InvalidSpec", message, generation, now
+        conditions, ConditionType.INVALID_SPEC, True, invalid, message, generation, now
     )
-    conditions = set_condition(conditions, "Ready", False, "InvalidSpec", message, generation, now)
+    conditions = set_condition(
+        conditions, ConditionType.READY, False, invalid, message, generation, now
+    )
     patch.status["conditions"] = conditions
     patch.status["observedGeneration"] = generation
-    kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
+    kopf.event(body, type="Warning", reason=invalid, message=message)
     return kopf.PermanentError(message)
 
 
@@ -118,14 +117,9 @@ async def reconcile(
     except SpecError as error:
         raise _invalid(body, status, patch, generation, str(error)) from error
 
-    secret = manifests.build_admin_secret(name, namespace, secrets.token_urlsafe(32))
-    children = [
-        manifests.build_config_map(parsed, name, namespace),
-        manifests.build_service(name, namespace),
-        manifests.build_pdb(name, namespace),
-        manifests.build_network_policy(name, namespace, ours),
-        manifests.build_deployment(parsed, name, namespace, sizing, ours),
-    ]
+    secret, *children = manifests.build_children(
+        parsed, name, namespace, sizing, ours, secrets.token_urlsafe(32)
+    )
     kopf.adopt([secret, *children], owner=body)
     try:
         await kube.create_secret_once(secret)  # the token is never logged nor regenerated
@@ -146,7 +140,7 @@ async def reconcile(
         kopf.event(
             body,
             type="Normal",
-            reason="MemorySized",
+            reason=EventReason.MEMORY_SIZED,
             message=(
                 f"memory limit {manifests.memory_quantity(sizing.limit_bytes)}, request "
                 f"{manifests.memory_quantity(sizing.request_bytes)} ({sizing.qos_class}); VRAM "
@@ -157,13 +151,20 @@ async def reconcile(
     now = time.time()
     conditions = list(status.get("conditions") or [])
     conditions = set_condition(
-        conditions, "InvalidSpec", False, "SpecValid", "spec accepted", generation, now
+        conditions, ConditionType.INVALID_SPEC, False, "SpecValid", "spec accepted", generation, now
     )
-    if not any(c.get("type") == "Ready" for c in conditions) or any(
-        c.get("type") == "Ready" and c.get("reason") == "InvalidSpec" for c in conditions
+    if not any(c.get("type") == ConditionType.READY for c in conditions) or any(
+        c.get("type") == ConditionType.READY and c.get("reason") == EventReason.INVALID_SPEC
+        for c in conditions
     ):
         conditions = set_condition(
-            conditions, "Ready", False, "Reconciling", "children applied", generation, now
+            conditions,
+            ConditionType.READY,
+            False,
+            "Reconciling",
+            "children applied",
+            generation,
+            now,
         )
     patch.status["conditions"] = conditions
     patch.status["memory"] = memory
@@ -195,7 +196,7 @@ async def telemetry(
     memo: Any,
     **_: Any,
 ) -> None:
-    """Scrape -> decide -> act -> reconcile runtime state -> status and events."""
+    """Gather the tick's inputs, run it (tick.run_tick), apply its status patch and events."""
     assert namespace is not None
     now = time.time()
     if now < memo.get("next_scrape_at", 0.0):
@@ -206,71 +207,42 @@ async def telemetry(
         return  # reconcile reported it; nothing to watch
     memo.next_scrape_at = now + parsed.telemetry.scrape_interval_seconds
     invalid = any(
-        c.get("type") == "InvalidSpec" and c.get("status") == "True"
+        c.get("type") == ConditionType.INVALID_SPEC and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
     if invalid or "memory" not in status:
         return
     kube: Kube = memo.kube
-    actuator: Actuator = memo.actuator
-    state: PolicyState | None = memo.get("policy")
-    if state is None:
-        # First tick after a start or an operator restart: resume from status.
-        state = PolicyState.from_status(
-            _service_id(uid), status, float(status["memory"].get("limitBytes") or 0) or None
-        )
     try:
         pods = await kube.list_pods(namespace, manifests.selector_labels(name))
         token = await _token(memo, kube, namespace, name)
     except KubeError as error:
         log.warning("%s/%s: %s", namespace, name, error)
         return
-    targets = scrapable(pods)
-    samples = await scrape_all(
-        memo.session,
-        targets,
-        parsed.telemetry.scrape_timeout_seconds,
-        parsed.breaker.latency.metric,
-    )
-    new_state, actions = decide(state, samples, now, parsed)
-    by_name = {pod.name: pod for pod in targets}
-    executed = []
-    for action in actions:
-        result = await actuator.execute(namespace, by_name.get(action.pod), token, action)
-        executed.append((action, result))
-    restarted = {a.pod for a, _ in executed if a.kind.value == "restart"}
-    target: RuntimeTarget = (
-        new_state.breaker.admin_value,
-        admit_percent(new_state, parsed),
-        new_state.level,
-    )
-    applied = memo.setdefault("applied", {})
-    sample_by_pod = {s.pod: s for s in samples}
-    # New and restarted pods converge here; a pod with neither readiness nor a
-    # good scrape is still starting, and calling it would only time out.
-    settable = [
-        pod
-        for pod in targets
-        if pod.name not in restarted
-        and (pod.ready or (pod.name in sample_by_pod and sample_by_pod[pod.name].ok))
-    ]
-    await asyncio.gather(
-        *(
-            actuator.reconcile_runtime(pod, token, target, sample_by_pod.get(pod.name), applied)
-            for pod in settable
-        )
-    )
-    memo.policy = new_state
 
-    for event in transition_events(state, new_state, executed):
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
-    generation = int(meta.get("generation") or 0)
-    new_status = build_status(
-        status, new_state, samples, executed, ready_count(pods), parsed.replicas, generation, now
+    async def scrape(targets: Sequence[PodView]) -> list[PodSample]:
+        return await scrape_all(
+            memo.session,
+            targets,
+            parsed.telemetry.scrape_timeout_seconds,
+            parsed.breaker.latency.metric,
+        )
+
+    memory: TickMemory = memo.setdefault("tick", TickMemory())
+    inputs = TickInputs(
+        namespace=namespace,
+        service_id=_service_id(uid),
+        spec=parsed,
+        status=status,
+        pods=pods,
+        token=token,
+        generation=int(meta.get("generation") or 0),
     )
-    if should_write(status, new_status, now):
-        for key, value in new_status.items():
-            patch.status[key] = value
+    outcome = await run_tick(inputs, memory, scrape, memo.actuator, time.time)
+    for event in outcome.events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+    for key, value in outcome.status_patch.items():
+        patch.status[key] = value
 
 
 @kopf.on.probe(id="scrapedAt")

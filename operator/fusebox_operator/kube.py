@@ -51,6 +51,16 @@ class PodView:
     terminating: bool
     oom_killed: bool
 
+    @property
+    def instance(self) -> str:
+        """This run of the server container: a restarted container starts from defaults."""
+        return f"{self.uid}/{self.server_restarts}"
+
+    @property
+    def serving(self) -> bool:
+        """Ready and not being deleted: an endpoint the Service sends traffic to."""
+        return self.ready and not self.terminating
+
 
 def load_config() -> None:
     """In-cluster credentials when running as a pod, else KUBECONFIG / ~/.kube/config."""

@@ -15,9 +15,11 @@ from __future__ import annotations
 import copy
 import enum
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from fusebox_contract.names import BreakerState, Variant
+from fusebox_operator.rollout import Rollout
 from fusebox_operator.spec import InferenceServiceSpec
 
 MIB = 1024**2
@@ -25,17 +27,6 @@ HARD_RATIO = 0.95
 """Above this share of a limit a pod is acted on whatever the slope."""
 STALE_INTERVALS = 3
 MIN_SLOPE_POINTS = 3
-
-
-class BreakerState(enum.StrEnum):
-    CLOSED = "Closed"
-    OPEN = "Open"
-    HALF_OPEN = "HalfOpen"
-
-    @property
-    def admin_value(self) -> str:
-        """The spelling of the server's admin API (PUT /admin/v1/breaker)."""
-        return {"Closed": "closed", "Open": "open", "HalfOpen": "half_open"}[self.value]
 
 
 class ActionKind(enum.StrEnum):
@@ -46,6 +37,13 @@ class ActionKind(enum.StrEnum):
     RESTORE_PRIMARY = "restore_primary"
     RESTART = "restart"  # delete the pod; the Deployment replaces it
 
+
+DISRUPTIVE: frozenset[ActionKind] = frozenset(
+    {ActionKind.RELOAD, ActionKind.SWAP_FALLBACK, ActionKind.RESTORE_PRIMARY, ActionKind.RESTART}
+)
+"""Actions that take a pod out of service: they roll through the pods one at a time."""
+MAX_ATTEMPTS = 5
+"""An action whose outcome stays unknown is retried (same id) at most this often."""
 
 LADDER: tuple[ActionKind, ...] = (
     ActionKind.GC,
@@ -58,16 +56,27 @@ LADDER: tuple[ActionKind, ...] = (
 
 @dataclass(frozen=True)
 class RequestCounts:
-    """Monotonic request counters of one pod (fusebox_requests_total by outcome)."""
+    """Monotonic request counters of one pod (fusebox_requests_total by outcome).
+
+    The server counts each request once, under one outcome, so the sum of
+    the calls below is the number of requests that ran.
+    """
 
     succeeded: float = 0
     failed: float = 0
     rejected: float = 0
     timed_out: float = 0
+    cancelled: float = 0
+    invalid: float = 0
 
     @property
     def calls(self) -> float:
-        """Requests that ran: breaker rejections (503) are not calls."""
+        """Requests that ran to a verdict, as resilience4j counts calls.
+
+        Rejections (429/503: not permitted), invalid requests (the caller's
+        4xx, never queued) and cancellations (the client left: neither a
+        success nor a failure of the service) are not calls.
+        """
         return self.succeeded + self.failed + self.timed_out
 
     def since(self, earlier: RequestCounts | None) -> RequestCounts:
@@ -84,8 +93,15 @@ class RequestCounts:
             *(a + b for a, b in zip(self.as_tuple(), other.as_tuple(), strict=True))
         )
 
-    def as_tuple(self) -> tuple[float, float, float, float]:
-        return (self.succeeded, self.failed, self.rejected, self.timed_out)
+    def as_tuple(self) -> tuple[float, float, float, float, float, float]:
+        return (
+            self.succeeded,
+            self.failed,
+            self.rejected,
+            self.timed_out,
+            self.cancelled,
+            self.invalid,
+        )
 
 
 @dataclass(frozen=True)
@@ -104,9 +120,11 @@ class PodSample:
     stats_age_seconds: float | None = None
     heartbeat_age_seconds: float | None = None
     requests: RequestCounts | None = None
-    breaker_state: str | None = None
+    breaker_state: BreakerState | None = None
     degradation_level: int | None = None
     model_loaded: bool | None = None
+    variant: Variant | None = None  # the variant the server reports serving
+    converging: bool | None = None  # the server is still moving to its target variant
     queue_length: float | None = None
     tokenizer_cache_entries: float | None = None
     cuda_contexts: float | None = None
@@ -120,7 +138,31 @@ class Action:
     pod: str
     reason: str
     at: float
-    variant: str = "primary"  # the variant a reload loads / a swap targets
+    variant: Variant = Variant.PRIMARY  # the variant a reload loads / a swap targets
+    attempts: int = 1  # how often it was sent; a retry reuses the id
+
+    def to_status(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind.value,
+            "pod": self.pod,
+            "reason": self.reason,
+            "at": self.at,
+            "variant": self.variant.value,
+            "attempts": self.attempts,
+        }
+
+    @classmethod
+    def from_status(cls, raw: Mapping[str, Any]) -> Action:
+        return cls(
+            id=str(raw["id"]),
+            kind=ActionKind(raw["kind"]),
+            pod=str(raw["pod"]),
+            reason=str(raw.get("reason", "")),
+            at=float(raw.get("at", 0.0)),
+            variant=Variant(raw.get("variant", Variant.PRIMARY)),
+            attempts=int(raw.get("attempts", 1)),
+        )
 
 
 @dataclass
@@ -151,10 +193,13 @@ class PolicyState:
     level_reason: str = ""
     healthy_since: float | None = None
     ladders: dict[str, Ladder] = field(default_factory=dict)  # key "pod/resource"
-    variants: dict[str, str] = field(default_factory=dict)  # pods swapped by the ladder
+    variants: dict[str, Variant] = field(default_factory=dict)  # pods swapped by the ladder
     swapped_at: dict[str, float] = field(default_factory=dict)
     last_counts: dict[str, RequestCounts] = field(default_factory=dict)
     last_restart_at: float | None = None
+    # Sent, outcome unknown (the call timed out): retried with the same id,
+    # and the pod gets no other action until it settles.
+    in_flight: dict[str, Action] = field(default_factory=dict)
     # In memory only: rebuilt after a restart by fresh scrapes.
     history: dict[str, list[tuple[float, float | None, float | None]]] = field(default_factory=dict)
     first_seen: dict[str, float] = field(default_factory=dict)
@@ -197,6 +242,7 @@ class PolicyState:
                 for pod in sorted(set(self.variants) | set(self.last_counts))
             ],
             "lastRestartAt": self.last_restart_at,
+            "inFlight": [action.to_status() for _, action in sorted(self.in_flight.items())],
         }
 
     @classmethod
@@ -209,9 +255,17 @@ class PolicyState:
         breaker = status.get("breaker") or {}
         degradation = status.get("degradation") or {}
         try:
-            breaker_state = BreakerState(breaker.get("state", "Closed"))
+            breaker_state = BreakerState.from_status_name(
+                breaker.get("state", BreakerState.CLOSED.status_name)
+            )
         except ValueError:
             breaker_state = BreakerState.CLOSED
+        in_flight = []
+        for raw in policy.get("inFlight") or []:
+            try:
+                in_flight.append(Action.from_status(raw))
+            except (KeyError, TypeError, ValueError):
+                continue  # an entry this version cannot read is dropped, not fatal
         return cls(
             service_id=service_id,
             memory_limit_bytes=memory_limit_bytes,
@@ -235,7 +289,9 @@ class PolicyState:
                 if isinstance(v, Mapping) and "key" in v
             },
             variants={
-                str(p["pod"]): str(p["variant"]) for p in pods if p.get("variant") is not None
+                str(p["pod"]): Variant(p["variant"])
+                for p in pods
+                if p.get("variant") in tuple(Variant)
             },
             swapped_at={
                 str(p["pod"]): float(p["swappedAt"]) for p in pods if p.get("swappedAt") is not None
@@ -246,10 +302,31 @@ class PolicyState:
                 if p.get("counts") is not None
             },
             last_restart_at=policy.get("lastRestartAt"),
+            in_flight={action.id: action for action in in_flight},
         )
 
-    def pod_variant(self, pod: str) -> str:
-        return self.variants.get(pod, "primary")
+    def pod_variant(self, pod: str) -> Variant:
+        """The variant the ladder left this pod on (primary unless it swapped it)."""
+        return self.variants.get(pod, Variant.PRIMARY)
+
+    def busy_pods(self) -> set[str]:
+        """Pods with an action in flight: they get no other action until it settles."""
+        return {action.pod for action in self.in_flight.values()}
+
+    def settle(self, action: Action, settled: bool) -> bool:
+        """Record an executed action: settled, or in flight for a retry with the same id.
+
+        True when it is done with (settled, or given up after MAX_ATTEMPTS).
+        """
+        if settled and action.kind is ActionKind.RESTART:
+            # The pod is gone: whatever was in flight on it died with it.
+            for action_id in [i for i, a in self.in_flight.items() if a.pod == action.pod]:
+                del self.in_flight[action_id]
+        if settled or action.attempts >= MAX_ATTEMPTS:
+            self.in_flight.pop(action.id, None)
+            return True
+        self.in_flight[action.id] = replace(action, attempts=action.attempts + 1)
+        return False
 
 
 def least_squares_slope(points: Sequence[tuple[float, float]]) -> float | None:
@@ -333,6 +410,15 @@ def _forget_pod(state: PolicyState, pod: str) -> None:
         times.pop(pod, None)
     state.served_once.discard(pod)
     state.stale_pods.discard(pod)
+    for action_id in [i for i, a in state.in_flight.items() if a.pod == pod]:
+        del state.in_flight[action_id]
+
+
+def _may_act(rollout: Rollout | None, pod: str, kind: ActionKind) -> bool:
+    """Whether this action may run now: one that takes the pod out of service needs its turn."""
+    if rollout is None or kind not in DISRUPTIVE:
+        return True
+    return rollout.take(pod)
 
 
 def _ladder_step(
@@ -342,7 +428,7 @@ def _ladder_step(
     while ladder.step < len(LADDER):
         kind = LADDER[ladder.step]
         if kind is ActionKind.SWAP_FALLBACK and (
-            spec.fallback is None or state.pod_variant(pod) == "fallback"
+            spec.fallback is None or state.pod_variant(pod) == Variant.FALLBACK
         ):
             ladder.step += 1
             continue
@@ -363,6 +449,7 @@ def _memory_ladder(
     spec: InferenceServiceSpec,
     now: float,
     actions: list[Action],
+    rollout: Rollout | None,
 ) -> None:
     cooldown = spec.breaker.resource.cooldown_seconds
     pod = sample.pod
@@ -382,12 +469,12 @@ def _memory_ladder(
         if acted or (ladder.last_action_at is not None and now - ladder.last_action_at < cooldown):
             continue
         kind = _ladder_step(state, pod, ladder, spec, now)
-        if kind is None:
-            continue
+        if kind is None or not _may_act(rollout, pod, kind):
+            continue  # waits for its turn: nothing advances, the next tick asks again
         variant = state.pod_variant(pod)
         if kind is ActionKind.SWAP_FALLBACK:
-            variant = "fallback"
-            state.variants[pod] = "fallback"
+            variant = Variant.FALLBACK
+            state.variants[pod] = Variant.FALLBACK
             state.swapped_at[pod] = now
         if kind is ActionKind.RESTART:
             state.last_restart_at = now
@@ -398,18 +485,25 @@ def _memory_ladder(
 
 
 def _restore_primary(
-    state: PolicyState, pod: str, spec: InferenceServiceSpec, now: float, actions: list[Action]
+    state: PolicyState,
+    pod: str,
+    spec: InferenceServiceSpec,
+    now: float,
+    actions: list[Action],
+    rollout: Rollout | None,
 ) -> None:
     """A pod the ladder swapped goes back to primary once calm for the degradation cool-off."""
-    if state.pod_variant(pod) != "fallback":
+    if state.pod_variant(pod) != Variant.FALLBACK:
         return
     if any(k.split("/", 1)[0] == pod and k.split("/", 1)[1] != "wedge" for k in state.ladders):
         return
     if now - state.swapped_at.get(pod, now) < spec.degradation.cool_off_seconds:
         return
     kind = ActionKind.RESTORE_PRIMARY
+    if not _may_act(rollout, pod, kind):
+        return
     reason = f"memory calm for {spec.degradation.cool_off_seconds:g} s after the swap"
-    actions.append(Action(_next_id(state, kind), kind, pod, reason, now, "primary"))
+    actions.append(Action(_next_id(state, kind), kind, pod, reason, now, Variant.PRIMARY))
     del state.variants[pod]
     state.swapped_at.pop(pod, None)
 
@@ -420,8 +514,14 @@ def _wedge_check(
     spec: InferenceServiceSpec,
     now: float,
     actions: list[Action],
+    rollout: Rollout | None,
 ) -> bool:
-    """A fresh scrape of a stale stats file means a wedged server: restart that pod."""
+    """A fresh scrape of a stale stats file means a wedged server: restart that pod.
+
+    It fires at the first fresh scrape whose stats file or oldest heartbeat
+    is older than `telemetry.wedgeAfterSeconds`, so the operator restarts the
+    pod (event PodRestarted) before the kubelet's liveness probe would.
+    """
     ages = [a for a in (sample.stats_age_seconds, sample.heartbeat_age_seconds) if a is not None]
     if not ages:
         return False
@@ -437,9 +537,11 @@ def _wedge_check(
         return False  # still starting: never wedged if it never ran
     key = f"{sample.pod}/wedge"
     ladder = state.ladders.setdefault(key, Ladder())
+    kind = ActionKind.RESTART
     if ladder.last_action_at is not None or not _restart_allowed(state, spec, now):
         return True
-    kind = ActionKind.RESTART
+    if not _may_act(rollout, sample.pod, kind):
+        return True
     reason = f"server stats {age:.0f} s old (> {limit:g} s): event loop or worker wedged"
     actions.append(Action(_next_id(state, kind), kind, sample.pod, reason, now))
     ladder.step, ladder.last_action_at = 1, now
@@ -553,12 +655,16 @@ def decide(
     samples: Iterable[PodSample],
     now: float,
     spec: InferenceServiceSpec,
+    rollout: Rollout | None = None,
 ) -> tuple[PolicyState, list[Action]]:
     """One control-loop step: new state and the actions to execute, in order.
 
     `samples` holds the latest scrape of every pod that currently exists
     (failed scrapes included, with ok=False); pods absent from it are gone.
-    The input state is not modified.
+    The input state is not modified. With a `rollout`, an action that takes a
+    pod out of service is decided only when the rollout lets that pod go
+    (and the grant is recorded there); otherwise the pod's ladder waits.
+    A pod with an action in flight gets no new memory action.
     """
     state = copy.deepcopy(state)
     samples = list(samples)
@@ -570,6 +676,7 @@ def decide(
         | set(state.last_counts)
         | {key.split("/", 1)[0] for key in state.ladders}
         | set(state.variants)
+        | state.busy_pods()
     )
     for pod in known - present:
         _forget_pod(state, pod)
@@ -593,7 +700,7 @@ def decide(
         if sample.requests is not None:
             calls = calls.plus(sample.requests.since(state.last_counts.get(pod)))
             state.last_counts[pod] = sample.requests
-        if _wedge_check(state, sample, spec, now, actions):
+        if _wedge_check(state, sample, spec, now, actions, rollout):
             continue
         if pod in state.stale_pods:
             continue
@@ -602,8 +709,10 @@ def decide(
         history.append((sample.sampled_at, sample.rss_bytes, sample.gpu_memory_used_bytes))
         horizon = sample.sampled_at - spec.breaker.resource.window_seconds
         state.history[pod] = [p for p in history if p[0] >= horizon]
-        _memory_ladder(state, sample, spec, now, actions)
-        _restore_primary(state, pod, spec, now, actions)
+        if pod in state.busy_pods():
+            continue  # its last action is still in flight: never a second one on top
+        _memory_ladder(state, sample, spec, now, actions, rollout)
+        _restore_primary(state, pod, spec, now, actions, rollout)
 
     if not fresh:
         return state, actions  # nothing fresh: no breaker moves on stale data

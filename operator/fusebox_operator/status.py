@@ -15,33 +15,47 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fusebox_operator.policy import Action, ActionKind, BreakerState, PodSample, PolicyState
-from fusebox_operator.spec import DEGRADATION_TIER_LEVELS
+from fusebox_contract.names import (
+    BreakerState,
+    ConditionType,
+    DegradationLevel,
+    DegradationTier,
+    EventReason,
+    Variant,
+)
+from fusebox_operator.policy import Action, ActionKind, PodSample, PolicyState
+from fusebox_operator.spec import InferenceServiceSpec
 
 REFRESH_SECONDS = 30.0
 MAX_PODS_LISTED = 20
 MAX_RECENT_ACTIONS = 10
-TIER_NAMES = {level: name for name, level in DEGRADATION_TIER_LEVELS.items()} | {0: "none"}
+TIER_NAMES: dict[int, str] = {int(DegradationLevel.NONE): "none"} | {
+    int(tier.level): tier.value for tier in DegradationTier
+}
 
-CONDITION_TYPES = ("Ready", "Available", "Degraded", "TelemetryFresh", "MemoryPressure")
 # Parts of the status that change on every scrape; refreshed at most every 30 s.
 VOLATILE_KEYS = ("pods", "policy", "updatedAt")
 VOLATILE_SUMMARY_KEYS = ("gpuMemory", "rss")
 
-ACTION_EVENT_REASONS: dict[ActionKind, tuple[str, ...]] = {
-    ActionKind.GC: ("GarbageCollected",),
-    ActionKind.EMPTY_CACHE: ("CacheEmptied",),
-    ActionKind.RELOAD: ("ModelUnloaded", "ModelReloaded"),
-    ActionKind.SWAP_FALLBACK: ("SwappedToFallback",),
-    ActionKind.RESTORE_PRIMARY: ("RestoredPrimary",),
-    ActionKind.RESTART: ("PodRestarted",),
+ACTION_EVENT_REASONS: dict[ActionKind, tuple[EventReason, ...]] = {
+    ActionKind.GC: (EventReason.GARBAGE_COLLECTED,),
+    ActionKind.EMPTY_CACHE: (EventReason.CACHE_EMPTIED,),
+    ActionKind.RELOAD: (EventReason.MODEL_UNLOADED, EventReason.MODEL_RELOADED),
+    ActionKind.SWAP_FALLBACK: (EventReason.SWAPPED_TO_FALLBACK,),
+    ActionKind.RESTORE_PRIMARY: (EventReason.RESTORED_PRIMARY,),
+    ActionKind.RESTART: (EventReason.POD_RESTARTED,),
+}
+BREAKER_EVENT_REASONS: dict[BreakerState, EventReason] = {
+    BreakerState.OPEN: EventReason.BREAKER_OPENED,
+    BreakerState.HALF_OPEN: EventReason.BREAKER_HALF_OPEN,
+    BreakerState.CLOSED: EventReason.BREAKER_CLOSED,
 }
 
 
 @dataclass(frozen=True)
 class EventRecord:
     type: str  # Normal | Warning
-    reason: str
+    reason: EventReason
     message: str
 
 
@@ -61,7 +75,7 @@ def human_bytes(size_bytes: float | None) -> str:
 
 def set_condition(
     conditions: Sequence[Mapping[str, Any]],
-    type_: str,
+    type_: ConditionType,
     status: bool,
     reason: str,
     message: str,
@@ -104,11 +118,12 @@ def set_condition(
 
 
 def pod_entry(sample: PodSample, state: PolicyState) -> dict[str, Any]:
+    variant = sample.variant if sample.variant is not None else state.pod_variant(sample.pod)
     entry: dict[str, Any] = {
         "name": sample.pod,
         "sampledAt": iso(sample.sampled_at),
         "scraped": sample.ok,
-        "variant": state.pod_variant(sample.pod),
+        "variant": variant.value,
     }
     figures = {
         "gpuMemoryBytes": sample.gpu_memory_used_bytes,
@@ -149,10 +164,23 @@ def tier_name(level: int) -> str:
     return TIER_NAMES.get(level, str(level))
 
 
-def active_variant(state: PolicyState) -> str:
-    if state.level >= DEGRADATION_TIER_LEVELS["fallback-model"] or state.variants:
-        return "fallback"
-    return "primary"
+def active_variant(samples: Sequence[PodSample], previous: Mapping[str, Any]) -> str:
+    """What the pods report serving: fallback when any pod serves it.
+
+    Not what the operator asked for: a level whose swap is still rolling
+    through the pods, or a service without a fallback, shows primary. With
+    no pod reporting, the last reported value stands.
+    """
+    reported = {s.variant for s in samples if s.ok and s.variant is not None}
+    if Variant.FALLBACK in reported:
+        return Variant.FALLBACK.value
+    if reported:
+        return Variant.PRIMARY.value
+    return str(previous.get("activeVariant") or Variant.PRIMARY.value)
+
+
+def model_entry(spec: InferenceServiceSpec) -> dict[str, str]:
+    return {"name": spec.model.name, "revision": spec.model.revision, "dtype": spec.model.dtype}
 
 
 def build_status(
@@ -161,11 +189,12 @@ def build_status(
     samples: Sequence[PodSample],
     executed: Sequence[tuple[Action, str]],
     ready_pods: int,
-    desired_pods: int,
+    spec: InferenceServiceSpec,
     generation: int,
     now: float,
 ) -> dict[str, Any]:
     """The whole telemetry-owned status, from the policy state and this scrape."""
+    desired_pods = spec.replicas
     conditions: list[dict[str, Any]] = list(previous.get("conditions") or [])
     ready = ready_pods >= desired_pods and state.breaker is not BreakerState.OPEN
     if state.breaker is BreakerState.OPEN:
@@ -175,11 +204,11 @@ def build_status(
     else:
         ready_reason, ready_message = "PodsReady", f"{ready_pods}/{desired_pods} pods ready"
     conditions = set_condition(
-        conditions, "Ready", ready, ready_reason, ready_message, generation, now
+        conditions, ConditionType.READY, ready, ready_reason, ready_message, generation, now
     )
     conditions = set_condition(
         conditions,
-        "Available",
+        ConditionType.AVAILABLE,
         ready_pods > 0 and state.breaker is not BreakerState.OPEN,
         "MinimumPodsReady" if ready_pods > 0 else "NoPodReady",
         f"{ready_pods} pod(s) serving",
@@ -188,11 +217,11 @@ def build_status(
     )
     degraded = state.level > 0 or state.breaker is not BreakerState.CLOSED
     degraded_message = (
-        f"tier {tier_name(state.level)} (level {state.level}); breaker {state.breaker.value}"
+        f"tier {tier_name(state.level)} (level {state.level}); breaker {state.breaker.status_name}"
     )
     conditions = set_condition(
         conditions,
-        "Degraded",
+        ConditionType.DEGRADED,
         degraded,
         "Degraded" if degraded else "FullService",
         degraded_message if degraded else "primary model, every feature on",
@@ -202,7 +231,7 @@ def build_status(
     stale = sorted(state.stale_pods)
     conditions = set_condition(
         conditions,
-        "TelemetryFresh",
+        ConditionType.TELEMETRY_FRESH,
         not stale,
         "TelemetryStale" if stale else "Scraped",
         f"no fresh sample from {', '.join(stale)}" if stale else f"{len(samples)} pod(s) scraped",
@@ -212,7 +241,7 @@ def build_status(
     pressured = sorted({k.split("/", 1)[0] for k in state.ladders if not k.endswith("/wedge")})
     conditions = set_condition(
         conditions,
-        "MemoryPressure",
+        ConditionType.MEMORY_PRESSURE,
         bool(pressured),
         "LadderActive" if pressured else "WithinLimits",
         f"resource ladder active on {', '.join(pressured)}"
@@ -232,13 +261,14 @@ def build_status(
     previous_breaker = previous.get("breaker") or {}
     since = (
         previous_breaker.get("since")
-        if previous_breaker.get("state") == state.breaker.value and previous_breaker.get("since")
+        if previous_breaker.get("state") == state.breaker.status_name
+        and previous_breaker.get("since")
         else iso(state.breaker_since or now)
     )
     status: dict[str, Any] = {
         "conditions": conditions,
         "breaker": {
-            "state": state.breaker.value,
+            "state": state.breaker.status_name,
             "reason": state.breaker_reason,
             "since": since,
             "trips": state.trips,
@@ -247,8 +277,10 @@ def build_status(
             "level": state.level,
             "tier": tier_name(state.level),
             "reason": state.level_reason,
+            "tiers": list(spec.degradation.tiers),
         },
-        "activeVariant": active_variant(state),
+        "activeVariant": active_variant(samples, previous),
+        "model": model_entry(spec),
         "pods": pods,
         "recentActions": recent,
         "summary": {
@@ -290,38 +322,42 @@ def should_write(previous: Mapping[str, Any], new: Mapping[str, Any], now: float
 
 
 def transition_events(
-    before: PolicyState, after: PolicyState, executed: Sequence[tuple[Action, str]]
+    before: PolicyState,
+    after: PolicyState,
+    executed: Sequence[tuple[Action, str]],
+    has_fallback: bool = True,
 ) -> list[EventRecord]:
     """One event per breaker/tier transition and per executed action, with the numbers."""
     events: list[EventRecord] = []
     if before.breaker is not after.breaker:
-        reason = {
-            BreakerState.OPEN: "BreakerOpened",
-            BreakerState.HALF_OPEN: "BreakerHalfOpen",
-            BreakerState.CLOSED: "BreakerClosed",
-        }[after.breaker]
         kind = "Normal" if after.breaker is BreakerState.CLOSED else "Warning"
-        events.append(EventRecord(kind, reason, after.breaker_reason))
+        events.append(EventRecord(kind, BREAKER_EVENT_REASONS[after.breaker], after.breaker_reason))
     if before.level != after.level:
-        direction = "Degraded" if after.level > before.level else "Recovered"
+        direction = EventReason.DEGRADED if after.level > before.level else EventReason.RECOVERED
         message = (
             f"degradation {tier_name(before.level)} -> {tier_name(after.level)} "
             f"(level {after.level}): {after.level_reason}"
         )
         events.append(
-            EventRecord("Warning" if direction == "Degraded" else "Normal", direction, message)
+            EventRecord(
+                "Warning" if direction is EventReason.DEGRADED else "Normal", direction, message
+            )
         )
-        fallback = DEGRADATION_TIER_LEVELS["fallback-model"]
-        if before.level < fallback <= after.level:
+        fallback = DegradationLevel.FALLBACK_MODEL
+        if has_fallback and before.level < fallback <= after.level:
             events.append(
                 EventRecord(
-                    "Warning", "SwappedToFallback", f"service now serves the fallback: {message}"
+                    "Warning",
+                    EventReason.SWAPPED_TO_FALLBACK,
+                    f"service swaps to the fallback, one pod at a time: {message}",
                 )
             )
-        if after.level < fallback <= before.level:
+        if has_fallback and after.level < fallback <= before.level:
             events.append(
                 EventRecord(
-                    "Normal", "RestoredPrimary", f"service serves the primary again: {message}"
+                    "Normal",
+                    EventReason.RESTORED_PRIMARY,
+                    f"service swaps back to the primary, one pod at a time: {message}",
                 )
             )
     newly_stale = sorted(after.stale_pods - before.stale_pods)
@@ -329,7 +365,7 @@ def transition_events(
         events.append(
             EventRecord(
                 "Warning",
-                "TelemetryStale",
+                EventReason.TELEMETRY_STALE,
                 f"no fresh sample for 3 intervals from {', '.join(newly_stale)}; "
                 "memory actions held",
             )

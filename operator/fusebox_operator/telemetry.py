@@ -3,8 +3,10 @@
 Why: the policy must see all pods of a service at one moment, and one hung
 sidecar must not delay the others, so scrapes run concurrently with a short
 timeout each; a failure becomes a sample with ok=False (the policy counts it
-towards staleness) rather than an exception. The Prometheus text parser is a
-small pure function here so the operator image needs no prometheus_client.
+towards staleness) rather than an exception. The text is parsed by
+prometheus_client's own parser (the format has escapes, exemplars and
+comments a hand-written one gets wrong), and every metric name and label
+value comes from the contract the sidecar exports with.
 """
 
 from __future__ import annotations
@@ -15,113 +17,105 @@ import time
 from collections.abc import Iterable, Sequence
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
+from fusebox_contract.metrics import Metric
+from fusebox_contract.names import BreakerState, HeartbeatThread, RequestOutcome, Variant
+from fusebox_contract.wiring import Port
 from fusebox_operator.kube import PodView
-from fusebox_operator.manifests import METRICS_PORT
 from fusebox_operator.policy import PodSample, RequestCounts
 
 Labels = dict[str, str]
-Families = dict[str, list[tuple[Labels, float]]]
-BREAKER_STATES = {0: "closed", 1: "open", 2: "half_open"}
+Samples = dict[str, list[tuple[Labels, float]]]
+"""Exposed sample name -> [(labels, value)]: counters appear under `<name>_total`."""
 
 
 class ParseError(ValueError):
     pass
 
 
-def _parse_labels(text: str) -> Labels:
-    labels: Labels = {}
-    i = 0
-    while i < len(text):
-        while i < len(text) and text[i] in " ,":
-            i += 1
-        if i >= len(text):
-            break
-        eq = text.index("=", i)
-        key = text[i:eq].strip()
-        if text[eq + 1] != '"':
-            raise ParseError(f"label {key}: value not quoted")
-        j = eq + 2
-        value: list[str] = []
-        while text[j] != '"':
-            if text[j] == "\\":
-                j += 1
-                value.append({"n": "\n", "\\": "\\", '"': '"'}.get(text[j], text[j]))
-            else:
-                value.append(text[j])
-            j += 1
-        labels[key] = "".join(value)
-        i = j + 1
-    return labels
-
-
-def parse_metrics(text: str) -> Families:
+def parse_metrics(text: str) -> Samples:
     """Prometheus text exposition -> {sample name: [(labels, value)]}."""
-    families: Families = {}
-    for raw_line in text.splitlines():
-        line = raw_line.strip()
-        if not line or line.startswith("#"):
-            continue
-        try:
-            if "{" in line:
-                name, rest = line.split("{", 1)
-                label_text, value_text = rest.rsplit("}", 1)
-                labels = _parse_labels(label_text)
-            else:
-                name, value_text = line.split(None, 1)
-                labels = {}
-            value = float(value_text.split()[0])
-        except (ValueError, IndexError) as error:
-            raise ParseError(f"bad metrics line {raw_line[:80]!r}") from error
-        families.setdefault(name.strip(), []).append((labels, value))
-    return families
+    samples: Samples = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    except ValueError as error:
+        raise ParseError(f"bad metrics text: {error}") from error
+    return samples
 
 
-def _one(families: Families, name: str, **match: str) -> float | None:
-    for labels, value in families.get(name, []):
+def _one(samples: Samples, name: Metric, **match: str) -> float | None:
+    for labels, value in samples.get(name.sample, []):
         if all(labels.get(k) == v for k, v in match.items()) and not math.isnan(value):
             return value
     return None
 
 
-def _total(families: Families, name: str) -> float | None:
-    values = [v for _, v in families.get(name, []) if not math.isnan(v)]
+def _total(samples: Samples, name: Metric) -> float | None:
+    values = [v for _, v in samples.get(name.sample, []) if not math.isnan(v)]
     return sum(values) if values else None
 
 
-def sample_from_metrics(pod: str, families: Families, sampled_at: float, metric: str) -> PodSample:
-    """The sidecar's families -> one PodSample (absent metrics stay None)."""
-    counts = None
-    if "fusebox_requests_total" in families:
-        counts = RequestCounts(
-            succeeded=_one(families, "fusebox_requests_total", outcome="succeeded") or 0.0,
-            failed=_one(families, "fusebox_requests_total", outcome="failed") or 0.0,
-            rejected=_one(families, "fusebox_requests_total", outcome="rejected") or 0.0,
-            timed_out=_one(families, "fusebox_requests_total", outcome="timed_out") or 0.0,
-        )
-    heartbeats = [v for _, v in families.get("fusebox_heartbeat_age_seconds", [])]
-    breaker = _one(families, "fusebox_breaker_state")
-    level = _one(families, "fusebox_degradation_level")
-    loaded = _one(families, "fusebox_model_loaded")
+def _request_counts(samples: Samples) -> RequestCounts | None:
+    if Metric.REQUESTS.sample not in samples:
+        return None
+
+    def count(outcome: RequestOutcome) -> float:
+        return _one(samples, Metric.REQUESTS, outcome=outcome.value) or 0.0
+
+    return RequestCounts(
+        succeeded=count(RequestOutcome.SUCCEEDED),
+        failed=count(RequestOutcome.FAILED),
+        rejected=count(RequestOutcome.REJECTED),
+        timed_out=count(RequestOutcome.TIMED_OUT),
+        cancelled=count(RequestOutcome.CANCELLED),
+        invalid=count(RequestOutcome.INVALID),
+    )
+
+
+def _breaker(value: float | None) -> BreakerState | None:
+    if value is None:
+        return None
+    try:
+        return BreakerState.from_gauge_value(int(value))
+    except ValueError:
+        return None  # a state this operator does not know is "not measured"
+
+
+def sample_from_metrics(pod: str, samples: Samples, sampled_at: float, metric: str) -> PodSample:
+    """The sidecar's samples -> one PodSample (absent metrics stay None)."""
+    heartbeats = [
+        v
+        for thread in HeartbeatThread
+        if (v := _one(samples, Metric.HEARTBEAT_AGE_SECONDS, thread=thread.value)) is not None
+    ]
+    level = _one(samples, Metric.DEGRADATION_LEVEL)
+    loaded = _one(samples, Metric.MODEL_LOADED)
+    fallback = _one(samples, Metric.FALLBACK_ACTIVE)
+    moving = _one(samples, Metric.VARIANT_CONVERGING)
     return PodSample(
         pod=pod,
         sampled_at=sampled_at,
         ok=True,
-        rss_bytes=_one(families, "fusebox_process_resident_memory_bytes"),
-        memory_limit_bytes=_one(families, "fusebox_memory_limit_bytes"),
-        gpu_memory_used_bytes=_total(families, "fusebox_gpu_memory_used_bytes"),
-        gpu_memory_total_bytes=_total(families, "fusebox_gpu_memory_total_bytes"),
-        latency_p99_seconds=_one(families, "fusebox_latency_p99_seconds", metric=metric),
-        quality_failure_ratio=_one(families, "fusebox_quality_failure_ratio"),
-        stats_age_seconds=_one(families, "fusebox_server_stats_age_seconds"),
+        rss_bytes=_one(samples, Metric.PROCESS_RESIDENT_MEMORY_BYTES),
+        memory_limit_bytes=_one(samples, Metric.MEMORY_LIMIT_BYTES),
+        gpu_memory_used_bytes=_total(samples, Metric.GPU_MEMORY_USED_BYTES),
+        gpu_memory_total_bytes=_total(samples, Metric.GPU_MEMORY_TOTAL_BYTES),
+        latency_p99_seconds=_one(samples, Metric.LATENCY_P99_SECONDS, metric=metric),
+        quality_failure_ratio=_one(samples, Metric.QUALITY_FAILURE_RATIO),
+        stats_age_seconds=_one(samples, Metric.SERVER_STATS_AGE_SECONDS),
         heartbeat_age_seconds=max(heartbeats) if heartbeats else None,
-        requests=counts,
-        breaker_state=None if breaker is None else BREAKER_STATES.get(int(breaker)),
+        requests=_request_counts(samples),
+        breaker_state=_breaker(_one(samples, Metric.BREAKER_STATE)),
         degradation_level=None if level is None else int(level),
         model_loaded=None if loaded is None else loaded >= 1,
-        queue_length=_one(families, "fusebox_request_queue_length"),
-        tokenizer_cache_entries=_one(families, "fusebox_tokenizer_cache_entries"),
-        cuda_contexts=_one(families, "fusebox_cuda_contexts"),
+        variant=None if fallback is None else (Variant.FALLBACK if fallback else Variant.PRIMARY),
+        converging=None if moving is None else moving >= 1,
+        queue_length=_one(samples, Metric.REQUEST_QUEUE_LENGTH),
+        tokenizer_cache_entries=_one(samples, Metric.TOKENIZER_CACHE_ENTRIES),
+        cuda_contexts=_one(samples, Metric.CUDA_CONTEXTS),
     )
 
 
@@ -137,7 +131,7 @@ async def scrape_pod(
     pod: PodView,
     timeout_seconds: float,
     metric: str,
-    port: int = METRICS_PORT,
+    port: int = Port.METRICS,
 ) -> PodSample:
     url = f"http://{pod.ip}:{port}/metrics"
     sampled_at = time.time()
@@ -157,7 +151,7 @@ async def scrape_all(
     pods: Sequence[PodView],
     timeout_seconds: float,
     metric: str,
-    port: int = METRICS_PORT,
+    port: int = Port.METRICS,
 ) -> list[PodSample]:
     """Scrape every pod at once; each failure is a not-ok sample, never an exception."""
     scrapes = (scrape_pod(session, p, timeout_seconds, metric, port) for p in pods)

@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fusebox_contract.names import Variant
 from fusebox_operator.policy import (
     ActionKind,
     BreakerState,
@@ -167,7 +168,7 @@ def test_swap_is_skipped_without_a_fallback() -> None:
 
 
 def test_swapped_pod_returns_to_primary_after_calm_cool_off() -> None:
-    state = PolicyState("svc", variants={"p": "fallback"}, swapped_at={"p": T0})
+    state = PolicyState("svc", variants={"p": Variant.FALLBACK}, swapped_at={"p": T0})
     steps = [(T0 + i * INTERVAL, [sample("p", T0 + i * INTERVAL, 1000)]) for i in range(14)]
     state, actions = run(state, steps)
     assert [a.kind for a in actions] == [ActionKind.RESTORE_PRIMARY]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fusebox_operator.policy import Action, ActionKind, BreakerState, PodSample, PolicyState
+from fusebox_contract.names import BreakerState, ConditionType, EventReason, Variant
+from fusebox_operator.policy import Action, ActionKind, PodSample, PolicyState
+from fusebox_operator.spec import InferenceServiceSpec, parse_spec
 from fusebox_operator.status import (
     build_status,
     iso,
@@ -12,20 +14,31 @@ from fusebox_operator.status import (
 )
 
 T0 = 1_800_000_000.0
+MODEL = {"name": "chat", "source": "pvc://models/tiny", "revision": "v2", "dtype": "bfloat16"}
+SPEC = parse_spec({"model": MODEL, "replicas": 2, "fallback": {"quantization": "int8"}})
+ONE_POD = parse_spec({"model": MODEL, "replicas": 1, "fallback": {"quantization": "int8"}})
+NO_FALLBACK = parse_spec({"model": MODEL, "replicas": 2})
 
 
 def test_last_transition_time_moves_only_when_status_flips() -> None:
-    first = set_condition([], "Ready", True, "PodsReady", "2/2", 1, T0)
-    same = set_condition(first, "Ready", True, "PodsReady", "2/2 again", 2, T0 + 60)
+    first = set_condition([], ConditionType.READY, True, "PodsReady", "2/2", 1, T0)
+    same = set_condition(first, ConditionType.READY, True, "PodsReady", "2/2 again", 2, T0 + 60)
     assert same[0]["lastTransitionTime"] == iso(T0)
     assert same[0]["message"] == "2/2 again" and same[0]["observedGeneration"] == 2
-    flipped = set_condition(same, "Ready", False, "PodsNotReady", "1/2", 2, T0 + 90)
+    flipped = set_condition(same, ConditionType.READY, False, "PodsNotReady", "1/2", 2, T0 + 90)
     assert flipped[0]["lastTransitionTime"] == iso(T0 + 90)
 
 
-def status_for(state: PolicyState, rss: float, now: float, previous: dict | None = None) -> dict:
-    samples = [PodSample("p", now, rss_bytes=rss, gpu_memory_used_bytes=None)]
-    return build_status(previous or {}, state, samples, [], 2, 2, 1, now)
+def status_for(
+    state: PolicyState,
+    rss: float,
+    now: float,
+    previous: dict | None = None,
+    spec: InferenceServiceSpec = SPEC,
+    variant: Variant | None = None,
+) -> dict:
+    samples = [PodSample("p", now, rss_bytes=rss, gpu_memory_used_bytes=None, variant=variant)]
+    return build_status(previous or {}, state, samples, [], 2, spec, 1, now)
 
 
 def test_status_not_rewritten_for_new_figures_within_30_seconds() -> None:
@@ -46,10 +59,39 @@ def test_status_written_at_once_when_the_breaker_changes() -> None:
 
 
 def test_summary_holds_printer_column_figures() -> None:
-    status = status_for(PolicyState("svc", level=2), 3 * 1024**3, T0)
+    status = status_for(PolicyState("svc", level=2), 3 * 1024**3, T0, variant=Variant.FALLBACK)
     assert status["summary"] == {"ready": "2/2", "gpuMemory": "-", "rss": "3.0Gi"}
     assert status["degradation"]["tier"] == "fallback-model"
     assert status["activeVariant"] == "fallback"
+
+
+def test_active_variant_is_what_the_pods_report_not_what_was_asked() -> None:
+    # Level 2 asked, the swap still rolling: the pod still serves the primary.
+    status = status_for(PolicyState("svc", level=2), 1e9, T0, variant=Variant.PRIMARY)
+    assert status["activeVariant"] == "primary"
+    pods = [
+        PodSample("a", T0, variant=Variant.PRIMARY),
+        PodSample("b", T0, variant=Variant.FALLBACK),
+    ]
+    mixed = build_status({}, PolicyState("svc", level=2), pods, [], 2, SPEC, 1, T0)
+    assert mixed["activeVariant"] == "fallback"  # any pod serving it
+    assert [p["variant"] for p in mixed["pods"]] == ["primary", "fallback"]
+
+
+def test_canned_answers_tier_without_a_fallback_stays_primary() -> None:
+    state = PolicyState("svc", level=3)
+    status = status_for(state, 1e9, T0, spec=NO_FALLBACK, variant=Variant.PRIMARY)
+    assert status["degradation"]["tier"] == "canned-answers"
+    assert status["activeVariant"] == "primary"
+    events = transition_events(PolicyState("svc", level=1), state, [], has_fallback=False)
+    assert [e.reason for e in events] == [EventReason.DEGRADED]
+
+
+def test_status_shows_the_model_and_the_effective_tiers() -> None:
+    status = status_for(PolicyState("svc"), 1e9, T0, spec=NO_FALLBACK)
+    assert status["model"] == {"name": "chat", "revision": "v2", "dtype": "bfloat16"}
+    assert status["degradation"]["tiers"] == list(NO_FALLBACK.degradation.tiers)
+    assert "fallback-model" not in status["degradation"]["tiers"]
 
 
 def test_events_name_transitions_and_actions_with_numbers() -> None:
@@ -76,7 +118,7 @@ def test_last_action_and_bounded_history() -> None:
     previous: dict = {}
     for i in range(15):
         action = Action(f"svc-{i:06d}-gc", ActionKind.GC, "p", "RSS high", T0 + i)
-        previous = build_status(previous, state, [], [(action, "ok")], 1, 1, 1, T0 + i)
+        previous = build_status(previous, state, [], [(action, "ok")], 1, ONE_POD, 1, T0 + i)
     assert len(previous["recentActions"]) == 10
     assert previous["lastAction"]["id"] == "svc-000014-gc"
 

@@ -1,0 +1,243 @@
+"""One telemetry tick of one InferenceService: scrape, decide, act, converge, report.
+
+Why: this is the operator's control loop, and kopf is only what calls it on
+a timer. Kept out of the kopf handler, the loop is a plain async function of
+its inputs (the parsed spec, the current status, the pods, the admin token),
+its collaborators (a scrape function, an actuator, a clock) and the memory
+it carries between ticks; it returns the status patch and the events. The
+handler gathers the inputs and applies the outputs, and a test drives the
+whole loop against real server processes without kopf or a cluster.
+
+The decisions inside are pure functions of this module and of `policy` and
+`rollout`: which pods are out of service, which level each pod gets this
+tick, which actions run. Actions that take a pod out of service (reload,
+swap, restart, a level that changes the model) roll through the pods one at
+a time; an action whose outcome is unknown stays in flight and is retried
+with the same id, never issued again under a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fusebox_contract.names import Variant
+from fusebox_operator.actuator import ActionResult, RuntimeTarget
+from fusebox_operator.kube import PodView, ready_count
+from fusebox_operator.policy import (
+    DISRUPTIVE,
+    Action,
+    ActionKind,
+    PodSample,
+    PolicyState,
+    admit_percent,
+    decide,
+)
+from fusebox_operator.rollout import PodReadiness, Rollout, pod_levels, variant_for_level
+from fusebox_operator.spec import InferenceServiceSpec
+from fusebox_operator.status import EventRecord, build_status, should_write, transition_events
+from fusebox_operator.telemetry import scrapable
+
+Scrape = Callable[[Sequence[PodView]], Awaitable[list[PodSample]]]
+Clock = Callable[[], float]
+
+
+class ActuatorPort(Protocol):
+    """What the tick needs of `actuator.Actuator`."""
+
+    async def execute(
+        self, namespace: str, pod: PodView | None, token: str, action: Action
+    ) -> ActionResult: ...
+
+    async def reconcile_runtime(
+        self,
+        pod: PodView,
+        token: str,
+        target: RuntimeTarget,
+        sample: PodSample | None,
+        applied: MutableMapping[str, RuntimeTarget],
+    ) -> bool: ...
+
+
+@dataclass
+class TickMemory:
+    """What one service's ticks carry between them (kopf keeps it in the memo).
+
+    Lost on an operator restart by design: the policy state is rebuilt from
+    status, and `applied` empty only means each pod is told its state once more.
+    """
+
+    policy: PolicyState | None = None
+    applied: dict[str, RuntimeTarget] = field(default_factory=dict)  # pod instance -> target
+
+
+@dataclass(frozen=True)
+class TickInputs:
+    namespace: str
+    service_id: str
+    spec: InferenceServiceSpec
+    status: Mapping[str, Any]
+    pods: Sequence[PodView]
+    token: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class TickOutcome:
+    status_patch: dict[str, Any]  # empty: nothing worth writing
+    events: list[EventRecord]
+    state: PolicyState
+    samples: list[PodSample]
+
+
+# ----- pure decisions ---------------------------------------------------------------------
+
+
+def pod_level(pod: PodView, sample: PodSample | None, applied: Mapping[str, RuntimeTarget]) -> int:
+    """The level a pod is on: what we told this run of it, else what it reports, else 0."""
+    told = applied.get(pod.instance)
+    if told is not None:
+        return told[2]
+    if sample is not None and sample.ok and sample.degradation_level is not None:
+        return sample.degradation_level
+    return 0
+
+
+def converging(
+    pod: PodView,
+    sample: PodSample | None,
+    state: PolicyState,
+    applied: Mapping[str, RuntimeTarget],
+    has_fallback: bool,
+) -> bool:
+    """Whether the pod is still moving to the variant it was told to serve.
+
+    The pod's own report decides: a level that swaps the model is converged
+    only when the sidecar shows the target variant with the model loaded.
+    """
+    if sample is None or not sample.ok:
+        return False
+    if sample.model_loaded is False or sample.converging:
+        return True
+    if state.pod_variant(pod.name) == Variant.FALLBACK:
+        expected = Variant.FALLBACK  # the ladder swapped this pod on its own
+    else:
+        expected = variant_for_level(pod_level(pod, sample, applied), has_fallback)
+    return sample.variant is not None and sample.variant != expected
+
+
+def readiness(
+    pods: Sequence[PodView],
+    samples: Mapping[str, PodSample],
+    state: PolicyState,
+    applied: Mapping[str, RuntimeTarget],
+    has_fallback: bool,
+) -> Rollout:
+    """This tick's rollout over every listed pod (terminating ones count as out)."""
+    busy = {a.pod for a in state.in_flight.values() if a.kind in DISRUPTIVE}
+    return Rollout(
+        PodReadiness(
+            pod.name,
+            pod.serving,
+            pod.name in busy
+            or converging(pod, samples.get(pod.name), state, applied, has_fallback),
+        )
+        for pod in pods
+    )
+
+
+def runtime_targets(
+    state: PolicyState,
+    spec: InferenceServiceSpec,
+    pods: Sequence[PodView],
+    samples: Mapping[str, PodSample],
+    applied: Mapping[str, RuntimeTarget],
+    rollout: Rollout,
+) -> dict[str, RuntimeTarget]:
+    """Breaker and admit share for every pod at once; the level as the rollout allows."""
+    current = {pod.name: pod_level(pod, samples.get(pod.name), applied) for pod in pods}
+    levels = pod_levels(state.level, current, spec.fallback is not None, rollout)
+    admit = admit_percent(state, spec)
+    return {pod.name: (state.breaker, admit, levels[pod.name]) for pod in pods}
+
+
+def settable(pods: Sequence[PodView], samples: Mapping[str, PodSample]) -> list[PodView]:
+    """Pods whose admin API can take a call: a pod with neither readiness nor a good
+    scrape is still starting, and calling it would only time out."""
+    return [pod for pod in pods if pod.ready or (pod.name in samples and samples[pod.name].ok)]
+
+
+# ----- the tick -------------------------------------------------------------------------------
+
+
+async def run_tick(
+    inputs: TickInputs,
+    memory: TickMemory,
+    scrape: Scrape,
+    actuator: ActuatorPort,
+    clock: Clock,
+) -> TickOutcome:
+    """Scrape -> decide -> act -> converge runtime state -> status patch and events."""
+    spec = inputs.spec
+    has_fallback = spec.fallback is not None
+    now = clock()
+    state = memory.policy
+    if state is None:
+        # First tick after a start or an operator restart: resume from status.
+        limit = (inputs.status.get("memory") or {}).get("limitBytes")
+        state = PolicyState.from_status(inputs.service_id, inputs.status, float(limit or 0) or None)
+    targets = scrapable(inputs.pods)
+    by_name = {pod.name: pod for pod in targets}
+    samples = {s.pod: s for s in await scrape(targets)}
+
+    rollout = readiness(inputs.pods, samples, state, memory.applied, has_fallback)
+    new_state, actions = decide(state, samples.values(), now, spec, rollout)
+
+    # Actions whose outcome was unknown go again first, with their own ids.
+    retries = [a for a in new_state.in_flight.values() if a.pod in by_name]
+    executed: list[tuple[Action, str]] = []
+    for action in [*retries, *actions]:
+        result = await actuator.execute(
+            inputs.namespace, by_name.get(action.pod), inputs.token, action
+        )
+        if new_state.settle(action, result.settled):
+            executed.append((action, result.text))
+
+    # Figures after an action are the ones a user wants to see at once.
+    acted = sorted(
+        {a.pod for a, _ in executed if a.kind is not ActionKind.RESTART and a.pod in by_name}
+    )
+    if acted:
+        for sample in await scrape([by_name[name] for name in acted]):
+            samples[sample.pod] = sample
+
+    restarted = {a.pod for a, _ in executed if a.kind is ActionKind.RESTART}
+    reachable = settable([p for p in targets if p.name not in restarted], samples)
+    wanted = runtime_targets(new_state, spec, reachable, samples, memory.applied, rollout)
+    await asyncio.gather(
+        *(
+            actuator.reconcile_runtime(
+                pod, inputs.token, wanted[pod.name], samples.get(pod.name), memory.applied
+            )
+            for pod in reachable
+        )
+    )
+    memory.policy = new_state
+
+    events = transition_events(state, new_state, executed, has_fallback)
+    written_at = clock()
+    sample_list = sorted(samples.values(), key=lambda s: s.pod)
+    new_status = build_status(
+        inputs.status,
+        new_state,
+        sample_list,
+        executed,
+        ready_count(inputs.pods),
+        spec,
+        inputs.generation,
+        written_at,
+    )
+    write = bool(executed) or should_write(inputs.status, new_status, written_at)
+    return TickOutcome(new_status if write else {}, events, new_state, sample_list)
