@@ -4,16 +4,20 @@ Why generated: crds/inferenceservice.yaml is the one source of types,
 defaults, bounds and descriptions (`kubectl explain` reads the same text).
 A hand-written reference would drift, and so would the Helm chart's crds/
 copy; both are rebuilt from the CRD here, and unit tests fail when either
-is stale.
+is stale. The one part of the CRD that is itself generated is the CEL list
+of reserved `server.env` names: it comes from
+`fusebox_contract.settings.RESERVED_ENV_NAMES`, so the API server refuses
+exactly the names the operator renders.
 
-    python scripts/gen_api_docs.py           # rewrite docs/api.md and helm/fusebox/crds/
-    python scripts/gen_api_docs.py --check   # exit 1 if either is stale
+    python scripts/gen_api_docs.py           # rewrite the CRD list, docs/api.md, chart CRD
+    python scripts/gen_api_docs.py --check   # exit 1 if any is stale
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,12 +25,57 @@ from typing import Any
 
 import yaml
 
+from fusebox_contract.settings import RESERVED_ENV_NAMES
+
 REPO = Path(__file__).resolve().parents[1]
 CRD = REPO / "crds" / "inferenceservice.yaml"
 OUTPUT = REPO / "docs" / "api.md"
 CHART_CRD = REPO / "helm" / "fusebox" / "crds" / "inferenceservice.yaml"
 
 Schema = dict[str, Any]
+
+RESERVED_RULE = re.compile(r"""(?m)^(?P<indent> *)- rule: "!\(self in \[[^\]]*\]\)"$""")
+"""The CEL rule on `server.env[].name` whose list is generated."""
+
+CHANGES = [
+    "`fallback.quantization` is `none`, `int8`, `int4` or `fp8` (the server's own set; `awq`"
+    " is gone). `int4` and `fp8` need `gpu.count >= 1`; `fp8` with a `gpu.product` below"
+    " compute capability 8.9 (not Ada, Hopper or Blackwell) is reported as InvalidSpec.",
+    "`model.dtype` reaches the server (`FUSEBOX_DTYPE`); `model.revision` reaches it"
+    " (`FUSEBOX_MODEL_REVISION`) and the pods carry it as the annotation"
+    " `fusebox.dev/model-revision`.",
+    "No `spec.fallback` means no fallback at all: no `FUSEBOX_FALLBACK_*` env is rendered.",
+    "`degradation.tiers` has no schema default: absent means `[no-streaming, fallback-model,"
+    " canned-answers]` with a fallback and `[no-streaming, canned-answers]` without, so a spec"
+    " with only `model` is valid. Listing `fallback-model` without `spec.fallback` is refused.",
+    "`server.env` may not set any name the operator renders (the list below, generated from"
+    " the contract); the API server and the operator refuse it.",
+    "The server's env is rendered from the contract's settings; `FUSEBOX_TORCH_THREADS` is the"
+    " whole cores of `server.cpu` (at least 1), `FUSEBOX_MAX_BODY_BYTES` follows"
+    " `server.maxInputTokens`.",
+    "The liveness probe follows `telemetry`: `periodSeconds` 10 and `failureThreshold`"
+    " ceil((wedgeAfterSeconds + 2 x scrapeIntervalSeconds + 30) / 10) + 1, so the operator's"
+    " wedge handling (event PodRestarted) acts before the kubelet restarts a container.",
+    "`gpu.count` is at most 1 until the server places a model across GPUs.",
+    "The schema admits exactly what the operator accepts: `memory.limit` is `auto` or a byte"
+    " quantity, `server.cpu` a CPU quantity above zero, sources are `pvc://CLAIM[/path]`"
+    " (claim a DNS label of at most 63 characters, no whitespace) or `file:///path` (`hf://`"
+    " is refused with a message), `gpu.product` a label value, and every number has the"
+    " operator's minimum and maximum. Model volumes are named `model-0`, `model-1`, so any"
+    " valid claim name fits.",
+]
+"""What changed in the API with issue 10 ("the seams"), stated in docs/api.md."""
+
+
+def render_crd(text: str) -> str:
+    """The CRD text with the reserved env list regenerated from the contract."""
+    names = ", ".join(f"'{name}'" for name in sorted(RESERVED_ENV_NAMES))
+    rendered, count = RESERVED_RULE.subn(
+        lambda match: f'{match["indent"]}- rule: "!(self in [{names}])"', text
+    )
+    if count != 1:
+        raise SystemExit(f"{CRD}: expected one reserved-env rule, found {count}")
+    return rendered
 
 
 def type_of(schema: Schema) -> str:
@@ -153,11 +202,21 @@ def render_api_docs(crd: Schema) -> str:
     out += [
         "",
         *field_table(spec, "spec"),
-        "",
-        "## status",
-        "",
-        cell(status.get("description", "")),
     ]
+    out += [
+        "",
+        "### Reserved `server.env` names",
+        "",
+        "The operator renders these itself (generated from"
+        " `fusebox_contract.settings.RESERVED_ENV_NAMES`); `server.env` may not set them:",
+        "",
+        ", ".join(f"`{name}`" for name in sorted(RESERVED_ENV_NAMES)) + ".",
+        "",
+        "### Changes in this version",
+        "",
+        *(f"- {change}" for change in CHANGES),
+    ]
+    out += ["", "## status", "", cell(status.get("description", ""))]
     out += ["", *field_table(status, "status"), ""]
     return "\n".join(out)
 
@@ -166,8 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Regenerate docs/api.md and the chart's CRD.")
     parser.add_argument("--check", action="store_true", help="exit 1 if either is stale")
     args = parser.parse_args(argv)
-    crd_bytes = CRD.read_bytes()
-    wanted = {OUTPUT: render_api_docs(yaml.safe_load(crd_bytes)).encode(), CHART_CRD: crd_bytes}
+    crd_bytes = render_crd(CRD.read_text(encoding="utf-8")).encode()
+    wanted = {
+        CRD: crd_bytes,
+        OUTPUT: render_api_docs(yaml.safe_load(crd_bytes)).encode(),
+        CHART_CRD: crd_bytes,
+    }
     stale = [
         path for path, data in wanted.items() if not path.exists() or path.read_bytes() != data
     ]

@@ -4,6 +4,9 @@ Why a module and not the `kopf run` CLI: the watch scope, peering and the
 liveness endpoint come from the same env vars the Helm chart sets
 (settings.py), and the handlers module is imported here so there is no path
 argument to get wrong.
+
+`python -m fusebox_operator render FILE ...` prints the children the operator
+would create, without a cluster (render.py); kopf is not even imported then.
 """
 
 from __future__ import annotations
@@ -12,11 +15,9 @@ import argparse
 import logging
 import os
 import secrets
+import sys
 from collections.abc import Sequence
 
-import kopf
-
-from fusebox_operator import handlers
 from fusebox_operator.settings import OperatorSettings
 
 SETTINGS_HELP = """settings (environment variables, see docs/operator.md):
@@ -47,13 +48,31 @@ def peering_priority(configured: int) -> int:
     return configured or secrets.randbelow(2**31 - 1) + 1
 
 
+RENDER_COMMAND = "render"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == [RENDER_COMMAND]:
+        from fusebox_operator import render  # no kopf, no cluster
+
+        raise SystemExit(render.main(arguments[1:]))
     argparse.ArgumentParser(
         prog="python -m fusebox_operator",
-        description="Run the Fusebox operator (kopf) for InferenceService objects.",
+        description="Run the Fusebox operator (kopf) for InferenceService objects. "
+        f"`{RENDER_COMMAND} FILE` prints the objects it would create instead (see "
+        f"`python -m fusebox_operator {RENDER_COMMAND} --help`).",
         epilog=SETTINGS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    ).parse_args(argv)
+    ).parse_args(arguments)
+    run_operator()
+
+
+def run_operator() -> None:
+    import kopf
+
+    from fusebox_operator import handlers
+
     try:
         ours = OperatorSettings.from_env(os.environ)
     except ValueError as error:

@@ -10,30 +10,58 @@ Pure: no Kubernetes client, no I/O.
 
 from __future__ import annotations
 
+import enum
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from fusebox_contract.names import DegradationTier, Dtype, LatencyMetric, Quantization
+from fusebox_contract.settings import RESERVED_ENV_NAMES
 
 GIB = 1024**3
 
-DEGRADATION_TIER_LEVELS: dict[str, int] = {
-    "no-streaming": 1,
-    "fallback-model": 2,
-    "canned-answers": 3,
-}
+DEGRADATION_TIER_LEVELS: dict[str, int] = {tier.value: int(tier.level) for tier in DegradationTier}
 """Server degradation level (DESIGN §3) that each named tier switches on."""
 
-RESERVED_ENV_NAMES = frozenset(
-    {"FUSEBOX_ADMIN_TOKEN_FILE", "FUSEBOX_ADMIN_PORT", "FUSEBOX_PORT", "FUSEBOX_STATS_FILE"}
+TIERS_WITH_FALLBACK: tuple[DegradationTier, ...] = (
+    DegradationTier.NO_STREAMING,
+    DegradationTier.FALLBACK_MODEL,
+    DegradationTier.CANNED_ANSWERS,
 )
-"""Env names `server.env` may not override: they wire the pod's security and telemetry."""
+TIERS_WITHOUT_FALLBACK: tuple[DegradationTier, ...] = (
+    DegradationTier.NO_STREAMING,
+    DegradationTier.CANNED_ANSWERS,
+)
+"""The effective `degradation.tiers` when the spec leaves them out."""
 
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|K|M|G|T|P)?$")
+MAX_REVISION_LENGTH = 256
+MAX_GPU_COUNT = 1
+"""The server places the model on one device; more GPUs would sit idle (docs/decisions)."""
+
+
+# The same patterns are CEL rules in crds/inferenceservice.yaml (a test keeps
+# them equal), so whatever the API server admits, this parser accepts.
+# Whitespace is spelled out (ASCII), as RE2's \s is: Python's is Unicode-wide.
+MEMORY_QUANTITY_PATTERN = r"^([0-9]+([.][0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
+CPU_QUANTITY_PATTERN = r"^([0-9]+([.][0-9]+)?)(m)?$"
+PVC_SOURCE_PATTERN = r"^pvc://([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)(/[^ \t\n\r\f\v]*)?$"
+FILE_SOURCE_PATTERN = r"^file://(/[^/ \t\n\r\f\v][^ \t\n\r\f\v]*)$"
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+FP8_GPU_PATTERN = (
+    r"(?:^|[^A-Z0-9])(L4|L40|L40S|L20|H20|H100|H200|H800|GH200|B100|B200|B300|GB200|GB300|"
+    r"RTX-[45]0[0-9]0|ADA|BLACKWELL)(?![0-9A-Z])"
+)
+"""GPU Feature Discovery product names of compute capability >= 8.9 (Ada, Hopper,
+Blackwell): the devices with fp8 tensor cores."""
+
+_QUANTITY = re.compile(MEMORY_QUANTITY_PATTERN)
+_CPU_QUANTITY = re.compile(CPU_QUANTITY_PATTERN)
+_FP8_GPU = re.compile(FP8_GPU_PATTERN)
 _QUANTITY_FACTORS = {
     None: 1,
     "k": 1000,
-    "K": 1000,
     "M": 1000**2,
     "G": 1000**3,
     "T": 1000**4,
@@ -45,8 +73,11 @@ _QUANTITY_FACTORS = {
     "Pi": 1024**5,
 }
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_PVC_SOURCE = re.compile(r"^pvc://([a-z0-9]([-a-z0-9]*[a-z0-9])?)(/[^\s]*)?$")
+_PVC_SOURCE = re.compile(PVC_SOURCE_PATTERN)
+_FILE_SOURCE = re.compile(FILE_SOURCE_PATTERN)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LABEL_VALUE = re.compile(LABEL_VALUE_PATTERN)
+E = TypeVar("E", bound=enum.Enum)
 
 
 class SpecError(ValueError):
@@ -55,11 +86,33 @@ class SpecError(ValueError):
 
 def parse_quantity_bytes(quantity: str) -> int:
     """A Kubernetes memory quantity ("4Gi", "1500M", "123") in bytes."""
-    match = _QUANTITY.match(quantity.strip())
+    match = _QUANTITY.fullmatch(quantity)
     if match is None:
         raise SpecError(f"{quantity!r} is not a memory quantity like 4Gi or 4096Mi")
-    number, suffix = match.groups()
+    number, _, suffix = match.groups()
     return int(float(number) * _QUANTITY_FACTORS[suffix])
+
+
+def parse_cpu_quantity(quantity: str) -> float:
+    """A CPU quantity ("500m", "2", "1.5") in cores; it must be above zero."""
+    match = _CPU_QUANTITY.fullmatch(quantity)
+    if match is None:
+        raise SpecError(f"server.cpu {quantity!r} must be a CPU quantity such as 500m or 2")
+    number, _, milli = match.groups()
+    cores = float(number) / (1000 if milli else 1)
+    if cores <= 0:
+        raise SpecError(f"server.cpu {quantity!r} must be above zero")
+    return cores
+
+
+def torch_threads(cpu: str) -> int:
+    """Torch intra-op threads for a CPU quantity: its whole cores, at least one."""
+    return max(1, math.floor(parse_cpu_quantity(cpu)))
+
+
+def fp8_capable(product: str) -> bool:
+    """Whether a GPU product name is Ada, Hopper or Blackwell class (fp8 tensor cores)."""
+    return _FP8_GPU.search(product.upper()) is not None
 
 
 @dataclass(frozen=True)
@@ -73,15 +126,22 @@ class ModelSource:
     @classmethod
     def parse(cls, source: str) -> ModelSource:
         if source.startswith("pvc://"):
-            match = _PVC_SOURCE.match(source)
+            match = _PVC_SOURCE.fullmatch(source)
             if match is None:
                 raise SpecError(
                     f"model source {source!r}: pvc:// needs a claim name "
-                    "(lowercase DNS label) and an optional /path"
+                    "(lowercase DNS label, at most 63 characters) and an optional /path "
+                    "without whitespace"
                 )
             return cls("pvc", match.group(1), (match.group(3) or "").strip("/"))
-        if source.startswith("file:///"):
-            return cls("file", "", "/" + source[len("file:///") :].strip("/"))
+        if source.startswith("file://"):
+            match = _FILE_SOURCE.fullmatch(source)
+            if match is None:
+                raise SpecError(
+                    f"model source {source!r}: file:// needs an absolute path without "
+                    "whitespace (file:///path)"
+                )
+            return cls("file", "", "/" + match.group(1).strip("/"))
         if source.startswith("hf://"):
             # The server loads with local_files_only (no hub at run time), so
             # an hf:// source would need a pre-populated cache we do not manage.
@@ -98,7 +158,7 @@ class ModelSpec:
     source: ModelSource
     source_text: str
     revision: str = "main"
-    dtype: str = "auto"
+    dtype: Dtype = Dtype.AUTO
 
 
 @dataclass(frozen=True)
@@ -106,7 +166,7 @@ class FallbackSpec:
     """The swap target; `source is None` means the primary, quantized on load."""
 
     source: ModelSource | None
-    quantization: str = "int8"
+    quantization: Quantization = Quantization.INT8
 
 
 @dataclass(frozen=True)
@@ -138,7 +198,7 @@ class ServerSpec:
 
 @dataclass(frozen=True)
 class LatencyBreakerSpec:
-    metric: str = "ttft"
+    metric: LatencyMetric = LatencyMetric.TTFT
     p99_threshold_millis: float = 200
     for_seconds: float = 180
     min_requests: int = 10
@@ -185,14 +245,14 @@ class BreakerSpec:
 
 @dataclass(frozen=True)
 class DegradationSpec:
-    tiers: tuple[str, ...] = ("no-streaming", "fallback-model", "canned-answers")
+    tiers: tuple[DegradationTier, ...] = TIERS_WITH_FALLBACK
     canned_answers: tuple[tuple[str, str], ...] = ()
     cool_off_seconds: float = 300
 
     @property
     def levels(self) -> tuple[int, ...]:
         """The server levels this service may use, ascending (level 0 is implicit)."""
-        return tuple(sorted(DEGRADATION_TIER_LEVELS[tier] for tier in self.tiers))
+        return tuple(sorted(int(tier.level) for tier in self.tiers))
 
 
 @dataclass(frozen=True)
@@ -256,30 +316,43 @@ def _strings(raw: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _choice(raw: Mapping[str, Any], key: str, default: str, kind: type[E], where: str) -> E:
+    value = raw.get(key, default)
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(member.value for member in kind)
+        raise SpecError(f"{where}.{key} {value!r} must be one of {allowed}") from None
+
+
 def _parse_model(raw: Mapping[str, Any]) -> ModelSpec:
     name = raw.get("name")
     source = raw.get("source")
-    if not isinstance(name, str) or not _MODEL_NAME.match(name):
+    if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name):
         raise SpecError(f"model.name {name!r} must be 1-63 letters, digits, '.', '_' or '-'")
     if not isinstance(source, str):
         raise SpecError("model.source is required (pvc://CLAIM/path or file:///path)")
-    dtype = raw.get("dtype", "auto")
-    if dtype not in ("auto", "bfloat16", "float16", "float32"):
-        raise SpecError(f"model.dtype {dtype!r} must be auto, bfloat16, float16 or float32")
+    revision = raw.get("revision", "main")
+    if not isinstance(revision, str) or len(revision) > MAX_REVISION_LENGTH:
+        raise SpecError(
+            f"model.revision must be a string of at most {MAX_REVISION_LENGTH} characters"
+        )
     return ModelSpec(
-        name, ModelSource.parse(source), source, str(raw.get("revision", "main")), dtype
+        name,
+        ModelSource.parse(source),
+        source,
+        revision,
+        _choice(raw, "dtype", Dtype.AUTO, Dtype, "model"),
     )
 
 
 def _parse_fallback(raw: Mapping[str, Any] | None) -> FallbackSpec | None:
     if raw is None:
         return None
-    quantization = raw.get("quantization", "int8")
-    if quantization not in ("int8", "int4", "awq", "none"):
-        raise SpecError(f"fallback.quantization {quantization!r} must be int8, int4, awq or none")
+    quantization = _choice(raw, "quantization", Quantization.INT8, Quantization, "fallback")
     source_text = raw.get("source") or ""
     source = ModelSource.parse(source_text) if source_text else None
-    if source is None and quantization == "none":
+    if source is None and quantization == Quantization.NONE:
         raise SpecError("fallback without its own source must be quantized (quantization != none)")
     return FallbackSpec(source, quantization)
 
@@ -287,7 +360,17 @@ def _parse_fallback(raw: Mapping[str, Any] | None) -> FallbackSpec | None:
 def _parse_gpu(raw: Mapping[str, Any]) -> GpuSpec:
     count = _integer(raw, "count", 1, "gpu")
     _in_range(count, 0, 16, "gpu.count")
-    product = str(raw.get("product") or "")
+    if count > MAX_GPU_COUNT:
+        raise SpecError(
+            f"gpu.count {count}: more than {MAX_GPU_COUNT} GPU per pod is not supported yet "
+            "(the server places the model on one GPU; the others would sit idle)"
+        )
+    product = raw.get("product") or ""
+    if not isinstance(product, str) or not _LABEL_VALUE.fullmatch(product):
+        raise SpecError(
+            f"gpu.product {product!r} must be a label value (at most 63 letters, digits, "
+            "'-', '_' or '.'), as GPU Feature Discovery writes nvidia.com/gpu.product"
+        )
     if product and count == 0:
         raise SpecError("gpu.product requires gpu.count > 0")
     memory_gib = raw.get("memoryGiB")
@@ -295,6 +378,27 @@ def _parse_gpu(raw: Mapping[str, Any]) -> GpuSpec:
         memory_gib = _number(raw, "memoryGiB", 0, "gpu")
         _in_range(memory_gib, 0, 4096, "gpu.memoryGiB", low_open=True)
     return GpuSpec(count, product, memory_gib)
+
+
+def check_quantization_device(fallback: FallbackSpec | None, gpu_count: int, product: str) -> None:
+    """Refuse a fallback quantization the pod's device cannot run.
+
+    `product` is the spec's gpu.product or, when that is empty, the product of
+    the nodes the pod may land on (render's --gpu-product); "" means unknown.
+    """
+    if fallback is None or not fallback.quantization.needs_gpu:
+        return
+    if gpu_count < 1:
+        raise SpecError(
+            f"fallback.quantization {fallback.quantization.value} needs a GPU (gpu.count >= 1); "
+            "on CPU use int8"
+        )
+    if fallback.quantization == Quantization.FP8 and product and not fp8_capable(product):
+        raise SpecError(
+            f"fallback.quantization fp8 needs an Ada, Hopper or Blackwell GPU (compute "
+            f"capability >= 8.9, e.g. L4, L40S, H100, H200, B200); {product} has no fp8 "
+            "support: use int8 or int4"
+        )
 
 
 def _parse_memory(raw: Mapping[str, Any]) -> MemorySpec:
@@ -323,6 +427,7 @@ def _parse_server(raw: Mapping[str, Any]) -> ServerSpec:
     _in_range(server.max_new_tokens, 1, 1 << 20, "server.maxNewTokens")
     _in_range(server.request_timeout_seconds, 1, 3600, "server.requestTimeoutSeconds")
     _in_range(server.tokenizer_cache_size, 0, 10_000_000, "server.tokenizerCacheSize")
+    parse_cpu_quantity(server.cpu)
     return server
 
 
@@ -332,10 +437,13 @@ def _parse_env(raw: Any) -> tuple[tuple[str, str], ...]:
     env: list[tuple[str, str]] = []
     for item in raw:
         name = item.get("name") if isinstance(item, Mapping) else None
-        if not isinstance(name, str) or not _ENV_NAME.match(name):
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
             raise SpecError(f"server.env entry {item!r} needs a valid variable name")
         if name in RESERVED_ENV_NAMES:
-            raise SpecError(f"server.env may not set {name}: the operator wires it")
+            raise SpecError(
+                f"server.env may not set {name}: the operator wires it from the spec "
+                "(reserved names are listed in docs/api.md)"
+            )
         env.append((name, str(item.get("value", ""))))
     return tuple(env)
 
@@ -352,11 +460,8 @@ def _parse_threshold(
 
 def _parse_breaker(raw: Mapping[str, Any]) -> BreakerSpec:
     latency_raw = _section(raw, "latency")
-    metric = latency_raw.get("metric", "ttft")
-    if metric not in ("ttft", "itl", "e2e"):
-        raise SpecError(f"breaker.latency.metric {metric!r} must be ttft, itl or e2e")
     latency = LatencyBreakerSpec(
-        metric,
+        _choice(latency_raw, "metric", LatencyMetric.TTFT, LatencyMetric, "breaker.latency"),
         _number(latency_raw, "p99ThresholdMillis", 200, "breaker.latency"),
         _number(latency_raw, "forSeconds", 180, "breaker.latency"),
         _integer(latency_raw, "minRequests", 10, "breaker.latency"),
@@ -406,6 +511,9 @@ def _parse_breaker(raw: Mapping[str, Any]) -> BreakerSpec:
     _in_range(half_open.admit_percent, 1, 100, "breaker.halfOpen.admitPercent")
     _in_range(half_open.min_requests, 1, 1_000_000, "breaker.halfOpen.minRequests")
     _in_range(half_open.min_success_rate, 0, 1, "breaker.halfOpen.minSuccessRate", low_open=True)
+    _in_range(
+        half_open.p99_recovery_millis, 0, 3_599_999, "breaker.halfOpen.p99RecoveryMillis", True
+    )
     if not half_open.p99_recovery_millis < latency.p99_threshold_millis:
         raise SpecError(
             f"breaker.halfOpen.p99RecoveryMillis ({half_open.p99_recovery_millis:g}) must be below "
@@ -416,14 +524,19 @@ def _parse_breaker(raw: Mapping[str, Any]) -> BreakerSpec:
     return BreakerSpec(latency, quality, resource, open_seconds, half_open)
 
 
-def _parse_degradation(raw: Mapping[str, Any]) -> DegradationSpec:
-    tiers = raw.get("tiers")
-    tiers = DegradationSpec().tiers if tiers is None else tuple(tiers)
-    for tier in tiers:
-        if tier not in DEGRADATION_TIER_LEVELS:
-            raise SpecError(
-                f"degradation tier {tier!r} must be one of {', '.join(DEGRADATION_TIER_LEVELS)}"
-            )
+def _parse_degradation(raw: Mapping[str, Any], has_fallback: bool) -> DegradationSpec:
+    listed = raw.get("tiers")
+    if listed is None:
+        tiers = TIERS_WITH_FALLBACK if has_fallback else TIERS_WITHOUT_FALLBACK
+    elif not isinstance(listed, list):
+        raise SpecError("degradation.tiers must be a list")
+    else:
+        try:
+            tiers = tuple(DegradationTier(tier) for tier in listed)
+        except ValueError as error:
+            allowed = ", ".join(DEGRADATION_TIER_LEVELS)
+            bad = next(t for t in listed if t not in DEGRADATION_TIER_LEVELS)
+            raise SpecError(f"degradation tier {bad!r} must be one of {allowed}") from error
     if len(set(tiers)) != len(tiers):
         raise SpecError("degradation.tiers must not repeat a tier")
     canned = raw.get("cannedAnswers") or {}
@@ -444,6 +557,7 @@ def _parse_telemetry(raw: Mapping[str, Any]) -> TelemetrySpec:
     )
     _in_range(telemetry.scrape_interval_seconds, 1, 300, "telemetry.scrapeIntervalSeconds")
     _in_range(telemetry.scrape_timeout_seconds, 0.1, 60, "telemetry.scrapeTimeoutSeconds")
+    _in_range(telemetry.wedge_after_seconds, 2, 3600, "telemetry.wedgeAfterSeconds")
     if telemetry.scrape_timeout_seconds > telemetry.scrape_interval_seconds:
         raise SpecError("telemetry.scrapeTimeoutSeconds must not exceed scrapeIntervalSeconds")
     if telemetry.wedge_after_seconds <= telemetry.scrape_interval_seconds:
@@ -454,7 +568,9 @@ def _parse_telemetry(raw: Mapping[str, Any]) -> TelemetrySpec:
 def parse_spec(raw: Mapping[str, Any]) -> InferenceServiceSpec:
     """Parse, default and validate `.spec` of an InferenceService.
 
-    Raises SpecError with one actionable message for the first problem found.
+    Absent `degradation.tiers` become the effective list: every tier with a
+    fallback, no fallback-model tier without one. Raises SpecError with one
+    actionable message for the first problem found.
     """
     if not isinstance(raw, Mapping):
         raise SpecError("spec must be an object")
@@ -463,18 +579,20 @@ def parse_spec(raw: Mapping[str, Any]) -> InferenceServiceSpec:
     fallback_raw = raw.get("fallback")
     if fallback_raw is not None and not isinstance(fallback_raw, Mapping):
         raise SpecError("fallback must be an object")
+    fallback = _parse_fallback(fallback_raw)
     parsed = InferenceServiceSpec(
         model=_parse_model(_section(raw, "model")),
-        fallback=_parse_fallback(fallback_raw),
+        fallback=fallback,
         replicas=_integer(raw, "replicas", 1, "spec"),
         gpu=_parse_gpu(_section(raw, "gpu")),
         memory=_parse_memory(_section(raw, "memory")),
         server=_parse_server(_section(raw, "server")),
         breaker=_parse_breaker(_section(raw, "breaker")),
-        degradation=_parse_degradation(_section(raw, "degradation")),
+        degradation=_parse_degradation(_section(raw, "degradation"), fallback is not None),
         telemetry=_parse_telemetry(_section(raw, "telemetry")),
     )
     _in_range(parsed.replicas, 0, 100, "spec.replicas")
-    if "fallback-model" in parsed.degradation.tiers and parsed.fallback is None:
+    if DegradationTier.FALLBACK_MODEL in parsed.degradation.tiers and parsed.fallback is None:
         raise SpecError("spec.fallback is required when degradation.tiers lists fallback-model")
+    check_quantization_device(parsed.fallback, parsed.gpu.count, parsed.gpu.product)
     return parsed

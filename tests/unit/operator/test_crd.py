@@ -1,13 +1,23 @@
-"""The CRD is structural, documented, and its defaults agree with spec.py."""
+"""The CRD is structural, documented, and admits exactly what spec.py accepts.
+
+"Whatever the API server admits, the operator accepts": every bound, enum,
+default and pattern in the schema is checked against parse_spec here.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import copy
+import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 import yaml
 
-from fusebox_operator.spec import parse_spec
+from fusebox_contract.names import DegradationTier, Dtype, LatencyMetric, Quantization
+from fusebox_contract.settings import RESERVED_ENV_NAMES
+from fusebox_operator import spec as spec_module
+from fusebox_operator.spec import SpecError, parse_spec
 
 from .conftest import REPO
 
@@ -100,14 +110,230 @@ def schema_defaults(node: dict[str, Any]) -> Any:
     return result
 
 
+SPEC_SCHEMA = SCHEMA["properties"]["spec"]
+MODEL = {"name": "chat", "source": "pvc://models/tiny"}
+
+
+def apply_defaults(node: dict[str, Any], value: Any) -> Any:
+    """What the API server stores for `value` under `node`: defaults filled in, recursively."""
+    if node.get("type") == "object" and isinstance(value, dict):
+        result = dict(value)
+        for name, child in (node.get("properties") or {}).items():
+            if name not in result and "default" in child:
+                result[name] = copy.deepcopy(child["default"])
+            if name in result:
+                result[name] = apply_defaults(child, result[name])
+        return result
+    if node.get("type") == "array" and isinstance(value, list):
+        return [apply_defaults(node.get("items") or {}, item) for item in value]
+    return value
+
+
 def test_crd_defaults_equal_spec_py_defaults() -> None:
-    spec_schema = SCHEMA["properties"]["spec"]
-    defaulted = schema_defaults(spec_schema)
-    defaulted["model"] = {"name": "chat", "source": "pvc://models/tiny"}
-    defaulted["fallback"] = {"quantization": "int8"}
-    from_crd = parse_spec(defaulted)
-    from_code = parse_spec({"model": defaulted["model"], "fallback": defaulted["fallback"]})
-    assert from_crd == from_code
+    defaulted = apply_defaults(SPEC_SCHEMA, {"model": MODEL, "fallback": {}})
+    assert defaulted["fallback"] == {"quantization": "int8"}
+    assert parse_spec(defaulted) == parse_spec({"model": MODEL, "fallback": {}})
+
+
+def test_only_model_defaulted_by_the_crd_is_a_valid_spec() -> None:
+    defaulted = apply_defaults(SPEC_SCHEMA, {"model": MODEL})
+    assert "tiers" not in defaulted["degradation"]  # no schema default that needs a fallback
+    parsed = parse_spec(defaulted)
+    assert parsed.fallback is None
+    assert DegradationTier.FALLBACK_MODEL not in parsed.degradation.tiers
+
+
+def numeric_fields(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    for name, child in (node.get("properties") or {}).items():
+        child_path = f"{path}.{name}" if path else name
+        if child.get("type") in ("integer", "number"):
+            yield child_path, child
+        yield from numeric_fields(child, child_path)
+
+
+NUMERIC_FIELDS = dict(numeric_fields(SPEC_SCHEMA, ""))
+
+COMPANIONS: dict[str, Callable[[float], dict[str, Any]]] = {
+    # Cross-field rules (CEL and parser alike): a value at one bound needs its
+    # partner moved out of the way.
+    "breaker.latency.p99ThresholdMillis": lambda v: {
+        "breaker": {"halfOpen": {"p99RecoveryMillis": v / 2}}
+    },
+    "breaker.halfOpen.p99RecoveryMillis": lambda v: {
+        "breaker": {"latency": {"p99ThresholdMillis": 3.6e6}}
+    },
+    "telemetry.scrapeIntervalSeconds": lambda v: {
+        "telemetry": {"wedgeAfterSeconds": 3600, "scrapeTimeoutSeconds": 0.1}
+    },
+    "telemetry.scrapeTimeoutSeconds": lambda v: {
+        "telemetry": {"scrapeIntervalSeconds": 300, "wedgeAfterSeconds": 3600}
+    },
+    "telemetry.wedgeAfterSeconds": lambda v: {
+        "telemetry": {"scrapeIntervalSeconds": 1, "scrapeTimeoutSeconds": 0.1}
+    },
+}
+
+
+def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    result = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = merge(result[key], value)
+        else:
+            result[key] = copy.deepcopy(value)
+    return result
+
+
+def spec_setting(path: str, value: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {}
+    node = raw
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    companion = COMPANIONS[path](value) if path in COMPANIONS else {}
+    return merge(merge({"model": MODEL, "fallback": {}}, companion), raw)
+
+
+def step(schema: dict[str, Any]) -> float:
+    return 1 if schema["type"] == "integer" else 1e-6
+
+
+def test_every_numeric_field_has_a_minimum_and_a_maximum() -> None:
+    unbounded = [p for p, s in NUMERIC_FIELDS.items() if "minimum" not in s or "maximum" not in s]
+    assert unbounded == []
+
+
+@pytest.mark.parametrize("path", sorted(NUMERIC_FIELDS))
+def test_the_crd_bounds_of_every_number_are_the_operator_bounds(path: str) -> None:
+    schema = NUMERIC_FIELDS[path]
+    low = schema["minimum"] + (step(schema) if schema.get("exclusiveMinimum") else 0)
+    high = schema["maximum"]
+    for admitted in (low, high, schema.get("default", low)):
+        parse_spec(spec_setting(path, admitted))
+    # Just outside the schema the operator refuses too, so the two agree exactly.
+    for refused in (low - step(schema), high + step(schema)):
+        with pytest.raises(SpecError):
+            parse_spec(spec_setting(path, refused))
+
+
+def enum_fields(node: dict[str, Any], path: str) -> Iterator[tuple[str, list[Any]]]:
+    if "enum" in node:
+        yield path, node["enum"]
+    for name, child in (node.get("properties") or {}).items():
+        yield from enum_fields(child, f"{path}.{name}" if path else name)
+    if isinstance(node.get("items"), dict):
+        yield from enum_fields(node["items"], path)
+
+
+ENUMS = dict(enum_fields(SPEC_SCHEMA, ""))
+
+
+def test_enums_are_the_contract_enums() -> None:
+    assert ENUMS == {
+        "model.dtype": [d.value for d in Dtype],
+        "fallback.quantization": [q.value for q in Quantization],
+        "breaker.latency.metric": [m.value for m in LatencyMetric],
+        "degradation.tiers": [t.value for t in DegradationTier],
+    }
+
+
+@pytest.mark.parametrize(
+    ("path", "value"), [(path, value) for path, values in ENUMS.items() for value in values]
+)
+def test_every_enum_value_of_the_crd_parses(path: str, value: str) -> None:
+    raw = spec_setting(path, [value] if path == "degradation.tiers" else value)
+    if path == "fallback.quantization" and value == "none":
+        raw["fallback"]["source"] = "pvc://models/other"
+    parse_spec(raw)
+
+
+def rules(node: dict[str, Any]) -> list[str]:
+    return [rule["rule"] for rule in node.get("x-kubernetes-validations") or []]
+
+
+def matched_patterns(node: dict[str, Any]) -> set[str]:
+    return {p for rule in rules(node) for p in re.findall(r"self\.matches\('([^']*)'\)", rule)}
+
+
+def test_cel_patterns_are_the_parser_patterns() -> None:
+    props = SPEC_SCHEMA["properties"]
+    source_patterns = {spec_module.PVC_SOURCE_PATTERN, spec_module.FILE_SOURCE_PATTERN}
+    assert matched_patterns(props["model"]["properties"]["source"]) == source_patterns
+    assert matched_patterns(props["fallback"]["properties"]["source"]) == source_patterns
+    limit = props["memory"]["properties"]["limit"]
+    assert matched_patterns(limit) == {spec_module.MEMORY_QUANTITY_PATTERN}
+    cpu = props["server"]["properties"]["cpu"]
+    assert spec_module.CPU_QUANTITY_PATTERN in matched_patterns(cpu)
+    product = props["gpu"]["properties"]["product"]
+    assert product["pattern"] == spec_module.LABEL_VALUE_PATTERN
+    assert product["maxLength"] == 63
+
+
+def test_reserved_env_names_in_the_crd_are_the_contract_list() -> None:
+    name = SPEC_SCHEMA["properties"]["server"]["properties"]["env"]["items"]["properties"]["name"]
+    (rule,) = rules(name)
+    listed = re.findall(r"'([A-Z_]+)'", rule)
+    assert listed == sorted(RESERVED_ENV_NAMES)
+
+
+@pytest.mark.parametrize(
+    ("source", "admitted"),
+    [
+        ("pvc://models/tiny", True),
+        ("pvc://models", True),
+        (f"pvc://{'c' * 63}/x", True),
+        (f"pvc://{'c' * 64}/x", False),
+        ("pvc://models/a b", False),
+        ("pvc://models/a\tb", False),
+        ("pvc://Models/x", False),
+        ("file:///opt/model", True),
+        ("file://opt/model", False),
+        ("file:///", False),
+    ],
+)
+def test_source_patterns_admit_what_the_parser_accepts(source: str, admitted: bool) -> None:
+    # Python's `re` reads these patterns as RE2 does (ASCII classes, no lookaround).
+    pattern = (
+        spec_module.PVC_SOURCE_PATTERN
+        if source.startswith("pvc")
+        else (spec_module.FILE_SOURCE_PATTERN)
+    )
+    assert (re.search(pattern, source) is not None) is admitted
+    raw = {"model": {"name": "c", "source": source}}
+    if admitted:
+        parse_spec(raw)
+    else:
+        with pytest.raises(SpecError):
+            parse_spec(raw)
+
+
+def test_hf_sources_are_refused_by_a_rule_with_a_message() -> None:
+    source = SPEC_SCHEMA["properties"]["model"]["properties"]["source"]
+    hf_rules = [
+        rule
+        for rule in source["x-kubernetes-validations"]
+        if "hf://" in rule["rule"] and "not served" in rule["message"]
+    ]
+    assert [rule["rule"] for rule in hf_rules] == ["!self.startsWith('hf://')"]
+
+
+def test_cross_field_rules_mirror_the_parser() -> None:
+    spec_rules = " ".join(rules(SPEC_SCHEMA))
+    assert "'fallback-model' in self.degradation.tiers" in spec_rules
+    assert "self.fallback.quantization in ['int4', 'fp8']" in spec_rules
+    assert "wedgeAfterSeconds > self.telemetry.scrapeIntervalSeconds" in spec_rules
+    assert "scrapeTimeoutSeconds <= self.telemetry.scrapeIntervalSeconds" in spec_rules
+    breaker_rules = " ".join(rules(SPEC_SCHEMA["properties"]["breaker"]))
+    assert "p99RecoveryMillis < self.latency.p99ThresholdMillis" in breaker_rules
+    fallback_rules = " ".join(rules(SPEC_SCHEMA["properties"]["fallback"]))
+    assert "self.quantization != 'none'" in fallback_rules
+
+
+def test_gpu_count_above_one_is_refused_with_a_message() -> None:
+    count = SPEC_SCHEMA["properties"]["gpu"]["properties"]["count"]
+    assert count["maximum"] == 1
+    assert "not supported yet" in count["x-kubernetes-validations"][0]["message"]
 
 
 def test_ratio_and_percent_bounds_are_in_the_schema() -> None:

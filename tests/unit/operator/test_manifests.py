@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
+from fusebox_contract.settings import RESERVED_ENV_NAMES, SERVER_SETTINGS, body_limit_bytes
 from fusebox_operator.manifests import (
     build_admin_secret,
+    build_children,
     build_config_map,
     build_deployment,
     build_network_policy,
@@ -75,18 +77,124 @@ def test_gpu_request_and_product_node_selector() -> None:
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 
 
+def pod_of(raw_spec: dict[str, Any]) -> dict[str, Any]:
+    spec = parse_spec(raw_spec)
+    return build_pod_template(spec, "x", size_memory(spec, [1024]), SETTINGS)
+
+
+def server_env_of(raw_spec: dict[str, Any]) -> dict[str, str]:
+    server = pod_of(raw_spec)["spec"]["containers"][0]
+    return {e["name"]: e["value"] for e in server["env"]}
+
+
 def test_pvc_model_is_mounted_read_only_and_model_dir_points_inside() -> None:
     pod = deployment_of("llama-h100.yaml")["spec"]["template"]["spec"]
     server = pod["containers"][0]
     env = {e["name"]: e["value"] for e in server["env"]}
     assert env["FUSEBOX_MODEL_DIR"] == "/models/models/llama-2-7b-chat"
-    assert env["FUSEBOX_FALLBACK_DIR"] == "/models/models/llama-2-7b-chat-awq"
     claims = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
     assert claims == [
-        {"name": "model-models", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}
+        {"name": "model-0", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}
     ]
-    mount = next(m for m in server["volumeMounts"] if m["name"] == "model-models")
+    mount = next(m for m in server["volumeMounts"] if m["name"] == "model-0")
     assert mount["readOnly"] is True
+
+
+def test_volume_names_are_numbered_so_a_63_character_claim_fits() -> None:
+    long_claim = "c" * 63
+    pod = pod_of(
+        {
+            "model": {"name": "chat", "source": f"pvc://{long_claim}/primary"},
+            "fallback": {"source": "pvc://weights/int8", "quantization": "none"},
+        }
+    )
+    volumes = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in pod["spec"]["volumes"]
+        if "persistentVolumeClaim" in v
+    }
+    assert volumes == {"model-0": long_claim, "model-1": "weights"}
+    mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["model-0"] == f"/models/{long_claim}"
+    assert mounts["model-1"] == "/models/weights"
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env["FUSEBOX_FALLBACK_DIR"] == "/models/weights/int8"
+
+
+def test_no_fallback_renders_no_fallback_env() -> None:
+    env = server_env_of({"model": {"name": "chat", "source": "pvc://models/tiny"}})
+    assert [name for name in env if name.startswith("FUSEBOX_FALLBACK")] == []
+
+
+def test_a_fallback_renders_its_directory_and_quantization() -> None:
+    env = server_env_of({"model": {"name": "chat", "source": "pvc://models/tiny"}, "fallback": {}})
+    assert env["FUSEBOX_FALLBACK_DIR"] == "/models/models/tiny"
+    assert env["FUSEBOX_FALLBACK_QUANTIZATION"] == "int8"
+
+
+def test_dtype_and_revision_reach_the_server_and_the_pod_annotations() -> None:
+    raw = {"model": {"name": "c", "source": "pvc://m", "dtype": "float16", "revision": "v2"}}
+    env = server_env_of(raw)
+    assert (env["FUSEBOX_DTYPE"], env["FUSEBOX_MODEL_REVISION"]) == ("float16", "v2")
+    assert pod_of(raw)["metadata"]["annotations"]["fusebox.dev/model-revision"] == "v2"
+
+
+@pytest.mark.parametrize(("cpu", "threads"), [("500m", "1"), ("1", "1"), ("2.5", "2"), ("8", "8")])
+def test_torch_threads_are_the_whole_cores_of_server_cpu(cpu: str, threads: str) -> None:
+    env = server_env_of({"model": {"name": "c", "source": "pvc://m"}, "server": {"cpu": cpu}})
+    assert env["FUSEBOX_TORCH_THREADS"] == threads
+
+
+def test_body_limit_follows_max_input_tokens() -> None:
+    env = server_env_of(
+        {"model": {"name": "c", "source": "pvc://m"}, "server": {"maxInputTokens": 100000}}
+    )
+    assert int(env["FUSEBOX_MAX_BODY_BYTES"]) == body_limit_bytes(100000)
+    assert int(env["FUSEBOX_MAX_BODY_BYTES"]) > 6 * 100000  # every token JSON-escaped fits
+
+
+def test_every_rendered_fusebox_env_name_is_a_contract_setting() -> None:
+    declared = {setting.env for setting in SERVER_SETTINGS}
+    env = server_env_of({"model": {"name": "c", "source": "pvc://m"}, "fallback": {}})
+    assert {name for name in env if name.startswith("FUSEBOX_")} <= declared
+
+
+@pytest.mark.parametrize(
+    ("telemetry", "restart_after_at_least"),
+    [
+        ({}, 15 + 2 * 5 + 30),
+        ({"wedgeAfterSeconds": 90}, 90 + 2 * 5 + 30),
+        (
+            {"wedgeAfterSeconds": 3600, "scrapeIntervalSeconds": 300, "scrapeTimeoutSeconds": 60},
+            3600 + 600 + 30,
+        ),
+    ],
+)
+def test_liveness_lets_the_operator_restart_a_wedged_pod_first(
+    telemetry: dict[str, Any], restart_after_at_least: float
+) -> None:
+    raw = {"model": {"name": "c", "source": "pvc://m"}, "telemetry": telemetry}
+    probe = pod_of(raw)["spec"]["containers"][0]["livenessProbe"]
+    # The first failing probe may come right after the wedge (a wedged loop
+    # cannot answer), so the kubelet restarts after (threshold - 1) periods.
+    earliest_restart = (probe["failureThreshold"] - 1) * probe["periodSeconds"]
+    assert earliest_restart >= restart_after_at_least
+    assert earliest_restart < restart_after_at_least + 2 * probe["periodSeconds"]
+
+
+def test_build_children_is_every_child_with_the_secret_first() -> None:
+    spec = parse_spec(load_example("tiny-chat.yaml")["spec"])
+    children = build_children(spec, "t", "ml", size_memory(spec, [1024]), SETTINGS, "tok")
+    assert [c["kind"] for c in children] == [
+        "Secret",
+        "ConfigMap",
+        "Service",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+        "Deployment",
+    ]
+    assert children[0]["stringData"] == {"token": "tok"}
+    assert {c["metadata"]["namespace"] for c in children} == {"ml"}
 
 
 def test_memory_requests_equal_limits_without_swap() -> None:
@@ -95,11 +203,11 @@ def test_memory_requests_equal_limits_without_swap() -> None:
     assert server["resources"]["requests"]["cpu"] == server["resources"]["limits"]["cpu"]
 
 
-def test_server_env_passthrough_overrides_in_place() -> None:
+def test_server_env_passes_through_unreserved_names() -> None:
     document = load_example("cpu-only.yaml")
     document["spec"]["server"]["env"] = [
         {"name": "FUSEBOX_FAULTS", "value": "leak:64"},
-        {"name": "FUSEBOX_MAX_QUEUE", "value": "3"},
+        {"name": "FUSEBOX_LOG_LEVEL", "value": "debug"},
     ]
     spec = parse_spec(document["spec"])
     template = build_pod_template(spec, "x", size_memory(spec, []), SETTINGS)
@@ -107,7 +215,13 @@ def test_server_env_passthrough_overrides_in_place() -> None:
     names = [e["name"] for e in env]
     assert len(names) == len(set(names))
     assert {"name": "FUSEBOX_FAULTS", "value": "leak:64"} in env
-    assert {"name": "FUSEBOX_MAX_QUEUE", "value": "3"} in env
+    assert {"name": "FUSEBOX_LOG_LEVEL", "value": "debug"} in env
+
+
+def test_no_reserved_name_is_left_for_server_env_to_set() -> None:
+    # Whatever the operator renders is reserved, so server.env cannot override it.
+    env = server_env_of({"model": {"name": "c", "source": "pvc://m"}, "fallback": {}})
+    assert set(env) <= RESERVED_ENV_NAMES
 
 
 def test_template_hash_moves_only_when_the_pod_template_changes() -> None:

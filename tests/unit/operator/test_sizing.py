@@ -31,10 +31,10 @@ def test_node_label_wins_over_product_table() -> None:
 
 def test_memory_gib_override_wins_over_label_and_table() -> None:
     sizing = size_memory(
-        spec_with({"count": 2, "product": "NVIDIA-H100-80GB-HBM3", "memoryGiB": 16}), [81920]
+        spec_with({"count": 1, "product": "NVIDIA-H100-80GB-HBM3", "memoryGiB": 16}), [81920]
     )
     assert sizing.vram_source == "spec.gpu.memoryGiB"
-    assert sizing.limit_bytes == 42 * GIB  # 16 x 2 x 1.25 + 2
+    assert sizing.limit_bytes == 22 * GIB  # 16 x 1.25 + 2
 
 
 def test_product_table_when_no_label() -> None:
@@ -86,7 +86,7 @@ def test_explicit_limit_above_sizing_is_kept() -> None:
 
 def test_explicit_limit_below_vram_is_rejected_naming_both_numbers() -> None:
     with pytest.raises(SpecError) as raised:
-        size_memory(spec_with({"count": 2, "memoryGiB": 24}, {"limit": "32Gi"}), [])
+        size_memory(spec_with({"count": 1, "memoryGiB": 48}, {"limit": "32Gi"}), [])
     assert "32.00 GiB" in str(raised.value) and "48.00 GiB" in str(raised.value)
 
 

@@ -6,7 +6,16 @@ from typing import Any
 
 import pytest
 
-from fusebox_operator.spec import ModelSource, SpecError, parse_quantity_bytes, parse_spec
+from fusebox_contract.names import DegradationTier, Dtype, Quantization
+from fusebox_contract.settings import RESERVED_ENV_NAMES
+from fusebox_operator.spec import (
+    ModelSource,
+    SpecError,
+    fp8_capable,
+    parse_cpu_quantity,
+    parse_quantity_bytes,
+    parse_spec,
+)
 
 from .conftest import load_example
 
@@ -60,7 +69,35 @@ def test_model_sources_parse(source: str, expected: ModelSource) -> None:
             "hf:// sources are not served",
         ),
         (minimal(model={"name": "chat", "source": "pvc://Bad_Claim/x"}), "claim name"),
-        ({"model": {"name": "chat", "source": "pvc://m/x"}}, "spec.fallback is required"),
+        (minimal(model={"name": "chat", "source": f"pvc://{'c' * 64}/x"}), "claim name"),
+        (minimal(model={"name": "chat", "source": "pvc://models/a b"}), "without whitespace"),
+        (minimal(model={"name": "chat", "source": "file://x"}), "file:// needs an absolute"),
+        (minimal(model={"name": "chat", "source": "file:///"}), "file:// needs an absolute"),
+        (
+            {
+                "model": {"name": "chat", "source": "pvc://m/x"},
+                "degradation": {"tiers": ["fallback-model"]},
+            },
+            "spec.fallback is required",
+        ),
+        (minimal(fallback={"quantization": "awq"}), "must be one of none, int8, int4, fp8"),
+        (minimal(model={"name": "c", "source": "pvc://m", "dtype": "int8"}), "model.dtype"),
+        (minimal(gpu={"count": 0}, fallback={"quantization": "int4"}), "int4 needs a GPU"),
+        (minimal(gpu={"count": 0}, fallback={"quantization": "fp8"}), "fp8 needs a GPU"),
+        (
+            minimal(gpu={"product": "NVIDIA-A100-SXM4-80GB"}, fallback={"quantization": "fp8"}),
+            "NVIDIA-A100-SXM4-80GB has no fp8 support",
+        ),
+        (minimal(gpu={"count": 2}), "more than 1 GPU per pod is not supported yet"),
+        (minimal(gpu={"product": "NVIDIA H100"}), "must be a label value"),
+        (minimal(memory={"limit": "500m"}), "not a memory quantity"),
+        (minimal(server={"cpu": "0"}), "server.cpu '0' must be above zero"),
+        (minimal(server={"cpu": "two"}), "must be a CPU quantity"),
+        (minimal(telemetry={"wedgeAfterSeconds": 4000}), "wedgeAfterSeconds must be in"),
+        (
+            minimal(breaker={"halfOpen": {"p99RecoveryMillis": 0}}),
+            "p99RecoveryMillis must be in (0, 3.6e+06]",
+        ),
         (minimal(fallback={"quantization": "none"}), "must be quantized"),
         (minimal(gpu={"count": 0, "product": "NVIDIA-H100"}), "gpu.product requires"),
         (minimal(breaker={"halfOpen": {"admitPercent": 0}}), "admitPercent must be in [1, 100]"),
@@ -72,6 +109,7 @@ def test_model_sources_parse(source: str, expected: ModelSource) -> None:
             "may not set",
         ),
         (minimal(memory={"limit": "lots"}), "not a memory quantity"),
+        (minimal(memory={"limit": "4Gi\n"}), "not a memory quantity"),
         (
             minimal(telemetry={"scrapeIntervalSeconds": 10, "wedgeAfterSeconds": 5}),
             "wedgeAfterSeconds",
@@ -88,7 +126,72 @@ def test_invalid_specs_are_rejected_with_a_clear_message(
     assert message in str(raised.value)
 
 
-def test_fallback_is_optional_without_the_fallback_tier() -> None:
+@pytest.mark.parametrize("name", sorted(RESERVED_ENV_NAMES))
+def test_every_reserved_env_name_is_refused_in_server_env(name: str) -> None:
+    with pytest.raises(SpecError, match=f"server.env may not set {name}"):
+        parse_spec(minimal(server={"env": [{"name": name, "value": "x"}]}))
+
+
+def test_only_model_is_a_valid_spec_without_a_fallback_tier() -> None:
+    spec = parse_spec({"model": {"name": "chat", "source": "pvc://models/tiny"}})
+    assert spec.fallback is None
+    assert spec.degradation.tiers == (
+        DegradationTier.NO_STREAMING,
+        DegradationTier.CANNED_ANSWERS,
+    )
+
+
+def test_absent_tiers_with_a_fallback_are_every_tier() -> None:
+    assert parse_spec(minimal()).degradation.tiers == tuple(DegradationTier)
+
+
+@pytest.mark.parametrize(
+    ("product", "capable"),
+    [
+        ("NVIDIA-H100-80GB-HBM3", True),
+        ("NVIDIA-H200", True),
+        ("NVIDIA-GH200-480GB", True),
+        ("NVIDIA-H20", True),
+        ("NVIDIA-L4", True),
+        ("NVIDIA-L40S", True),
+        ("NVIDIA-B200", True),
+        ("NVIDIA-GB200", True),
+        ("NVIDIA-RTX-6000-Ada-Generation", True),
+        ("NVIDIA-A100-SXM4-80GB", False),
+        ("NVIDIA-A10G", False),
+        ("Tesla-T4", False),
+        ("Tesla-V100-SXM2-16GB", False),
+        ("NVIDIA-RTX-A6000", False),
+    ],
+)
+def test_fp8_needs_compute_capability_8_9(product: str, capable: bool) -> None:
+    assert fp8_capable(product) is capable
+
+
+def test_fp8_on_a_hopper_gpu_and_int4_on_any_gpu_parse() -> None:
+    fp8 = parse_spec(
+        minimal(gpu={"product": "NVIDIA-H100-80GB-HBM3"}, fallback={"quantization": "fp8"})
+    )
+    assert fp8.fallback is not None and fp8.fallback.quantization is Quantization.FP8
+    int4 = parse_spec(minimal(fallback={"quantization": "int4"}))
+    assert int4.fallback is not None and int4.fallback.quantization is Quantization.INT4
+
+
+def test_dtype_and_revision_are_kept() -> None:
+    spec = parse_spec(
+        minimal(model={"name": "c", "source": "pvc://m", "dtype": "bfloat16", "revision": "abc"})
+    )
+    assert (spec.model.dtype, spec.model.revision) == (Dtype.BFLOAT16, "abc")
+
+
+@pytest.mark.parametrize(
+    ("text", "cores"), [("500m", 0.5), ("2", 2.0), ("1.5", 1.5), ("250m", 0.25)]
+)
+def test_cpu_quantities(text: str, cores: float) -> None:
+    assert parse_cpu_quantity(text) == cores
+
+
+def test_fallback_is_optional_without_the_fallback_tier_listed() -> None:
     spec = parse_spec(
         {"model": {"name": "c", "source": "pvc://m"}, "degradation": {"tiers": ["no-streaming"]}}
     )
