@@ -1,16 +1,22 @@
-"""Pure modules never import kopf, kubernetes, aiohttp or torch (STYLE: kopf layering)."""
+"""Layering (STYLE: kopf): pure modules import no I/O library, only the handlers know
+kopf, only kube.py the Kubernetes client; and every library the operator imports is
+declared for its image and pinned there as in the dev environment."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[3] / "operator" / "fusebox_operator"
-PURE = ["spec", "sizing", "manifests", "policy", "status", "settings"]
+REPO = PACKAGE.parents[1]
+PURE = ["spec", "sizing", "manifests", "policy", "rollout", "status", "settings"]
 FORBIDDEN = {"kopf", "kubernetes", "aiohttp", "torch"}
-IO_MODULES = {"kube", "telemetry", "actuator", "handlers", "__main__"}
+IO_MODULES = {"kube", "telemetry", "actuator", "handlers", "tick", "__main__"}
+DISTRIBUTIONS = {"yaml": "pyyaml", "prometheus_client": "prometheus-client"}
+FIRST_PARTY = {"fusebox_operator", "fusebox_contract"}
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -39,3 +45,49 @@ def test_only_kube_py_imports_the_kubernetes_client() -> None:
         if any(r.split(".")[0] == "kubernetes" for r in imported_roots(p))
     ]
     assert users in ([], ["kube"])
+
+
+def test_only_the_handlers_know_kopf() -> None:
+    # The tick runs without kopf: a test drives it with plain inputs.
+    users = sorted(
+        p.stem
+        for p in PACKAGE.glob("*.py")
+        if any(r.split(".")[0] == "kopf" for r in imported_roots(p))
+    )
+    assert users == ["__main__", "handlers"]
+
+
+def _pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        name, sep, version = line.partition("==")
+        if sep and not line.startswith("#"):
+            pins[name.strip().lower().replace("_", "-")] = version.strip()
+    return pins
+
+
+def _requirements(path: Path) -> set[str]:
+    names = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        name = line.split("#", 1)[0].strip()
+        if name:
+            names.add(name.lower().replace("_", "-"))
+    return names
+
+
+def test_every_library_the_operator_imports_is_declared_for_its_image() -> None:
+    stdlib = set(sys.stdlib_module_names)
+    roots = (
+        {r.split(".")[0] for p in PACKAGE.glob("*.py") for r in imported_roots(p)}
+        - stdlib
+        - FIRST_PARTY
+    )
+    declared = _requirements(REPO / "operator" / "requirements.in")
+    assert {DISTRIBUTIONS.get(root, root) for root in roots} <= declared
+
+
+def test_the_operator_lock_pins_what_the_dev_environment_pins() -> None:
+    image = _pins(REPO / "operator" / "requirements.lock")
+    dev = _pins(REPO / "requirements-dev.lock")
+    assert _requirements(REPO / "operator" / "requirements.in") <= set(image)
+    assert {name: version for name, version in image.items() if dev.get(name) != version} == {}

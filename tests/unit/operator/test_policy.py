@@ -8,16 +8,19 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fusebox_contract.names import Variant
+from fusebox_contract.names import BreakerState, Variant
 from fusebox_operator.policy import (
+    MAX_ATTEMPTS,
+    Action,
     ActionKind,
-    BreakerState,
+    Ladder,
     PodSample,
     PolicyState,
     RequestCounts,
     decide,
     least_squares_slope,
 )
+from fusebox_operator.rollout import PodReadiness, Rollout
 from fusebox_operator.spec import InferenceServiceSpec, parse_spec
 
 MIB = 1024**2
@@ -489,3 +492,150 @@ def test_property_breaker_transitions_respect_their_windows(steps: list[Any]) ->
                 assert p99 is not None and p99 < 100
         slow_since = None
         entered = now
+
+
+# --- rollout: one pod out of service at a time -------------------------------------------
+
+
+def gate(**ready: bool) -> Rollout:
+    return Rollout(PodReadiness(name, ok) for name, ok in ready.items())
+
+
+def both_leaking(at: float) -> list[PodSample]:
+    return [sample("a", at, 0.96 * 4096), sample("b", at, 0.96 * 4096)]
+
+
+def test_a_reload_waits_while_another_pod_is_not_ready() -> None:
+    state = PolicyState("svc", ladders={"a/rss": Ladder(step=2), "b/rss": Ladder(step=2)})
+    _, actions = decide(state, both_leaking(T0), T0, SPEC, gate(a=True, b=False))
+    # b is already out of service: acting on it takes nothing more out; a waits.
+    assert [(a.kind, a.pod) for a in actions] == [(ActionKind.RELOAD, "b")]
+
+
+def test_two_pods_wanting_a_reload_get_it_one_per_tick() -> None:
+    state = PolicyState("svc", ladders={"a/rss": Ladder(step=2), "b/rss": Ladder(step=2)})
+    state, first = decide(state, both_leaking(T0), T0, SPEC, gate(a=True, b=True))
+    assert [(a.kind, a.pod) for a in first] == [(ActionKind.RELOAD, "a")]
+    assert state.ladders["b/rss"].step == 2  # b's ladder waited, nothing skipped
+    # Next tick a is reloading (not Ready): b still waits; then a is back and b goes.
+    state, second = decide(state, both_leaking(T0 + 5), T0 + 5, SPEC, gate(a=False, b=True))
+    assert second == []
+    _, third = decide(state, both_leaking(T0 + 10), T0 + 10, SPEC, gate(a=True, b=True))
+    assert [(a.kind, a.pod) for a in third] == [(ActionKind.RELOAD, "b")]
+
+
+def test_gc_and_empty_cache_need_no_turn() -> None:
+    _, actions = decide(PolicyState("svc"), both_leaking(T0), T0, SPEC, gate(a=False, b=False))
+    assert sorted((a.kind, a.pod) for a in actions) == [
+        (ActionKind.GC, "a"),
+        (ActionKind.GC, "b"),
+    ]
+
+
+def test_a_wedge_restart_waits_for_its_turn() -> None:
+    state = PolicyState("svc", served_once={"a", "b"})
+    wedged = [sample("a", T0, 100, stats_age_seconds=60), sample("b", T0, 100)]
+    _, actions = decide(state, wedged, T0, SPEC, gate(a=True, b=False))
+    assert actions == []
+    _, actions = decide(state, wedged, T0, SPEC, gate(a=False, b=True))
+    assert [(a.kind, a.pod) for a in actions] == [(ActionKind.RESTART, "a")]
+
+
+# --- wedge: acts at the first scrape past wedgeAfterSeconds --------------------------------
+
+
+def test_wedge_fires_at_the_first_scrape_past_wedge_after_seconds() -> None:
+    limit = SPEC.telemetry.wedge_after_seconds
+    state, actions = decide(PolicyState("svc"), [sample("p", T0, 100)], T0, SPEC)
+    at_limit = [sample("p", T0 + 5, 100, stats_age_seconds=limit)]
+    state, actions = decide(state, at_limit, T0 + 5, SPEC)
+    assert actions == []  # not older than the limit yet
+    past = [sample("p", T0 + 10, 100, stats_age_seconds=limit + 0.5)]
+    _, actions = decide(state, past, T0 + 10, SPEC)
+    assert [a.kind for a in actions] == [ActionKind.RESTART]
+    assert f"> {limit:g} s" in actions[0].reason
+
+
+def test_wedge_uses_the_oldest_heartbeat_too() -> None:
+    limit = SPEC.telemetry.wedge_after_seconds
+    state, _ = decide(PolicyState("svc"), [sample("p", T0, 100)], T0, SPEC)
+    stuck_worker = [sample("p", T0 + 5, 100, heartbeat_age_seconds=limit + 1)]
+    _, actions = decide(state, stuck_worker, T0 + 5, SPEC)
+    assert [a.kind for a in actions] == [ActionKind.RESTART]
+
+
+# --- actions in flight: retried with the same id, never doubled ------------------------------
+
+
+def test_an_action_in_flight_is_kept_and_the_pod_gets_no_other_one() -> None:
+    state, actions = decide(PolicyState("svc"), [sample("p", T0, 0.96 * 4096)], T0, SPEC)
+    (gc,) = actions
+    assert not state.settle(gc, settled=False)  # timed out: outcome unknown
+    assert list(state.in_flight) == [gc.id] and state.in_flight[gc.id].attempts == 2
+    later = [sample("p", T0 + 60, 0.96 * 4096)]
+    state, actions = decide(state, later, T0 + 60, SPEC)
+    assert actions == []  # no second action on top of the one in flight
+    assert state.settle(state.in_flight[gc.id], settled=True)
+    _, actions = decide(state, [sample("p", T0 + 65, 0.96 * 4096)], T0 + 65, SPEC)
+    assert [a.kind for a in actions] == [ActionKind.EMPTY_CACHE]
+
+
+def test_in_flight_actions_survive_an_operator_restart_with_their_ids() -> None:
+    state = PolicyState("svc")
+    action = Action("svc-000007-reload", ActionKind.RELOAD, "p", "RSS", T0, Variant.PRIMARY)
+    state.settle(action, settled=False)
+    rebuilt = PolicyState.from_status("svc", {"policy": state.to_status()})
+    assert rebuilt.in_flight == state.in_flight
+    assert rebuilt.busy_pods() == {"p"}
+
+
+def test_an_action_whose_outcome_stays_unknown_is_given_up_after_max_attempts() -> None:
+    state = PolicyState("svc")
+    action = Action("svc-000001-gc", ActionKind.GC, "p", "RSS", T0)
+    for _ in range(MAX_ATTEMPTS - 1):
+        assert not state.settle(action, settled=False)
+        action = state.in_flight[action.id]
+    assert state.settle(action, settled=False)
+    assert state.in_flight == {}
+
+
+def test_a_restart_clears_what_was_in_flight_on_that_pod() -> None:
+    state = PolicyState("svc")
+    reload = Action("svc-000001-reload", ActionKind.RELOAD, "p", "RSS", T0)
+    state.settle(reload, settled=False)
+    state.settle(Action("svc-000002-restart", ActionKind.RESTART, "p", "wedged", T0), True)
+    assert state.in_flight == {}
+
+
+def test_in_flight_actions_of_a_pod_that_is_gone_are_dropped() -> None:
+    state = PolicyState("svc")
+    state.settle(Action("svc-000001-gc", ActionKind.GC, "gone", "RSS", T0), settled=False)
+    state, _ = decide(state, [sample("p", T0, 100)], T0, SPEC)
+    assert state.in_flight == {}
+
+
+# --- request counting ----------------------------------------------------------------------------
+
+
+def test_only_requests_that_ran_count_as_breaker_calls() -> None:
+    counts = RequestCounts(succeeded=5, failed=1, rejected=7, timed_out=2, cancelled=3, invalid=4)
+    assert counts.calls == 8
+
+
+def test_rejected_invalid_and_cancelled_requests_never_open_the_breaker() -> None:
+    state = PolicyState("svc")
+    for i in range(10):
+        t = T0 + i * INTERVAL
+        noise = RequestCounts(rejected=50 * i, invalid=50 * i, cancelled=50 * i)
+        slow = sample("p", t, 100, latency_p99_seconds=0.45, requests=noise)
+        state, _ = decide(state, [slow], t, SPEC)
+    assert state.breaker is BreakerState.CLOSED  # slow, but below minRequests calls
+
+
+def test_old_four_outcome_counters_in_status_still_load() -> None:
+    status = {
+        "policy": {"halfOpenCounts": [1, 2, 3, 4], "pods": [{"pod": "p", "counts": [5, 6, 7, 8]}]}
+    }
+    state = PolicyState.from_status("svc", status)
+    assert state.half_open_counts == RequestCounts(1, 2, 3, 4)
+    assert state.last_counts["p"].as_tuple() == (5, 6, 7, 8, 0, 0)

@@ -1,35 +1,48 @@
-"""telemetry: the sidecar's Prometheus text becomes one PodSample."""
+"""telemetry: the sidecar's Prometheus text becomes one PodSample.
+
+The text is shaped as prometheus_client exposes it (HELP/TYPE lines, `_total`
+counter samples, `_created` companions), with the contract's metric names.
+"""
 
 from __future__ import annotations
 
 import pytest
 
+from fusebox_contract.metrics import Metric
+from fusebox_contract.names import BreakerState, Variant
 from fusebox_operator.policy import RequestCounts
 from fusebox_operator.telemetry import ParseError, parse_metrics, sample_from_metrics
 
-TEXT = """\
-# HELP fusebox_process_resident_memory_bytes RSS
-# TYPE fusebox_process_resident_memory_bytes gauge
-fusebox_process_resident_memory_bytes 8.46204928e+08
-fusebox_memory_limit_bytes 4294967296
-fusebox_gpu_memory_used_bytes{gpu="0"} 1000
-fusebox_gpu_memory_used_bytes{gpu="1"} 500
-fusebox_gpu_memory_total_bytes{gpu="0"} 4000
-fusebox_gpu_memory_total_bytes{gpu="1"} 4000
-fusebox_latency_p99_seconds{metric="ttft"} 0.25
-fusebox_latency_p99_seconds{metric="e2e"} 1.5
-fusebox_requests_total{outcome="succeeded"} 40.0
-fusebox_requests_total{outcome="failed"} 2.0
-fusebox_requests_total{outcome="rejected"} 7.0
-fusebox_requests_total{outcome="timed_out"} 1.0
-fusebox_heartbeat_age_seconds{thread="loop"} 1.5
-fusebox_heartbeat_age_seconds{thread="worker"} 30.0
-fusebox_server_stats_age_seconds 0.9
-fusebox_breaker_state 2.0
-fusebox_degradation_level 1.0
-fusebox_model_loaded 1.0
-fusebox_quality_failure_ratio 0.2
-weird_label{a="x\\"y,z",b="\\\\"} 1
+TEXT = f"""\
+# HELP {Metric.PROCESS_RESIDENT_MEMORY_BYTES} RSS
+# TYPE {Metric.PROCESS_RESIDENT_MEMORY_BYTES} gauge
+{Metric.PROCESS_RESIDENT_MEMORY_BYTES} 8.46204928e+08
+{Metric.MEMORY_LIMIT_BYTES} 4294967296
+{Metric.GPU_MEMORY_USED_BYTES}{{gpu="0"}} 1000
+{Metric.GPU_MEMORY_USED_BYTES}{{gpu="1"}} 500
+{Metric.GPU_MEMORY_TOTAL_BYTES}{{gpu="0"}} 4000
+{Metric.GPU_MEMORY_TOTAL_BYTES}{{gpu="1"}} 4000
+{Metric.LATENCY_P99_SECONDS}{{metric="ttft"}} 0.25
+{Metric.LATENCY_P99_SECONDS}{{metric="e2e"}} 1.5
+# HELP {Metric.REQUESTS.sample} Requests by outcome
+# TYPE {Metric.REQUESTS.sample} counter
+{Metric.REQUESTS.sample}{{outcome="succeeded"}} 40.0
+{Metric.REQUESTS.sample}{{outcome="failed"}} 2.0
+{Metric.REQUESTS.sample}{{outcome="rejected"}} 7.0
+{Metric.REQUESTS.sample}{{outcome="timed_out"}} 1.0
+{Metric.REQUESTS.sample}{{outcome="cancelled"}} 3.0
+{Metric.REQUESTS.sample}{{outcome="invalid"}} 5.0
+{Metric.REQUESTS}_created{{outcome="succeeded"}} 1.7e+09
+{Metric.HEARTBEAT_AGE_SECONDS}{{thread="loop"}} 1.5
+{Metric.HEARTBEAT_AGE_SECONDS}{{thread="worker"}} 30.0
+{Metric.SERVER_STATS_AGE_SECONDS} 0.9
+{Metric.BREAKER_STATE} 2.0
+{Metric.DEGRADATION_LEVEL} 2.0
+{Metric.MODEL_LOADED} 1.0
+{Metric.FALLBACK_ACTIVE} 1.0
+{Metric.VARIANT_CONVERGING} 0.0
+{Metric.QUALITY_FAILURE_RATIO} 0.2
+weird_label{{a="x\\"y,z",b="\\\\"}} 1
 """
 
 
@@ -39,14 +52,29 @@ def test_a_full_scrape_maps_to_a_sample() -> None:
     assert sample.memory_limit_bytes == 4294967296
     assert (sample.gpu_memory_used_bytes, sample.gpu_memory_total_bytes) == (1500, 8000)
     assert sample.latency_p99_seconds == 0.25
-    assert sample.requests == RequestCounts(40, 2, 7, 1)
     assert sample.heartbeat_age_seconds == 30.0  # the oldest heartbeat
-    assert (sample.breaker_state, sample.degradation_level, sample.model_loaded) == (
-        "half_open",
-        1,
-        True,
-    )
+    assert sample.breaker_state is BreakerState.HALF_OPEN
+    assert (sample.degradation_level, sample.model_loaded) == (2, True)
+    assert (sample.variant, sample.converging) == (Variant.FALLBACK, False)
     assert sample.quality_failure_ratio == 0.2
+
+
+def test_every_request_outcome_is_read_and_each_counted_once() -> None:
+    sample = sample_from_metrics("p", parse_metrics(TEXT), 100.0, "ttft")
+    assert sample.requests == RequestCounts(
+        succeeded=40, failed=2, rejected=7, timed_out=1, cancelled=3, invalid=5
+    )
+    assert sample.requests.calls == 43  # rejected, cancelled and invalid never ran to a verdict
+
+
+def test_the_primary_and_a_convergence_in_progress() -> None:
+    text = f"{Metric.FALLBACK_ACTIVE} 0\n{Metric.VARIANT_CONVERGING} 1\n{Metric.MODEL_LOADED} 0\n"
+    sample = sample_from_metrics("p", parse_metrics(text), 1.0, "ttft")
+    assert (sample.variant, sample.converging, sample.model_loaded) == (
+        Variant.PRIMARY,
+        True,
+        False,
+    )
 
 
 def test_the_configured_latency_metric_is_used() -> None:
@@ -55,13 +83,19 @@ def test_the_configured_latency_metric_is_used() -> None:
 
 
 def test_absent_metrics_stay_none_never_zero() -> None:
-    sample = sample_from_metrics("p", parse_metrics("fusebox_stats_valid 0\n"), 1.0, "ttft")
+    sample = sample_from_metrics("p", parse_metrics(f"{Metric.STATS_VALID} 0\n"), 1.0, "ttft")
     assert sample.rss_bytes is None and sample.requests is None and sample.breaker_state is None
+    assert sample.variant is None and sample.converging is None
+
+
+def test_an_unknown_breaker_gauge_value_is_not_measured() -> None:
+    sample = sample_from_metrics("p", parse_metrics(f"{Metric.BREAKER_STATE} 7\n"), 1.0, "ttft")
+    assert sample.breaker_state is None
 
 
 def test_escaped_label_values() -> None:
-    families = parse_metrics(TEXT)
-    assert families["weird_label"] == [({"a": 'x"y,z', "b": "\\"}, 1.0)]
+    samples = parse_metrics(TEXT)
+    assert samples["weird_label"] == [({"a": 'x"y,z', "b": "\\"}, 1.0)]
 
 
 def test_garbage_is_a_parse_error() -> None:

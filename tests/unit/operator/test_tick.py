@@ -1,0 +1,115 @@
+"""tick: the per-tick decisions, driven without kopf by real PodSample values and a clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fusebox_contract.names import BreakerState, Variant
+from fusebox_operator.actuator import RuntimeTarget
+from fusebox_operator.kube import PodView
+from fusebox_operator.policy import PodSample, PolicyState
+from fusebox_operator.spec import InferenceServiceSpec, parse_spec
+from fusebox_operator.telemetry import scrapable
+from fusebox_operator.tick import pod_level, readiness, runtime_targets, settable
+
+T0 = 1_800_000_000.0
+MODEL = {"name": "chat", "source": "pvc://models/tiny"}
+WITH_FALLBACK = parse_spec({"model": MODEL, "replicas": 2, "fallback": {"quantization": "int8"}})
+NO_FALLBACK = parse_spec({"model": MODEL, "replicas": 2})
+
+
+def pod(name: str, ready: bool = True, terminating: bool = False, restarts: int = 0) -> PodView:
+    return PodView(name, f"uid-{name}", "10.0.0.1", "Running", ready, True, True, restarts,
+                   terminating, False)  # fmt: skip
+
+
+def report(name: str, level: int, variant: Variant, **extra: Any) -> PodSample:
+    values: dict[str, Any] = {"model_loaded": True, "degradation_level": level, "variant": variant}
+    values.update(extra)
+    return PodSample(name, T0, **values)
+
+
+def targets(
+    state: PolicyState,
+    spec: InferenceServiceSpec,
+    pods: list[PodView],
+    samples: list[PodSample],
+    applied: dict[str, RuntimeTarget] | None = None,
+) -> dict[str, int]:
+    applied = applied or {}
+    by_pod = {s.pod: s for s in samples}
+    gate = readiness(pods, by_pod, state, applied, spec.fallback is not None)
+    reachable = settable(scrapable(pods), by_pod)  # as run_tick picks them
+    wanted = runtime_targets(state, spec, reachable, by_pod, applied, gate)
+    return {name: level for name, (_, _, level) in wanted.items()}
+
+
+def test_fallback_level_is_pushed_to_one_pod_then_the_next_once_it_converged() -> None:
+    state = PolicyState("svc", level=2)
+    pods = [pod("a"), pod("b")]
+    primary = [report("a", 1, Variant.PRIMARY), report("b", 1, Variant.PRIMARY)]
+    assert targets(state, WITH_FALLBACK, pods, primary) == {"a": 2, "b": 1}
+
+    # a was told 2: still on the primary (loading) -> b waits.
+    applied = {pods[0].instance: (BreakerState.CLOSED, 100, 2)}
+    loading = [report("a", 2, Variant.PRIMARY, converging=True), primary[1]]
+    assert targets(state, WITH_FALLBACK, pods, loading, applied) == {"a": 2, "b": 1}
+    # Loaded but its readiness not back yet -> b still waits.
+    swapped = [report("a", 2, Variant.FALLBACK), primary[1]]
+    unready_a = [pod("a", ready=False), pod("b")]
+    assert targets(state, WITH_FALLBACK, unready_a, swapped, applied) == {"a": 2, "b": 1}
+    # The fallback serves and a is Ready again: now b.
+    assert targets(state, WITH_FALLBACK, pods, swapped, applied) == {"a": 2, "b": 2}
+
+
+def test_a_pod_told_to_swap_counts_as_converging_before_its_report_catches_up() -> None:
+    state = PolicyState("svc", level=2)
+    pods = [pod("a"), pod("b")]
+    applied = {pods[0].instance: (BreakerState.CLOSED, 100, 2)}
+    # The stats file still says level 1, primary: what we told it decides.
+    stale_report = [report("a", 1, Variant.PRIMARY), report("b", 1, Variant.PRIMARY)]
+    assert targets(state, WITH_FALLBACK, pods, stale_report, applied) == {"a": 2, "b": 1}
+
+
+def test_without_a_fallback_every_level_goes_to_every_pod_at_once() -> None:
+    state = PolicyState("svc", level=3)
+    samples = [report("a", 1, Variant.PRIMARY), report("b", 1, Variant.PRIMARY)]
+    assert targets(state, NO_FALLBACK, [pod("a"), pod("b")], samples) == {"a": 3, "b": 3}
+
+
+def test_levels_one_and_three_relative_to_two_go_to_every_pod_at_once() -> None:
+    samples = [report("a", 2, Variant.FALLBACK), report("b", 2, Variant.FALLBACK)]
+    pods = [pod("a"), pod("b")]
+    assert targets(PolicyState("svc", level=3), WITH_FALLBACK, pods, samples) == {"a": 3, "b": 3}
+    low = [report("a", 0, Variant.PRIMARY), report("b", 0, Variant.PRIMARY)]
+    assert targets(PolicyState("svc", level=1), WITH_FALLBACK, pods, low) == {"a": 1, "b": 1}
+
+
+def test_a_terminating_pod_holds_every_swap() -> None:
+    state = PolicyState("svc", level=2)
+    pods = [pod("a"), pod("b"), pod("old", terminating=True)]
+    samples = [report("a", 1, Variant.PRIMARY), report("b", 1, Variant.PRIMARY)]
+    assert targets(state, WITH_FALLBACK, pods, samples) == {"a": 1, "b": 1}
+
+
+def test_a_restarted_container_starts_from_its_own_report() -> None:
+    before = pod("a")
+    applied = {before.instance: (BreakerState.CLOSED, 100, 2)}
+    after = pod("a", restarts=1)
+    fresh = report("a", 0, Variant.PRIMARY)
+    assert pod_level(before, fresh, applied) == 2
+    assert pod_level(after, fresh, applied) == 0
+    assert pod_level(after, None, applied) == 0
+
+
+def test_breaker_state_goes_to_every_pod_at_once_whatever_the_rollout() -> None:
+    state = PolicyState("svc", level=2, breaker=BreakerState.HALF_OPEN)
+    pods = [pod("a"), pod("b")]
+    samples = [report("a", 1, Variant.PRIMARY), report("b", 1, Variant.PRIMARY)]
+    by_pod = {s.pod: s for s in samples}
+    gate = readiness(pods, by_pod, state, {}, True)
+    wanted = runtime_targets(state, WITH_FALLBACK, pods, by_pod, {}, gate)
+    assert {breaker for breaker, _, _ in wanted.values()} == {BreakerState.HALF_OPEN}
+    assert {admit for _, admit, _ in wanted.values()} == {
+        WITH_FALLBACK.breaker.half_open.admit_percent
+    }
