@@ -48,7 +48,7 @@ CHANGES = [
     "`degradation.tiers` has no schema default: absent means `[no-streaming, fallback-model,"
     " canned-answers]` with a fallback and `[no-streaming, canned-answers]` without, so a spec"
     " with only `model` is valid. Listing `fallback-model` without `spec.fallback` is refused.",
-    "`server.env` may not set any name the operator renders (the list below, generated from"
+    "`server.env` may not set any name the operator renders (the list above, generated from"
     " the contract); the API server and the operator refuse it.",
     "The server's env is rendered from the contract's settings; `FUSEBOX_TORCH_THREADS` is the"
     " whole cores of `server.cpu` (at least 1), `FUSEBOX_MAX_BODY_BYTES` follows"
@@ -57,6 +57,7 @@ CHANGES = [
     " ceil((wedgeAfterSeconds + 2 x scrapeIntervalSeconds + 30) / 10) + 1, so the operator's"
     " wedge handling (event PodRestarted) acts before the kubelet restarts a container.",
     "`gpu.count` is at most 1 until the server places a model across GPUs.",
+    "`python -m fusebox_operator render FILE` prints the children without a cluster (above).",
     "The schema admits exactly what the operator accepts: `memory.limit` is `auto` or a byte"
     " quantity, `server.cpu` a CPU quantity above zero, sources are `pvc://CLAIM[/path]`"
     " (claim a DNS label of at most 63 characters, no whitespace) or `file:///path` (`hf://`"
@@ -211,6 +212,28 @@ def render_api_docs(crd: Schema) -> str:
         " `fusebox_contract.settings.RESERVED_ENV_NAMES`); `server.env` may not set them:",
         "",
         ", ".join(f"`{name}`" for name in sorted(RESERVED_ENV_NAMES)) + ".",
+        "",
+        "### Validate before applying",
+        "",
+        "`python -m fusebox_operator render FILE [--gpu-memory-mib N] [--gpu-product NAME]"
+        " [--namespace NS]` reads one or more InferenceService documents and prints, as"
+        " multi-document YAML, the objects the operator would create (Secret, ConfigMap, Service,"
+        " PodDisruptionBudget, NetworkPolicy, Deployment), through the same parser and builders."
+        " The flags stand in for the nodes' `nvidia.com/gpu.memory` (MiB) and"
+        " `nvidia.com/gpu.product` labels; without either, a GPU service needs `gpu.memoryGiB`"
+        " or a known `gpu.product`. The admin token is shown as a placeholder. An invalid spec"
+        " prints the operator's InvalidSpec message on stderr and exits 2. Feed the server"
+        " container's env to `python -m fusebox_server --check-config` to check the server side.",
+        "",
+        "### Liveness and wedges",
+        "",
+        "The operator restarts a wedged server itself (event PodRestarted) once its stats are"
+        " `telemetry.wedgeAfterSeconds` old, seen within two scrapes. The server's liveness probe"
+        " is a backstop that may fire only after that plus 30 s: `periodSeconds` 10,"
+        " `failureThreshold` = ceil((wedgeAfterSeconds + 2 x scrapeIntervalSeconds + 30) / 10) + 1"
+        " (7 with the defaults, 14 with `wedgeAfterSeconds: 90`). No credit is taken for the"
+        " server's 10 s heartbeat timeout: a wedged event loop cannot answer /healthz, so the"
+        " first failing probe may come right after the wedge.",
         "",
         "### Changes in this version",
         "",
