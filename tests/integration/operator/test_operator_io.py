@@ -1,8 +1,10 @@
-"""The operator's I/O edge against the real server and sidecar processes.
+"""The operator's I/O edge and its tick against the real server and sidecar processes.
 
 What the e2e tier does through a cluster, in seconds on loopback: telemetry
 scrapes the real sidecar, the actuator drives the real admin API with
-idempotency ids, and runtime-state reconciliation shows up in the next scrape.
+idempotency ids, runtime-state reconciliation shows up in the next scrape,
+and whole ticks (tick.run_tick, no kopf) move the pod to the fallback and
+back, reporting what the pod serves.
 """
 
 from __future__ import annotations
@@ -14,17 +16,21 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
-from fusebox_operator.actuator import Actuator
+from fusebox_contract.names import BreakerState, EventReason, Variant
+from fusebox_operator.actuator import ActionResult, Actuator
 from fusebox_operator.kube import PodView
-from fusebox_operator.policy import Action, ActionKind, PodSample
+from fusebox_operator.policy import Action, ActionKind, PodSample, PolicyState
+from fusebox_operator.spec import parse_spec
 from fusebox_operator.telemetry import scrape_all
+from fusebox_operator.tick import TickInputs, TickMemory, TickOutcome, run_tick
 
 TOKEN = "integration-admin-token"
 POD = PodView("pod-a", "uid-a", "127.0.0.1", "Running", True, True, True, 0, False, False)
@@ -143,10 +149,12 @@ async def _scrape(pair: Pair) -> PodSample:
 async def _execute(pair: Pair, action: Action, token: str = TOKEN) -> str:
     async with aiohttp.ClientSession() as session:
         actuator = Actuator(session, None, admin_port=pair.admin_port)
-        return await actuator.execute("ns", POD, token, action)
+        result = await actuator.execute("ns", POD, token, action)
+        assert result.settled
+        return result.text
 
 
-def _action(kind: ActionKind, action_id: str, variant: str = "primary") -> Action:
+def _action(kind: ActionKind, action_id: str, variant: Variant = Variant.PRIMARY) -> Action:
     return Action(action_id, kind, "pod-a", "test", time.time(), variant)
 
 
@@ -160,7 +168,8 @@ def test_scrape_of_the_real_sidecar_gives_memory_counters_and_state(pair: Pair) 
         sample = asyncio.run(_scrape(pair))
     assert sample.rss_bytes is not None and sample.rss_bytes > 10 * 1024**2
     assert sample.requests is not None
-    assert sample.breaker_state == "closed" and sample.model_loaded is True
+    assert sample.breaker_state is BreakerState.CLOSED and sample.model_loaded is True
+    assert sample.variant is Variant.PRIMARY
     assert sample.stats_age_seconds is not None and sample.stats_age_seconds < 10
 
 
@@ -173,10 +182,12 @@ def test_gc_action_reports_memory_and_replays_by_id(pair: Pair) -> None:
 
 def test_reload_and_swap_change_the_variant(pair: Pair) -> None:
     assert "variant primary" in asyncio.run(_execute(pair, _action(ActionKind.RELOAD, "it-reload")))
-    swapped = asyncio.run(_execute(pair, _action(ActionKind.SWAP_FALLBACK, "it-swap", "fallback")))
+    swapped = asyncio.run(
+        _execute(pair, _action(ActionKind.SWAP_FALLBACK, "it-swap", Variant.FALLBACK))
+    )
     assert "variant fallback" in swapped
     restored = asyncio.run(
-        _execute(pair, _action(ActionKind.RESTORE_PRIMARY, "it-restore", "primary"))
+        _execute(pair, _action(ActionKind.RESTORE_PRIMARY, "it-restore", Variant.PRIMARY))
     )
     assert "variant primary" in restored
 
@@ -190,25 +201,124 @@ def test_runtime_state_reconciled_shows_in_the_next_scrape(pair: Pair) -> None:
     async def go() -> PodSample:
         async with aiohttp.ClientSession() as session:
             actuator = Actuator(session, None, admin_port=pair.admin_port)
-            applied: dict[str, tuple[str, int, int]] = {}
-            assert await actuator.reconcile_runtime(POD, TOKEN, ("half_open", 5, 1), None, applied)
+            applied: dict[str, tuple[BreakerState, int, int]] = {}
+            target = (BreakerState.HALF_OPEN, 5, 1)
+            assert await actuator.reconcile_runtime(POD, TOKEN, target, None, applied)
             # Same target, nothing observed yet: no second call.
-            assert not await actuator.reconcile_runtime(
-                POD, TOKEN, ("half_open", 5, 1), None, applied
-            )
+            assert not await actuator.reconcile_runtime(POD, TOKEN, target, None, applied)
         for _ in range(20):
             sample = await _scrape(pair)
-            if sample.breaker_state == "half_open":
+            if sample.breaker_state is BreakerState.HALF_OPEN:
                 return sample
             await asyncio.sleep(0.5)
         return sample
 
     sample = asyncio.run(go())
-    assert (sample.breaker_state, sample.degradation_level) == ("half_open", 1)
+    assert (sample.breaker_state, sample.degradation_level) == (BreakerState.HALF_OPEN, 1)
 
     async def back() -> None:
         async with aiohttp.ClientSession() as session:
             actuator = Actuator(session, None, admin_port=pair.admin_port)
-            await actuator.reconcile_runtime(POD, TOKEN, ("closed", 100, 0), None, {})
+            target = (BreakerState.CLOSED, 100, 0)
+            await actuator.reconcile_runtime(POD, TOKEN, target, None, {})
 
     asyncio.run(back())
+
+
+# --- whole ticks, no kopf ---------------------------------------------------------------------
+
+SPEC = parse_spec(
+    {
+        "model": {"name": "chat", "source": "pvc://models/tiny"},
+        "replicas": 1,
+        "fallback": {"quantization": "none", "source": "pvc://models/tiny-fallback"},
+        "telemetry": {
+            "scrapeIntervalSeconds": 1,
+            "scrapeTimeoutSeconds": 1,
+            "wedgeAfterSeconds": 60,
+        },
+    }
+)
+
+
+class TimedActuator(Actuator):
+    """The real actuator, noting when each action finished."""
+
+    finished: list[float]
+
+    async def execute(
+        self, namespace: str, pod: PodView | None, token: str, action: Action
+    ) -> ActionResult:
+        result = await super().execute(namespace, pod, token, action)
+        self.finished.append(time.time())
+        return result
+
+
+async def _ticks(
+    pair: Pair, status: dict[str, Any], until: Any, finished: list[float] | None = None
+) -> tuple[list[TickOutcome], dict[str, Any]]:
+    """Run ticks as the kopf timer would, applying each status patch, until `until(status)`."""
+    memory = TickMemory()
+    outcomes: list[TickOutcome] = []
+    async with aiohttp.ClientSession() as session:
+        actuator = TimedActuator(session, None, admin_port=pair.admin_port)
+        actuator.finished = finished if finished is not None else []
+
+        async def scrape(pods: Sequence[PodView]) -> list[PodSample]:
+            return await scrape_all(session, pods, 2.0, "ttft", port=pair.metrics_port)
+
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            inputs = TickInputs("ns", "itsvc", SPEC, status, [POD], TOKEN, 1)
+            outcome = await run_tick(inputs, memory, scrape, actuator, time.time)
+            outcomes.append(outcome)
+            status = {**status, **outcome.status_patch}
+            if until(status):
+                return outcomes, status
+            await asyncio.sleep(1.0)
+    raise AssertionError(f"not reached in 120 s; last status {status}")
+
+
+def _base_status(level: int) -> dict[str, Any]:
+    return {"memory": {"limitBytes": 8 * 1024**3}, "degradation": {"level": level}}
+
+
+def test_ticks_move_the_pod_to_the_fallback_and_report_what_it_serves(pair: Pair) -> None:
+    def serving(variant: Variant) -> Any:
+        return lambda status: (
+            status.get("activeVariant") == variant
+            and status["pods"][0].get("variant") == variant
+            and status["degradation"]["level"] == 2
+        )
+
+    outcomes, status = asyncio.run(_ticks(pair, _base_status(2), serving(Variant.FALLBACK)))
+    # The first tick asked for level 2; the status said primary until the pod reported the swap.
+    assert outcomes[0].status_patch["activeVariant"] == Variant.PRIMARY
+    assert status["model"] == {"name": "chat", "revision": "main", "dtype": "auto"}
+    assert "fallback-model" in status["degradation"]["tiers"]
+
+    back = {**status, "degradation": {"level": 0}, "policy": {}}
+    _, status = asyncio.run(
+        _ticks(pair, back, lambda s: s.get("activeVariant") == Variant.PRIMARY
+               and s["degradation"]["level"] == 0)
+    )  # fmt: skip
+    assert status["pods"][0]["variant"] == Variant.PRIMARY
+
+
+def test_an_action_in_flight_is_retried_with_its_id_and_status_is_written_at_once(
+    pair: Pair,
+) -> None:
+    # An operator that timed out on this gc (outcome unknown) and restarted.
+    pending = Action("it-tick-gc", ActionKind.GC, POD.name, "RSS high", time.time())
+    state = PolicyState("itsvc")
+    state.settle(pending, settled=False)
+    status = {**_base_status(0), "policy": state.to_status()}
+    finished: list[float] = []
+    outcomes, status = asyncio.run(_ticks(pair, status, lambda s: "lastAction" in s, finished))
+    first = outcomes[0]
+    assert status["lastAction"]["id"] == "it-tick-gc"  # the same id, not a new action
+    assert status["lastAction"]["result"].startswith("RSS ")
+    assert first.state.in_flight == {}
+    assert [e.reason for e in first.events] == [EventReason.GARBAGE_COLLECTED]
+    # Written in the same tick, with the pod re-scraped after the action.
+    assert first.status_patch and first.samples[0].sampled_at >= finished[0]
