@@ -39,7 +39,12 @@ from fusebox_server.faults import Faults
 from fusebox_server.guard import MemoryReading, next_guard_state, pressure_ratio
 from fusebox_server.openai_schema import Sampling
 from fusebox_server.quality import QualitySampler
-from fusebox_server.stats import SCHEMA_VERSION, LatencyWindow
+from fusebox_server.stats import (
+    LatencyWindow,
+    StatsDocument,
+    compose_document,
+    runtime_state,
+)
 from fusebox_server.tokenization import PromptEncoder, load_tokenizer
 from fusebox_server.worker import (
     ControlJob,
@@ -492,48 +497,58 @@ class Runtime:
             "pid": os.getpid(),
         }
 
-    def stats_document(self) -> dict[str, Any]:
+    def stats_document(self) -> StatsDocument:
         """The stats file (docs/stats-file.md), composed on the stats thread."""
         now = time.time()
         cgroup = memory.cgroup_memory()
         encoder = self.encoder()
-        worker_heartbeat = self.worker.effective_heartbeat(now) if self.worker else None
-        counters = self.counters
-        return {
-            "schema": SCHEMA_VERSION,
-            "written_at": now,
-            "pid": os.getpid(),
-            "model_name": self.config.model_name,
-            "gpu_device_id": self.gpu_device_id,
-            "rss_bytes": memory.rss_bytes(),
-            "cgroup_memory_usage_bytes": cgroup.usage_bytes,
-            "cgroup_memory_limit_bytes": cgroup.limit_bytes,
-            "cuda": memory.cuda_stats(self.device),
-            "nvml": self.nvml.devices(),
-            "queue_length": self.admission.waiting,
-            "running": self.admission.running,
-            "tokenizer_cache_entries": encoder.cache_entries,
-            "tokenizer_cache_hits_total": encoder.cache_hits_total,
-            "tokenizer_template_hits_total": encoder.template_hits_total,
-            "requests": {
-                "succeeded_total": counters.succeeded_total,
-                "failed_total": counters.failed_total,
-                "rejected_total": counters.rejected_total,
-                "timed_out_total": counters.timed_out_total,
+        worker = self.worker
+        loaded = worker.loaded if worker is not None else None
+        variants = getattr(self, "variants", None)  # None before the variants refactor
+        accounting = getattr(self, "accounting", None)  # None before the accounting refactor
+        if accounting is not None:
+            requests = accounting.totals()
+        else:
+            counters = self.counters
+            requests = {
+                outcome: getattr(counters, f"{outcome}_total")
+                for outcome in ("succeeded", "failed", "rejected", "timed_out", "cancelled")
+            }
+        return compose_document(
+            written_at=now,
+            pid=os.getpid(),
+            model_name=self.config.model_name,
+            rss_bytes=memory.rss_bytes(),
+            cgroup_usage_bytes=cgroup.usage_bytes,
+            cgroup_limit_bytes=cgroup.limit_bytes,
+            cuda=memory.cuda_stats(self.device),
+            nvml=self.nvml.devices(),
+            queue_length=self.admission.waiting,
+            running=self.admission.running,
+            tokenizer_cache_entries=encoder.cache_entries,
+            tokenizer_cache_hits_total=encoder.cache_hits_total,
+            tokenizer_template_hits_total=encoder.template_hits_total,
+            requests=requests,
+            latency={str(name): window.summary(now) for name, window in self.latency.items()},
+            quality_sampled_total=self.quality.sampled_total,
+            quality_failed_total=self.quality.failed_total,
+            quality_failure_ratio=self.quality.failure_ratio(now),
+            heartbeats={
+                "loop": self.loop_heartbeat,
+                "worker": worker.effective_heartbeat(now) if worker is not None else None,
             },
-            "latency_seconds": {name: window.summary(now) for name, window in self.latency.items()},
-            "quality": {
-                "sampled_total": self.quality.sampled_total,
-                "failed_total": self.quality.failed_total,
-                "failure_ratio": self.quality.failure_ratio(now),
-            },
-            "heartbeats": {"loop": self.loop_heartbeat, "worker": worker_heartbeat},
-            "state": {
-                "breaker": self.breaker.state,
-                "admit_percent": self.breaker.admit_percent,
-                "degradation_level": self.degradation_level,
-                "variant": self.variant,
-                "model_loaded": self.model_loaded,
-                "memory_guard_active": self.memory_guard_active,
-            },
-        }
+            state=runtime_state(
+                breaker=self.breaker.state,
+                admit_percent=self.breaker.admit_percent,
+                degradation_level=self.degradation_level,
+                variant=self.variant,
+                model_loaded=self.model_loaded,
+                memory_guard_active=self.memory_guard_active,
+                model_revision=getattr(self.config, "model_revision", None),
+                dtype=getattr(loaded, "dtype", None),
+                quantization=getattr(loaded, "quantization", None),
+                fallback_configured=self.fallback_configured,
+                target_variant=variants.target_variant if variants is not None else self.variant,
+                converging=variants.converging if variants is not None else None,
+            ),
+        )

@@ -1,5 +1,10 @@
 """The stats file (docs/stats-file.md): figures the sidecar relays as metrics.
 
+The document's shape, its writer and its reader are the contract's
+(`fusebox_contract.stats`); this module keeps what only the server does:
+the thread, the atomic write, the latency window, and `compose_document`,
+the pure step from the runtime's raw figures to the contract's document.
+
 Why a file and a thread: the sidecar must see a wedged server as such. The
 file is written every second by a dedicated thread (not the event loop, not
 the inference worker), atomically (temporary file + rename), and carries
@@ -13,18 +18,36 @@ per metric so the window itself cannot grow without bound.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+from fusebox_contract.names import (
+    BreakerState,
+    DegradationLevel,
+    Dtype,
+    HeartbeatThread,
+    LatencyMetric,
+    Quantization,
+    RequestOutcome,
+    Variant,
+)
+from fusebox_contract.stats import (
+    CudaMemory,
+    GpuMemory,
+    LatencySummary,
+    Quality,
+    RuntimeState,
+    dumps,
+)
+from fusebox_contract.stats import StatsDocument as StatsDocument
+
 MAX_WINDOW_SAMPLES = 10_000
 
 log = logging.getLogger(__name__)
@@ -53,7 +76,8 @@ class LatencyWindow:
         with self._lock:
             self._samples.extend((stamp, value) for value in values)
 
-    def summary(self, now: float | None = None) -> dict[str, float | int] | None:
+    def summary(self, now: float | None = None) -> LatencySummary | None:
+        """The p99 and the sample count over the window; None while it is empty."""
         cutoff = (time.time() if now is None else now) - self.window_seconds
         with self._lock:
             while self._samples and self._samples[0][0] < cutoff:
@@ -61,19 +85,15 @@ class LatencyWindow:
             values = sorted(value for _, value in self._samples)
         if not values:
             return None
-        return {
-            "p50": percentile(values, 0.5),
-            "p99": percentile(values, 0.99),
-            "count": len(values),
-        }
+        return LatencySummary(p99_seconds=percentile(values, 0.99), count=len(values))
 
 
-def write_atomically(path: Path, document: dict[str, Any]) -> None:
+def write_atomically(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, separators=(",", ":"))
+            handle.write(text)
         os.chmod(temporary, 0o644)
         os.replace(temporary, path)
     except BaseException:
@@ -85,12 +105,13 @@ def write_atomically(path: Path, document: dict[str, Any]) -> None:
 
 
 class StatsThread(threading.Thread):
-    """Calls `tick()` (guard check) and writes `snapshot()` to the file every interval."""
+    """Calls `tick()` (guard check) and writes `snapshot()` to the file every interval,
+    through the contract's one writer."""
 
     def __init__(
         self,
         path: Path,
-        snapshot: Callable[[], dict[str, Any]],
+        snapshot: Callable[[], StatsDocument],
         tick: Callable[[], None],
         interval_seconds: float = 1.0,
     ) -> None:
@@ -110,9 +131,141 @@ class StatsThread(threading.Thread):
             started = time.monotonic()
             try:
                 self._tick()
-                write_atomically(self.path, self._snapshot())
+                write_atomically(self.path, dumps(self._snapshot()))
             except Exception as error:  # the thread must outlive a full disk
                 self.write_errors_total += 1
                 if self.write_errors_total in (1, 10, 100) or self.write_errors_total % 1000 == 0:
                     log.warning("stats write failed: %r", error)
             self._stopping.wait(max(0.0, self._interval - (time.monotonic() - started)))
+
+
+def _enum_or_none(kind: type[Any], value: object) -> Any:
+    """`kind(value)` for a value the enum knows (its member or its wire spelling)."""
+    try:
+        return None if value is None else kind(value)
+    except ValueError:
+        return None
+
+
+def quantization_named(value: object) -> Quantization | None:
+    """The contract's name of how the loaded variant is quantized.
+
+    The engine may qualify the scheme with its backend (`int8-bitsandbytes`);
+    the part before the dash is the scheme the operator asked for.
+    """
+    named: Quantization | None = _enum_or_none(Quantization, value)
+    if named is None and isinstance(value, str):
+        named = _enum_or_none(Quantization, value.partition("-")[0])
+    return named
+
+
+def dtype_named(value: object) -> Dtype | None:
+    """`bfloat16` or `torch.bfloat16` as the contract's Dtype; None for others (int8 storage)."""
+    if isinstance(value, str):
+        value = value.removeprefix("torch.")
+    named: Dtype | None = _enum_or_none(Dtype, value)
+    return named
+
+
+def compose_document(
+    *,
+    written_at: float,
+    pid: int,
+    model_name: str,
+    rss_bytes: int | None,
+    cgroup_usage_bytes: int | None,
+    cgroup_limit_bytes: int | None,
+    cuda: Mapping[str, int | None],
+    nvml: Sequence[Mapping[str, Any]],
+    queue_length: int,
+    running: int,
+    tokenizer_cache_entries: int,
+    tokenizer_cache_hits_total: int,
+    tokenizer_template_hits_total: int,
+    requests: Mapping[Any, int],  # keyed by RequestOutcome or its spelling
+    latency: Mapping[str, LatencySummary | None],
+    quality_sampled_total: int,
+    quality_failed_total: int,
+    quality_failure_ratio: float | None,
+    heartbeats: Mapping[str, float | None],
+    state: RuntimeState,
+) -> StatsDocument:
+    """The stats document from the runtime's raw figures: pure, so tested without a model."""
+    return StatsDocument(
+        written_at=written_at,
+        pid=pid,
+        model_name=model_name,
+        rss_bytes=rss_bytes,
+        cgroup_memory_usage_bytes=cgroup_usage_bytes,
+        cgroup_memory_limit_bytes=cgroup_limit_bytes,
+        cuda=CudaMemory(
+            allocated_bytes=cuda.get("allocated_bytes"),
+            reserved_bytes=cuda.get("reserved_bytes"),
+            num_alloc_retries=cuda.get("num_alloc_retries"),
+            num_ooms=cuda.get("num_ooms"),
+            contexts=cuda.get("contexts"),
+        ),
+        nvml=tuple(
+            GpuMemory(
+                index=int(device["index"]),
+                memory_used_bytes=device.get("memory_used_bytes"),
+                memory_total_bytes=device.get("memory_total_bytes"),
+            )
+            for device in nvml
+        ),
+        queue_length=queue_length,
+        running=running,
+        tokenizer_cache_entries=tokenizer_cache_entries,
+        tokenizer_cache_hits_total=tokenizer_cache_hits_total,
+        tokenizer_template_hits_total=tokenizer_template_hits_total,
+        requests={RequestOutcome(outcome): count for outcome, count in requests.items()},
+        latency={
+            LatencyMetric(metric): summary
+            for metric, summary in latency.items()
+            if summary is not None
+        },
+        quality=Quality(
+            sampled_total=quality_sampled_total,
+            failed_total=quality_failed_total,
+            failure_ratio=quality_failure_ratio,
+        ),
+        heartbeats={
+            HeartbeatThread(thread): stamp
+            for thread, stamp in heartbeats.items()
+            if stamp is not None
+        },
+        state=state,
+    )
+
+
+def runtime_state(
+    *,
+    breaker: object,
+    admit_percent: float,
+    degradation_level: int,
+    variant: object,
+    model_loaded: bool,
+    memory_guard_active: bool,
+    model_revision: str | None,
+    dtype: object,
+    quantization: object,
+    fallback_configured: bool,
+    target_variant: object,
+    converging: bool | None,
+) -> RuntimeState:
+    """The contract's runtime state from the runtime's values, enum members or
+    their spellings alike (a value the contract does not know is absent)."""
+    return RuntimeState(
+        breaker=_enum_or_none(BreakerState, breaker),
+        admit_percent=admit_percent,
+        degradation_level=_enum_or_none(DegradationLevel, degradation_level),
+        variant=_enum_or_none(Variant, variant),
+        model_loaded=model_loaded,
+        memory_guard_active=memory_guard_active,
+        model_revision=model_revision or None,
+        dtype=dtype_named(dtype),
+        quantization=quantization_named(quantization),
+        fallback_configured=fallback_configured,
+        target_variant=_enum_or_none(Variant, target_variant),
+        converging=converging,
+    )

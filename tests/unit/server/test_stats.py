@@ -1,18 +1,42 @@
-"""The stats file's helpers: atomic writes and sliding-window percentiles."""
+"""The server's side of the stats file: atomic writes, sliding-window
+percentiles, and the step from the runtime's raw figures to the contract's
+document, which the sidecar's parser must read back whole."""
 
 from __future__ import annotations
 
-import json
+import time
 from pathlib import Path
 
-from fusebox_server.stats import LatencyWindow, percentile, write_atomically
+import pytest
+
+from fusebox_contract.names import (
+    BreakerState,
+    DegradationLevel,
+    Dtype,
+    HeartbeatThread,
+    LatencyMetric,
+    Quantization,
+    RequestOutcome,
+    Variant,
+)
+from fusebox_contract.stats import LatencySummary, RuntimeState, StatsDocument, dumps, parse
+from fusebox_server.stats import (
+    LatencyWindow,
+    StatsThread,
+    compose_document,
+    dtype_named,
+    percentile,
+    quantization_named,
+    runtime_state,
+    write_atomically,
+)
 
 
 def test_write_atomically_replaces_the_file_and_leaves_no_temporaries(tmp_path: Path) -> None:
     target = tmp_path / "run" / "stats.json"
-    write_atomically(target, {"schema": 1, "n": 1})
-    write_atomically(target, {"schema": 1, "n": 2})
-    assert json.loads(target.read_text()) == {"schema": 1, "n": 2}
+    write_atomically(target, '{"n":1}')
+    write_atomically(target, '{"n":2}')
+    assert target.read_text() == '{"n":2}'
     assert [p.name for p in target.parent.iterdir()] == ["stats.json"]
 
 
@@ -28,6 +52,148 @@ def test_the_window_forgets_old_samples() -> None:
     assert window.summary(now=100) is None
     window.add(0.5, now=100)
     window.add_many([0.1, 0.2], now=130)
-    assert window.summary(now=140) == {"p50": 0.2, "p99": 0.5, "count": 3}
-    assert window.summary(now=175) == {"p50": 0.1, "p99": 0.2, "count": 2}
+    assert window.summary(now=140) == LatencySummary(p99_seconds=0.5, count=3)
+    assert window.summary(now=175) == LatencySummary(p99_seconds=0.2, count=2)
     assert window.summary(now=200) is None
+
+
+def _state(**changes: object) -> RuntimeState:
+    values: dict[str, object] = {
+        "breaker": "half_open",
+        "admit_percent": 5,
+        "degradation_level": 2,
+        "variant": "fallback",
+        "model_loaded": True,
+        "memory_guard_active": False,
+        "model_revision": "v1.2",
+        "dtype": "torch.float16",
+        "quantization": Quantization.INT8,
+        "fallback_configured": True,
+        "target_variant": Variant.PRIMARY,
+        "converging": True,
+    }
+    values.update(changes)
+    return runtime_state(**values)  # type: ignore[arg-type]
+
+
+def _document(**changes: object) -> StatsDocument:
+    values: dict[str, object] = {
+        "written_at": 1796000000.5,
+        "pid": 77,
+        "model_name": "chat",
+        "rss_bytes": 1 << 30,
+        "cgroup_usage_bytes": 2 << 30,
+        "cgroup_limit_bytes": None,
+        "cuda": {"allocated_bytes": None, "reserved_bytes": None, "num_alloc_retries": None},
+        "nvml": [{"index": 0, "uuid": "GPU-1", "memory_used_bytes": 5, "memory_total_bytes": 9}],
+        "queue_length": 3,
+        "running": 2,
+        "tokenizer_cache_entries": 40,
+        "tokenizer_cache_hits_total": 12,
+        "tokenizer_template_hits_total": 4,
+        "requests": dict.fromkeys(RequestOutcome, 1),
+        "latency": {"ttft": LatencySummary(0.2, 10), "itl": None, "e2e": LatencySummary(1.0, 10)},
+        "quality_sampled_total": 10,
+        "quality_failed_total": 1,
+        "quality_failure_ratio": 0.1,
+        "heartbeats": {"loop": 1796000000.4, "worker": None},
+        "state": _state(),
+    }
+    values.update(changes)
+    return compose_document(**values)  # type: ignore[arg-type]
+
+
+def test_the_runtime_s_figures_become_the_contract_document_the_sidecar_reads() -> None:
+    document = _document()
+
+    reading = parse(dumps(document))
+
+    assert reading.valid, reading.problems
+    assert reading.document == document
+    assert document.requests[RequestOutcome.INVALID] == 1
+    assert set(document.latency) == {LatencyMetric.TTFT, LatencyMetric.E2E}
+    assert document.heartbeats == {HeartbeatThread.LOOP: 1796000000.4}
+    assert document.nvml[0].memory_total_bytes == 9
+    assert document.quality.failure_ratio == 0.1
+
+
+def test_request_totals_keyed_by_the_old_spellings_still_count_as_their_outcomes() -> None:
+    document = _document(requests={"succeeded": 5, "timed_out": 2})
+
+    assert document.requests == {RequestOutcome.SUCCEEDED: 5, RequestOutcome.TIMED_OUT: 2}
+
+
+def test_the_state_takes_enum_members_or_their_spellings() -> None:
+    assert _state() == _state(
+        breaker=BreakerState.HALF_OPEN,
+        degradation_level=DegradationLevel.FALLBACK_MODEL,
+        variant=Variant.FALLBACK,
+        dtype=Dtype.FLOAT16,
+        quantization="int8",
+        target_variant="primary",
+    )
+    state = _state()
+    assert (state.breaker, state.degradation_level) == (
+        BreakerState.HALF_OPEN,
+        DegradationLevel.FALLBACK_MODEL,
+    )
+    assert (state.dtype, state.quantization, state.model_revision) == (
+        Dtype.FLOAT16,
+        Quantization.INT8,
+        "v1.2",
+    )
+
+
+def test_an_empty_revision_is_absent_not_an_empty_label() -> None:
+    assert _state(model_revision="").model_revision is None
+
+
+@pytest.mark.parametrize(
+    ("engine_name", "contract"),
+    [
+        ("int8", Quantization.INT8),
+        ("int8-bitsandbytes", Quantization.INT8),
+        (Quantization.FP8, Quantization.FP8),
+        ("none", Quantization.NONE),
+        ("gguf", None),
+        (None, None),
+    ],
+)
+def test_the_loaded_quantization_is_named_by_its_scheme(
+    engine_name: object, contract: Quantization | None
+) -> None:
+    assert quantization_named(engine_name) is contract
+
+
+@pytest.mark.parametrize(
+    ("engine_name", "contract"),
+    [("bfloat16", Dtype.BFLOAT16), ("torch.float32", Dtype.FLOAT32), ("int8", None), (None, None)],
+)
+def test_the_loaded_dtype_is_named_as_the_contract_spells_it(
+    engine_name: object, contract: Dtype | None
+) -> None:
+    assert dtype_named(engine_name) is contract
+
+
+def test_the_stats_thread_writes_the_contract_document_every_interval(tmp_path: Path) -> None:
+    path = tmp_path / "stats.json"
+    writes: list[int] = []
+
+    def snapshot() -> StatsDocument:
+        writes.append(1)
+        return _document(pid=len(writes))
+
+    thread = StatsThread(path, snapshot, tick=lambda: None, interval_seconds=0.01)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(writes) < 3:
+            assert time.monotonic() < deadline, "the stats thread never wrote three times"
+            time.sleep(0.01)
+    finally:
+        thread.stop()
+        thread.join()
+
+    reading = parse(path.read_text())
+    assert reading.valid and reading.document is not None
+    assert reading.document.pid is not None and reading.document.pid >= 3
