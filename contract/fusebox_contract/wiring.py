@@ -36,3 +36,4 @@ class ConfigFile(enum.StrEnum):
 REQUEST_ID_HEADER: Final = "X-Request-Id"
 VARIANT_HEADER: Final = "X-Fusebox-Variant"  # which variant answered
 FAULTS_ENV: Final = "FUSEBOX_FAULTS"
+SERVED_BY_HEADER: Final = "X-Fusebox-Served-By"  # primary|fallback|canned: what produced the answer

@@ -4,7 +4,10 @@ Why a separate port: the NetworkPolicy opens it to the operator only, and
 the public API can never reach an admin route. Every call needs
 `Authorization: Bearer <token>` (the token file comes from a Secret),
 compared in constant time; headers are never logged. Actions carry an id
-and run once per id (a retried call gets the recorded result).
+and run once per id (`actions.py`). `PUT /admin/v1/degradation` answers at
+once: the level is set, and a variant change it implies converges in the
+background (202 while it does). Routes raise domain errors; the edge's one
+table renders them.
 """
 
 from __future__ import annotations
@@ -12,32 +15,29 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, TypeVar
 
 import structlog
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from fusebox_server.app import (
-    error_response,
-    http_error_handler,
-    read_body,
-    unexpected_error_handler,
-)
-from fusebox_server.breaker import STATES
-from fusebox_server.errors import InvalidRequest, SchemaError, ServerError, Unauthorized
+from fusebox_contract.names import ActionType, BreakerState, DegradationLevel, Variant
+from fusebox_server.edge import EXCEPTION_HANDLERS, VariantHeader, error_response, read_body
+from fusebox_server.errors import InvalidRequest, SchemaError, Unauthorized
 from fusebox_server.openai_schema import parse_json_body
 from fusebox_server.runtime import Runtime
 
 log = structlog.get_logger("fusebox_server.admin")
 
-ADMIN_BODY_LIMIT_BYTES = 64 * 1024
-MAX_ACTION_ID_CHARS = 256
+ADMIN_BODY_LIMIT_BYTES: Final = 64 * 1024
+MAX_ACTION_ID_CHARS: Final = 256
+
+_E = TypeVar("_E", bound=Enum)
 
 
 def read_token(path: Path | None) -> str | None:
@@ -84,75 +84,67 @@ async def _json_object(request: Request) -> dict[str, Any]:
     return parse_json_body(await read_body(request, ADMIN_BODY_LIMIT_BYTES))
 
 
+def _member(enum: type[_E], value: object, param: str) -> _E:
+    """An enum member from its wire value, or a 400 naming the allowed values."""
+    for member in enum:
+        if member.value == value:
+            return member
+    allowed = ", ".join(str(m.value) for m in enum)
+    raise InvalidRequest(f"'{param}' must be one of {allowed}", param=param)
+
+
 class Admin:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
 
     async def actions(self, request: Request) -> Response:
-        try:
-            body = await _json_object(request)
-            action_id = body.get("id")
-            if not isinstance(action_id, str) or not action_id:
-                raise SchemaError("'id' must be a non-empty string", param="id")
-            if len(action_id) > MAX_ACTION_ID_CHARS:
-                raise InvalidRequest("'id' is too long", param="id")
-            action_type = body.get("type")
-            if not isinstance(action_type, str):
-                raise SchemaError("'type' must be a string", param="type")
-            variant = body.get("variant")
-            if variant is not None and not isinstance(variant, str):
-                raise SchemaError("'variant' must be a string", param="variant")
-            result = await self.runtime.run_action(action_id, action_type, variant)
-        except ServerError as error:
-            return error_response(error)
-        return JSONResponse(result)
+        body = await _json_object(request)
+        action_id = body.get("id")
+        if not isinstance(action_id, str) or not action_id:
+            raise SchemaError("'id' must be a non-empty string", param="id")
+        if len(action_id) > MAX_ACTION_ID_CHARS:
+            raise InvalidRequest("'id' is too long", param="id")
+        if not isinstance(body.get("type"), str):
+            raise SchemaError("'type' must be a string", param="type")
+        action_type = _member(ActionType, body["type"], "type")
+        raw_variant = body.get("variant")
+        if raw_variant is not None and not isinstance(raw_variant, str):
+            raise SchemaError("'variant' must be a string", param="variant")
+        variant = None if raw_variant is None else _member(Variant, raw_variant, "variant")
+        return JSONResponse(await self.runtime.run_action(action_id, action_type, variant))
 
     async def breaker(self, request: Request) -> Response:
-        try:
-            body = await _json_object(request)
-            state = body.get("state")
-            if state not in STATES:
-                raise InvalidRequest(f"'state' must be one of {', '.join(STATES)}", param="state")
-            percent = body.get("admitPercent")
-            if percent is not None and (
-                isinstance(percent, bool) or not isinstance(percent, int) or not 0 <= percent <= 100
-            ):
-                raise InvalidRequest(
-                    "'admitPercent' must be an integer 0..100", param="admitPercent"
-                )
-            self.runtime.breaker.set(str(state), percent)
-            log.info("breaker_set", state=state, admit_percent=self.runtime.breaker.admit_percent)
-        except ServerError as error:
-            return error_response(error)
+        body = await _json_object(request)
+        state = _member(BreakerState, body.get("state"), "state")
+        percent = body.get("admitPercent")
+        if percent is not None and (
+            isinstance(percent, bool) or not isinstance(percent, int) or not 0 <= percent <= 100
+        ):
+            raise InvalidRequest("'admitPercent' must be an integer 0..100", param="admitPercent")
+        self.runtime.breaker.set(state, percent)
+        log.info("breaker_set", state=state.value, admit_percent=self.runtime.breaker.admit_percent)
         return JSONResponse(self.runtime.state())
 
     async def degradation(self, request: Request) -> Response:
-        try:
-            body = await _json_object(request)
-            level = body.get("level")
-            if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 3:
-                raise InvalidRequest("'level' must be an integer 0..3", param="level")
-            await self.runtime.set_degradation(level)
-            log.info("degradation_set", level=level, variant=self.runtime.variant)
-        except ServerError as error:
-            return error_response(error)
-        return JSONResponse(self.runtime.state())
+        body = await _json_object(request)
+        level = body.get("level")
+        if isinstance(level, bool) or not isinstance(level, int):
+            raise InvalidRequest("'level' must be an integer 0..3", param="level")
+        result = self.runtime.set_degradation(_member(DegradationLevel, level, "level"))
+        return JSONResponse(result.body(), status_code=202 if result.converging else 200)
 
     async def state(self, request: Request) -> Response:
         return JSONResponse(self.runtime.state())
 
     async def faults(self, request: Request) -> Response:
-        try:
-            if not self.runtime.faults.armed:
-                # Refuse before reading anything: faults cannot exist in this process.
-                self.runtime.faults.update({})
-            body = await _json_object(request)
-            values = self.runtime.faults.update(body)
-            if body.get("wedge"):
-                wedge_event_loop_soon()
-            log.warning("faults_set", faults=values)
-        except ServerError as error:
-            return error_response(error)
+        if not self.runtime.faults.armed:
+            # Refuse before reading anything: faults cannot exist in this process.
+            self.runtime.faults.update({})
+        body = await _json_object(request)
+        values = self.runtime.faults.update(body)
+        if body.get("wedge"):
+            wedge_event_loop_soon()
+        log.warning("faults_set", faults=values)
         return JSONResponse({"faults": values})
 
 
@@ -177,6 +169,6 @@ def build_admin_app(runtime: Runtime, token: str | None) -> ASGIApp:
             Route("/admin/v1/state", admin.state, methods=["GET"]),
             Route("/admin/v1/faults", admin.faults, methods=["PUT"]),
         ],
-        exception_handlers={HTTPException: http_error_handler, Exception: unexpected_error_handler},
+        exception_handlers=dict(EXCEPTION_HANDLERS),
     )
-    return RequireToken(app, token)
+    return VariantHeader(RequireToken(app, token), lambda: runtime.variant.value)

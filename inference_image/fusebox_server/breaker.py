@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 
-STATES = ("closed", "open", "half_open")
+from fusebox_contract.names import BreakerState
 
 
 def admits(arrival_index: int, admit_percent: int) -> bool:
@@ -21,25 +21,25 @@ def admits(arrival_index: int, admit_percent: int) -> bool:
 
 class Breaker:
     def __init__(self) -> None:
-        self.state = "closed"
+        self.state = BreakerState.CLOSED
         self.admit_percent = 100
         self._arrivals = 0
         self._lock = threading.Lock()
 
-    def set(self, state: str, admit_percent: int | None) -> None:
+    def set(self, state: BreakerState, admit_percent: int | None) -> None:
         with self._lock:
             self.state = state
             if admit_percent is not None:
                 self.admit_percent = admit_percent
-            elif state == "closed":
+            elif state == BreakerState.CLOSED:
                 self.admit_percent = 100
             self._arrivals = 0
 
     def admit(self) -> bool:
         with self._lock:
-            if self.state == "closed":
+            if self.state == BreakerState.CLOSED:
                 return True
-            if self.state == "open":
+            if self.state == BreakerState.OPEN:
                 return False
             index = self._arrivals
             self._arrivals += 1

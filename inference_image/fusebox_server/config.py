@@ -1,9 +1,11 @@
-"""Command-line flags of the server; every flag is also an environment variable.
+"""The server's configuration, built from the contract's one list of settings.
 
-Why: the operator configures pods through env vars (from the
-InferenceService spec) while people run the server by hand with flags. Each
-`--some-flag` reads `FUSEBOX_SOME_FLAG` as its default, so both work and the
-flag wins. Parsing is pure: `parse_config(argv, environ)`.
+Why: every setting is declared once, in `fusebox_contract.settings`
+(flag, env name, kind, default, help); this module turns that list into the
+argument parser, the `FUSEBOX_*` fallbacks and the typed `ServerConfig`, so
+neither the operator nor the docs can drift from what the server reads. A
+flag wins over its variable, which wins over the declared default. Parsing
+is pure: `parse_config(argv, environ)`.
 """
 
 from __future__ import annotations
@@ -12,8 +14,37 @@ import argparse
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any, Final
+
+from fusebox_contract import settings as contract
+from fusebox_contract.names import Dtype, Quantization
+from fusebox_contract.settings import SERVER_SETTINGS, Setting
+
+CHECK_CONFIG_FLAG: Final = "check-config"
+
+# The config's attribute names that say their unit; every other field is `Setting.field`.
+FIELD_NAMES: Final[Mapping[str, str]] = {
+    "request-timeout": "request_timeout_seconds",
+    "heartbeat-timeout": "heartbeat_timeout_seconds",
+    "latency-window": "latency_window_seconds",
+}
+PATH_SETTINGS: Final = frozenset(
+    {
+        contract.MODEL_DIR,
+        contract.FALLBACK_DIR,
+        contract.ADMIN_TOKEN_FILE,
+        contract.STATS_FILE,
+        contract.TEMPLATES_FILE,
+        contract.CANNED_ANSWERS_FILE,
+        contract.QUALITY_BLOCKED_TERMS_FILE,
+    }
+)
+ENUM_SETTINGS: Final[Mapping[Setting, type[Dtype] | type[Quantization]]] = {
+    contract.DTYPE: Dtype,
+    contract.FALLBACK_QUANTIZATION: Quantization,
+}
 
 
 class ConfigError(ValueError):
@@ -22,68 +53,62 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ServerConfig:
+    """Typed view of `SERVER_SETTINGS` (a test keeps the two in step) plus the files' content."""
+
     model_dir: Path
-    fallback_dir: Path | None = None
-    fallback_quantization: str = "int8"
     model_name: str = "model"
+    model_revision: str = ""
+    dtype: Dtype = Dtype.AUTO
+    fallback_dir: Path | None = None
+    fallback_quantization: Quantization = Quantization.NONE
     host: str = "0.0.0.0"
     port: int = 8000
     admin_port: int = 8001
     admin_token_file: Path | None = None
     stats_file: Path = Path("/run/fusebox/stats.json")
+    device: str = "auto"
+    torch_threads: int = 0
     max_concurrency: int = 8
     max_queue: int = 64
     max_input_tokens: int = 4096
     max_new_tokens: int = 1024
+    max_body_bytes: int = contract.body_limit_bytes(4096)
     request_timeout_seconds: float = 60.0
     tokenizer_cache_size: int = 10000
-    templates: tuple[str, ...] = ()
-    canned_answers: Mapping[str, str] = field(default_factory=dict)
-    device: str = "auto"
-    max_body_bytes: int = 1 << 20
+    templates_file: Path | None = None
+    canned_answers_file: Path | None = None
     quality_sample_rate: float = 0.1
     quality_max_output_input_ratio: float = 100.0
-    quality_blocked_terms: tuple[str, ...] = ()
+    quality_blocked_terms_file: Path | None = None
     heartbeat_timeout_seconds: float = 10.0
     memory_guard_ratio: float = 0.95
     latency_window_seconds: float = 60.0
     log_level: str = "info"
-    torch_threads: int = 0
+    # What the three files held at start; the running server re-reads them (live_files.py).
+    templates: tuple[str, ...] = ()
+    canned_answers: Mapping[str, str] = field(default_factory=dict)
+    quality_blocked_terms: tuple[str, ...] = ()
+
+    @property
+    def fallback_configured(self) -> bool:
+        """A fallback exists only when asked for: its own directory or a quantization."""
+        return self.fallback_dir is not None or self.fallback_quantization != Quantization.NONE
 
 
-_FLAGS: list[tuple[str, type, str]] = [
-    ("model-dir", str, "directory of the primary model (loaded with local_files_only)"),
-    ("fallback-dir", str, "directory of the fallback model; default: the primary, quantized"),
-    ("fallback-quantization", str, "int8|none: quantize the fallback on load"),
-    ("model-name", str, "id served as the OpenAI `model`"),
-    ("host", str, "address both ports bind"),
-    ("port", int, "API port"),
-    ("admin-port", int, "admin port"),
-    ("admin-token-file", str, "file holding the admin bearer token"),
-    ("stats-file", str, "stats file written every second (docs/stats-file.md)"),
-    ("max-concurrency", int, "generations running at once"),
-    ("max-queue", int, "requests waiting; beyond it 429"),
-    ("max-input-tokens", int, "prompt length limit in tokens"),
-    ("max-new-tokens", int, "limit and default for max_tokens"),
-    ("request-timeout", float, "deadline in seconds covering queue wait and generation"),
-    ("tokenizer-cache-size", int, "LRU entries of prompt encodings; 0 disables"),
-    ("templates-file", str, "JSON list of prompts pre-encoded at start"),
-    ("canned-answers-file", str, "JSON object prompt -> answer used at degradation level 3"),
-    ("device", str, "auto|cpu|cuda|cuda:N"),
-    ("max-body-bytes", int, "request body limit; beyond it 413"),
-    ("quality-sample-rate", float, "share of responses checked for quality (0..1)"),
-    ("quality-max-output-input-ratio", float, "output/input token ratio counted as a failure"),
-    ("quality-blocked-terms-file", str, "JSON list of terms whose presence is a failure"),
-    ("heartbeat-timeout", float, "seconds after which a heartbeat fails /healthz"),
-    ("memory-guard-ratio", float, "share of the memory limit at which new requests are refused"),
-    ("latency-window", float, "seconds of the sliding window for latency and quality figures"),
-    ("log-level", str, "debug|info|warning|error"),
-    ("torch-threads", int, "torch intra-op CPU threads; 0 keeps torch's default"),
-]
+def field_name(setting: Setting) -> str:
+    return FIELD_NAMES.get(setting.flag, setting.field)
 
 
 def env_name(flag: str) -> str:
-    return "FUSEBOX_" + flag.replace("-", "_").upper()
+    return contract.ENV_PREFIX + flag.replace("-", "_").upper()
+
+
+def _default_text(setting: Setting) -> str:
+    if setting is contract.MAX_BODY_BYTES:
+        return "from --max-input-tokens"
+    if setting.default is None:
+        return "(none)"
+    return str(setting.default) or '""'
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -92,23 +117,30 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         description="Hardened OpenAI-compatible inference server. Every flag is also an "
         "environment variable FUSEBOX_<FLAG> (dashes as underscores, upper case).",
     )
-    for flag, kind, text in _FLAGS:
-        default = environ.get(env_name(flag))
+    for setting in SERVER_SETTINGS:
         parser.add_argument(
-            f"--{flag}", type=kind, default=default, help=f"{text} [{env_name(flag)}]"
+            f"--{setting.flag}",
+            default=environ.get(setting.env),
+            help=f"{setting.help} [{setting.env}; default {_default_text(setting)}]",
         )
+    parser.add_argument(
+        f"--{CHECK_CONFIG_FLAG}",
+        action="store_true",
+        help="validate the configuration without loading the model or binding ports; "
+        "exit 0 (config ok) or 2 (the reason on stderr)",
+    )
     return parser
 
 
-def _read_json(path: str, what: str) -> object:
+def _read_json(path: Path, what: str) -> object:
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         raise ConfigError(f"{what} {path}: {error}") from error
 
 
-def _string_list(path: str | None, what: str) -> tuple[str, ...]:
-    if not path:
+def read_string_list(path: Path | None, what: str) -> tuple[str, ...]:
+    if path is None:
         return ()
     value = _read_json(path, what)
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
@@ -116,8 +148,8 @@ def _string_list(path: str | None, what: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _string_map(path: str | None, what: str) -> dict[str, str]:
-    if not path:
+def read_string_map(path: Path | None, what: str) -> dict[str, str]:
+    if path is None:
         return {}
     value = _read_json(path, what)
     if not isinstance(value, dict) or not all(
@@ -127,93 +159,80 @@ def _string_map(path: str | None, what: str) -> dict[str, str]:
     return dict(value)
 
 
-def _typed(raw: object, kind: type, flag: str) -> object:
+def _typed(setting: Setting, raw: str) -> object:
     try:
-        return kind(raw)
+        if setting in PATH_SETTINGS:
+            return Path(raw) if raw else None
+        enum = ENUM_SETTINGS.get(setting)
+        if enum is not None:
+            return enum(raw)
+        return setting.kind(raw)
     except (TypeError, ValueError) as error:
-        raise ConfigError(f"--{flag}: {error}") from error
+        choices = ""
+        if setting in ENUM_SETTINGS:
+            choices = f" (one of {', '.join(m.value for m in ENUM_SETTINGS[setting])})"
+        raise ConfigError(f"--{setting.flag}: {error}{choices}") from error
 
 
-def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> ServerConfig:
-    """Flags (falling back to FUSEBOX_* variables, then defaults) -> ServerConfig."""
+def parse_command_line(
+    argv: Sequence[str], environ: Mapping[str, str]
+) -> tuple[ServerConfig, bool]:
+    """The config, and whether `--check-config` asks only for validation."""
     args = vars(build_parser(environ).parse_args(list(argv)))
-    values = {
-        flag: _typed(args[flag.replace("-", "_")], kind, flag)
-        for flag, kind, _ in _FLAGS
-        if args[flag.replace("-", "_")] is not None
-    }
-    if "model-dir" not in values:
-        raise ConfigError("--model-dir (or FUSEBOX_MODEL_DIR) is required")
-    defaults = ServerConfig(model_dir=Path("."))
-    config = ServerConfig(
-        model_dir=Path(str(values["model-dir"])),
-        fallback_dir=Path(str(values["fallback-dir"])) if values.get("fallback-dir") else None,
-        fallback_quantization=str(values.get("fallback-quantization", "int8")),
-        model_name=str(values.get("model-name", defaults.model_name)),
-        host=str(values.get("host", defaults.host)),
-        port=int(str(values.get("port", defaults.port))),
-        admin_port=int(str(values.get("admin-port", defaults.admin_port))),
-        admin_token_file=(
-            Path(str(values["admin-token-file"])) if values.get("admin-token-file") else None
-        ),
-        stats_file=Path(str(values.get("stats-file", defaults.stats_file))),
-        max_concurrency=int(str(values.get("max-concurrency", defaults.max_concurrency))),
-        max_queue=int(str(values.get("max-queue", defaults.max_queue))),
-        max_input_tokens=int(str(values.get("max-input-tokens", defaults.max_input_tokens))),
-        max_new_tokens=int(str(values.get("max-new-tokens", defaults.max_new_tokens))),
-        request_timeout_seconds=float(
-            str(values.get("request-timeout", defaults.request_timeout_seconds))
-        ),
-        tokenizer_cache_size=int(
-            str(values.get("tokenizer-cache-size", defaults.tokenizer_cache_size))
-        ),
-        templates=_string_list(_opt(values, "templates-file"), "templates file"),
-        canned_answers=_string_map(_opt(values, "canned-answers-file"), "canned answers file"),
-        device=str(values.get("device", defaults.device)),
-        max_body_bytes=int(str(values.get("max-body-bytes", defaults.max_body_bytes))),
-        quality_sample_rate=float(
-            str(values.get("quality-sample-rate", defaults.quality_sample_rate))
-        ),
-        quality_max_output_input_ratio=float(
-            str(
-                values.get(
-                    "quality-max-output-input-ratio", defaults.quality_max_output_input_ratio
-                )
-            )
-        ),
-        quality_blocked_terms=_string_list(
-            _opt(values, "quality-blocked-terms-file"), "blocked terms file"
-        ),
-        heartbeat_timeout_seconds=float(
-            str(values.get("heartbeat-timeout", defaults.heartbeat_timeout_seconds))
-        ),
-        memory_guard_ratio=float(
-            str(values.get("memory-guard-ratio", defaults.memory_guard_ratio))
-        ),
-        latency_window_seconds=float(
-            str(values.get("latency-window", defaults.latency_window_seconds))
-        ),
-        log_level=str(values.get("log-level", defaults.log_level)),
-        torch_threads=int(str(values.get("torch-threads", defaults.torch_threads))),
-    )
+    return _config_from(args), bool(args[CHECK_CONFIG_FLAG.replace("-", "_")])
+
+
+def parse_config(
+    argv: Sequence[str], environ: Mapping[str, str], *, read_files: bool = True
+) -> ServerConfig:
+    """Flags (falling back to FUSEBOX_* variables, then the declared defaults) -> ServerConfig.
+
+    `read_files=False` leaves the three JSON files unread (their paths are
+    kept): for a caller that validates a rendered pod's settings away from
+    the pod's volumes.
+    """
+    args = vars(build_parser(environ).parse_args(list(argv)))
+    return _config_from(args, read_files=read_files)
+
+
+def _config_from(args: Mapping[str, Any], *, read_files: bool = True) -> ServerConfig:
+    values: dict[str, Any] = {}
+    for setting in SERVER_SETTINGS:
+        raw = args[setting.field]
+        if raw is None:
+            if setting.default is not None:
+                values[field_name(setting)] = _typed(setting, str(setting.default))
+            continue
+        values[field_name(setting)] = _typed(setting, str(raw))
+    if values.get("model_dir") is None:
+        raise ConfigError(f"--{contract.MODEL_DIR.flag} (or {contract.MODEL_DIR.env}) is required")
+    if "max_body_bytes" not in values:
+        values["max_body_bytes"] = contract.body_limit_bytes(
+            int(values.get("max_input_tokens", contract.MAX_INPUT_TOKENS.default))
+        )
+    if read_files:
+        values["templates"] = read_string_list(values.get("templates_file"), "templates file")
+        values["canned_answers"] = read_string_map(
+            values.get("canned_answers_file"), "canned answers file"
+        )
+        values["quality_blocked_terms"] = read_string_list(
+            values.get("quality_blocked_terms_file"), "blocked terms file"
+        )
+    config = ServerConfig(**values)
     validate(config)
     return config
 
 
-def _opt(values: Mapping[str, object], flag: str) -> str | None:
-    value = values.get(flag)
-    return str(value) if value else None
-
-
 def validate(config: ServerConfig) -> None:
-    if config.fallback_quantization not in ("int8", "none"):
-        raise ConfigError("--fallback-quantization must be int8 or none")
     for name in ("max_concurrency", "max_input_tokens", "max_new_tokens", "max_body_bytes"):
         if getattr(config, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("max_queue", "tokenizer_cache_size"):
+    for name in ("max_queue", "tokenizer_cache_size", "torch_threads"):
         if getattr(config, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
+    for name in ("port", "admin_port"):
+        if not 0 < getattr(config, name) < 65536:
+            raise ConfigError(f"--{name.replace('_', '-')} must be a port number")
     if not (config.request_timeout_seconds > 0 and math.isfinite(config.request_timeout_seconds)):
         raise ConfigError("--request-timeout must be a positive number of seconds")
     if not 0.0 <= config.quality_sample_rate <= 1.0:
@@ -221,6 +240,24 @@ def validate(config: ServerConfig) -> None:
     if not 0.0 < config.memory_guard_ratio <= 1.0:
         raise ConfigError("--memory-guard-ratio must be within (0, 1]")
     if config.device != "auto" and not (
-        config.device == "cpu" or config.device == "cuda" or config.device.startswith("cuda:")
+        config.device == "cpu"
+        or config.device == "cuda"
+        or (config.device.startswith("cuda:") and config.device[5:].isdigit())
     ):
         raise ConfigError("--device must be auto, cpu, cuda or cuda:N")
+
+
+def config_field_names() -> tuple[str, ...]:
+    """ServerConfig's attributes, for the test that keeps it in step with SERVER_SETTINGS."""
+    return tuple(f.name for f in fields(ServerConfig))
+
+
+def flags_table() -> str:
+    """The Markdown table of every flag in docs/server.md (a test keeps it in sync)."""
+    rows = ["| flag | env | default | meaning |", "|---|---|---|---|"]
+    for setting in SERVER_SETTINGS:
+        rows.append(
+            f"| `--{setting.flag}` | `{setting.env}` | {_default_text(setting)} "
+            f"| {setting.help.replace('|', '&#124;')} |"
+        )
+    return "\n".join(rows)

@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 
+from fusebox_contract.names import Dtype, Quantization
 from fusebox_server.openai_schema import Sampling
+from fusebox_server.quantization import load_dtype, quantize
 
 
 def pick_device(requested: str) -> torch.device:
@@ -52,7 +54,8 @@ class LoadedModel:
     device: torch.device
     eos_token_ids: frozenset[int]
     parameter_bytes: int
-    quantization: str
+    quantization: Quantization
+    dtype: str
     leaked: list[torch.Tensor] = field(default_factory=list)
 
 
@@ -68,41 +71,24 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _bitsandbytes_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("bitsandbytes") is not None
-
-
-def quantize_int8(model: Any, device: torch.device) -> None:
-    """Int8 weight-only on the linear layers with torchao (CPU, and CUDA without bitsandbytes)."""
-    from torchao.quantization import Int8WeightOnlyConfig, quantize_
-
-    quantize_(model, Int8WeightOnlyConfig(), device=device)
-
-
 def load_model(
-    variant: str, model_dir: Path, quantization: str, device: torch.device, tokenizer: Any
+    variant: str,
+    model_dir: Path,
+    quantization: Quantization,
+    device: torch.device,
+    tokenizer: Any,
+    dtype: Dtype = Dtype.AUTO,
 ) -> LoadedModel:
+    """Load a variant in `dtype` (auto: as saved) onto `device`, then quantize it."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    if quantization == "int8" and device.type == "cuda" and _bitsandbytes_available():
-        from transformers import BitsAndBytesConfig
-
-        model: Any = AutoModelForCausalLM.from_pretrained(
-            str(model_dir),
-            local_files_only=True,
-            quantization_config=BitsAndBytesConfig(load_in_8bit=True),  # type: ignore[no-untyped-call]
-            device_map={"": device},
-        )
-        quantization = "int8-bitsandbytes"
-    else:
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
-        model.to(device)
-        if quantization == "int8":
-            quantize_int8(model, device)
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), local_files_only=True, dtype=load_dtype(dtype, quantization)
+    )
+    model.to(device)
+    quantize(model, quantization, device)
     model.eval()
     return LoadedModel(
         variant=variant,
@@ -112,6 +98,7 @@ def load_model(
         eos_token_ids=_eos_ids(model, tokenizer),
         parameter_bytes=parameter_bytes(model),
         quantization=quantization,
+        dtype=str(model.dtype).removeprefix("torch."),
     )
 
 

@@ -1,15 +1,14 @@
-"""Domain errors of the server and the one table that turns them into HTTP answers.
+"""Domain errors of the server, each naming the HTTP status it becomes.
 
 Why: the engine, the worker, admission and validation raise errors that mean
 something to a caller ("the queue is full"), not HTTP codes; `app.py` and
-`admin.py` map every one of them through `error_body`/`http_status` here, so
-a client always gets the OpenAI error shape and never a 500 for its own
-mistakes. Each class names its status in its docstring.
+`admin.py` raise them and one handler table (`edge.py`) renders each as the
+OpenAI error shape (`rendering.error_body`), so a client never gets a 500
+for its own mistakes. Each class names its status in its docstring; the
+request's counted outcome follows from the class too (`accounting.py`).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 
 class ServerError(Exception):
@@ -138,6 +137,24 @@ class Conflict(ServerError):
     code = "conflict"
 
 
+class FallbackUnavailable(Conflict):
+    """409: the fallback variant was asked for, but none is configured or this device cannot
+    serve its quantization (the message says which)."""
+
+    code = "fallback_unavailable"
+
+
+class ClientDisconnected(ServerError):
+    """499 (nginx's "client closed request"): the caller went away before the answer ended.
+
+    Never sent (there is nobody to send it to); it names the outcome in logs and counters.
+    """
+
+    status = 499
+    error_type = "client_closed_request"
+    code = "client_disconnected"
+
+
 class NotFound(ServerError):
     """404: no such route."""
 
@@ -160,21 +177,3 @@ class GenerationFailed(ServerError):
     status = 500
     error_type = "server_error"
     code = "generation_failed"
-
-
-def error_body(error: ServerError) -> dict[str, Any]:
-    """The OpenAI error object for an error."""
-    return {
-        "error": {
-            "message": error.message,
-            "type": error.error_type,
-            "param": error.param,
-            "code": error.code,
-        }
-    }
-
-
-def error_headers(error: ServerError) -> dict[str, str]:
-    if error.retry_after_seconds is None:
-        return {}
-    return {"Retry-After": str(error.retry_after_seconds)}

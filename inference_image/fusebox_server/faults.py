@@ -20,49 +20,49 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
+from fusebox_contract.names import Fault
 from fusebox_server.errors import Forbidden, InvalidRequest
 
-FAULT_NAMES = ("leak", "slow", "wedge")
 
-
-def parse_faults(spec: str) -> dict[str, int]:
-    """`leak:64,slow:100,wedge` -> {"leak": 64, "slow": 100, "wedge": 0}."""
-    faults: dict[str, int] = {}
+def parse_faults(spec: str) -> dict[Fault, int]:
+    """`leak:64,slow:100,wedge` -> {LEAK: 64, SLOW: 100, WEDGE: 0}."""
+    faults: dict[Fault, int] = {}
     for item in spec.split(","):
         item = item.strip()
         if not item:
             continue
         name, _, raw = item.partition(":")
         name = name.strip()
-        if name not in FAULT_NAMES:
-            raise ValueError(f"unknown fault {name!r} in FUSEBOX_FAULTS (known: {FAULT_NAMES})")
+        if name not in set(Fault):
+            known = ", ".join(f.value for f in Fault)
+            raise ValueError(f"unknown fault {name!r} in FUSEBOX_FAULTS (known: {known})")
         try:
             value = int(raw) if raw.strip() else 0
         except ValueError as error:
             raise ValueError(f"fault {name!r} needs an integer value, got {raw!r}") from error
         if value < 0:
             raise ValueError(f"fault {name!r} must not be negative")
-        faults[name] = value
+        faults[Fault(name)] = value
     return faults
 
 
 class Faults:
     """The armed faults and their current values; read from any thread."""
 
-    def __init__(self, armed: Mapping[str, int]) -> None:
-        self._values = dict(armed)
+    def __init__(self, armed: Mapping[Fault, int]) -> None:
+        self._values = {Fault(name): value for name, value in armed.items()}
         self._lock = threading.Lock()
 
     @property
     def armed(self) -> bool:
         return bool(self._values)
 
-    def value(self, name: str) -> int:
-        return self._values.get(name, 0)
+    def value(self, fault: Fault) -> int:
+        return self._values.get(fault, 0)
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
-            return dict(self._values)
+            return {fault.value: value for fault, value in self._values.items()}
 
     def update(self, changes: object) -> dict[str, int]:
         """Apply an admin change; 403 unless every named fault was armed at start."""
@@ -70,11 +70,13 @@ class Faults:
             raise Forbidden("faults were not armed at start (FUSEBOX_FAULTS)")
         if not isinstance(changes, dict) or not changes:
             raise InvalidRequest('expected a JSON object such as {"leak": 64}')
+        typed: dict[Fault, int] = {}
         for name, value in changes.items():
-            if name not in self._values:
+            if name not in set(Fault) or Fault(name) not in self._values:
                 raise Forbidden(f"fault {name!r} was not armed at start")
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidRequest(f"fault {name!r} needs a non-negative integer", param=name)
+            typed[Fault(name)] = value
         with self._lock:
-            self._values.update(changes)
-            return dict(self._values)
+            self._values.update(typed)
+        return self.snapshot()

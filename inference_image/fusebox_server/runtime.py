@@ -1,11 +1,13 @@
 """The server's runtime state and the operations both ports share.
 
 Why: the API port and the admin port run in one process and one event loop
-and must agree on one truth: which variant is loaded, the breaker state,
-the degradation level, the memory guard, counters and latency windows. This
-module holds that state and the operations on it (admit a generation, run
-an admin action, compose the stats document); the two Starlette apps are
-thin layers over it. Model work is always handed to the inference worker.
+and must agree on one truth: which variant serves, the breaker state, the
+degradation level, the memory guard, counters and latency windows. This
+module composes the concerns that hold that truth (`variants`, `actions`,
+`accounting`, `admission`, `breaker`, `live_files`) and holds what is left:
+the memory guard, heartbeats, the admin actions' memory figures, and the
+views (`state`, `stats_document`). The two Starlette apps are thin layers
+over it. Model work is always handed to the inference worker.
 """
 
 from __future__ import annotations
@@ -16,27 +18,30 @@ import gc
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import structlog
 import torch
 
+from fusebox_contract.names import (
+    ActionType,
+    DegradationLevel,
+    LatencyMetric,
+    RequestOutcome,
+    Variant,
+)
 from fusebox_server import engine, memory
+from fusebox_server.accounting import RequestAccounting
+from fusebox_server.actions import ActionLog
 from fusebox_server.admission import Admission
 from fusebox_server.breaker import Breaker
 from fusebox_server.config import ServerConfig
-from fusebox_server.errors import (
-    BreakerOpen,
-    Conflict,
-    InvalidRequest,
-    MemoryPressure,
-    ModelUnavailable,
-    ServerError,
-)
+from fusebox_server.errors import BreakerOpen, MemoryPressure, ModelUnavailable
 from fusebox_server.faults import Faults
 from fusebox_server.guard import MemoryReading, next_guard_state, pressure_ratio
+from fusebox_server.live_files import FileWatcher, LiveSettings, watched_files
 from fusebox_server.openai_schema import Sampling
 from fusebox_server.quality import QualitySampler
 from fusebox_server.stats import (
@@ -46,6 +51,7 @@ from fusebox_server.stats import (
     runtime_state,
 )
 from fusebox_server.tokenization import PromptEncoder, load_tokenizer
+from fusebox_server.variants import Variants
 from fusebox_server.worker import (
     ControlJob,
     Event,
@@ -57,13 +63,9 @@ from fusebox_server.worker import (
 
 log = structlog.get_logger("fusebox_server")
 
-VARIANTS = ("primary", "fallback")
-ACTION_TYPES = ("gc", "empty_cache", "unload", "load", "swap")
-MAX_RECORDED_ACTIONS = 1000
-WARMUP_PROMPT = "Hello"
-LONG_PROMPT_CHARS = 8192
+LONG_PROMPT_CHARS: Final = 8192
 # Admission re-reads memory at most this often (the stats thread does every second).
-GUARD_RECHECK_SECONDS = 0.05
+GUARD_RECHECK_SECONDS: Final = 0.05
 
 
 def malloc_trim() -> None:
@@ -74,13 +76,16 @@ def malloc_trim() -> None:
         pass
 
 
-@dataclass
+@dataclass(frozen=True)
 class Counters:
-    succeeded_total: int = 0
-    failed_total: int = 0
-    rejected_total: int = 0
-    timed_out_total: int = 0
-    cancelled_total: int = 0
+    """The request totals under the stats file's old names (kept for `stats_document`)."""
+
+    succeeded_total: int
+    failed_total: int
+    rejected_total: int
+    timed_out_total: int
+    cancelled_total: int
+    invalid_total: int
 
 
 @dataclass
@@ -96,37 +101,62 @@ class Generation:
             self.job.cancelled.set()
 
 
+@dataclass(frozen=True)
+class DegradationResult:
+    level: DegradationLevel
+    variant: Variant
+    target_variant: Variant
+    converging: bool
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "level": int(self.level),
+            "variant": self.variant.value,
+            "targetVariant": self.target_variant.value,
+            "converging": self.converging,
+        }
+
+
 class Runtime:
     def __init__(self, config: ServerConfig, faults: Faults) -> None:
         self.config = config
         self.faults = faults
         self.device = engine.pick_device(config.device)
         if config.torch_threads > 0:
+            # Before any model loads; the worker thread sets it again for itself.
             torch.set_num_threads(config.torch_threads)
-        primary_tokenizer = load_tokenizer(config.model_dir)
-        primary = PromptEncoder(primary_tokenizer, config.tokenizer_cache_size, config.templates)
-        self.encoders: dict[str, PromptEncoder] = {"primary": primary, "fallback": primary}
+        primary = PromptEncoder(
+            load_tokenizer(config.model_dir), config.tokenizer_cache_size, config.templates
+        )
+        self.encoders: dict[Variant, PromptEncoder] = {
+            Variant.PRIMARY: primary,
+            Variant.FALLBACK: primary,
+        }
         if config.fallback_dir is not None and config.fallback_dir != config.model_dir:
-            self.encoders["fallback"] = PromptEncoder(
+            self.encoders[Variant.FALLBACK] = PromptEncoder(
                 load_tokenizer(config.fallback_dir), config.tokenizer_cache_size, config.templates
             )
+        self.live = LiveSettings(
+            config.templates, dict(config.canned_answers), config.quality_blocked_terms
+        )
+        self.file_watcher = FileWatcher(watched_files(config, self.live, self._set_templates))
         self.admission = Admission(config.max_concurrency, config.max_queue)
         self.breaker = Breaker()
         self.quality = QualitySampler(config.quality_sample_rate, config.latency_window_seconds)
         self.latency = {
-            name: LatencyWindow(config.latency_window_seconds) for name in ("ttft", "itl", "e2e")
+            metric.value: LatencyWindow(config.latency_window_seconds) for metric in LatencyMetric
         }
-        self.counters = Counters()
-        self.variant = "primary"
-        self.ready = False
-        self.degradation_level = 0
-        self.degraded_to_fallback = False
+        self.accounting = RequestAccounting()
+        self.actions = ActionLog()
+        self.variants = Variants(
+            config, self.device, self.encoders, self.on_worker, self._release_memory
+        )
+        self.degradation_level = DegradationLevel.NONE
+        self._degraded_to_fallback = False
         self.memory_guard_active = False
         self.loop_heartbeat = time.time()
         self.started_at = time.time()
         self.nvml = memory.Nvml()
-        self._actions: OrderedDict[str, asyncio.Future[dict[str, Any]]] = OrderedDict()
-        self._model_lock: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.worker: InferenceWorker | None = None
         self._guard_lock = threading.Lock()
@@ -135,23 +165,50 @@ class Runtime:
     # ----- lifecycle -----
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._model_lock = asyncio.Lock()
         self.worker = InferenceWorker(
             loop, self.faults, self.config.max_concurrency + 64, self.config.torch_threads
         )
+        self.variants.worker = self.worker
         self.worker.start()
+        self.file_watcher.start()
 
     def stop(self) -> None:
+        self.file_watcher.stop()
         if self.worker is not None:
             self.worker.stop()
 
+    def _set_templates(self, templates: tuple[str, ...]) -> None:
+        for encoder in {id(e): e for e in self.encoders.values()}.values():
+            encoder.set_templates(templates)
+
+    # ----- views shared with the stats file -----
+    @property
+    def variant(self) -> Variant:
+        return self.variants.current
+
+    @property
+    def ready(self) -> bool:
+        return self.variants.ready and self.model_loaded
+
     @property
     def fallback_configured(self) -> bool:
-        return self.config.fallback_dir is not None or self.config.fallback_quantization != "none"
+        return self.config.fallback_configured
 
     @property
     def model_loaded(self) -> bool:
-        return self.worker is not None and self.worker.loaded is not None
+        return self.variants.loaded is not None
+
+    @property
+    def counters(self) -> Counters:
+        totals = self.accounting.totals()
+        return Counters(
+            succeeded_total=totals[RequestOutcome.SUCCEEDED],
+            failed_total=totals[RequestOutcome.FAILED],
+            rejected_total=totals[RequestOutcome.REJECTED],
+            timed_out_total=totals[RequestOutcome.TIMED_OUT],
+            cancelled_total=totals[RequestOutcome.CANCELLED],
+            invalid_total=totals[RequestOutcome.INVALID],
+        )
 
     @property
     def gpu_device_id(self) -> int | None:
@@ -163,7 +220,7 @@ class Runtime:
         return self.encoders[self.variant]
 
     # ----- the worker as an awaitable -----
-    async def on_worker(self, action: Any) -> Any:
+    async def on_worker(self, action: Callable[[], Any]) -> Any:
         assert self.worker is not None and self._loop is not None
         future: asyncio.Future[Any] = self._loop.create_future()
 
@@ -187,7 +244,7 @@ class Runtime:
             raise MemoryPressure("memory above the guard threshold; refusing new requests")
         if not self.breaker.admit():
             raise BreakerOpen(f"circuit breaker is {self.breaker.state}; retry later")
-        if not self.model_loaded or not self.ready:
+        if not self.ready:
             raise ModelUnavailable("the model is not loaded; retry later")
 
     async def encode_prompt(self, text: str, add_special_tokens: bool) -> tuple[int, ...]:
@@ -206,12 +263,7 @@ class Runtime:
         deadline_monotonic: float,
     ) -> Generation:
         """Admit (maybe wait) and hand a generation to the worker."""
-        remaining = deadline_monotonic - time.monotonic()
-        try:
-            await self.admission.acquire(remaining)
-        except ServerError as error:
-            self.count_refusal(error)
-            raise
+        await self.admission.acquire(deadline_monotonic - time.monotonic())
         assert self.worker is not None
         variant = self.variant
         holder: list[Generation] = []
@@ -242,22 +294,6 @@ class Runtime:
             self.admission.release()
             raise
         return generation
-
-    def count_refusal(self, error: ServerError) -> None:
-        if error.status in (429, 503):
-            self.counters.rejected_total += 1
-        elif error.status == 504:
-            self.counters.timed_out_total += 1
-
-    def count_outcome(self, status: int) -> None:
-        if status == 200:
-            self.counters.succeeded_total += 1
-        elif status == 504:
-            self.counters.timed_out_total += 1
-        elif status in (429, 503):
-            self.counters.rejected_total += 1
-        elif status >= 500:
-            self.counters.failed_total += 1
 
     # ----- heartbeats -----
     async def beat_loop(self) -> None:
@@ -307,125 +343,60 @@ class Runtime:
     def check_memory_guard(self) -> None:
         """Stats-thread tick: evaluate, and while engaged run gc and empty_cache."""
         if self.evaluate_memory_guard():
-            engine.release_memory(self.device)
-            malloc_trim()
+            self._release_memory()
 
-    # ----- model variants (run on the worker) -----
-    def _variant_source(self, variant: str) -> tuple[Any, str]:
-        if variant == "primary":
-            return self.config.model_dir, "none"
-        if not self.fallback_configured:
-            raise Conflict("no fallback is configured (--fallback-dir or --fallback-quantization)")
-        source = self.config.fallback_dir or self.config.model_dir
-        return source, self.config.fallback_quantization
-
-    def _unload_on_worker(self) -> None:
-        assert self.worker is not None
-        self.worker.abort_active(ModelUnavailable("the model was unloaded"))
-        self.worker.loaded = None
+    def _release_memory(self) -> None:
         engine.release_memory(self.device)
         malloc_trim()
 
-    def _load_on_worker(self, variant: str) -> None:
-        assert self.worker is not None
-        model_dir, quantization = self._variant_source(variant)
-        encoder = self.encoders[variant]
-        loaded = engine.load_model(variant, model_dir, quantization, self.device, encoder.tokenizer)
-        # Warm-up: readiness means the model really generates, not just that it loaded.
-        prompt = encoder.encode(WARMUP_PROMPT, True)
-        decoding = engine.Decoding(loaded, prompt, Sampling(2, 0.0, 1.0, None, ()))
-        for _ in range(2):
-            decoding.step()
-        self.worker.loaded = loaded
-
-    async def load_variant(self, variant: str) -> None:
-        """Load `variant` (unloading whatever is loaded first) and warm it up."""
-        assert self._model_lock is not None
-        async with self._model_lock:
-            self.ready = False
-
-            def action() -> None:
-                if self.worker is not None and self.worker.loaded is not None:
-                    self._unload_on_worker()
-                self._load_on_worker(variant)
-
-            try:
-                await self.on_worker(action)
-            except BaseException:
-                if self.worker is not None and self.worker.loaded is not None:
-                    self.ready = True
-                raise
-            self.variant = variant
-            self.ready = True
-            log.info("model_loaded", variant=variant, model_name=self.config.model_name)
-
-    async def unload(self) -> None:
-        assert self._model_lock is not None
-        async with self._model_lock:
-            self.ready = False
-            await self.on_worker(self._unload_on_worker)
-            log.info("model_unloaded", variant=self.variant)
+    # ----- the primary at start -----
+    async def load_primary(self) -> None:
+        await self.variants.load(Variant.PRIMARY)
 
     # ----- admin actions -----
     async def run_action(
-        self, action_id: str, action_type: str, variant: str | None
+        self, action_id: str, action_type: ActionType, variant: Variant | None
     ) -> dict[str, Any]:
         """Run an admin action once per id; a repeated id gets the recorded result."""
-        if action_type not in ACTION_TYPES:
-            raise InvalidRequest(f"'type' must be one of {', '.join(ACTION_TYPES)}", param="type")
-        if variant is not None and variant not in VARIANTS:
-            raise InvalidRequest("'variant' must be primary or fallback", param="variant")
-        recorded = self._actions.get(action_id)
-        if recorded is not None:
-            result = dict(await asyncio.shield(recorded))
-            result["replayed"] = True
-            return result
-        assert self._loop is not None
-        future: asyncio.Future[dict[str, Any]] = self._loop.create_future()
-        self._actions[action_id] = future
-        while len(self._actions) > MAX_RECORDED_ACTIONS:
-            self._actions.popitem(last=False)
-        try:
-            result = await self._act(action_id, action_type, variant)
-        except BaseException as error:
-            future.set_exception(error)
-            future.exception()  # mark retrieved: replays re-raise it
-            raise
-        future.set_result(result)
-        return dict(result)
+        return await self.actions.run_once(
+            action_id, lambda: self._act(action_id, action_type, variant)
+        )
 
-    async def _act(self, action_id: str, action_type: str, variant: str | None) -> dict[str, Any]:
+    async def _act(
+        self, action_id: str, action_type: ActionType, variant: Variant | None
+    ) -> dict[str, Any]:
         started = time.monotonic()
         before = await self.on_worker(lambda: memory.memory_snapshot(self.device))
         summary_before = await self.on_worker(self._memory_summary)
         previous_variant = self.variant
-        if action_type == "gc":
+        if action_type == ActionType.GC:
             await self.on_worker(gc.collect)
-        elif action_type == "empty_cache":
-            await self.on_worker(self._empty_cache_on_worker)
-        elif action_type == "unload":
-            await self.unload()
-        elif action_type == "load":
-            target = variant or self.variant
-            if not (self.model_loaded and self.variant == target):
-                await self.load_variant(target)
+        elif action_type == ActionType.EMPTY_CACHE:
+            await self.on_worker(self._release_memory)
+        elif action_type == ActionType.UNLOAD:
+            await self.variants.unload()
+        elif action_type == ActionType.LOAD:
+            await self.variants.ensure(variant or self.variant)
         else:  # swap
-            target = variant or ("fallback" if self.variant == "primary" else "primary")
-            await self.load_variant(target)
+            target = variant or (
+                Variant.FALLBACK if self.variant == Variant.PRIMARY else Variant.PRIMARY
+            )
+            self.variants.source(target)  # refuse an unavailable fallback before unloading
+            self.variants.target = target
+            await self.variants.load(target)
         after = await self.on_worker(lambda: memory.memory_snapshot(self.device))
         summary_after = await self.on_worker(self._memory_summary)
         result: dict[str, Any] = {
             "id": action_id,
-            "type": action_type,
-            "variant": self.variant,
-            "previous_variant": previous_variant,
+            "type": action_type.value,
+            "variant": self.variant.value,
+            "previous_variant": previous_variant.value,
             "model_loaded": self.model_loaded,
             "memory_before": before,
             "memory_after": after,
             "duration_seconds": round(time.monotonic() - started, 4),
-            "replayed": False,
         }
-        if action_type == "swap" and summary_before is not None:
+        if action_type == ActionType.SWAP and summary_before is not None:
             result["memory_summary_before"] = summary_before[0]
             result["memory_summary_after"] = summary_after[0] if summary_after else None
             after_stats = summary_after[1] if summary_after else {}
@@ -437,16 +408,12 @@ class Runtime:
         log.info(
             "admin_action",
             action_id=action_id,
-            action_type=action_type,
-            variant=self.variant,
+            action_type=action_type.value,
+            variant=self.variant.value,
             rss_before=before["rss_bytes"],
             rss_after=after["rss_bytes"],
         )
         return result
-
-    def _empty_cache_on_worker(self) -> None:
-        engine.release_memory(self.device)
-        malloc_trim()
 
     def _memory_summary(self) -> tuple[str, dict[str, int]] | None:
         """torch.cuda.memory_summary and the numeric memory_stats behind it (CUDA only)."""
@@ -459,36 +426,62 @@ class Runtime:
         }
         return str(torch.cuda.memory_summary(self.device, abbreviated=True)), stats
 
-    async def set_degradation(self, level: int) -> None:
-        """Level 2+ serves the fallback variant; going back under 2 restores the primary."""
+    # ----- degradation -----
+    def set_degradation(self, level: DegradationLevel) -> DegradationResult:
+        """Set the level now; converge on its variant in the background.
+
+        Level >= 2 declares the fallback (when one is available); going back
+        under 2 declares the primary again if the level is what moved to the
+        fallback (a swap the memory ladder made stays).
+        """
         self.degradation_level = level
-        if level >= 2 and self.variant != "fallback" and self.fallback_configured:
-            await self.load_variant("fallback")
-            self.degraded_to_fallback = True
-        elif level < 2 and self.degraded_to_fallback:
-            self.degraded_to_fallback = False
-            if self.variant == "fallback":
-                await self.load_variant("primary")
+        if level >= DegradationLevel.FALLBACK_MODEL and self.variants.fallback_available:
+            self._degraded_to_fallback = True
+            self.variants.converge_to(Variant.FALLBACK)
+        elif level < DegradationLevel.FALLBACK_MODEL and self._degraded_to_fallback:
+            self._degraded_to_fallback = False
+            self.variants.converge_to(Variant.PRIMARY)
+        log.info(
+            "degradation_set",
+            level=int(level),
+            variant=self.variant.value,
+            target_variant=self.variants.target_variant.value,
+        )
+        return DegradationResult(
+            level, self.variant, self.variants.target_variant, self.variants.converging
+        )
 
     # ----- views -----
     def state(self) -> dict[str, Any]:
-        loaded = self.worker.loaded if self.worker is not None else None
+        loaded = self.variants.loaded
         return {
             "model_name": self.config.model_name,
-            "variant": self.variant,
+            "model_revision": self.config.model_revision,
+            "variant": self.variant.value,
+            "target_variant": self.variants.target_variant.value,
+            "converging": self.variants.converging,
+            "convergence_error": self.variants.last_convergence_error,
             "model_loaded": loaded is not None,
             "ready": self.ready,
-            "quantization": loaded.quantization if loaded else None,
+            "fallback_configured": self.fallback_configured,
+            "fallback_unavailable_reason": self.variants.unavailable_reason,
+            "quantization": loaded.quantization.value if loaded else None,
+            "dtype": loaded.dtype if loaded else None,
             "parameter_bytes": loaded.parameter_bytes if loaded else None,
             "leaked_bytes": sum(t.numel() * t.element_size() for t in loaded.leaked)
             if loaded
             else 0,
-            "breaker": {"state": self.breaker.state, "admit_percent": self.breaker.admit_percent},
-            "degradation_level": self.degradation_level,
+            "breaker": {
+                "state": self.breaker.state.value,
+                "admit_percent": self.breaker.admit_percent,
+            },
+            "degradation_level": int(self.degradation_level),
             "memory_guard_active": self.memory_guard_active,
+            "requests": {outcome.value: n for outcome, n in self.accounting.totals().items()},
             "running": self.admission.running,
             "queue_length": self.admission.waiting,
             "worker_active": self.worker.active_count if self.worker else 0,
+            "torch_threads": self.worker.torch_threads if self.worker else None,
             "asyncio_tasks": len(asyncio.all_tasks()),
             "threads": threading.active_count(),
             "tokenizer_cache_entries": self.encoder().cache_entries,

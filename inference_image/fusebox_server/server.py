@@ -20,11 +20,14 @@ from collections.abc import Iterator, Sequence
 import structlog
 import uvicorn
 
+from fusebox_contract.names import Fault
+from fusebox_contract.wiring import FAULTS_ENV
 from fusebox_server.admin import build_admin_app, read_token, wedge_event_loop_soon
 from fusebox_server.app import build_api_app
-from fusebox_server.config import ConfigError, ServerConfig, parse_config
+from fusebox_server.config import ConfigError, ServerConfig, parse_command_line
 from fusebox_server.faults import Faults, parse_faults
 from fusebox_server.logs import configure_logging
+from fusebox_server.preflight import check_config
 from fusebox_server.runtime import Runtime
 from fusebox_server.stats import StatsThread
 
@@ -77,13 +80,13 @@ async def serve(config: ServerConfig, faults: Faults, admin_token: str | None) -
     async def load_primary() -> None:
         nonlocal exit_code
         try:
-            await runtime.load_variant("primary")
+            await runtime.load_primary()
         except Exception as error:
             log.error("model_load_failed", model_dir=str(config.model_dir), error=repr(error))
             exit_code = 1
             shut_down()
             return
-        if faults.value("wedge") >= 1:
+        if faults.value(Fault.WEDGE) >= 1:
             wedge_event_loop_soon()
 
     heartbeat = asyncio.create_task(runtime.beat_loop())
@@ -91,6 +94,11 @@ async def serve(config: ServerConfig, faults: Faults, admin_token: str | None) -
     log.info(
         "server_starting",
         model_name=config.model_name,
+        model_revision=config.model_revision,
+        dtype=config.dtype.value,
+        fallback_configured=config.fallback_configured,
+        fallback_unavailable_reason=runtime.variants.unavailable_reason,
+        torch_threads=config.torch_threads,
         port=config.port,
         admin_port=config.admin_port,
         device=str(runtime.device),
@@ -110,10 +118,14 @@ async def serve(config: ServerConfig, faults: Faults, admin_token: str | None) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the server; returns only on a configuration error (exit status 2)."""
+    """Run the server; returns only on a configuration error (exit status 2) or after
+    `--check-config` (0 when the configuration is valid)."""
     try:
-        config = parse_config(sys.argv[1:] if argv is None else argv, os.environ)
-        faults = Faults(parse_faults(os.environ.get("FUSEBOX_FAULTS", "")))
+        config, check_only = parse_command_line(sys.argv[1:] if argv is None else argv, os.environ)
+        faults = Faults(parse_faults(os.environ.get(FAULTS_ENV, "")))
+        if check_only:
+            print(f"config ok: {check_config(config)}")
+            return 0
         token = read_token(config.admin_token_file)
     except (ConfigError, ValueError, OSError) as error:
         print(f"fusebox_server: {error}", file=sys.stderr)

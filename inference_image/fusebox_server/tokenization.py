@@ -3,7 +3,8 @@
 Why: an unbounded per-prompt cache is one of the leaks Fusebox exists to
 catch, so the LRU here is capped at `--tokenizer-cache-size` entries (0
 turns it off), and the hot prompts (`--templates-file`) are encoded once at
-start into a separate fixed table that is counted but never evicted. The
+start into a separate table that is counted but never evicted (re-encoded
+when the file changes). The
 tokenizer is loaded once per model directory and shared by every request;
 there is no per-request loader or buffer.
 
@@ -40,11 +41,18 @@ class PromptEncoder:
         self.cache_hits_total = 0
         self.template_hits_total = 0
         self._templates: dict[tuple[str, bool], tuple[int, ...]] = {}
+        self.set_templates(templates)
+
+    def set_templates(self, templates: Iterable[str]) -> None:
+        """Encode the templates into a new table, then swap it in whole (readers never see
+        half of it; the file watcher calls this off the event loop)."""
+        table: dict[tuple[str, bool], tuple[int, ...]] = {}
         for template in templates:
             # Both ways a template arrives: as a lone chat user turn, and as a raw prompt.
             chat_text = self.render_chat((ChatMessage(role="user", content=template),))
-            self._templates[(chat_text, False)] = self.encode_uncached(chat_text, False)
-            self._templates[(template, True)] = self.encode_uncached(template, True)
+            table[(chat_text, False)] = self.encode_uncached(chat_text, False)
+            table[(template, True)] = self.encode_uncached(template, True)
+        self._templates = table
 
     @property
     def cache_entries(self) -> int:

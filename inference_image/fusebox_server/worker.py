@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from fusebox_contract.names import Fault
 from fusebox_server.engine import (
     DecodeBatch,
     Decoding,
@@ -121,6 +122,7 @@ class InferenceWorker(threading.Thread):
         self.control_started_at: float | None = None
         self.steps_total = 0
         self._torch_threads = torch_threads
+        self.torch_threads: int | None = None
         self._batch: DecodeBatch | None = None
 
     # ----- called from the event loop -----
@@ -139,6 +141,7 @@ class InferenceWorker(threading.Thread):
         if self._torch_threads > 0:
             # Per thread under OpenMP: set it where torch runs.
             torch.set_num_threads(self._torch_threads)
+        self.torch_threads = torch.get_num_threads()  # what this thread really uses
         while not self._stopping.is_set():
             self.heartbeat = time.time()
             try:
@@ -301,7 +304,7 @@ class InferenceWorker(threading.Thread):
         """The `slow` fault: N ms per token, in slices so a cancel or a change takes effect."""
         started = time.monotonic()
         while not self._stopping.is_set() and not all(job.cancelled.is_set() for job in jobs):
-            left = self._faults.value("slow") / 1000.0 - (time.monotonic() - started)
+            left = self._faults.value(Fault.SLOW) / 1000.0 - (time.monotonic() - started)
             if left <= 0:
                 return
             time.sleep(min(left, 0.05))
@@ -311,7 +314,7 @@ class InferenceWorker(threading.Thread):
         if loaded is None or loaded.variant != job.variant:
             raise ModelUnavailable("the model was unloaded or swapped before generation started")
         job.cuda_at_entry = cuda_memory(loaded.device)
-        leak_block(loaded, self._faults.value("leak"))
+        leak_block(loaded, self._faults.value(Fault.LEAK))
         job.decoding = Decoding(loaded, job.prompt_ids, job.sampling)
         job.decoder = IncrementalDecoder(job.tokenizer)
 

@@ -79,9 +79,14 @@ def start_server(tiny_model_dir: Path, server_workdir: Path) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def server(start_server: Any) -> ServerProcess:
-    """The shared default server: no faults armed, a small tokenizer cache."""
+    """The shared default server: no faults armed, a small tokenizer cache, an int8 fallback."""
     return start_server(
-        flags={"tokenizer-cache-size": 100, "max-new-tokens": 512, "max-input-tokens": 256}
+        flags={
+            "tokenizer-cache-size": 100,
+            "max-new-tokens": 512,
+            "max-input-tokens": 256,
+            "fallback-quantization": "int8",
+        }
     )
 
 

@@ -83,6 +83,7 @@ def test_overload_gets_429_beyond_running_plus_queue(faults_off: ServerProcess) 
     # Each request holds its slot for about a second: all ten arrive while the first three
     # are still in the server, and the third still finishes well inside the deadline.
     set_faults(server, slow=250)
+    before = server.state()["requests"]
 
     async def burst() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
@@ -110,10 +111,12 @@ def test_overload_gets_429_beyond_running_plus_queue(faults_off: ServerProcess) 
         what="running and queue back to 0",
     )
     assert state["worker_active"] == 0
-    # The stats file is rewritten once a second: wait for the write that counts them.
-    server.wait_for(
-        lambda: server.stats()["requests"]["rejected_total"] >= 7, what="7 rejections in stats"
-    )
+    # Each request counted once: 7 rejected, 3 succeeded, nothing else.
+    after = state["requests"]
+    assert after["rejected"] - before["rejected"] == 7
+    assert after["succeeded"] - before["succeeded"] == 3
+    for outcome in ("failed", "timed_out", "cancelled", "invalid"):
+        assert after[outcome] == before[outcome]
 
 
 def test_generation_past_the_deadline_gets_504_and_frees_the_slot(
@@ -121,15 +124,12 @@ def test_generation_past_the_deadline_gets_504_and_frees_the_slot(
 ) -> None:
     server = faults_off
     set_faults(server, slow=300)
-    timed_out_before = server.stats()["requests"]["timed_out_total"]
+    before = server.state()["requests"]
     response = server.chat("hi", max_tokens=40)
     assert response.status_code == 504
     assert response.json()["error"]["code"] == "timeout"
     server.wait_for(lambda: server.state()["running"] == 0, what="the slot to be freed")
-    server.wait_for(
-        lambda: server.stats()["requests"]["timed_out_total"] > timed_out_before,
-        what="timed_out_total to rise",
-    )
+    assert server.state()["requests"]["timed_out"] - before["timed_out"] == 1
     set_faults(server, slow=0)
     assert server.chat("hi").status_code == 200
 
@@ -236,3 +236,93 @@ def test_a_stuck_worker_fails_healthz_while_the_loop_answers(faults_off: ServerP
         what="/healthz to recover",
     )
     thread.join(timeout=30)
+
+
+def test_each_outcome_is_counted_exactly_once(faults_off: ServerProcess) -> None:
+    server = faults_off
+    n = 3
+    before = server.state()["requests"]
+
+    for _ in range(n):  # succeeded
+        assert server.chat("hi", max_tokens=1).status_code == 200
+    for _ in range(n):  # invalid: a model this server does not serve
+        assert server.chat("hi", model="no-such-model").status_code == 404
+    server.admin.put("/admin/v1/breaker", json={"state": "open"}).raise_for_status()
+    for _ in range(n):  # rejected
+        assert server.chat("hi").status_code == 503
+    server.admin.put("/admin/v1/breaker", json={"state": "closed"}).raise_for_status()
+
+    set_faults(server, slow=250)
+    for _ in range(n):  # cancelled: the client leaves after the first piece
+        with server.client.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={
+                "model": MODEL_NAME,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 40,
+                "stream": True,
+            },
+        ) as response:
+            assert response.status_code == 200
+            next(line for line in response.iter_lines() if line.startswith("data: "))
+        server.wait_for(lambda: server.state()["running"] == 0, what="the cancel to land")
+
+    set_faults(server, slow=3000)
+
+    async def run_past_the_deadline() -> list[int]:
+        # One runs, two wait in the queue: all three outlive the 6-second deadline.
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            body = {
+                "model": MODEL_NAME,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 40,
+            }
+            responses = await asyncio.gather(
+                *(client.post("/v1/chat/completions", json=body) for _ in range(n))
+            )
+        return [r.status_code for r in responses]
+
+    assert asyncio.run(run_past_the_deadline()) == [504] * n
+    set_faults(server, slow=0)
+    after = server.wait_for(
+        lambda: (lambda s: s["requests"] if s["running"] == 0 else None)(server.state()),
+        what="an idle server",
+    )
+    counted = {outcome: after[outcome] - before[outcome] for outcome in after}
+    assert counted == {
+        "succeeded": n,
+        "invalid": n,
+        "rejected": n,
+        "cancelled": n,
+        "timed_out": n,
+        "failed": 0,
+    }
+
+
+def test_without_a_configured_fallback_nothing_swaps(faults_off: ServerProcess) -> None:
+    server = faults_off
+    state = server.state()
+    assert state["fallback_configured"] is False
+    assert "no fallback is configured" in state["fallback_unavailable_reason"]
+    for body in (
+        {"id": uuid.uuid4().hex, "type": "swap"},
+        {"id": uuid.uuid4().hex, "type": "load", "variant": "fallback"},
+    ):
+        response = server.admin.post("/admin/v1/actions", json=body)
+        assert response.status_code == 409
+        assert "no fallback is configured" in response.json()["error"]["message"]
+    try:
+        for level in (2, 3):
+            response = server.admin.put("/admin/v1/degradation", json={"level": level})
+            assert response.status_code == 200
+            assert response.json()["converging"] is False
+            assert server.state()["degradation_level"] == level
+        # Level 3's canned answers still work, on the primary.
+        canned = server.chat("你好")
+        assert canned.headers["x-fusebox-served-by"] == "canned"
+        assert canned.headers["x-fusebox-variant"] == "primary"
+        assert server.chat("hi").headers["x-fusebox-variant"] == "primary"
+    finally:
+        server.admin.put("/admin/v1/degradation", json={"level": 0}).raise_for_status()
+    assert server.state()["variant"] == "primary"

@@ -78,20 +78,52 @@ def test_level_1_answers_a_stream_request_with_one_complete_response(
     assert streamed.headers["content-type"].startswith("text/event-stream")
 
 
-def test_level_2_serves_the_fallback_and_level_0_restores_the_primary(
+def converged(server: ServerProcess, variant: str) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        state = server.state()
+        settled = not state["converging"] and state["ready"]
+        return state if settled and state["variant"] == variant else None
+
+    return dict(server.wait_for(done, timeout=60, what=f"convergence on {variant}"))
+
+
+def test_level_2_converges_on_the_fallback_and_level_0_restores_the_primary(
     clean_server: ServerProcess,
 ) -> None:
-    clean_server.admin.put("/admin/v1/degradation", json={"level": 2}).raise_for_status()
-    assert clean_server.state()["variant"] == "fallback"
+    response = clean_server.admin.put("/admin/v1/degradation", json={"level": 2})
+    assert response.status_code == 202
+    assert response.json() == {
+        "level": 2,
+        "variant": "primary",
+        "targetVariant": "fallback",
+        "converging": True,
+    }
+    state = clean_server.state()
+    assert state["degradation_level"] == 2 and state["target_variant"] == "fallback"
+    converged(clean_server, "fallback")
     response = clean_server.chat("hi")
     assert response.status_code == 200
+    assert response.headers["x-fusebox-variant"] == "fallback"
     assert response.headers["x-fusebox-served-by"] == "fallback"
-    # The stats file is rewritten once a second: wait for the next write.
-    clean_server.wait_for(
-        lambda: clean_server.stats()["state"]["degradation_level"] == 2, what="level 2 in stats"
-    )
-    clean_server.admin.put("/admin/v1/degradation", json={"level": 0}).raise_for_status()
-    assert clean_server.chat("hi").headers["x-fusebox-served-by"] == "primary"
+    # Level 3 keeps the fallback: nothing to converge.
+    again = clean_server.admin.put("/admin/v1/degradation", json={"level": 3})
+    assert again.status_code == 200 and again.json()["converging"] is False
+    back = clean_server.admin.put("/admin/v1/degradation", json={"level": 0})
+    assert back.status_code == 202 and back.json()["targetVariant"] == "primary"
+    converged(clean_server, "primary")
+    assert clean_server.chat("hi").headers["x-fusebox-variant"] == "primary"
+
+
+def test_a_second_put_during_the_load_retargets_without_a_second_load(
+    clean_server: ServerProcess,
+) -> None:
+    loads_before = clean_server.log_text().count('"event": "model_loaded"')
+    first = clean_server.admin.put("/admin/v1/degradation", json={"level": 2})
+    second = clean_server.admin.put("/admin/v1/degradation", json={"level": 3})
+    assert first.status_code == 202
+    assert second.json()["targetVariant"] == "fallback"
+    converged(clean_server, "fallback")
+    assert clean_server.log_text().count('"event": "model_loaded"') == loads_before + 1
 
 
 def test_level_3_answers_template_prompts_from_canned_answers(

@@ -1,13 +1,27 @@
-"""Flags and FUSEBOX_* environment variables."""
+"""Flags and FUSEBOX_* environment variables, all from the contract's one declaration."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from fusebox_server.config import ConfigError, env_name, parse_config
+from fusebox_contract.names import Dtype, Quantization
+from fusebox_contract.settings import SERVER_SETTINGS, body_limit_bytes
+from fusebox_server.config import (
+    ConfigError,
+    ServerConfig,
+    build_parser,
+    config_field_names,
+    env_name,
+    field_name,
+    flags_table,
+    parse_config,
+)
+
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "server.md"
 
 
 def test_every_flag_reads_its_environment_variable() -> None:
@@ -46,6 +60,10 @@ def test_env_names_follow_the_flag_names() -> None:
     [
         [],
         ["--model-dir", "/m", "--fallback-quantization", "int3"],
+        ["--model-dir", "/m", "--fallback-quantization", "awq"],
+        ["--model-dir", "/m", "--dtype", "float8"],
+        ["--model-dir", "/m", "--torch-threads", "-1"],
+        ["--model-dir", "/m", "--port", "70000"],
         ["--model-dir", "/m", "--max-concurrency", "0"],
         ["--model-dir", "/m", "--request-timeout", "-1"],
         ["--model-dir", "/m", "--device", "tpu"],
@@ -78,3 +96,83 @@ def test_templates_and_canned_answers_are_read_from_json(tmp_path: Path) -> None
     canned.write_text("[1]")
     with pytest.raises(ConfigError, match="canned"):
         parse_config(["--model-dir", "/m", "--canned-answers-file", str(canned)], {})
+
+
+def test_every_declared_setting_is_a_flag_an_env_fallback_and_a_config_field() -> None:
+    parser_flags = {a.option_strings[0] for a in build_parser({})._actions if a.option_strings}
+    fields = set(config_field_names())
+    for setting in SERVER_SETTINGS:
+        assert f"--{setting.flag}" in parser_flags
+        assert field_name(setting) in fields
+    # Nothing in ServerConfig that the contract does not declare, but the files' content.
+    declared = {field_name(s) for s in SERVER_SETTINGS}
+    assert fields - declared == {"templates", "canned_answers", "quality_blocked_terms"}
+
+
+def test_every_declared_default_reaches_the_config() -> None:
+    config = parse_config(["--model-dir", "/m"], {})
+    for setting in SERVER_SETTINGS:
+        if setting.default is None:
+            continue
+        value = getattr(config, field_name(setting))
+        assert str(value) == str(setting.default) or value == setting.kind(setting.default)
+
+
+def test_the_defaults_have_no_fallback_and_load_as_saved() -> None:
+    config = parse_config(["--model-dir", "/m"], {})
+    assert config.fallback_quantization is Quantization.NONE
+    assert config.fallback_configured is False
+    assert config.dtype is Dtype.AUTO
+    assert parse_config(["--model-dir", "/m", "--fallback-dir", "/f"], {}).fallback_configured
+    quantized = parse_config(["--model-dir", "/m", "--fallback-quantization", "int4"], {})
+    assert quantized.fallback_configured and quantized.fallback_quantization is Quantization.INT4
+
+
+def test_new_settings_read_their_variables() -> None:
+    config = parse_config(
+        [],
+        {
+            "FUSEBOX_MODEL_DIR": "/m",
+            "FUSEBOX_DTYPE": "bfloat16",
+            "FUSEBOX_MODEL_REVISION": "v1.2",
+            "FUSEBOX_TORCH_THREADS": "3",
+            "FUSEBOX_FALLBACK_QUANTIZATION": "fp8",
+        },
+    )
+    assert config.dtype is Dtype.BFLOAT16
+    assert config.model_revision == "v1.2"
+    assert config.torch_threads == 3
+    assert config.fallback_quantization is Quantization.FP8
+
+
+def test_the_body_limit_follows_max_input_tokens_unless_set() -> None:
+    derived = parse_config(["--model-dir", "/m", "--max-input-tokens", "1048576"], {})
+    assert derived.max_body_bytes == body_limit_bytes(1048576)
+    assert derived.max_body_bytes > 1 << 20
+    explicit = parse_config(
+        ["--model-dir", "/m", "--max-input-tokens", "1048576", "--max-body-bytes", "2048"], {}
+    )
+    assert explicit.max_body_bytes == 2048
+    assert ServerConfig(model_dir=Path("/m")).max_body_bytes == body_limit_bytes(4096)
+
+
+def test_files_can_be_left_unread_for_a_rendered_pod() -> None:
+    config = parse_config(
+        [],
+        {"FUSEBOX_MODEL_DIR": "/m", "FUSEBOX_TEMPLATES_FILE": "/nowhere/t.json"},
+        read_files=False,
+    )
+    assert config.templates_file == Path("/nowhere/t.json")
+    with pytest.raises(ConfigError, match="templates"):
+        parse_config([], {"FUSEBOX_MODEL_DIR": "/m", "FUSEBOX_TEMPLATES_FILE": "/nowhere/t.json"})
+
+
+def test_the_flags_table_in_the_docs_is_generated_from_the_settings() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    match = re.search(
+        r"<!-- flags-table:begin -->\n(.*?)\n<!-- flags-table:end -->", text, re.DOTALL
+    )
+    assert match, "docs/server.md lacks the generated flags table markers"
+    assert match.group(1) == flags_table(), (
+        "docs/server.md's flags table is stale: paste fusebox_server.config.flags_table()"
+    )

@@ -1,0 +1,79 @@
+"""Which quantizations this device can serve, and applying one to a loaded model.
+
+Why: a quantization the device cannot run must be found before it matters.
+`--check-config` asks `refusal` and exits 2 with its reason; the running
+server asks it too and, instead of crash-looping, serves the primary and
+reports the fallback unavailable with that reason. All three are torchao
+weight-only configurations, applied after the weights are on the device:
+int8 (CPU and CUDA), int4 (CUDA: tinygemm's bfloat16 kernel, so the
+variant loads in bfloat16) and fp8 (CUDA compute capability >= 8.9).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import torch
+
+from fusebox_contract.names import Dtype, Quantization
+
+FP8_MIN_CAPABILITY: Final = (8, 9)
+# tinygemm's int4 kernel takes bfloat16 activations and groups of 128 input features.
+INT4_DTYPE: Final = torch.bfloat16
+INT4_GROUP_SIZE: Final = 128
+
+TORCH_DTYPES: Final = {
+    Dtype.BFLOAT16: torch.bfloat16,
+    Dtype.FLOAT16: torch.float16,
+    Dtype.FLOAT32: torch.float32,
+}
+
+
+def refusal(quantization: Quantization, device: torch.device) -> str | None:
+    """Why `device` cannot serve `quantization`, or None when it can."""
+    if quantization in (Quantization.NONE, Quantization.INT8):
+        return None
+    if device.type != "cuda":
+        return (
+            f"{quantization.value} quantization needs a CUDA device; this server runs on {device}"
+        )
+    if quantization == Quantization.FP8:
+        capability = torch.cuda.get_device_capability(device)
+        if capability < FP8_MIN_CAPABILITY:
+            name = torch.cuda.get_device_name(device)
+            return (
+                f"fp8 quantization needs compute capability >= "
+                f"{FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}; {name} has "
+                f"{capability[0]}.{capability[1]}"
+            )
+    return None
+
+
+def load_dtype(dtype: Dtype, quantization: Quantization) -> torch.dtype | str:
+    """The `dtype` to pass to from_pretrained: as asked, except what a kernel requires."""
+    if quantization == Quantization.INT4:
+        return INT4_DTYPE
+    return TORCH_DTYPES.get(dtype, "auto")
+
+
+def quantize(model: Any, quantization: Quantization, device: torch.device) -> None:
+    """Quantize the linear layers' weights in place (weight-only, with torchao)."""
+    if quantization == Quantization.NONE:
+        return
+    from torchao.quantization import (
+        Float8WeightOnlyConfig,
+        Int4WeightOnlyConfig,
+        Int8WeightOnlyConfig,
+        quantize_,
+    )
+
+    config: Any
+    if quantization == Quantization.INT8:
+        config = Int8WeightOnlyConfig()
+    elif quantization == Quantization.INT4:
+        config = Int4WeightOnlyConfig(
+            group_size=INT4_GROUP_SIZE, int4_packing_format="tile_packed_to_4d"
+        )
+    else:
+        config = Float8WeightOnlyConfig()
+    quantize_(model, config, device=device)

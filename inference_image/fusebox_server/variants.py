@@ -1,0 +1,189 @@
+"""The model variants: load, unload, swap, and converging on a declared variant.
+
+Why: the primary and the quantized fallback are one concern with a few
+rules that used to be spread over the runtime: a fallback exists only when
+configured (`--fallback-dir` or a quantization other than none) and when
+the device can serve its quantization; only one load runs at a time; the
+server is not ready while a variant loads; and a degradation level declares
+which variant should serve without making the caller wait for the load.
+`converge_to` records the target and starts (or retargets) one background
+task that loads until the served variant is the target, so a second
+request during a load never starts a second load. All model work runs on
+the inference worker; everything else here is event-loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import structlog
+import torch
+
+from fusebox_contract.names import Quantization, Variant
+from fusebox_server import engine
+from fusebox_server.config import ServerConfig
+from fusebox_server.errors import FallbackUnavailable, ModelUnavailable
+from fusebox_server.openai_schema import Sampling
+from fusebox_server.quantization import refusal
+from fusebox_server.tokenization import PromptEncoder
+from fusebox_server.worker import InferenceWorker
+
+log = structlog.get_logger("fusebox_server")
+
+WARMUP_PROMPT: Final = "Hello"
+NO_FALLBACK: Final = (
+    "no fallback is configured (neither --fallback-dir nor --fallback-quantization)"
+)
+
+OnWorker = Callable[[Callable[[], Any]], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class VariantSource:
+    model_dir: Path
+    quantization: Quantization
+
+
+def fallback_refusal(config: ServerConfig, device: torch.device) -> str | None:
+    """Why there is no usable fallback here, or None when there is one."""
+    if not config.fallback_configured:
+        return NO_FALLBACK
+    reason = refusal(config.fallback_quantization, device)
+    return f"the fallback is unavailable: {reason}" if reason else None
+
+
+class Variants:
+    def __init__(
+        self,
+        config: ServerConfig,
+        device: torch.device,
+        encoders: dict[Variant, PromptEncoder],
+        on_worker: OnWorker,
+        release: Callable[[], None],
+    ) -> None:
+        self.config = config
+        self.device = device
+        self.encoders = encoders
+        self._on_worker = on_worker
+        self._release = release
+        self.current = Variant.PRIMARY
+        self.ready = False
+        self.target: Variant | None = None
+        self.unavailable_reason = fallback_refusal(config, device)
+        self.worker: InferenceWorker | None = None
+        self._lock = asyncio.Lock()
+        self._converging: asyncio.Task[None] | None = None
+        self.last_convergence_error: str | None = None
+
+    # ----- views -----
+    @property
+    def fallback_available(self) -> bool:
+        return self.unavailable_reason is None
+
+    @property
+    def loaded(self) -> engine.LoadedModel | None:
+        return self.worker.loaded if self.worker is not None else None
+
+    @property
+    def converging(self) -> bool:
+        return self._converging is not None and not self._converging.done()
+
+    @property
+    def target_variant(self) -> Variant:
+        return self.target if self.converging and self.target is not None else self.current
+
+    def source(self, variant: Variant) -> VariantSource:
+        if variant == Variant.PRIMARY:
+            return VariantSource(self.config.model_dir, Quantization.NONE)
+        if self.unavailable_reason is not None:
+            raise FallbackUnavailable(self.unavailable_reason, param="variant")
+        return VariantSource(
+            self.config.fallback_dir or self.config.model_dir, self.config.fallback_quantization
+        )
+
+    # ----- on the worker -----
+    def _unload_on_worker(self) -> None:
+        assert self.worker is not None
+        self.worker.abort_active(ModelUnavailable("the model was unloaded"))
+        self.worker.loaded = None
+        self._release()
+
+    def _load_on_worker(self, variant: Variant, source: VariantSource) -> None:
+        assert self.worker is not None
+        if self.worker.loaded is not None:
+            self._unload_on_worker()
+        encoder = self.encoders[variant]
+        loaded = engine.load_model(
+            variant,
+            source.model_dir,
+            source.quantization,
+            self.device,
+            encoder.tokenizer,
+            self.config.dtype,
+        )
+        # Warm-up: readiness means the model really generates, not just that it loaded.
+        prompt = encoder.encode(WARMUP_PROMPT, True)
+        decoding = engine.Decoding(loaded, prompt, Sampling(2, 0.0, 1.0, None, ()))
+        for _ in range(2):
+            decoding.step()
+        self.worker.loaded = loaded
+
+    # ----- operations -----
+    async def load(self, variant: Variant) -> None:
+        """Load `variant` (dropping whatever is loaded) and warm it up; not ready meanwhile."""
+        source = self.source(variant)
+        async with self._lock:
+            self.ready = False
+            try:
+                await self._on_worker(lambda: self._load_on_worker(variant, source))
+            finally:
+                self.ready = self.loaded is not None
+            self.current = variant
+            log.info(
+                "model_loaded",
+                variant=variant.value,
+                model_name=self.config.model_name,
+                quantization=source.quantization.value,
+            )
+
+    async def unload(self) -> None:
+        self.target = None  # an unloaded model is what was asked for: stop converging
+        async with self._lock:
+            self.ready = False
+            await self._on_worker(self._unload_on_worker)
+            log.info("model_unloaded", variant=self.current.value)
+
+    async def ensure(self, variant: Variant) -> None:
+        """Load `variant` unless it is the one loaded; it also becomes the target."""
+        self.source(variant)  # refuse an unavailable fallback before anything changes
+        self.target = variant
+        if not (self.loaded is not None and self.current == variant):
+            await self.load(variant)
+
+    def converge_to(self, target: Variant) -> bool:
+        """Declare `target`; True while a background load is heading for it."""
+        self.source(target)
+        self.target = target
+        if self.converging:
+            return True  # the running task picks up the new target after its load
+        if self.loaded is not None and self.current == target:
+            return False
+        self.last_convergence_error = None
+        self._converging = asyncio.get_running_loop().create_task(self._converge())
+        return True
+
+    async def _converge(self) -> None:
+        while self.target is not None:
+            target = self.target
+            if self.loaded is not None and self.current == target:
+                return
+            try:
+                await self.load(target)
+            except Exception as error:
+                self.last_convergence_error = f"{target.value}: {error}"
+                log.warning("variant_convergence_failed", target=target.value, error=repr(error))
+                return

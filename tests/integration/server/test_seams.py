@@ -1,0 +1,179 @@
+"""What crosses the server's edges: --check-config, an unservable fallback, live ConfigMap
+files, the recorded revision and dtype, torch threads, and the variant header."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fusebox_server_harness import ServerProcess
+
+REVISION = "3f2a9c1"
+
+
+def check_config(
+    *flags: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("FUSEBOX_")}
+    environment.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "fusebox_server", "--check-config", *flags],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=180,
+        check=False,
+    )
+
+
+def test_check_config_accepts_a_valid_configuration_from_flags_and_env(
+    tiny_model_dir: Path,
+) -> None:
+    result = check_config(
+        "--device",
+        "cpu",
+        env={"FUSEBOX_MODEL_DIR": str(tiny_model_dir), "FUSEBOX_FALLBACK_QUANTIZATION": "int8"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("config ok: ")
+    assert "int8" in result.stdout and "device cpu" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("flags", "reason"),
+    [
+        pytest.param(["--fallback-quantization", "fp8"], "needs a CUDA device", id="fp8-on-cpu"),
+        pytest.param(["--fallback-quantization", "int4"], "needs a CUDA device", id="int4-on-cpu"),
+        pytest.param(["--fallback-quantization", "awq"], "fallback-quantization", id="awq"),
+        pytest.param(["--dtype", "float8"], "--dtype", id="bad-dtype"),
+        pytest.param(["--fallback-dir", "/nonexistent"], "not a directory", id="no-fallback-dir"),
+    ],
+)
+def test_check_config_refuses_with_the_reason_and_exit_2(
+    tiny_model_dir: Path, flags: list[str], reason: str
+) -> None:
+    result = check_config("--model-dir", str(tiny_model_dir), "--device", "cpu", *flags)
+    assert result.returncode == 2
+    assert reason in result.stderr
+    assert result.stdout == ""
+
+
+def test_check_config_wants_a_model_directory_with_a_config(tmp_path: Path) -> None:
+    result = check_config("--model-dir", str(tmp_path), "--device", "cpu")
+    assert result.returncode == 2 and "config.json" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def canned_file(server_workdir: Path) -> Path:
+    path = server_workdir / f"canned-{uuid.uuid4().hex[:6]}.json"
+    path.write_text(json.dumps({"ping": "answer A"}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def seamed(start_server: Any, canned_file: Path) -> Iterator[ServerProcess]:
+    """int4 on a CPU device: the fallback cannot be served, the primary must be."""
+    server = start_server(
+        flags={
+            "device": "cpu",
+            "fallback-quantization": "int4",
+            "canned-answers-file": str(canned_file),
+            "model-revision": REVISION,
+            "dtype": "bfloat16",
+        }
+    )
+    yield server
+    server.stop()
+
+
+def test_an_unservable_fallback_leaves_the_primary_serving(seamed: ServerProcess) -> None:
+    state = seamed.state()
+    assert state["fallback_configured"] is True
+    assert "int4" in state["fallback_unavailable_reason"]
+    assert "CUDA" in state["fallback_unavailable_reason"]
+    response = seamed.chat("hi")
+    assert response.status_code == 200 and response.headers["x-fusebox-variant"] == "primary"
+    swap = seamed.admin.post(
+        "/admin/v1/actions", json={"id": uuid.uuid4().hex, "type": "swap", "variant": "fallback"}
+    )
+    assert swap.status_code == 409
+    assert swap.json()["error"]["code"] == "fallback_unavailable"
+    assert "CUDA" in swap.json()["error"]["message"]
+    # Level 2 sets the level, swaps nothing, and the primary keeps serving.
+    level = seamed.admin.put("/admin/v1/degradation", json={"level": 2})
+    assert level.status_code == 200
+    assert level.json() == {
+        "level": 2,
+        "variant": "primary",
+        "targetVariant": "primary",
+        "converging": False,
+    }
+    assert seamed.chat("hi").headers["x-fusebox-variant"] == "primary"
+    seamed.admin.put("/admin/v1/degradation", json={"level": 0}).raise_for_status()
+
+
+def test_revision_dtype_and_torch_threads_are_recorded(seamed: ServerProcess) -> None:
+    state = seamed.state()
+    assert state["model_revision"] == REVISION
+    assert state["dtype"] == "bfloat16"
+    assert state["torch_threads"] == 1
+    models = seamed.client.get("/v1/models").json()["data"]
+    assert models[0]["revision"] == REVISION
+    starting = next(
+        json.loads(line) for line in seamed.log_text().splitlines() if '"server_starting"' in line
+    )
+    assert starting["model_revision"] == REVISION
+
+
+def test_canned_answers_are_reread_when_the_file_is_replaced(
+    seamed: ServerProcess, canned_file: Path
+) -> None:
+    seamed.admin.put("/admin/v1/degradation", json={"level": 3}).raise_for_status()
+    try:
+        first = seamed.chat("ping")
+        assert first.json()["choices"][0]["message"]["content"] == "answer A"
+        assert first.headers["x-fusebox-served-by"] == "canned"
+        assert first.headers["x-fusebox-variant"] == "primary"
+
+        # As the kubelet does: write a new file beside it, then rename over.
+        replace(canned_file, json.dumps({"ping": "answer B"}))
+        seamed.wait_for(
+            lambda: seamed.chat("ping").json()["choices"][0]["message"]["content"] == "answer B",
+            timeout=15,
+            what="the new canned answer",
+        )
+
+        # A broken file keeps the previous answers, and the server lives on.
+        replace(canned_file, "{not json")
+        seamed.wait_for(
+            lambda: "config_file_rejected" in seamed.log_text(), what="the rejection warning"
+        )
+        assert seamed.chat("ping").json()["choices"][0]["message"]["content"] == "answer B"
+        assert seamed.client.get("/healthz").status_code == 200
+    finally:
+        replace(canned_file, json.dumps({"ping": "answer A"}))
+        seamed.admin.put("/admin/v1/degradation", json={"level": 0}).raise_for_status()
+
+
+def replace(path: Path, text: str) -> None:
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}")
+    temporary.write_text(text)
+    temporary.rename(path)
+
+
+def test_every_response_names_the_variant(server: ServerProcess) -> None:
+    for response in (
+        server.chat("hi"),
+        server.chat("hi", model="no-such-model"),
+        server.client.get("/v1/models"),
+        server.client.get("/readyz"),
+        server.client.get("/no/such/route"),
+    ):
+        assert response.headers["x-fusebox-variant"] == "primary", response.url

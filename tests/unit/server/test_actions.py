@@ -1,0 +1,86 @@
+"""Admin action ids: one id acts once, replays get the record, duplicates in flight wait."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from fusebox_server.actions import ActionLog
+from fusebox_server.errors import Conflict
+
+
+def test_the_same_id_acts_once_and_replays_the_result() -> None:
+    async def scenario() -> tuple[Any, Any, int]:
+        log = ActionLog()
+        acted = 0
+
+        async def act() -> dict[str, Any]:
+            nonlocal acted
+            acted += 1
+            return {"n": acted}
+
+        first = await log.run_once("a", act)
+        again = await log.run_once("a", act)
+        return first, again, acted
+
+    first, again, acted = asyncio.run(scenario())
+    assert acted == 1
+    assert first == {"n": 1, "replayed": False}
+    assert again == {"n": 1, "replayed": True}
+
+
+def test_a_duplicate_in_flight_waits_for_the_first() -> None:
+    async def scenario() -> tuple[list[Any], int]:
+        log = ActionLog()
+        acted = 0
+        release = asyncio.Event()
+
+        async def act() -> dict[str, Any]:
+            nonlocal acted
+            acted += 1
+            await release.wait()
+            return {"done": True}
+
+        first = asyncio.create_task(log.run_once("swap-1", act))
+        second = asyncio.create_task(log.run_once("swap-1", act))
+        await asyncio.sleep(0)
+        release.set()
+        return list(await asyncio.gather(first, second)), acted
+
+    results, acted = asyncio.run(scenario())
+    assert acted == 1
+    assert sorted(r["replayed"] for r in results) == [False, True]
+
+
+def test_a_recorded_error_is_replayed_without_acting_again() -> None:
+    async def scenario() -> int:
+        log = ActionLog()
+        acted = 0
+
+        async def act() -> dict[str, Any]:
+            nonlocal acted
+            acted += 1
+            raise Conflict("no fallback")
+
+        for _ in range(3):
+            with pytest.raises(Conflict):
+                await log.run_once("x", act)
+        return acted
+
+    assert asyncio.run(scenario()) == 1
+
+
+def test_only_the_last_ids_are_remembered() -> None:
+    async def scenario() -> int:
+        log = ActionLog(capacity=2)
+
+        async def act() -> dict[str, Any]:
+            return {}
+
+        for name in ("a", "b", "c"):
+            await log.run_once(name, act)
+        return len(log)
+
+    assert asyncio.run(scenario()) == 2

@@ -1,0 +1,111 @@
+"""Variants on the real tiny model: no fallback unless configured, int8 halves the
+weights, dtype and torch threads are applied, and degradation converges in one task."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import structlog
+import torch
+
+from fusebox_contract.names import (
+    ActionType,
+    DegradationLevel,
+    Dtype,
+    Quantization,
+    Variant,
+)
+from fusebox_server.config import ServerConfig
+from fusebox_server.errors import FallbackUnavailable
+from fusebox_server.faults import Faults
+from fusebox_server.quantization import refusal
+from fusebox_server.runtime import Runtime
+
+T = TypeVar("T")
+
+
+def run_with_runtime(config: ServerConfig, scenario: Callable[[Runtime], Awaitable[T]]) -> T:
+    async def main() -> T:
+        runtime = Runtime(config, Faults({}))
+        runtime.start(asyncio.get_running_loop())
+        try:
+            await runtime.load_primary()
+            return await scenario(runtime)
+        finally:
+            runtime.stop()
+
+    return asyncio.run(main())
+
+
+async def settled(runtime: Runtime) -> None:
+    while runtime.variants.converging:
+        await asyncio.sleep(0.05)
+
+
+def test_quantizations_the_cpu_cannot_serve_are_refused_with_a_reason() -> None:
+    cpu = torch.device("cpu")
+    assert refusal(Quantization.INT8, cpu) is None
+    assert refusal(Quantization.NONE, cpu) is None
+    for quantization in (Quantization.INT4, Quantization.FP8):
+        reason = refusal(quantization, cpu)
+        assert reason is not None and "CUDA" in reason
+
+
+def test_without_a_configured_fallback_level_2_swaps_nothing(tiny_model_dir: Path) -> None:
+    config = ServerConfig(model_dir=tiny_model_dir, torch_threads=1)
+
+    async def scenario(runtime: Runtime) -> dict[str, Any]:
+        result = runtime.set_degradation(DegradationLevel.FALLBACK_MODEL)
+        assert not result.converging and result.target_variant is Variant.PRIMARY
+        with pytest.raises(FallbackUnavailable, match="no fallback is configured"):
+            await runtime.run_action("s1", ActionType.SWAP, None)
+        return runtime.state()
+
+    state = run_with_runtime(config, scenario)
+    assert state["variant"] == "primary" and state["model_loaded"]
+    assert state["degradation_level"] == 2
+    assert state["fallback_configured"] is False
+
+
+def test_level_2_converges_on_an_int8_fallback_half_the_size_in_one_load(
+    tiny_model_dir: Path,
+) -> None:
+    config = ServerConfig(
+        model_dir=tiny_model_dir, fallback_quantization=Quantization.INT8, torch_threads=1
+    )
+
+    async def scenario(runtime: Runtime) -> tuple[int, dict[str, Any], list[Any]]:
+        primary_bytes = runtime.state()["parameter_bytes"]
+        with structlog.testing.capture_logs() as logs:
+            first = runtime.set_degradation(DegradationLevel.FALLBACK_MODEL)
+            assert first.converging and first.target_variant is Variant.FALLBACK
+            await asyncio.sleep(0)  # the convergence task starts
+            assert not runtime.ready  # out of service while the fallback loads
+            second = runtime.set_degradation(DegradationLevel.CANNED_ANSWERS)
+            assert second.converging and second.target_variant is Variant.FALLBACK
+            await settled(runtime)
+        return primary_bytes, runtime.state(), logs
+
+    primary_bytes, state, logs = run_with_runtime(config, scenario)
+    assert state["variant"] == "fallback" and state["quantization"] == "int8" and state["ready"]
+    assert state["parameter_bytes"] < 0.5 * primary_bytes
+    assert [e["variant"] for e in logs if e["event"] == "model_loaded"] == ["fallback"]
+
+
+def test_dtype_and_torch_threads_apply_before_the_model_runs(tiny_model_dir: Path) -> None:
+    config = ServerConfig(model_dir=tiny_model_dir, dtype=Dtype.BFLOAT16, torch_threads=1)
+
+    async def scenario(runtime: Runtime) -> tuple[set[torch.dtype], int]:
+        loaded = runtime.variants.loaded
+        assert loaded is not None
+        dtypes = {p.dtype for p in loaded.model.parameters()}
+        threads = await runtime.on_worker(torch.get_num_threads)
+        return dtypes, int(threads)
+
+    dtypes, threads = run_with_runtime(config, scenario)
+    assert dtypes == {torch.bfloat16}
+    assert threads == 1
