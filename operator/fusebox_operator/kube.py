@@ -20,8 +20,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
 
+from fusebox_contract.wiring import ADMIN_TOKEN_KEY
 from fusebox_operator.manifests import (
-    ADMIN_TOKEN_KEY,
     SERVER_CONTAINER,
     SIDECAR_CONTAINER,
     TEMPLATE_HASH_ANNOTATION,

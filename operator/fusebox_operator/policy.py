@@ -533,8 +533,11 @@ def _wedge_check(
         if sample.model_loaded is not False:
             state.served_once.add(sample.pod)
         return False
-    if sample.pod not in state.served_once:
-        return False  # still starting: never wedged if it never ran
+    if sample.pod not in state.served_once and sample.model_loaded is not True:
+        # Still starting: never wedged if it never ran. A pod whose last stats
+        # say "loaded" did run, even if this operator (just restarted) never
+        # saw it fresh: it is wedged now, not in a minute.
+        return False
     key = f"{sample.pod}/wedge"
     ladder = state.ladders.setdefault(key, Ladder())
     kind = ActionKind.RESTART

@@ -556,6 +556,14 @@ def test_wedge_fires_at_the_first_scrape_past_wedge_after_seconds() -> None:
     assert f"> {limit:g} s" in actions[0].reason
 
 
+def test_a_restarted_operator_acts_on_a_loaded_wedged_pod_at_its_first_scrape() -> None:
+    limit = SPEC.telemetry.wedge_after_seconds
+    wedged = sample("p", T0, 100, stats_age_seconds=limit + 1, model_loaded=True)
+    rebuilt = PolicyState.from_status("svc", {"policy": PolicyState("svc").to_status()})
+    _, actions = decide(rebuilt, [wedged], T0, SPEC)
+    assert [a.kind for a in actions] == [ActionKind.RESTART]
+
+
 def test_wedge_uses_the_oldest_heartbeat_too() -> None:
     limit = SPEC.telemetry.wedge_after_seconds
     state, _ = decide(PolicyState("svc"), [sample("p", T0, 100)], T0, SPEC)
