@@ -17,12 +17,30 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from fusebox_contract.names import (
+    BreakerState,
+    DegradationLevel,
+    Dtype,
+    HeartbeatThread,
+    LatencyMetric,
+    Quantization,
+    RequestOutcome,
+    Variant,
+)
+from fusebox_contract.stats import (
+    LatencySummary,
+    Quality,
+    RuntimeState,
+    StatsDocument,
+    dumps,
+)
 
 
 class Samples(dict[tuple[str, tuple[tuple[str, str], ...]], float]):
@@ -151,59 +169,49 @@ def promtool() -> Callable[[str], subprocess.CompletedProcess[str]]:
 
 @pytest.fixture
 def write_stats(tmp_path: Path) -> Callable[..., Path]:
-    """Factory: write a realistic stats file stamped now; keyword overrides
-    replace top-level fields. Written by rename, as the server does."""
+    """Factory: write a realistic stats file stamped now with the contract's
+    writer; keyword overrides replace `StatsDocument` fields. Written by
+    rename, as the server does."""
     path = tmp_path / "stats.json"
 
     def write(**overrides: object) -> Path:
         now = time.time()
-        document: dict[str, object] = {
-            "schema": 1,
-            "written_at": now,
-            "pid": os.getpid(),
-            "model_name": "chat",
-            "gpu_device_id": None,
-            "rss_bytes": 123_456_789,
-            "cgroup_memory_usage_bytes": 234_567_890,
-            "cgroup_memory_limit_bytes": 1_610_612_736,
-            "cuda": {
-                "allocated_bytes": None,
-                "reserved_bytes": None,
-                "num_alloc_retries": None,
-                "num_ooms": None,
-                "contexts": None,
+        document = StatsDocument(
+            written_at=now,
+            pid=os.getpid(),
+            model_name="chat",
+            rss_bytes=123_456_789,
+            cgroup_memory_usage_bytes=234_567_890,
+            cgroup_memory_limit_bytes=1_610_612_736,
+            queue_length=3,
+            running=8,
+            tokenizer_cache_entries=512,
+            tokenizer_cache_hits_total=40,
+            tokenizer_template_hits_total=7,
+            requests={outcome: 10 + position for position, outcome in enumerate(RequestOutcome)},
+            latency={
+                LatencyMetric.TTFT: LatencySummary(p99_seconds=0.05, count=100),
+                LatencyMetric.ITL: LatencySummary(p99_seconds=0.02, count=3000),
             },
-            "nvml": [],
-            "queue_length": 3,
-            "running": 8,
-            "tokenizer_cache_entries": 512,
-            "tokenizer_cache_hits_total": 40,
-            "tokenizer_template_hits_total": 7,
-            "requests": {
-                "succeeded_total": 100,
-                "failed_total": 1,
-                "rejected_total": 5,
-                "timed_out_total": 0,
-            },
-            "latency_seconds": {
-                "ttft": {"p50": 0.01, "p99": 0.05, "count": 100},
-                "itl": {"p50": 0.01, "p99": 0.02, "count": 3000},
-                "e2e": None,
-            },
-            "quality": {"sampled_total": 10, "failed_total": 1, "failure_ratio": 0.1},
-            "heartbeats": {"loop": now, "worker": now},
-            "state": {
-                "breaker": "closed",
-                "admit_percent": 100,
-                "degradation_level": 0,
-                "variant": "primary",
-                "model_loaded": True,
-                "memory_guard_active": False,
-            },
-        }
-        document.update(overrides)
+            quality=Quality(sampled_total=10, failed_total=1, failure_ratio=0.1),
+            heartbeats=dict.fromkeys(HeartbeatThread, now),
+            state=RuntimeState(
+                breaker=BreakerState.CLOSED,
+                admit_percent=100,
+                degradation_level=DegradationLevel.NONE,
+                variant=Variant.PRIMARY,
+                model_loaded=True,
+                memory_guard_active=False,
+                model_revision="main",
+                dtype=Dtype.FLOAT32,
+                quantization=Quantization.NONE,
+                fallback_configured=True,
+                target_variant=Variant.PRIMARY,
+                converging=False,
+            ),
+        )
         temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(document))
+        temporary.write_text(dumps(replace(document, **overrides)))
         temporary.replace(path)
         return path
 

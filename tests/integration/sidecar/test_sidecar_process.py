@@ -15,6 +15,9 @@ from typing import Any
 import psutil
 import pytest
 
+from fusebox_contract.metrics import Metric
+from fusebox_contract.names import HeartbeatThread, LatencyMetric, RequestOutcome
+
 Sidecar = Any  # conftest's Sidecar: importlib mode cannot import it from here
 
 
@@ -30,24 +33,36 @@ def test_a_real_scrape_passes_promtool_and_carries_the_contract_names(
 
     assert check.returncode == 0, check.stdout + check.stderr
     for name in (
-        "fusebox_process_resident_memory_bytes",
-        "fusebox_memory_limit_bytes",
-        "fusebox_cgroup_memory_usage_bytes",
-        "fusebox_request_queue_length",
-        "fusebox_requests_running",
-        "fusebox_tokenizer_cache_entries",
-        'fusebox_latency_p99_seconds{metric="ttft"}',
-        "fusebox_quality_failure_ratio",
-        "fusebox_server_stats_age_seconds",
-        'fusebox_heartbeat_age_seconds{thread="loop"}',
-        'fusebox_heartbeat_age_seconds{thread="worker"}',
-        "fusebox_breaker_state",
-        "fusebox_degradation_level",
-        'fusebox_requests_total{outcome="rejected"} 5.0',
-        "fusebox_gpu_visible 0.0",
-        "fusebox_stats_valid 1.0",
+        Metric.PROCESS_RESIDENT_MEMORY_BYTES,
+        Metric.MEMORY_LIMIT_BYTES,
+        Metric.CGROUP_MEMORY_USAGE_BYTES,
+        Metric.REQUEST_QUEUE_LENGTH,
+        Metric.REQUESTS_RUNNING,
+        Metric.TOKENIZER_CACHE_ENTRIES,
+        Metric.TOKENIZER_CACHE_HITS.sample,
+        Metric.TOKENIZER_TEMPLATE_HITS.sample,
+        f'{Metric.LATENCY_P99_SECONDS}{{metric="{LatencyMetric.TTFT}"}}',
+        f'{Metric.LATENCY_WINDOW_SAMPLES}{{metric="{LatencyMetric.ITL}"}} 3000.0',
+        Metric.QUALITY_FAILURE_RATIO,
+        Metric.QUALITY_SAMPLED.sample,
+        Metric.QUALITY_FAILURES.sample,
+        Metric.SERVER_STATS_AGE_SECONDS,
+        f'{Metric.HEARTBEAT_AGE_SECONDS}{{thread="{HeartbeatThread.LOOP}"}}',
+        f'{Metric.HEARTBEAT_AGE_SECONDS}{{thread="{HeartbeatThread.WORKER}"}}',
+        Metric.BREAKER_STATE,
+        Metric.BREAKER_ADMIT_RATIO,
+        Metric.DEGRADATION_LEVEL,
+        Metric.FALLBACK_CONFIGURED,
+        Metric.FALLBACK_TARGET,
+        Metric.VARIANT_CONVERGING,
+        f'{Metric.MODEL_INFO}{{dtype="float32",model="chat",quantization="none",'
+        f'revision="main",variant="primary"}} 1.0',
+        f"{Metric.GPU_VISIBLE} 0.0",
+        f"{Metric.STATS_VALID} 1.0",
     ):
         assert name in exposition, name
+    for position, outcome in enumerate(RequestOutcome):
+        assert f'{Metric.REQUESTS.sample}{{outcome="{outcome}"}} {10 + position}.0' in exposition
 
 
 def test_rss_of_the_named_pid_is_measured_from_proc(

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from fusebox_contract.names import RequestOutcome
+
 Sidecar = Any  # conftest's Sidecar (importlib mode cannot import it)
 Server = Any  # conftest's Server
 
@@ -127,11 +129,16 @@ def test_a_wedged_event_loop_shows_as_a_growing_loop_heartbeat_age(
 
 def test_the_stats_file_the_server_writes_is_fully_understood(leaky_server: Server) -> None:
     """Contract check between the two parts: no field of the server's real
-    file is reported as a problem by the sidecar's parser."""
-    from fusebox_sidecar.readings import parse_stats
+    file is reported as a problem by the sidecar's parser, and the state
+    the server knows is there (the loaded variant's quantization and dtype)."""
+    from fusebox_contract.stats import SCHEMA_VERSION, parse
 
-    reading = parse_stats(Path(leaky_server.stats_path).read_bytes())
+    reading = parse(Path(leaky_server.stats_path).read_bytes())
 
-    assert reading.valid, reading.problem or reading.snapshot.problems
-    assert reading.snapshot.pid == leaky_server.process.pid
-    assert json.loads(Path(leaky_server.stats_path).read_text())["schema"] == 1
+    assert reading.valid, reading.problems
+    document = reading.document
+    assert document is not None and document.pid == leaky_server.process.pid
+    assert document.state.variant is not None and document.state.model_loaded
+    assert document.state.quantization is not None and document.state.dtype is not None
+    assert set(document.requests) == set(RequestOutcome)
+    assert json.loads(Path(leaky_server.stats_path).read_text())["schema"] == SCHEMA_VERSION
