@@ -12,6 +12,14 @@ class Port(enum.IntEnum):
     METRICS = 9400  # the sidecar's /metrics and /healthz
 
 
+class HttpPath(enum.StrEnum):
+    """HTTP paths the kubelet probes and Prometheus scrapes (server and sidecar)."""
+
+    HEALTHZ = "/healthz"  # liveness: server (API port) and sidecar (metrics port)
+    READYZ = "/readyz"  # readiness: the server's model is loaded and warm
+    METRICS = "/metrics"  # the sidecar's Prometheus text
+
+
 RUNTIME_DIR: Final = "/run/fusebox"
 STATS_FILE: Final = f"{RUNTIME_DIR}/stats.json"
 ADMIN_TOKEN_DIR: Final = "/var/run/fusebox-admin"

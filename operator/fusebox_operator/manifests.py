@@ -26,6 +26,7 @@ from fusebox_contract.wiring import (
     RUNTIME_DIR,
     STATS_FILE,
     ConfigFile,
+    HttpPath,
     Port,
 )
 from fusebox_operator.settings import OperatorSettings
@@ -33,13 +34,6 @@ from fusebox_operator.sizing import MemorySizing
 from fusebox_operator.spec import InferenceServiceSpec, ModelSource, TelemetrySpec, torch_threads
 
 Manifest = dict[str, Any]
-
-# Re-exported for the modules that still import them from here (telemetry,
-# actuator, kube); the values live in fusebox_contract.wiring.
-API_PORT = Port.API
-ADMIN_PORT = Port.ADMIN
-METRICS_PORT = Port.METRICS
-__all__ = ["ADMIN_PORT", "ADMIN_TOKEN_KEY", "API_PORT", "METRICS_PORT"]
 
 NONROOT_UID = 65532
 SIDECAR_COMMAND = ["/opt/venv/bin/python", "-m", "fusebox_sidecar"]
@@ -242,19 +236,19 @@ def _server_container(
         # Startup covers the model load; liveness is a backstop derived from
         # telemetry so the operator's wedge handling (with an event) acts first.
         "startupProbe": {
-            "httpGet": {"path": "/healthz", "port": "http"},
+            "httpGet": {"path": HttpPath.HEALTHZ.value, "port": "http"},
             "periodSeconds": 2,
             "timeoutSeconds": 2,
             "failureThreshold": 150,
         },
         "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": "http"},
+            "httpGet": {"path": HttpPath.HEALTHZ.value, "port": "http"},
             "periodSeconds": LIVENESS_PERIOD_SECONDS,
             "timeoutSeconds": 3,
             "failureThreshold": liveness_failure_threshold(spec.telemetry),
         },
         "readinessProbe": {
-            "httpGet": {"path": "/readyz", "port": "http"},
+            "httpGet": {"path": HttpPath.READYZ.value, "port": "http"},
             "periodSeconds": 2,
             "timeoutSeconds": 2,
             "failureThreshold": 2,
@@ -281,13 +275,13 @@ def _sidecar_container(settings: OperatorSettings) -> Manifest:
         "env": [{"name": "HOME", "value": "/tmp"}],
         "ports": [{"name": "metrics", "containerPort": int(Port.METRICS), "protocol": "TCP"}],
         "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": "metrics"},
+            "httpGet": {"path": HttpPath.HEALTHZ.value, "port": "metrics"},
             "periodSeconds": 10,
             "timeoutSeconds": 3,
             "failureThreshold": 3,
         },
         "readinessProbe": {
-            "httpGet": {"path": "/healthz", "port": "metrics"},
+            "httpGet": {"path": HttpPath.HEALTHZ.value, "port": "metrics"},
             "periodSeconds": 5,
             "timeoutSeconds": 2,
         },
