@@ -26,70 +26,92 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fusebox_contract.names import (
+    BreakerState,
+    DegradationLevel,
+    Dtype,
+    HeartbeatThread,
+    LatencyMetric,
+    Quantization,
+    RequestOutcome,
+    Variant,
+)
+from fusebox_contract.stats import (
+    CudaMemory,
+    GpuMemory,
+    LatencySummary,
+    Quality,
+    RuntimeState,
+    StatsDocument,
+    dumps,
+)
+
 RSS_TARGET_BYTES = 60 * 1000 * 1000
 SCRAPE_P99_TARGET_SECONDS = 0.020
 
 
-def _stats_document(pid: int) -> dict[str, Any]:
+def _stats_document(pid: int) -> StatsDocument:
+    """A full stats file (8 GPUs, every field), built by the contract as the server builds it."""
     now = time.time()
-    return {
-        "schema": 1,
-        "written_at": now,
-        "pid": pid,
-        "model_name": "chat",
-        "gpu_device_id": None,
-        "rss_bytes": 1_234_567_890,
-        "cgroup_memory_usage_bytes": 2_345_678_901,
-        "cgroup_memory_limit_bytes": 21_474_836_480,
-        "cuda": {
-            "allocated_bytes": 14_000_000_000,
-            "reserved_bytes": 16_000_000_000,
-            "num_alloc_retries": 2,
-            "num_ooms": 0,
-            "contexts": 1,
-        },
-        "nvml": [
-            {
-                "index": index,
-                "uuid": f"GPU-{index}",
-                "memory_used_bytes": 17_000_000_000,
-                "memory_total_bytes": 85_899_345_920,
-            }
+    return StatsDocument(
+        written_at=now,
+        pid=pid,
+        model_name="chat",
+        rss_bytes=1_234_567_890,
+        cgroup_memory_usage_bytes=2_345_678_901,
+        cgroup_memory_limit_bytes=21_474_836_480,
+        cuda=CudaMemory(
+            allocated_bytes=14_000_000_000,
+            reserved_bytes=16_000_000_000,
+            num_alloc_retries=2,
+            num_ooms=0,
+            contexts=1,
+        ),
+        nvml=tuple(
+            GpuMemory(index, memory_used_bytes=17_000_000_000, memory_total_bytes=85_899_345_920)
             for index in range(8)
-        ],
-        "queue_length": 12,
-        "running": 8,
-        "tokenizer_cache_entries": 9_876,
-        "tokenizer_cache_hits_total": 120_000,
-        "tokenizer_template_hits_total": 80_000,
-        "requests": {
-            "succeeded_total": 1_000_000,
-            "failed_total": 31,
-            "rejected_total": 4_000,
-            "timed_out_total": 12,
+        ),
+        queue_length=12,
+        running=8,
+        tokenizer_cache_entries=9_876,
+        tokenizer_cache_hits_total=120_000,
+        tokenizer_template_hits_total=80_000,
+        requests={
+            RequestOutcome.SUCCEEDED: 1_000_000,
+            RequestOutcome.FAILED: 31,
+            RequestOutcome.REJECTED: 4_000,
+            RequestOutcome.TIMED_OUT: 12,
+            RequestOutcome.CANCELLED: 250,
+            RequestOutcome.INVALID: 40,
         },
-        "latency_seconds": {
-            "ttft": {"p50": 0.04, "p99": 0.18, "count": 1000},
-            "itl": {"p50": 0.011, "p99": 0.03, "count": 64000},
-            "e2e": {"p50": 1.2, "p99": 4.5, "count": 1000},
+        latency={
+            LatencyMetric.TTFT: LatencySummary(p99_seconds=0.18, count=1000),
+            LatencyMetric.ITL: LatencySummary(p99_seconds=0.03, count=64000),
+            LatencyMetric.E2E: LatencySummary(p99_seconds=4.5, count=1000),
         },
-        "quality": {"sampled_total": 100, "failed_total": 3, "failure_ratio": 0.03},
-        "heartbeats": {"loop": now - 0.01, "worker": now - 0.02},
-        "state": {
-            "breaker": "closed",
-            "admit_percent": 100,
-            "degradation_level": 0,
-            "variant": "primary",
-            "model_loaded": True,
-            "memory_guard_active": False,
-        },
-    }
+        quality=Quality(sampled_total=100, failed_total=3, failure_ratio=0.03),
+        heartbeats={HeartbeatThread.LOOP: now - 0.01, HeartbeatThread.WORKER: now - 0.02},
+        state=RuntimeState(
+            breaker=BreakerState.CLOSED,
+            admit_percent=100,
+            degradation_level=DegradationLevel.NONE,
+            variant=Variant.PRIMARY,
+            model_loaded=True,
+            memory_guard_active=False,
+            model_revision="main",
+            dtype=Dtype.BFLOAT16,
+            quantization=Quantization.NONE,
+            fallback_configured=True,
+            target_variant=Variant.PRIMARY,
+            converging=False,
+        ),
+    )
 
 
 def _write_stats_forever(path: Path, pid: int, stop: threading.Event) -> None:
     temporary = path.with_suffix(".tmp")
     while not stop.is_set():
-        temporary.write_text(json.dumps(_stats_document(pid)))
+        temporary.write_text(dumps(_stats_document(pid)))
         temporary.replace(path)
         stop.wait(0.1)
 
@@ -160,7 +182,7 @@ def run(scrapes: int, out: Path) -> dict[str, Any]:
     stop = threading.Event()
     with tempfile.TemporaryDirectory(prefix="sidecar-bench-") as scratch:
         stats_path = Path(scratch) / "stats.json"
-        stats_path.write_text(json.dumps(_stats_document(server.pid)))
+        stats_path.write_text(dumps(_stats_document(server.pid)))
         writer = threading.Thread(
             target=_write_stats_forever, args=(stats_path, server.pid, stop), daemon=True
         )
