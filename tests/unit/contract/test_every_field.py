@@ -120,15 +120,18 @@ def server_container(children: dict[str, Manifest]) -> Manifest:
 
 
 def resources(children: dict[str, Manifest]) -> Manifest:
-    return server_container(children)["resources"]
+    found: Manifest = server_container(children)["resources"]
+    return found
 
 
 def liveness(children: dict[str, Manifest]) -> Manifest:
-    return server_container(children)["livenessProbe"]
+    found: Manifest = server_container(children)["livenessProbe"]
+    return found
 
 
 def pod_spec(children: dict[str, Manifest]) -> Manifest:
-    return children["Deployment"]["spec"]["template"]["spec"]
+    found: Manifest = children["Deployment"]["spec"]["template"]["spec"]
+    return found
 
 
 def claims(children: dict[str, Manifest]) -> set[str]:
