@@ -14,12 +14,21 @@ check on real hardware: on any CUDA machine, no Kubernetes needed, it
 4. calls gc, empty_cache, unload, load and swap (to the fallback) through the
    admin API and records what each freed, by the server's own before/after
    and as the sidecar saw it,
-5. writes samples.csv, memory.png, actions.json and summary.md under --out.
+5. writes samples.csv, memory.png, actions.json and summary.md under --out,
+6. (the `quantization` check) for each fallback quantization the device
+   serves (int8, int4, fp8; asked of the server's own `--check-config`),
+   starts a server with the primary in bfloat16, swaps primary -> fallback
+   -> primary under a steady stream of chat requests, and records parameter
+   bytes, CUDA allocated/reserved before and after each swap, the greedy
+   output of a fixed prompt per variant (and whether it equals the
+   primary's) and any answer other than 200/429/503 during the swaps:
+   quantization.json and quantization.md.
 
-Without CUDA it stops at once (exit 2) and says so. `--dry-run` runs the
-same steps on CPU with the tiny model (RSS instead of GPU memory), to prove
-the script end to end where there is no GPU. Exit 1 when a check in the
-summary failed. One run takes a few minutes; --budget-seconds bounds it.
+Without CUDA (or with `--dry-run`) it runs the same steps on CPU with the
+tiny model (RSS instead of GPU memory, the int8 fallback only), to prove the
+script end to end where there is no GPU. `--checks leak|quantization`
+picks one. Exit 1 when a check failed. One run takes a few minutes;
+--budget-seconds bounds it.
 
     .venv/bin/python bench/gpu_check.py --out bench/results/gpu-check
     .venv/bin/python bench/gpu_check.py --dry-run --out /tmp/gpu-check-dry
@@ -151,7 +160,13 @@ class Stack:
     def stats_path(self) -> Path:
         return self.workdir / "run" / "stats.json"
 
-    def start_server(self, model_dir: Path, device: str, leak_mib: int) -> None:
+    def start_server(
+        self,
+        model_dir: Path,
+        device: str,
+        leak_mib: int,
+        extra_flags: tuple[str, ...] = ("--fallback-quantization", "int8"),
+    ) -> None:
         token_file = self.workdir / "admin-token"
         token_file.write_text(self.token)
         token_file.chmod(0o600)
@@ -184,10 +199,15 @@ class Stack:
                 "16",
                 "--memory-guard-ratio",
                 "1.0",
+                *extra_flags,
             ],
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "FUSEBOX_FAULTS": f"leak:{leak_mib}", "PYTHONUNBUFFERED": "1"},
+            env={
+                **os.environ,
+                "PYTHONUNBUFFERED": "1",
+                **({"FUSEBOX_FAULTS": f"leak:{leak_mib}"} if leak_mib > 0 else {}),
+            },
         )
 
     def wait_until_ready(self, deadline: float) -> None:
@@ -572,6 +592,263 @@ def write_summary(
     path.write_text("\n".join(lines))
 
 
+# ----- the quantization check -----
+FALLBACK_QUANTIZATIONS = ("int8", "int4", "fp8")
+GREEDY_PROMPT = "The capital of France is"
+GREEDY_TOKENS = 16
+TRAFFIC_CLIENTS = 2
+EXPECTED_REFUSALS = (429, 503)  # with Retry-After: what a swap may cost a client
+
+
+def supported(model_dir: Path, device: str, quantization: str) -> tuple[bool, str]:
+    """Ask the server's own `--check-config` whether this device serves the quantization."""
+    result = subprocess.run(
+        [
+            _python(),
+            "-m",
+            "fusebox_server",
+            "--check-config",
+            "--model-dir",
+            str(model_dir),
+            "--device",
+            device,
+            "--fallback-quantization",
+            quantization,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    return result.returncode == 0, (result.stdout or result.stderr).strip()
+
+
+class SteadyTraffic:
+    """Chat requests back to back from a few clients; every answer's status is counted."""
+
+    def __init__(self, api_url: str, clients: int = TRAFFIC_CLIENTS) -> None:
+        self.api_url = api_url
+        self.statuses: dict[int, int] = {}
+        self.failures: list[dict[str, Any]] = []
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._run, args=(index,), daemon=True)
+            for index in range(clients)
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        for thread in self._threads:
+            thread.join(timeout=120)
+
+    def _run(self, index: int) -> None:
+        sent = 0
+        while not self._stopping.is_set():
+            body = {
+                "model": "chat",
+                "messages": [{"role": "user", "content": f"client {index} request {sent}"}],
+                "max_tokens": 8,
+            }
+            try:
+                status, answer = _http_json(
+                    self.api_url + "/v1/chat/completions", "POST", body, timeout=120
+                )
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
+                status, answer = 0, repr(error)
+            sent += 1
+            with self._lock:
+                self.statuses[status] = self.statuses.get(status, 0) + 1
+                if status != 200 and status not in EXPECTED_REFUSALS:
+                    self.failures.append({"status": status, "answer": str(answer)[:300]})
+            if status in EXPECTED_REFUSALS:
+                time.sleep(0.2)
+
+
+def greedy_text(stack: Stack) -> str | None:
+    for _ in range(20):
+        status, body = _http_json(
+            stack.api_url + "/v1/completions",
+            "POST",
+            {
+                "model": "chat",
+                "prompt": GREEDY_PROMPT,
+                "max_tokens": GREEDY_TOKENS,
+                "temperature": 0,
+            },
+            timeout=120,
+        )
+        if status == 200:
+            return str(body["choices"][0]["text"])
+        time.sleep(0.5)
+    return None
+
+
+def variant_figures(stack: Stack) -> dict[str, Any]:
+    _, state = _http_json(stack.admin_url + "/admin/v1/state", token=stack.token)
+    return {
+        "variant": state.get("variant"),
+        "quantization": state.get("quantization"),
+        "dtype": state.get("dtype"),
+        "parameter_bytes": state.get("parameter_bytes"),
+        "greedy_text": greedy_text(stack),
+    }
+
+
+def swap(stack: Stack, variant: str) -> dict[str, Any]:
+    body = {"id": f"quant-{variant}-{secrets.token_hex(4)}", "type": "swap", "variant": variant}
+    started = time.monotonic()
+    status, result = _http_json(
+        stack.admin_url + "/admin/v1/actions", "POST", body, stack.token, timeout=600
+    )
+    record: dict[str, Any] = {
+        "http_status": status,
+        "seconds": round(time.monotonic() - started, 3),
+    }
+    if status == 200:
+        for when in ("memory_before", "memory_after"):
+            record[when] = {
+                key: result[when].get(key)
+                for key in ("cuda_allocated_bytes", "cuda_reserved_bytes", "rss_bytes")
+            }
+    else:
+        record["error"] = result
+    return record
+
+
+def quantization_run(
+    out: Path, model_dir: Path, device: str, dtype: str, quantization: str, deadline: float
+) -> dict[str, Any]:
+    """Primary -> fallback(quantization) -> primary under steady traffic, on one server."""
+    ok, answer = supported(model_dir, device, quantization)
+    if not ok:
+        return {"quantization": quantization, "supported": False, "reason": answer}
+    run_out = out / f"quantization-{quantization}"
+    run_out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"gpu-check-{quantization}-") as scratch:
+        stack = Stack(Path(scratch), run_out)
+        traffic: SteadyTraffic | None = None
+        try:
+            stack.start_server(
+                model_dir,
+                device,
+                0,
+                ("--dtype", dtype, "--fallback-quantization", quantization),
+            )
+            stack.wait_until_ready(min(deadline, time.monotonic() + 300))
+            primary = variant_figures(stack)
+            traffic = SteadyTraffic(stack.api_url)
+            traffic.start()
+            time.sleep(1)
+            to_fallback = swap(stack, "fallback")
+            fallback = variant_figures(stack)
+            back = swap(stack, "primary")
+            restored = variant_figures(stack)
+            time.sleep(1)
+        finally:
+            if traffic is not None:
+                traffic.stop()
+            stack.stop()
+    print(
+        f"gpu_check: quantization {quantization}: swaps HTTP {to_fallback['http_status']}/"
+        f"{back['http_status']}, traffic {traffic.statuses if traffic else {}}",
+        flush=True,
+    )
+    return {
+        "quantization": quantization,
+        "supported": True,
+        "check_config": answer,
+        "primary": primary,
+        "swap_to_fallback": to_fallback,
+        "fallback": fallback,
+        "swap_to_primary": back,
+        "restored": restored,
+        "fallback_output_equals_primary": fallback["greedy_text"] == primary["greedy_text"],
+        "restored_output_equals_primary": restored["greedy_text"] == primary["greedy_text"],
+        "traffic_statuses": traffic.statuses if traffic else {},
+        "traffic_failures": traffic.failures if traffic else [],
+    }
+
+
+def evaluate_quantization(runs: list[dict[str, Any]]) -> list[tuple[str, bool, str]]:
+    checks: list[tuple[str, bool, str]] = []
+    for run in runs:
+        name = run["quantization"]
+        if not run["supported"]:
+            continue
+        primary_bytes = run["primary"]["parameter_bytes"] or 0
+        fallback_bytes = run["fallback"]["parameter_bytes"] or 0
+        checks += [
+            (
+                f"{name}: both swaps answer 200",
+                run["swap_to_fallback"]["http_status"] == 200
+                and run["swap_to_primary"]["http_status"] == 200,
+                f"{run['swap_to_fallback']['http_status']}/{run['swap_to_primary']['http_status']}",
+            ),
+            (
+                f"{name}: the fallback's parameters are smaller",
+                0 < fallback_bytes < primary_bytes,
+                f"{fallback_bytes / MiB:.1f} MiB vs {primary_bytes / MiB:.1f} MiB",
+            ),
+            (
+                f"{name}: the primary comes back whole",
+                run["restored"]["parameter_bytes"] == primary_bytes
+                and run["restored_output_equals_primary"],
+                f"{(run['restored']['parameter_bytes'] or 0) / MiB:.1f} MiB, same greedy output: "
+                f"{run['restored_output_equals_primary']}",
+            ),
+            (
+                f"{name}: no failure but 429/503 under traffic",
+                not run["traffic_failures"],
+                f"statuses {run['traffic_statuses']}",
+            ),
+        ]
+    return checks
+
+
+def write_quantization_summary(path: Path, runs: list[dict[str, Any]]) -> None:
+    lines = [
+        "# Quantized fallbacks under traffic",
+        "",
+        f"Greedy output of {GREEDY_PROMPT!r} ({GREEDY_TOKENS} tokens) per variant.",
+        "",
+        "| fallback | primary MiB | fallback MiB | CUDA alloc after swap (GiB) "
+        "| same output | traffic statuses | other failures |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        if not run["supported"]:
+            lines.append(f"| {run['quantization']} | refused: {run['reason']} | | | | | |")
+            continue
+        after = run["swap_to_fallback"].get("memory_after") or {}
+        lines.append(
+            f"| {run['quantization']} "
+            f"| {(run['primary']['parameter_bytes'] or 0) / MiB:.1f} "
+            f"| {(run['fallback']['parameter_bytes'] or 0) / MiB:.1f} "
+            f"| {_gib(after.get('cuda_allocated_bytes'))} "
+            f"| {run['fallback_output_equals_primary']} "
+            f"| {run['traffic_statuses']} | {len(run['traffic_failures'])} |"
+        )
+    path.write_text("\n".join(lines) + "\n")
+
+
+def run_quantization_check(
+    out: Path, model_dir: Path, device: str, deadline: float
+) -> list[tuple[str, bool, str]]:
+    dtype = "bfloat16" if device == "cuda" else "auto"
+    quantizations = FALLBACK_QUANTIZATIONS if device == "cuda" else ("int8",)
+    runs = [quantization_run(out, model_dir, device, dtype, q, deadline) for q in quantizations]
+    (out / "quantization.json").write_text(
+        json.dumps({"device": device, "primary_dtype": dtype, "runs": runs}, indent=2) + "\n"
+    )
+    write_quantization_summary(out / "quantization.md", runs)
+    return evaluate_quantization(runs)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description="Record GPU memory under the leak fault and what each admin action frees."
@@ -587,6 +864,12 @@ def main() -> int:
         type=Path,
         default=None,
         help="default: the cache's small model (tiny with --dry-run), generated when missing",
+    )
+    parser.add_argument(
+        "--checks",
+        default="leak,quantization",
+        help="comma-separated: leak (the leak fault and what each action frees), "
+        "quantization (primary -> each servable fallback -> primary under traffic)",
     )
     parser.add_argument("--leak-mib", type=int, default=64)
     parser.add_argument(
@@ -606,26 +889,63 @@ def main() -> int:
     arguments = parser.parse_args()
     started = time.monotonic()
     deadline = started + arguments.budget_seconds
-    requests = arguments.requests or (8 if arguments.dry_run else 48)
 
     if arguments.dry_run:
         cuda: dict[str, Any] = {"available": False, "skipped": "dry run"}
         device, size = "cpu", "tiny"
     else:
         cuda = cuda_report()
-        if not cuda.get("available"):
+        if cuda.get("available"):
+            device, size = "cuda", "small"
+        else:
             print(
-                "gpu_check: CUDA is not available on this machine "
-                f"({json.dumps(cuda)}). Run it on a machine with an NVIDIA GPU and driver, "
-                "or pass --dry-run to exercise the script on CPU with the tiny model.",
-                file=sys.stderr,
+                f"gpu_check: CUDA is not available here ({json.dumps(cuda)}): a dry run on CPU "
+                "with the tiny model (RSS instead of GPU memory, int8 only).",
+                flush=True,
             )
-            return 2
-        device, size = "cuda", "small"
+            arguments.dry_run = True
+            device, size = "cpu", "tiny"
+    checks_asked = {name.strip() for name in arguments.checks.split(",") if name.strip()}
+    unknown = checks_asked - {"leak", "quantization"}
+    if unknown:
+        parser.error(f"unknown checks: {', '.join(sorted(unknown))}")
 
     out: Path = arguments.out
     out.mkdir(parents=True, exist_ok=True)
     model_dir = ensure_model(arguments.model_dir, size)
+    checks: list[tuple[str, bool, str]] = []
+    if "leak" in checks_asked:
+        leak_checks = run_leak_check(arguments, out, model_dir, device, cuda, started, deadline)
+        if leak_checks is None:
+            return 1
+        checks += leak_checks
+    if "quantization" in checks_asked:
+        try:
+            checks += run_quantization_check(out, model_dir, device, deadline)
+        except CheckAborted as error:
+            print(f"gpu_check: {error}", file=sys.stderr)
+            return 1
+    failed = [what for what, passed, _ in checks if not passed]
+    print(
+        f"gpu_check: wrote {out}; {len(checks) - len(failed)}/{len(checks)} checks passed",
+        flush=True,
+    )
+    for what in failed:
+        print(f"gpu_check: FAILED: {what}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def run_leak_check(
+    arguments: argparse.Namespace,
+    out: Path,
+    model_dir: Path,
+    device: str,
+    cuda: dict[str, Any],
+    started: float,
+    deadline: float,
+) -> list[tuple[str, bool, str]] | None:
+    """The leak fault and the admin actions; None when the run could not finish."""
+    requests = arguments.requests or (8 if arguments.dry_run else 48)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
         stack = Stack(Path(scratch), out)
         sampler: Sampler | None = None
@@ -646,7 +966,7 @@ def main() -> int:
             time.sleep(2 * arguments.interval_seconds)
         except CheckAborted as error:
             print(f"gpu_check: {error}", file=sys.stderr)
-            return 1
+            return None
         finally:
             if sampler is not None:
                 sampler.stop()
@@ -677,15 +997,7 @@ def main() -> int:
         f"leak {arguments.leak_mib} MiB x {sent} on {device}, then admin actions",
     )
     write_summary(out / "summary.md", environment, rows, actions, checks)
-    failed = [what for what, passed, _ in checks if not passed]
-    print(
-        f"gpu_check: wrote {out}/summary.md, samples.csv, memory.png, actions.json; "
-        f"{len(checks) - len(failed)}/{len(checks)} checks passed",
-        flush=True,
-    )
-    for what in failed:
-        print(f"gpu_check: FAILED: {what}", file=sys.stderr)
-    return 1 if failed else 0
+    return checks
 
 
 if __name__ == "__main__":

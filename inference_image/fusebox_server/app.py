@@ -420,7 +420,7 @@ def build_api_app(runtime: Runtime) -> ASGIApp:
         ],
         middleware=[
             Middleware(
-                CountRequests,  # type: ignore[arg-type]
+                CountRequests,
                 accounting=runtime.accounting,
                 paths=(CHAT_PATH, COMPLETIONS_PATH),
             )

@@ -84,9 +84,7 @@ def _app(accounting: RequestAccounting) -> VariantHeader:
 
     app = Starlette(
         routes=[Route("/gen", refuse, methods=["POST"]), Route("/other", other)],
-        middleware=[
-            Middleware(CountRequests, accounting=accounting, paths=("/gen",))  # type: ignore[arg-type]
-        ],
+        middleware=[Middleware(CountRequests, accounting=accounting, paths=("/gen",))],
         exception_handlers=dict(EXCEPTION_HANDLERS),
     )
     return VariantHeader(app, lambda: "primary")
