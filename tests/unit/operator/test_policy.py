@@ -17,6 +17,7 @@ from fusebox_operator.policy import (
     PodSample,
     PolicyState,
     RequestCounts,
+    admit_percent,
     decide,
     least_squares_slope,
 )
@@ -647,3 +648,54 @@ def test_old_four_outcome_counters_in_status_still_load() -> None:
     state = PolicyState.from_status("svc", status)
     assert state.half_open_counts == RequestCounts(1, 2, 3, 4)
     assert state.last_counts["p"].as_tuple() == (5, 6, 7, 8, 0, 0)
+
+
+# --- fields of the resource breaker and half-open ------------------------------------------
+
+
+def gpu_steps(spec_ratio: float, used_ratio: float, mib_per_minute: float) -> list[Any]:
+    vram = 16384 * MIB
+    steps = []
+    for i in range(6):
+        t = T0 + i * INTERVAL
+        used = used_ratio * vram + mib_per_minute * MIB * (i * INTERVAL) / 60
+        steps.append((t, [sample("p", t, 100, gpu_memory_used_bytes=used,
+                                 gpu_memory_total_bytes=vram)]))  # fmt: skip
+    return steps
+
+
+def test_gpu_memory_above_ratio_of_vram_and_growing_climbs_the_ladder() -> None:
+    tight = make_spec(resource={
+        "cooldownSeconds": COOLDOWN,
+        "gpuMemory": {"ratioOfVRAM": 0.5, "growthMiBPerMinute": 100},
+    })  # fmt: skip
+    _, actions = run(PolicyState("svc"), gpu_steps(0.5, 0.6, 300), tight)
+    assert [a.kind for a in actions] == [ActionKind.GC]
+    assert actions[0].reason.startswith("GPU memory") and "of VRAM" in actions[0].reason
+    # The same pod under the default thresholds (87.5% of VRAM, 500 MiB/min): nothing.
+    _, actions = run(PolicyState("svc"), gpu_steps(0.5, 0.6, 300))
+    assert actions == []
+
+
+def test_growth_is_fitted_over_window_seconds_only() -> None:
+    # A fast climb under the ratio (30% -> 70% in 30 s), then a slow one
+    # (+246 MiB/min) that crosses 75% at t = 80 s.
+    def rss_mib(t: float) -> float:
+        ratio = 0.30 + 0.40 * t / 30 if t <= 30 else 0.70 + 0.001 * (t - 30)
+        return ratio * 4096
+
+    steps = [(T0 + t, [sample("p", T0 + t, rss_mib(t))]) for t in range(0, 130, 5)]
+    resource = {"cooldownSeconds": 1000, "rss": {"ratioOfLimit": 0.75, "growthMiBPerMinute": 500}}
+    short = make_spec(resource={**resource, "windowSeconds": 20})
+    long = make_spec(resource={**resource, "windowSeconds": 120})
+    _, short_actions = run(PolicyState("svc"), steps, short)
+    _, long_actions = run(PolicyState("svc"), steps, long)
+    assert short_actions == []  # over 20 s only the slow climb is fitted
+    assert [(a.kind, a.at - T0) for a in long_actions] == [(ActionKind.GC, 85)]
+
+
+def test_half_open_admits_admit_percent() -> None:
+    half = PolicyState("svc", breaker=BreakerState.HALF_OPEN)
+    assert admit_percent(half, SPEC) == SPEC.breaker.half_open.admit_percent == 10
+    assert admit_percent(PolicyState("svc", breaker=BreakerState.OPEN), SPEC) == 0
+    assert admit_percent(PolicyState("svc"), SPEC) == 100

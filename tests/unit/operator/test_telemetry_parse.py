@@ -6,12 +6,17 @@ counter samples, `_created` companions), with the contract's metric names.
 
 from __future__ import annotations
 
+import asyncio
+
+import aiohttp
 import pytest
+from aiohttp import web
 
 from fusebox_contract.metrics import Metric
 from fusebox_contract.names import BreakerState, Variant
-from fusebox_operator.policy import RequestCounts
-from fusebox_operator.telemetry import ParseError, parse_metrics, sample_from_metrics
+from fusebox_operator.kube import PodView
+from fusebox_operator.policy import PodSample, RequestCounts
+from fusebox_operator.telemetry import ParseError, parse_metrics, sample_from_metrics, scrape_pod
 
 TEXT = f"""\
 # HELP {Metric.PROCESS_RESIDENT_MEMORY_BYTES} RSS
@@ -101,3 +106,33 @@ def test_escaped_label_values() -> None:
 def test_garbage_is_a_parse_error() -> None:
     with pytest.raises(ParseError):
         parse_metrics("fusebox_x{a=1} nope\n")
+
+
+def test_a_scrape_slower_than_scrape_timeout_is_a_failed_sample() -> None:
+    """A real HTTP sidecar stand-in that answers after 2 s; the scrape gives up at 0.3 s."""
+
+    async def slow(_: web.Request) -> web.Response:
+        await asyncio.sleep(2)
+        return web.Response(text=TEXT)
+
+    async def go() -> tuple[PodSample, PodSample]:
+        app = web.Application()
+        app.router.add_get("/metrics", slow)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        pod = PodView("p", "uid", "127.0.0.1", "Running", True, True, True, 0, False, False)
+        try:
+            async with aiohttp.ClientSession() as session:
+                late = await scrape_pod(session, pod, 0.3, "ttft", port=port)
+                in_time = await scrape_pod(session, pod, 5.0, "ttft", port=port)
+        finally:
+            await runner.cleanup()
+        return late, in_time
+
+    late, in_time = asyncio.run(go())
+    assert not late.ok and late.error.startswith("TimeoutError")
+    assert late.rss_bytes is None
+    assert in_time.ok and in_time.rss_bytes == 846204928
