@@ -67,8 +67,8 @@ snapshots: setup-python ## Refresh the operator's golden YAML snapshots (tests/u
 models: setup-python ## Generate the tiny and small models into the cache (keyed by the generator's fingerprint), as the tests and benchmarks do
 	@$(PY) -c 'from fusebox_server.tiny_model import ensure_model; print(ensure_model("tiny")); print(ensure_model("small"))'
 
-bench: setup-python models ## Run the benchmarks (bench/), writing figures to bench/results/
-	@$(PY) -m bench
+bench: setup-python models ## Run every benchmark in bench/suite.py (server, sidecar, operator), writing figures to bench/results/; one whose prerequisite (a cluster) is absent is skipped with the reason; BENCH_ARGS="--list" shows the plan
+	@$(PY) -m bench $(BENCH_ARGS)
 
 gpu-check: setup-python models ## On a CUDA machine: drive the leak fault on the GPU and record what each admin action frees
 	@$(PY) bench/gpu_check.py --out $${OUT:-bench/results/gpu-check}
