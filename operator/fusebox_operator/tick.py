@@ -225,6 +225,9 @@ async def run_tick(
         )
     )
     memory.policy = new_state
+    alive = {pod.instance for pod in inputs.pods}
+    for instance in [key for key in memory.applied if key not in alive]:
+        del memory.applied[instance]  # pods and container runs that are gone
 
     events = transition_events(state, new_state, executed, has_fallback)
     written_at = clock()
