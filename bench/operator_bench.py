@@ -148,7 +148,7 @@ async def reaction(interval: float, leak_mib: int, rounds: int) -> dict[str, Any
                             "at": action.at,
                             "after_onset_intervals": round(since / interval, 2),
                             "reason": action.reason,
-                            "result": result,
+                            "result": result.text,
                         }
                     )
                 if any(t["kind"] == "reload" for t in timeline):
