@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -259,3 +260,22 @@ def test_values_beyond_their_domain_are_problems(
 def test_a_reading_lists_its_file_problem_and_its_field_problems_together() -> None:
     assert StatsReading(None, "missing").problems == ("missing",)
     assert StatsReading(StatsDocument(), field_problems=("pid: bad",)).problems == ("pid: bad",)
+
+
+def _paths(node: object, prefix: str = "") -> set[str]:
+    if isinstance(node, dict):
+        return {p for key, value in node.items() for p in _paths(value, f"{prefix}.{key}")}
+    if isinstance(node, list):
+        return {p for value in node for p in _paths(value, f"{prefix}[]")}
+    return {prefix}
+
+
+def test_the_documented_example_is_what_the_writer_writes(stats_document: StatsDocument) -> None:
+    """docs/stats-file.md shows every field the writer writes, and nothing else."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "stats-file.md").read_text()
+    example = text.split("```json\n", 1)[1].split("```", 1)[0]
+
+    reading = parse(example)
+
+    assert reading.valid, reading.problems
+    assert _paths(json.loads(example)) == _paths(encode(stats_document))
