@@ -88,10 +88,18 @@ HEARTBEAT_TIMEOUT = _s(
     "heartbeat-timeout", float, 10.0, "seconds after which a heartbeat fails /healthz"
 )
 MEMORY_GUARD_RATIO = _s(
-    "memory-guard-ratio", float, 0.95, "share of a memory limit at which new requests are refused"
+    "memory-guard-ratio",
+    float,
+    0.95,
+    "share of a memory limit at which new requests are refused",
+    wired=False,
 )
 LATENCY_WINDOW = _s(
-    "latency-window", float, 60.0, "seconds of the sliding window for latency and quality"
+    "latency-window",
+    float,
+    60.0,
+    "seconds of the sliding window for latency and quality",
+    wired=False,
 )
 LOG_LEVEL = _s("log-level", str, "info", "debug|info|warning|error", wired=False)
 

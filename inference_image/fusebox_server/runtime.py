@@ -28,6 +28,7 @@ import torch
 from fusebox_contract.names import (
     ActionType,
     DegradationLevel,
+    HeartbeatThread,
     LatencyMetric,
     RequestOutcome,
     Variant,
@@ -144,7 +145,7 @@ class Runtime:
         self.breaker = Breaker()
         self.quality = QualitySampler(config.quality_sample_rate, config.latency_window_seconds)
         self.latency = {
-            metric.value: LatencyWindow(config.latency_window_seconds) for metric in LatencyMetric
+            metric: LatencyWindow(config.latency_window_seconds) for metric in LatencyMetric
         }
         self.accounting = RequestAccounting()
         self.actions = ActionLog()
@@ -304,7 +305,10 @@ class Runtime:
     def heartbeat_ages(self, now: float | None = None) -> dict[str, float]:
         now = time.time() if now is None else now
         worker = self.worker.effective_heartbeat(now) if self.worker is not None else now
-        return {"loop": now - self.loop_heartbeat, "worker": now - worker}
+        return {
+            HeartbeatThread.LOOP.value: now - self.loop_heartbeat,
+            HeartbeatThread.WORKER.value: now - worker,
+        }
 
     # ----- memory guard (stats thread) -----
     def memory_reading(self) -> MemoryReading:
