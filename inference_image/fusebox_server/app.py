@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from fusebox_contract.names import DegradationLevel
+from fusebox_contract.names import DegradationLevel, LatencyMetric
 from fusebox_contract.wiring import REQUEST_ID_HEADER, SERVED_BY_HEADER, VARIANT_HEADER
 from fusebox_server.accounting import RequestRecord
 from fusebox_server.edge import (
@@ -280,7 +280,7 @@ class GenerationResponse:
     def _on_piece(self, piece: Piece) -> None:
         now = time.monotonic()
         if self._last_piece_at is None:
-            self.runtime.latency["ttft"].add(now - self.prepared.arrival_monotonic)
+            self.runtime.latency[LatencyMetric.TTFT].add(now - self.prepared.arrival_monotonic)
         else:
             self._itl.append(now - self._last_piece_at)
         self._last_piece_at = now
@@ -375,8 +375,10 @@ class GenerationResponse:
         """Latency and quality of a success, and the log fields; the edge counts it."""
         if self.record.error is None:
             runtime = self.runtime
-            runtime.latency["e2e"].add(time.monotonic() - self.prepared.arrival_monotonic)
-            runtime.latency["itl"].add_many(self._itl)
+            runtime.latency[LatencyMetric.E2E].add(
+                time.monotonic() - self.prepared.arrival_monotonic
+            )
+            runtime.latency[LatencyMetric.ITL].add_many(self._itl)
             self._sample_quality()
         self.record.fields.update(
             output_length=self.completion_tokens,

@@ -21,6 +21,7 @@ from typing import Any, Final
 from fusebox_contract import settings as contract
 from fusebox_contract.names import Dtype, Quantization
 from fusebox_contract.settings import SERVER_SETTINGS, Setting
+from fusebox_contract.wiring import STATS_FILE, Port
 
 CHECK_CONFIG_FLAG: Final = "check-config"
 
@@ -62,10 +63,10 @@ class ServerConfig:
     fallback_dir: Path | None = None
     fallback_quantization: Quantization = Quantization.NONE
     host: str = "0.0.0.0"
-    port: int = 8000
-    admin_port: int = 8001
+    port: int = Port.API.value
+    admin_port: int = Port.ADMIN.value
     admin_token_file: Path | None = None
-    stats_file: Path = Path("/run/fusebox/stats.json")
+    stats_file: Path = Path(STATS_FILE)
     device: str = "auto"
     torch_threads: int = 0
     max_concurrency: int = 8
