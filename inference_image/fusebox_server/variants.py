@@ -133,10 +133,16 @@ class Variants:
         self.worker.loaded = loaded
 
     # ----- operations -----
-    async def load(self, variant: Variant) -> None:
-        """Load `variant` (dropping whatever is loaded) and warm it up; not ready meanwhile."""
+    async def load(self, variant: Variant, *, unless_loaded: bool = False) -> None:
+        """Load `variant` (dropping whatever is loaded) and warm it up; not ready meanwhile.
+
+        `unless_loaded`: decided under the lock, so a load that waited for
+        another one to end does not repeat it.
+        """
         source = self.source(variant)
         async with self._lock:
+            if unless_loaded and self.loaded is not None and self.current == variant:
+                return
             self.ready = False
             try:
                 await self._on_worker(lambda: self._load_on_worker(variant, source))
@@ -161,8 +167,7 @@ class Variants:
         """Load `variant` unless it is the one loaded; it also becomes the target."""
         self.source(variant)  # refuse an unavailable fallback before anything changes
         self.target = variant
-        if not (self.loaded is not None and self.current == variant):
-            await self.load(variant)
+        await self.load(variant, unless_loaded=True)
 
     def converge_to(self, target: Variant) -> bool:
         """Declare `target`; True while a background load is heading for it."""
@@ -182,7 +187,7 @@ class Variants:
             if self.loaded is not None and self.current == target:
                 return
             try:
-                await self.load(target)
+                await self.load(target, unless_loaded=True)
             except Exception as error:
                 self.last_convergence_error = f"{target.value}: {error}"
                 log.warning("variant_convergence_failed", target=target.value, error=repr(error))

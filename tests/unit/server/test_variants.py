@@ -109,3 +109,23 @@ def test_dtype_and_torch_threads_apply_before_the_model_runs(tiny_model_dir: Pat
     dtypes, threads = run_with_runtime(config, scenario)
     assert dtypes == {torch.bfloat16}
     assert threads == 1
+
+
+def test_a_load_action_during_convergence_on_the_same_variant_does_not_load_again(
+    tiny_model_dir: Path,
+) -> None:
+    config = ServerConfig(
+        model_dir=tiny_model_dir, fallback_quantization=Quantization.INT8, torch_threads=1
+    )
+
+    async def scenario(runtime: Runtime) -> tuple[dict[str, Any], list[Any]]:
+        with structlog.testing.capture_logs() as logs:
+            assert runtime.set_degradation(DegradationLevel.FALLBACK_MODEL).converging
+            await asyncio.sleep(0)  # the convergence task holds the model lock
+            result = await runtime.run_action("load-1", ActionType.LOAD, Variant.FALLBACK)
+            await settled(runtime)
+        return result, logs
+
+    result, logs = run_with_runtime(config, scenario)
+    assert result["variant"] == "fallback" and result["model_loaded"]
+    assert [e["variant"] for e in logs if e["event"] == "model_loaded"] == ["fallback"]
