@@ -500,17 +500,8 @@ class Runtime:
         cgroup = memory.cgroup_memory()
         encoder = self.encoder()
         worker = self.worker
-        loaded = worker.loaded if worker is not None else None
-        variants = getattr(self, "variants", None)  # None before the variants refactor
-        accounting = getattr(self, "accounting", None)  # None before the accounting refactor
-        if accounting is not None:
-            requests = accounting.totals()
-        else:
-            counters = self.counters
-            requests = {
-                outcome: getattr(counters, f"{outcome}_total")
-                for outcome in ("succeeded", "failed", "rejected", "timed_out", "cancelled")
-            }
+        variants = self.variants
+        loaded = variants.loaded
         return compose_document(
             written_at=now,
             pid=os.getpid(),
@@ -525,14 +516,14 @@ class Runtime:
             tokenizer_cache_entries=encoder.cache_entries,
             tokenizer_cache_hits_total=encoder.cache_hits_total,
             tokenizer_template_hits_total=encoder.template_hits_total,
-            requests=requests,
-            latency={str(name): window.summary(now) for name, window in self.latency.items()},
+            requests=self.accounting.totals(),
+            latency={name: window.summary(now) for name, window in self.latency.items()},
             quality_sampled_total=self.quality.sampled_total,
             quality_failed_total=self.quality.failed_total,
             quality_failure_ratio=self.quality.failure_ratio(now),
             heartbeats={
-                "loop": self.loop_heartbeat,
-                "worker": worker.effective_heartbeat(now) if worker is not None else None,
+                HeartbeatThread.LOOP: self.loop_heartbeat,
+                HeartbeatThread.WORKER: worker.effective_heartbeat(now) if worker else None,
             },
             state=runtime_state(
                 breaker=self.breaker.state,
@@ -541,11 +532,11 @@ class Runtime:
                 variant=self.variant,
                 model_loaded=self.model_loaded,
                 memory_guard_active=self.memory_guard_active,
-                model_revision=getattr(self.config, "model_revision", None),
-                dtype=getattr(loaded, "dtype", None),
-                quantization=getattr(loaded, "quantization", None),
+                model_revision=self.config.model_revision,
+                dtype=loaded.dtype if loaded is not None else None,
+                quantization=loaded.quantization if loaded is not None else None,
                 fallback_configured=self.fallback_configured,
-                target_variant=variants.target_variant if variants is not None else self.variant,
-                converging=variants.converging if variants is not None else None,
+                target_variant=variants.target_variant,
+                converging=variants.converging,
             ),
         )

@@ -139,32 +139,47 @@ class StatsThread(threading.Thread):
             self._stopping.wait(max(0.0, self._interval - (time.monotonic() - started)))
 
 
-def _enum_or_none(kind: type[Any], value: object) -> Any:
-    """`kind(value)` for a value the enum knows (its member or its wire spelling)."""
+def dtype_named(value: str | None) -> Dtype | None:
+    """The engine's dtype (`bfloat16`, `torch.bfloat16`) as the contract's Dtype;
+    None for a storage type the contract does not name (int8 weights)."""
+    if value is None:
+        return None
     try:
-        return None if value is None else kind(value)
+        return Dtype(value.removeprefix("torch."))
     except ValueError:
         return None
 
 
-def quantization_named(value: object) -> Quantization | None:
-    """The contract's name of how the loaded variant is quantized.
-
-    The engine may qualify the scheme with its backend (`int8-bitsandbytes`);
-    the part before the dash is the scheme the operator asked for.
-    """
-    named: Quantization | None = _enum_or_none(Quantization, value)
-    if named is None and isinstance(value, str):
-        named = _enum_or_none(Quantization, value.partition("-")[0])
-    return named
-
-
-def dtype_named(value: object) -> Dtype | None:
-    """`bfloat16` or `torch.bfloat16` as the contract's Dtype; None for others (int8 storage)."""
-    if isinstance(value, str):
-        value = value.removeprefix("torch.")
-    named: Dtype | None = _enum_or_none(Dtype, value)
-    return named
+def runtime_state(
+    *,
+    breaker: BreakerState,
+    admit_percent: float,
+    degradation_level: DegradationLevel,
+    variant: Variant,
+    model_loaded: bool,
+    memory_guard_active: bool,
+    model_revision: str,
+    dtype: str | None,
+    quantization: Quantization | None,
+    fallback_configured: bool,
+    target_variant: Variant,
+    converging: bool,
+) -> RuntimeState:
+    """The contract's runtime state; an empty revision is absent, not an empty label."""
+    return RuntimeState(
+        breaker=breaker,
+        admit_percent=admit_percent,
+        degradation_level=degradation_level,
+        variant=variant,
+        model_loaded=model_loaded,
+        memory_guard_active=memory_guard_active,
+        model_revision=model_revision or None,
+        dtype=dtype_named(dtype),
+        quantization=quantization,
+        fallback_configured=fallback_configured,
+        target_variant=target_variant,
+        converging=converging,
+    )
 
 
 def compose_document(
@@ -182,15 +197,19 @@ def compose_document(
     tokenizer_cache_entries: int,
     tokenizer_cache_hits_total: int,
     tokenizer_template_hits_total: int,
-    requests: Mapping[Any, int],  # keyed by RequestOutcome or its spelling
-    latency: Mapping[str, LatencySummary | None],
+    requests: Mapping[RequestOutcome, int],
+    latency: Mapping[LatencyMetric, LatencySummary | None],
     quality_sampled_total: int,
     quality_failed_total: int,
     quality_failure_ratio: float | None,
-    heartbeats: Mapping[str, float | None],
+    heartbeats: Mapping[HeartbeatThread, float | None],
     state: RuntimeState,
 ) -> StatsDocument:
-    """The stats document from the runtime's raw figures: pure, so tested without a model."""
+    """The stats document from the runtime's raw figures: pure, so tested without a model.
+
+    `cuda` and `nvml` are `fusebox_server.memory`'s readings; an empty
+    latency window and a heartbeat not yet stamped are absent.
+    """
     return StatsDocument(
         written_at=written_at,
         pid=pid,
@@ -218,54 +237,13 @@ def compose_document(
         tokenizer_cache_entries=tokenizer_cache_entries,
         tokenizer_cache_hits_total=tokenizer_cache_hits_total,
         tokenizer_template_hits_total=tokenizer_template_hits_total,
-        requests={RequestOutcome(outcome): count for outcome, count in requests.items()},
-        latency={
-            LatencyMetric(metric): summary
-            for metric, summary in latency.items()
-            if summary is not None
-        },
+        requests=requests,
+        latency={metric: summary for metric, summary in latency.items() if summary is not None},
         quality=Quality(
             sampled_total=quality_sampled_total,
             failed_total=quality_failed_total,
             failure_ratio=quality_failure_ratio,
         ),
-        heartbeats={
-            HeartbeatThread(thread): stamp
-            for thread, stamp in heartbeats.items()
-            if stamp is not None
-        },
+        heartbeats={thread: stamp for thread, stamp in heartbeats.items() if stamp is not None},
         state=state,
-    )
-
-
-def runtime_state(
-    *,
-    breaker: object,
-    admit_percent: float,
-    degradation_level: int,
-    variant: object,
-    model_loaded: bool,
-    memory_guard_active: bool,
-    model_revision: str | None,
-    dtype: object,
-    quantization: object,
-    fallback_configured: bool,
-    target_variant: object,
-    converging: bool | None,
-) -> RuntimeState:
-    """The contract's runtime state from the runtime's values, enum members or
-    their spellings alike (a value the contract does not know is absent)."""
-    return RuntimeState(
-        breaker=_enum_or_none(BreakerState, breaker),
-        admit_percent=admit_percent,
-        degradation_level=_enum_or_none(DegradationLevel, degradation_level),
-        variant=_enum_or_none(Variant, variant),
-        model_loaded=model_loaded,
-        memory_guard_active=memory_guard_active,
-        model_revision=model_revision or None,
-        dtype=dtype_named(dtype),
-        quantization=quantization_named(quantization),
-        fallback_configured=fallback_configured,
-        target_variant=_enum_or_none(Variant, target_variant),
-        converging=converging,
     )

@@ -26,7 +26,6 @@ from fusebox_server.stats import (
     compose_document,
     dtype_named,
     percentile,
-    quantization_named,
     runtime_state,
     write_atomically,
 )
@@ -59,10 +58,10 @@ def test_the_window_forgets_old_samples() -> None:
 
 def _state(**changes: object) -> RuntimeState:
     values: dict[str, object] = {
-        "breaker": "half_open",
+        "breaker": BreakerState.HALF_OPEN,
         "admit_percent": 5,
-        "degradation_level": 2,
-        "variant": "fallback",
+        "degradation_level": DegradationLevel.FALLBACK_MODEL,
+        "variant": Variant.FALLBACK,
         "model_loaded": True,
         "memory_guard_active": False,
         "model_revision": "v1.2",
@@ -92,11 +91,15 @@ def _document(**changes: object) -> StatsDocument:
         "tokenizer_cache_hits_total": 12,
         "tokenizer_template_hits_total": 4,
         "requests": dict.fromkeys(RequestOutcome, 1),
-        "latency": {"ttft": LatencySummary(0.2, 10), "itl": None, "e2e": LatencySummary(1.0, 10)},
+        "latency": {
+            LatencyMetric.TTFT: LatencySummary(0.2, 10),
+            LatencyMetric.ITL: None,
+            LatencyMetric.E2E: LatencySummary(1.0, 10),
+        },
         "quality_sampled_total": 10,
         "quality_failed_total": 1,
         "quality_failure_ratio": 0.1,
-        "heartbeats": {"loop": 1796000000.4, "worker": None},
+        "heartbeats": {HeartbeatThread.LOOP: 1796000000.4, HeartbeatThread.WORKER: None},
         "state": _state(),
     }
     values.update(changes)
@@ -117,31 +120,20 @@ def test_the_runtime_s_figures_become_the_contract_document_the_sidecar_reads() 
     assert document.quality.failure_ratio == 0.1
 
 
-def test_request_totals_keyed_by_the_old_spellings_still_count_as_their_outcomes() -> None:
-    document = _document(requests={"succeeded": 5, "timed_out": 2})
-
-    assert document.requests == {RequestOutcome.SUCCEEDED: 5, RequestOutcome.TIMED_OUT: 2}
-
-
-def test_the_state_takes_enum_members_or_their_spellings() -> None:
-    assert _state() == _state(
-        breaker=BreakerState.HALF_OPEN,
-        degradation_level=DegradationLevel.FALLBACK_MODEL,
-        variant=Variant.FALLBACK,
-        dtype=Dtype.FLOAT16,
-        quantization="int8",
-        target_variant="primary",
-    )
+def test_the_state_carries_the_loaded_variant_s_facts_in_the_contract_s_names() -> None:
     state = _state()
-    assert (state.breaker, state.degradation_level) == (
+
+    assert (state.breaker, state.degradation_level, state.variant) == (
         BreakerState.HALF_OPEN,
         DegradationLevel.FALLBACK_MODEL,
+        Variant.FALLBACK,
     )
     assert (state.dtype, state.quantization, state.model_revision) == (
         Dtype.FLOAT16,
         Quantization.INT8,
         "v1.2",
     )
+    assert (state.target_variant, state.converging) == (Variant.PRIMARY, True)
 
 
 def test_an_empty_revision_is_absent_not_an_empty_label() -> None:
@@ -150,27 +142,10 @@ def test_an_empty_revision_is_absent_not_an_empty_label() -> None:
 
 @pytest.mark.parametrize(
     ("engine_name", "contract"),
-    [
-        ("int8", Quantization.INT8),
-        ("int8-bitsandbytes", Quantization.INT8),
-        (Quantization.FP8, Quantization.FP8),
-        ("none", Quantization.NONE),
-        ("gguf", None),
-        (None, None),
-    ],
-)
-def test_the_loaded_quantization_is_named_by_its_scheme(
-    engine_name: object, contract: Quantization | None
-) -> None:
-    assert quantization_named(engine_name) is contract
-
-
-@pytest.mark.parametrize(
-    ("engine_name", "contract"),
     [("bfloat16", Dtype.BFLOAT16), ("torch.float32", Dtype.FLOAT32), ("int8", None), (None, None)],
 )
 def test_the_loaded_dtype_is_named_as_the_contract_spells_it(
-    engine_name: object, contract: Dtype | None
+    engine_name: str | None, contract: Dtype | None
 ) -> None:
     assert dtype_named(engine_name) is contract
 
