@@ -30,7 +30,6 @@ from fusebox_contract.names import (
     DegradationLevel,
     HeartbeatThread,
     LatencyMetric,
-    RequestOutcome,
     Variant,
 )
 from fusebox_server import engine, memory
@@ -75,18 +74,6 @@ def malloc_trim() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
-
-
-@dataclass(frozen=True)
-class Counters:
-    """The request totals under the stats file's old names (kept for `stats_document`)."""
-
-    succeeded_total: int
-    failed_total: int
-    rejected_total: int
-    timed_out_total: int
-    cancelled_total: int
-    invalid_total: int
 
 
 @dataclass
@@ -198,18 +185,6 @@ class Runtime:
     @property
     def model_loaded(self) -> bool:
         return self.variants.loaded is not None
-
-    @property
-    def counters(self) -> Counters:
-        totals = self.accounting.totals()
-        return Counters(
-            succeeded_total=totals[RequestOutcome.SUCCEEDED],
-            failed_total=totals[RequestOutcome.FAILED],
-            rejected_total=totals[RequestOutcome.REJECTED],
-            timed_out_total=totals[RequestOutcome.TIMED_OUT],
-            cancelled_total=totals[RequestOutcome.CANCELLED],
-            invalid_total=totals[RequestOutcome.INVALID],
-        )
 
     @property
     def gpu_device_id(self) -> int | None:
