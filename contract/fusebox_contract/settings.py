@@ -63,7 +63,10 @@ MAX_QUEUE = _s("max-queue", int, 64, "requests waiting; beyond it 429")
 MAX_INPUT_TOKENS = _s("max-input-tokens", int, 4096, "prompt length limit in tokens")
 MAX_NEW_TOKENS = _s("max-new-tokens", int, 1024, "limit and default for max_tokens")
 MAX_BODY_BYTES = _s(
-    "max-body-bytes", int, None, "request body limit; beyond it 413 (default: from max-input-tokens)"
+    "max-body-bytes",
+    int,
+    None,
+    "request body limit; beyond it 413 (default: from max-input-tokens)",
 )
 REQUEST_TIMEOUT = _s(
     "request-timeout", float, 60.0, "deadline in seconds covering queue wait and generation"
