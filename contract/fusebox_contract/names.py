@@ -160,4 +160,3 @@ class EventReason(enum.StrEnum):
     INVALID_SPEC = "InvalidSpec"
     DEGRADED = "Degraded"
     RECOVERED = "Recovered"
-    ACTION_FAILED = "ActionFailed"

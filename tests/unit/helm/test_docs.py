@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from fusebox_operator import status
+from fusebox_contract.names import ConditionType, EventReason
 
 from .conftest import REPO
 
@@ -22,17 +22,6 @@ def test_runbook_explains_every_documented_sidecar_metric() -> None:
 
 
 def test_runbook_explains_every_condition_and_event() -> None:
-    conditions = {*status.CONDITION_TYPES, "InvalidSpec"}
-    events = {reason for reasons in status.ACTION_EVENT_REASONS.values() for reason in reasons}
-    events |= {
-        "BreakerOpened",
-        "BreakerHalfOpen",
-        "BreakerClosed",
-        "Degraded",
-        "Recovered",
-        "TelemetryStale",
-        "MemorySized",
-        "InvalidSpec",
-    }
-    missing = sorted(name for name in conditions | events if f"`{name}`" not in RUNBOOK)
+    names = {*ConditionType, *EventReason}
+    missing = sorted(name.value for name in names if f"`{name.value}`" not in RUNBOOK)
     assert missing == []
