@@ -43,6 +43,7 @@ from fusebox_server.errors import (
     ModelNotFound,
     ServerError,
 )
+from fusebox_server.openai_parameters import check_query
 from fusebox_server.openai_schema import (
     ChatRequest,
     CompletionRequest,
@@ -143,8 +144,10 @@ class Api:
         record = record_of(request)
         assert record is not None  # CountRequests covers both generation routes
         record.fields.update(model_name=self.config.model_name, variant=self.runtime.variant)
+        check_query(request.query_params)
         data = parse_json_body(await read_body(request, self.config.max_body_bytes))
         parsed = parse_chat_request(data) if kind == Kind.CHAT else parse_completion_request(data)
+        record.fields.update(parsed.identifiers)
         prepared = self._prepare(parsed, kind, record)
         if self.runtime.degradation_level >= DegradationLevel.CANNED_ANSWERS:
             answer = self.runtime.live.canned_answers.get(canned_key(parsed))

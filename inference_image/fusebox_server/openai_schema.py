@@ -4,7 +4,11 @@ Why: the peer answers 500 to ill-typed `messages` (FACTS.md); here every
 field is checked before any model work, and each problem becomes a 400
 (a value we refuse) or a 422 (a wrong type or a missing field) naming the
 parameter. Pure functions: bytes in, a request or a domain error out.
-Unknown fields are ignored, as OpenAI clients send extras.
+Every top-level key must have a row in `openai_parameters` (a 400 names
+any other, and any refused feature), so nothing a client sends is silently
+ignored. Hostile JSON (duplicate keys, lone surrogate escapes, numbers no
+float or 64-bit seed can hold, nesting past the parser's depth) ends as a
+400 too, never as an exception in the engine.
 """
 
 from __future__ import annotations
@@ -15,8 +19,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from fusebox_server.errors import InvalidJson, InvalidRequest, SchemaError
+from fusebox_server.openai_parameters import check_parameters
+from fusebox_server.rendering import Kind
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
+"""What `torch.Generator.manual_seed` takes."""
+LOGGED_IDENTIFIERS = ("user", "safety_identifier", "prompt_cache_key")
+"""Honoured by logging them on the request's line; they change no output."""
+STREAM_OPTIONS = ("include_usage", "include_obfuscation")
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,7 @@ class ChatRequest:
     include_usage: bool
     sampling: Sampling
     wants_json: bool
+    identifiers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,16 @@ class CompletionRequest:
     include_usage: bool
     sampling: Sampling
     wants_json: bool = False
+    identifiers: tuple[tuple[str, str], ...] = ()
+
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in value:
+            raise InvalidJson(f"request body repeats the key {key!r}", param=key)
+        value[key] = item
+    return value
 
 
 def parse_json_body(body: bytes) -> dict[str, Any]:
@@ -61,7 +83,11 @@ def parse_json_body(body: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as error:
         raise InvalidJson(f"request body is not valid UTF-8: {error.reason}") from error
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=_object_without_duplicates)
+        # A lone surrogate escape (\ud800) loads as a str no codec can write.
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidJson("request body has an invalid \\u escape (a lone surrogate)") from None
     except ValueError as error:
         raise InvalidJson(f"request body is not valid JSON: {error}") from error
     except RecursionError:
@@ -96,7 +122,10 @@ def _number(body: dict[str, Any], name: str, default: float, low: float, high: f
         return default
     if not _is_number(value):
         raise SchemaError(f"'{name}' must be a number", param=name)
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
     if not math.isfinite(number) or not low <= number <= high:
         raise InvalidRequest(f"'{name}' must be between {low} and {high}, got {value}", param=name)
     return number
@@ -139,18 +168,15 @@ def _common(body: dict[str, Any]) -> tuple[str, bool, bool, Sampling]:
         if n != 1:
             raise InvalidRequest(f"only n=1 is supported, got {n}", param="n")
     stream = _bool(body, "stream")
-    options = body.get("stream_options")
-    include_usage = False
-    if options is not None:
-        if not isinstance(options, dict):
-            raise SchemaError("'stream_options' must be an object", param="stream_options")
-        include_usage = bool(options.get("include_usage", False))
+    include_usage = _stream_options(body, stream)
     max_tokens = _optional_int(body, "max_completion_tokens")
     if max_tokens is None:
         max_tokens = _optional_int(body, "max_tokens")
     seed = body.get("seed")
     if seed is not None and not _is_int(seed):
         raise SchemaError("'seed' must be an integer", param="seed")
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise InvalidRequest("'seed' must fit in 64 bits", param="seed")
     sampling = Sampling(
         max_tokens=max_tokens,
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
@@ -160,9 +186,44 @@ def _common(body: dict[str, Any]) -> tuple[str, bool, bool, Sampling]:
     )
     if sampling.top_p == 0.0:
         raise InvalidRequest("'top_p' must be greater than 0", param="top_p")
-    for name in ("presence_penalty", "frequency_penalty"):
-        _number(body, name, 0.0, -2.0, 2.0)
     return model, stream, include_usage, sampling
+
+
+def _stream_options(body: dict[str, Any], stream: bool) -> bool:
+    """Whether a final usage chunk is wanted; options are refused without a stream."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise SchemaError("'stream_options' must be an object", param="stream_options")
+    if not stream:
+        raise InvalidRequest(
+            "'stream_options' is only allowed with 'stream': true", param="stream_options"
+        )
+    for name, value in options.items():
+        param = f"stream_options.{name}"
+        if name not in STREAM_OPTIONS:
+            raise InvalidRequest(f"unknown stream option {name!r}", param=param)
+        if value is not None and not isinstance(value, bool):
+            raise SchemaError(f"'{param}' must be a boolean", param=param)
+    if options.get("include_obfuscation"):
+        raise InvalidRequest(
+            "'stream_options.include_obfuscation' is not supported: chunks carry no padding",
+            param="stream_options.include_obfuscation",
+        )
+    return bool(options.get("include_usage"))
+
+
+def _identifiers(body: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    found: list[tuple[str, str]] = []
+    for name in LOGGED_IDENTIFIERS:
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise SchemaError(f"'{name}' must be a string", param=name)
+        found.append((name, value))
+    return tuple(found)
 
 
 def _wants_json(body: dict[str, Any]) -> bool:
@@ -174,12 +235,18 @@ def _wants_json(body: dict[str, Any]) -> bool:
             "'response_format' must be an object with a 'type'", param="response_format"
         )
     kind = value["type"]
-    if kind not in ("text", "json_object", "json_schema"):
+    if kind == "json_schema":
         raise InvalidRequest(
-            f"'response_format.type' must be text, json_object or json_schema, got {kind!r}",
+            "'response_format' json_schema is not supported: the output is not checked "
+            "against a schema; use json_object",
             param="response_format",
         )
-    return bool(kind != "text")
+    if kind not in ("text", "json_object"):
+        raise InvalidRequest(
+            f"'response_format.type' must be text or json_object, got {kind!r}",
+            param="response_format",
+        )
+    return kind == "json_object"
 
 
 def _content(value: object, index: int) -> str:
@@ -202,6 +269,7 @@ def _content(value: object, index: int) -> str:
 
 
 def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
+    check_parameters(body, Kind.CHAT)
     model, stream, include_usage, sampling = _common(body)
     messages = body.get("messages")
     if messages is None:
@@ -232,10 +300,12 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
         include_usage=include_usage,
         sampling=sampling,
         wants_json=_wants_json(body),
+        identifiers=_identifiers(body),
     )
 
 
 def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
+    check_parameters(body, Kind.COMPLETION)
     model, stream, include_usage, sampling = _common(body)
     prompt = body.get("prompt")
     if prompt is None:
@@ -248,17 +318,11 @@ def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise SchemaError("'prompt' must be a string", param="prompt")
-    if body.get("echo"):
-        raise InvalidRequest("'echo' is not supported", param="echo")
-    if body.get("logprobs") not in (None, False, 0):
-        raise InvalidRequest("'logprobs' is not supported", param="logprobs")
-    best_of = body.get("best_of")
-    if best_of not in (None, 1):
-        raise InvalidRequest("only best_of=1 is supported", param="best_of")
     return CompletionRequest(
         model=model,
         prompt=prompt,
         stream=stream,
         include_usage=include_usage,
         sampling=sampling,
+        identifiers=_identifiers(body),
     )

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
+import openai
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fusebox_server.errors import ServerError
+from fusebox_server.errors import InvalidRequest, ServerError
+from fusebox_server.openai_parameters import PARAMETERS, Parameter, Treatment
 from fusebox_server.openai_schema import (
     parse_chat_request,
     parse_completion_request,
     parse_json_body,
 )
+from fusebox_server.rendering import Kind
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
@@ -98,3 +102,178 @@ def test_deeply_nested_json_is_a_client_error() -> None:
     with pytest.raises(ServerError) as caught:
         parse_json_body(b"[" * 200_000 + b"]" * 200_000)
     assert caught.value.status == 400
+
+
+# ----- every parameter the official client sends has a row -----
+CLIENT_ONLY_ARGUMENTS = {"self"}
+
+
+def _client_parameters(create: Any) -> set[str]:
+    return set(inspect.signature(create).parameters) - CLIENT_ONLY_ARGUMENTS
+
+
+@pytest.mark.parametrize(
+    ("create", "kind"),
+    [
+        pytest.param(openai.resources.chat.completions.Completions.create, Kind.CHAT, id="chat"),
+        pytest.param(openai.resources.completions.Completions.create, Kind.COMPLETION, id="comp"),
+    ],
+)
+def test_the_table_has_a_row_for_every_client_parameter_and_no_other(
+    create: Any, kind: Kind
+) -> None:
+    rows = {row.name for row in PARAMETERS if kind in row.routes}
+    assert rows == _client_parameters(create)
+
+
+def _base(kind: Kind) -> dict[str, Any]:
+    if kind == Kind.CHAT:
+        return {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    return {"model": "m", "prompt": "hi"}
+
+
+def _parse(kind: Kind, body: dict[str, Any]) -> Any:
+    return (parse_chat_request if kind == Kind.CHAT else parse_completion_request)(body)
+
+
+REFUSING_VALUES: dict[str, object] = {
+    "presence_penalty": 0.5,
+    "frequency_penalty": -1,
+    "logit_bias": {"50256": -100},
+    "logprobs": True,
+    "top_logprobs": 2,
+    "tools": [{"type": "function", "function": {"name": "f"}}],
+    "tool_choice": "auto",
+    "parallel_tool_calls": False,
+    "functions": [{"name": "f"}],
+    "function_call": "auto",
+    "audio": {"voice": "alloy", "format": "wav"},
+    "modalities": ["text", "audio"],
+    "prediction": {"type": "content", "content": "x"},
+    "reasoning_effort": "low",
+    "verbosity": "low",
+    "web_search_options": {},
+    "store": True,
+    "metadata": {"k": "v"},
+    "service_tier": "flex",
+    "prompt_cache_retention": "24h",
+    "prompt_cache_options": {},
+    "moderation": {},
+    "echo": True,
+    "best_of": 2,
+    "suffix": "tail",
+}
+
+
+def _refused(kind: Kind) -> list[Any]:
+    return [
+        pytest.param(kind, row, id=f"{kind.value}-{row.name}")
+        for row in PARAMETERS
+        if row.treatment == Treatment.REFUSED and kind in row.routes
+    ]
+
+
+@pytest.mark.parametrize(("kind", "row"), _refused(Kind.CHAT) + _refused(Kind.COMPLETION))
+def test_a_refused_parameter_is_a_400_naming_it_and_its_off_value_passes(
+    kind: Kind, row: Parameter
+) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        _parse(kind, {**_base(kind), row.name: REFUSING_VALUES[row.name]})
+    assert caught.value.status == 400 and caught.value.param == row.name
+    _parse(kind, {**_base(kind), row.name: None})
+
+
+@pytest.mark.parametrize(
+    ("name", "off"),
+    [
+        ("presence_penalty", 0),
+        ("frequency_penalty", 0.0),
+        ("logit_bias", {}),
+        ("logprobs", False),
+        ("tool_choice", "none"),
+        ("modalities", ["text"]),
+        ("store", False),
+        ("service_tier", "auto"),
+        ("service_tier", "default"),
+    ],
+)
+def test_the_off_value_of_a_refused_parameter_is_accepted(name: str, off: object) -> None:
+    _parse(Kind.CHAT, {**_base(Kind.CHAT), name: off})
+
+
+@pytest.mark.parametrize("kind", [Kind.CHAT, Kind.COMPLETION])
+@pytest.mark.parametrize("name", ["frobnicate", "extra_body", "timeout", "role"])
+def test_an_unknown_key_is_a_400_naming_it(kind: Kind, name: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        _parse(kind, {**_base(kind), name: 1})
+    assert caught.value.param == name
+
+
+def test_a_key_of_the_other_route_is_refused() -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        _parse(Kind.COMPLETION, {**_base(Kind.COMPLETION), "messages": []})
+    assert caught.value.param == "messages"
+
+
+def test_logged_identifiers_are_kept_and_must_be_strings() -> None:
+    request = parse_chat_request({**_base(Kind.CHAT), "user": "u-1", "safety_identifier": "s"})
+    assert dict(request.identifiers) == {"user": "u-1", "safety_identifier": "s"}
+    with pytest.raises(ServerError) as caught:
+        parse_chat_request({**_base(Kind.CHAT), "user": 7})
+    assert caught.value.param == "user"
+
+
+def test_json_schema_response_format_is_refused_and_json_object_wanted() -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_chat_request({**_base(Kind.CHAT), "response_format": {"type": "json_schema"}})
+    assert caught.value.param == "response_format"
+    assert not parse_chat_request(
+        {**_base(Kind.CHAT), "response_format": {"type": "text"}}
+    ).wants_json
+
+
+def test_stream_options_need_a_stream_and_known_boolean_options() -> None:
+    wanted = parse_chat_request(
+        {**_base(Kind.CHAT), "stream": True, "stream_options": {"include_usage": True}}
+    )
+    assert wanted.include_usage
+    for options, stream, param in [
+        ({"include_usage": True}, False, "stream_options"),
+        ({"include_usage": "yes"}, True, "stream_options.include_usage"),
+        ({"include_obfuscation": True}, True, "stream_options.include_obfuscation"),
+        ({"bogus": True}, True, "stream_options.bogus"),
+    ]:
+        with pytest.raises(ServerError) as caught:
+            parse_chat_request({**_base(Kind.CHAT), "stream": stream, "stream_options": options})
+        assert caught.value.param == param
+
+
+# ----- hostile JSON -----
+@pytest.mark.parametrize("name", ["temperature", "top_p", "presence_penalty"])
+def test_an_integer_too_large_for_a_float_is_a_400(name: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_chat_request({**_base(Kind.CHAT), name: 10**400})
+    assert caught.value.param == name
+
+
+@pytest.mark.parametrize("seed", [1 << 64, -(1 << 63) - 1, 10**400])
+def test_a_seed_beyond_64_bits_is_a_400(seed: int) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_chat_request({**_base(Kind.CHAT), "seed": seed})
+    assert caught.value.param == "seed"
+
+
+def test_duplicate_keys_are_refused_naming_the_key() -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_json_body(b'{"model": "a", "prompt": "x", "model": "b"}')
+    assert caught.value.param == "model"
+
+
+@pytest.mark.parametrize("escape", [b"\\ud800", b"\\udfff", b"x\\ud800\\u0041"])
+def test_a_lone_surrogate_escape_is_a_400(escape: bytes) -> None:
+    with pytest.raises(InvalidRequest):
+        parse_json_body(b'{"prompt": "' + escape + b'"}')
+
+
+def test_a_surrogate_pair_is_one_character() -> None:
+    assert parse_json_body(b'{"prompt": "\\ud83d\\ude00"}')["prompt"] == "\U0001f600"
