@@ -246,7 +246,7 @@ def _wants_json(body: dict[str, Any]) -> bool:
             f"'response_format.type' must be text or json_object, got {kind!r}",
             param="response_format",
         )
-    return kind == "json_object"
+    return bool(kind == "json_object")
 
 
 def _content(value: object, index: int) -> str:

@@ -1,0 +1,340 @@
+"""Each row of the parameter table, through the official openai client against a real server.
+
+Honoured rows show their effect; refused rows get a 400 whose `error.param`
+names them; client-side rows show what reaches the server. A test keeps
+every row of `openai_parameters.PARAMETERS` covered here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import openai
+import pytest
+from fusebox_server_harness import MODEL_NAME, ServerProcess
+
+from fusebox_server.openai_parameters import PARAMETERS, Treatment
+from fusebox_server.rendering import Kind
+
+PROMPT = "Tell me about the river"
+MESSAGES = [{"role": "user", "content": PROMPT}]
+
+
+@pytest.fixture(scope="module")
+def checked_server(start_server: Any) -> ServerProcess:
+    """Every response quality-checked, so response_format's effect shows in the log."""
+    server: ServerProcess = start_server(
+        flags={"max-new-tokens": 64, "max-input-tokens": 256, "quality-sample-rate": 1.0}
+    )
+    return server
+
+
+@pytest.fixture(scope="module")
+def client(checked_server: ServerProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
+        base_url=f"{checked_server.url}/v1", api_key="unused", max_retries=0
+    ) as client:
+        yield client
+
+
+def chat(client: openai.OpenAI, **fields: Any) -> Any:
+    arguments: dict[str, Any] = {
+        "model": MODEL_NAME,
+        "messages": MESSAGES,
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    arguments.update(fields)
+    return client.chat.completions.create(**arguments)
+
+
+def complete(client: openai.OpenAI, **fields: Any) -> Any:
+    arguments: dict[str, Any] = {
+        "model": MODEL_NAME,
+        "prompt": PROMPT,
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    arguments.update(fields)
+    return client.completions.create(**arguments)
+
+
+def log_lines(server: ServerProcess, request_id: str) -> list[dict[str, Any]]:
+    lines = []
+    for line in server.log_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("request_id") == request_id:
+            lines.append(entry)
+    return lines
+
+
+def request_line(server: ServerProcess, request_id: str) -> dict[str, Any]:
+    def found() -> dict[str, Any] | None:
+        return next((e for e in log_lines(server, request_id) if e["event"] == "request"), None)
+
+    line: dict[str, Any] = server.wait_for(found, what=f"the request line of {request_id}")
+    return line
+
+
+# ----- honoured rows: each shows its effect -----
+def check_model(client: openai.OpenAI, server: ServerProcess) -> None:
+    assert chat(client).model == MODEL_NAME
+    with pytest.raises(openai.NotFoundError) as caught:
+        chat(client, model="not-served")
+    assert caught.value.param == "model"
+
+
+def check_messages(client: openai.OpenAI, server: ServerProcess) -> None:
+    short = chat(client, messages=[{"role": "user", "content": "hi"}])
+    longer = chat(client, messages=[*MESSAGES, {"role": "user", "content": PROMPT}])
+    assert longer.usage.prompt_tokens > short.usage.prompt_tokens
+
+
+def check_prompt(client: openai.OpenAI, server: ServerProcess) -> None:
+    short = complete(client, prompt="hi")
+    longer = complete(client, prompt=PROMPT * 3)
+    assert longer.usage.prompt_tokens > short.usage.prompt_tokens
+    assert complete(client, prompt=[PROMPT]).choices[0].text == complete(client).choices[0].text
+
+
+def check_max_tokens(client: openai.OpenAI, server: ServerProcess) -> None:
+    assert chat(client, max_tokens=2).usage.completion_tokens <= 2
+    assert complete(client, max_tokens=2).usage.completion_tokens <= 2
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, max_tokens=65)
+    assert caught.value.param == "max_tokens"
+
+
+def check_max_completion_tokens(client: openai.OpenAI, server: ServerProcess) -> None:
+    capped = chat(client, max_tokens=16, max_completion_tokens=2)
+    assert capped.usage.completion_tokens <= 2
+
+
+def check_temperature(client: openai.OpenAI, server: ServerProcess) -> None:
+    greedy = [chat(client, temperature=0, max_tokens=16).choices[0].message.content for _ in "ab"]
+    assert greedy[0] == greedy[1]
+    hot = {
+        chat(client, temperature=2, seed=seed, max_tokens=16).choices[0].message.content
+        for seed in range(4)
+    }
+    assert hot - {greedy[0]}, "temperature 2 never left the greedy path"
+
+
+def check_top_p(client: openai.OpenAI, server: ServerProcess) -> None:
+    greedy = chat(client, temperature=0, max_tokens=16).choices[0].message.content
+    nucleus = chat(client, temperature=2, top_p=1e-9, seed=3, max_tokens=16)
+    assert nucleus.choices[0].message.content == greedy
+
+
+def check_seed(client: openai.OpenAI, server: ServerProcess) -> None:
+    def sample(seed: int) -> str:
+        content: str = (
+            chat(client, temperature=2, seed=seed, max_tokens=16).choices[0].message.content
+        )
+        return content
+
+    assert sample(11) == sample(11)
+    assert len({sample(seed) for seed in range(4)}) > 1
+
+
+def check_stop(client: openai.OpenAI, server: ServerProcess) -> None:
+    text: str = chat(client, max_tokens=16).choices[0].message.content
+    assert len(text) >= 4, text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    stopped = chat(client, max_tokens=16, stop=[stop]).choices[0]
+    assert stopped.message.content == text[: text.find(stop)]
+    assert stopped.finish_reason == "stop"
+
+
+def check_n(client: openai.OpenAI, server: ServerProcess) -> None:
+    assert len(chat(client, n=1).choices) == 1
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, n=2)
+    assert caught.value.param == "n"
+
+
+def check_stream(client: openai.OpenAI, server: ServerProcess) -> None:
+    whole = chat(client, max_tokens=8).choices[0].message.content
+    chunks = list(chat(client, max_tokens=8, stream=True))
+    assert len(chunks) > 1
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole
+
+
+def check_stream_options(client: openai.OpenAI, server: ServerProcess) -> None:
+    plain = list(chat(client, stream=True))
+    assert all(chunk.usage is None for chunk in plain)
+    counted = list(chat(client, stream=True, stream_options={"include_usage": True}))
+    assert counted[-1].usage is not None and counted[-1].usage.completion_tokens > 0
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, stream_options={"include_usage": True})
+    assert caught.value.param == "stream_options"
+
+
+def check_response_format(client: openai.OpenAI, server: ServerProcess) -> None:
+    chat(client, response_format={"type": "json_object"}, extra_headers={"X-Request-Id": "rf-j"})
+    chat(client, response_format={"type": "text"}, extra_headers={"X-Request-Id": "rf-t"})
+    request_line(server, "rf-t")
+    failures = server.wait_for(
+        lambda: [e for e in log_lines(server, "rf-j") if e["event"] == "quality_failure"],
+        what="the json_object response checked as JSON",
+    )
+    assert "invalid_json" in failures[0]["reasons"]
+    assert not [e for e in log_lines(server, "rf-t") if e["event"] == "quality_failure"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, response_format={"type": "json_schema", "json_schema": {"name": "x"}})
+    assert caught.value.param == "response_format"
+
+
+def logged_identifier(name: str) -> Callable[[openai.OpenAI, ServerProcess], None]:
+    def check(client: openai.OpenAI, server: ServerProcess) -> None:
+        request_id = f"id-{name}"
+        with_id = chat(client, extra_headers={"X-Request-Id": request_id}, **{name: "who-7"})
+        without = chat(client)
+        assert with_id.choices[0].message.content == without.choices[0].message.content
+        assert request_line(server, request_id)[name] == "who-7"
+        if name == "user":
+            completion_id = "id-user-completion"
+            complete(client, user="who-8", extra_headers={"X-Request-Id": completion_id})
+            assert request_line(server, completion_id)["user"] == "who-8"
+
+    return check
+
+
+HONOURED: dict[str, Callable[[openai.OpenAI, ServerProcess], None]] = {
+    "model": check_model,
+    "messages": check_messages,
+    "prompt": check_prompt,
+    "max_tokens": check_max_tokens,
+    "max_completion_tokens": check_max_completion_tokens,
+    "temperature": check_temperature,
+    "top_p": check_top_p,
+    "seed": check_seed,
+    "stop": check_stop,
+    "n": check_n,
+    "stream": check_stream,
+    "stream_options": check_stream_options,
+    "response_format": check_response_format,
+    "user": logged_identifier("user"),
+    "safety_identifier": logged_identifier("safety_identifier"),
+    "prompt_cache_key": logged_identifier("prompt_cache_key"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HONOURED))
+def test_an_honoured_parameter_has_its_effect(
+    name: str, client: openai.OpenAI, checked_server: ServerProcess
+) -> None:
+    HONOURED[name](client, checked_server)
+
+
+# ----- refused rows: a 400 naming them, and their off value passes -----
+REFUSING: dict[str, tuple[object, object]] = {
+    # name: (a value that asks for the feature, the value that means "off")
+    "presence_penalty": (0.5, 0),
+    "frequency_penalty": (-1, 0.0),
+    "logit_bias": ({"50": -100}, {}),
+    "logprobs": (True, False),
+    "top_logprobs": (2, None),
+    "tools": ([{"type": "function", "function": {"name": "f"}}], None),
+    "tool_choice": ("auto", "none"),
+    "parallel_tool_calls": (False, None),
+    "functions": ([{"name": "f"}], None),
+    "function_call": ("auto", "none"),
+    "audio": ({"voice": "alloy", "format": "wav"}, None),
+    "modalities": (["text", "audio"], ["text"]),
+    "prediction": ({"type": "content", "content": "x"}, None),
+    "reasoning_effort": ("low", None),
+    "verbosity": ("low", None),
+    "web_search_options": ({}, None),
+    "store": (True, False),
+    "metadata": ({"k": "v"}, None),
+    "service_tier": ("flex", "auto"),
+    "prompt_cache_retention": ("24h", None),
+    "prompt_cache_options": ({}, None),
+    "moderation": ({}, None),
+    "echo": (True, False),
+    "best_of": (2, 1),
+    "suffix": ("tail", ""),
+}
+COMPLETION_REFUSING: dict[str, object] = {"logprobs": 1}
+
+
+def refused_rows() -> list[Any]:
+    return [
+        pytest.param(kind, row.name, id=f"{kind.value}-{row.name}")
+        for row in PARAMETERS
+        for kind in (Kind.CHAT, Kind.COMPLETION)
+        if row.treatment == Treatment.REFUSED and kind in row.routes
+    ]
+
+
+@pytest.mark.parametrize(("kind", "name"), refused_rows())
+def test_a_refused_parameter_gets_a_400_naming_it(
+    kind: Kind, name: str, client: openai.OpenAI
+) -> None:
+    call = chat if kind == Kind.CHAT else complete
+    asking, off = REFUSING[name]
+    if kind == Kind.COMPLETION:
+        asking = COMPLETION_REFUSING.get(name, asking)
+    with pytest.raises(openai.BadRequestError) as caught:
+        call(client, **{name: asking})
+    assert caught.value.status_code == 400
+    assert caught.value.param == name
+    assert caught.value.type == "invalid_request_error"
+    if off is not None:
+        call(client, **{name: off})
+
+
+# ----- client-side rows: what reaches the server -----
+def test_extra_body_keys_meet_their_rows_and_unknown_ones_are_refused(
+    client: openai.OpenAI,
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, extra_body={"top_k": 5})
+    assert caught.value.param == "top_k"
+    with pytest.raises(openai.BadRequestError) as caught:
+        complete(client, extra_body={"guided_json": {}})
+    assert caught.value.param == "guided_json"
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, extra_body={"logprobs": True})
+    assert caught.value.param == "logprobs"
+    assert chat(client, extra_body={"seed": 3}).choices
+
+
+def test_extra_headers_carry_the_request_id(client: openai.OpenAI) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL_NAME, messages=MESSAGES, max_tokens=2, extra_headers={"X-Request-Id": "eh-1"}
+    )
+    assert raw.headers["x-request-id"] == "eh-1"
+
+
+@pytest.mark.parametrize("call", [chat, complete], ids=["chat", "completion"])
+def test_extra_query_parameters_are_refused_naming_them(
+    client: openai.OpenAI, call: Callable[..., Any]
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        call(client, extra_query={"api-version": "2024-01-01"})
+    assert caught.value.param == "api-version"
+
+
+def test_timeout_stays_in_the_client(client: openai.OpenAI) -> None:
+    assert chat(client, timeout=60).choices
+    assert complete(client, timeout=60).choices
+
+
+CLIENT_SIDE_TESTS = {"extra_body", "extra_headers", "extra_query", "timeout"}
+
+
+def test_every_row_of_the_table_is_tested_here() -> None:
+    expected = {
+        Treatment.HONOURED: set(HONOURED),
+        Treatment.REFUSED: set(REFUSING),
+        Treatment.CLIENT_SIDE: CLIENT_SIDE_TESTS,
+    }
+    for treatment, tested in expected.items():
+        assert {row.name for row in PARAMETERS if row.treatment == treatment} == tested
