@@ -19,7 +19,7 @@ from fusebox_server.openai_parameters import PARAMETERS, Treatment
 from fusebox_server.rendering import Kind
 
 PROMPT = "Tell me about the river"
-MESSAGES = [{"role": "user", "content": PROMPT}]
+MESSAGES: list[Any] = [{"role": "user", "content": PROMPT}]
 
 
 @pytest.fixture(scope="module")
