@@ -22,7 +22,7 @@ setup-system: ## Install the Debian packages the cluster and tests need (contain
 setup-python: ## Create the Python environment in the cache (keyed by requirements-dev.lock) and link .venv to it
 	@scripts/setup-python.sh
 
-setup-binaries: ## Build etcd, Kubernetes, helm and CoreDNS from the pinned Go modules into the cache
+setup-binaries: ## Build etcd, Kubernetes, helm, CoreDNS and kube-score from the pinned Go modules into the cache
 	@localcluster/build-binaries.sh
 
 lock: ## Re-resolve requirements-*.in into the committed lock files
@@ -43,7 +43,7 @@ cluster-status: ## Show each localcluster component
 	@$(PY) -m localcluster status
 
 ##@ Tests and checks
-.PHONY: test test-unit test-integration test-e2e lint fmt snapshots models bench gpu-check api-docs
+.PHONY: test test-unit test-integration test-e2e lint fmt snapshots models bench gpu-check api-docs kube-score
 test: setup images ## Run every tier: unit, integration, e2e (what CI runs)
 	@$(PYTEST) tests/unit tests/integration tests/e2e
 
@@ -60,6 +60,9 @@ lint: setup-python ## ruff (lint + format check) and mypy strict
 	@$(PY) -m ruff check .
 	@$(PY) -m ruff format --check .
 	@$(PY) -m mypy
+
+kube-score: setup-python setup-binaries ## kube-score the rendered chart and the operator's children; fails on a CRITICAL not justified in docs/security.md
+	@$(PYTEST) tests/unit/helm/test_kube_score.py -q
 
 snapshots: setup-python ## Refresh the operator's golden YAML snapshots (tests/unit/operator/snapshots)
 	@FUSEBOX_UPDATE_SNAPSHOTS=1 $(PYTEST) tests/unit/operator -q

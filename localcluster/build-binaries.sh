@@ -30,10 +30,11 @@ else
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet \
     k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl)
-  echo "binaries: building etcd, helm, coredns"
+  echo "binaries: building etcd, helm, coredns, kube-score"
   (cd "$here/k8s/etcd" && go build -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3)
   (cd "$here/k8s/helm" && go build -ldflags "-s -w" -o "$tmp/helm" helm.sh/helm/v4/cmd/helm)
   (cd "$here/k8s/coredns" && go build -ldflags "-s -w" -o "$tmp/coredns" github.com/coredns/coredns)
+  (cd "$here/k8s/kube-score" && go build -ldflags "-s -w -X main.version=v1.20.0" -o "$tmp/kube-score" github.com/zegl/kube-score/cmd/kube-score)
   touch "$tmp/.complete"
   rm -rf "$out" && mv "$tmp" "$out"
   echo "binaries: built in $((SECONDS - start)) s into $out"
