@@ -51,6 +51,19 @@ LIVENESS_GRACE_SECONDS = 30
 """Slack after the operator's own wedge handling before the kubelet may step in."""
 SERVICE_LABEL = "fusebox.dev/service"
 
+MIB = 1024**2
+TMP_VOLUME_BYTES = 1024 * MIB
+"""sizeLimit of the pod's disk-backed /tmp emptyDir (library caches; root is read-only)."""
+LOG_ALLOWANCE_BYTES = 64 * MIB
+"""A container's logs on the node: the kubelet rotates them at 5 x 10Mi by default."""
+
+
+def ephemeral_storage(size_bytes: int) -> dict[str, str]:
+    """Ephemeral-storage request and limit alike: the kubelet never evicts a pod under
+    disk pressure for using what it reserved, and the pod's limit (the sum of its
+    containers') still bounds /tmp plus every container's logs."""
+    return {"ephemeral-storage": memory_quantity(size_bytes)}
+
 
 def selector_labels(name: str) -> dict[str, str]:
     return {SERVICE_LABEL: name}
@@ -209,6 +222,10 @@ def _server_container(
         "memory": memory_quantity(sizing.request_bytes),
     }
     limits: dict[str, str] = {"memory": memory_quantity(sizing.limit_bytes)}
+    # The server writes /tmp (shared with the sidecar, which writes almost
+    # nothing there), so its share of the pod's storage limit carries the volume.
+    requests |= ephemeral_storage(TMP_VOLUME_BYTES + LOG_ALLOWANCE_BYTES)
+    limits |= ephemeral_storage(TMP_VOLUME_BYTES + LOG_ALLOWANCE_BYTES)
     if not spec.memory.allow_swap:
         limits["cpu"] = spec.server.cpu  # every resource equal: Guaranteed QoS, no swap
     if spec.gpu.count > 0:
@@ -274,6 +291,10 @@ def _sidecar_container(settings: OperatorSettings) -> Manifest:
         ],
         "env": [{"name": "HOME", "value": "/tmp"}],
         "ports": [{"name": "metrics", "containerPort": int(Port.METRICS), "protocol": "TCP"}],
+        # Liveness: the HTTP server answers (a hung one is restarted).
+        # Readiness: the port listens. Deliberately not /metrics: the sidecar
+        # serves no users, so a failing collector must not take the pod out of
+        # its Service; the operator sees that through its scrapes instead.
         "livenessProbe": {
             "httpGet": {"path": HttpPath.HEALTHZ.value, "port": "metrics"},
             "periodSeconds": 10,
@@ -281,11 +302,14 @@ def _sidecar_container(settings: OperatorSettings) -> Manifest:
             "failureThreshold": 3,
         },
         "readinessProbe": {
-            "httpGet": {"path": HttpPath.HEALTHZ.value, "port": "metrics"},
+            "tcpSocket": {"port": "metrics"},
             "periodSeconds": 5,
             "timeoutSeconds": 2,
         },
-        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "resources": {
+            "requests": dict(resources) | ephemeral_storage(LOG_ALLOWANCE_BYTES),
+            "limits": dict(resources) | ephemeral_storage(LOG_ALLOWANCE_BYTES),
+        },
         "securityContext": _restricted_container_security(),
         "volumeMounts": [
             {"name": "runtime", "mountPath": RUNTIME_DIR, "readOnly": True},
@@ -299,7 +323,7 @@ def build_pod_template(
 ) -> Manifest:
     volumes: list[Manifest] = [
         {"name": "runtime", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
-        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": memory_quantity(TMP_VOLUME_BYTES)}},
         {
             "name": "admin-token",
             "secret": {"secretName": admin_secret_name(name), "defaultMode": 0o440},
