@@ -183,10 +183,11 @@ class Api:
             )
         max_tokens = parsed.sampling.max_tokens or self.config.max_new_tokens
         if max_tokens > self.config.max_new_tokens:
+            param = parsed.sampling.max_tokens_param
             raise InvalidRequest(
-                f"max_tokens is {max_tokens}, more than the limit of "
+                f"{param} is {max_tokens}, more than the limit of "
                 f"{self.config.max_new_tokens} new tokens",
-                param="max_tokens",
+                param=param,
             )
         stream = parsed.stream and self.runtime.degradation_level < DegradationLevel.NO_STREAMING
         record.fields["stream"] = stream

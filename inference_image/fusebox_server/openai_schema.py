@@ -37,6 +37,8 @@ class Sampling:
     top_p: float
     seed: int | None
     stop: tuple[str, ...]
+    max_tokens_param: str = "max_tokens"
+    """The field `max_tokens` came from, for an error that names it."""
 
 
 @dataclass(frozen=True)
@@ -169,9 +171,11 @@ def _common(body: dict[str, Any]) -> tuple[str, bool, bool, Sampling]:
             raise InvalidRequest(f"only n=1 is supported, got {n}", param="n")
     stream = _bool(body, "stream")
     include_usage = _stream_options(body, stream)
-    max_tokens = _optional_int(body, "max_completion_tokens")
+    max_tokens_param = "max_completion_tokens"
+    max_tokens = _optional_int(body, max_tokens_param)
     if max_tokens is None:
-        max_tokens = _optional_int(body, "max_tokens")
+        max_tokens_param = "max_tokens"
+        max_tokens = _optional_int(body, max_tokens_param)
     seed = body.get("seed")
     if seed is not None and not _is_int(seed):
         raise SchemaError("'seed' must be an integer", param="seed")
@@ -183,6 +187,7 @@ def _common(body: dict[str, Any]) -> tuple[str, bool, bool, Sampling]:
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
         seed=seed,
         stop=_stop(body),
+        max_tokens_param=max_tokens_param,
     )
     if sampling.top_p == 0.0:
         raise InvalidRequest("'top_p' must be greater than 0", param="top_p")
