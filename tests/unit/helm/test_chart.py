@@ -58,6 +58,7 @@ def test_defaults_render_operator_with_restricted_security_and_local_image(rende
             "ClusterRoleBinding",
             "Deployment",
             "Service",
+            "NetworkPolicy",  # the operator pod's own
         ]
     )
     deployment = one(documents, "Deployment")
