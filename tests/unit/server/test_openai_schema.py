@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -277,3 +278,19 @@ def test_a_lone_surrogate_escape_is_a_400(escape: bytes) -> None:
 
 def test_a_surrogate_pair_is_one_character() -> None:
     assert parse_json_body(b'{"prompt": "\\ud83d\\ude00"}')["prompt"] == "\U0001f600"
+
+
+def test_docs_server_md_has_the_table_row_for_row() -> None:
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "server.md").read_text()
+    documented = {
+        line.split("|")[1].strip().strip("`"): line.split("|")[3].strip()
+        for line in docs.splitlines()
+        if line.startswith("| `")
+    }
+    words = {
+        Treatment.HONOURED: "honoured",
+        Treatment.REFUSED: "refused (400)",
+        Treatment.CLIENT_SIDE: "client-side",
+    }
+    for row in PARAMETERS:
+        assert documented.get(row.name) == words[row.treatment], row.name
