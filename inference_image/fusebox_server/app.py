@@ -26,7 +26,12 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fusebox_contract.names import DegradationLevel, LatencyMetric
-from fusebox_contract.wiring import REQUEST_ID_HEADER, SERVED_BY_HEADER, VARIANT_HEADER
+from fusebox_contract.wiring import (
+    REQUEST_ID_HEADER,
+    SERVED_BY_HEADER,
+    VARIANT_HEADER,
+    HttpPath,
+)
 from fusebox_server.accounting import RequestRecord
 from fusebox_server.edge import (
     EXCEPTION_HANDLERS,
@@ -421,8 +426,8 @@ def build_api_app(runtime: Runtime) -> ASGIApp:
             Route(CHAT_PATH, api.chat_completions, methods=["POST"]),
             Route(COMPLETIONS_PATH, api.completions, methods=["POST"]),
             Route("/v1/models", api.models, methods=["GET"]),
-            Route("/healthz", api.healthz, methods=["GET"]),
-            Route("/readyz", api.readyz, methods=["GET"]),
+            Route(HttpPath.HEALTHZ, api.healthz, methods=["GET"]),
+            Route(HttpPath.READYZ, api.readyz, methods=["GET"]),
         ],
         middleware=[
             Middleware(

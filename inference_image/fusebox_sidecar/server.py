@@ -18,6 +18,8 @@ from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 from prometheus_client import make_wsgi_app
 from prometheus_client.registry import CollectorRegistry
 
+from fusebox_contract.wiring import HttpPath
+
 
 def _text_headers(*extra: tuple[str, str]) -> list[tuple[str, str]]:
     # A fresh list each time: wsgiref appends Content-Length to the list it gets.
@@ -30,13 +32,13 @@ def make_app(registry: CollectorRegistry) -> WSGIApplication:
     def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         method = environ.get("REQUEST_METHOD", "GET")
-        if path not in ("/metrics", "/healthz"):
+        if path not in (HttpPath.METRICS, HttpPath.HEALTHZ):
             start_response("404 Not Found", _text_headers())
             return [b"not found: try /metrics or /healthz\n"]
         if method not in ("GET", "HEAD"):
             start_response("405 Method Not Allowed", _text_headers(("Allow", "GET, HEAD")))
             return [b"method not allowed\n"]
-        if path == "/metrics":
+        if path == HttpPath.METRICS:
             body: Iterable[bytes] = metrics_app(environ, start_response)
             return body
         start_response("200 OK", _text_headers())
