@@ -131,6 +131,7 @@ class Fault(enum.StrEnum):
     LEAK = "leak"
     SLOW = "slow"
     WEDGE = "wedge"
+    LOAD_DELAY = "load_delay"  # seconds added to every model load
 
 
 class ConditionType(enum.StrEnum):

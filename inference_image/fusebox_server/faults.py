@@ -13,6 +13,10 @@ answers 403 for anything else. Nothing on the public API touches faults.
 - `wedge`   armed, off; `wedge:1` wedges the event loop once the server is
   ready. Switched on (`{"wedge": 1}`), it blocks the event loop for good:
   nothing on that loop can switch it off again, exactly like a real wedge.
+- `load_delay:N` every model load (a reload, a swap, a degradation level
+  that changes the variant) takes N seconds longer, as a large model's load
+  does (0 = armed, off): the pod is unready meanwhile, which is what the
+  operator's one-pod-at-a-time rollout must be proven against.
 """
 
 from __future__ import annotations

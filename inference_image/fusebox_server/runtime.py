@@ -28,6 +28,7 @@ import torch
 from fusebox_contract.names import (
     ActionType,
     DegradationLevel,
+    Fault,
     HeartbeatThread,
     LatencyMetric,
     Variant,
@@ -137,7 +138,12 @@ class Runtime:
         self.accounting = RequestAccounting()
         self.actions = ActionLog()
         self.variants = Variants(
-            config, self.device, self.encoders, self.on_worker, self._release_memory
+            config,
+            self.device,
+            self.encoders,
+            self.on_worker,
+            self._release_memory,
+            load_delay_seconds=lambda: float(self.faults.value(Fault.LOAD_DELAY)),
         )
         self.degradation_level = DegradationLevel.NONE
         self._degraded_to_fallback = False

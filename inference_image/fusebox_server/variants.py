@@ -15,6 +15,7 @@ the inference worker; everything else here is event-loop only.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,12 +65,14 @@ class Variants:
         encoders: dict[Variant, PromptEncoder],
         on_worker: OnWorker,
         release: Callable[[], None],
+        load_delay_seconds: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.config = config
         self.device = device
         self.encoders = encoders
         self._on_worker = on_worker
         self._release = release
+        self._load_delay_seconds = load_delay_seconds
         self.current = Variant.PRIMARY
         self.ready = False
         self.target: Variant | None = None
@@ -116,6 +119,9 @@ class Variants:
         assert self.worker is not None
         if self.worker.loaded is not None:
             self._unload_on_worker()
+        delay_seconds = self._load_delay_seconds()
+        if delay_seconds > 0:
+            time.sleep(delay_seconds)  # the load_delay fault: a large model's load time
         encoder = self.encoders[variant]
         loaded = engine.load_model(
             variant,
