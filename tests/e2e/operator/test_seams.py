@@ -479,9 +479,12 @@ def test_editing_canned_answers_reaches_the_running_pod_without_a_restart(
 def test_fallback_tier_and_back_keeps_a_ready_endpoint_under_traffic(
     inference_service: ServiceFactory,
 ) -> None:
+    # Every model load takes 10 s more (the load_delay fault), as a large model's does:
+    # a pod really is unready while it swaps, so all-at-once would empty the Service.
     spec = quality_switch_spec(
         replicas=2,
         degradation={"tiers": [DegradationTier.FALLBACK_MODEL.value], "coolOffSeconds": 20},
+        server={"env": [{"name": FAULTS_ENV, "value": "load_delay:10"}]},
     )
     service = inference_service("rolling", spec)
     wait_serving(service, pods=2)
@@ -511,7 +514,9 @@ def test_fallback_tier_and_back_keeps_a_ready_endpoint_under_traffic(
             lambda: seen.last_variants(3) == [Variant.PRIMARY] * 3,
             timeout=60,
         )
-    assert seen.endpoints and min(e for e in seen.endpoints if e >= 0) >= 1, seen.endpoints
+    counted = [e for e in seen.endpoints if e >= 0]
+    assert counted and min(counted) >= 1, seen.endpoints
+    assert 1 in counted, f"no pod was ever seen out of service: {seen.endpoints}"
     assert not seen.failures(), seen.failures()[:10]
     statuses = Counter(r.status for _, r in seen.replies)
     print("replies:", dict(statuses), "ready endpoints:", Counter(seen.endpoints))
