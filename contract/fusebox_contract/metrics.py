@@ -46,6 +46,8 @@ class Metric(enum.StrEnum):
     BREAKER_ADMIT_RATIO = "fusebox_breaker_admit_ratio"
     MODEL_INFO = "fusebox_model_info"  # {model,variant,quantization,dtype,revision}, value 1
     FALLBACK_CONFIGURED = "fusebox_fallback_configured"
+    FALLBACK_AVAILABLE = "fusebox_fallback_available"
+    FALLBACK_UNAVAILABLE_INFO = "fusebox_fallback_unavailable_info"  # {reason}, value 1
     FALLBACK_TARGET = "fusebox_fallback_target"
     VARIANT_CONVERGING = "fusebox_variant_converging"
 

@@ -161,3 +161,4 @@ class EventReason(enum.StrEnum):
     INVALID_SPEC = "InvalidSpec"
     DEGRADED = "Degraded"
     RECOVERED = "Recovered"
+    FALLBACK_UNAVAILABLE = "FallbackUnavailable"

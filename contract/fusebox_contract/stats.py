@@ -93,6 +93,10 @@ class RuntimeState:
     dtype: Dtype | None = None  # of the loaded variant's weights
     quantization: Quantization | None = None  # of the loaded variant
     fallback_configured: bool | None = None
+    # Whether this server can swap to its fallback: False when none is configured
+    # or the device cannot serve its quantization, and then the reason why.
+    fallback_available: bool | None = None
+    fallback_unavailable_reason: str | None = None
     target_variant: Variant | None = None  # the variant the server is moving to
     converging: bool | None = None  # a load or swap towards target_variant is under way
 
@@ -214,6 +218,8 @@ def encode(document: StatsDocument) -> dict[str, Any]:
             "dtype": _wire(state.dtype),
             "quantization": _wire(state.quantization),
             "fallback_configured": state.fallback_configured,
+            "fallback_available": state.fallback_available,
+            "fallback_unavailable_reason": state.fallback_unavailable_reason,
             "target_variant": _wire(state.target_variant),
             "converging": state.converging,
         },
@@ -418,6 +424,8 @@ def parse(text: str | bytes) -> StatsReading:
             dtype=f.choice("state.dtype", Dtype),
             quantization=f.choice("state.quantization", Quantization),
             fallback_configured=f.boolean("state.fallback_configured"),
+            fallback_available=f.boolean("state.fallback_available"),
+            fallback_unavailable_reason=f.text("state.fallback_unavailable_reason"),
             target_variant=f.choice("state.target_variant", Variant),
             converging=f.boolean("state.converging"),
         ),

@@ -517,6 +517,7 @@ class Runtime:
                 dtype=loaded.dtype if loaded is not None else None,
                 quantization=loaded.quantization if loaded is not None else None,
                 fallback_configured=self.fallback_configured,
+                fallback_unavailable_reason=variants.unavailable_reason,
                 target_variant=variants.target_variant,
                 converging=variants.converging,
             ),

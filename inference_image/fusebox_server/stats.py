@@ -39,6 +39,7 @@ from fusebox_contract.names import (
     Variant,
 )
 from fusebox_contract.stats import (
+    MAX_TEXT_CHARS,
     CudaMemory,
     GpuMemory,
     LatencySummary,
@@ -162,10 +163,14 @@ def runtime_state(
     dtype: str | None,
     quantization: Quantization | None,
     fallback_configured: bool,
+    fallback_unavailable_reason: str | None,
     target_variant: Variant,
     converging: bool,
 ) -> RuntimeState:
-    """The contract's runtime state; an empty revision is absent, not an empty label."""
+    """The contract's runtime state; an empty revision is absent, not an empty label.
+
+    The fallback is available exactly when nothing refuses it; the reason is cut
+    to what the reader accepts, so a long one costs its tail, not the field."""
     return RuntimeState(
         breaker=breaker,
         admit_percent=admit_percent,
@@ -177,6 +182,10 @@ def runtime_state(
         dtype=dtype_named(dtype),
         quantization=quantization,
         fallback_configured=fallback_configured,
+        fallback_available=fallback_unavailable_reason is None,
+        fallback_unavailable_reason=None
+        if fallback_unavailable_reason is None
+        else fallback_unavailable_reason[:MAX_TEXT_CHARS],
         target_variant=target_variant,
         converging=converging,
     )

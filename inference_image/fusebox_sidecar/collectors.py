@@ -38,6 +38,7 @@ LATENCY_LABEL = "metric"
 THREAD_LABEL = "thread"
 GPU_LABEL = "gpu"
 QUANTITY_LABEL = "quantity"
+REASON_LABEL = "reason"
 MODEL_INFO_LABELS = ("model", "variant", "quantization", "dtype", "revision")
 
 
@@ -250,6 +251,13 @@ def _state_families(d: StatsDocument) -> Iterator[Family]:
         _flag(state.fallback_configured),
     )
     yield from _gauge(
+        Metric.FALLBACK_AVAILABLE,
+        "1 when the server can swap to its fallback; 0 when none is configured or the device "
+        "cannot serve its quantization (the reason is fusebox_fallback_unavailable_info's)",
+        _flag(state.fallback_available),
+    )
+    yield from _fallback_unavailable_info(d)
+    yield from _gauge(
         Metric.MODEL_LOADED, "1 when the served model is loaded", _flag(state.model_loaded)
     )
     yield from _gauge(
@@ -258,6 +266,20 @@ def _state_families(d: StatsDocument) -> Iterator[Family]:
         _flag(state.memory_guard_active),
     )
     yield from _model_info(d)
+
+
+def _fallback_unavailable_info(d: StatsDocument) -> Iterator[Family]:
+    """`fusebox_fallback_unavailable_info{reason="..."} 1`: why there is no fallback to swap to."""
+    reason = d.state.fallback_unavailable_reason
+    if reason is None:
+        return
+    family = GaugeMetricFamily(
+        Metric.FALLBACK_UNAVAILABLE_INFO.value,
+        "Why the server cannot swap to a fallback, as the reason label (value 1)",
+        labels=[REASON_LABEL],
+    )
+    family.add_metric([reason], 1.0)
+    yield family
 
 
 def _model_info(d: StatsDocument) -> Iterator[Family]:

@@ -68,6 +68,7 @@ def _state(**changes: object) -> RuntimeState:
         "dtype": "torch.float16",
         "quantization": Quantization.INT8,
         "fallback_configured": True,
+        "fallback_unavailable_reason": None,
         "target_variant": Variant.PRIMARY,
         "converging": True,
     }
@@ -138,6 +139,18 @@ def test_the_state_carries_the_loaded_variant_s_facts_in_the_contract_s_names() 
 
 def test_an_empty_revision_is_absent_not_an_empty_label() -> None:
     assert _state(model_revision="").model_revision is None
+
+
+def test_a_refused_fallback_is_written_unavailable_with_its_reason_cut_to_what_is_read() -> None:
+    assert _state().fallback_available is True
+    assert _state().fallback_unavailable_reason is None
+    reason = "the fallback is unavailable: " + "int4 needs CUDA; " * 40
+    refused = _state(fallback_unavailable_reason=reason)
+    assert refused.fallback_available is False
+    document = parse(dumps(StatsDocument(state=refused)))
+    assert document.valid and document.document is not None
+    assert document.document.state.fallback_available is False
+    assert document.document.state.fallback_unavailable_reason == reason[:256]
 
 
 @pytest.mark.parametrize(

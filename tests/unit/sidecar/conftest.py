@@ -171,6 +171,8 @@ EXAMPLE_STATS = StatsDocument(
         dtype=Dtype.BFLOAT16,
         quantization=Quantization.INT8,
         fallback_configured=True,
+        fallback_available=False,
+        fallback_unavailable_reason="the fallback is unavailable: int4 needs a CUDA device",
         target_variant=Variant.FALLBACK,
         converging=False,
     ),

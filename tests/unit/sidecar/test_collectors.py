@@ -345,6 +345,30 @@ def test_the_fallback_plan_and_its_progress_are_gauges(stats_document: StatsDocu
     assert _registry(_read(without)).get_sample_value(Metric.FALLBACK_TARGET) is None
 
 
+def test_a_fallback_the_device_cannot_serve_is_a_0_gauge_with_its_reason(
+    stats_document: StatsDocument,
+) -> None:
+    reason = "the fallback is unavailable: int4 needs a CUDA device"
+    refused = _with_state(
+        stats_document,
+        fallback_configured=True,
+        fallback_available=False,
+        fallback_unavailable_reason=reason,
+    )
+    value = _registry(_read(refused)).get_sample_value
+
+    assert value(Metric.FALLBACK_CONFIGURED) == 1
+    assert value(Metric.FALLBACK_AVAILABLE) == 0
+    assert value(Metric.FALLBACK_UNAVAILABLE_INFO, {"reason": reason}) == 1
+    usable = _registry(
+        _read(
+            _with_state(stats_document, fallback_available=True, fallback_unavailable_reason=None)
+        )
+    )
+    assert usable.get_sample_value(Metric.FALLBACK_AVAILABLE) == 1
+    assert f"{Metric.FALLBACK_UNAVAILABLE_INFO.value}{{" not in generate_latest(usable).decode()
+
+
 def test_tokenizer_and_quality_counters_window_samples_and_admit_ratio_are_relayed(
     stats_document: StatsDocument,
 ) -> None:

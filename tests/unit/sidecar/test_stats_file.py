@@ -54,6 +54,8 @@ _states = st.builds(
     dtype=st.none() | st.sampled_from(Dtype),
     quantization=st.none() | st.sampled_from(Quantization),
     fallback_configured=st.none() | st.booleans(),
+    fallback_available=st.none() | st.booleans(),
+    fallback_unavailable_reason=_names,
     target_variant=st.none() | st.sampled_from(Variant),
     converging=st.none() | st.booleans(),
 )
