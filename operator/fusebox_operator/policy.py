@@ -128,7 +128,28 @@ class PodSample:
     queue_length: float | None = None
     tokenizer_cache_entries: float | None = None
     cuda_contexts: float | None = None
+    fallback_configured: bool | None = None  # a fallback is configured on the server
+    # False: this server cannot swap to a fallback (none configured, or the
+    # device cannot serve its quantization); None: not reported.
+    fallback_available: bool | None = None
+    fallback_unavailable_reason: str | None = None  # the server's words, when it gave them
     error: str = ""
+
+    @property
+    def cannot_swap(self) -> bool:
+        """The server said it cannot swap to a fallback: the fallback tier leaves it alone."""
+        return self.ok and self.fallback_available is False
+
+
+def swaps_to_fallback(spec: InferenceServiceSpec, sample: PodSample | None) -> bool:
+    """Whether level 2 and the ladder's swap step move this pod to a fallback.
+
+    Only with a fallback in the spec, and not on a pod whose server reported
+    that it cannot load it (a device without CUDA for int4/fp8): that pod is
+    a pod without a fallback. Not reported (an older sidecar, a failed
+    scrape) counts as able, as before the server could say so.
+    """
+    return spec.fallback is not None and not (sample is not None and sample.cannot_swap)
 
 
 @dataclass(frozen=True)
@@ -208,6 +229,10 @@ class PolicyState:
     stale_pods: set[str] = field(default_factory=set)
     quality_ratio: float | None = None
     p99_millis: float | None = None
+    # Pods whose server cannot swap to the spec's fallback -> its reason. In memory
+    # only: a new entry is one FallbackUnavailable event, so after an operator
+    # restart each such pod is named once more.
+    fallback_unavailable: dict[str, str] = field(default_factory=dict)
 
     def to_status(self) -> dict[str, Any]:
         """The persisted part (status.policy), JSON-safe."""
@@ -404,7 +429,13 @@ def _next_id(state: PolicyState, kind: ActionKind) -> str:
 def _forget_pod(state: PolicyState, pod: str) -> None:
     for key in [k for k in state.ladders if k.split("/", 1)[0] == pod]:
         del state.ladders[key]
-    for mapping in (state.variants, state.swapped_at, state.last_counts, state.history):
+    for mapping in (
+        state.variants,
+        state.swapped_at,
+        state.last_counts,
+        state.history,
+        state.fallback_unavailable,
+    ):
         mapping.pop(pod, None)
     for times in (state.first_seen, state.last_fresh):
         times.pop(pod, None)
@@ -422,13 +453,13 @@ def _may_act(rollout: Rollout | None, pod: str, kind: ActionKind) -> bool:
 
 
 def _ladder_step(
-    state: PolicyState, pod: str, ladder: Ladder, spec: InferenceServiceSpec, now: float
+    state: PolicyState, sample: PodSample, ladder: Ladder, spec: InferenceServiceSpec, now: float
 ) -> ActionKind | None:
-    """The next rung for this pod, skipping a swap that cannot help."""
+    """The next rung for this pod, skipping a swap that cannot help (or cannot load)."""
     while ladder.step < len(LADDER):
         kind = LADDER[ladder.step]
         if kind is ActionKind.SWAP_FALLBACK and (
-            spec.fallback is None or state.pod_variant(pod) == Variant.FALLBACK
+            not swaps_to_fallback(spec, sample) or state.pod_variant(sample.pod) == Variant.FALLBACK
         ):
             ladder.step += 1
             continue
@@ -468,7 +499,7 @@ def _memory_ladder(
         ladder.calm_since = None
         if acted or (ladder.last_action_at is not None and now - ladder.last_action_at < cooldown):
             continue
-        kind = _ladder_step(state, pod, ladder, spec, now)
+        kind = _ladder_step(state, sample, ladder, spec, now)
         if kind is None or not _may_act(rollout, pod, kind):
             continue  # waits for its turn: nothing advances, the next tick asks again
         variant = state.pod_variant(pod)
@@ -653,6 +684,16 @@ def _degradation(
             state.level_reason = f"healthy for {cool_off:g} s: stepping down"
 
 
+def _note_fallback(state: PolicyState, sample: PodSample, spec: InferenceServiceSpec) -> None:
+    """Remember which pods cannot swap to the spec's fallback, and the server's reason."""
+    if spec.fallback is not None and sample.cannot_swap:
+        state.fallback_unavailable[sample.pod] = (
+            sample.fallback_unavailable_reason or "the server reports no usable fallback"
+        )
+    elif sample.fallback_available is not None or spec.fallback is None:
+        state.fallback_unavailable.pop(sample.pod, None)
+
+
 def decide(
     state: PolicyState,
     samples: Iterable[PodSample],
@@ -700,6 +741,7 @@ def decide(
     calls = RequestCounts()
     for sample in fresh:
         pod = sample.pod
+        _note_fallback(state, sample, spec)
         if sample.requests is not None:
             calls = calls.plus(sample.requests.since(state.last_counts.get(pod)))
             state.last_counts[pod] = sample.requests

@@ -16,7 +16,7 @@ another one. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from fusebox_contract.names import DegradationLevel, Variant
@@ -78,7 +78,11 @@ def variant_for_level(level: int, has_fallback: bool) -> Variant:
 
 
 def pod_levels(
-    desired: int, current: Mapping[str, int], has_fallback: bool, rollout: Rollout
+    desired: int,
+    current: Mapping[str, int],
+    has_fallback: bool,
+    rollout: Rollout,
+    without_fallback: Collection[str] = frozenset(),
 ) -> dict[str, int]:
     """The degradation level to push to each pod this tick.
 
@@ -87,13 +91,16 @@ def pod_levels(
     at once. A level that swaps the model goes to a pod only when the rollout
     lets it out of service; the others keep their level until a later tick.
     Pods already out of service are offered first, so a starting pod gets
-    its level without holding up a Ready one.
+    its level without holding up a Ready one. A pod in `without_fallback`
+    (its server cannot load the fallback) is a pod without a fallback: every
+    level reaches it at once, and it swaps nothing.
     """
-    target_variant = variant_for_level(desired, has_fallback)
     levels: dict[str, int] = {}
     for pod in sorted(current, key=lambda name: (rollout.in_service(name), name)):
         level = current[pod]
-        if variant_for_level(level, has_fallback) is target_variant or rollout.take(pod):
+        swaps = has_fallback and pod not in without_fallback
+        same_variant = variant_for_level(level, swaps) is variant_for_level(desired, swaps)
+        if same_variant or rollout.take(pod):
             levels[pod] = desired
         else:
             levels[pod] = level

@@ -183,6 +183,15 @@ def model_entry(spec: InferenceServiceSpec) -> dict[str, str]:
     return {"name": spec.model.name, "revision": spec.model.revision, "dtype": spec.model.dtype}
 
 
+def fallback_note(state: PolicyState, spec: InferenceServiceSpec) -> str:
+    """At the fallback tier, the pods it cannot swap (their servers cannot load it)."""
+    stuck = sorted(state.fallback_unavailable)
+    if spec.fallback is None or state.level < DegradationLevel.FALLBACK_MODEL or not stuck:
+        return ""
+    listed = ", ".join(stuck[:MAX_PODS_LISTED])
+    return f"; the fallback tier cannot swap on {listed} (no usable fallback): primary serves"
+
+
 def build_status(
     previous: Mapping[str, Any],
     state: PolicyState,
@@ -218,6 +227,7 @@ def build_status(
     degraded = state.level > 0 or state.breaker is not BreakerState.CLOSED
     degraded_message = (
         f"tier {tier_name(state.level)} (level {state.level}); breaker {state.breaker.status_name}"
+        + fallback_note(state, spec)
     )
     conditions = set_condition(
         conditions,
@@ -327,7 +337,8 @@ def transition_events(
     executed: Sequence[tuple[Action, str]],
     has_fallback: bool = True,
 ) -> list[EventRecord]:
-    """One event per breaker/tier transition and per executed action, with the numbers."""
+    """One event per breaker/tier transition and per executed action, with the numbers,
+    and one per pod found unable to swap to the fallback (once: the state remembers it)."""
     events: list[EventRecord] = []
     if before.breaker is not after.breaker:
         kind = "Normal" if after.breaker is BreakerState.CLOSED else "Warning"
@@ -360,6 +371,15 @@ def transition_events(
                     f"service swaps back to the primary, one pod at a time: {message}",
                 )
             )
+    for pod in sorted(set(after.fallback_unavailable) - set(before.fallback_unavailable)):
+        events.append(
+            EventRecord(
+                "Warning",
+                EventReason.FALLBACK_UNAVAILABLE,
+                f"{pod} cannot swap to the fallback: {after.fallback_unavailable[pod]}; "
+                "it takes the degradation level and keeps serving the primary",
+            )
+        )
     newly_stale = sorted(after.stale_pods - before.stale_pods)
     if newly_stale:
         events.append(

@@ -75,6 +75,18 @@ def _request_counts(samples: Samples) -> RequestCounts | None:
     )
 
 
+def _flag(value: float | None) -> bool | None:
+    return None if value is None else value >= 1
+
+
+def _label(samples: Samples, name: Metric, label: str) -> str | None:
+    """One label's value of an info gauge (value 1); None when it is absent."""
+    for labels, value in samples.get(name.sample, []):
+        if value == 1 and label in labels:
+            return labels[label]
+    return None
+
+
 def _breaker(value: float | None) -> BreakerState | None:
     if value is None:
         return None
@@ -116,6 +128,9 @@ def sample_from_metrics(pod: str, samples: Samples, sampled_at: float, metric: s
         queue_length=_one(samples, Metric.REQUEST_QUEUE_LENGTH),
         tokenizer_cache_entries=_one(samples, Metric.TOKENIZER_CACHE_ENTRIES),
         cuda_contexts=_one(samples, Metric.CUDA_CONTEXTS),
+        fallback_configured=_flag(_one(samples, Metric.FALLBACK_CONFIGURED)),
+        fallback_available=_flag(_one(samples, Metric.FALLBACK_AVAILABLE)),
+        fallback_unavailable_reason=_label(samples, Metric.FALLBACK_UNAVAILABLE_INFO, "reason"),
     )
 
 

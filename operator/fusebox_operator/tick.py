@@ -115,7 +115,9 @@ def converging(
     """Whether the pod is still moving to the variant it was told to serve.
 
     The pod's own report decides: a level that swaps the model is converged
-    only when the sidecar shows the target variant with the model loaded.
+    only when the sidecar shows the target variant with the model loaded. A
+    pod that reports it cannot swap to the fallback expects the primary, so
+    it never holds up the rollout waiting for a swap that cannot come.
     """
     if sample is None or not sample.ok:
         return False
@@ -124,7 +126,9 @@ def converging(
     if state.pod_variant(pod.name) == Variant.FALLBACK:
         expected = Variant.FALLBACK  # the ladder swapped this pod on its own
     else:
-        expected = variant_for_level(pod_level(pod, sample, applied), has_fallback)
+        # A pod whose server cannot load the fallback stays on the primary at any level.
+        swaps = has_fallback and not sample.cannot_swap
+        expected = variant_for_level(pod_level(pod, sample, applied), swaps)
     return sample.variant is not None and sample.variant != expected
 
 
@@ -158,7 +162,8 @@ def runtime_targets(
 ) -> dict[str, RuntimeTarget]:
     """Breaker and admit share for every pod at once; the level as the rollout allows."""
     current = {pod.name: pod_level(pod, samples.get(pod.name), applied) for pod in pods}
-    levels = pod_levels(state.level, current, spec.fallback is not None, rollout)
+    cannot_swap = {name for name, sample in samples.items() if sample.cannot_swap}
+    levels = pod_levels(state.level, current, spec.fallback is not None, rollout, cannot_swap)
     admit = admit_percent(state, spec)
     return {pod.name: (state.breaker, admit, levels[pod.name]) for pod in pods}
 
@@ -229,7 +234,9 @@ async def run_tick(
     for instance in [key for key in memory.applied if key not in alive]:
         del memory.applied[instance]  # pods and container runs that are gone
 
-    events = transition_events(state, new_state, executed, has_fallback)
+    # "The service swaps to the fallback" only when some pod can.
+    some_pod_swaps = not samples or any(not sample.cannot_swap for sample in samples.values())
+    events = transition_events(state, new_state, executed, has_fallback and some_pod_swaps)
     written_at = clock()
     sample_list = sorted(samples.values(), key=lambda s: s.pod)
     new_status = build_status(
