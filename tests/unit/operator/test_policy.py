@@ -171,6 +171,31 @@ def test_swap_is_skipped_without_a_fallback() -> None:
     assert actions[-1].kind is ActionKind.RESTART
 
 
+def test_swap_is_skipped_on_a_pod_whose_server_cannot_load_the_fallback() -> None:
+    reason = "the fallback is unavailable: int4 needs a CUDA device"
+    steps = [
+        (now, [replace(s, fallback_available=False, fallback_unavailable_reason=reason)])
+        for now, [s] in leak_steps(120, 0.8 * 4096, 600)
+    ]
+    state, actions = run(PolicyState("svc"), steps)
+    assert ActionKind.SWAP_FALLBACK not in [a.kind for a in actions]
+    assert actions[-1].kind is ActionKind.RESTART
+    assert state.fallback_unavailable == {"p": reason}
+
+
+def test_a_pod_that_cannot_swap_is_remembered_until_it_can_or_is_gone() -> None:
+    refused = sample("a", T0, fallback_available=False)
+    state, _ = decide(
+        PolicyState("svc"), [refused, sample("b", T0, fallback_available=True)], T0, SPEC
+    )
+    assert state.fallback_unavailable == {"a": "the server reports no usable fallback"}
+    unreported = sample("a", T0 + INTERVAL)  # an older sidecar: nothing learnt, nothing forgotten
+    state, _ = decide(state, [unreported], T0 + INTERVAL, SPEC)
+    assert set(state.fallback_unavailable) == {"a"}
+    state, _ = decide(state, [sample("b", T0 + 2 * INTERVAL)], T0 + 2 * INTERVAL, SPEC)
+    assert state.fallback_unavailable == {}
+
+
 def test_swapped_pod_returns_to_primary_after_calm_cool_off() -> None:
     state = PolicyState("svc", variants={"p": Variant.FALLBACK}, swapped_at={"p": T0})
     steps = [(T0 + i * INTERVAL, [sample("p", T0 + i * INTERVAL, 1000)]) for i in range(14)]

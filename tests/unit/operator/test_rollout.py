@@ -109,3 +109,12 @@ def test_property_at_most_one_pod_leaves_service_while_another_is_not_ready(
         assert len(leaving) <= 1
         if leaving:
             assert in_service == set(PODS), "a Ready pod left while another was out of service"
+
+
+def test_a_pod_that_cannot_load_the_fallback_gets_level_two_at_once_and_swaps_nothing() -> None:
+    ready = {"a": True, "b": True, "c": True}
+    levels = pod_levels(2, dict.fromkeys(ready, 1), True, rollout(ready), without_fallback={"b"})
+    # b takes no turn (nothing leaves service on it), so a still gets the one turn.
+    assert levels == {"a": 2, "b": 2, "c": 1}
+    everyone = pod_levels(2, dict.fromkeys(ready, 1), True, rollout(ready), set(ready))
+    assert everyone == dict.fromkeys(ready, 2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fusebox_contract.names import BreakerState, ConditionType, EventReason, Variant
 from fusebox_operator.policy import Action, ActionKind, PodSample, PolicyState
 from fusebox_operator.spec import InferenceServiceSpec, parse_spec
@@ -111,6 +113,22 @@ def test_events_name_transitions_and_actions_with_numbers() -> None:
     ]
     assert "450 ms" in events[0].message
     assert "freed 1.2 GiB" in events[-1].message and "svc-000001-reload" in events[-1].message
+
+
+def test_a_pod_that_cannot_swap_is_named_by_one_event_and_in_degraded() -> None:
+    reason = "the fallback is unavailable: int4 needs a CUDA device"
+    before = PolicyState("svc", level=2)
+    after = PolicyState("svc", level=2, fallback_unavailable={"pod-a": reason})
+    events = transition_events(before, after, [])
+    assert [(e.type, e.reason) for e in events] == [("Warning", "FallbackUnavailable")]
+    assert events[0].message.startswith("pod-a cannot swap") and reason in events[0].message
+    assert transition_events(after, after, []) == []  # once per pod, not per tick
+    status = build_status({}, after, [], [], 2, SPEC, 1, T0)
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert "cannot swap on pod-a" in degraded["message"]
+    calm = build_status({}, replace(after, level=1), [], [], 2, SPEC, 1, T0)
+    degraded = next(c for c in calm["conditions"] if c["type"] == "Degraded")
+    assert "cannot swap" not in degraded["message"]
 
 
 def test_last_action_and_bounded_history() -> None:

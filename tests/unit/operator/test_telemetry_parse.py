@@ -64,6 +64,19 @@ def test_a_full_scrape_maps_to_a_sample() -> None:
     assert sample.quality_failure_ratio == 0.2
 
 
+def test_a_fallback_the_server_cannot_load_is_read_with_its_reason() -> None:
+    reason = "the fallback is unavailable: int4 needs a CUDA device"
+    text = (
+        f"{Metric.FALLBACK_CONFIGURED} 1\n{Metric.FALLBACK_AVAILABLE} 0\n"
+        f'{Metric.FALLBACK_UNAVAILABLE_INFO}{{reason="{reason}"}} 1\n'
+    )
+    sample = sample_from_metrics("p", parse_metrics(text), 1.0, "ttft")
+    assert (sample.fallback_configured, sample.fallback_available) == (True, False)
+    assert sample.fallback_unavailable_reason == reason and sample.cannot_swap
+    unreported = sample_from_metrics("p", parse_metrics(TEXT), 1.0, "ttft")
+    assert unreported.fallback_available is None and not unreported.cannot_swap
+
+
 def test_every_request_outcome_is_read_and_each_counted_once() -> None:
     sample = sample_from_metrics("p", parse_metrics(TEXT), 100.0, "ttft")
     assert sample.requests == RequestCounts(

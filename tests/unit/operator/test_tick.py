@@ -10,7 +10,7 @@ from fusebox_operator.kube import PodView
 from fusebox_operator.policy import PodSample, PolicyState
 from fusebox_operator.spec import InferenceServiceSpec, parse_spec
 from fusebox_operator.telemetry import scrapable
-from fusebox_operator.tick import pod_level, readiness, runtime_targets, settable
+from fusebox_operator.tick import converging, pod_level, readiness, runtime_targets, settable
 
 T0 = 1_800_000_000.0
 MODEL = {"name": "chat", "source": "pvc://models/tiny"}
@@ -69,6 +69,23 @@ def test_a_pod_told_to_swap_counts_as_converging_before_its_report_catches_up() 
     # The stats file still says level 1, primary: what we told it decides.
     stale_report = [report("a", 1, Variant.PRIMARY), report("b", 1, Variant.PRIMARY)]
     assert targets(state, WITH_FALLBACK, pods, stale_report, applied) == {"a": 2, "b": 1}
+
+
+def test_a_pod_that_cannot_load_the_fallback_never_holds_up_the_rollout() -> None:
+    state = PolicyState("svc", level=2)
+    pods = [pod("a"), pod("b")]
+    refused = {"fallback_available": False, "fallback_unavailable_reason": "int4 needs CUDA"}
+    # a was told level 2 and, unable to swap, stays on the primary: that is converged.
+    applied = {pods[0].instance: (BreakerState.CLOSED, 100, 2)}
+    reports = [report("a", 2, Variant.PRIMARY, **refused), report("b", 1, Variant.PRIMARY)]
+    assert not converging(pods[0], reports[0], state, applied, has_fallback=True)
+    assert targets(state, WITH_FALLBACK, pods, reports, applied) == {"a": 2, "b": 2}
+    # Neither can swap: the level goes to both at once, as without a fallback.
+    both = [report("a", 1, Variant.PRIMARY, **refused), report("b", 1, Variant.PRIMARY, **refused)]
+    assert targets(state, WITH_FALLBACK, pods, both) == {"a": 2, "b": 2}
+    # A pod that can swap still converges to the fallback before the next may go.
+    able = report("a", 2, Variant.PRIMARY, fallback_available=True)
+    assert converging(pods[0], able, state, applied, has_fallback=True)
 
 
 def test_without_a_fallback_every_level_goes_to_every_pod_at_once() -> None:
