@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 from fusebox_server_harness import ServerProcess
 
+from fusebox_contract.stats import parse
+
 REVISION = "3f2a9c1"
 
 
@@ -117,6 +119,19 @@ def test_an_unservable_fallback_leaves_the_primary_serving(seamed: ServerProcess
     }
     assert seamed.chat("hi").headers["x-fusebox-variant"] == "primary"
     seamed.admin.put("/admin/v1/degradation", json={"level": 0}).raise_for_status()
+
+
+def test_the_stats_file_says_the_fallback_cannot_be_swapped_to_and_why(
+    seamed: ServerProcess,
+) -> None:
+    reading = parse(seamed.stats_file.read_text())
+    assert reading.valid and reading.document is not None
+    state = reading.document.state
+    assert state.fallback_configured is True
+    assert state.fallback_available is False
+    assert state.fallback_unavailable_reason is not None
+    assert "int4" in state.fallback_unavailable_reason
+    assert "CUDA" in state.fallback_unavailable_reason
 
 
 def test_revision_dtype_and_torch_threads_are_recorded(seamed: ServerProcess) -> None:
