@@ -4,12 +4,14 @@ What the e2e tier does through a cluster, in seconds on loopback: telemetry
 scrapes the real sidecar, the actuator drives the real admin API with
 idempotency ids, runtime-state reconciliation shows up in the next scrape,
 and whole ticks (tick.run_tick, no kopf) move the pod to the fallback and
-back, reporting what the pod serves.
+back, reporting what the pod serves; a pod whose device cannot serve its
+fallback (int4 on a CPU) takes the level, swaps nothing and is named once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -30,7 +32,7 @@ from fusebox_operator.kube import PodView
 from fusebox_operator.policy import Action, ActionKind, PodSample, PolicyState
 from fusebox_operator.spec import parse_spec
 from fusebox_operator.telemetry import scrape_all
-from fusebox_operator.tick import TickInputs, TickMemory, TickOutcome, run_tick
+from fusebox_operator.tick import TickInputs, TickMemory, TickOutcome, converging, run_tick
 
 TOKEN = "integration-admin-token"
 POD = PodView("pod-a", "uid-a", "127.0.0.1", "Running", True, True, True, 0, False, False)
@@ -63,9 +65,24 @@ def _model_dir(tmp: Path) -> Path:
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     tmp = tmp_path_factory.mktemp("operator-io")
+    model = _model_dir(tmp)
+    with _served(tmp, model, ["--fallback-dir", str(model)]) as ports:
+        yield ports
+
+
+@pytest.fixture(scope="module")
+def int4_on_cpu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    """A server whose fallback (int4) its device (a CPU) cannot serve."""
+    tmp = tmp_path_factory.mktemp("operator-io-int4")
+    with _served(tmp, _model_dir(tmp), ["--fallback-quantization", "int4"]) as ports:
+        yield ports
+
+
+@contextlib.contextmanager
+def _served(tmp: Path, model: Path, fallback: list[str]) -> Iterator[Pair]:
+    """The real server and sidecar on loopback, until the server is ready."""
     (tmp / "token").write_text(TOKEN)
     ports = Pair(free_port(), free_port(), free_port())
-    model = _model_dir(tmp)
     env = {**os.environ, "FUSEBOX_FAULTS": "leak:8"}
     server_log = open(tmp / "server.log", "wb")  # noqa: SIM115
     sidecar_log = open(tmp / "sidecar.log", "wb")  # noqa: SIM115
@@ -76,8 +93,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
             "fusebox_server",
             "--model-dir",
             str(model),
-            "--fallback-dir",
-            str(model),
+            *fallback,
             "--host",
             "127.0.0.1",
             "--port",
@@ -322,3 +338,59 @@ def test_an_action_in_flight_is_retried_with_its_id_and_status_is_written_at_onc
     assert [e.reason for e in first.events] == [EventReason.GARBAGE_COLLECTED]
     # Written in the same tick, with the pod re-scraped after the action.
     assert first.status_patch and first.samples[0].sampled_at >= finished[0]
+
+
+INT4_SPEC = parse_spec(
+    {
+        "model": {"name": "chat", "source": "pvc://models/tiny"},
+        "replicas": 1,
+        "fallback": {"quantization": "int4"},
+        "telemetry": {
+            "scrapeIntervalSeconds": 1,
+            "scrapeTimeoutSeconds": 1,
+            "wedgeAfterSeconds": 60,
+        },
+    }
+)
+
+
+def test_a_pod_that_cannot_load_its_fallback_takes_the_level_is_named_once_and_not_waited_for(
+    int4_on_cpu: Pair,
+) -> None:
+    async def ticks() -> tuple[list[TickOutcome], dict[str, Any], TickMemory]:
+        """Ticks at level 2 until the pod reports it, then three more."""
+        memory = TickMemory()
+        outcomes: list[TickOutcome] = []
+        status = _base_status(2)
+        async with aiohttp.ClientSession() as session:
+            actuator = Actuator(session, None, admin_port=int4_on_cpu.admin_port)
+
+            async def scrape(pods: Sequence[PodView]) -> list[PodSample]:
+                return await scrape_all(session, pods, 2.0, "ttft", port=int4_on_cpu.metrics_port)
+
+            deadline = time.monotonic() + 120
+            extra = 3
+            while extra and time.monotonic() < deadline:
+                inputs = TickInputs("ns", "itsvc", INT4_SPEC, status, [POD], TOKEN, 1)
+                outcome = await run_tick(inputs, memory, scrape, actuator, time.time)
+                outcomes.append(outcome)
+                status = {**status, **outcome.status_patch}
+                if outcome.samples and outcome.samples[0].degradation_level == 2:
+                    extra -= 1
+                await asyncio.sleep(1.0)
+        assert not extra, f"the pod never reported level 2; last status {status}"
+        return outcomes, status, memory
+
+    outcomes, status, memory = asyncio.run(ticks())
+    sample = outcomes[-1].samples[0]
+    assert (sample.fallback_configured, sample.fallback_available) == (True, False)
+    assert sample.fallback_unavailable_reason and "CUDA" in sample.fallback_unavailable_reason
+    # The level reached the pod; it swapped nothing, and nobody waits for it to.
+    assert (sample.degradation_level, sample.variant) == (2, Variant.PRIMARY)
+    assert not converging(POD, sample, outcomes[-1].state, memory.applied, has_fallback=True)
+    named = [e for o in outcomes for e in o.events if e.reason is EventReason.FALLBACK_UNAVAILABLE]
+    assert len(named) == 1 and named[0].type == "Warning"
+    assert "pod-a" in named[0].message and "CUDA" in named[0].message
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert "cannot swap on pod-a" in degraded["message"]
+    assert status["activeVariant"] == Variant.PRIMARY
