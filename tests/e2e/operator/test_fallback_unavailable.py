@@ -1,0 +1,103 @@
+"""Issue 10, one seam end to end: a fallback the pods' device cannot serve is named and
+does not hold up the rollout.
+
+On localcluster `gpu.count: 1` is a simulated GPU, so the server runs on a CPU, where
+int4 cannot load: each server serves the primary and says so in its stats file
+(`fallback_available: false` and the reason). Pushed to the fallback tier by the
+quality switch, the operator must still give every pod the level (the rollout must
+not wait for a swap that cannot come), keep both pods serving the primary, and post
+one FallbackUnavailable Warning per pod naming it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from fusebox_contract.names import (
+    ConditionType,
+    DegradationLevel,
+    DegradationTier,
+    EventReason,
+    Variant,
+)
+from fusebox_contract.wiring import VARIANT_HEADER, HttpPath, Port
+from fusebox_operator.policy import PodSample
+from fusebox_operator.telemetry import parse_metrics, sample_from_metrics
+
+from .conftest import ServiceFactory, chat_reply, http, pod_url, wait_for
+from .test_seams import quality_switch_spec, wait_serving
+
+
+def scraped(pod: dict[str, Any]) -> PodSample | None:
+    """The pod's sidecar, read as the operator reads it."""
+    status, text = http("GET", f"{pod_url(pod, Port.METRICS)}{HttpPath.METRICS}", timeout=10)
+    if status != 200 or not isinstance(text, str):
+        return None
+    return sample_from_metrics(pod["metadata"]["name"], parse_metrics(text), 0.0, "ttft")
+
+
+def test_an_int4_fallback_on_a_cpu_is_named_and_the_level_still_reaches_every_pod(
+    inference_service: ServiceFactory, two_gpus: None
+) -> None:
+    spec = quality_switch_spec(
+        replicas=2,
+        gpu={"count": 1},
+        fallback={"quantization": "int4"},
+        degradation={"tiers": [DegradationTier.FALLBACK_MODEL.value], "coolOffSeconds": 600},
+    )
+    spec.pop("memory")  # sized by the operator from the (simulated) GPU, as tiny-chat is
+    service = inference_service("int4-on-cpu", spec)
+    wait_serving(service, pods=2)
+    names = sorted(p["metadata"]["name"] for p in service.ready_pods())
+
+    # Every sampled answer fails the quality check: the service climbs to the fallback tier.
+    def at_fallback_tier() -> bool:
+        chat_reply(service.service_url(), max_tokens=4)
+        degradation = service.status().get("degradation") or {}
+        return degradation.get("tier") == DegradationTier.FALLBACK_MODEL
+
+    wait_for("tier fallback-model", at_fallback_tier, timeout=300, every=1)
+
+    def every_pod_at_level_two() -> list[PodSample] | None:
+        samples = [scraped(p) for p in service.ready_pods()]
+        if len(samples) != 2 or any(s is None for s in samples):
+            return None
+        found = [s for s in samples if s is not None]
+        at_two = all(s.degradation_level == DegradationLevel.FALLBACK_MODEL for s in found)
+        return found if at_two else None
+
+    samples = wait_for("the level on both pods", every_pod_at_level_two, timeout=180)
+    for sample in samples:
+        assert sample.fallback_configured is True, sample
+        assert sample.fallback_available is False, sample
+        assert sample.variant is Variant.PRIMARY, sample
+        assert sample.converging is False, sample
+        assert sample.fallback_unavailable_reason and "int4" in sample.fallback_unavailable_reason
+
+    def named_pods() -> Counter[str] | None:
+        named: Counter[str] = Counter()
+        for event in service.events():
+            if event["reason"] == EventReason.FALLBACK_UNAVAILABLE:
+                named.update(n for n in names if n in event["message"])
+        return named if set(named) == set(names) else None
+
+    named = wait_for("FallbackUnavailable naming both pods", named_pods, timeout=120)
+    assert set(named.values()) == {1}, named  # once per pod, not once per tick
+    warnings = [e for e in service.events() if e["reason"] == EventReason.FALLBACK_UNAVAILABLE]
+    assert all(e["type"] == "Warning" and "CUDA" in e["message"] for e in warnings), warnings
+
+    degraded = service.condition(ConditionType.DEGRADED)
+    assert degraded.get("status") == "True", degraded
+    assert "cannot swap" in degraded.get("message", ""), degraded
+    assert service.status().get("activeVariant") == Variant.PRIMARY
+    # Both pods keep serving, and the answers say the primary served them.
+    assert len(service.ready_pods()) == 2
+    for _ in range(3):
+        reply = wait_for(
+            "a 200 through the Service",
+            lambda: (r := chat_reply(service.service_url(), max_tokens=4)).status == 200 and r,
+            timeout=60,
+        )
+        assert reply.headers.get(VARIANT_HEADER.lower()) == Variant.PRIMARY, reply.headers
+    assert EventReason.SWAPPED_TO_FALLBACK not in service.event_reasons()
