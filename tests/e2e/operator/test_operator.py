@@ -13,7 +13,6 @@ import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -545,7 +544,6 @@ def test_quality_failures_degrade_to_fallback_and_cool_off_restores_primary(
 
 
 RBAC_DIR = REPO / "operator" / "rbac"
-AS_OPERATOR = "--as=system:serviceaccount:fusebox-system:fusebox-operator"
 ALLOWED = [
     ("watch", "inferenceservices.fusebox.dev"),
     ("patch", "inferenceservices.fusebox.dev/status"),
@@ -573,28 +571,44 @@ DENIED = [
 ]
 
 
+def rbac_copy(namespace: str) -> list[dict[str, Any]]:
+    """operator/rbac/ as objects of this test's own: the same rules under names no
+    other install uses (the demo's Helm release owns the originals)."""
+    name = f"fusebox-operator-{namespace}"
+    objects = []
+    for path in sorted(RBAC_DIR.glob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            document["metadata"]["name"] = name
+            if document["kind"] == "ServiceAccount":
+                document["metadata"]["namespace"] = namespace
+            if document["kind"] == "ClusterRoleBinding":
+                document["roleRef"]["name"] = name
+                for subject in document["subjects"]:
+                    subject.update(name=name, namespace=namespace)
+            objects.append(document)
+    return objects
+
+
 def test_operator_rbac_allows_what_it_needs_and_denies_the_rest(
     cluster: Any, crd: None, namespace: str
 ) -> None:
-    existed = cluster.kubectl("get", "namespace", "fusebox-system", check=False).returncode == 0
-    if not existed:
-        cluster.kubectl("create", "namespace", "fusebox-system")
+    objects = rbac_copy(namespace)
+    account = next(o for o in objects if o["kind"] == "ServiceAccount")["metadata"]["name"]
+    as_operator = f"--as=system:serviceaccount:{namespace}:{account}"
+    manifest = yaml.safe_dump_all(objects)
     try:
-        for path in sorted(Path(RBAC_DIR).glob("*.yaml")):
-            cluster.kubectl("apply", "-f", str(path))
+        cluster.kubectl("apply", "-f", "-", input=manifest)
         for verb, resource in ALLOWED:
             result = cluster.kubectl(
-                "auth", "can-i", verb, resource, AS_OPERATOR, "-n", namespace, check=False
+                "auth", "can-i", verb, resource, as_operator, "-n", namespace, check=False
             )
             assert result.stdout.strip() == "yes", (
                 f"{verb} {resource}: {result.stdout}{result.stderr}"
             )
         for verb, resource in DENIED:
             result = cluster.kubectl(
-                "auth", "can-i", verb, resource, AS_OPERATOR, "-n", namespace, check=False
+                "auth", "can-i", verb, resource, as_operator, "-n", namespace, check=False
             )
             assert result.stdout.strip() == "no", f"{verb} {resource} allowed"
     finally:
-        cluster.kubectl("delete", "-f", str(RBAC_DIR), "--ignore-not-found", check=False)
-        if not existed:
-            cluster.kubectl("delete", "namespace", "fusebox-system", "--wait=false", check=False)
+        cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=manifest, check=False)
