@@ -31,8 +31,15 @@ CRD = REPO / "crds" / "inferenceservice.yaml"
 T = TypeVar("T")
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 240, every: float = 2) -> T:
-    """Poll until probe() returns something truthy; fail naming `what` and the last value."""
+def wait_for(
+    what: str,
+    probe: Callable[[], T | None],
+    timeout: float = 240,
+    every: float = 2,
+    diagnose: Callable[[], str] | None = None,
+) -> T:
+    """Poll until probe() returns something truthy; fail naming `what`, the last value
+    and, when given, what `diagnose()` says about why (pod phases, conditions, events)."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -40,7 +47,8 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 240, eve
         if last:
             return last
         time.sleep(every)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; last seen: {last!r}")
+    why = f"\n{diagnose()}" if diagnose is not None else ""
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; last seen: {last!r}{why}")
 
 
 def free_port() -> int:
@@ -175,6 +183,45 @@ class Service:
             if conditions.get("Ready") == "True" and not pod["metadata"].get("deletionTimestamp"):
                 ready.append(pod)
         return ready
+
+    def diagnose_pods(self) -> str:
+        """Why pods are not ready, as `kubectl describe` would tell: each pod's phase, its
+        conditions that are not True (reason and message), waiting containers, and the
+        pod's recent Warning events (scheduling failures included)."""
+        lines = []
+        pods = self.pods()
+        if not pods:
+            lines.append(
+                f"no pods of {self.name}; service conditions: {self.status().get('conditions')}"
+            )
+        for pod in pods:
+            name, status = pod["metadata"]["name"], pod.get("status") or {}
+            lines.append(f"pod {name}: phase {status.get('phase')}")
+            for condition in status.get("conditions") or []:
+                if condition.get("status") != "True":
+                    lines.append(
+                        f"  {condition['type']}={condition.get('status')} "
+                        f"{condition.get('reason', '')}: {condition.get('message', '')}"
+                    )
+            for container in status.get("containerStatuses") or []:
+                waiting = (container.get("state") or {}).get("waiting")
+                if waiting:
+                    lines.append(
+                        f"  container {container['name']} waiting: {waiting.get('reason')} "
+                        f"{waiting.get('message', '')}"
+                    )
+            events = self.kubectl(
+                "get",
+                "events",
+                "--field-selector",
+                f"involvedObject.kind=Pod,involvedObject.name={name},type=Warning",
+                "-o",
+                "json",
+                check=False,
+            ).stdout
+            for event in (json.loads(events or "{}").get("items") or [])[-3:]:
+                lines.append(f"  event {event.get('reason')}: {event.get('message')}")
+        return "\n".join(lines)
 
     def admin_token(self) -> str:
         out = self.kubectl(

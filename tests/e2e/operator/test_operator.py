@@ -45,6 +45,7 @@ def wait_ready(service: Service, pods: int = 1, timeout: float = 420) -> None:
         f"{pods} ready pod(s) of {service.name}",
         lambda: len(service.ready_pods()) >= pods,
         timeout=timeout,
+        diagnose=service.diagnose_pods,
     )
     wait_for(
         "READY True and BREAKER Closed in `kubectl get fis`",
@@ -612,3 +613,19 @@ def test_operator_rbac_allows_what_it_needs_and_denies_the_rest(
             assert result.stdout.strip() == "no", f"{verb} {resource} allowed"
     finally:
         cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=manifest, check=False)
+
+
+def test_a_wait_for_pods_that_cannot_schedule_says_why(
+    inference_service: ServiceFactory,
+) -> None:
+    service = inference_service(
+        "unschedulable",
+        base_spec(gpu={"count": 1, "product": "NVIDIA-NO-SUCH-GPU", "memoryGiB": 1}),
+    )
+    wait_for("a pod of the service", lambda: service.pods(), timeout=120)
+    with pytest.raises(pytest.fail.Exception) as timeout:
+        wait_ready(service, timeout=20)
+    message = str(timeout.value)
+    assert "phase Pending" in message, message
+    assert "PodScheduled=False Unschedulable" in message, message
+    assert "nvidia.com/gpu.product" in message or "node affinity" in message.lower(), message

@@ -132,6 +132,7 @@ def wait_serving(service: Service, pods: int, timeout: float = 420) -> None:
         f"{pods} ready pod(s) of {service.name}",
         lambda: len(service.ready_pods()) >= pods,
         timeout=timeout,
+        diagnose=service.diagnose_pods,
     )
     wait_for(
         "condition Ready True",
