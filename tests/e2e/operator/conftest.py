@@ -244,25 +244,8 @@ def http(
     timeout: float = 30,
 ) -> tuple[int, dict[str, Any] | str]:
     """One HTTP call; returns (status, parsed JSON or text); connection errors are status 0."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            text = response.read().decode()
-            status = response.status
-    except urllib.error.HTTPError as error:
-        with error:
-            text = error.read().decode()
-            status = error.code
-    except (OSError, TimeoutError) as error:
-        return 0, str(error)
-    try:
-        return status, json.loads(text)
-    except ValueError:
-        return status, text
+    reply = http_reply(method, url, body, token, timeout)
+    return reply.status, reply.body
 
 
 def chat(url: str, content: str = "Hello", max_tokens: int = 8, timeout: float = 60) -> int:
@@ -354,7 +337,7 @@ def http_reply(
     token: str | None = None,
     timeout: float = 30,
 ) -> Reply:
-    """Like http(), keeping the response headers."""
+    """One HTTP call with its response headers; connection errors are status 0."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method=method)
     request.add_header("Content-Type", "application/json")
