@@ -37,6 +37,27 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 app.kubernetes.io/name=fusebox-operator,app.kubernetes.io/instance={{ .Release.Name }}
 {{- end -}}
 
+{{/*
+"true" when watchNamespaces holds a kopf glob (`*` or `?`, e.g. "e2e-*"): the
+namespaces are not known at install time, so no Role can be made in each and
+the rules are granted cluster-wide (kopf still acts only in matching ones).
+*/}}
+{{- define "fusebox.watchesPatterns" -}}
+{{- range .Values.watchNamespaces -}}
+{{- if or (contains "*" .) (contains "?" .) -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Namespaced RBAC: a Role in each watched namespace, named exactly. */}}
+{{- define "fusebox.namespacedRbac" -}}
+{{- if and .Values.watchNamespaces (not (include "fusebox.watchesPatterns" .)) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The kopf peering name: per release by default, so two releases never pause each other. */}}
+{{- define "fusebox.peeringName" -}}
+{{- default (include "fusebox.fullname" .) .Values.peering.name -}}
+{{- end -}}
+
 {{- define "fusebox.standalone" -}}
 {{- if le (int .Values.replicaCount) 1 -}}true{{- end -}}
 {{- end -}}

@@ -125,12 +125,59 @@ def test_several_replicas_turn_on_kopf_peering_with_its_peering_object(render: R
     assert deployment["spec"]["replicas"] == 3
     assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     env = env_of(deployment)
-    assert (env["FUSEBOX_PEERING"], env["FUSEBOX_OPERATOR_REPLICAS"]) == ("fusebox", "3")
-    assert one(documents, "ClusterKopfPeering")["metadata"]["name"] == "fusebox"
+    # The peering is the release's own (its fullname), never one another release shares.
+    assert (env["FUSEBOX_PEERING"], env["FUSEBOX_OPERATOR_REPLICAS"]) == ("fusebox-operator", "3")
+    assert one(documents, "ClusterKopfPeering")["metadata"]["name"] == "fusebox-operator"
     # Watching namespaces: kopf peers per namespace.
     documents = render(sets=("replicaCount=2", "watchNamespaces={team-a}"))
     peering = one(documents, "KopfPeering")
-    assert (peering["metadata"]["name"], peering["metadata"]["namespace"]) == ("fusebox", "team-a")
+    assert (peering["metadata"]["name"], peering["metadata"]["namespace"]) == (
+        "fusebox-operator",
+        "team-a",
+    )
+
+
+def test_two_releases_with_several_replicas_never_share_a_peering(helm: Path) -> None:
+    """kopf pauses every operator of a peering but the highest-priority one: two
+    releases sharing one (the old default, "fusebox") would stand each other still."""
+    names = set()
+    for release in ("demo", "suite"):
+        result = run_helm(
+            helm, "template", release, str(CHART), "--set", "replicaCount=2", "--include-crds"
+        )
+        assert result.returncode == 0, result.stderr
+        documents = [d for d in yaml.safe_load_all(result.stdout) if d]
+        names.add(one(documents, "ClusterKopfPeering")["metadata"]["name"])
+        assert env_of(one(documents, "Deployment"))["FUSEBOX_PEERING"] in names
+    assert names == {"demo-operator", "suite-operator"}
+
+
+def test_a_namespace_glob_is_watched_with_cluster_wide_rules(render: Render) -> None:
+    """A glob ("e2e-*") names namespaces that do not exist yet: no Role can be made in
+    each, so the rules are the cluster-wide ones, and kopf filters by the glob."""
+    documents = render(sets=("watchNamespaces={e2e-*}", "monitoring.podMonitor.enabled=true"))
+    assert by_kind(documents, "Role") == [] and by_kind(documents, "RoleBinding") == []
+    assert rule_triples(one(documents, "ClusterRole")["rules"]) == canonical_rules()
+    binding = one(documents, "ClusterRoleBinding")
+    assert binding["subjects"][0]["name"] == "fusebox-operator"
+    assert env_of(one(documents, "Deployment"))["FUSEBOX_WATCH_NAMESPACES"] == "e2e-*"
+    assert one(documents, "PodMonitor")["spec"]["namespaceSelector"] == {"any": True}
+
+
+def test_a_namespace_glob_with_several_replicas_is_refused(helm: Path) -> None:
+    """Peering needs a KopfPeering in each watched namespace, which a glob cannot name."""
+    result = run_helm(
+        helm,
+        "template",
+        "fusebox",
+        str(CHART),
+        "--set",
+        "watchNamespaces={e2e-*}",
+        "--set",
+        "replicaCount=2",
+    )
+    assert result.returncode != 0
+    assert "list watchNamespaces by name, not by glob" in result.stderr, result.stderr
 
 
 def test_all_options_render_monitors_dashboard_and_overrides(render: Render) -> None:
