@@ -1,12 +1,18 @@
 """Metric names the sidecar exports and the operator (and dashboards) read.
 
 Counters are named without `_total` here, as prometheus_client's families
-take them; `.sample` gives the exposed sample name.
+take them; `.sample` gives the exposed sample name. Histograms expose
+`_bucket`, `_sum` and `_count` samples; their bucket bounds are declared
+here once (`LatencyHistogram.buckets`), so the server that counts, the
+sidecar that exports and the operator that reads them cannot disagree.
 """
 
 from __future__ import annotations
 
 import enum
+from typing import Final
+
+from fusebox_contract.names import LatencyMetric
 
 
 class Metric(enum.StrEnum):
@@ -50,15 +56,43 @@ class Metric(enum.StrEnum):
     FALLBACK_UNAVAILABLE_INFO = "fusebox_fallback_unavailable_info"  # {reason}, value 1
     FALLBACK_TARGET = "fusebox_fallback_target"
     VARIANT_CONVERGING = "fusebox_variant_converging"
+    # Histograms and token counters, named after vLLM's (vllm:time_to_first_token_seconds,
+    # vllm:inter_token_latency_seconds, vllm:e2e_request_latency_seconds,
+    # vllm:request_queue_time_seconds, vllm:prompt_tokens_total,
+    # vllm:generation_tokens_total) so existing queries carry over by prefix.
+    TIME_TO_FIRST_TOKEN_SECONDS = "fusebox_time_to_first_token_seconds"  # histogram
+    INTER_TOKEN_LATENCY_SECONDS = "fusebox_inter_token_latency_seconds"  # histogram
+    E2E_REQUEST_LATENCY_SECONDS = "fusebox_e2e_request_latency_seconds"  # histogram
+    REQUEST_QUEUE_TIME_SECONDS = "fusebox_request_queue_time_seconds"  # histogram
+    PROMPT_TOKENS = "fusebox_prompt_tokens"  # counter
+    GENERATION_TOKENS = "fusebox_generation_tokens"  # counter
 
     @property
     def is_counter(self) -> bool:
         return self in _COUNTERS
 
     @property
+    def is_histogram(self) -> bool:
+        return self in _HISTOGRAMS
+
+    @property
     def sample(self) -> str:
-        """The name of the exposed sample (`_total` appended to counters)."""
+        """The name of the exposed sample (`_total` appended to counters).
+
+        A histogram has no sample of its own name: see `samples`."""
         return f"{self.value}_total" if self.is_counter else self.value
+
+    @property
+    def samples(self) -> tuple[str, ...]:
+        """Every sample name this metric exposes (a histogram's _bucket, _sum, _count)."""
+        if self.is_histogram:
+            return (self.bucket, f"{self.value}_sum", f"{self.value}_count")
+        return (self.sample,)
+
+    @property
+    def bucket(self) -> str:
+        """A histogram's cumulative bucket sample, labelled `le`."""
+        return f"{self.value}_bucket"
 
 
 _COUNTERS = frozenset(
@@ -70,5 +104,70 @@ _COUNTERS = frozenset(
         Metric.TOKENIZER_TEMPLATE_HITS,
         Metric.QUALITY_SAMPLED,
         Metric.QUALITY_FAILURES,
+        Metric.PROMPT_TOKENS,
+        Metric.GENERATION_TOKENS,
     }
 )
+_HISTOGRAMS = frozenset(
+    {
+        Metric.TIME_TO_FIRST_TOKEN_SECONDS,
+        Metric.INTER_TOKEN_LATENCY_SECONDS,
+        Metric.E2E_REQUEST_LATENCY_SECONDS,
+        Metric.REQUEST_QUEUE_TIME_SECONDS,
+    }
+)
+
+BUCKET_LABEL: Final = "le"  # Prometheus' own name for a bucket's upper bound
+
+
+class LatencyHistogram(enum.StrEnum):
+    """The latencies the server counts into histograms; the value is the stats file's key.
+
+    Bucket bounds (seconds, ascending; +Inf is implicit) suit LLM serving: fine
+    around the latency breaker's usual thresholds (100 ms to 1 s for the first
+    token), a few ms per token, and minutes for a whole long generation.
+    """
+
+    TTFT = "ttft"  # arrival to the first generated piece
+    ITL = "itl"  # between consecutive pieces of one response
+    E2E = "e2e"  # arrival to the end of a successful response
+    QUEUE = "queue"  # arrival to a generation slot (maxConcurrency)
+
+    @property
+    def metric(self) -> Metric:
+        return _HISTOGRAM_METRICS[self]
+
+    @property
+    def buckets(self) -> tuple[float, ...]:
+        return _BUCKETS[self]
+
+    @classmethod
+    def of(cls, latency: LatencyMetric) -> LatencyHistogram:
+        """The histogram behind a latency the breaker can watch."""
+        return cls(latency.value)
+
+
+_HISTOGRAM_METRICS: Final = {
+    LatencyHistogram.TTFT: Metric.TIME_TO_FIRST_TOKEN_SECONDS,
+    LatencyHistogram.ITL: Metric.INTER_TOKEN_LATENCY_SECONDS,
+    LatencyHistogram.E2E: Metric.E2E_REQUEST_LATENCY_SECONDS,
+    LatencyHistogram.QUEUE: Metric.REQUEST_QUEUE_TIME_SECONDS,
+}
+_BUCKETS: Final = {
+    LatencyHistogram.TTFT: (
+        0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3,
+        0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 60.0,
+    ),
+    LatencyHistogram.ITL: (
+        0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075,
+        0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
+    ),
+    LatencyHistogram.E2E: (
+        0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0,
+        20.0, 30.0, 45.0, 60.0, 120.0, 300.0,
+    ),
+    LatencyHistogram.QUEUE: (
+        0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+        2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
+    ),
+}  # fmt: skip

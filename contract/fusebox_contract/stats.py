@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
+from fusebox_contract.metrics import LatencyHistogram
 from fusebox_contract.names import (
     BreakerState,
     DegradationLevel,
@@ -70,6 +71,28 @@ class LatencySummary:
 
     p99_seconds: float | None = None
     count: float | None = None  # samples behind the p99
+
+
+@dataclass(frozen=True)
+class HistogramCounts:
+    """One latency histogram since the server started, in Prometheus' shape.
+
+    `bucket_counts[i]` counts observations <= `LatencyHistogram.buckets[i]`
+    (cumulative, so never decreasing); `count` is every observation (the +Inf
+    bucket) and `sum` their total in seconds.
+    """
+
+    bucket_counts: tuple[float, ...]
+    count: float
+    sum_seconds: float
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Tokens the server processed since it started (counters)."""
+
+    prompt_total: float | None = None
+    generation_total: float | None = None
 
 
 @dataclass(frozen=True)
@@ -124,13 +147,15 @@ class StatsDocument:
     tokenizer_template_hits_total: float | None = None
     requests: Mapping[RequestOutcome, float] = field(default_factory=dict)
     latency: Mapping[LatencyMetric, LatencySummary] = field(default_factory=dict)
+    histograms: Mapping[LatencyHistogram, HistogramCounts] = field(default_factory=dict)
+    tokens: Tokens = Tokens()
     quality: Quality = Quality()
     heartbeats: Mapping[HeartbeatThread, float] = field(default_factory=dict)
     state: RuntimeState = RuntimeState()
 
     def __post_init__(self) -> None:
         # Read-only views: a frozen document must not change through its mappings.
-        for name in ("requests", "latency", "heartbeats"):
+        for name in ("requests", "latency", "histograms", "heartbeats"):
             object.__setattr__(self, name, _frozen(getattr(self, name)))
 
 
@@ -201,6 +226,13 @@ def encode(document: StatsDocument) -> dict[str, Any]:
         "latency_seconds": {
             metric.value: _encode_latency(document.latency.get(metric)) for metric in LatencyMetric
         },
+        "latency_histograms": {
+            name.value: _encode_histogram(counts) for name, counts in document.histograms.items()
+        },
+        "tokens": {
+            "prompt_total": document.tokens.prompt_total,
+            "generation_total": document.tokens.generation_total,
+        },
         "quality": {
             "sampled_total": quality.sampled_total,
             "failed_total": quality.failed_total,
@@ -239,6 +271,10 @@ def _encode_latency(summary: LatencySummary | None) -> dict[str, float | None] |
     if summary is None:
         return None
     return {"p99": summary.p99_seconds, "count": summary.count}
+
+
+def _encode_histogram(counts: HistogramCounts) -> dict[str, object]:
+    return {"buckets": list(counts.bucket_counts), "count": counts.count, "sum": counts.sum_seconds}
 
 
 # ----- the reader -----
@@ -342,6 +378,46 @@ class _Fields:
                 found[metric] = LatencySummary(p99_seconds=p99, count=count)
         return found
 
+    def histograms(self, path: str) -> dict[LatencyHistogram, HistogramCounts]:
+        """Each histogram whole or not at all: a bucket list that does not fit the
+        contract's bounds, or counts that are not cumulative, is a problem."""
+        found: dict[LatencyHistogram, HistogramCounts] = {}
+        for name in LatencyHistogram:
+            entry = f"{path}.{name.value}"
+            if self.raw(entry) is None:
+                continue
+            count = self.number(f"{entry}.count")
+            total = self.number(f"{entry}.sum")
+            buckets = self.raw(f"{entry}.buckets")
+            if count is None or total is None:
+                if buckets is not None:
+                    self._problem(entry, "a histogram needs its count and sum")
+                continue
+            cumulative = self._cumulative(f"{entry}.buckets", buckets, len(name.buckets), count)
+            if cumulative is not None:
+                found[name] = HistogramCounts(cumulative, count, total)
+        return found
+
+    def _cumulative(
+        self, path: str, value: object, length: int, count: float
+    ) -> tuple[float, ...] | None:
+        if not isinstance(value, list) or len(value) != length:
+            self._problem(path, f"expected a list of {length} cumulative counts")
+            return None
+        numbers: list[float] = []
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, int | float):
+                self._problem(path, "expected numbers")
+                return None
+            numbers.append(float(item))
+        bounded = [0.0, *numbers, count]
+        if not all(math.isfinite(n) for n in numbers) or any(
+            later < earlier for earlier, later in zip(bounded, bounded[1:], strict=False)
+        ):
+            self._problem(path, "counts must rise from 0 to the histogram's count")
+            return None
+        return tuple(numbers)
+
     def gpus(self, path: str) -> tuple[GpuMemory, ...]:
         value = self.raw(path)
         if value is None:
@@ -407,6 +483,11 @@ def parse(text: str | bytes) -> StatsReading:
             {outcome: f"requests.{_request_key(outcome)}" for outcome in RequestOutcome}
         ),
         latency=f.latencies("latency_seconds"),
+        histograms=f.histograms("latency_histograms"),
+        tokens=Tokens(
+            prompt_total=f.number("tokens.prompt_total"),
+            generation_total=f.number("tokens.generation_total"),
+        ),
         quality=Quality(
             sampled_total=f.number("quality.sampled_total"),
             failed_total=f.number("quality.failed_total"),

@@ -381,7 +381,10 @@ class GenerationResponse:
             return
 
     def _account(self) -> None:
-        """Latency and quality of a success, and the log fields; the edge counts it."""
+        """Latency and quality of a success, tokens of any generation that ran, and the
+        log fields; the edge counts the outcome."""
+        if self.completion_tokens > 0:  # the model read the prompt: its tokens were spent
+            self.runtime.tokens.add(self.prepared.input_length, self.completion_tokens)
         if self.record.error is None:
             runtime = self.runtime
             runtime.latency[LatencyMetric.E2E].add(

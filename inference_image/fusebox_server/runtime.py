@@ -25,6 +25,7 @@ from typing import Any, Final
 import structlog
 import torch
 
+from fusebox_contract.metrics import LatencyHistogram
 from fusebox_contract.names import (
     ActionType,
     DegradationLevel,
@@ -48,7 +49,9 @@ from fusebox_server.quality import QualitySampler
 from fusebox_server.stats import (
     LatencyWindow,
     StatsDocument,
+    TokenCounter,
     compose_document,
+    latency_counters,
     runtime_state,
 )
 from fusebox_server.tokenization import PromptEncoder, load_tokenizer
@@ -132,9 +135,14 @@ class Runtime:
         self.admission = Admission(config.max_concurrency, config.max_queue)
         self.breaker = Breaker()
         self.quality = QualitySampler(config.quality_sample_rate, config.latency_window_seconds)
+        self.latency_counters = latency_counters()  # histograms since start
         self.latency = {
-            metric: LatencyWindow(config.latency_window_seconds) for metric in LatencyMetric
+            metric: LatencyWindow(
+                config.latency_window_seconds, self.latency_counters[LatencyHistogram.of(metric)]
+            )
+            for metric in LatencyMetric
         }
+        self.tokens = TokenCounter()
         self.accounting = RequestAccounting()
         self.actions = ActionLog()
         self.variants = Variants(
@@ -245,7 +253,9 @@ class Runtime:
         deadline_monotonic: float,
     ) -> Generation:
         """Admit (maybe wait) and hand a generation to the worker."""
-        await self.admission.acquire(deadline_monotonic - time.monotonic())
+        queued_at = time.monotonic()
+        await self.admission.acquire(deadline_monotonic - queued_at)
+        self.latency_counters[LatencyHistogram.QUEUE].observe([time.monotonic() - queued_at])
         assert self.worker is not None
         variant = self.variant
         holder: list[Generation] = []
@@ -499,6 +509,8 @@ class Runtime:
             tokenizer_template_hits_total=encoder.template_hits_total,
             requests=self.accounting.totals(),
             latency={name: window.summary(now) for name, window in self.latency.items()},
+            histograms={name: c.counts() for name, c in self.latency_counters.items()},
+            tokens=self.tokens.totals(),
             quality_sampled_total=self.quality.sampled_total,
             quality_failed_total=self.quality.failed_total,
             quality_failure_ratio=self.quality.failure_ratio(now),

@@ -13,21 +13,26 @@ operator which part is stuck. The same thread runs the memory guard check.
 
 Latency percentiles and the quality failure ratio are over a sliding window
 of the last `--latency-window` seconds (default 60), capped at 10,000 samples
-per metric so the window itself cannot grow without bound.
+per metric so the window itself cannot grow without bound. Every latency is
+also counted into a histogram since start (`LatencyCounter`, the contract's
+bucket bounds): fixed memory, and what Prometheus and the operator's breaker
+take quantiles from, over any range, across pods.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fusebox_contract.metrics import LatencyHistogram
 from fusebox_contract.names import (
     BreakerState,
     DegradationLevel,
@@ -42,9 +47,11 @@ from fusebox_contract.stats import (
     MAX_TEXT_CHARS,
     CudaMemory,
     GpuMemory,
+    HistogramCounts,
     LatencySummary,
     Quality,
     RuntimeState,
+    Tokens,
     dumps,
 )
 from fusebox_contract.stats import StatsDocument as StatsDocument
@@ -60,22 +67,77 @@ def percentile(sorted_values: list[float], share: float) -> float:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
-class LatencyWindow:
-    """Recent samples of one latency (seconds) for p50/p99; thread-safe."""
+class LatencyCounter:
+    """One latency counted into the contract's buckets since start; thread-safe.
 
-    def __init__(self, window_seconds: float) -> None:
+    A bucket holds observations at most its bound (Prometheus' `le`), so a value
+    exactly on a bound counts there."""
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self._per_bucket = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, values: Iterable[float]) -> None:
+        with self._lock:
+            for seconds in values:
+                self._per_bucket[bisect.bisect_left(self.bounds, seconds)] += 1
+                self._sum += seconds
+
+    def counts(self) -> HistogramCounts:
+        with self._lock:
+            per_bucket, total = list(self._per_bucket), self._sum
+        cumulative, running = [], 0
+        for count in per_bucket[:-1]:
+            running += count
+            cumulative.append(running)
+        return HistogramCounts(tuple(cumulative), running + per_bucket[-1], total)
+
+
+def latency_counters() -> dict[LatencyHistogram, LatencyCounter]:
+    return {name: LatencyCounter(name.buckets) for name in LatencyHistogram}
+
+
+class TokenCounter:
+    """Prompt and generated tokens since start; thread-safe."""
+
+    def __init__(self) -> None:
+        self._prompt = 0
+        self._generated = 0
+        self._lock = threading.Lock()
+
+    def add(self, prompt_tokens: int, generated_tokens: int) -> None:
+        with self._lock:
+            self._prompt += prompt_tokens
+            self._generated += generated_tokens
+
+    def totals(self) -> Tokens:
+        with self._lock:
+            return Tokens(prompt_total=self._prompt, generation_total=self._generated)
+
+
+class LatencyWindow:
+    """Recent samples of one latency (seconds) for the p99; thread-safe.
+
+    Each sample is also counted into `counter`, the latency's histogram, so a
+    latency recorded once shows in both."""
+
+    def __init__(self, window_seconds: float, counter: LatencyCounter | None = None) -> None:
         self.window_seconds = window_seconds
+        self.counter = counter
         self._samples: deque[tuple[float, float]] = deque(maxlen=MAX_WINDOW_SAMPLES)
         self._lock = threading.Lock()
 
     def add(self, seconds: float, now: float | None = None) -> None:
-        with self._lock:
-            self._samples.append((time.time() if now is None else now, seconds))
+        self.add_many([seconds], now)
 
     def add_many(self, values: list[float], now: float | None = None) -> None:
         stamp = time.time() if now is None else now
         with self._lock:
             self._samples.extend((stamp, value) for value in values)
+        if self.counter is not None:
+            self.counter.observe(values)
 
     def summary(self, now: float | None = None) -> LatencySummary | None:
         """The p99 and the sample count over the window; None while it is empty."""
@@ -208,6 +270,8 @@ def compose_document(
     tokenizer_template_hits_total: int,
     requests: Mapping[RequestOutcome, int],
     latency: Mapping[LatencyMetric, LatencySummary | None],
+    histograms: Mapping[LatencyHistogram, HistogramCounts],
+    tokens: Tokens,
     quality_sampled_total: int,
     quality_failed_total: int,
     quality_failure_ratio: float | None,
@@ -248,6 +312,8 @@ def compose_document(
         tokenizer_template_hits_total=tokenizer_template_hits_total,
         requests=requests,
         latency={metric: summary for metric, summary in latency.items() if summary is not None},
+        histograms=histograms,
+        tokens=tokens,
         quality=Quality(
             sampled_total=quality_sampled_total,
             failed_total=quality_failed_total,

@@ -22,11 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.core import Metric as Family
 from prometheus_client.registry import Collector
 
-from fusebox_contract.metrics import Metric
+from fusebox_contract.metrics import LatencyHistogram, Metric
 from fusebox_contract.names import Variant
 from fusebox_contract.stats import StatsDocument, StatsReading
 from fusebox_sidecar.nvml import GpuReading
@@ -149,6 +149,8 @@ def relayed_families(document: StatsDocument | None, now_seconds: float) -> Iter
             requests.add_metric([outcome.value], count)
         yield requests
     yield from _latency_families(d)
+    yield from _histogram_families(d)
+    yield from _token_families(d)
     yield from _quality_families(d)
     yield from _labelled_gauge(
         Metric.HEARTBEAT_AGE_SECONDS,
@@ -191,6 +193,40 @@ def _latency_families(d: StatsDocument) -> Iterator[Family]:
         "Samples in the server's sliding window behind each latency p99",
         LATENCY_LABEL,
         {m.value: s.count for m, s in d.latency.items() if s.count is not None},
+    )
+
+
+_HISTOGRAM_HELP = {
+    LatencyHistogram.TTFT: "Time from a request's arrival to its first generated token",
+    LatencyHistogram.ITL: "Time between consecutive generated tokens of one response",
+    LatencyHistogram.E2E: "Time from a request's arrival to the end of its successful response",
+    LatencyHistogram.QUEUE: "Time a request waited for a generation slot",
+}
+
+
+def _histogram_families(d: StatsDocument) -> Iterator[Family]:
+    """The server's latency histograms since it started, bucketed by the contract's bounds."""
+    for name, counts in sorted(d.histograms.items()):
+        bounds = [str(bound) for bound in name.buckets]  # finite: 0.005, 1.0, 60.0
+        buckets = [*zip(bounds, counts.bucket_counts, strict=True), ("+Inf", counts.count)]
+        yield HistogramMetricFamily(
+            name.metric.value,
+            f"{_HISTOGRAM_HELP[name]}, in seconds, since the server started",
+            buckets=buckets,
+            sum_value=counts.sum_seconds,
+        )
+
+
+def _token_families(d: StatsDocument) -> Iterator[Family]:
+    yield from _counter(
+        Metric.PROMPT_TOKENS,
+        "Prompt tokens of the generations the server ran, since it started",
+        d.tokens.prompt_total,
+    )
+    yield from _counter(
+        Metric.GENERATION_TOKENS,
+        "Tokens the server generated, since it started",
+        d.tokens.generation_total,
     )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fusebox_contract.metrics import LatencyHistogram
 from fusebox_contract.names import (
     BreakerState,
     DegradationLevel,
@@ -19,12 +20,23 @@ from fusebox_contract.names import (
     RequestOutcome,
     Variant,
 )
-from fusebox_contract.stats import LatencySummary, RuntimeState, StatsDocument, dumps, parse
+from fusebox_contract.stats import (
+    HistogramCounts,
+    LatencySummary,
+    RuntimeState,
+    StatsDocument,
+    Tokens,
+    dumps,
+    parse,
+)
 from fusebox_server.stats import (
+    LatencyCounter,
     LatencyWindow,
     StatsThread,
+    TokenCounter,
     compose_document,
     dtype_named,
+    latency_counters,
     percentile,
     runtime_state,
     write_atomically,
@@ -54,6 +66,36 @@ def test_the_window_forgets_old_samples() -> None:
     assert window.summary(now=140) == LatencySummary(p99_seconds=0.5, count=3)
     assert window.summary(now=175) == LatencySummary(p99_seconds=0.2, count=2)
     assert window.summary(now=200) is None
+
+
+def test_a_latency_counts_into_the_first_bucket_whose_bound_holds_it() -> None:
+    counter = LatencyCounter((0.1, 0.5, 1.0))
+    counter.observe([0.05, 0.1, 0.3, 0.5, 0.7, 4.0])
+    assert counter.counts() == HistogramCounts((2, 4, 5), 6, pytest.approx(5.65))
+
+
+def test_the_window_s_samples_are_counted_into_its_histogram_too() -> None:
+    counter = LatencyCounter((0.1, 1.0))
+    window = LatencyWindow(window_seconds=60, counter=counter)
+    window.add(0.05, now=100)
+    window.add_many([0.2, 2.0], now=300)  # long after the window forgot the first
+    assert window.summary(now=300) == LatencySummary(p99_seconds=2.0, count=2)
+    assert counter.counts() == HistogramCounts((1, 2), 3, pytest.approx(2.25))
+
+
+def test_every_histogram_starts_empty_on_the_contract_s_bounds() -> None:
+    counters = latency_counters()
+    assert set(counters) == set(LatencyHistogram)
+    for name, counter in counters.items():
+        assert counter.counts() == HistogramCounts((0,) * len(name.buckets), 0, 0.0)
+
+
+def test_tokens_add_up_prompt_and_generated_apart() -> None:
+    tokens = TokenCounter()
+    assert tokens.totals() == Tokens(prompt_total=0, generation_total=0)
+    tokens.add(12, 3)
+    tokens.add(5, 0)
+    assert tokens.totals() == Tokens(prompt_total=17, generation_total=3)
 
 
 def _state(**changes: object) -> RuntimeState:
@@ -97,6 +139,8 @@ def _document(**changes: object) -> StatsDocument:
             LatencyMetric.ITL: None,
             LatencyMetric.E2E: LatencySummary(1.0, 10),
         },
+        "histograms": {name: c.counts() for name, c in latency_counters().items()},
+        "tokens": Tokens(prompt_total=40, generation_total=20),
         "quality_sampled_total": 10,
         "quality_failed_total": 1,
         "quality_failure_ratio": 0.1,
@@ -119,6 +163,8 @@ def test_the_runtime_s_figures_become_the_contract_document_the_sidecar_reads() 
     assert document.heartbeats == {HeartbeatThread.LOOP: 1796000000.4}
     assert document.nvml[0].memory_total_bytes == 9
     assert document.quality.failure_ratio == 0.1
+    assert set(document.histograms) == set(LatencyHistogram)
+    assert document.tokens.generation_total == 20
 
 
 def test_the_state_carries_the_loaded_variant_s_facts_in_the_contract_s_names() -> None:

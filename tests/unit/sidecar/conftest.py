@@ -15,6 +15,7 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
+from fusebox_contract.metrics import LatencyHistogram
 from fusebox_contract.names import (
     BreakerState,
     DegradationLevel,
@@ -28,10 +29,12 @@ from fusebox_contract.names import (
 from fusebox_contract.stats import (
     CudaMemory,
     GpuMemory,
+    HistogramCounts,
     LatencySummary,
     Quality,
     RuntimeState,
     StatsDocument,
+    Tokens,
 )
 
 # Real NVML return codes (nvml.h), so the fake classifies like the library.
@@ -123,6 +126,19 @@ def fake_pynvml() -> Callable[..., ModuleType]:
     return _make_fake_pynvml
 
 
+def _histogram(
+    name: LatencyHistogram, per_bucket: list[int], sum_seconds: float
+) -> HistogramCounts:
+    """Cumulative counts from per-bucket ones (one more than the bounds: the last is +Inf)."""
+    assert len(per_bucket) == len(name.buckets) + 1
+    cumulative = [sum(per_bucket[: i + 1]) for i in range(len(per_bucket))]
+    return HistogramCounts(tuple(float(c) for c in cumulative[:-1]), cumulative[-1], sum_seconds)
+
+
+def _spread(name: LatencyHistogram, placed: dict[int, int]) -> list[int]:
+    return [placed.get(i, 0) for i in range(len(name.buckets) + 1)]
+
+
 # The example from docs/stats-file.md, with realistic figures, built with the
 # contract's dataclasses: what the server's writer writes.
 EXAMPLE_STATS = StatsDocument(
@@ -158,6 +174,21 @@ EXAMPLE_STATS = StatsDocument(
         LatencyMetric.ITL: LatencySummary(p99_seconds=0.02, count=3000),
         LatencyMetric.E2E: LatencySummary(p99_seconds=0.90, count=100),
     },
+    histograms={
+        LatencyHistogram.TTFT: _histogram(
+            LatencyHistogram.TTFT, _spread(LatencyHistogram.TTFT, {2: 60, 3: 39, 4: 1}), 3.1
+        ),
+        LatencyHistogram.ITL: _histogram(
+            LatencyHistogram.ITL, _spread(LatencyHistogram.ITL, {3: 2000, 4: 970, 5: 30}), 33.0
+        ),
+        LatencyHistogram.E2E: _histogram(
+            LatencyHistogram.E2E, _spread(LatencyHistogram.E2E, {2: 90, 3: 10}), 45.5
+        ),
+        LatencyHistogram.QUEUE: _histogram(
+            LatencyHistogram.QUEUE, _spread(LatencyHistogram.QUEUE, {0: 70, 5: 28, 9: 2}), 4.2
+        ),
+    },
+    tokens=Tokens(prompt_total=52_000, generation_total=31_000),
     quality=Quality(sampled_total=10, failed_total=1, failure_ratio=0.1),
     heartbeats={HeartbeatThread.LOOP: 1796000000.10, HeartbeatThread.WORKER: 1796000000.05},
     state=RuntimeState(
