@@ -20,6 +20,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from fusebox_contract.wiring import Port
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm" / "fusebox"
@@ -57,6 +60,8 @@ LADDER_REASONS = (
     "PodRestarted",
 )
 RECOVERED_REASONS = ("ModelReloaded", "SwappedToFallback", "PodRestarted")
+ADMIN_PORT = Port.ADMIN
+METRICS_PORT = Port.METRICS
 
 
 class DemoError(RuntimeError):
@@ -140,6 +145,15 @@ def event_line(event: dict[str, Any]) -> str:
     return f"event {reason:<17} {message}"
 
 
+FORWARDING = re.compile(r"Forwarding from 127\.0\.0\.1:(\d+) ->")
+
+
+def forwarded_port(line: str) -> int | None:
+    """The local port `kubectl port-forward` announced on this line of its output, if any."""
+    match = FORWARDING.search(line)
+    return int(match.group(1)) if match else None
+
+
 def event_key(event: dict[str, Any]) -> str:
     """Events are deduplicated by the API server (count++); key on uid and count."""
     count = event.get("count") or (event.get("series") or {}).get("count", 1)
@@ -184,6 +198,31 @@ class Cluster:
 
     def apply(self, document: dict[str, Any]) -> None:
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump(document, allow_unicode=True))
+
+    @contextlib.contextmanager
+    def port_forward(self, namespace: str, pod: str, port: int) -> Iterator[str]:
+        """`kubectl port-forward pod/POD :PORT`, as a user reaches a port that the pod's
+        NetworkPolicy closes to everyone but the operator (8001) or monitoring (9400).
+        Yields http://127.0.0.1:LOCAL; kubectl picks the local port and prints it."""
+        process = subprocess.Popen(
+            [str(self.bin_dir / "kubectl"), "-n", namespace, "port-forward"]
+            + ["--address=127.0.0.1", f"pod/{pod}", f":{port}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "KUBECONFIG": self.kubeconfig},
+        )
+        try:
+            assert process.stdout is not None
+            first = process.stdout.readline()  # kubectl prints it once it listens
+            local = forwarded_port(first)
+            if local is None:
+                raise DemoError(f"kubectl port-forward {pod}:{port} failed: {first.strip()}")
+            threading.Thread(target=process.stdout.read, daemon=True).start()  # keep it drained
+            yield f"http://127.0.0.1:{local}"
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
 
 
 def localcluster(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -462,9 +501,9 @@ def stream_chat(base_url: str) -> None:
     say("(the tiny model is random-weighted: the words are noise, the streaming is real)")
 
 
-def admin_put(pod_ip: str, token: str, path: str, body: dict[str, Any]) -> tuple[int, str]:
+def admin_put(admin_url: str, token: str, path: str, body: dict[str, Any]) -> tuple[int, str]:
     request = urllib.request.Request(
-        f"http://{pod_ip}:8001{path}", data=json.dumps(body).encode(), method="PUT"
+        f"{admin_url}{path}", data=json.dumps(body).encode(), method="PUT"
     )
     request.add_header("Content-Type", "application/json")
     request.add_header("Authorization", f"Bearer {token}")
@@ -486,10 +525,10 @@ def metric_value(text: str, name: str) -> float | None:
     return None
 
 
-def sidecar_rss(pod_ip: str) -> float | None:
+def sidecar_rss(metrics_url: str) -> float | None:
     """The pod's RSS as its sidecar reports it now (the operator's status lags up to 30 s)."""
     try:
-        with urllib.request.urlopen(f"http://{pod_ip}:9400/metrics", timeout=5) as response:
+        with urllib.request.urlopen(f"{metrics_url}/metrics", timeout=5) as response:
             text = response.read().decode()
     except OSError:
         return None
@@ -559,8 +598,31 @@ def leak_and_watch(cluster: Cluster, name: str, timeout: float = 150) -> None:
         ).stdout
     ).decode()
     say(f"admin token read from Secret {name}-admin (not printed)")
+    with contextlib.ExitStack() as forwards:
+        admin_url = forwards.enter_context(cluster.port_forward(NAMESPACE, pod_name, ADMIN_PORT))
+        metrics_url = forwards.enter_context(
+            cluster.port_forward(NAMESPACE, pod_name, METRICS_PORT)
+        )
+        say(
+            f"admin port {ADMIN_PORT} and sidecar port {METRICS_PORT} of {pod_name} reached"
+            " through `kubectl port-forward` (its NetworkPolicy admits only the operator"
+            " and the monitoring namespace there)"
+        )
+        leak_with(cluster, name, pod_name, pod_ip, token, admin_url, metrics_url, timeout)
+
+
+def leak_with(
+    cluster: Cluster,
+    name: str,
+    pod_name: str,
+    pod_ip: str,
+    token: str,
+    admin_url: str,
+    metrics_url: str,
+    timeout: float,
+) -> None:
     seen = {event_key(e) for e in service_events(cluster, name)}
-    code, body = admin_put(pod_ip, token, "/admin/v1/faults", {"leak": LEAK_MIB_PER_REQUEST})
+    code, body = admin_put(admin_url, token, "/admin/v1/faults", {"leak": LEAK_MIB_PER_REQUEST})
     if code != 200:
         raise DemoError(f"PUT /admin/v1/faults on {pod_name} answered {code}: {body}")
     say(
@@ -582,11 +644,11 @@ def leak_and_watch(cluster: Cluster, name: str, timeout: float = 150) -> None:
     recovered = False
     last_rss = ""
     deadline = time.monotonic() + timeout
-    with Traffic(f"http://{pod_ip}:8000") as traffic:
+    with Traffic(f"http://{pod_ip}:{Port.API}") as traffic:
         while time.monotonic() < deadline and not recovered:
             time.sleep(1)
             status = service_status(cluster, name)
-            rss = f"{pod_name} rss={mib(sidecar_rss(pod_ip))}"
+            rss = f"{pod_name} rss={mib(sidecar_rss(metrics_url))}"
             if rss != last_rss:
                 breaker = (status.get("breaker") or {}).get("state", "-")
                 pressure = condition(status, "MemoryPressure").get("status", "-")
@@ -610,7 +672,7 @@ def leak_and_watch(cluster: Cluster, name: str, timeout: float = 150) -> None:
     if refused:
         say(f"{refused} request(s) got 503 + Retry-After while the model was out")
     # Stop the fault whatever happened (a restarted pod starts with leak:0 anyway).
-    code, _ = admin_put(pod_ip, token, "/admin/v1/faults", {"leak": 0})
+    code, _ = admin_put(admin_url, token, "/admin/v1/faults", {"leak": 0})
     say(f"leak switched off on {pod_name}: {code or 'pod gone (restarted)'}")
     time.sleep(6)
     status = service_status(cluster, name)
@@ -620,7 +682,7 @@ def leak_and_watch(cluster: Cluster, name: str, timeout: float = 150) -> None:
             f"status.lastAction: {last.get('type')} on {last.get('pod')} "
             f"because {last.get('reason')} -> {last.get('result')}"
         )
-    say(f"{pod_name} rss now {mib(sidecar_rss(pod_ip))} (sidecar)")
+    say(f"{pod_name} rss now {mib(sidecar_rss(metrics_url))} (sidecar)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -644,7 +706,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "-n", NAMESPACE, "get", "service", name, "-o", "jsonpath={.spec.clusterIP}"
             ).stdout.strip()
             say(f"Service {name} ClusterIP {ip} (routed from this host by localcluster)")
-            stream_chat(f"http://{ip}:8000")
+            stream_chat(f"http://{ip}:{Port.API}")
         if not args.skip_leak:
             with stages.stage("6. leak: inject a memory leak and watch the operator"):
                 leak_and_watch(cluster, name)

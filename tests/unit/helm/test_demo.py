@@ -80,3 +80,12 @@ def test_a_missing_image_stops_the_demo_with_what_to_run() -> None:
     with pytest.raises(demo.DemoError, match=r"inference:dev is not in the cluster.*make images"):
         demo.check_images([pod])
     demo.check_images([{"status": {"containerStatuses": [{"state": {"running": {}}}]}}])
+
+
+def test_the_demo_reads_the_local_port_kubectl_port_forward_picked() -> None:
+    """The admin and sidecar ports are reached through `kubectl port-forward POD :PORT`;
+    kubectl chooses the local port and says so on its first line."""
+    demo = load_demo()
+    assert demo.forwarded_port("Forwarding from 127.0.0.1:40511 -> 8001\n") == 40511
+    assert demo.forwarded_port("error: unable to forward port because pod is not running.") is None
+    assert (demo.ADMIN_PORT, demo.METRICS_PORT) == (8001, 9400)
