@@ -19,6 +19,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fusebox_contract.names import BreakerState, Variant
+from fusebox_operator.latency import (
+    LATENCY_WINDOW_SECONDS,
+    Buckets,
+    Snapshot,
+    remember,
+    window_quantile,
+)
 from fusebox_operator.rollout import Rollout
 from fusebox_operator.spec import InferenceServiceSpec
 
@@ -115,7 +122,10 @@ class PodSample:
     memory_limit_bytes: float | None = None
     gpu_memory_used_bytes: float | None = None
     gpu_memory_total_bytes: float | None = None
-    latency_p99_seconds: float | None = None
+    latency_p99_seconds: float | None = None  # the server's own window; shown per pod
+    # The breaker's latency histogram, cumulative since the server started: what
+    # the breaker's p99 comes from (latency.py). None from a sidecar without one.
+    latency_buckets: Buckets | None = None
     quality_failure_ratio: float | None = None
     stats_age_seconds: float | None = None
     heartbeat_age_seconds: float | None = None
@@ -223,6 +233,7 @@ class PolicyState:
     in_flight: dict[str, Action] = field(default_factory=dict)
     # In memory only: rebuilt after a restart by fresh scrapes.
     history: dict[str, list[tuple[float, float | None, float | None]]] = field(default_factory=dict)
+    latency_history: dict[str, list[Snapshot]] = field(default_factory=dict)  # pod -> buckets
     first_seen: dict[str, float] = field(default_factory=dict)
     last_fresh: dict[str, float] = field(default_factory=dict)
     served_once: set[str] = field(default_factory=set)  # pods whose stats were fresh once
@@ -434,6 +445,7 @@ def _forget_pod(state: PolicyState, pod: str) -> None:
         state.swapped_at,
         state.last_counts,
         state.history,
+        state.latency_history,
         state.fallback_unavailable,
     ):
         mapping.pop(pod, None)
@@ -694,6 +706,26 @@ def _note_fallback(state: PolicyState, sample: PodSample, spec: InferenceService
         state.fallback_unavailable.pop(sample.pod, None)
 
 
+def _service_p99_millis(state: PolicyState, fresh: Sequence[PodSample]) -> float | None:
+    """The breaker's p99: of the configured latency's histogram increase over the window,
+    summed over the pods, as Prometheus' histogram_quantile gives it. A pod whose sidecar
+    exports no histogram (an image from before them) counts with its own p99 gauge."""
+    gauges: list[float] = []
+    for sample in fresh:
+        if sample.latency_buckets is not None:
+            state.latency_history[sample.pod] = remember(
+                state.latency_history.get(sample.pod, ()),
+                sample.sampled_at,
+                sample.latency_buckets,
+                LATENCY_WINDOW_SECONDS,
+            )
+        elif sample.latency_p99_seconds is not None:
+            gauges.append(sample.latency_p99_seconds)
+    histograms = [state.latency_history[s.pod] for s in fresh if s.pod in state.latency_history]
+    p99s = [p for p in (window_quantile(0.99, histograms), *gauges) if p is not None]
+    return max(p99s) * 1000 if p99s else None
+
+
 def decide(
     state: PolicyState,
     samples: Iterable[PodSample],
@@ -762,9 +794,7 @@ def decide(
     if not fresh:
         return state, actions  # nothing fresh: no breaker moves on stale data
 
-    # Telemetry picked the configured latency metric's p99 for each pod.
-    p99s = [s.latency_p99_seconds * 1000 for s in fresh if s.latency_p99_seconds is not None]
-    state.p99_millis = max(p99s) if p99s else None
+    state.p99_millis = _service_p99_millis(state, fresh)
     ratios = [s.quality_failure_ratio for s in fresh if s.quality_failure_ratio is not None]
     state.quality_ratio = max(ratios) if ratios else None
     tripped = _latency_breaker(state, state.p99_millis, calls, spec, now)

@@ -19,10 +19,17 @@ from collections.abc import Iterable, Sequence
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from fusebox_contract.metrics import Metric
-from fusebox_contract.names import BreakerState, HeartbeatThread, RequestOutcome, Variant
+from fusebox_contract.metrics import BUCKET_LABEL, LatencyHistogram, Metric
+from fusebox_contract.names import (
+    BreakerState,
+    HeartbeatThread,
+    LatencyMetric,
+    RequestOutcome,
+    Variant,
+)
 from fusebox_contract.wiring import Port
 from fusebox_operator.kube import PodView
+from fusebox_operator.latency import Buckets
 from fusebox_operator.policy import PodSample, RequestCounts
 
 Labels = dict[str, str]
@@ -87,6 +94,23 @@ def _label(samples: Samples, name: Metric, label: str) -> str | None:
     return None
 
 
+def _buckets(samples: Samples, metric: str) -> Buckets | None:
+    """The cumulative buckets of the latency histogram behind `metric`; None when the
+    sidecar exports none (or one without its +Inf bucket, which no quantile can use)."""
+    try:
+        histogram = LatencyHistogram.of(LatencyMetric(metric)).metric
+    except ValueError:
+        return None
+    buckets = sorted(
+        (float(labels[BUCKET_LABEL]), value)
+        for labels, value in samples.get(histogram.bucket, [])
+        if BUCKET_LABEL in labels and not math.isnan(value)
+    )
+    if not buckets or not math.isinf(buckets[-1][0]):
+        return None
+    return tuple(buckets)
+
+
 def _breaker(value: float | None) -> BreakerState | None:
     if value is None:
         return None
@@ -116,6 +140,7 @@ def sample_from_metrics(pod: str, samples: Samples, sampled_at: float, metric: s
         gpu_memory_used_bytes=_total(samples, Metric.GPU_MEMORY_USED_BYTES),
         gpu_memory_total_bytes=_total(samples, Metric.GPU_MEMORY_TOTAL_BYTES),
         latency_p99_seconds=_one(samples, Metric.LATENCY_P99_SECONDS, metric=metric),
+        latency_buckets=_buckets(samples, metric),
         quality_failure_ratio=_one(samples, Metric.QUALITY_FAILURE_RATIO),
         stats_age_seconds=_one(samples, Metric.SERVER_STATS_AGE_SECONDS),
         heartbeat_age_seconds=max(heartbeats) if heartbeats else None,
