@@ -128,10 +128,15 @@ class HeartbeatThread(enum.StrEnum):
 class Fault(enum.StrEnum):
     """Faults `FUSEBOX_FAULTS` may arm at start."""
 
-    LEAK = "leak"
+    LEAK = "leak"  # MiB per request held by the loaded model: only a reload frees it
     SLOW = "slow"
     WEDGE = "wedge"
     LOAD_DELAY = "load_delay"  # seconds added to every model load
+    # The leak kinds a cheaper ladder step cures (MiB per request each):
+    LEAK_CYCLES = "leak_cycles"  # cyclic garbage automatic gc misses: the gc step
+    LEAK_ALLOCATOR = "leak_allocator"  # freed, kept by malloc / torch's cache: empty_cache
+    LEAK_PROMPT_CACHE = "leak_prompt_cache"  # a prompt cache without its bound: empty_cache
+    LEAK_PINNED = "leak_pinned"  # pinned host staging buffers (CUDA only): empty_cache
 
 
 class ConditionType(enum.StrEnum):

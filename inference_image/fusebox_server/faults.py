@@ -8,7 +8,11 @@ fault exists only if `FUSEBOX_FAULTS` named it when the process started;
 answers 403 for anything else. Nothing on the public API touches faults.
 
 `FUSEBOX_FAULTS=leak:64,slow:100,wedge` arms:
-- `leak:N`  hold N MiB per request on the model's device (0 = armed, off);
+- `leak:N`  hold N MiB per request on the model's device, referenced by the
+  loaded model: only unload+reload (or a swap) frees it (0 = armed, off);
+- `leak_cycles:N`, `leak_allocator:N`, `leak_prompt_cache:N`, `leak_pinned:N`
+  the leak kinds a cheaper ladder step cures (gc; empty_cache for the other
+  three), N MiB per request; `leaks.py` says what holds each one;
 - `slow:N`  sleep N ms per generated token (0 = armed, off);
 - `wedge`   armed, off; `wedge:1` wedges the event loop once the server is
   ready. Switched on (`{"wedge": 1}`), it blocks the event loop for good:
@@ -25,7 +29,9 @@ import threading
 from collections.abc import Mapping
 
 from fusebox_contract.names import Fault
+from fusebox_server.engine import LoadedModel, leak_block
 from fusebox_server.errors import Forbidden, InvalidRequest
+from fusebox_server.leaks import Leaks
 
 
 def parse_faults(spec: str) -> dict[Fault, int]:
@@ -56,6 +62,7 @@ class Faults:
     def __init__(self, armed: Mapping[Fault, int]) -> None:
         self._values = {Fault(name): value for name, value in armed.items()}
         self._lock = threading.Lock()
+        self.leaks = Leaks()
 
     @property
     def armed(self) -> bool:
@@ -63,6 +70,15 @@ class Faults:
 
     def value(self, fault: Fault) -> int:
         return self._values.get(fault, 0)
+
+    def grow_leaks(self, loaded: LoadedModel) -> None:
+        """Every armed leak grows by its value: called by the worker as a generation starts."""
+        if not self._values:
+            return
+        with self._lock:
+            values = dict(self._values)
+        leak_block(loaded, values.get(Fault.LEAK, 0))
+        self.leaks.grow(values, loaded.device)
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
@@ -83,4 +99,6 @@ class Faults:
             typed[Fault(name)] = value
         with self._lock:
             self._values.update(typed)
+            values = dict(self._values)
+        self.leaks.changed(values)
         return self.snapshot()

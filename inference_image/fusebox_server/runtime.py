@@ -255,34 +255,33 @@ class Runtime:
         """Admit (maybe wait) and hand a generation to the worker."""
         queued_at = time.monotonic()
         await self.admission.acquire(deadline_monotonic - queued_at)
-        self.latency_counters[LatencyHistogram.QUEUE].observe([time.monotonic() - queued_at])
-        assert self.worker is not None
-        variant = self.variant
-        holder: list[Generation] = []
+        try:  # until the worker has the job, an error (a failed allocation too) frees the slot
+            self.latency_counters[LatencyHistogram.QUEUE].observe([time.monotonic() - queued_at])
+            assert self.worker is not None
+            variant = self.variant
+            holder: list[Generation] = []
 
-        def deliver(event: Event) -> None:
-            generation = holder[0]
-            if isinstance(event, Finished | Failed) and not generation.finished:
-                generation.finished = True
-                self.admission.release()
-            generation.events.put_nowait(event)
+            def deliver(event: Event) -> None:
+                generation = holder[0]
+                if isinstance(event, Finished | Failed) and not generation.finished:
+                    generation.finished = True
+                    self.admission.release()
+                generation.events.put_nowait(event)
 
-        job = GenerationJob(
-            request_id=request_id,
-            variant=variant,
-            prompt_ids=prompt_ids,
-            sampling=sampling,
-            max_tokens=max_tokens,
-            deadline_monotonic=deadline_monotonic,
-            tokenizer=self.encoders[variant].tokenizer,
-            deliver=deliver,
-        )
-        generation = Generation(job=job)
-        holder.append(generation)
-        try:
+            job = GenerationJob(
+                request_id=request_id,
+                variant=variant,
+                prompt_ids=prompt_ids,
+                sampling=sampling,
+                max_tokens=max_tokens,
+                deadline_monotonic=deadline_monotonic,
+                tokenizer=self.encoders[variant].tokenizer,
+                deliver=deliver,
+            )
+            generation = Generation(job=job)
+            holder.append(generation)
             self.worker.submit(job)
-        except Exception:
-            generation.finished = True
+        except BaseException:
             self.admission.release()
             raise
         return generation
@@ -341,8 +340,10 @@ class Runtime:
             self._release_memory()
 
     def _release_memory(self) -> None:
+        self.faults.leaks.release_caches()
         engine.release_memory(self.device)
         malloc_trim()
+        self.faults.leaks.allocators_emptied()
 
     # ----- the primary at start -----
     async def load_primary(self) -> None:
@@ -363,6 +364,7 @@ class Runtime:
         started = time.monotonic()
         before = await self.on_worker(lambda: memory.memory_snapshot(self.device))
         summary_before = await self.on_worker(self._memory_summary)
+        leaks_before = await self.on_worker(self.faults.leaks.figures)
         previous_variant = self.variant
         if action_type == ActionType.GC:
             await self.on_worker(gc.collect)
@@ -391,6 +393,9 @@ class Runtime:
             "memory_after": after,
             "duration_seconds": round(time.monotonic() - started, 4),
         }
+        if self.faults.armed:  # what each leak kind held before and after: what this freed
+            result["leaks_before"] = leaks_before
+            result["leaks_after"] = await self.on_worker(self.faults.leaks.figures)
         if action_type == ActionType.SWAP and summary_before is not None:
             result["memory_summary_before"] = summary_before[0]
             result["memory_summary_after"] = summary_after[0] if summary_after else None
@@ -466,6 +471,8 @@ class Runtime:
             "leaked_bytes": sum(t.numel() * t.element_size() for t in loaded.leaked)
             if loaded
             else 0,
+            "model_loads": self.variants.loads_total,
+            "leaks": self.faults.leaks.figures() if self.faults.armed else None,
             "breaker": {
                 "state": self.breaker.state.value,
                 "admit_percent": self.breaker.admit_percent,

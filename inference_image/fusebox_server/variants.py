@@ -81,6 +81,7 @@ class Variants:
         self._lock = asyncio.Lock()
         self._converging: asyncio.Task[None] | None = None
         self.last_convergence_error: str | None = None
+        self.loads_total = 0  # completed model loads since start (a reload adds one)
 
     # ----- views -----
     @property
@@ -137,6 +138,7 @@ class Variants:
         for _ in range(2):
             decoding.step()
         self.worker.loaded = loaded
+        self.loads_total += 1  # every completed load, the first one included
 
     # ----- operations -----
     async def load(self, variant: Variant, *, unless_loaded: bool = False) -> None:

@@ -27,7 +27,6 @@ from fusebox_server.engine import (
     DecodeBatch,
     Decoding,
     LoadedModel,
-    leak_block,
     release_memory,
 )
 from fusebox_server.errors import (
@@ -35,6 +34,7 @@ from fusebox_server.errors import (
     GenerationFailed,
     ModelUnavailable,
     ServerError,
+    memory_exhausted,
 )
 from fusebox_server.faults import Faults
 from fusebox_server.memory import cuda_memory
@@ -43,6 +43,9 @@ from fusebox_server.tokenization import IncrementalDecoder
 
 IDLE_WAIT_SECONDS = 0.2
 CONTROL_ACTION_GRACE_SECONDS = 900.0
+# A result the loop could not take (an allocation failed) is offered again this often.
+POST_ATTEMPTS = 200
+POST_RETRY_SECONDS = 0.005
 
 
 @dataclass(frozen=True)
@@ -143,12 +146,25 @@ class InferenceWorker(threading.Thread):
             torch.set_num_threads(self._torch_threads)
         self.torch_threads = torch.get_num_threads()  # what this thread really uses
         while not self._stopping.is_set():
-            self.heartbeat = time.time()
             try:
+                self.heartbeat = time.time()
                 self._turn()
             except BaseException as error:  # the worker must outlive anything
-                self._fail_all(GenerationFailed(f"inference worker error: {error!r}"))
-                time.sleep(IDLE_WAIT_SECONDS)
+                self._recover(error)
+
+    def _recover(self, error: BaseException) -> None:
+        """A turn failed outside any one job: fail the running jobs, pause, go on.
+
+        Itself guarded: when memory is short, failing the jobs can fail too; they
+        stay active and the next turn carries on with them.
+        """
+        try:
+            self._fail_all(
+                memory_exhausted(error) or GenerationFailed(f"inference worker error: {error!r}")
+            )
+        except MemoryError:
+            pass
+        time.sleep(IDLE_WAIT_SECONDS)
 
     def _turn(self) -> None:
         self._take_inbox(block=not self._active)
@@ -165,11 +181,17 @@ class InferenceWorker(threading.Thread):
             action()
         except ServerError as error:
             self._finish(job, Failed(error, job.completion_tokens))
-        except torch.OutOfMemoryError as error:
-            self._finish(job, Failed(GenerationFailed(f"out of memory: {error}"), 0))
-            release_memory(self.loaded.device if self.loaded else torch.device("cpu"))
         except Exception as error:
-            self._finish(job, Failed(GenerationFailed(f"generation failed: {error!r}"), 0))
+            self._finish(job, Failed(self._generation_error(error), job.completion_tokens))
+
+    def _generation_error(self, error: Exception) -> ServerError:
+        """An allocation failure is a 503 (and frees what the allocator caches), else a 500."""
+        exhausted = memory_exhausted(error)
+        if exhausted is None:
+            return GenerationFailed(f"generation failed: {error!r}")
+        if isinstance(error, torch.OutOfMemoryError):
+            release_memory(self.loaded.device if self.loaded else torch.device("cpu"))
+        return exhausted
 
     def _check_alive(self, job: GenerationJob) -> None:
         if job.cancelled.is_set():
@@ -207,7 +229,7 @@ class InferenceWorker(threading.Thread):
             tokens = batch.step()
         except Exception as error:  # the batch is lost; its members fail, the worker goes on
             self._batch = None
-            failure = GenerationFailed(f"generation failed: {error!r}")
+            failure = self._generation_error(error)
             for job in members:
                 job.decoding = None
                 self._finish(job, Failed(failure, job.completion_tokens))
@@ -274,10 +296,18 @@ class InferenceWorker(threading.Thread):
         return self.heartbeat
 
     def _post(self, callback: Callable[..., None], *args: Any) -> None:
-        try:
-            self._loop.call_soon_threadsafe(callback, *args)
-        except RuntimeError:
-            pass  # the loop is closed: the process is shutting down
+        """Hand a result to the loop, retrying a failed allocation for a while.
+
+        A lost final event would keep its request's admission slot until the deadline.
+        """
+        for _ in range(POST_ATTEMPTS):
+            try:
+                self._loop.call_soon_threadsafe(callback, *args)
+                return
+            except RuntimeError:
+                return  # the loop is closed: the process is shutting down
+            except MemoryError:
+                time.sleep(POST_RETRY_SECONDS)
 
     def _finish(self, job: GenerationJob, event: Event) -> None:
         if job in self._active:
@@ -314,7 +344,7 @@ class InferenceWorker(threading.Thread):
         if loaded is None or loaded.variant != job.variant:
             raise ModelUnavailable("the model was unloaded or swapped before generation started")
         job.cuda_at_entry = cuda_memory(loaded.device)
-        leak_block(loaded, self._faults.value(Fault.LEAK))
+        self._faults.grow_leaks(loaded)
         job.decoding = Decoding(loaded, job.prompt_ids, job.sampling)
         job.decoder = IncrementalDecoder(job.tokenizer)
 
