@@ -245,7 +245,14 @@ class Kube:
 
 
 def _pod_view(pod: Any) -> PodView:
-    statuses = {s.name: s for s in (pod.status.container_statuses or [])}
+    # The sidecar is a native sidecar: its status is among the init containers'.
+    statuses = {
+        s.name: s
+        for s in [
+            *(pod.status.init_container_statuses or []),
+            *(pod.status.container_statuses or []),
+        ]
+    }
     server = statuses.get(SERVER_CONTAINER)
     sidecar = statuses.get(SIDECAR_CONTAINER)
     conditions = {c.type: c.status for c in (pod.status.conditions or [])}

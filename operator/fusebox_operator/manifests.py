@@ -280,6 +280,11 @@ def _sidecar_container(settings: OperatorSettings) -> Manifest:
     resources = {"cpu": "100m", "memory": "160Mi"}
     return {
         "name": SIDECAR_CONTAINER,
+        # A native sidecar (an init container that keeps running): the
+        # kubelet starts it before the server and stops it only after the
+        # server has exited, so the figures of a server's start and of its
+        # graceful drain are collected too.
+        "restartPolicy": "Always",
         "image": settings.inference_image,
         "imagePullPolicy": "IfNotPresent",
         "command": [
@@ -305,6 +310,13 @@ def _sidecar_container(settings: OperatorSettings) -> Manifest:
             "tcpSocket": {"port": "metrics"},
             "periodSeconds": 5,
             "timeoutSeconds": 2,
+        },
+        # The server container starts once this passes: the sidecar listens.
+        "startupProbe": {
+            "tcpSocket": {"port": "metrics"},
+            "periodSeconds": 1,
+            "timeoutSeconds": 2,
+            "failureThreshold": 60,
         },
         "resources": {
             "requests": dict(resources) | ephemeral_storage(LOG_ALLOWANCE_BYTES),
@@ -347,10 +359,8 @@ def build_pod_template(
             "fsGroup": NONROOT_UID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [
-            _server_container(spec, sizing, settings),
-            _sidecar_container(settings),
-        ],
+        "initContainers": [_sidecar_container(settings)],
+        "containers": [_server_container(spec, sizing, settings)],
         "volumes": volumes,
     }
     if spec.gpu.count > 0:

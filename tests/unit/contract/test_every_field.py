@@ -537,7 +537,8 @@ def test_operator_field_has_its_named_policy_test(node_id: str) -> None:
 
 def test_the_sidecar_reads_the_stats_file_and_port_it_is_rendered_with() -> None:
     children = render(BASE)
-    containers = children["Deployment"]["spec"]["template"]["spec"]["containers"]
+    # The sidecar is a native sidecar: an init container that keeps running.
+    containers = children["Deployment"]["spec"]["template"]["spec"]["initContainers"]
     sidecar = next(c for c in containers if c["name"] == "sidecar")
     command = sidecar["command"]
     module_at = command.index("fusebox_sidecar")

@@ -48,6 +48,20 @@ def test_pod_spec_passes_restricted_pod_security(example: str) -> None:
     assert restricted_violations(deployment_of(example)["spec"]["template"]["spec"]) == []
 
 
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_the_sidecar_is_native_started_before_the_server_and_stopped_after_it(
+    example: str,
+) -> None:
+    # An init container with restartPolicy Always: the kubelet starts the server
+    # only once its startupProbe passes and stops it only after the server exited.
+    pod = deployment_of(example)["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["server"]
+    (sidecar,) = pod["initContainers"]
+    assert sidecar["name"] == "sidecar"
+    assert sidecar["restartPolicy"] == "Always"
+    assert sidecar["startupProbe"]["tcpSocket"] == {"port": "metrics"}
+
+
 def test_pod_security_checker_catches_a_privileged_pod() -> None:
     pod = {
         "hostNetwork": True,

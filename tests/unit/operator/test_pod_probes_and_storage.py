@@ -25,6 +25,11 @@ def pod_spec_of(example: str) -> dict[str, Any]:
     return pod
 
 
+def all_containers(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The server and the native sidecar (an init container that keeps running)."""
+    return [*pod_spec.get("initContainers", []), *pod_spec["containers"]]
+
+
 def quantity_bytes(quantity: str) -> int:
     number, unit = quantity[:-2], quantity[-2:]
     assert unit in UNITS, f"unexpected quantity {quantity}"
@@ -33,7 +38,7 @@ def quantity_bytes(quantity: str) -> int:
 
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_no_container_probes_readiness_the_way_it_probes_liveness(example: str) -> None:
-    for container in pod_spec_of(example)["containers"]:
+    for container in all_containers(pod_spec_of(example)):
         readiness, liveness = container["readinessProbe"], container["livenessProbe"]
         handler = next(key for key in ("httpGet", "tcpSocket", "exec") if key in readiness)
         assert readiness.get(handler) != liveness.get(handler), container["name"]
@@ -41,7 +46,7 @@ def test_no_container_probes_readiness_the_way_it_probes_liveness(example: str) 
 
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_every_container_reserves_and_bounds_its_ephemeral_storage(example: str) -> None:
-    for container in pod_spec_of(example)["containers"]:
+    for container in all_containers(pod_spec_of(example)):
         resources = container["resources"]
         request = resources["requests"]["ephemeral-storage"]
         assert resources["limits"]["ephemeral-storage"] == request, container["name"]
@@ -60,7 +65,7 @@ def test_the_pods_storage_limit_holds_its_disk_volumes_and_each_containers_logs(
         if "emptyDir" in volume and volume["emptyDir"].get("medium") != "Memory"
     )
     limits = [
-        quantity_bytes(c["resources"]["limits"]["ephemeral-storage"]) for c in pod["containers"]
+        quantity_bytes(c["resources"]["limits"]["ephemeral-storage"]) for c in all_containers(pod)
     ]
     logs_per_container = 50 * MIB  # the kubelet's default rotation: 5 files of 10Mi
     assert sum(limits) >= disk_volumes + logs_per_container * len(limits)
