@@ -52,6 +52,8 @@ ALLOCATOR_GROWTH_BYTES: Final = 16
 """How much larger each request's blocks are than the last's (one malloc size class)."""
 ALLOCATOR_KEEP_BYTES: Final = 16
 """What stays live of each block: the small allocation that pins the hole behind it."""
+OLDEST_GENERATION: Final = 2
+"""`gc.collect()` with no argument collects it: the explicit collection of the gc step."""
 CUDA_GROWTH_BYTES: Final = 2 * MIB
 """torch rounds large allocations to 2 MiB: one step more per request defeats reuse."""
 
@@ -90,19 +92,29 @@ class _CycleNode:
 
 @dataclass
 class ReferenceCycles:
-    """Cyclic garbage that only an explicit `gc.collect()` frees."""
+    """Cyclic garbage that only an explicit `gc.collect()` frees.
+
+    Automatic collection goes off with the first cycle and comes back only
+    after the fault is off *and* an explicit full collection ran: switching
+    the fault off must not let a young-generation pass take the garbage the
+    gc step is there to free.
+    """
 
     garbage_bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _collection_was_enabled: bool | None = None
+    _collection_was_enabled: bool | None = None  # None: this leak has not turned it off
+    _off: bool = True
 
     def grow(self, mib: int) -> None:
         if mib <= 0:
             self.stopped()
             return
+        self._off = False
         if self._collection_was_enabled is None:
             self._collection_was_enabled = gc.isenabled()
             gc.disable()
+            if self._after_collection not in gc.callbacks:
+                gc.callbacks.append(self._after_collection)
         payload = bytearray(b"\x01") * (mib * MIB)  # written, so resident
         first, second = _CycleNode(payload), _CycleNode(None)
         first.partner, second.partner = second, first
@@ -117,10 +129,17 @@ class ReferenceCycles:
             self.garbage_bytes -= size
 
     def stopped(self) -> None:
-        """The fault is off: automatic collection is back as it was."""
+        """The fault is off: the next explicit full collection gives automatic collection back."""
+        self._off = True
+
+    def _after_collection(self, phase: str, info: dict[str, int]) -> None:
+        if phase != "stop" or info.get("generation") != OLDEST_GENERATION:
+            return
+        if not self._off or self._collection_was_enabled is None:
+            return
         if self._collection_was_enabled:
             gc.enable()
-        self._collection_was_enabled = None
+        self._collection_was_enabled = None  # the callback stays, inert until the next time
 
 
 @dataclass
@@ -240,7 +259,7 @@ class Leaks:
         self.pinned.grow(values.get(Fault.LEAK_PINNED, 0))
 
     def changed(self, values: Mapping[Fault, int]) -> None:
-        """An admin change: a cycles leak switched off gives automatic collection back."""
+        """An admin change: a cycles leak switched off hands collection back (see above)."""
         if values.get(Fault.LEAK_CYCLES, 0) <= 0:
             self.cycles.stopped()
 

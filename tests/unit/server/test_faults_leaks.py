@@ -56,7 +56,7 @@ def test_reference_cycles_survive_automatic_collection_and_gc_frees_them(leaks: 
     before = rss()
     for _ in range(4):
         leaks.grow({Fault.LEAK_CYCLES: 32}, CPU)
-        [object() for _ in range(5000)]  # enough allocations to trigger automatic collection
+        [[] for _ in range(5000)]  # enough allocations to trigger automatic collection
     assert not gc.isenabled()
     assert leaks.figures()[Fault.LEAK_CYCLES] == 128 * MIB
     grown = rss()
@@ -68,10 +68,16 @@ def test_reference_cycles_survive_automatic_collection_and_gc_frees_them(leaks: 
     assert rss() <= grown - 120 * MIB
 
 
-def test_switching_the_cycles_leak_off_gives_automatic_collection_back(leaks: Leaks) -> None:
-    leaks.grow({Fault.LEAK_CYCLES: 1}, CPU)
-    assert not gc.isenabled()
+def test_switching_the_cycles_leak_off_keeps_the_garbage_for_the_gc_step(leaks: Leaks) -> None:
+    leaks.grow({Fault.LEAK_CYCLES: 8}, CPU)
     leaks.changed({Fault.LEAK_CYCLES: 0})
+    [[] for _ in range(5000)]  # would trigger automatic collection, were it on
+    assert leaks.figures()[Fault.LEAK_CYCLES] == 8 * MIB
+    assert not gc.isenabled()
+
+    gc.collect()
+
+    assert leaks.figures()[Fault.LEAK_CYCLES] == 0
     assert gc.isenabled()
 
 
