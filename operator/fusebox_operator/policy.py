@@ -59,6 +59,19 @@ LADDER: tuple[ActionKind, ...] = (
     ActionKind.SWAP_FALLBACK,
     ActionKind.RESTART,
 )
+ACT_SECONDS: dict[ActionKind, float] = {
+    ActionKind.GC: 1,
+    ActionKind.EMPTY_CACHE: 1,
+    ActionKind.RELOAD: 30,
+    ActionKind.SWAP_FALLBACK: 30,
+    ActionKind.RESTORE_PRIMARY: 30,
+    ActionKind.RESTART: 60,
+}
+"""Roughly how long each step takes to act: a model load dominates reload and swap, a
+restart adds scheduling and start-up. Only the estimates of time-to-OOM skipping use it."""
+CHEAP_STEPS: frozenset[ActionKind] = frozenset({ActionKind.GC, ActionKind.EMPTY_CACHE})
+"""Steps that free only what nothing references: guesses, worth a try only with time to
+spare. A reload (and what follows) frees whatever the model holds, so it is never skipped."""
 
 
 @dataclass(frozen=True)
@@ -200,9 +213,10 @@ class Action:
 class Ladder:
     """Where one pod stands on the ladder for one resource (rss, gpu, wedge)."""
 
-    step: int = 0
+    step: int = 0  # the next rung to try
     last_action_at: float | None = None
     calm_since: float | None = None
+    acted_step: int | None = None  # the rung of the last action, until it is judged
 
 
 @dataclass
@@ -244,6 +258,9 @@ class PolicyState:
     # only: a new entry is one FallbackUnavailable event, so after an operator
     # restart each such pod is named once more.
     fallback_unavailable: dict[str, str] = field(default_factory=dict)
+    # Pod -> the soonest its memory reaches a limit at the current growth, in seconds;
+    # absent while nothing grows. In memory only (status shows it, refreshed each tick).
+    time_to_oom: dict[str, float] = field(default_factory=dict)
 
     def to_status(self) -> dict[str, Any]:
         """The persisted part (status.policy), JSON-safe."""
@@ -263,6 +280,7 @@ class PolicyState:
                     "step": lad.step,
                     "lastActionAt": lad.last_action_at,
                     "calmSince": lad.calm_since,
+                    "actedStep": lad.acted_step,
                 }
                 for key, lad in sorted(self.ladders.items())
             ],
@@ -319,7 +337,10 @@ class PolicyState:
             healthy_since=policy.get("healthySince"),
             ladders={
                 str(v["key"]): Ladder(
-                    int(v.get("step", 0)), v.get("lastActionAt"), v.get("calmSince")
+                    int(v.get("step", 0)),
+                    v.get("lastActionAt"),
+                    v.get("calmSince"),
+                    v.get("actedStep"),
                 )
                 for v in (policy.get("ladders") or [])
                 if isinstance(v, Mapping) and "key" in v
@@ -378,6 +399,30 @@ def least_squares_slope(points: Sequence[tuple[float, float]]) -> float | None:
     return sum((t - mean_t) * (v - mean_v) for t, v in points) / var_t
 
 
+def time_to_limit_seconds(points: Sequence[tuple[float, float]], limit: float) -> float | None:
+    """Seconds until the least-squares trend of (t, value) points reaches `limit`, from the
+    latest value; None when fewer than MIN_SLOPE_POINTS or not growing."""
+    if len(points) < MIN_SLOPE_POINTS:
+        return None
+    slope = least_squares_slope(points)
+    if slope is None or slope <= 0:
+        return None
+    return max(0.0, (limit - points[-1][1]) / slope)
+
+
+def skipped_for_time(
+    kind: ActionKind, seconds_to_limit: float | None, spec: InferenceServiceSpec
+) -> bool:
+    """Whether a cheap step cannot act in time: should it fail, the pod would reach its
+    limit before the step was judged (one cooldown) and a reload could act."""
+    if kind not in CHEAP_STEPS or seconds_to_limit is None:
+        return False
+    needed = (
+        ACT_SECONDS[kind] + spec.breaker.resource.cooldown_seconds + ACT_SECONDS[ActionKind.RELOAD]
+    )
+    return seconds_to_limit < needed
+
+
 def _mib(value_bytes: float) -> str:
     return f"{value_bytes / MIB:.0f} MiB"
 
@@ -389,6 +434,7 @@ class ResourceReading:
     slope_mib_per_minute: float | None
     triggered: bool
     reason: str
+    seconds_to_limit: float | None = None  # at the fitted growth; None when not growing
 
 
 def read_resources(
@@ -416,19 +462,18 @@ def read_resources(
         if value is None or not limit:
             continue
         ratio = value / limit
-        points = [(p[0], p[column]) for p in history if p[column] is not None]
-        slope_per_second = (
-            least_squares_slope(points)  # type: ignore[arg-type]
-            if len(points) >= MIN_SLOPE_POINTS
-            else None
-        )
+        points = [(p[0], v) for p in history if (v := p[column]) is not None]
+        slope_per_second = least_squares_slope(points) if len(points) >= MIN_SLOPE_POINTS else None
         slope = None if slope_per_second is None else slope_per_second * 60 / MIB
         over = ratio > threshold.ratio
         growing = slope is not None and slope > threshold.growth_mib_per_minute
         triggered = ratio > HARD_RATIO or (over and growing)
         trend = "" if slope is None else f", {slope:+.0f} MiB/min"
         reason = f"{label} {_mib(value)} = {ratio:.0%} {of_what}{trend}"
-        readings.append(ResourceReading(resource, ratio, slope, triggered, reason))
+        seconds_to_limit = time_to_limit_seconds(points, limit)
+        readings.append(
+            ResourceReading(resource, ratio, slope, triggered, reason, seconds_to_limit)
+        )
     return readings
 
 
@@ -447,6 +492,7 @@ def _forget_pod(state: PolicyState, pod: str) -> None:
         state.history,
         state.latency_history,
         state.fallback_unavailable,
+        state.time_to_oom,
     ):
         mapping.pop(pod, None)
     for times in (state.first_seen, state.last_fresh):
@@ -465,9 +511,16 @@ def _may_act(rollout: Rollout | None, pod: str, kind: ActionKind) -> bool:
 
 
 def _ladder_step(
-    state: PolicyState, sample: PodSample, ladder: Ladder, spec: InferenceServiceSpec, now: float
-) -> ActionKind | None:
-    """The next rung for this pod, skipping a swap that cannot help (or cannot load)."""
+    state: PolicyState,
+    sample: PodSample,
+    ladder: Ladder,
+    spec: InferenceServiceSpec,
+    now: float,
+    seconds_to_limit: float | None = None,
+) -> tuple[ActionKind | None, list[ActionKind]]:
+    """The next rung for this pod and the rungs skipped on the way: a swap that cannot
+    help (or cannot load), and cheap steps there is no time left to try."""
+    skipped: list[ActionKind] = []
     while ladder.step < len(LADDER):
         kind = LADDER[ladder.step]
         if kind is ActionKind.SWAP_FALLBACK and (
@@ -475,10 +528,24 @@ def _ladder_step(
         ):
             ladder.step += 1
             continue
+        if skipped_for_time(kind, seconds_to_limit, spec):
+            skipped.append(kind)
+            ladder.step += 1
+            continue
         if kind is ActionKind.RESTART and not _restart_allowed(state, spec, now):
-            return None  # wait: one restart per cooldown keeps the service up
-        return kind
-    return None
+            return None, skipped  # wait: one restart per cooldown keeps the service up
+        return kind, skipped
+    return None, skipped
+
+
+def _time_note(seconds_to_limit: float | None, skipped: Sequence[ActionKind]) -> str:
+    """ "; time to OOM ~40 s: skipping gc and empty_cache" for an action's reason."""
+    if seconds_to_limit is None:
+        return ""
+    note = f"; time to OOM ~{seconds_to_limit:.0f} s"
+    if skipped:
+        note += ": skipping " + " and ".join(kind.value for kind in skipped)
+    return note
 
 
 def _restart_allowed(state: PolicyState, spec: InferenceServiceSpec, now: float) -> bool:
@@ -494,14 +561,32 @@ def _memory_ladder(
     actions: list[Action],
     rollout: Rollout | None,
 ) -> None:
+    """Climb one pod's ladder, one rung per cooldown, and stop at the rung that cures.
+
+    A rung is judged by the samples after it: one that brings the signal back
+    under the trigger cured this leak, so the ladder goes back to that rung and
+    a leak that returns gets the same step again, not the next one. Only a
+    signal still triggered a cooldown after the step climbs. Cheap rungs are
+    skipped when the memory would reach its limit before they could be judged
+    and a reload act (`skipped_for_time`).
+    """
     cooldown = spec.breaker.resource.cooldown_seconds
     pod = sample.pod
     acted = False
-    for reading in read_resources(state, pod, sample, spec):
+    readings = read_resources(state, pod, sample, spec)
+    soonest = [r.seconds_to_limit for r in readings if r.seconds_to_limit is not None]
+    if soonest:
+        state.time_to_oom[pod] = min(soonest)
+    else:
+        state.time_to_oom.pop(pod, None)
+    for reading in readings:
         key = f"{pod}/{reading.resource}"
         ladder = state.ladders.get(key)
         if not reading.triggered:
             if ladder is not None:
+                if ladder.acted_step is not None:
+                    # Back under after that rung: it cured; a return of the leak repeats it.
+                    ladder.step, ladder.acted_step = ladder.acted_step, None
                 ladder.calm_since = ladder.calm_since if ladder.calm_since is not None else now
                 if now - ladder.calm_since >= cooldown:
                     del state.ladders[key]  # back under for a cooldown: the episode is over
@@ -511,9 +596,11 @@ def _memory_ladder(
         ladder.calm_since = None
         if acted or (ladder.last_action_at is not None and now - ladder.last_action_at < cooldown):
             continue
-        kind = _ladder_step(state, sample, ladder, spec, now)
+        step_before = ladder.step
+        kind, skipped = _ladder_step(state, sample, ladder, spec, now, reading.seconds_to_limit)
         if kind is None or not _may_act(rollout, pod, kind):
-            continue  # waits for its turn: nothing advances, the next tick asks again
+            ladder.step = step_before  # waits for its turn: the next tick decides afresh
+            continue
         variant = state.pod_variant(pod)
         if kind is ActionKind.SWAP_FALLBACK:
             variant = Variant.FALLBACK
@@ -521,7 +608,9 @@ def _memory_ladder(
             state.swapped_at[pod] = now
         if kind is ActionKind.RESTART:
             state.last_restart_at = now
-        actions.append(Action(_next_id(state, kind), kind, pod, reading.reason, now, variant))
+        reason = reading.reason + _time_note(reading.seconds_to_limit, skipped)
+        actions.append(Action(_next_id(state, kind), kind, pod, reason, now, variant))
+        ladder.acted_step = ladder.step
         ladder.step += 1
         ladder.last_action_at = now
         acted = True

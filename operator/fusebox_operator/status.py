@@ -35,7 +35,7 @@ TIER_NAMES: dict[int, str] = {int(DegradationLevel.NONE): "none"} | {
 
 # Parts of the status that change on every scrape; refreshed at most every 30 s.
 VOLATILE_KEYS = ("pods", "policy", "updatedAt")
-VOLATILE_SUMMARY_KEYS = ("gpuMemory", "rss")
+VOLATILE_SUMMARY_KEYS = ("gpuMemory", "rss", "timeToOOM")
 
 ACTION_EVENT_REASONS: dict[ActionKind, tuple[EventReason, ...]] = {
     ActionKind.GC: (EventReason.GARBAGE_COLLECTED,),
@@ -71,6 +71,17 @@ def human_bytes(size_bytes: float | None) -> str:
         if size_bytes >= factor:
             return f"{size_bytes / factor:.1f}{unit}"
     return f"{size_bytes:.0f}B"
+
+
+def human_seconds(seconds: float | None) -> str:
+    """A time to OOM for the printer column: 40s, 12m, 3h; "-" while nothing grows."""
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.0f}h"
 
 
 def set_condition(
@@ -144,6 +155,8 @@ def pod_entry(sample: PodSample, state: PolicyState) -> dict[str, Any]:
             )
     if sample.latency_p99_seconds is not None:
         entry["p99Millis"] = round(sample.latency_p99_seconds * 1000, 1)
+    if sample.pod in state.time_to_oom:
+        entry["timeToOOMSeconds"] = round(state.time_to_oom[sample.pod], 1)
     if sample.error:
         entry["error"] = sample.error[:200]
     return entry
@@ -268,6 +281,7 @@ def build_status(
     pods = pods[:MAX_PODS_LISTED]
     gpu_values = [s.gpu_memory_used_bytes for s in samples if s.gpu_memory_used_bytes is not None]
     rss_values = [s.rss_bytes for s in samples if s.rss_bytes is not None]
+    soonest_oom = [state.time_to_oom[s.pod] for s in samples if s.pod in state.time_to_oom]
     previous_breaker = previous.get("breaker") or {}
     since = (
         previous_breaker.get("since")
@@ -297,6 +311,7 @@ def build_status(
             "ready": f"{ready_pods}/{desired_pods}",
             "gpuMemory": human_bytes(max(gpu_values)) if gpu_values else "-",
             "rss": human_bytes(max(rss_values)) if rss_values else "-",
+            "timeToOOM": human_seconds(min(soonest_oom) if soonest_oom else None),
         },
         "policy": state.to_status(),
         "updatedAt": iso(now),

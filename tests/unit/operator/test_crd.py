@@ -97,7 +97,7 @@ def test_names_scope_and_subresources() -> None:
     version = CRD["spec"]["versions"][0]
     assert CRD["spec"]["scope"] == "Namespaced" and version["subresources"] == {"status": {}}
     columns = [c["name"].upper() for c in version["additionalPrinterColumns"]]
-    assert columns == ["READY", "BREAKER", "TIER", "VARIANT", "GPU-MEM", "RSS", "AGE"]
+    assert columns == ["READY", "BREAKER", "TIER", "VARIANT", "GPU-MEM", "RSS", "OOM-IN", "AGE"]
 
 
 def schema_defaults(node: dict[str, Any]) -> Any:

@@ -20,6 +20,8 @@ from fusebox_operator.policy import (
     admit_percent,
     decide,
     least_squares_slope,
+    skipped_for_time,
+    time_to_limit_seconds,
 )
 from fusebox_operator.rollout import PodReadiness, Rollout
 from fusebox_operator.spec import InferenceServiceSpec, parse_spec
@@ -117,6 +119,75 @@ def test_ladder_stops_when_the_signal_comes_back_under() -> None:
     state, actions = run(PolicyState("svc"), steps)
     assert [a.kind for a in actions] == [ActionKind.GC]
     assert state.ladders == {}  # episode over after a calm cooldown
+
+
+def test_a_rung_that_brings_memory_back_under_is_repeated_when_the_leak_returns() -> None:
+    # gc at t=10 brings RSS under 75%; the leak is back before a calm cooldown ends.
+    spec = make_spec(resource={"cooldownSeconds": COOLDOWN, "windowSeconds": 10})
+    steps = leak_steps(10, 0.80 * 4096, 600)
+    for i, ratio in enumerate([0.74, 0.74, 0.76, 0.765, 0.77, 0.775]):
+        t = T0 + 15 + 5 * i
+        steps.append((t, [sample("p", t, ratio * 4096)]))
+    state, actions = run(PolicyState("svc"), steps, spec)
+    assert [(a.kind, a.at - T0) for a in actions] == [(ActionKind.GC, 10), (ActionKind.GC, 30)]
+    assert state.ladders["p/rss"].step == 1  # judged again from here: empty_cache only if gc fails
+
+
+def test_a_rung_that_leaves_memory_above_the_trigger_climbs_after_the_cooldown() -> None:
+    _, actions = run(PolicyState("svc"), leak_steps(30, 0.80 * 4096, 300))
+    assert [(a.kind, a.at - T0) for a in actions] == [
+        (ActionKind.GC, 10),
+        (ActionKind.EMPTY_CACHE, 10 + COOLDOWN),
+    ]
+
+
+def test_time_to_limit_is_the_fitted_growth_from_the_latest_value() -> None:
+    growing = [(0.0, 100.0), (5.0, 150.0), (10.0, 200.0)]  # 10 per second
+    assert time_to_limit_seconds(growing, 1000.0) == 80.0
+    assert time_to_limit_seconds(growing, 150.0) == 0.0  # already past it
+    assert time_to_limit_seconds([(0.0, 100.0), (5.0, 150.0)], 1000.0) is None  # too few
+    assert time_to_limit_seconds([(0.0, 200.0), (5.0, 200.0), (10.0, 200.0)], 1000.0) is None
+    assert time_to_limit_seconds([(0.0, 300.0), (5.0, 250.0), (10.0, 200.0)], 1000.0) is None
+
+
+def test_a_cheap_step_is_skipped_only_when_a_reload_after_it_would_come_too_late() -> None:
+    # Skipped below 1 s (gc) + 20 s (cooldown, to judge it) + 30 s (a reload).
+    assert skipped_for_time(ActionKind.GC, 50.0, SPEC)
+    assert not skipped_for_time(ActionKind.GC, 52.0, SPEC)
+    assert not skipped_for_time(ActionKind.GC, None, SPEC)  # not growing: all the time there is
+    assert not skipped_for_time(ActionKind.RELOAD, 1.0, SPEC)  # nothing faster frees the model
+
+
+def test_a_fast_leak_goes_straight_to_reload_and_says_why() -> None:
+    # 80% and +1200 MiB/min: the limit is ~40 s away, too soon to try gc and empty_cache.
+    state, actions = run(PolicyState("svc"), leak_steps(10, 0.80 * 4096, 1200))
+    assert [a.kind for a in actions] == [ActionKind.RELOAD]
+    assert "time to OOM ~" in actions[0].reason
+    assert actions[0].reason.endswith(": skipping gc and empty_cache"), actions[0].reason
+    assert 30 < state.time_to_oom["p"] < 40
+
+
+def test_a_slow_leak_starts_at_gc_and_names_its_time_to_oom() -> None:
+    state, actions = run(PolicyState("svc"), leak_steps(10, 0.80 * 4096, 300))
+    assert [a.kind for a in actions] == [ActionKind.GC]
+    assert "time to OOM ~" in actions[0].reason and "skipping" not in actions[0].reason
+    assert state.time_to_oom["p"] > 100
+
+
+def test_a_leak_that_speeds_up_after_gc_skips_empty_cache() -> None:
+    steps = leak_steps(10, 0.80 * 4096, 300)  # gc at t=10
+    start = 0.80 * 4096 + 50
+    for i in range(1, 7):  # then +1500 MiB/min
+        t = T0 + 10 + 5 * i
+        steps.append((t, [sample("p", t, start + 125 * i)]))
+    _, actions = run(PolicyState("svc"), steps)
+    assert [a.kind for a in actions] == [ActionKind.GC, ActionKind.RELOAD]
+    assert actions[1].reason.endswith(": skipping empty_cache"), actions[1].reason
+
+
+def test_time_to_oom_is_absent_while_memory_does_not_grow() -> None:
+    state, _ = run(PolicyState("svc"), leak_steps(20, 0.50 * 4096, 0))
+    assert "p" not in state.time_to_oom
 
 
 def test_above_ratio_but_flat_does_nothing() -> None:
@@ -716,7 +787,8 @@ def test_growth_is_fitted_over_window_seconds_only() -> None:
     _, short_actions = run(PolicyState("svc"), steps, short)
     _, long_actions = run(PolicyState("svc"), steps, long)
     assert short_actions == []  # over 20 s only the slow climb is fitted
-    assert [(a.kind, a.at - T0) for a in long_actions] == [(ActionKind.GC, 85)]
+    # (A reload: with a 1000 s cooldown no cheap step could be judged before the limit.)
+    assert [a.at - T0 for a in long_actions] == [85]
 
 
 def test_half_open_admits_admit_percent() -> None:

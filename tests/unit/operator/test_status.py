@@ -62,9 +62,26 @@ def test_status_written_at_once_when_the_breaker_changes() -> None:
 
 def test_summary_holds_printer_column_figures() -> None:
     status = status_for(PolicyState("svc", level=2), 3 * 1024**3, T0, variant=Variant.FALLBACK)
-    assert status["summary"] == {"ready": "2/2", "gpuMemory": "-", "rss": "3.0Gi"}
+    assert status["summary"] == {"ready": "2/2", "gpuMemory": "-", "rss": "3.0Gi", "timeToOOM": "-"}
     assert status["degradation"]["tier"] == "fallback-model"
     assert status["activeVariant"] == "fallback"
+
+
+def test_time_to_oom_is_shown_per_pod_and_the_soonest_in_the_summary() -> None:
+    state = PolicyState("svc", time_to_oom={"a": 41.6, "b": 600.0})
+    samples = [PodSample("a", T0, rss_bytes=1e9), PodSample("b", T0, rss_bytes=1e9)]
+    status = build_status({}, state, samples, [], 2, SPEC, 1, T0)
+    assert [p.get("timeToOOMSeconds") for p in status["pods"]] == [41.6, 600.0]
+    assert status["summary"]["timeToOOM"] == "42s"
+    calm = build_status({}, PolicyState("svc"), samples, [], 2, SPEC, 1, T0)
+    assert all("timeToOOMSeconds" not in p for p in calm["pods"])
+    assert calm["summary"]["timeToOOM"] == "-"
+
+
+def test_a_changing_time_to_oom_alone_does_not_rewrite_the_status() -> None:
+    written = status_for(PolicyState("svc", time_to_oom={"p": 300.0}), 1e9, T0)
+    later = status_for(PolicyState("svc", time_to_oom={"p": 250.0}), 1e9, T0 + 5, written)
+    assert not should_write(written, later, T0 + 5)
 
 
 def test_active_variant_is_what_the_pods_report_not_what_was_asked() -> None:
