@@ -65,6 +65,7 @@ class Metric(enum.StrEnum):
     E2E_REQUEST_LATENCY_SECONDS = "fusebox_e2e_request_latency_seconds"  # histogram
     REQUEST_QUEUE_TIME_SECONDS = "fusebox_request_queue_time_seconds"  # histogram
     PROMPT_TOKENS = "fusebox_prompt_tokens"  # counter
+    SERVER_START_TIME_SECONDS = "fusebox_server_start_time_seconds"  # Unix time
     GENERATION_TOKENS = "fusebox_generation_tokens"  # counter
 
     @property

@@ -133,6 +133,7 @@ class StatsDocument:
     """The whole file. Every value is optional: None means absent."""
 
     written_at: float | None = None
+    started_at: float | None = None  # when the server process started: a change is a restart
     pid: int | None = None
     model_name: str | None = None
     rss_bytes: float | None = None
@@ -197,6 +198,7 @@ def encode(document: StatsDocument) -> dict[str, Any]:
     return {
         "schema": SCHEMA_VERSION,
         "written_at": document.written_at,
+        "started_at": document.started_at,
         "pid": document.pid,
         "model_name": document.model_name,
         "rss_bytes": document.rss_bytes,
@@ -461,6 +463,7 @@ def parse(text: str | bytes) -> StatsReading:
     f = _Fields(decoded)
     document = StatsDocument(
         written_at=f.number("written_at", minimum=1e-9),
+        started_at=f.number("started_at", minimum=1e-9),
         pid=f.integer("pid", minimum=1, maximum=PID_MAX),
         model_name=f.text("model_name"),
         rss_bytes=f.number("rss_bytes"),

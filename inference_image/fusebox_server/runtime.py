@@ -502,6 +502,7 @@ class Runtime:
         loaded = variants.loaded
         return compose_document(
             written_at=now,
+            started_at=self.started_at,
             pid=os.getpid(),
             model_name=self.config.model_name,
             rss_bytes=memory.rss_bytes(),

@@ -256,6 +256,7 @@ def runtime_state(
 def compose_document(
     *,
     written_at: float,
+    started_at: float,
     pid: int,
     model_name: str,
     rss_bytes: int | None,
@@ -285,6 +286,7 @@ def compose_document(
     """
     return StatsDocument(
         written_at=written_at,
+        started_at=started_at,
         pid=pid,
         model_name=model_name,
         rss_bytes=rss_bytes,

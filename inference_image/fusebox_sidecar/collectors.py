@@ -106,6 +106,11 @@ def relayed_families(document: StatsDocument | None, now_seconds: float) -> Iter
         return
     d = document
     yield from _gauge(
+        Metric.SERVER_START_TIME_SECONDS,
+        "When the server process started, in Unix seconds (a change is a restart)",
+        d.started_at,
+    )
+    yield from _gauge(
         Metric.MEMORY_LIMIT_BYTES,
         "Memory limit of the server's cgroup",
         d.cgroup_memory_limit_bytes,

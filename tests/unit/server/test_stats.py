@@ -121,6 +121,7 @@ def _state(**changes: object) -> RuntimeState:
 def _document(**changes: object) -> StatsDocument:
     values: dict[str, object] = {
         "written_at": 1796000000.5,
+        "started_at": 1796000000.0,
         "pid": 77,
         "model_name": "chat",
         "rss_bytes": 1 << 30,

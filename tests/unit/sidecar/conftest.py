@@ -143,6 +143,7 @@ def _spread(name: LatencyHistogram, placed: dict[int, int]) -> list[int]:
 # contract's dataclasses: what the server's writer writes.
 EXAMPLE_STATS = StatsDocument(
     written_at=1796000000.12,
+    started_at=1795999000.0,
     pid=4242,
     model_name="chat",
     rss_bytes=1_234_567_890,

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from fusebox_contract.metrics import Metric
+from fusebox_contract.metrics import LatencyHistogram, Metric
 from fusebox_contract.names import (
     BreakerState,
     Dtype,
@@ -22,9 +22,11 @@ from fusebox_contract.names import (
 )
 from fusebox_contract.stats import (
     CudaMemory,
+    HistogramCounts,
     LatencySummary,
     StatsDocument,
     StatsReading,
+    Tokens,
     dumps,
     encode,
     parse,
@@ -453,3 +455,63 @@ def _leaf_values(node: object) -> list[object]:
     if isinstance(node, list):
         return [leaf for value in node for leaf in _leaf_values(value)]
     return [node]
+
+
+# --- histograms and token counters (issue 11) ----------------------------------------
+
+
+def test_each_latency_is_a_histogram_on_the_contract_s_bounds(
+    stats_document: StatsDocument,
+) -> None:
+    registry = _registry(_read(stats_document))
+    value = registry.get_sample_value
+
+    for name, counts in stats_document.histograms.items():
+        metric = name.metric
+        exposed = [value(metric.bucket, {"le": str(bound)}) for bound in name.buckets]
+        assert exposed == list(counts.bucket_counts)
+        assert value(metric.bucket, {"le": "+Inf"}) == counts.count
+        assert value(f"{metric.value}_count") == counts.count
+        assert value(f"{metric.value}_sum") == counts.sum_seconds
+
+
+def test_the_ttft_histogram_holds_what_the_server_counted(stats_document: StatsDocument) -> None:
+    """The example's first tokens: 60 in (0.01, 0.025], 39 in (0.025, 0.05], 1 in (0.05, 0.075]."""
+    value = _registry(_read(stats_document)).get_sample_value
+    bucket = Metric.TIME_TO_FIRST_TOKEN_SECONDS.bucket
+    assert value(bucket, {"le": "0.01"}) == 0
+    assert value(bucket, {"le": "0.025"}) == 60
+    assert value(bucket, {"le": "0.05"}) == 99
+    assert value(bucket, {"le": "0.075"}) == 100
+
+
+def test_prompt_and_generated_tokens_are_counters(stats_document: StatsDocument) -> None:
+    value = _registry(_read(stats_document)).get_sample_value
+    assert value(Metric.PROMPT_TOKENS.sample) == 52_000
+    assert value(Metric.GENERATION_TOKENS.sample) == 31_000
+
+
+def test_an_idle_server_s_histograms_counters_and_queue_are_zero_not_absent() -> None:
+    """What a freshly started server writes: every rate and quantile query has data."""
+    idle = StatsDocument(
+        written_at=NOW - 1,
+        queue_length=0,
+        running=0,
+        histograms={
+            name: HistogramCounts((0.0,) * len(name.buckets), 0.0, 0.0) for name in LatencyHistogram
+        },
+        tokens=Tokens(prompt_total=0, generation_total=0),
+    )
+    value = _registry(_read(idle)).get_sample_value
+    for name in LatencyHistogram:
+        assert value(f"{name.metric.value}_count") == 0
+        assert value(name.metric.bucket, {"le": "+Inf"}) == 0
+    assert value(Metric.PROMPT_TOKENS.sample) == 0
+    assert value(Metric.GENERATION_TOKENS.sample) == 0
+    assert value(Metric.REQUEST_QUEUE_LENGTH.sample) == 0
+    assert value(Metric.REQUESTS_RUNNING.sample) == 0
+
+
+def test_a_histogram_the_server_did_not_write_is_absent() -> None:
+    value = _registry(_read(StatsDocument(written_at=NOW - 1))).get_sample_value
+    assert value(f"{Metric.TIME_TO_FIRST_TOKEN_SECONDS.value}_count") is None

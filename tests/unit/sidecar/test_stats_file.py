@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fusebox_contract.metrics import LatencyHistogram
 from fusebox_contract.names import (
     BreakerState,
     DegradationLevel,
@@ -187,6 +188,33 @@ def test_unusable_files_give_no_document_and_say_why(raw: bytes, why: str) -> No
         (("state", "dtype"), "float8", lambda d: d.state.dtype),
         (("state", "target_variant"), "secondary", lambda d: d.state.target_variant),
         (("state", "converging"), 1, lambda d: d.state.converging),
+        (("tokens", "prompt_total"), -1, lambda d: d.tokens.prompt_total),
+        (("tokens", "generation_total"), "9", lambda d: d.tokens.generation_total),
+        (
+            ("latency_histograms", "ttft", "buckets"),
+            [1, 2, 3],  # not one count per contract bound
+            lambda d: d.histograms.get(LatencyHistogram.TTFT),
+        ),
+        (
+            ("latency_histograms", "ttft", "buckets"),
+            [5] + [1] * 18,  # counts that fall: not cumulative
+            lambda d: d.histograms.get(LatencyHistogram.TTFT),
+        ),
+        (
+            ("latency_histograms", "itl", "buckets"),
+            [10**6] * 17,  # more at some bound than the histogram counted at all
+            lambda d: d.histograms.get(LatencyHistogram.ITL),
+        ),
+        (
+            ("latency_histograms", "e2e", "count"),
+            "100",
+            lambda d: d.histograms.get(LatencyHistogram.E2E),
+        ),
+        (
+            ("latency_histograms", "queue", "buckets"),
+            [True] * 15,
+            lambda d: d.histograms.get(LatencyHistogram.QUEUE),
+        ),
     ],
 )
 def test_a_wrong_typed_field_is_absent_and_named_as_a_problem(
