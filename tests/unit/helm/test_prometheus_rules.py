@@ -1,0 +1,256 @@
+"""The chart's PrometheusRule: rendered only when asked, valid for promtool, reading
+only what the sidecar exports, and each alert unit-tested with `promtool test rules`.
+
+Each alert has a case where it fires (with its labels) and one where it must
+not: a rule that never fires, or fires on a healthy pod, fails here rather
+than at 3 a.m.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fusebox_contract.metrics import Metric
+
+from .conftest import Render, by_kind, one
+from .promql import PROMETHEUS_OWN, exported_sample_names, metric_names
+
+NAMESPACE = "fusebox-system"
+JOB = f"{NAMESPACE}/fusebox-operator-inference"  # the PodMonitor's job, as the operator sets it
+POD = 'namespace="team-a",pod="chat-7d9f-abcde"'
+ALERT_LABELS = {"namespace": "team-a", "pod": "chat-7d9f-abcde"}
+GiB = 1024**3
+
+
+def rendered_rule(render: Render) -> dict[str, Any]:
+    return one(render(sets=("monitoring.prometheusRule.enabled=true",)), "PrometheusRule")
+
+
+def alerts(rule: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
+
+
+def series(name: Metric | str, values: str, labels: str = POD) -> dict[str, str]:
+    sample = name.sample if isinstance(name, Metric) else name
+    return {"series": f"{sample}{{{labels}}}", "values": values}
+
+
+# Per alert: (input series, evaluation time, fires?). Samples are a minute apart.
+CASES: dict[str, list[tuple[list[dict[str, str]], str, bool]]] = {
+    "FuseboxBreakerOpen": [
+        ([series(Metric.BREAKER_STATE, "0 1 1 2 1 2 1 1")], "7m", True),  # open/half-open 7m
+        ([series(Metric.BREAKER_STATE, "1 1 1 0 1 1 1 0")], "7m", False),  # it closed
+    ],
+    "FuseboxDegraded": [
+        ([series(Metric.DEGRADATION_LEVEL, "2x12")], "12m", True),
+        ([series(Metric.DEGRADATION_LEVEL, "2x5 0x7")], "12m", False),
+    ],
+    "FuseboxMemoryNearLimit": [
+        (
+            [
+                series(Metric.CGROUP_MEMORY_USAGE_BYTES, f"{int(7.6 * GiB)}x5"),
+                series(Metric.MEMORY_LIMIT_BYTES, f"{8 * GiB}x5"),
+            ],
+            "4m",
+            True,
+        ),
+        (
+            [
+                series(Metric.CGROUP_MEMORY_USAGE_BYTES, f"{6 * GiB}x5"),
+                series(Metric.MEMORY_LIMIT_BYTES, f"{8 * GiB}x5"),
+            ],
+            "4m",
+            False,
+        ),
+    ],
+    "FuseboxMemoryGrowing": [
+        (  # +100 MiB a minute from 4 GiB towards 8 GiB: there within the hour
+            [
+                series(Metric.PROCESS_RESIDENT_MEMORY_BYTES, f"{4 * GiB}+{100 * 1024**2}x40"),
+                series(Metric.MEMORY_LIMIT_BYTES, f"{8 * GiB}x40"),
+            ],
+            "30m",
+            True,
+        ),
+        (  # flat at 6 GiB: high, but not growing
+            [
+                series(Metric.PROCESS_RESIDENT_MEMORY_BYTES, f"{6 * GiB}x40"),
+                series(Metric.MEMORY_LIMIT_BYTES, f"{8 * GiB}x40"),
+            ],
+            "30m",
+            False,
+        ),
+    ],
+    "FuseboxGpuMemoryNearTotal": [
+        (
+            [
+                series(Metric.GPU_MEMORY_USED_BYTES, f"{79 * GiB}x5", f'{POD},gpu="0"'),
+                series(Metric.GPU_MEMORY_TOTAL_BYTES, f"{80 * GiB}x5", f'{POD},gpu="0"'),
+            ],
+            "4m",
+            True,
+        ),
+        (
+            [
+                series(Metric.GPU_MEMORY_USED_BYTES, f"{60 * GiB}x5", f'{POD},gpu="0"'),
+                series(Metric.GPU_MEMORY_TOTAL_BYTES, f"{80 * GiB}x5", f'{POD},gpu="0"'),
+            ],
+            "4m",
+            False,
+        ),
+    ],
+    "FuseboxGpuLost": [
+        ([series(Metric.GPU_LOST, "0 0 1")], "2m", True),
+        ([series(Metric.GPU_LOST, "0 0 0")], "2m", False),
+    ],
+    "FuseboxServerWedged": [
+        (  # the stats file stopped being written
+            [series(Metric.SERVER_STATS_AGE_SECONDS, "1 1 60+60x5")],
+            "5m",
+            True,
+        ),
+        (  # the file is fresh but the event loop stopped beating
+            [
+                series(Metric.SERVER_STATS_AGE_SECONDS, "1x6"),
+                series(Metric.HEARTBEAT_AGE_SECONDS, "0.5 0.5 60+60x4", f'{POD},thread="loop"'),
+                series(Metric.HEARTBEAT_AGE_SECONDS, "0.5x6", f'{POD},thread="worker"'),
+            ],
+            "5m",
+            True,
+        ),
+        (
+            [
+                series(Metric.SERVER_STATS_AGE_SECONDS, "1x6"),
+                series(Metric.HEARTBEAT_AGE_SECONDS, "0.5x6", f'{POD},thread="loop"'),
+            ],
+            "5m",
+            False,
+        ),
+    ],
+    "FuseboxServerRestarting": [
+        ([series(Metric.SERVER_START_TIME_SECONDS, "1000 1000 1200 1200 1500")], "4m", True),
+        ([series(Metric.SERVER_START_TIME_SECONDS, "1000 1000 1200 1200 1200")], "4m", False),
+    ],
+    "FuseboxStatsInvalid": [
+        ([series(Metric.STATS_VALID, "1 0x7")], "7m", True),
+        ([series(Metric.STATS_VALID, "0 0 1 0 0 1 0 0")], "7m", False),
+    ],
+    "FuseboxScrapeDown": [
+        ([series("up", "1 0x7", f'{POD},job="{JOB}"')], "7m", True),
+        ([series("up", "1 0x7", f'{POD},job="other/monitor"')], "7m", False),  # not ours
+    ],
+}
+
+
+def expected_labels(alert: str, rule: dict[str, Any], inputs: list[dict[str, str]]) -> dict:
+    labels = {"alertname": alert, **rule["labels"], **ALERT_LABELS}
+    if alert == "FuseboxGpuMemoryNearTotal":
+        labels["gpu"] = "0"
+    if alert == "FuseboxScrapeDown":
+        labels["job"] = JOB
+    return labels
+
+
+def promtool_test(
+    tmp_path: Path,
+    rule: dict[str, Any],
+    alert: str,
+    inputs: list[dict[str, str]],
+    at: str,
+    fires: bool,
+) -> subprocess.CompletedProcess[str]:
+    # When and with which labels an alert fires is tested here; the annotations'
+    # templates are checked by `promtool check rules` above, so they are left out
+    # rather than spelled again per case.
+    groups = [
+        {
+            **group,
+            "rules": [{k: v for k, v in r.items() if k != "annotations"} for r in group["rules"]],
+        }
+        for group in rule["spec"]["groups"]
+    ]
+    rules_file = tmp_path / "rules.yaml"
+    rules_file.write_text(yaml.safe_dump({"groups": groups}), encoding="utf-8")
+    rules = alerts(rule)[alert]
+    expected = [{"exp_labels": expected_labels(alert, rules, inputs)}] if fires else []
+    test = {
+        "rule_files": [rules_file.name],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": inputs,
+                "alert_rule_test": [{"eval_time": at, "alertname": alert, "exp_alerts": expected}],
+            }
+        ],
+    }
+    test_file = tmp_path / "test.yaml"
+    test_file.write_text(yaml.safe_dump(test), encoding="utf-8")
+    return subprocess.run(
+        ["promtool", "test", "rules", str(test_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+
+
+def test_no_rule_is_rendered_unless_asked(render: Render) -> None:
+    assert by_kind(render(), "PrometheusRule") == []
+
+
+def test_the_rules_pass_promtool_check(render: Render, tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": rendered_rule(render)["spec"]["groups"]}))
+    checked = subprocess.run(
+        ["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_every_expression_reads_only_what_the_sidecar_exports(render: Render) -> None:
+    known = exported_sample_names() | PROMETHEUS_OWN
+    unknown = {
+        (name, metric)
+        for name, rule in alerts(rendered_rule(render)).items()
+        for metric in metric_names(rule["expr"])
+        if metric not in known
+    }
+    assert not unknown, unknown
+
+
+def test_the_issue_s_alerts_are_all_there_and_each_has_a_promtool_test(render: Render) -> None:
+    rendered = set(alerts(rendered_rule(render)))
+    assert rendered == set(CASES)
+    for alert, cases in CASES.items():
+        assert {fires for *_, fires in cases} == {True, False}, alert
+
+
+def test_alert_labels_and_rule_labels_come_from_values(render: Render) -> None:
+    documents = render(
+        sets=(
+            "monitoring.prometheusRule.enabled=true",
+            "monitoring.prometheusRule.labels.release=prometheus",
+            "monitoring.prometheusRule.alertLabels.team=ml-platform",
+        )
+    )
+    rule = one(documents, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    assert all(r["labels"]["team"] == "ml-platform" for r in alerts(rule).values())
+
+
+@pytest.mark.parametrize(
+    ("alert", "case"),
+    [(alert, index) for alert, cases in CASES.items() for index in range(len(cases))],
+)
+def test_each_alert_fires_when_it_should_and_only_then(
+    render: Render, tmp_path: Path, alert: str, case: int
+) -> None:
+    inputs, at, fires = CASES[alert][case]
+    result = promtool_test(tmp_path, rendered_rule(render), alert, inputs, at, fires)
+    assert result.returncode == 0, result.stdout + result.stderr
