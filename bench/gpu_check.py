@@ -23,6 +23,15 @@ check on real hardware: on any CUDA machine, no Kubernetes needed, it
    output of a fixed prompt per variant (and whether it equals the
    primary's) and any answer other than 200/429/503 during the swaps:
    quantization.json and quantization.md.
+7. (the `leak-kinds` check) starts one server with every leak kind armed
+   (`leak_cycles`, `leak_allocator`, `leak_prompt_cache`, `leak_pinned` on
+   CUDA, and the model-held `leak`), grows one kind at a time with a few
+   requests, then runs gc, empty_cache and unload+load in ladder order and
+   records which step first frees it, by the server's own before/after:
+   CUDA reserved for torch's caching allocator, CUDA allocated for the
+   model-held blocks, RSS for the host-side kinds (pinned memory is host
+   RSS, not GPU memory). Each kind must be freed by its own step:
+   leak_kinds.json and leak_kinds.md.
 
 Without CUDA (or with `--dry-run`) it runs the same steps on CPU with the
 tiny model (RSS instead of GPU memory, the int8 fallback only), to prove the
@@ -70,6 +79,15 @@ COLUMNS = (
     "server_stats_age_seconds",
 )
 ACTIONS = (("gc", None), ("empty_cache", None), ("unload", None), ("load", "primary"))
+LADDER_STEPS = ("gc", "empty_cache", "reload")
+CURES = {  # leak kind -> the lowest ladder step that frees it (docs/server.md)
+    "leak_cycles": "gc",
+    "leak_allocator": "empty_cache",
+    "leak_prompt_cache": "empty_cache",
+    "leak_pinned": "empty_cache",
+    "leak": "reload",
+}
+CUDA_ONLY_KINDS = frozenset({"leak_pinned"})
 SWAP = ("swap", "fallback")
 
 
@@ -166,6 +184,7 @@ class Stack:
         device: str,
         leak_mib: int,
         extra_flags: tuple[str, ...] = ("--fallback-quantization", "int8"),
+        faults: str | None = None,
     ) -> None:
         token_file = self.workdir / "admin-token"
         token_file.write_text(self.token)
@@ -207,6 +226,7 @@ class Stack:
                 **os.environ,
                 "PYTHONUNBUFFERED": "1",
                 **({"FUSEBOX_FAULTS": f"leak:{leak_mib}"} if leak_mib > 0 else {}),
+                **({"FUSEBOX_FAULTS": faults} if faults else {}),
             },
         )
 
@@ -867,9 +887,10 @@ def main() -> int:
     )
     parser.add_argument(
         "--checks",
-        default="leak,quantization",
+        default="leak,quantization,leak-kinds",
         help="comma-separated: leak (the leak fault and what each action frees), "
-        "quantization (primary -> each servable fallback -> primary under traffic)",
+        "quantization (primary -> each servable fallback -> primary under traffic), "
+        "leak-kinds (each leak kind and the lowest ladder step that frees it)",
     )
     parser.add_argument("--leak-mib", type=int, default=64)
     parser.add_argument(
@@ -906,7 +927,7 @@ def main() -> int:
             arguments.dry_run = True
             device, size = "cpu", "tiny"
     checks_asked = {name.strip() for name in arguments.checks.split(",") if name.strip()}
-    unknown = checks_asked - {"leak", "quantization"}
+    unknown = checks_asked - {"leak", "quantization", "leak-kinds"}
     if unknown:
         parser.error(f"unknown checks: {', '.join(sorted(unknown))}")
 
@@ -922,6 +943,12 @@ def main() -> int:
     if "quantization" in checks_asked:
         try:
             checks += run_quantization_check(out, model_dir, device, deadline)
+        except CheckAborted as error:
+            print(f"gpu_check: {error}", file=sys.stderr)
+            return 1
+    if "leak-kinds" in checks_asked:
+        try:
+            checks += run_leak_kinds_check(out, model_dir, device, arguments.leak_mib, deadline)
         except CheckAborted as error:
             print(f"gpu_check: {error}", file=sys.stderr)
             return 1
@@ -998,6 +1025,124 @@ def run_leak_check(
     )
     write_summary(out / "summary.md", environment, rows, actions, checks)
     return checks
+
+
+def _kind_figure(kind: str, device: str) -> str:
+    """The server-reported memory figure a kind grows."""
+    if device == "cuda" and kind == "leak_allocator":
+        return "cuda_reserved_bytes"
+    if device == "cuda" and kind == "leak":
+        return "cuda_allocated_bytes"
+    return "rss_bytes"
+
+
+def _ladder_step(stack: Stack, step: str) -> dict[str, Any]:
+    """One ladder step through the admin API; a reload is unload then load, as the operator's."""
+
+    def post(body: dict[str, Any]) -> dict[str, Any]:
+        body["id"] = f"gpu-check-{body['type']}-{secrets.token_hex(4)}"
+        status, result = _http_json(
+            stack.admin_url + "/admin/v1/actions", "POST", body, stack.token, timeout=300
+        )
+        if status != 200:
+            raise CheckAborted(f"{body['type']} answered {status}: {result}")
+        return dict(result)
+
+    if step != "reload":
+        return post({"type": step})
+    unload = post({"type": "unload"})
+    load = post({"type": "load", "variant": "primary"})
+    return {
+        **load,
+        "memory_before": unload["memory_before"],
+        "leaks_before": unload.get("leaks_before"),
+    }
+
+
+def leak_kind_run(
+    stack: Stack, kind: str, device: str, leak_mib: int, requests: int
+) -> dict[str, Any]:
+    """Grow one kind, then climb the ladder until a step frees most of what it grew."""
+    figure = _kind_figure(kind, device)
+    _ladder_step(stack, "empty_cache")  # start from emptied caches
+    status, body = _http_json(
+        stack.admin_url + "/admin/v1/faults", "PUT", {kind: leak_mib}, stack.token
+    )
+    if status != 200:
+        raise CheckAborted(f"arming {kind} answered {status}: {body}")
+    try:
+        drive_leak(stack, requests, time.monotonic() + 300)
+    finally:
+        _http_json(stack.admin_url + "/admin/v1/faults", "PUT", {kind: 0}, stack.token)
+    leaked = leak_mib * requests * MiB
+    steps = []
+    cured_by = None
+    for step in LADDER_STEPS:
+        result = _ladder_step(stack, step)
+        freed = _delta(result["memory_before"].get(figure), result["memory_after"].get(figure))
+        steps.append(
+            {
+                "step": step,
+                "figure": figure,
+                "freed_bytes": freed,
+                "leaks_before": result.get("leaks_before"),
+                "leaks_after": result.get("leaks_after"),
+                "seconds": result.get("duration_seconds"),
+            }
+        )
+        if freed is not None and freed >= 0.7 * leaked:
+            cured_by = step
+            break
+    return {
+        "kind": kind,
+        "leaked_bytes": leaked,
+        "expected": CURES[kind],
+        "cured_by": cured_by,
+        "steps": steps,
+    }
+
+
+def run_leak_kinds_check(
+    out: Path, model_dir: Path, device: str, leak_mib: int, deadline: float
+) -> list[tuple[str, bool, str]]:
+    kinds = [k for k in CURES if device == "cuda" or k not in CUDA_ONLY_KINDS]
+    requests = 4
+    with tempfile.TemporaryDirectory(prefix="gpu-check-kinds-") as scratch:
+        stack = Stack(Path(scratch), out)
+        try:
+            stack.start_server(model_dir, device, 0, faults=",".join(f"{kind}:0" for kind in kinds))
+            stack.wait_until_ready(min(deadline, time.monotonic() + 240))
+            runs = [leak_kind_run(stack, kind, device, leak_mib, requests) for kind in kinds]
+        finally:
+            stack.stop()
+    skipped = sorted(set(CURES) - set(kinds))
+    (out / "leak_kinds.json").write_text(
+        json.dumps({"device": device, "runs": runs, "skipped": skipped}, indent=2) + "\n"
+    )
+    lines = [
+        f"# Leak kinds on {device}: the lowest ladder step that frees each",
+        "",
+        "| kind | leaked | expected | freed first by | freed per step (figure) |",
+        "|---|---|---|---|---|",
+    ]
+    for run in runs:
+        per_step = ", ".join(
+            f"{s['step']} {_gib(s['freed_bytes'])} GiB ({s['figure']})" for s in run["steps"]
+        )
+        lines.append(
+            f"| {run['kind']} | {_gib(run['leaked_bytes'])} GiB | {run['expected']} "
+            f"| {run['cured_by'] or 'none'} | {per_step} |"
+        )
+    lines += [f"| {kind} | - | {CURES[kind]} | needs CUDA | - |" for kind in skipped]
+    (out / "leak_kinds.md").write_text("\n".join(lines) + "\n")
+    return [
+        (
+            f"{run['kind']} is freed first by {run['expected']}",
+            run["cured_by"] == run["expected"],
+            f"freed first by {run['cured_by'] or 'no step'}",
+        )
+        for run in runs
+    ]
 
 
 if __name__ == "__main__":
