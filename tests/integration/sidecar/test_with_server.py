@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from fusebox_contract.metrics import LatencyHistogram, Metric
 from fusebox_contract.names import RequestOutcome
 
 Sidecar = Any  # conftest's Sidecar (importlib mode cannot import it)
@@ -142,3 +143,82 @@ def test_the_stats_file_the_server_writes_is_fully_understood(leaky_server: Serv
     assert document.state.quantization is not None and document.state.dtype is not None
     assert set(document.requests) == set(RequestOutcome)
     assert json.loads(Path(leaky_server.stats_path).read_text())["schema"] == SCHEMA_VERSION
+
+
+# Exported only where they can be measured: no GPU on this machine, so no NVML
+# reading and no CUDA allocator; the rest of the contract must be in a live scrape.
+ONLY_WITH_A_GPU = {
+    Metric.GPU_MEMORY_USED_BYTES,
+    Metric.GPU_MEMORY_TOTAL_BYTES,
+    Metric.GPU_PROCESS_MEMORY_USED_BYTES,
+    Metric.GPU_LOST,
+    Metric.CUDA_MEMORY_ALLOCATED_BYTES,
+    Metric.CUDA_MEMORY_RESERVED_BYTES,
+    Metric.CUDA_ALLOC_RETRIES,
+    Metric.CUDA_OOMS,
+    Metric.CUDA_CONTEXTS,
+}
+# Exported in a pod, not by this test's host process: why each is absent here.
+NOT_HERE = {
+    Metric.MEMORY_LIMIT_BYTES: "the server runs in no memory-limited cgroup (a pod always does)",
+    Metric.QUALITY_FAILURE_RATIO: "no response sampled yet at the server's default sample rate",
+}
+
+
+def test_a_live_scrape_after_traffic_carries_every_contract_name_but_the_gpu_ones(
+    leaky_server: Server, start_sidecar: Callable[..., Sidecar]
+) -> None:
+    """The other half of the dashboard and alert checks (tests/unit/helm): those
+    compare each query with the contract; this compares the contract with what a
+    real sidecar next to a real server serves, so a queried name has data."""
+    sidecar = start_sidecar(leaky_server.stats_path)
+    for prompt in ("one", "two", "three"):
+        leaky_server.complete(prompt, max_tokens=4)
+    first = leaky_server.stats()["written_at"]
+    _wait_for(lambda: leaky_server.stats()["written_at"] > first, "a stats write after traffic")
+
+    served = {name for name, _ in sidecar.scrape()}
+    missing = {
+        sample
+        for metric in Metric
+        if metric not in ONLY_WITH_A_GPU and metric not in NOT_HERE
+        for sample in metric.samples
+        if sample not in served
+    }
+    assert missing == set(), sorted(missing)
+
+
+def test_histograms_and_token_counters_count_the_requests_served(
+    leaky_server: Server, start_sidecar: Callable[..., Sidecar]
+) -> None:
+    sidecar = start_sidecar(leaky_server.stats_path)
+
+    def settled() -> Any:
+        first = leaky_server.stats()["written_at"]
+        _wait_for(lambda: leaky_server.stats()["written_at"] > first, "a fresh stats write")
+        return sidecar.scrape()
+
+    def count(samples: Any, name: LatencyHistogram) -> float:
+        return samples.value(f"{name.metric.value}_count") or 0.0
+
+    before = settled()
+    replies = [leaky_server.complete(f"count me {n}", max_tokens=4) for n in range(3)]
+    after = settled()
+
+    assert count(after, LatencyHistogram.TTFT) - count(before, LatencyHistogram.TTFT) == 3
+    assert count(after, LatencyHistogram.E2E) - count(before, LatencyHistogram.E2E) == 3
+    assert count(after, LatencyHistogram.QUEUE) - count(before, LatencyHistogram.QUEUE) == 3
+    prompt = sum(r["usage"]["prompt_tokens"] for r in replies)
+    generated = sum(r["usage"]["completion_tokens"] for r in replies)
+    # One gap between consecutive pieces; a piece may carry several tokens (text is
+    # sent once it decodes), so at most one gap fewer than the tokens per response.
+    gaps = count(after, LatencyHistogram.ITL) - count(before, LatencyHistogram.ITL)
+    assert 0 < gaps <= generated - len(replies)
+    tokens = (Metric.PROMPT_TOKENS.sample, Metric.GENERATION_TOKENS.sample)
+    assert [after.value(t) - before.value(t) for t in tokens] == [prompt, generated]
+    # Every bucket is cumulative up to the count.
+    bucket = Metric.TIME_TO_FIRST_TOKEN_SECONDS.bucket
+    bounds = [str(b) for b in LatencyHistogram.TTFT.buckets] + ["+Inf"]
+    cumulative = [after.value(bucket, le=le) for le in bounds]
+    assert cumulative == sorted(cumulative)
+    assert cumulative[-1] == count(after, LatencyHistogram.TTFT)
