@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fusebox_contract.metrics import LatencyHistogram
 from fusebox_contract.names import (
     BreakerState,
     DegradationLevel,
@@ -39,10 +40,12 @@ from fusebox_contract.names import (
 from fusebox_contract.stats import (
     CudaMemory,
     GpuMemory,
+    HistogramCounts,
     LatencySummary,
     Quality,
     RuntimeState,
     StatsDocument,
+    Tokens,
     dumps,
 )
 
@@ -50,11 +53,19 @@ RSS_TARGET_BYTES = 60 * 1000 * 1000
 SCRAPE_P99_TARGET_SECONDS = 0.020
 
 
+def _histogram(name: LatencyHistogram, count: int) -> HistogramCounts:
+    """`count` observations spread over the bounds (every bucket line non-zero)."""
+    bounds = len(name.buckets)
+    cumulative = tuple(float(count * (i + 1) // (bounds + 1)) for i in range(bounds))
+    return HistogramCounts(cumulative, count, count * name.buckets[bounds // 2])
+
+
 def _stats_document(pid: int) -> StatsDocument:
     """A full stats file (8 GPUs, every field), built by the contract as the server builds it."""
     now = time.time()
     return StatsDocument(
         written_at=now,
+        started_at=now - 3600,
         pid=pid,
         model_name="chat",
         rss_bytes=1_234_567_890,
@@ -89,6 +100,11 @@ def _stats_document(pid: int) -> StatsDocument:
             LatencyMetric.ITL: LatencySummary(p99_seconds=0.03, count=64000),
             LatencyMetric.E2E: LatencySummary(p99_seconds=4.5, count=1000),
         },
+        histograms={
+            name: _histogram(name, 64_000 if name is LatencyHistogram.ITL else 1_000_000)
+            for name in LatencyHistogram
+        },
+        tokens=Tokens(prompt_total=512_000_000, generation_total=256_000_000),
         quality=Quality(sampled_total=100, failed_total=3, failure_ratio=0.03),
         heartbeats={HeartbeatThread.LOOP: now - 0.01, HeartbeatThread.WORKER: now - 0.02},
         state=RuntimeState(
