@@ -19,18 +19,26 @@ from typing import Any
 import structlog
 
 from fusebox_contract.names import RequestOutcome
-from fusebox_server.errors import ClientDisconnected, GenerationFailed, ServerError
+from fusebox_server.errors import (
+    ClientDisconnected,
+    GenerationFailed,
+    MemoryExhausted,
+    ServerError,
+)
 
 log = structlog.get_logger("fusebox_server.requests")
 
 
 def outcome_of(error: BaseException | None) -> RequestOutcome:
-    """429/503 rejected, 504 timed out, other 4xx invalid, 5xx (and any bug) failed."""
+    """429/503 rejected, 504 timed out, other 4xx invalid, 5xx (and any bug) failed.
+
+    A 503 for a failed allocation is failed, not rejected: the server took the request on.
+    """
     if error is None:
         return RequestOutcome.SUCCEEDED
     if isinstance(error, ClientDisconnected):
         return RequestOutcome.CANCELLED
-    if isinstance(error, GenerationFailed) or not isinstance(error, ServerError):
+    if isinstance(error, GenerationFailed | MemoryExhausted) or not isinstance(error, ServerError):
         return RequestOutcome.FAILED
     if error.status in (429, 503):
         return RequestOutcome.REJECTED

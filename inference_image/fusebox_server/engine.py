@@ -204,37 +204,53 @@ class DecodeBatch:
         layers = row.cache.layers
         length = layers[0].keys.shape[-2]
         mask = torch.ones((1, length), dtype=torch.long, device=self.loaded.device)
+        rows = [*self.rows, row]
         if self._cache is None or self._mask is None:
             self._cache, self._mask = row.cache, mask
         else:
+            # All new tensors first, then swap them in: an allocation that fails half-way
+            # must leave the batch as it was, not with some layers one row longer.
             width = max(length, self._mask.shape[1])
-            for mine, theirs in zip(self._cache.layers, layers, strict=True):
-                mine.keys = torch.cat(
-                    [_left_pad(mine.keys, width, 2), _left_pad(theirs.keys, width, 2)]
+            merged = [
+                (
+                    torch.cat([_left_pad(mine.keys, width, 2), _left_pad(theirs.keys, width, 2)]),
+                    torch.cat(
+                        [_left_pad(mine.values, width, 2), _left_pad(theirs.values, width, 2)]
+                    ),
                 )
-                mine.values = torch.cat(
-                    [_left_pad(mine.values, width, 2), _left_pad(theirs.values, width, 2)]
-                )
-            self._mask = torch.cat([_left_pad(self._mask, width, 1), _left_pad(mask, width, 1)])
+                for mine, theirs in zip(self._cache.layers, layers, strict=True)
+            ]
+            merged_mask = torch.cat([_left_pad(self._mask, width, 1), _left_pad(mask, width, 1)])
+            for layer, (keys, values) in zip(self._cache.layers, merged, strict=True):
+                layer.keys, layer.values = keys, values
+            self._mask = merged_mask
+        self.rows = rows
         row.cache = None
-        self.rows.append(row)
 
     def remove(self, row: Decoding) -> None:
         if row not in self.rows:
             return
         keep = [index for index, member in enumerate(self.rows) if member is not row]
-        self.rows = [self.rows[index] for index in keep]
+        rows = [self.rows[index] for index in keep]
         if not keep or self._mask is None:
-            self._cache, self._mask = None, None
+            self.rows, self._cache, self._mask = rows, None, None
             return
+        # As in add: compute everything, then commit, so a failed allocation changes nothing.
         index = torch.tensor(keep, dtype=torch.long, device=self.loaded.device)
         mask = self._mask.index_select(0, index)
         used = torch.nonzero(mask.any(dim=0))
         start = int(used[0].item()) if used.numel() else 0
+        kept = [
+            (
+                layer.keys.index_select(0, index)[:, :, start:],
+                layer.values.index_select(0, index)[:, :, start:],
+            )
+            for layer in self._cache.layers
+        ]
+        for layer, (keys, values) in zip(self._cache.layers, kept, strict=True):
+            layer.keys, layer.values = keys, values
         self._mask = mask[:, start:]
-        for layer in self._cache.layers:
-            layer.keys = layer.keys.index_select(0, index)[:, :, start:]
-            layer.values = layer.values.index_select(0, index)[:, :, start:]
+        self.rows = rows
 
     def step(self) -> list[int]:
         """One forward pass for every row; returns each row's next token."""

@@ -10,6 +10,19 @@ request's counted outcome follows from the class too (`accounting.py`).
 
 from __future__ import annotations
 
+from typing import Final
+
+# How torch words a failed allocation it reports as a plain RuntimeError: c10's CPU
+# allocator, a failed C++ operator new, and CUDA's caching allocator.
+ALLOCATION_FAILURE_MARKERS: Final = (
+    "DefaultCPUAllocator: can't allocate memory",
+    "std::bad_alloc",
+    "CUDA out of memory",
+)
+MEMORY_EXHAUSTED_MESSAGE: Final = (
+    "the server could not allocate memory for this request; it keeps running, retry later"
+)
+
 
 class ServerError(Exception):
     """Base: an expected failure with a status, an OpenAI error type and code."""
@@ -105,6 +118,17 @@ class MemoryPressure(Unavailable):
     code = "memory_pressure"
 
 
+class MemoryExhausted(Unavailable):
+    """503: an allocation failed while this request was handled (MemoryError, std::bad_alloc,
+    a torch allocator out of memory); the process lives on and the next request may succeed.
+
+    Counted as `failed`, not `rejected`: the request was admitted and the server could not
+    finish it, so the operator's breaker sees it as a failed call (`accounting.outcome_of`).
+    """
+
+    code = "out_of_memory"
+
+
 class DeadlineExceeded(ServerError):
     """504: the request outlived --request-timeout (queue wait plus generation)."""
 
@@ -177,3 +201,13 @@ class GenerationFailed(ServerError):
     status = 500
     error_type = "server_error"
     code = "generation_failed"
+
+
+def memory_exhausted(error: BaseException) -> MemoryExhausted | None:
+    """The 503 for an allocation failure (MemoryError, or torch's words for one), else None."""
+    if isinstance(error, MemoryError) or (
+        isinstance(error, RuntimeError)
+        and any(marker in str(error) for marker in ALLOCATION_FAILURE_MARKERS)
+    ):
+        return MemoryExhausted(MEMORY_EXHAUSTED_MESSAGE)
+    return None

@@ -312,9 +312,12 @@ class InferenceWorker(threading.Thread):
     def _finish(self, job: GenerationJob, event: Event) -> None:
         if job in self._active:
             self._active.remove(job)
-        if job.decoding is not None and self._batch is not None:
-            self._batch.remove(job.decoding)
-        job.decoding = None
+        decoding, job.decoding = job.decoding, None
+        if decoding is not None and self._batch is not None:
+            try:
+                self._batch.remove(decoding)
+            except Exception:  # e.g. MemoryError: the next step prunes the orphan row
+                pass
         self._post(job.deliver, event)
 
     def _fail_all(self, error: ServerError) -> None:
