@@ -134,7 +134,15 @@ class Admin:
         return JSONResponse(result.body(), status_code=202 if result.converging else 200)
 
     async def state(self, request: Request) -> Response:
-        return JSONResponse(self.runtime.state())
+        return JSONResponse({**self.runtime.state(), "debug": self._debug()})
+
+    def _debug(self) -> dict[str, int]:
+        """What a leak test reads beside the state: batch rows and jobs the worker holds."""
+        worker = self.runtime.worker
+        return {
+            "batch_rows": worker.batch_rows if worker else 0,
+            "inbox": worker.inbox_length if worker else 0,
+        }
 
     async def faults(self, request: Request) -> Response:
         if not self.runtime.faults.armed:

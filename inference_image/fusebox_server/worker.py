@@ -139,6 +139,16 @@ class InferenceWorker(threading.Thread):
     def active_count(self) -> int:
         return len(self._active)
 
+    @property
+    def batch_rows(self) -> int:
+        """Rows in the decode batch: each holds its KV cache, so a leaked one holds memory."""
+        batch = self._batch
+        return len(batch) if batch is not None else 0
+
+    @property
+    def inbox_length(self) -> int:
+        return self._inbox.qsize()
+
     # ----- the thread -----
     def run(self) -> None:
         if self._torch_threads > 0:
