@@ -63,6 +63,7 @@ def spawn(argv: Sequence[str], *, log_path: Path, pid_path: Path, netns: str | N
         command = ["nsenter", f"--net=/run/netns/{netns}", "--", *command]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     executable = _which(command[0])
+    _keep_inherited_files_from_daemons()
     with open(log_path, "ab") as log:
         log.write(f"\n==== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(command)}\n".encode())
     pid = os.posix_spawn(
@@ -81,6 +82,23 @@ def spawn(argv: Sequence[str], *, log_path: Path, pid_path: Path, netns: str | N
     pid_path.parent.mkdir(parents=True, exist_ok=True)
     pid_path.write_text(f"{pid} {ticks}\n")
     return proc
+
+
+def _keep_inherited_files_from_daemons() -> None:
+    """Mark every file this process inherited (beyond stdio) close-on-exec.
+
+    A daemon outlives `up`; any descriptor it inherits stays open as long as
+    it runs. `flock LOCK python -m localcluster up` hands its lock's
+    descriptor down, and a daemon holding it kept the lock taken for as long
+    as the cluster ran. Python's own files are close-on-exec already.
+    """
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            try:
+                os.set_inheritable(fd, False)
+            except OSError:
+                pass  # the directory's own descriptor, closed by now
 
 
 PROXY_VARIABLES = frozenset({"http_proxy", "https_proxy", "all_proxy", "no_proxy"})
