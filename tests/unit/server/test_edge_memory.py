@@ -1,9 +1,13 @@
-"""A failed allocation is a 503 with Retry-After at the edge, whenever it happens, never a 500."""
+"""A failed allocation is a 503 with Retry-After at the edge, whenever it happens, never a 500;
+and a merge into the decode batch that fails half-way leaves the batch as it was.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,7 +21,9 @@ from starlette.testclient import TestClient
 from fusebox_contract.names import RequestOutcome
 from fusebox_server.accounting import RequestAccounting, outcome_of
 from fusebox_server.edge import EXCEPTION_HANDLERS, CountRequests
+from fusebox_server.engine import DecodeBatch, Decoding, load_model
 from fusebox_server.errors import MemoryExhausted, memory_exhausted
+from fusebox_server.openai_schema import Sampling
 
 
 @pytest.mark.parametrize(
@@ -108,3 +114,32 @@ def test_memory_error_after_a_complete_answer_leaves_the_answer_and_its_success(
         response = client.post("/gen?where=after")
     assert response.status_code == 200 and response.json() == {"ok": True}
     assert accounting.totals()[RequestOutcome.SUCCEEDED] == 1
+
+
+def test_a_merge_that_fails_half_way_leaves_the_batch_decoding_as_before(
+    tiny_model_dir: Path, tiny_tokenizer: Any
+) -> None:
+    greedy = Sampling(max_tokens=8, temperature=0.0, top_p=1.0, seed=None, stop=())
+    loaded = load_model("primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer)
+
+    def encode(text: str) -> tuple[int, ...]:
+        return tuple(tiny_tokenizer.backend_tokenizer.encode(text).ids)
+
+    alone = Decoding(loaded, encode("Hello"), greedy)
+    expected = [alone.step() for _ in range(6)]
+
+    batch = DecodeBatch(loaded)
+    row = Decoding(loaded, encode("Hello"), greedy)
+    tokens = [row.step()]
+    batch.add(row)
+    # A row whose merge fails after the first layer (as an allocation failing there would).
+    broken = Decoding(loaded, encode("The quick brown fox"), greedy)
+    broken.step()
+    broken.cache.layers = broken.cache.layers[:1]
+    with pytest.raises(ValueError):
+        batch.add(broken)
+
+    assert batch.rows == [row]
+    for _ in range(5):
+        tokens += batch.step()
+    assert tokens == expected
