@@ -1,4 +1,4 @@
-"""`python -m localcluster up|down|status|env|load-images|pv`: the command line.
+"""`python -m localcluster up|down|restart|status|env|load-images|pv`: the command line.
 
 Thin: parses flags into a ClusterConfig, calls lifecycle, maps its errors to
 a message and exit status 1 (never a traceback for an expected failure).
@@ -13,12 +13,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from localcluster import addons, containerd, health, lifecycle, storage, teardown
+from localcluster.components import ADDON_COMPONENTS, ALIASES, COMPONENTS, canonical_component
 from localcluster.config import (
     ClusterConfig,
     ConfigError,
     build_config,
     default_name,
     load_saved,
+    network_policy_asked,
 )
 from localcluster.kubectl import KubectlError
 from localcluster.network import NetworkError
@@ -53,6 +55,23 @@ def _parser() -> argparse.ArgumentParser:
         help="do not load images (the node runs no pod; for quick checks)",
     )
 
+    policy = up.add_mutually_exclusive_group()
+    policy.add_argument(
+        "--network-policy",
+        dest="network_policy",
+        action="store_true",
+        default=None,
+        help="enforce NetworkPolicy with kube-router (a new cluster's default; "
+        "on a running cluster, turns it on)",
+    )
+    policy.add_argument(
+        "--no-network-policy",
+        dest="network_policy",
+        action="store_false",
+        help="enforce no NetworkPolicy: stop kube-router and remove its rules "
+        "(env FUSEBOX_LOCALCLUSTER_NETWORK_POLICY=on|off; unset: a running cluster keeps "
+        "what it runs)",
+    )
     up.add_argument(
         "--images",
         help="load only these images, comma-separated (e.g. pause,coredns,testapp; "
@@ -60,6 +79,17 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     sub.add_parser("down", help="stop everything and leave the host as it was")
+    restart = sub.add_parser(
+        "restart",
+        help="restart components, keeping every object, image and pod",
+        description="Stop and start each named component with the same state; "
+        "wait until it serves. Components: "
+        + ", ".join([*COMPONENTS, *ADDON_COMPONENTS])
+        + "; also "
+        + ", ".join(f"{a} ({c})" for a, c in ALIASES.items())
+        + ".",
+    )
+    restart.add_argument("components", metavar="COMPONENT", nargs="+")
     sub.add_parser("status", help="show each component (exit 0 only when all are healthy)")
     sub.add_parser("env", help="print shell exports for KUBECONFIG and PATH")
     sub.add_parser("load-images", help="load built images into a running cluster's containerd")
@@ -101,11 +131,17 @@ def run(argv: Sequence[str]) -> int:
             gpus=args.gpus,
             gpu_product=args.gpu_product,
             gpu_memory_mib=args.gpu_memory_mib,
+            network_policy=args.network_policy,
         )
         wanted = args.images or os.environ.get("FUSEBOX_LOCALCLUSTER_IMAGES")
         only = tuple(n for n in wanted.split(",") if n) if wanted else None
         lifecycle.up(
-            config, saved=saved, load_images=not args.no_images, only_images=only, report=report
+            config,
+            saved=saved,
+            load_images=not args.no_images,
+            only_images=only,
+            network_policy=network_policy_asked(args.network_policy, os.environ),
+            report=report,
         )
         return 0
     if args.command == "down":
@@ -117,6 +153,17 @@ def run(argv: Sequence[str]) -> int:
             print("could not remove:\n  " + "\n  ".join(problems), file=sys.stderr)
             return 1
         report.say(f"cluster {name!r} is down")
+        return 0
+    if args.command == "restart":
+        config = _require_saved(name)
+        asked = [(n, canonical_component(n)) for n in args.components]
+        unknown = [n for n, c in asked if c is None]
+        if unknown:
+            raise ClusterError(
+                f"unknown component {', '.join(unknown)}; one of "
+                + ", ".join([*COMPONENTS, *ADDON_COMPONENTS, *ALIASES])
+            )
+        lifecycle.restart(config, [c for _, c in asked if c is not None], report=report)
         return 0
     if args.command == "status":
         if saved is None:

@@ -83,7 +83,9 @@ class Layout:
         return self.kubeconfigs / f"{component}.kubeconfig"
 
 
-# Start order; `down` stops in the reverse, with the kubelet first.
+# Start order; `down` stops in the reverse, with the kubelet first. A new
+# daemon gets a line here, an argv builder in argv_for and, when it answers
+# a health URL inside the node, an entry in HEALTH_URLS.
 COMPONENTS = (
     "etcd",
     "kube-apiserver",
@@ -92,7 +94,45 @@ COMPONENTS = (
     "containerd",
     "kubelet",
     "kube-proxy",
+    "kube-router",
 )
+
+# Daemons a setting can leave out (`up --no-network-policy`).
+OPTIONAL_COMPONENTS = frozenset({"kube-router"})
+
+# Objects in the cluster (not processes) that `restart` also takes.
+ADDON_COMPONENTS = ("coredns",)
+
+# Shorter names users type; each maps to one entry of COMPONENTS.
+ALIASES = {
+    "apiserver": "kube-apiserver",
+    "controller-manager": "kube-controller-manager",
+    "scheduler": "kube-scheduler",
+    "proxy": "kube-proxy",
+    "network-policy": "kube-router",
+}
+
+# What each daemon answers when it is ready, from inside the node's namespace.
+# The apiserver is probed through kubectl and containerd through ctr instead.
+HEALTH_URLS = {
+    "etcd": "http://127.0.0.1:2381/health",
+    "kube-controller-manager": "https://127.0.0.1:10257/healthz",
+    "kube-scheduler": "https://127.0.0.1:10259/healthz",
+    "kubelet": "http://127.0.0.1:10248/healthz",
+    "kube-proxy": "http://127.0.0.1:10256/healthz",
+    "kube-router": "http://127.0.0.1:20244/healthz",
+}
+
+
+def enabled_components(config: ClusterConfig) -> tuple[str, ...]:
+    """This cluster's daemons, in start order."""
+    return tuple(c for c in COMPONENTS if c not in OPTIONAL_COMPONENTS or config.network_policy)
+
+
+def canonical_component(name: str) -> str | None:
+    """The component a user's name means (`apiserver` is kube-apiserver), or None."""
+    name = ALIASES.get(name, name)
+    return name if name in COMPONENTS or name in ADDON_COMPONENTS else None
 
 
 def etcd_argv(config: ClusterConfig, layout: Layout) -> list[str]:
@@ -352,6 +392,27 @@ def kube_proxy_argv(config: ClusterConfig, layout: Layout) -> list[str]:
     ]
 
 
+def kube_router_argv(config: ClusterConfig, layout: Layout) -> list[str]:
+    """kube-router's network policy controller only: no BGP routing, no service proxy.
+
+    It enforces NetworkPolicy with iptables and ipsets inside the node; the
+    bridge CNI and kube-proxy keep doing the rest.
+    """
+    return [
+        str(Path(config.bin_dir) / "kube-router"),
+        f"--kubeconfig={layout.kubeconfig('kube-router')}",
+        "--run-firewall=true",
+        "--run-router=false",
+        "--run-service-proxy=false",
+        "--run-loadbalancer=false",
+        f"--hostname-override={config.node_name}",
+        f"--service-cluster-ip-range={config.service_cidr}",
+        "--health-port=20244",
+        "--metrics-port=0",
+        "--v=1",
+    ]
+
+
 def argv_for(component: str, config: ClusterConfig, layout: Layout) -> list[str]:
     builders = {
         "etcd": lambda: etcd_argv(config, layout),
@@ -361,6 +422,7 @@ def argv_for(component: str, config: ClusterConfig, layout: Layout) -> list[str]
         "containerd": lambda: containerd_argv(layout),
         "kubelet": lambda: kubelet_argv(config, layout),
         "kube-proxy": lambda: kube_proxy_argv(config, layout),
+        "kube-router": lambda: kube_router_argv(config, layout),
     }
     return builders[component]()
 
@@ -373,6 +435,7 @@ BUILT_BINARIES = (
     "kube-scheduler",
     "kubelet",
     "kube-proxy",
+    "kube-router",
     "kubectl",
 )
 SYSTEM_BINARIES = (
@@ -385,5 +448,6 @@ SYSTEM_BINARIES = (
     "nsenter",
     "openssl",
     "conntrack",
+    "ipset",
 )
 PROGRAM_NAMES = frozenset({*BUILT_BINARIES, "containerd", "containerd-shim-runc-v2", "nsenter"})

@@ -44,6 +44,9 @@ class ClusterConfig:
     state_dir: str
     containerd_root: str
     bin_dir: str
+    # kube-router enforces NetworkPolicy; off only while something still needs
+    # to reach pods from the host past their policies (docs/localcluster.md).
+    network_policy: bool = True
 
     # --- derived values -------------------------------------------------
     @property
@@ -119,6 +122,8 @@ class ClusterConfig:
     @classmethod
     def from_json(cls, text: str) -> ClusterConfig:
         raw: dict[str, Any] = json.loads(text)
+        # Saved before NetworkPolicy was enforced: that cluster runs no kube-router.
+        raw.setdefault("network_policy", False)
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in fields})
 
@@ -149,6 +154,7 @@ def build_config(
     gpus: int | None = None,
     gpu_product: str | None = None,
     gpu_memory_mib: int | None = None,
+    network_policy: bool | None = None,
 ) -> ClusterConfig:
     """Flags win over FUSEBOX_LOCALCLUSTER_* variables, which win over defaults."""
 
@@ -182,9 +188,27 @@ def build_config(
         state_dir=str(state_dir_for(name, env)),
         containerd_root=str(cache_dir(env) / "containerd" / name),
         bin_dir=str(REPO_ROOT / ".cache" / "bin"),
+        network_policy=network_policy_asked(network_policy, env) is not False,
     )
     validate(config)
     return config
+
+
+def network_policy_asked(flag: bool | None, env: Mapping[str, str]) -> bool | None:
+    """--[no-]network-policy, else FUSEBOX_LOCALCLUSTER_NETWORK_POLICY=on|off, else None.
+
+    None lets a running cluster keep what it runs; a new one enforces.
+    """
+    if flag is not None:
+        return flag
+    raw = (env.get("FUSEBOX_LOCALCLUSTER_NETWORK_POLICY") or "").strip().lower()
+    if not raw:
+        return None
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"FUSEBOX_LOCALCLUSTER_NETWORK_POLICY={raw!r}: use on or off")
 
 
 _NAME_OK = set("abcdefghijklmnopqrstuvwxyz0123456789-")

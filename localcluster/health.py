@@ -6,10 +6,12 @@ fixture through `status`'s exit code.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
-from localcluster import gpu, processes
-from localcluster.components import COMPONENTS, Layout
+from localcluster import containerd, gpu, processes
+from localcluster.components import HEALTH_URLS, Layout, enabled_components
 from localcluster.config import ClusterConfig
 from localcluster.kubectl import Kubectl, KubectlError
 
@@ -21,7 +23,7 @@ def kubectl_for(config: ClusterConfig) -> Kubectl:
 def component_states(config: ClusterConfig) -> dict[str, bool]:
     layout = Layout(config.state)
     states: dict[str, bool] = {}
-    for component in COMPONENTS:
+    for component in enabled_components(config):
         proc = processes.read_pid_file(layout.pid(component))
         states[component] = proc is not None and processes.is_alive(proc)
     return states
@@ -34,6 +36,40 @@ def apiserver_ready(config: ClusterConfig) -> bool:
         return kubectl_for(config).run("get", "--raw", "/readyz", timeout_seconds=15).stdout == "ok"
     except KubectlError:
         return False
+
+
+# Run by the node's python inside its namespace: exit 0 when the URL answers 200.
+# The daemons' own serving certificates are self-signed, hence no verification.
+_PROBE = """
+import ssl, sys, urllib.request
+context = ssl._create_unverified_context()
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                     urllib.request.HTTPSHandler(context=context))
+try:
+    sys.exit(0 if opener.open(sys.argv[1], timeout=3).status == 200 else 1)
+except Exception:
+    sys.exit(1)
+"""
+
+
+def url_answers_in_node(config: ClusterConfig, url: str) -> bool:
+    """Whether url answers 200 from inside the node's network namespace."""
+    command = ["nsenter", f"--net=/run/netns/{config.netns}", "--", sys.executable, "-c", _PROBE]
+    try:
+        result = subprocess.run([*command, url], capture_output=True, check=False, timeout=10)
+    except subprocess.TimeoutExpired:
+        return False
+    return result.returncode == 0
+
+
+def component_ready(config: ClusterConfig, component: str) -> bool:
+    """Whether a (running) daemon serves: its health URL, /readyz, or ctr for containerd."""
+    if component == "kube-apiserver":
+        return apiserver_ready(config)
+    if component == "containerd":
+        return containerd.ctr_ok(config)
+    url = HEALTH_URLS.get(component)
+    return url is None or url_answers_in_node(config, url)
 
 
 def is_healthy(config: ClusterConfig) -> bool:
@@ -90,6 +126,8 @@ def status_lines(config: ClusterConfig) -> tuple[bool, list[str]]:
         dns = coredns_ready(kubectl)
         lines.append(f"{'coredns':<24} {'Available' if dns else 'not available'}")
         healthy = healthy and is_ready
+    if not config.network_policy:
+        lines.append(f"{'NetworkPolicy':<24} not enforced (up --no-network-policy)")
     lines.append(f"{'kubeconfig':<24} {config.kubeconfig}")
     lines.append(f"{'logs':<24} {Layout(config.state).logs}")
     return healthy, lines

@@ -1,19 +1,26 @@
-"""`up`: the order in which the parts start, and what each waits for.
+"""`up` and `restart`: the order in which the parts start, and what each waits for.
 
 `up` is safe to run at any time: on a healthy cluster it only re-asserts
-the simulated GPUs; on the wreck of a cluster whose processes were killed
-without `down` (a CI machine straight after a killed session) it first
-removes every leftover (teardown.down), then starts afresh. A daemon that
-dies while `up` waits fails `up` at once with its log's tail, and what was
-started is torn down again.
+the simulated GPUs; on a cluster where daemons died (killed, crashed, a CI
+machine straight after a killed session) it restarts those daemons and keeps
+every object; only when the saved state itself is unusable (recovery.plan_up
+says which part) does it remove every leftover (teardown.down) and start
+afresh. A daemon that dies while a fresh `up` waits fails `up` at once with
+its log's tail, and what was started is torn down again.
+
+`restart COMPONENT` stops one daemon and starts it with the same flags and
+state, then waits until it serves; coredns, an object rather than a process,
+is rolled out again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from localcluster import (
@@ -23,12 +30,15 @@ from localcluster import (
     gpu,
     health,
     hostchanges,
+    netpolicy,
     network,
     pki,
     processes,
+    recovery,
     teardown,
 )
 from localcluster.components import (
+    ADDON_COMPONENTS,
     BUILT_BINARIES,
     COMPONENTS,
     SANDBOX_IMAGE,
@@ -37,6 +47,7 @@ from localcluster.components import (
     argv_for,
     cni_conflist,
     containerd_config,
+    enabled_components,
     kube_proxy_config,
     kubelet_config,
 )
@@ -46,13 +57,25 @@ from localcluster.progress import ClusterError, Reporter, log_tail
 # Daemons that run in the node's network namespace (all of them, like a kind node).
 IN_NETNS = frozenset(COMPONENTS)
 
+# How long a daemon may take to serve after it starts (the apiserver replays etcd).
+READY_TIMEOUT_SECONDS = {"kube-apiserver": 90.0, "kubelet": 60.0}
+DEFAULT_READY_TIMEOUT_SECONDS = 30.0
+
+# How long a restart waits for a daemon to exit on SIGTERM before SIGKILL. Only
+# etcd writes data worth a clean close; the apiserver, stateless, often lingers
+# for seconds after it stopped serving.
+STOP_GRACE_SECONDS = {"etcd": 10.0}
+
+NETWORK_SETTINGS = ("netns", "host_veth", "node_veth", "node_cidr", "pod_cidr", "service_cidr")
+
 
 def missing_binaries(config: ClusterConfig) -> list[str]:
     problems: list[str] = []
     bin_dir = Path(config.bin_dir)
     if not bin_dir.is_dir():
         return [f"{bin_dir} does not exist: run `make setup-binaries`"]
-    for name in BUILT_BINARIES:
+    needed = [b for b in BUILT_BINARIES if b != "kube-router" or config.network_policy]
+    for name in needed:
         if not (bin_dir / name).is_file():
             problems.append(f"{bin_dir / name} is missing: run `make setup-binaries`")
     for name in SYSTEM_BINARIES:
@@ -74,23 +97,38 @@ def up(
     load_images: bool,
     report: Reporter,
     only_images: tuple[str, ...] | None = None,
+    network_policy: bool | None = None,
 ) -> None:
+    """Start the cluster, or bring a running or damaged one back to what config asks.
+
+    network_policy None keeps what a running cluster enforces; True or False
+    turns kube-router on or off there.
+    """
     problems = missing_binaries(config)
     if problems:
         raise ClusterError("cannot start:\n  " + "\n  ".join(problems))
-    if saved is not None and health.is_healthy(saved):
-        _check_same_network(saved, config)
-        report.say(f"cluster {config.name!r} is already up")
-        if (saved.gpus, saved.gpu_product, saved.gpu_memory_mib) != (
-            config.gpus,
-            config.gpu_product,
-            config.gpu_memory_mib,
-        ):
-            (config.state / "config.json").write_text(config.to_json())
-        gpu.advertise(health.kubectl_for(config), config)
-        return
     if saved is not None:
-        report.say("cleaning up what a previous run of this cluster left behind")
+        plan = recovery.plan_up(survey(saved, config))
+        if plan.action is recovery.Action.REFUSE:
+            _check_same_network(saved, config)
+        if plan.action is recovery.Action.NOTHING:
+            _wait_serving(saved, "kube-apiserver")
+            report.say(f"cluster {config.name!r} is already up")
+            _reassert(saved, config, network_policy, report)
+            return
+        if plan.action is recovery.Action.RESTART:
+            report.say(
+                f"cluster {config.name!r}: {', '.join(plan.restart)} not running; "
+                "restarting, keeping every object"
+            )
+            restart(saved, plan.restart, report=report)
+            _reassert(saved, config, network_policy, report)
+            report.say(f"cluster {config.name!r} is up: export KUBECONFIG={config.kubeconfig}")
+            return
+        report.say(
+            f"cluster {config.name!r} cannot be restarted, wiping it and starting empty: "
+            + "; ".join(plan.reasons)
+        )
         teardown.down(saved, report=report, keep_logs=True)
     collisions = network.host_collisions(config)
     if collisions:
@@ -106,13 +144,82 @@ def up(
         raise
 
 
+def survey(saved: ClusterConfig, wanted: ClusterConfig) -> recovery.Found:
+    """What is left of the cluster saved describes: daemons, state files, network."""
+    missing_network = []
+    if saved.netns not in network.netns_names():
+        missing_network.append(f"the node's network namespace {saved.netns!r}")
+    elif not network.link_exists(saved.host_veth):
+        missing_network.append(f"the host's veth {saved.host_veth!r}")
+    return recovery.Found(
+        running=health.component_states(saved),
+        missing_state=[k for k in recovery.REQUIRED_STATE if not (saved.state / k).exists()],
+        missing_network=missing_network,
+        other_settings=_differing_network(saved, wanted),
+    )
+
+
+def _reassert(
+    saved: ClusterConfig, wanted: ClusterConfig, network_policy: bool | None, report: Reporter
+) -> None:
+    """Apply what `up` may change on a running cluster: simulated GPUs, NetworkPolicy."""
+    config = dataclasses.replace(
+        saved,
+        gpus=wanted.gpus,
+        gpu_product=wanted.gpu_product,
+        gpu_memory_mib=wanted.gpu_memory_mib,
+        network_policy=saved.network_policy if network_policy is None else network_policy,
+    )
+    if config.network_policy and not saved.network_policy:
+        report.say("turning NetworkPolicy enforcement on (kube-router)")
+        _start_network_policy(config, Layout(config.state))
+    elif saved.network_policy and not config.network_policy:
+        report.say(
+            "turning NetworkPolicy enforcement off: stopping kube-router, removing its rules"
+        )
+        _stop_network_policy(config, Layout(config.state))
+    if config != saved:
+        (config.state / "config.json").write_text(config.to_json())
+    gpu.advertise(health.kubectl_for(config), config)
+
+
+def _start_network_policy(config: ClusterConfig, layout: Layout) -> None:
+    if not layout.kubeconfig("kube-router").exists():  # a cluster from before kube-router
+        pki.issue(layout.pki, netpolicy.CLIENT_CERT)
+        pki.write_kubeconfig(
+            layout.kubeconfig("kube-router"),
+            pki_dir=layout.pki,
+            cert_name=netpolicy.CLIENT_CERT.name,
+            server=config.apiserver_url,
+        )
+    health.kubectl_for(config).apply(addons.as_list(netpolicy.rbac_objects()))
+    _launch(config, layout, "kube-router")
+    _wait_serving(config, "kube-router")
+
+
+def _stop_network_policy(config: ClusterConfig, layout: Layout) -> None:
+    proc = processes.read_pid_file(layout.pid("kube-router"))
+    if proc is not None:
+        processes.stop(proc)
+    # kube-router leaves its rules in place when it stops; without this every
+    # policy would stay enforced as it was, never updated again.
+    command = network.in_netns(
+        config, [*argv_for("kube-router", config, layout), "--cleanup-config"]
+    )
+    with open(layout.log("kube-router"), "ab") as log:
+        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False, timeout=60)
+
+
+def _differing_network(saved: ClusterConfig, wanted: ClusterConfig) -> list[str]:
+    return [k for k in NETWORK_SETTINGS if getattr(saved, k) != getattr(wanted, k)]
+
+
 def _check_same_network(saved: ClusterConfig, wanted: ClusterConfig) -> None:
-    keys = ("netns", "host_veth", "node_veth", "node_cidr", "pod_cidr", "service_cidr")
-    differing = [k for k in keys if getattr(saved, k) != getattr(wanted, k)]
+    differing = _differing_network(saved, wanted)
     if differing:
         raise ClusterError(
-            f"cluster {saved.name!r} is up with other settings ({', '.join(differing)}); "
-            "run `python -m localcluster down` first"
+            f"cluster {saved.name!r} runs with other settings ({', '.join(differing)}); "
+            "run `python -m localcluster down` first (it removes every object)"
         )
 
 
@@ -131,12 +238,13 @@ def _start(
         node_ip=config.node_ip,
         apiserver_service_ip=config.apiserver_service_ip,
     )
-    pki.make_cluster_pki(layout.pki, specs)
+    pki.make_cluster_pki(layout.pki, [*specs, netpolicy.CLIENT_CERT])
     for component, cert in (
         ("kube-controller-manager", "controller-manager"),
         ("kube-scheduler", "scheduler"),
         ("kubelet", "kubelet-client"),
         ("kube-proxy", "kube-proxy"),
+        ("kube-router", netpolicy.CLIENT_CERT.name),
     ):
         pki.write_kubeconfig(
             layout.kubeconfig(component),
@@ -153,53 +261,49 @@ def _start(
     network.setup(config)
     cgroups.create_root(config.cgroup_root)
 
-    _launch(config, layout, "etcd")
-    _launch(config, layout, "kube-apiserver")
+    started: list[str] = []  # what a wait watches: a daemon dying fails `up` at once
+
+    def launch(component: str) -> None:
+        _launch(config, layout, component)
+        started.append(component)
+
+    def wait(condition: Callable[[], bool], timeout_seconds: float, what: str) -> None:
+        _wait(config, layout, tuple(started), condition, timeout_seconds, what)
+
+    launch("etcd")
+    launch("kube-apiserver")
     report.say("waiting for the API server")
-    _wait(
-        config,
-        layout,
-        ("etcd", "kube-apiserver"),
-        lambda: health.apiserver_ready(config),
-        90,
-        "the API server to answer /readyz",
-    )
-    _launch(config, layout, "kube-controller-manager")
-    _launch(config, layout, "kube-scheduler")
-    _launch(config, layout, "containerd")
-    _wait(config, layout, ("containerd",), lambda: containerd.ctr_ok(config), 30, "containerd")
+    wait(lambda: health.apiserver_ready(config), 90, "the API server to answer /readyz")
+    launch("kube-controller-manager")
+    launch("kube-scheduler")
+    launch("containerd")
+    wait(lambda: containerd.ctr_ok(config), 30, "containerd")
     if load_images:
         report.say("loading images into containerd")
         containerd.load_images(config, only_images)
         containerd.require_images(config, (SANDBOX_IMAGE, addons.COREDNS_IMAGE))
-    _launch(config, layout, "kubelet")
-    _launch(config, layout, "kube-proxy")
+    launch("kubelet")
+    launch("kube-proxy")
     kubelet_started = time.monotonic()
     report.say("waiting for the node to register")
     kubectl = health.kubectl_for(config)
-    _wait(
-        config,
-        layout,
-        COMPONENTS,
-        lambda: health.node_exists(kubectl, config),
-        60,
-        "the node to register",
-    )
+    wait(lambda: health.node_exists(kubectl, config), 60, "the node to register")
     gpu.advertise(kubectl, config)
-    _wait(config, layout, COMPONENTS, lambda: health.node_ready(kubectl, config), 120, "node Ready")
+    wait(lambda: health.node_ready(kubectl, config), 120, "node Ready")
     report.say(f"node Ready {time.monotonic() - kubelet_started:.1f} s after the kubelet started")
     gpu.advertise(kubectl, config)
     kubectl.apply(addons.as_list([addons.storage_class(), *addons.coredns_objects(config)]))
+    if config.network_policy:
+        kubectl.apply(addons.as_list(netpolicy.rbac_objects()))
+        launch("kube-router")
+        wait(
+            lambda: health.component_ready(config, "kube-router"),
+            DEFAULT_READY_TIMEOUT_SECONDS,
+            "kube-router (NetworkPolicy) to answer its health check",
+        )
     if load_images:
         report.say("waiting for CoreDNS")
-        _wait(
-            config,
-            layout,
-            COMPONENTS,
-            lambda: health.coredns_ready(kubectl),
-            120,
-            "CoreDNS Available",
-        )
+        wait(lambda: health.coredns_ready(kubectl), 120, "CoreDNS Available")
     (config.state / "up").write_text(f"{time.time()}\n")
     report.say(f"cluster {config.name!r} is up: export KUBECONFIG={config.kubeconfig}")
 
@@ -276,3 +380,60 @@ def _wait(
                 f"timed out after {timeout_seconds:.0f} s waiting for {what}\n{logs}"
             )
         time.sleep(0.5)
+
+
+def restart(config: ClusterConfig, components: Sequence[str], *, report: Reporter) -> None:
+    """Stop and start each component with the same flags and state; wait until it serves.
+
+    Daemons go in start order (etcd before the apiserver that needs it); the
+    objects in etcd, containerd's images and containers, and the certificates
+    are untouched, so pods keep running through every restart.
+    """
+    layout = Layout(config.state)
+    daemons = recovery.restart_order(components, enabled_components(config))
+    unknown = [c for c in components if c not in daemons and c not in ADDON_COMPONENTS]
+    if unknown:
+        raise ClusterError(f"{', '.join(unknown)}: not a component of cluster {config.name!r}")
+    for component in daemons:
+        proc = processes.read_pid_file(layout.pid(component))
+        if proc is not None and processes.is_alive(proc):
+            report.say(f"stopping {component}")
+            processes.stop(proc, grace_seconds=STOP_GRACE_SECONDS.get(component, 5.0))
+        report.say(f"starting {component}")
+        _launch(config, layout, component)
+        _wait_serving(config, component)
+    if "coredns" in components:
+        report.say("rolling out CoreDNS again")
+        kubectl = health.kubectl_for(config)
+        kubectl.run("-n", "kube-system", "rollout", "restart", "deployment/coredns")
+        kubectl.run(
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            "deployment/coredns",
+            "--timeout=120s",
+            timeout_seconds=150,
+        )
+    if daemons:
+        report.say(f"restarted {', '.join(daemons)}")
+
+
+def _wait_serving(config: ClusterConfig, component: str) -> None:
+    """Wait until a daemon serves; fail with its log when it exits or never does."""
+    layout = Layout(config.state)
+    timeout_seconds = READY_TIMEOUT_SECONDS.get(component, DEFAULT_READY_TIMEOUT_SECONDS)
+    try:
+        _wait(
+            config,
+            layout,
+            (component,),
+            lambda: health.component_ready(config, component),
+            timeout_seconds,
+            f"{component} to serve",
+        )
+    except ClusterError as err:
+        raise ClusterError(
+            f"{err}\nIf its state is broken, `python -m localcluster down` and `up` start "
+            "an empty cluster."
+        ) from None

@@ -6,6 +6,7 @@ packages=(
   containerd runc containernetworking-plugins   # the node's runtime and CNI plugins
   podman fuse-overlayfs uidmap debootstrap      # images built here, without Docker
   iptables conntrack iproute2 socat             # kube-proxy, port-forward, the node's netns
+  ipset                                         # kube-router's NetworkPolicy sets
   prometheus                                    # promtool, to check the sidecar's metrics
 )
 missing=()
