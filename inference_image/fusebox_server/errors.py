@@ -10,14 +10,17 @@ request's counted outcome follows from the class too (`accounting.py`).
 
 from __future__ import annotations
 
+import errno
 from typing import Final
 
-# How torch words a failed allocation it reports as a plain RuntimeError: c10's CPU
-# allocator, a failed C++ operator new, and CUDA's caching allocator.
+# How a failed allocation is worded when it comes as a plain RuntimeError: torch's c10 CPU
+# allocator, a failed C++ operator new, CUDA's caching allocator, and CPython's lock
+# allocation (threading.Lock, threading.Event).
 ALLOCATION_FAILURE_MARKERS: Final = (
     "DefaultCPUAllocator: can't allocate memory",
     "std::bad_alloc",
     "CUDA out of memory",
+    "can't allocate lock",
 )
 MEMORY_EXHAUSTED_MESSAGE: Final = (
     "the server could not allocate memory for this request; it keeps running, retry later"
@@ -204,10 +207,14 @@ class GenerationFailed(ServerError):
 
 
 def memory_exhausted(error: BaseException) -> MemoryExhausted | None:
-    """The 503 for an allocation failure (MemoryError, or torch's words for one), else None."""
-    if isinstance(error, MemoryError) or (
-        isinstance(error, RuntimeError)
-        and any(marker in str(error) for marker in ALLOCATION_FAILURE_MARKERS)
+    """The 503 for an allocation failure (MemoryError, ENOMEM, or the words above), else None."""
+    if (
+        isinstance(error, MemoryError)
+        or (isinstance(error, OSError) and error.errno == errno.ENOMEM)
+        or (
+            isinstance(error, RuntimeError)
+            and any(marker in str(error) for marker in ALLOCATION_FAILURE_MARKERS)
+        )
     ):
         return MemoryExhausted(MEMORY_EXHAUSTED_MESSAGE)
     return None

@@ -4,6 +4,7 @@ and a merge into the decode batch that fails half-way leaves the batch as it was
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,6 +36,8 @@ from fusebox_server.openai_schema import Sampling
             "memory: you tried to allocate 1125899906842624 bytes. Error code 12"
         ),
         RuntimeError("std::bad_alloc"),
+        RuntimeError("can't allocate lock"),
+        OSError(errno.ENOMEM, "Cannot allocate memory"),
         torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB"),
     ],
 )
@@ -45,7 +48,9 @@ def test_an_allocation_failure_in_any_wording_is_memory_exhausted(error: BaseExc
     assert exhausted.retry_after_seconds
 
 
-@pytest.mark.parametrize("error", [RuntimeError("shape mismatch"), ValueError("no"), OSError()])
+@pytest.mark.parametrize(
+    "error", [RuntimeError("shape mismatch"), ValueError("no"), OSError(errno.EPIPE, "pipe")]
+)
 def test_other_errors_are_not_memory_exhausted(error: BaseException) -> None:
     assert memory_exhausted(error) is None
 
