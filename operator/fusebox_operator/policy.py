@@ -149,6 +149,7 @@ class PodSample:
     variant: Variant | None = None  # the variant the server reports serving
     converging: bool | None = None  # the server is still moving to its target variant
     queue_length: float | None = None
+    requests_running: float | None = None  # generating now (queue_length waits for a slot)
     tokenizer_cache_entries: float | None = None
     cuda_contexts: float | None = None
     fallback_configured: bool | None = None  # a fallback is configured on the server
@@ -400,14 +401,17 @@ def least_squares_slope(points: Sequence[tuple[float, float]]) -> float | None:
 
 
 def time_to_limit_seconds(points: Sequence[tuple[float, float]], limit: float) -> float | None:
-    """Seconds until the least-squares trend of (t, value) points reaches `limit`, from the
-    latest value; None when fewer than MIN_SLOPE_POINTS or not growing."""
+    """Seconds until memory reaches `limit` from its latest value at the least-squares growth
+    of the (t, value) points: the sooner of the fit over all of them (a steady leak) and
+    over the last MIN_SLOPE_POINTS (a leak that just sped up, which the whole window would
+    average with the flat minutes before it). None with too few points or no growth."""
     if len(points) < MIN_SLOPE_POINTS:
         return None
-    slope = least_squares_slope(points)
-    if slope is None or slope <= 0:
+    slopes = [least_squares_slope(points), least_squares_slope(points[-MIN_SLOPE_POINTS:])]
+    growing = [slope for slope in slopes if slope is not None and slope > 0]
+    if not growing:
         return None
-    return max(0.0, (limit - points[-1][1]) / slope)
+    return max(0.0, (limit - points[-1][1]) / max(growing))
 
 
 def skipped_for_time(

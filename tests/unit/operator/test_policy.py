@@ -150,6 +150,14 @@ def test_time_to_limit_is_the_fitted_growth_from_the_latest_value() -> None:
     assert time_to_limit_seconds([(0.0, 300.0), (5.0, 250.0), (10.0, 200.0)], 1000.0) is None
 
 
+def test_a_leak_that_just_sped_up_is_timed_by_its_recent_growth() -> None:
+    flat_then_fast = [(float(t), 100.0) for t in range(0, 50, 5)] + [
+        (50.0, 150.0),
+        (55.0, 250.0),
+    ]  # the last three samples grow 15 per second, the whole window ~3
+    assert time_to_limit_seconds(flat_then_fast, 1000.0) == 50.0
+
+
 def test_a_cheap_step_is_skipped_only_when_a_reload_after_it_would_come_too_late() -> None:
     # Skipped below 1 s (gc) + 20 s (cooldown, to judge it) + 30 s (a reload).
     assert skipped_for_time(ActionKind.GC, 50.0, SPEC)
