@@ -7,7 +7,9 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 cache=${FUSEBOX_CACHE:-$HOME/.cache/fusebox}
-pins=$(cd "$here" && cat build-binaries.sh k8s/go.mod k8s/go.sum k8s/*/go.mod k8s/*/go.sum netpol/go.mod netpol/go.sum | sha256sum | cut -c1-16)
+# The device plugin (gpusim) is source written here, so its .go files count as pins.
+pins=$(cd "$here" && cat build-binaries.sh k8s/go.mod k8s/go.sum k8s/*/go.mod k8s/*/go.sum \
+  gpusim/go.mod gpusim/go.sum gpusim/*.go netpol/go.mod netpol/go.sum | sha256sum | cut -c1-16)
 out="$cache/bin-$pins"
 mkdir -p "$root/.cache"
 
@@ -37,6 +39,8 @@ else
   (cd "$here/k8s/kube-score" && go build -ldflags "-s -w -X main.version=v1.20.0" -o "$tmp/kube-score" github.com/zegl/kube-score/cmd/kube-score)
   echo "binaries: building kube-router (NetworkPolicy)"
   (cd "$here/netpol" && go build -ldflags "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=v2.1.0" -o "$tmp/kube-router" github.com/cloudnativelabs/kube-router/v2/cmd/kube-router)
+  echo "binaries: building the simulated-GPU device plugin (gpusim)"
+  (cd "$here/gpusim" && go build -ldflags "-s -w" -o "$tmp/gpusim" .)
   touch "$tmp/.complete"
   rm -rf "$out" && mv "$tmp" "$out"
   echo "binaries: built in $((SECONDS - start)) s into $out"
