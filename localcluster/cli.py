@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from localcluster import addons, containerd, health, lifecycle, storage, teardown
+from localcluster import addons, containerd, gpu_cli, health, lifecycle, storage, teardown
 from localcluster.components import ADDON_COMPONENTS, ALIASES, COMPONENTS, canonical_component
 from localcluster.config import (
     ClusterConfig,
@@ -93,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("status", help="show each component (exit 0 only when all are healthy)")
     sub.add_parser("env", help="print shell exports for KUBECONFIG and PATH")
     sub.add_parser("load-images", help="load built images into a running cluster's containerd")
+    gpu_cli.add_parser(sub)
 
     pv = sub.add_parser("pv", help="create a `local` PersistentVolume backed by a directory")
     pv.add_argument("pv_name", metavar="NAME")
@@ -178,6 +179,8 @@ def run(argv: Sequence[str]) -> int:
         print(f"export KUBECONFIG={config.kubeconfig}")
         print(f"export PATH={config.bin_dir}:$PATH")
         return 0
+    if args.command == "gpu":
+        return gpu_cli.run(args, _require_saved(name))
     if args.command == "load-images":
         containerd.load_images_into_running(_require_saved(name))
         return 0

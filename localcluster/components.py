@@ -13,6 +13,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from localcluster import gpu
 from localcluster.config import ClusterConfig
 
 SANDBOX_IMAGE = "localhost/fusebox/pause:latest"
@@ -94,6 +95,7 @@ COMPONENTS = (
     "containerd",
     "kubelet",
     "kube-proxy",
+    "device-plugin",
     "kube-router",
 )
 
@@ -422,6 +424,7 @@ def argv_for(component: str, config: ClusterConfig, layout: Layout) -> list[str]
         "containerd": lambda: containerd_argv(layout),
         "kubelet": lambda: kubelet_argv(config, layout),
         "kube-proxy": lambda: kube_proxy_argv(config, layout),
+        "device-plugin": lambda: gpu.device_plugin_argv(config, layout.kubelet_root),
         "kube-router": lambda: kube_router_argv(config, layout),
     }
     return builders[component]()
@@ -437,6 +440,7 @@ BUILT_BINARIES = (
     "kube-proxy",
     "kube-router",
     "kubectl",
+    gpu.PLUGIN_BINARY,
 )
 SYSTEM_BINARIES = (
     "containerd",

@@ -1,21 +1,92 @@
 """Simulated GPUs: what a node with NVIDIA's device plugin and GFD would advertise.
 
-There is no GPU here, so the node status gets `nvidia.com/gpu` capacity and
-allocatable by a JSON patch (the scheduler then counts and refuses exactly as
-on a GPU node) and the labels GPU Feature Discovery would set. The kubelet
-keeps unknown extended resources across its status syncs but zeroes them
-when it re-registers, so `up` re-applies them whenever they are missing.
+There is no GPU here, so a device plugin written for localcluster
+(localcluster/gpusim, Go) stands in for NVIDIA's: it registers with the
+kubelet's device manager through the kubelet's plugin watcher, advertises
+`nvidia.com/gpu` devices with ids shaped like NVIDIA UUIDs, reports each
+one's health through ListAndWatch and answers Allocate with the
+NVIDIA_VISIBLE_DEVICES a container gets on a GPU node. The kubelet, not
+localcluster, then puts the count in the node's capacity and allocatable,
+and allocation, the scheduler's refusals and a device turning Unhealthy all
+follow the real path.
+
+localcluster steers the plugin through files it polls (GpuControl): the
+GPU count, and one file per unhealthy GPU. The node labels GPU Feature
+Discovery would set are still applied with kubectl.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 from localcluster.config import ClusterConfig
 from localcluster.kubectl import Kubectl
+from localcluster.progress import ClusterError
 
 RESOURCE = "nvidia.com/gpu"
+# The environment variable NVIDIA's plugin sets and the container toolkit reads.
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+PLUGIN_BINARY = "gpusim"
+# Inside the kubelet root, where its plugin watcher discovers plugins' sockets.
+PLUGIN_REGISTRY_DIR = "plugins_registry"
+PLUGIN_SOCKET = "fusebox-gpusim.sock"
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuControl:
+    """The files through which localcluster steers the device plugin."""
+
+    directory: Path
+
+    @property
+    def count_file(self) -> Path:
+        return self.directory / "count"
+
+    @property
+    def unhealthy_dir(self) -> Path:
+        """A file named after a GPU's index marks that GPU unhealthy."""
+        return self.directory / "unhealthy"
+
+    @property
+    def devices_file(self) -> Path:
+        """What the plugin advertises now, written by the plugin (JSON)."""
+        return self.directory / "devices.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvertisedGpu:
+    index: int
+    id: str
+    health: str
+
+
+def control_for(config: ClusterConfig) -> GpuControl:
+    return GpuControl(config.state / "gpus")
+
+
+def device_plugin_argv(config: ClusterConfig, kubelet_root: Path) -> list[str]:
+    """The device plugin's command line. Pure."""
+    control = control_for(config)
+    return [
+        str(Path(config.bin_dir) / PLUGIN_BINARY),
+        f"--socket={kubelet_root / PLUGIN_REGISTRY_DIR / PLUGIN_SOCKET}",
+        f"--resource={RESOURCE}",
+        # Ids derive from the node name: the same cluster gets the same ids after a restart.
+        f"--id-seed={config.node_name}",
+        f"--count-file={control.count_file}",
+        # Until `up` writes the count file (a plugin restarted on its own finds it there).
+        f"--gpus={config.gpus}",
+        f"--unhealthy-dir={control.unhealthy_dir}",
+        f"--devices-file={control.devices_file}",
+    ]
 
 
 def labels(config: ClusterConfig) -> dict[str, str]:
@@ -28,40 +99,73 @@ def labels(config: ClusterConfig) -> dict[str, str]:
     }
 
 
-def status_patch(node: dict[str, Any], gpus: int) -> list[dict[str, Any]]:
-    """JSON-patch operations making capacity and allocatable say `gpus`. Pure; [] if they do."""
-    pointer = RESOURCE.replace("~", "~0").replace("/", "~1")
-    ops: list[dict[str, Any]] = []
-    for field in ("capacity", "allocatable"):
-        current = node.get("status", {}).get(field, {}).get(RESOURCE)
-        if current != str(gpus):
-            ops.append({"op": "add", "path": f"/status/{field}/{pointer}", "value": str(gpus)})
-    return ops
+def set_count(control: GpuControl, gpus: int) -> None:
+    """Tell the plugin how many GPUs to advertise (it follows within a second)."""
+    _write_atomically(control.count_file, f"{gpus}\n")
 
 
-def advertise(kubectl: Kubectl, config: ClusterConfig) -> None:
-    """Make the node show config.gpus GPUs; with 0, withdraw any it showed before."""
-    node = kubectl.get_json("node", config.node_name)
-    shown = RESOURCE in node.get("status", {}).get("capacity", {})
-    if config.gpus == 0 and not shown:
-        return
-    ops = status_patch(node, config.gpus)
-    if ops:
-        kubectl.run(
-            "patch",
-            "node",
-            config.node_name,
-            "--subresource=status",
-            "--type=json",
-            "-p",
-            json.dumps(ops),
-        )
+def set_health(control: GpuControl, index: int, *, healthy: bool) -> None:
+    """Mark GPU `index` healthy or unhealthy; the plugin reports it through ListAndWatch."""
+    count = configured_count(control)
+    if not 0 <= index < count:
+        raise ClusterError(f"GPU {index} does not exist: this cluster has {count} (0..{count - 1})")
+    flag = control.unhealthy_dir / str(index)
+    if healthy:
+        flag.unlink(missing_ok=True)
+    else:
+        control.unhealthy_dir.mkdir(parents=True, exist_ok=True)
+        flag.touch()
+
+
+def configured_count(control: GpuControl) -> int:
+    try:
+        return int(control.count_file.read_text())
+    except FileNotFoundError:
+        return 0
+
+
+def advertised(control: GpuControl) -> list[AdvertisedGpu]:
+    """The devices the plugin advertises now, by index; [] before it first ran."""
+    try:
+        raw: list[dict[str, Any]] = json.loads(control.devices_file.read_text())
+    except FileNotFoundError:
+        return []
+    return [AdvertisedGpu(index=d["index"], id=d["id"], health=d["health"]) for d in raw]
+
+
+def advertise(kubectl: Kubectl, config: ClusterConfig, timeout_seconds: float = 60) -> None:
+    """Make the node offer config.gpus GPUs through the device plugin, and label it as GFD would.
+
+    Waits until the kubelet reports the plugin's count as the node's capacity.
+    """
+    set_count(control_for(config), config.gpus)
     if config.gpus == 0:
         kubectl.run("label", "node", config.node_name, *(f"{k}-" for k in labels(config)))
     else:
         pairs = [f"{k}={v}" for k, v in labels(config).items()]
         kubectl.run("label", "node", config.node_name, "--overwrite", *pairs)
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        node = kubectl.get_json("node", config.node_name)
+        shown = node.get("status", {}).get("capacity", {}).get(RESOURCE)
+        if int(shown or 0) == config.gpus:
+            return
+        if time.monotonic() > deadline:
+            raise ClusterError(
+                f"the node's capacity shows {shown!r} {RESOURCE}, not {config.gpus}, "
+                f"{timeout_seconds:.0f} s after asking the device plugin; see the "
+                "device-plugin and kubelet logs (`python -m localcluster status` names "
+                "their directory)"
+            )
+        time.sleep(0.5)
 
 
 def advertised_count(node: dict[str, Any]) -> int:
     return int(node.get("status", {}).get("allocatable", {}).get(RESOURCE, "0"))
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -284,6 +284,7 @@ def _start(
         containerd.require_images(config, (SANDBOX_IMAGE, addons.COREDNS_IMAGE))
     launch("kubelet")
     launch("kube-proxy")
+    launch("device-plugin")
     kubelet_started = time.monotonic()
     report.say("waiting for the node to register")
     kubectl = health.kubectl_for(config)

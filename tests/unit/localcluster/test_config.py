@@ -1,4 +1,4 @@
-"""localcluster's pure parts: the subnet plan, flag/env precedence, GPU patch, PV shape."""
+"""localcluster's pure parts: the subnet plan, flag/env precedence, GPU labels, PV shape."""
 
 from __future__ import annotations
 
@@ -56,14 +56,6 @@ def test_bad_cluster_name_is_refused() -> None:
 def test_config_round_trips_through_json() -> None:
     config = _config(gpus=3)
     assert ClusterConfig.from_json(config.to_json()) == config
-
-
-def test_gpu_patch_adds_missing_counts_and_is_empty_when_present() -> None:
-    node = {"status": {"capacity": {"cpu": "2"}, "allocatable": {"nvidia.com/gpu": "2"}}}
-    ops = gpu.status_patch(node, 2)
-    assert ops == [{"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": "2"}]
-    done = {"status": {"capacity": {"nvidia.com/gpu": "2"}, "allocatable": {"nvidia.com/gpu": "2"}}}
-    assert gpu.status_patch(done, 2) == []
 
 
 def test_gpu_labels_carry_product_memory_and_count() -> None:
