@@ -146,6 +146,7 @@ class ConditionType(enum.StrEnum):
     TELEMETRY_FRESH = "TelemetryFresh"
     MEMORY_PRESSURE = "MemoryPressure"
     INVALID_SPEC = "InvalidSpec"
+    SCALING_LIMITED = "ScalingLimited"  # autoscaling held back (pods Pending for GPUs)
 
 
 class EventReason(enum.StrEnum):
@@ -167,3 +168,6 @@ class EventReason(enum.StrEnum):
     DEGRADED = "Degraded"
     RECOVERED = "Recovered"
     FALLBACK_UNAVAILABLE = "FallbackUnavailable"
+    SCALED_UP = "ScaledUp"
+    SCALED_DOWN = "ScaledDown"
+    SCALE_UP_BLOCKED = "ScaleUpBlocked"  # pods already Pending for lack of GPUs

@@ -28,7 +28,7 @@ from fusebox_operator.sizing import size_memory
 from fusebox_operator.spec import InferenceServiceSpec, SpecError, parse_spec
 from fusebox_operator.status import iso, set_condition
 from fusebox_operator.telemetry import scrape_all
-from fusebox_operator.tick import TickInputs, TickMemory, run_tick
+from fusebox_operator.tick import TickInputs, TickMemory, current_replicas, run_tick
 
 GROUP, VERSION, PLURAL = "fusebox.dev", "v1alpha1", "inferenceservices"
 TICK_SECONDS = 1.0  # the timer ticks often; each object scrapes at its own interval
@@ -118,7 +118,14 @@ async def reconcile(
         raise _invalid(body, status, patch, generation, str(error)) from error
 
     secret, *children = manifests.build_children(
-        parsed, name, namespace, sizing, ours, secrets.token_urlsafe(32)
+        parsed,
+        name,
+        namespace,
+        sizing,
+        ours,
+        secrets.token_urlsafe(32),
+        # The autoscaler owns the count: a spec edit must not reset it.
+        replicas=current_replicas(parsed, status),
     )
     kopf.adopt([secret, *children], owner=body)
     try:
@@ -243,6 +250,11 @@ async def telemetry(
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     for key, value in outcome.status_patch.items():
         patch.status[key] = value
+    if outcome.replicas is not None:
+        try:
+            await kube.scale_deployment(namespace, name, outcome.replicas)
+        except KubeError as error:
+            log.warning("%s/%s: %s", namespace, name, error)
 
 
 @kopf.on.probe(id="scrapedAt")

@@ -50,6 +50,7 @@ class PodView:
     server_restarts: int
     terminating: bool
     oom_killed: bool
+    unschedulable: str = ""  # the scheduler's message while the pod cannot be placed
 
     @property
     def instance(self) -> str:
@@ -224,6 +225,29 @@ class Kube:
 
         return await _run(call)
 
+    async def scale_deployment(self, namespace: str, name: str, replicas: int) -> bool:
+        """Set the service's Deployment to `replicas`; True when it changed."""
+
+        def call() -> bool:
+            apps = kubernetes.client.AppsV1Api(self.api_client)
+            try:
+                current = apps.read_namespaced_deployment(
+                    name, namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                )
+                if current.spec and current.spec.replicas == replicas:
+                    return False
+                apps.patch_namespaced_deployment(
+                    name,
+                    namespace,
+                    {"spec": {"replicas": replicas}},
+                    _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                )
+            except ApiException as error:
+                raise KubeError(f"scale deployment {namespace}/{name}: {error.reason}") from error
+            return True
+
+        return await _run(call)
+
     async def deployment_replicas(self, namespace: str, name: str) -> tuple[int, int] | None:
         """(desired, ready) of the service's Deployment, or None when absent."""
 
@@ -256,6 +280,14 @@ def _pod_view(pod: Any) -> PodView:
     server = statuses.get(SERVER_CONTAINER)
     sidecar = statuses.get(SIDECAR_CONTAINER)
     conditions = {c.type: c.status for c in (pod.status.conditions or [])}
+    unschedulable = next(
+        (
+            c.message or c.reason or "Unschedulable"
+            for c in (pod.status.conditions or [])
+            if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+        ),
+        "",
+    )
     oom = False
     if server is not None and server.last_state and server.last_state.terminated:
         oom = server.last_state.terminated.reason == "OOMKilled"
@@ -270,6 +302,7 @@ def _pod_view(pod: Any) -> PodView:
         server_restarts=int(server.restart_count) if server else 0,
         terminating=pod.metadata.deletion_timestamp is not None,
         oom_killed=oom,
+        unschedulable=unschedulable,
     )
 
 

@@ -394,7 +394,9 @@ def build_deployment(
     namespace: str,
     sizing: MemorySizing,
     settings: OperatorSettings,
+    replicas: int | None = None,
 ) -> Manifest:
+    """`replicas`: the autoscaler's current count; None starts from the spec's."""
     template = build_pod_template(spec, name, sizing, settings)
     metadata = _metadata(name, namespace, name)
     metadata["annotations"] = {TEMPLATE_HASH_ANNOTATION: template_hash(template)}
@@ -403,7 +405,7 @@ def build_deployment(
         "kind": "Deployment",
         "metadata": metadata,
         "spec": {
-            "replicas": spec.replicas,
+            "replicas": spec.initial_replicas() if replicas is None else replicas,
             "selector": {"matchLabels": selector_labels(name)},
             # GPUs are scarce: replace a pod in place rather than surge a new one.
             "strategy": {
@@ -505,6 +507,7 @@ def build_children(
     sizing: MemorySizing,
     settings: OperatorSettings,
     token: str,
+    replicas: int | None = None,
 ) -> list[Manifest]:
     """Every child of one InferenceService, the admin Secret first.
 
@@ -517,5 +520,5 @@ def build_children(
         build_service(name, namespace),
         build_pdb(name, namespace),
         build_network_policy(name, namespace, settings),
-        build_deployment(spec, name, namespace, sizing, settings),
+        build_deployment(spec, name, namespace, sizing, settings, replicas),
     ]

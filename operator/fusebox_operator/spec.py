@@ -262,6 +262,26 @@ class TelemetrySpec:
     wedge_after_seconds: float = 15
 
 
+class AutoscalingMetric(enum.StrEnum):
+    """What `autoscaling.targetPerReplica` counts, per ready replica."""
+
+    QUEUE_LENGTH = "queueLength"  # requests admitted and waiting for a batch slot
+    IN_FLIGHT = "inFlight"  # waiting plus generating
+
+
+@dataclass(frozen=True)
+class AutoscalingSpec:
+    min_replicas: int = 1
+    max_replicas: int = 1
+    metric: AutoscalingMetric = AutoscalingMetric.QUEUE_LENGTH
+    target_per_replica: float = 4
+    scale_up_stabilization_seconds: float = 0
+    scale_down_stabilization_seconds: float = 300
+
+    def clamp(self, replicas: int) -> int:
+        return max(self.min_replicas, min(self.max_replicas, replicas))
+
+
 @dataclass(frozen=True)
 class InferenceServiceSpec:
     model: ModelSpec
@@ -273,6 +293,11 @@ class InferenceServiceSpec:
     breaker: BreakerSpec = BreakerSpec()
     degradation: DegradationSpec = DegradationSpec()
     telemetry: TelemetrySpec = TelemetrySpec()
+    autoscaling: AutoscalingSpec | None = None
+
+    def initial_replicas(self) -> int:
+        """The count a new Deployment starts with: `replicas`, inside the autoscaler's range."""
+        return self.autoscaling.clamp(self.replicas) if self.autoscaling else self.replicas
 
 
 def _section(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -565,6 +590,43 @@ def _parse_telemetry(raw: Mapping[str, Any]) -> TelemetrySpec:
     return telemetry
 
 
+def _parse_autoscaling(raw: Mapping[str, Any] | None) -> AutoscalingSpec | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise SpecError("autoscaling must be an object")
+    where = "autoscaling"
+    if "maxReplicas" not in raw:
+        raise SpecError("autoscaling.maxReplicas is required")
+    autoscaling = AutoscalingSpec(
+        min_replicas=_integer(raw, "minReplicas", 1, where),
+        max_replicas=_integer(raw, "maxReplicas", 1, where),
+        metric=_choice(raw, "metric", AutoscalingMetric.QUEUE_LENGTH, AutoscalingMetric, where),
+        target_per_replica=_number(raw, "targetPerReplica", 4, where),
+        scale_up_stabilization_seconds=_number(raw, "scaleUpStabilizationSeconds", 0, where),
+        scale_down_stabilization_seconds=_number(raw, "scaleDownStabilizationSeconds", 300, where),
+    )
+    if autoscaling.min_replicas < 1:
+        raise SpecError(
+            "autoscaling.minReplicas must be at least 1: scale to zero is not offered "
+            "(no request reaches a service without pods to wake it)"
+        )
+    _in_range(autoscaling.max_replicas, 1, 100, "autoscaling.maxReplicas")
+    if autoscaling.min_replicas > autoscaling.max_replicas:
+        raise SpecError("autoscaling.minReplicas must not exceed autoscaling.maxReplicas")
+    _in_range(autoscaling.target_per_replica, 0, 10000, "autoscaling.targetPerReplica", True)
+    _in_range(
+        autoscaling.scale_up_stabilization_seconds, 0, 3600, f"{where}.scaleUpStabilizationSeconds"
+    )
+    _in_range(
+        autoscaling.scale_down_stabilization_seconds,
+        0,
+        3600,
+        f"{where}.scaleDownStabilizationSeconds",
+    )
+    return autoscaling
+
+
 def parse_spec(raw: Mapping[str, Any]) -> InferenceServiceSpec:
     """Parse, default and validate `.spec` of an InferenceService.
 
@@ -590,6 +652,7 @@ def parse_spec(raw: Mapping[str, Any]) -> InferenceServiceSpec:
         breaker=_parse_breaker(_section(raw, "breaker")),
         degradation=_parse_degradation(_section(raw, "degradation"), fallback is not None),
         telemetry=_parse_telemetry(_section(raw, "telemetry")),
+        autoscaling=_parse_autoscaling(raw.get("autoscaling")),
     )
     _in_range(parsed.replicas, 0, 100, "spec.replicas")
     if DegradationTier.FALLBACK_MODEL in parsed.degradation.tiers and parsed.fallback is None:

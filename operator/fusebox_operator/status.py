@@ -23,12 +23,14 @@ from fusebox_contract.names import (
     EventReason,
     Variant,
 )
+from fusebox_operator.autoscaling import ScaleDecision
 from fusebox_operator.policy import Action, ActionKind, PodSample, PolicyState
 from fusebox_operator.spec import InferenceServiceSpec
 
 REFRESH_SECONDS = 30.0
 MAX_PODS_LISTED = 20
 MAX_RECENT_ACTIONS = 10
+SCALE_LIMIT_GPU = "PodsPendingForGPU"  # ScalingLimited's reason while scale-up is held
 TIER_NAMES: dict[int, str] = {int(DegradationLevel.NONE): "none"} | {
     int(tier.level): tier.value for tier in DegradationTier
 }
@@ -214,9 +216,13 @@ def build_status(
     spec: InferenceServiceSpec,
     generation: int,
     now: float,
+    desired_pods: int | None = None,
 ) -> dict[str, Any]:
-    """The whole telemetry-owned status, from the policy state and this scrape."""
-    desired_pods = spec.replicas
+    """The whole telemetry-owned status, from the policy state and this scrape.
+
+    `desired_pods`: the autoscaler's count this tick; None means `spec.replicas`.
+    """
+    desired_pods = spec.replicas if desired_pods is None else desired_pods
     conditions: list[dict[str, Any]] = list(previous.get("conditions") or [])
     ready = ready_pods >= desired_pods and state.breaker is not BreakerState.OPEN
     if state.breaker is BreakerState.OPEN:
@@ -327,7 +333,74 @@ def _significant(status: Mapping[str, Any]) -> dict[str, Any]:
     for key in VOLATILE_SUMMARY_KEYS:
         summary.pop(key, None)
     kept["summary"] = summary
+    if "autoscaling" in kept:
+        kept["autoscaling"] = {k: v for k, v in kept["autoscaling"].items() if k != "load"}
     return kept
+
+
+def scaling_events(previous: Mapping[str, Any], scale: ScaleDecision) -> list[EventRecord]:
+    """Every change of the count is an event; a held scale-up once, when it starts."""
+    if scale.reason is None:
+        return []
+    if scale.blocked:
+        limited: Mapping[str, Any] = next(
+            (
+                c
+                for c in previous.get("conditions") or []
+                if c.get("type") == ConditionType.SCALING_LIMITED
+            ),
+            {},
+        )
+        if limited.get("status") == "True" and limited.get("reason") == SCALE_LIMIT_GPU:
+            return []
+        return [EventRecord("Warning", scale.reason, scale.message)]
+    return [EventRecord("Normal", scale.reason, scale.message)]
+
+
+def add_autoscaling_status(
+    status: dict[str, Any],
+    previous: Mapping[str, Any],
+    scale: ScaleDecision,
+    spec: InferenceServiceSpec,
+    generation: int,
+    now: float,
+) -> None:
+    """status.autoscaling and the ScalingLimited condition, from this tick's decision."""
+    assert spec.autoscaling is not None
+    earlier = previous.get("autoscaling") or {}
+    entry: dict[str, Any] = {
+        "replicas": scale.replicas,
+        "recommendedReplicas": scale.recommended,
+        "metric": spec.autoscaling.metric.value,
+        "targetPerReplica": spec.autoscaling.target_per_replica,
+    }
+    if scale.load is not None:
+        entry["load"] = round(scale.load, 3)
+    changed = scale.reason is not None and not scale.blocked
+    last = iso(now) if changed else earlier.get("lastScaleTime")
+    if last:
+        entry["lastScaleTime"] = last
+    status["autoscaling"] = entry
+    if scale.blocked:
+        limited, reason, message = True, SCALE_LIMIT_GPU, scale.message
+    elif scale.recommended >= spec.autoscaling.max_replicas and scale.replicas >= scale.recommended:
+        limited, reason = True, "AtMaxReplicas"
+        message = f"at maxReplicas {spec.autoscaling.max_replicas}"
+    else:
+        limited, reason = False, "WithinRange"
+        message = (
+            f"{scale.replicas} replica(s) within {spec.autoscaling.min_replicas}.."
+            f"{spec.autoscaling.max_replicas}"
+        )
+    status["conditions"] = set_condition(
+        status.get("conditions") or [],
+        ConditionType.SCALING_LIMITED,
+        limited,
+        reason,
+        message,
+        generation,
+        now,
+    )
 
 
 def should_write(previous: Mapping[str, Any], new: Mapping[str, Any], now: float) -> bool:

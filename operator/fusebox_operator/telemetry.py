@@ -151,6 +151,7 @@ def sample_from_metrics(pod: str, samples: Samples, sampled_at: float, metric: s
         variant=None if fallback is None else (Variant.FALLBACK if fallback else Variant.PRIMARY),
         converging=None if moving is None else moving >= 1,
         queue_length=_one(samples, Metric.REQUEST_QUEUE_LENGTH),
+        requests_running=_one(samples, Metric.REQUESTS_RUNNING),
         tokenizer_cache_entries=_one(samples, Metric.TOKENIZER_CACHE_ENTRIES),
         cuda_contexts=_one(samples, Metric.CUDA_CONTEXTS),
         fallback_configured=_flag(_one(samples, Metric.FALLBACK_CONFIGURED)),

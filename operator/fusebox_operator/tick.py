@@ -25,6 +25,12 @@ from typing import Any, Protocol
 
 from fusebox_contract.names import Variant
 from fusebox_operator.actuator import ActionResult, RuntimeTarget
+from fusebox_operator.autoscaling import (
+    Recommendation,
+    ScaleDecision,
+    decide_scale,
+    pending_for_gpu,
+)
 from fusebox_operator.kube import PodView, ready_count
 from fusebox_operator.policy import (
     DISRUPTIVE,
@@ -37,7 +43,14 @@ from fusebox_operator.policy import (
 )
 from fusebox_operator.rollout import PodReadiness, Rollout, pod_levels, variant_for_level
 from fusebox_operator.spec import InferenceServiceSpec
-from fusebox_operator.status import EventRecord, build_status, should_write, transition_events
+from fusebox_operator.status import (
+    EventRecord,
+    add_autoscaling_status,
+    build_status,
+    scaling_events,
+    should_write,
+    transition_events,
+)
 from fusebox_operator.telemetry import scrapable
 
 Scrape = Callable[[Sequence[PodView]], Awaitable[list[PodSample]]]
@@ -71,6 +84,9 @@ class TickMemory:
 
     policy: PolicyState | None = None
     applied: dict[str, RuntimeTarget] = field(default_factory=dict)  # pod instance -> target
+    # The autoscaler's recent recommendations (its stabilization windows); lost on a
+    # restart, which only makes the next scale-down wait one window again.
+    scale_history: tuple[Recommendation, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,6 +106,7 @@ class TickOutcome:
     events: list[EventRecord]
     state: PolicyState
     samples: list[PodSample]
+    replicas: int | None = None  # the Deployment's count, when the service autoscales
 
 
 # ----- pure decisions ---------------------------------------------------------------------
@@ -174,6 +191,33 @@ def settable(pods: Sequence[PodView], samples: Mapping[str, PodSample]) -> list[
     return [pod for pod in pods if pod.ready or (pod.name in samples and samples[pod.name].ok)]
 
 
+def current_replicas(spec: InferenceServiceSpec, status: Mapping[str, Any]) -> int:
+    """The autoscaler's last count (status), inside today's range; else where it starts."""
+    if spec.autoscaling is None:
+        return spec.replicas
+    recorded = (status.get("autoscaling") or {}).get("replicas")
+    return spec.autoscaling.clamp(int(recorded)) if recorded else spec.initial_replicas()
+
+
+def autoscale(
+    spec: InferenceServiceSpec,
+    status: Mapping[str, Any],
+    pods: Sequence[PodView],
+    samples: Mapping[str, PodSample],
+    memory: TickMemory,
+    now: float,
+) -> ScaleDecision | None:
+    """This tick's replica count from the serving pods' load (None: not autoscaled)."""
+    if spec.autoscaling is None:
+        return None
+    serving = [samples[p.name] for p in pods if p.ready and not p.terminating and p.name in samples]
+    pending = pending_for_gpu({p.name: p.unschedulable for p in pods if p.unschedulable})
+    current = current_replicas(spec, status)
+    decision = decide_scale(spec.autoscaling, current, serving, pending, memory.scale_history, now)
+    memory.scale_history = decision.history
+    return decision
+
+
 # ----- the tick -------------------------------------------------------------------------------
 
 
@@ -237,6 +281,7 @@ async def run_tick(
     # "The service swaps to the fallback" only when some pod can.
     some_pod_swaps = not samples or any(not sample.cannot_swap for sample in samples.values())
     events = transition_events(state, new_state, executed, has_fallback and some_pod_swaps)
+    scale = autoscale(spec, inputs.status, inputs.pods, samples, memory, now)
     written_at = clock()
     sample_list = sorted(samples.values(), key=lambda s: s.pod)
     new_status = build_status(
@@ -248,6 +293,13 @@ async def run_tick(
         spec,
         inputs.generation,
         written_at,
+        desired_pods=scale.replicas if scale else None,
     )
+    if scale is not None:
+        events += scaling_events(inputs.status, scale)
+        add_autoscaling_status(
+            new_status, inputs.status, scale, spec, inputs.generation, written_at
+        )
     write = bool(executed) or should_write(inputs.status, new_status, written_at)
-    return TickOutcome(new_status if write else {}, events, new_state, sample_list)
+    replicas = scale.replicas if scale else None
+    return TickOutcome(new_status if write else {}, events, new_state, sample_list, replicas)

@@ -145,6 +145,7 @@ def claims(children: dict[str, Manifest]) -> set[str]:
 POLICY = "tests/unit/operator/test_policy.py"
 STATUS = "tests/unit/operator/test_status.py"
 TELEMETRY = "tests/unit/operator/test_telemetry_parse.py"
+AUTOSCALING = "tests/unit/operator/test_autoscaling.py"
 OTHER_SOURCE = {"source": "pvc://weights/chat-int8", "quantization": "none"}
 
 ROWS: dict[str, list[Proof]] = {
@@ -391,6 +392,41 @@ ROWS: dict[str, list[Proof]] = {
         ]
         for metric in ("ttft", "itl", "e2e")
     },
+    "autoscaling.minReplicas": [
+        Pod(
+            {"replicas": 1, "autoscaling": {"minReplicas": 2, "maxReplicas": 3}},
+            "starts at minReplicas",
+            lambda c: c["Deployment"]["spec"]["replicas"] == 2,
+        ),
+        Operator(
+            f"{AUTOSCALING}::test_the_recommendation_is_the_load_over_the_target_rounded_up_and_clamped"
+        ),
+    ],
+    "autoscaling.maxReplicas": [
+        Operator(
+            f"{AUTOSCALING}::test_the_recommendation_is_the_load_over_the_target_rounded_up_and_clamped"
+        )
+    ],
+    **{
+        f"autoscaling.metric={metric}": [
+            Operator(
+                f"{AUTOSCALING}::test_a_pods_load_is_its_queue_or_its_queue_plus_running_requests"
+            )
+        ]
+        for metric in ("queueLength", "inFlight")
+    },
+    "autoscaling.metric": [
+        Operator(f"{AUTOSCALING}::test_a_pods_load_is_its_queue_or_its_queue_plus_running_requests")
+    ],
+    "autoscaling.targetPerReplica": [
+        Operator(f"{AUTOSCALING}::test_load_scales_up_at_once_and_says_why_in_the_decision")
+    ],
+    "autoscaling.scaleUpStabilizationSeconds": [
+        Operator(f"{AUTOSCALING}::test_scale_up_waits_for_load_to_last_through_its_window")
+    ],
+    "autoscaling.scaleDownStabilizationSeconds": [
+        Operator(f"{AUTOSCALING}::test_scale_down_takes_the_highest_recommendation_of_its_window")
+    ],
     "degradation.tiers=no-streaming": [Operator(f"{POLICY}::test_latency_trip_raises_one_tier")],
     "degradation.tiers=fallback-model": [
         Operator(

@@ -17,7 +17,7 @@ import yaml
 from fusebox_contract.names import DegradationTier, Dtype, LatencyMetric, Quantization
 from fusebox_contract.settings import RESERVED_ENV_NAMES
 from fusebox_operator import spec as spec_module
-from fusebox_operator.spec import SpecError, parse_spec
+from fusebox_operator.spec import AutoscalingMetric, SpecError, parse_spec
 
 from .conftest import REPO
 
@@ -97,7 +97,9 @@ def test_names_scope_and_subresources() -> None:
     version = CRD["spec"]["versions"][0]
     assert CRD["spec"]["scope"] == "Namespaced" and version["subresources"] == {"status": {}}
     columns = [c["name"].upper() for c in version["additionalPrinterColumns"]]
-    assert columns == ["READY", "BREAKER", "TIER", "VARIANT", "GPU-MEM", "RSS", "OOM-IN", "AGE"]
+    assert columns == [
+        "READY", "BREAKER", "TIER", "VARIANT", "GPU-MEM", "RSS", "OOM-IN", "REPLICAS", "AGE"
+    ]  # fmt: skip
 
 
 def schema_defaults(node: dict[str, Any]) -> Any:
@@ -171,6 +173,17 @@ COMPANIONS: dict[str, Callable[[float], dict[str, Any]]] = {
     "telemetry.wedgeAfterSeconds": lambda v: {
         "telemetry": {"scrapeIntervalSeconds": 1, "scrapeTimeoutSeconds": 0.1}
     },
+    # maxReplicas is required, and bounds minReplicas from above.
+    **{
+        f"autoscaling.{field}": lambda v: {"autoscaling": {"maxReplicas": 100}}
+        for field in (
+            "minReplicas",
+            "metric",
+            "targetPerReplica",
+            "scaleUpStabilizationSeconds",
+            "scaleDownStabilizationSeconds",
+        )
+    },
 }
 
 
@@ -235,6 +248,7 @@ def test_enums_are_the_contract_enums() -> None:
         "fallback.quantization": [q.value for q in Quantization],
         "breaker.latency.metric": [m.value for m in LatencyMetric],
         "degradation.tiers": [t.value for t in DegradationTier],
+        "autoscaling.metric": [m.value for m in AutoscalingMetric],
     }
 
 

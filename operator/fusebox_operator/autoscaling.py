@@ -1,0 +1,135 @@
+"""Autoscaling: how many replicas a service wants, from what its pods report.
+
+Why the operator and not a HorizontalPodAutoscaler: the operator already
+scrapes every pod each telemetry interval, so the load it needs (queue length,
+requests in flight) is in hand without a metrics adapter and a Prometheus in
+the path; and it alone knows what an HPA cannot: that pods already asked for
+are Pending for lack of a GPU (asking for more only queues more), and that a
+pod being reloaded by the ladder is busy, not idle.
+
+The rule is the HPA's, so it behaves as platform teams expect: the wanted
+count is the total load over the target per replica, rounded up, clamped to
+[min, max]; within a tolerance of the target nothing moves; a scale-up takes
+the lowest recommendation of the up window (load must stay high) and a
+scale-down the highest of the down window (load must stay low). Every change
+is a decision with a reason and a message, which the tick turns into an event.
+
+Pure: a function of the spec, this tick's samples, the pods and the
+recommendations remembered from earlier ticks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fusebox_contract.names import EventReason
+from fusebox_operator.policy import PodSample
+from fusebox_operator.spec import AutoscalingMetric, AutoscalingSpec
+
+# |load / target - 1| within this: hold (the HPA's default tolerance).
+TOLERANCE = 0.1
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    at: float
+    replicas: int
+
+
+@dataclass(frozen=True)
+class ScaleDecision:
+    replicas: int  # what the Deployment should run
+    recommended: int  # this tick's raw recommendation
+    load: float | None  # the total load it came from; None when nothing was measured
+    history: tuple[Recommendation, ...]
+    reason: EventReason | None = None  # set when this tick changes the count or is held back
+    message: str = ""
+    blocked: bool = False  # scale-up held back: pods already Pending for lack of GPUs
+
+
+def pod_load(sample: PodSample, metric: AutoscalingMetric) -> float | None:
+    """The pod's load in the target's unit; None when its sidecar did not say."""
+    if not sample.ok or sample.queue_length is None:
+        return None
+    if metric is AutoscalingMetric.QUEUE_LENGTH:
+        return sample.queue_length
+    if sample.requests_running is None:
+        return None
+    return sample.queue_length + sample.requests_running
+
+
+def recommend(current: int, loads: Sequence[float], spec: AutoscalingSpec) -> int:
+    """The replica count the measured load asks for, clamped to [min, max]."""
+    if not loads:
+        return max(spec.min_replicas, min(spec.max_replicas, current))
+    total = sum(loads)
+    per_replica = total / max(current, 1)
+    if current >= 1 and abs(per_replica / spec.target_per_replica - 1) <= TOLERANCE:
+        wanted = current
+    else:
+        wanted = math.ceil(total / spec.target_per_replica)
+    return max(spec.min_replicas, min(spec.max_replicas, wanted))
+
+
+def decide_scale(
+    spec: AutoscalingSpec,
+    current: int,
+    samples: Sequence[PodSample],
+    pending_for_gpu: Sequence[str],
+    history: Sequence[Recommendation],
+    now: float,
+) -> ScaleDecision:
+    """The count for this tick: the recommendation through the stabilization windows."""
+    measured = [load for s in samples if (load := pod_load(s, spec.metric)) is not None]
+    recommended = recommend(current, measured, spec)
+    keep = max(spec.scale_up_stabilization_seconds, spec.scale_down_stabilization_seconds)
+    remembered = (
+        *(r for r in history if now - r.at <= keep),
+        Recommendation(now, recommended),
+    )
+    load = sum(measured) if measured else None
+    unit = spec.metric.value
+    if recommended > current:
+        window = [
+            r.replicas for r in remembered if now - r.at <= spec.scale_up_stabilization_seconds
+        ]
+        wanted = max(current, min(window))
+        if wanted > current and pending_for_gpu:
+            pods = ", ".join(sorted(pending_for_gpu))
+            return ScaleDecision(
+                current,
+                recommended,
+                load,
+                remembered,
+                EventReason.SCALE_UP_BLOCKED,
+                f"load {load:g} ({unit}) asks for {recommended} replicas; holding at {current}: "
+                f"pods Pending for lack of GPUs ({pods})",
+                blocked=True,
+            )
+    elif recommended < current:
+        window = [
+            r.replicas for r in remembered if now - r.at <= spec.scale_down_stabilization_seconds
+        ]
+        wanted = min(current, max(window))
+    else:
+        wanted = current
+    if wanted == current:
+        return ScaleDecision(current, recommended, load, remembered)
+    reason = EventReason.SCALED_UP if wanted > current else EventReason.SCALED_DOWN
+    per_replica = spec.target_per_replica
+    measured_text = f"load {load:g} ({unit})" if load is not None else "no load measured"
+    return ScaleDecision(
+        wanted,
+        recommended,
+        load,
+        remembered,
+        reason,
+        f"{current} -> {wanted} replicas: {measured_text}, target {per_replica:g} per replica",
+    )
+
+
+def pending_for_gpu(unschedulable: dict[str, str]) -> list[str]:
+    """The pods the scheduler left Pending because no node has a free GPU."""
+    return sorted(pod for pod, message in unschedulable.items() if "nvidia.com/gpu" in message)
