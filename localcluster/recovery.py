@@ -73,7 +73,15 @@ def plan_up(found: Found) -> Plan:
     return Plan(Action.NOTHING)
 
 
+# Restarting a daemon alone can leave its clients waiting out their reconnect
+# backoff: the apiserver's etcd clients, after etcd was down for a minute,
+# left requests hanging for a minute more while /readyz already said ok.
+RESTART_WITH = {"etcd": ("kube-apiserver",)}
+
+
 def restart_order(components: Sequence[str], start_order: Sequence[str]) -> tuple[str, ...]:
-    """components sorted as `up` starts them (etcd before the apiserver, ...), once each."""
+    """components and the clients they drag along (RESTART_WITH), in start order, once each."""
     wanted = set(components)
+    for component in components:
+        wanted.update(RESTART_WITH.get(component, ()))
     return tuple(c for c in start_order if c in wanted)

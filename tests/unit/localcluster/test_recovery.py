@@ -72,7 +72,14 @@ def test_every_required_state_entry_has_a_reason() -> None:
 
 
 def test_restart_order_follows_the_start_order_and_names_each_once() -> None:
-    assert restart_order(["kubelet", "etcd", "kubelet"], COMPONENTS) == ("etcd", "kubelet")
+    assert restart_order(["kubelet", "kube-proxy", "kubelet"], COMPONENTS) == (
+        "kubelet",
+        "kube-proxy",
+    )
+
+
+def test_etcd_restarts_with_the_apiserver_whose_clients_would_wait_out_their_backoff() -> None:
+    assert restart_order(["kubelet", "etcd"], COMPONENTS) == ("etcd", "kube-apiserver", "kubelet")
 
 
 @pytest.mark.parametrize(
