@@ -77,7 +77,9 @@ def run_operator() -> None:
         ours = OperatorSettings.from_env(os.environ)
     except ValueError as error:
         raise SystemExit(f"fusebox-operator: bad setting: {error}") from error
-    kopf.configure(verbose=False)  # installs kopf's own handler; no second root handler
+    # kopf's own handler (no second root handler); log_prefix names the object,
+    # "[namespace/name]", on every handler line, so a log says which service it is about.
+    kopf.configure(verbose=False, log_prefix=True)
     logging.getLogger().setLevel(os.environ.get("FUSEBOX_LOG_LEVEL", "INFO").upper())
     logging.getLogger("kopf.objects").addFilter(TimerTickFilter())
     assert handlers.GROUP  # imported for its decorators
