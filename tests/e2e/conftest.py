@@ -7,17 +7,30 @@ session started it. If the cluster cannot come up, every test using it fails
 with the start log's tail: nothing is skipped silently.
 
 `namespace` (function): a new namespace enforcing the `restricted` Pod
-Security Standard, deleted (without waiting) after the test.
+Security Standard. Afterwards its InferenceServices are deleted while the
+operator still runs (kopf's finalizer needs it), then the namespace (without
+waiting): nothing the test made stays behind.
+
+`PortForward` / `pod_port_forwards`: a pod's admin (8001) and sidecar (9400)
+ports are reached as a user reaches them, through `kubectl port-forward`;
+NetworkPolicies admit only the operator and the monitoring namespace there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import queue
+import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,6 +73,129 @@ class Cluster:
         return result
 
 
+PORT_FORWARD_READY_SECONDS = 30
+_FORWARDING = re.compile(r"Forwarding from 127\.0\.0\.1:(\d+) ->")
+
+
+def _answers(url: str) -> bool:
+    """True once an HTTP server answers at url, whatever the status (401, 404 included)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5):
+            return True
+    except urllib.error.HTTPError as error:
+        error.close()
+        return True
+    except (OSError, TimeoutError):
+        return False
+
+
+class PortForward:
+    """`kubectl port-forward pod/POD :PORT` as a context manager: on entry it waits until
+    the pod's server answers through it; `url` is http://127.0.0.1:LOCAL (kubectl picks
+    the free local port and prints it)."""
+
+    def __init__(self, cluster: Cluster, namespace: str, pod: str, port: int) -> None:
+        self.cluster, self.namespace, self.pod, self.port = cluster, namespace, pod, port
+        self.url = ""
+        self._process: subprocess.Popen[str] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def __enter__(self) -> PortForward:
+        command = [
+            str(self.cluster.bin_dir / "kubectl"),
+            f"--kubeconfig={self.cluster.kubeconfig}",
+            "-n",
+            self.namespace,
+            "port-forward",
+            "--address=127.0.0.1",
+            f"pod/{self.pod}",
+            f":{self.port}",
+        ]
+        env = {k: v for k, v in os.environ.items() if k.lower() not in _PROXY_VARIABLES}
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        self._process = process
+        lines: queue.Queue[str] = queue.Queue()
+
+        def read() -> None:  # drained for the forward's whole life, or kubectl would block
+            assert process.stdout is not None
+            for line in process.stdout:
+                lines.put(line)
+
+        threading.Thread(target=read, daemon=True).start()
+        seen: list[str] = []
+        deadline = time.monotonic() + PORT_FORWARD_READY_SECONDS
+        while not self.url and time.monotonic() < deadline and process.poll() is None:
+            with contextlib.suppress(queue.Empty):
+                seen.append(lines.get(timeout=1))
+                if match := _FORWARDING.search(seen[-1]):
+                    self.url = f"http://127.0.0.1:{match.group(1)}"
+        while self.url and not _answers(self.url) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if not self.url or not _answers(self.url):
+            self.__exit__()
+            raise AssertionError(
+                f"kubectl port-forward to {self.namespace}/{self.pod}:{self.port} did not "
+                f"answer within {PORT_FORWARD_READY_SECONDS} s; it said: {''.join(seen)!r}"
+            )
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._process is None:
+            return
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        if self._process.stdout is not None:
+            self._process.stdout.close()  # else a ResourceWarning fails the test's teardown
+        self._process = None
+
+
+class PodPortForwards:
+    """Port-forwards opened on demand by `pod_url` and closed after each test.
+
+    Why a registry: `pod_url(pod, port)` is called with a pod object only, in the
+    middle of a test; it reuses the open forward to that pod and port (or opens a new
+    one when kubectl's died with the pod) and the autouse `close_port_forwards` fixture
+    ends them all when the test ends.
+    """
+
+    def __init__(self) -> None:
+        self.cluster: Cluster | None = None
+        self._open: dict[tuple[str, str, int], PortForward] = {}
+
+    def url(self, namespace: str, pod: str, port: int) -> str:
+        if self.cluster is None:
+            raise AssertionError("no cluster: request the `cluster` fixture first")
+        key = (namespace, pod, port)
+        forward = self._open.get(key)
+        if forward is None or not forward.alive:
+            forward = PortForward(self.cluster, namespace, pod, port).__enter__()
+            self._open[key] = forward
+        return forward.url
+
+    def close(self) -> None:
+        for forward in self._open.values():
+            forward.__exit__()
+        self._open.clear()
+
+
+pod_port_forwards = PodPortForwards()
+
+
+@pytest.fixture(autouse=True)
+def close_port_forwards() -> Iterator[None]:
+    yield
+    pod_port_forwards.close()
+
+
 def _localcluster(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*LOCALCLUSTER, *args],
@@ -99,7 +235,8 @@ def cluster() -> Iterator[Cluster]:
         local_bin = REPO_ROOT / ".cache" / "bin"
         found = shutil.which("kubectl")
         bin_dir = local_bin if (local_bin / "kubectl").exists() else Path(found or "").parent
-        yield _with_node_ip(Cluster(kubeconfig, bin_dir, "", local=False))
+        pod_port_forwards.cluster = _with_node_ip(Cluster(kubeconfig, bin_dir, "", local=False))
+        yield pod_port_forwards.cluster
         return
     already_up = _localcluster("status", timeout=120).returncode == 0
     if not already_up:
@@ -112,18 +249,19 @@ def cluster() -> Iterator[Cluster]:
     env = _localcluster("env", timeout=60).stdout
     kubeconfig = Path(_env_value(env, "KUBECONFIG"))
     bin_dir = Path(_env_value(env, "PATH"))
+    pod_port_forwards.cluster = _with_node_ip(Cluster(kubeconfig, bin_dir, "", local=True))
     try:
-        yield _with_node_ip(Cluster(kubeconfig, bin_dir, "", local=True))
+        yield pod_port_forwards.cluster
     finally:
         if not already_up:
             stopped = _localcluster("down", timeout=300)
             assert stopped.returncode == 0, f"localcluster down failed: {stopped.stderr}"
 
 
-@pytest.fixture
-def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    stem = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:40].strip("-")
-    name = f"e2e-{stem}-{uuid.uuid4().hex[:6]}"
+@contextlib.contextmanager
+def fresh_namespace(cluster: Cluster, name: str) -> Iterator[str]:
+    """A new namespace enforcing the restricted Pod Security Standard, emptied of its
+    InferenceServices and deleted afterwards."""
     cluster.kubectl("create", "namespace", name)
     cluster.kubectl(
         "label",
@@ -144,7 +282,59 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     try:
         yield name
     finally:
+        remove_inference_services(cluster, name)
         cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def namespace_name(prefix: str, request: pytest.FixtureRequest) -> str:
+    stem = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:40].strip("-")
+    return f"{prefix}-{stem}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """e2e-<test>-<hex>: the namespaces the suite's operator release watches (`e2e-*`)."""
+    with fresh_namespace(cluster, namespace_name("e2e", request)) as name:
+        yield name
+
+
+INFERENCE_SERVICES = "inferenceservices.fusebox.dev"
+FINALIZER_WAIT_SECONDS = 90
+
+
+def remove_inference_services(cluster: Cluster, namespace: str) -> None:
+    """Delete the namespace's InferenceServices while the operator runs, so kopf removes
+    its finalizer; one the operator did not release in time loses the finalizer by hand
+    (else the namespace would stay Terminating for ever once the operator is gone)."""
+    listed = cluster.kubectl("-n", namespace, "get", INFERENCE_SERVICES, "-o", "name", check=False)
+    if listed.returncode != 0 or not listed.stdout.strip():
+        return  # no CRD, or nothing made
+    deleted = cluster.kubectl(
+        "-n",
+        namespace,
+        "delete",
+        INFERENCE_SERVICES,
+        "--all",
+        "--wait=true",
+        f"--timeout={FINALIZER_WAIT_SECONDS}s",
+        check=False,
+        timeout=FINALIZER_WAIT_SECONDS + 30,
+    )
+    if deleted.returncode == 0:
+        return
+    for name in cluster.kubectl(
+        "-n", namespace, "get", INFERENCE_SERVICES, "-o", "name", check=False
+    ).stdout.split():
+        cluster.kubectl(
+            "-n",
+            namespace,
+            "patch",
+            name,
+            "--type=merge",
+            "-p",
+            '{"metadata":{"finalizers":null}}',
+            check=False,
+        )
 
 
 @pytest.fixture(scope="session")

@@ -1,23 +1,27 @@
-"""Fixtures of the operator's e2e tests: the CRD, the operator as a host
-process against the cluster, the tiny model behind a PVC, and polling helpers.
+"""Fixtures of the operator's e2e tests: the CRD, the operator as users install it
+(the Helm chart, the operator image built from this tree, its ServiceAccount, RBAC
+and NetworkPolicies), the tiny model behind a PVC, and polling helpers.
 
-The operator runs on the host (not as a pod) so a test can kill and restart
-it; localcluster routes pod IPs to the host, so it scrapes and calls the
-admin API exactly as it would in-cluster. Every wait polls with a generous
-deadline and fails with what it last saw.
+The suite's operator is a Helm release of its own, in a namespace of its own,
+watching only the test namespaces (`e2e-*`, see the `namespace` fixture): it
+never acts on another release's services (the demo's) and no other release acts
+on ours. Both run one replica, so kopf runs standalone and never peers: two
+releases cannot pause each other. A test that crashes the operator deletes its
+pod with --grace-period=0 --force and waits for the Deployment's new pod; the
+operator's log comes from `kubectl logs` and is attached to every failed test
+that used it. A host-process operator exists only in tests/integration/operator/.
+Every wait polls with a generous deadline and fails with what it last saw.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +30,20 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from fusebox_contract.wiring import Port
+
+from ..conftest import Cluster, pod_port_forwards
+
 REPO = Path(__file__).resolve().parents[3]
 CRD = REPO / "crds" / "inferenceservice.yaml"
+CHART = REPO / "helm" / "fusebox"
+CRD_NAME = "inferenceservices.fusebox.dev"
+# The `namespace` fixture names every test namespace e2e-<test>-<hex>.
+TEST_NAMESPACES = "e2e-*"
+OPERATOR_LOG_LINES = 80
+# The kubelet's liveness probe and kopf's probe activity: 2 lines per probe, 3 a minute.
+PROBE_NOISE = ("aiohttp.access", "Activity 'scrapedAt' succeeded")
+PROBE_LINES_PER_MINUTE = 6
 T = TypeVar("T")
 
 
@@ -51,81 +67,166 @@ def wait_for(
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; last seen: {last!r}{why}")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def helm(cluster: Cluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [str(cluster.bin_dir / "helm"), f"--kubeconfig={cluster.kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, f"helm {' '.join(args)}: {result.stderr}"
+    return result
+
+
+def pod_is_ready(pod: dict[str, Any]) -> bool:
+    conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions") or []}
+    return conditions.get("Ready") == "True" and not pod["metadata"].get("deletionTimestamp")
 
 
 @dataclass
-class OperatorProcess:
-    """`python -m fusebox_operator` on the host, restartable by tests."""
+class OperatorRelease:
+    """The operator as a Helm release: its pods, its log, and a crash on demand."""
 
-    kubeconfig: Path
-    log_dir: Path
-    process: subprocess.Popen[bytes] | None = None
-    starts: int = 0
+    cluster: Cluster
+    namespace: str
+    release: str
 
-    def start(self) -> None:
-        self.starts += 1
-        log = open(self.log_dir / f"operator-{self.starts}.log", "wb")  # noqa: SIM115
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(self.kubeconfig),
-            "FUSEBOX_LIVENESS_PORT": str(free_port()),
-            "FUSEBOX_PEERING": "standalone",
-            "FUSEBOX_WATCH_NAMESPACES": "",
-            "PYTHONPATH": str(REPO / "operator"),
-        }
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "fusebox_operator"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
+    @property
+    def selector(self) -> str:
+        return f"app.kubernetes.io/name=fusebox-operator,app.kubernetes.io/instance={self.release}"
+
+    def pods(self) -> list[dict[str, Any]]:
+        out = self.cluster.kubectl(
+            "-n", self.namespace, "get", "pods", "-l", self.selector, "-o", "json"
+        ).stdout
+        return list(json.loads(out)["items"])
+
+    def ready_pod(self) -> dict[str, Any] | None:
+        ready = [p for p in self.pods() if pod_is_ready(p)]
+        return ready[0] if len(ready) == 1 else None
+
+    def crash(self) -> str:
+        """Delete the operator pod with no grace (a crash or an eviction: no cleanup),
+        then wait for the Deployment's replacement to be Ready; returns its name."""
+        pod = wait_for("the operator pod Ready", self.ready_pod, timeout=120)
+        old = pod["metadata"]["name"]
+        self.cluster.kubectl(
+            "-n", self.namespace, "delete", "pod", old, "--grace-period=0", "--force"
         )
-        log.close()
+        new = wait_for(
+            "a new operator pod Ready",
+            lambda: (p := self.ready_pod()) and p["metadata"]["name"] != old and p,
+            timeout=180,
+            diagnose=self.describe,
+        )
+        return str(new["metadata"]["name"])
 
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, exactly like a crashed or evicted operator."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=30)
-        self.process = None
+    def logs(self, lines: int = OPERATOR_LOG_LINES) -> str:
+        """`kubectl logs` of the operator's current pod(s): the last `lines` of each
+        that are not the kubelet's probes (one pair every 20 s would bury the rest)."""
+        result = self.cluster.kubectl(
+            "-n",
+            self.namespace,
+            "logs",
+            "-l",
+            self.selector,
+            f"--tail={lines + PROBE_LINES_PER_MINUTE * 30}",
+            "--prefix",
+            check=False,
+        )
+        kept = [
+            line
+            for line in (result.stdout + result.stderr).splitlines()
+            if not any(noise in line for noise in PROBE_NOISE)
+        ]
+        return "\n".join(kept[-lines:])
 
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
-
-    def log_tail(self) -> str:
-        path = self.log_dir / f"operator-{self.starts}.log"
-        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+    def describe(self) -> str:
+        lines = []
+        for pod in self.pods():
+            conditions = [(c["type"], c["status"]) for c in pod["status"].get("conditions") or []]
+            lines.append(f"{pod['metadata']['name']}: {pod['status'].get('phase')} {conditions}")
+        return "\n".join(lines) or f"no pods match {self.selector}"
 
 
 @pytest.fixture(scope="session")
-def crd(cluster: Any) -> None:
+def crd(cluster: Cluster) -> Iterator[None]:
+    """The CRD from crds/; removed at the end only when this session created it (a CRD
+    someone else installed, the demo's, keeps their InferenceServices)."""
+    existed = cluster.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
     cluster.kubectl("apply", "-f", str(CRD))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/inferenceservices.fusebox.dev", "--timeout=60s"
-    )
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    try:
+        yield
+    finally:
+        if not existed:
+            cluster.kubectl("delete", "crd", CRD_NAME, "--wait=false", check=False)
 
 
 @pytest.fixture(scope="session")
-def operator(
-    cluster: Any, crd: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    process = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("operator-logs"))
-    process.start()
+def operator(cluster: Cluster, crd: None) -> Iterator[OperatorRelease]:
+    """The chart installed as a release of this session's own, in its own namespace,
+    watching the test namespaces; uninstalled (and its namespace deleted) at the end."""
+    suffix = uuid.uuid4().hex[:6]
+    release = OperatorRelease(cluster, f"fusebox-e2e-{suffix}", f"e2e-{suffix}")
+    cluster.kubectl("create", "namespace", release.namespace)
+    cluster.kubectl(
+        "label",
+        "namespace",
+        release.namespace,
+        "pod-security.kubernetes.io/enforce=restricted",
+    )
     try:
-        yield process
+        helm(
+            cluster,
+            "upgrade",
+            "--install",
+            release.release,
+            str(CHART),
+            "--namespace",
+            release.namespace,
+            "--skip-crds",  # the `crd` fixture owns the CRD
+            "--set-json",
+            f"watchNamespaces={json.dumps([TEST_NAMESPACES])}",
+            "--wait",
+            "--timeout",
+            "4m",
+        )
+        wait_for(
+            "the operator pod Ready", release.ready_pod, timeout=120, diagnose=release.describe
+        )
+        yield release
     finally:
-        process.stop()
+        subprocess.run(
+            [
+                str(cluster.bin_dir / "helm"),
+                f"--kubeconfig={cluster.kubeconfig}",
+                "uninstall",
+                release.release,
+                "--namespace",
+                release.namespace,
+                "--wait",
+                "--timeout",
+                "2m",
+            ],
+            capture_output=True,
+            check=False,
+            timeout=180,
+        )
+        cluster.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Iterator[pytest.TestReport]:
+    """A failed test that used the operator shows the operator's own log (kubectl logs)."""
+    report: pytest.TestReport = yield
+    release = getattr(item, "funcargs", {}).get("operator")
+    if report.failed and call.when == "call" and isinstance(release, OperatorRelease):
+        report.sections.append(("operator log (kubectl logs)", release.logs()))
+    return report
 
 
 @dataclass
@@ -223,6 +324,24 @@ class Service:
                 lines.append(f"  event {event.get('reason')}: {event.get('message')}")
         return "\n".join(lines)
 
+    def diagnose(self) -> str:
+        """Where the service stands: breaker, tier, variant, conditions that are not as
+        wished, the last events, then each pod (diagnose_pods)."""
+        status = self.status()
+        lines = [
+            f"{self.name}: breaker {(status.get('breaker') or {}).get('state')}, "
+            f"tier {(status.get('degradation') or {}).get('tier')}, "
+            f"variant {status.get('activeVariant')}"
+        ]
+        for condition in status.get("conditions") or []:
+            lines.append(
+                f"  condition {condition.get('type')}={condition.get('status')} "
+                f"{condition.get('reason', '')}: {condition.get('message', '')}"
+            )
+        for event in self.events()[-8:]:
+            lines.append(f"  event {event.get('reason')}: {event.get('message', '')[:200]}")
+        return "\n".join([*lines, self.diagnose_pods()])
+
     def admin_token(self) -> str:
         out = self.kubectl(
             "get", "secret", f"{self.name}-admin", "-o", "jsonpath={.data.token}"
@@ -267,7 +386,7 @@ ServiceFactory = Callable[..., Service]
 
 @pytest.fixture
 def inference_service(
-    cluster: Any, namespace: str, operator: OperatorProcess, model_claim: str
+    cluster: Any, namespace: str, operator: OperatorRelease, model_claim: str
 ) -> ServiceFactory:
     """Apply InferenceServices in the test namespace, next to the model PVC."""
 
@@ -315,7 +434,13 @@ def base_spec(**overrides: Any) -> dict[str, Any]:
 
 
 def pod_url(pod: dict[str, Any], port: int) -> str:
-    return f"http://{pod['status']['podIP']}:{port}"
+    """Where a test reaches this pod's `port`: the API port (8000) at the pod IP, as
+    clients inside the cluster do; the admin (8001) and sidecar (9400) ports through
+    `kubectl port-forward`, as a user does (NetworkPolicies refuse anyone else)."""
+    if port == Port.API:
+        return f"http://{pod['status']['podIP']}:{port}"
+    metadata = pod["metadata"]
+    return pod_port_forwards.url(metadata["namespace"], metadata["name"], port)
 
 
 # --- helpers of the seams tests (issue 10) ----------------------------------------------------
