@@ -57,7 +57,9 @@ def test_an_int4_fallback_on_a_cpu_is_named_and_the_level_still_reaches_every_po
         degradation = service.status().get("degradation") or {}
         return degradation.get("tier") == DegradationTier.FALLBACK_MODEL
 
-    wait_for("tier fallback-model", at_fallback_tier, timeout=300, every=1)
+    wait_for(
+        "tier fallback-model", at_fallback_tier, timeout=300, every=1, diagnose=service.diagnose
+    )
 
     def every_pod_at_level_two() -> list[PodSample] | None:
         samples = [scraped(p) for p in service.ready_pods()]
@@ -67,7 +69,9 @@ def test_an_int4_fallback_on_a_cpu_is_named_and_the_level_still_reaches_every_po
         at_two = all(s.degradation_level == DegradationLevel.FALLBACK_MODEL for s in found)
         return found if at_two else None
 
-    samples = wait_for("the level on both pods", every_pod_at_level_two, timeout=180)
+    samples = wait_for(
+        "the level on both pods", every_pod_at_level_two, timeout=180, diagnose=service.diagnose
+    )
     for sample in samples:
         assert sample.fallback_configured is True, sample
         assert sample.fallback_available is False, sample

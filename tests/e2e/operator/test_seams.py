@@ -499,7 +499,12 @@ def test_fallback_tier_and_back_keeps_a_ready_endpoint_under_traffic(
         )
 
     with load(service) as seen:
-        wait_for("both pods on the fallback", lambda: all_pods_on(Variant.FALLBACK), timeout=420)
+        wait_for(
+            "both pods on the fallback",
+            lambda: all_pods_on(Variant.FALLBACK),
+            timeout=420,
+            diagnose=service.diagnose,
+        )
         assert (service.status().get("degradation") or {}).get(
             "tier"
         ) == DegradationTier.FALLBACK_MODEL
@@ -509,7 +514,12 @@ def test_fallback_tier_and_back_keeps_a_ready_endpoint_under_traffic(
             timeout=60,
         )
         merge_patch(service, {"breaker": {"quality": {"blockedTerms": []}}})
-        wait_for("both pods back on the primary", lambda: all_pods_on(Variant.PRIMARY), timeout=420)
+        wait_for(
+            "both pods back on the primary",
+            lambda: all_pods_on(Variant.PRIMARY),
+            timeout=420,
+            diagnose=service.diagnose,
+        )
         wait_for(
             "the primary named in the answers' variant header",
             lambda: seen.last_variants(3) == [Variant.PRIMARY] * 3,
@@ -557,7 +567,9 @@ def test_a_wedged_pod_is_replaced_by_the_operator_not_restarted_by_the_kubelet(
         counts.append(restart_counts(pod))
         return False
 
-    wait_for(f"{name} deleted by the operator", gone_or_deleting, timeout=300)
+    wait_for(
+        f"{name} deleted by the operator", gone_or_deleting, timeout=300, diagnose=service.diagnose
+    )
     assert counts and all(set(c.values()) == {0} for c in counts), counts
     event = wait_for(
         f"PodRestarted for {name}",
@@ -576,6 +588,7 @@ def test_a_wedged_pod_is_replaced_by_the_operator_not_restarted_by_the_kubelet(
         "a ready replacement pod",
         lambda: next((p for p in service.ready_pods() if p["metadata"]["uid"] != uid), None),
         timeout=300,
+        diagnose=service.diagnose,
     )
     assert set(restart_counts(replacement).values()) == {0}
 
