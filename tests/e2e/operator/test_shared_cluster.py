@@ -1,0 +1,172 @@
+"""The suite shares a cluster politely (issue 11, item 8): a release someone else
+installed (the demo's: `make demo`, then `make test`) keeps running untouched.
+
+A stand-in for the demo's release is installed first, as scripts/demo.py installs
+it (its own namespace, watching only that namespace), with an InferenceService of
+its own. Then a representative test runs against the suite's release: a service
+applied, served and deleted, and the suite's operator crashed and replaced. The
+stand-in's operator pod must still be the same pod with the same restart count,
+its service still its own, and neither operator may ever have named the other's
+namespace in its log.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import yaml
+
+from fusebox_contract.names import ConditionType
+
+from ..conftest import Cluster, fresh_namespace
+from .conftest import (
+    CHART,
+    OperatorRelease,
+    ServiceFactory,
+    base_spec,
+    chat,
+    helm,
+    wait_for,
+)
+
+STAND_IN_SERVICE = "demo-chat"
+
+
+@dataclass(frozen=True)
+class PodIdentity:
+    name: str
+    uid: str
+    restarts: int
+
+
+def identity(pod: dict[str, Any]) -> PodIdentity:
+    restarts = sum(int(s.get("restartCount", 0)) for s in pod["status"]["containerStatuses"])
+    return PodIdentity(pod["metadata"]["name"], pod["metadata"]["uid"], restarts)
+
+
+@pytest.fixture
+def stand_in_demo(cluster: Cluster, crd: None) -> Iterator[OperatorRelease]:
+    """A release shaped like the demo's, with a service its operator reconciles (its pods
+    wait for a claim that does not exist: nothing here needs them to run)."""
+    suffix = uuid.uuid4().hex[:6]
+    with fresh_namespace(cluster, f"standin-demo-{suffix}") as namespace:
+        release = OperatorRelease(cluster, namespace, f"standin-{suffix}")
+        try:
+            helm(
+                cluster,
+                "upgrade",
+                "--install",
+                release.release,
+                str(CHART),
+                "--namespace",
+                namespace,
+                "--skip-crds",
+                "--set",
+                f"watchNamespaces={{{namespace}}}",
+                "--wait",
+                "--timeout",
+                "4m",
+            )
+            document = {
+                "apiVersion": "fusebox.dev/v1alpha1",
+                "kind": "InferenceService",
+                "metadata": {"name": STAND_IN_SERVICE, "namespace": namespace},
+                "spec": base_spec(),
+            }
+            cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(document))
+            wait_for(
+                "the stand-in's operator to reconcile its service",
+                lambda: (
+                    cluster.kubectl(
+                        "-n", namespace, "get", "deployment", STAND_IN_SERVICE, check=False
+                    ).returncode
+                    == 0
+                ),
+                timeout=120,
+                diagnose=release.logs,
+            )
+            yield release
+        finally:
+            # Its own operator still runs: the finalizer is released (fresh_namespace
+            # deletes the service and the namespace after this).
+            cluster.kubectl(
+                "-n",
+                namespace,
+                "delete",
+                "inferenceservices.fusebox.dev",
+                "--all",
+                "--timeout=90s",
+                check=False,
+                timeout=120,
+            )
+            subprocess.run(
+                [str(cluster.bin_dir / "helm"), f"--kubeconfig={cluster.kubeconfig}"]
+                + ["uninstall", release.release, "--namespace", namespace, "--wait"],
+                capture_output=True,
+                check=False,
+                timeout=180,
+            )
+
+
+def test_another_release_keeps_running_untouched_while_the_suite_runs(
+    cluster: Cluster,
+    stand_in_demo: OperatorRelease,
+    operator: OperatorRelease,
+    inference_service: ServiceFactory,
+    namespace: str,
+) -> None:
+    before = identity(wait_for("the stand-in's operator Ready", stand_in_demo.ready_pod))
+    stand_in_deployment = json.loads(
+        cluster.kubectl(
+            "-n", stand_in_demo.namespace, "get", "deployment", STAND_IN_SERVICE, "-o", "json"
+        ).stdout
+    )
+
+    # The representative test: a service applied and served, the operator crashed.
+    service = inference_service("polite", base_spec())
+    wait_for(
+        "a ready pod", lambda: service.ready_pods(), timeout=420, diagnose=service.diagnose_pods
+    )
+    assert wait_for("a 200 through the Service", lambda: chat(service.service_url()) == 200)
+    suite_log_before_crash = operator.logs(lines=2000)
+    operator.crash()
+    wait_for(
+        "the replacement operator to take the service over",
+        lambda: service.condition(ConditionType.READY).get("status") == "True",
+        timeout=120,
+    )
+
+    after = identity(wait_for("the stand-in's operator Ready", stand_in_demo.ready_pod))
+    assert after == before, f"the stand-in's operator pod changed: {before} -> {after}"
+    # Helm's record of the release (a Secret per revision): still one, still deployed.
+    records = cluster.kubectl(
+        "-n",
+        stand_in_demo.namespace,
+        "get",
+        "secrets",
+        "-l",
+        f"owner=helm,name={stand_in_demo.release},status=deployed",
+        "-o",
+        "name",
+    ).stdout.split()
+    assert len(records) == 1, records
+    # The stand-in's service is its operator's alone: untouched by the suite's.
+    now = json.loads(
+        cluster.kubectl(
+            "-n", stand_in_demo.namespace, "get", "deployment", STAND_IN_SERVICE, "-o", "json"
+        ).stdout
+    )
+    assert now["metadata"]["uid"] == stand_in_deployment["metadata"]["uid"]
+    assert now["metadata"]["generation"] == stand_in_deployment["metadata"]["generation"]
+    suite_log = suite_log_before_crash + operator.logs(lines=2000)
+    stand_in_log = stand_in_demo.logs(lines=2000)
+    assert f"{namespace}/polite" in suite_log, suite_log[-3000:]
+    assert f"{stand_in_demo.namespace}/{STAND_IN_SERVICE}" in stand_in_log, stand_in_log[-3000:]
+    assert stand_in_demo.namespace not in suite_log, suite_log[-3000:]
+    assert namespace not in stand_in_log, stand_in_log[-3000:]
