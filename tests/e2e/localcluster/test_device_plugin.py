@@ -77,6 +77,25 @@ def _node(cluster: Any, local_config: ClusterConfig) -> dict[str, Any]:
     return result
 
 
+def _status_gpu_owners(cluster: Any, local_config: ClusterConfig) -> set[str]:
+    """Who wrote the node's status.capacity/allocatable nvidia.com/gpu (managedFields)."""
+    node = json.loads(
+        cluster.kubectl(
+            "get", "node", local_config.node_name, "--show-managed-fields", "-o", "json"
+        ).stdout
+    )
+    key = f"f:{gpu.RESOURCE}"
+    return {
+        entry["manager"]
+        for entry in node["metadata"]["managedFields"]
+        if entry.get("subresource") == "status"
+        and any(
+            key in entry.get("fieldsV1", {}).get("f:status", {}).get(f"f:{field}", {})
+            for field in ("capacity", "allocatable")
+        )
+    }
+
+
 def _gpus(node: dict[str, Any], field: str) -> int:
     return int(node["status"][field].get(gpu.RESOURCE, "0"))
 
@@ -126,6 +145,9 @@ def test_node_offers_as_many_gpus_as_configured_through_the_device_plugin(
     assert all(i.startswith("GPU-") for i in listed)
     node = _node(cluster, local_config)
     assert _gpus(node, "capacity") == _gpus(node, "allocatable") == local_config.gpus
+    # The kubelet alone writes the count: no status patch from localcluster.
+    owners = _status_gpu_owners(cluster, local_config)
+    assert owners == {"kubelet"}, f"nvidia.com/gpu in the node status is written by {owners}"
     # GPU Feature Discovery's labels are still there.
     assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == local_config.gpu_product
 
