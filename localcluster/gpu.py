@@ -24,20 +24,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fusebox_contract import wiring
 from localcluster.config import ClusterConfig
 from localcluster.kubectl import Kubectl
 from localcluster.progress import ClusterError
 
-RESOURCE = "nvidia.com/gpu"
-# The environment variable NVIDIA's plugin sets and the container toolkit reads.
-VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+RESOURCE = wiring.GPU_RESOURCE
+VISIBLE_DEVICES_ENV = wiring.GPU_VISIBLE_DEVICES_ENV
 PLUGIN_BINARY = "gpusim"
 # Inside the kubelet root, where its plugin watcher discovers plugins' sockets.
 PLUGIN_REGISTRY_DIR = "plugins_registry"
 PLUGIN_SOCKET = "fusebox-gpusim.sock"
 
-HEALTHY = "Healthy"
-UNHEALTHY = "Unhealthy"
+HEALTHY = wiring.DeviceHealth.HEALTHY
+UNHEALTHY = wiring.DeviceHealth.UNHEALTHY
 
 
 @dataclasses.dataclass(frozen=True)

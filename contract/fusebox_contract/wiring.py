@@ -45,3 +45,15 @@ REQUEST_ID_HEADER: Final = "X-Request-Id"
 VARIANT_HEADER: Final = "X-Fusebox-Variant"  # which variant answered
 FAULTS_ENV: Final = "FUSEBOX_FAULTS"
 SERVED_BY_HEADER: Final = "X-Fusebox-Served-By"  # primary|fallback|canned: what produced the answer
+
+# GPUs as the kubelet's device manager hands them out: the extended resource
+# NVIDIA's device plugin (and localcluster's, localcluster/gpusim) advertises,
+# the variable its Allocate sets to the ids of a container's GPUs, and each
+# device's health in a pod's status.containerStatuses[].allocatedResourcesStatus.
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+GPU_VISIBLE_DEVICES_ENV: Final = "NVIDIA_VISIBLE_DEVICES"
+
+
+class DeviceHealth(enum.StrEnum):
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"
