@@ -13,15 +13,11 @@ from __future__ import annotations
 import errno
 from typing import Final
 
-# How a failed allocation is worded when it comes as a plain RuntimeError: torch's c10 CPU
-# allocator, a failed C++ operator new, CUDA's caching allocator, and CPython's lock
-# allocation (threading.Lock, threading.Event).
-ALLOCATION_FAILURE_MARKERS: Final = (
-    "DefaultCPUAllocator: can't allocate memory",
-    "std::bad_alloc",
-    "CUDA out of memory",
-    "can't allocate lock",
-)
+# How a failed allocation is worded when it comes as a plain RuntimeError: "can't allocate"
+# from torch's c10 CPU allocator ("... can't allocate memory") and from CPython's locks
+# ("can't allocate lock", "can't allocate read lock"), a failed C++ operator new, and
+# CUDA's caching allocator.
+ALLOCATION_FAILURE_MARKERS: Final = ("can't allocate", "std::bad_alloc", "CUDA out of memory")
 MEMORY_EXHAUSTED_MESSAGE: Final = (
     "the server could not allocate memory for this request; it keeps running, retry later"
 )

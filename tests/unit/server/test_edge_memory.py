@@ -37,6 +37,7 @@ from fusebox_server.openai_schema import Sampling
         ),
         RuntimeError("std::bad_alloc"),
         RuntimeError("can't allocate lock"),
+        RuntimeError("can't allocate read lock"),
         OSError(errno.ENOMEM, "Cannot allocate memory"),
         torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB"),
     ],
