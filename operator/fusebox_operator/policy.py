@@ -427,6 +427,17 @@ def skipped_for_time(
     return seconds_to_limit < needed
 
 
+def no_time_to_wait(
+    seconds_to_limit: float | None, waited_seconds: float, spec: InferenceServiceSpec
+) -> bool:
+    """Whether waiting out the rest of the cooldown would leave no time for a reload: then
+    a cheap last step is not waited for (a fast leak its first estimate took for slow)."""
+    if seconds_to_limit is None:
+        return False
+    rest = max(0.0, spec.breaker.resource.cooldown_seconds - waited_seconds)
+    return seconds_to_limit < rest + ACT_SECONDS[ActionKind.RELOAD]
+
+
 def _mib(value_bytes: float) -> str:
     return f"{value_bytes / MIB:.0f} MiB"
 
@@ -570,9 +581,10 @@ def _memory_ladder(
     A rung is judged by the samples after it: one that brings the signal back
     under the trigger cured this leak, so the ladder goes back to that rung and
     a leak that returns gets the same step again, not the next one. Only a
-    signal still triggered a cooldown after the step climbs. Cheap rungs are
-    skipped when the memory would reach its limit before they could be judged
-    and a reload act (`skipped_for_time`).
+    signal still triggered a cooldown after the step climbs, unless waiting the
+    cooldown out would leave no time for a reload (`no_time_to_wait`). Cheap
+    rungs are skipped when the memory would reach its limit before they could
+    be judged and a reload act (`skipped_for_time`).
     """
     cooldown = spec.breaker.resource.cooldown_seconds
     pod = sample.pod
@@ -598,8 +610,15 @@ def _memory_ladder(
         if ladder is None:
             ladder = state.ladders[key] = Ladder()
         ladder.calm_since = None
-        if acted or (ladder.last_action_at is not None and now - ladder.last_action_at < cooldown):
+        if acted:
             continue
+        if ladder.last_action_at is not None and now - ladder.last_action_at < cooldown:
+            # Only a cheap guess is not waited for, and only when the limit is closer
+            # than the rest of the cooldown plus a reload; a reload or swap is.
+            guessed = ladder.acted_step is not None and LADDER[ladder.acted_step] in CHEAP_STEPS
+            waited = now - ladder.last_action_at
+            if not (guessed and no_time_to_wait(reading.seconds_to_limit, waited, spec)):
+                continue
         step_before = ladder.step
         kind, skipped = _ladder_step(state, sample, ladder, spec, now, reading.seconds_to_limit)
         if kind is None or not _may_act(rollout, pod, kind):

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from fusebox_contract.names import BreakerState, Variant
 from fusebox_operator.policy import (
+    CHEAP_STEPS,
     MAX_ATTEMPTS,
     Action,
     ActionKind,
@@ -20,6 +21,7 @@ from fusebox_operator.policy import (
     admit_percent,
     decide,
     least_squares_slope,
+    no_time_to_wait,
     skipped_for_time,
     time_to_limit_seconds,
 )
@@ -189,8 +191,24 @@ def test_a_leak_that_speeds_up_after_gc_skips_empty_cache() -> None:
         t = T0 + 10 + 5 * i
         steps.append((t, [sample("p", t, start + 125 * i)]))
     _, actions = run(PolicyState("svc"), steps)
-    assert [a.kind for a in actions] == [ActionKind.GC, ActionKind.RELOAD]
+    assert [a.kind for a in actions][:2] == [ActionKind.GC, ActionKind.RELOAD]
     assert actions[1].reason.endswith(": skipping empty_cache"), actions[1].reason
+
+
+def test_a_leak_that_outruns_the_cooldown_gets_its_reload_without_waiting_it_out() -> None:
+    steps = leak_steps(10, 0.80 * 4096, 300)  # gc at t=10, the limit minutes away
+    start = 0.80 * 4096 + 50
+    for i in range(1, 3):  # then +3000 MiB/min: the limit ~15 s away
+        t = T0 + 10 + 5 * i
+        steps.append((t, [sample("p", t, start + 250 * i)]))
+    _, actions = run(PolicyState("svc"), steps)
+    assert [(a.kind, a.at - T0) for a in actions] == [
+        (ActionKind.GC, 10),
+        (ActionKind.RELOAD, 15),  # 5 s into a 20 s cooldown
+    ]
+    assert no_time_to_wait(40.0, 5.0, SPEC)  # 15 s of cooldown left + a 30 s reload
+    assert not no_time_to_wait(50.0, 5.0, SPEC)
+    assert not no_time_to_wait(None, 5.0, SPEC)
 
 
 def test_time_to_oom_is_absent_while_memory_does_not_grow() -> None:
@@ -539,8 +557,13 @@ def test_property_ladder_steps_respect_cooldown_and_ids_are_unique(
     actions = [a for *_, acts in log for a in acts]
     assert len({a.id for a in actions}) == len(actions)
     for pod in ("a", "b"):
-        times = [a.at for a in actions if a.pod == pod and a.kind is not ActionKind.RESTORE_PRIMARY]
-        assert all(b - a >= COOLDOWN for a, b in zip(times, times[1:], strict=False))
+        mine = [a for a in actions if a.pod == pod and a.kind is not ActionKind.RESTORE_PRIMARY]
+        for first, then in zip(mine, mine[1:], strict=False):
+            # Only a pod with no time left for the cooldown gets its next step sooner,
+            # and then never a cheap one.
+            assert then.at - first.at >= COOLDOWN or (
+                then.kind not in CHEAP_STEPS and "time to OOM" in then.reason
+            ), (first, then)
     restarts = [a.at for a in actions if a.kind is ActionKind.RESTART]
     assert all(b - a >= COOLDOWN for a, b in zip(restarts, restarts[1:], strict=False))
 
