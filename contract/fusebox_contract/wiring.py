@@ -57,3 +57,12 @@ GPU_VISIBLE_DEVICES_ENV: Final = "NVIDIA_VISIBLE_DEVICES"
 class DeviceHealth(enum.StrEnum):
     HEALTHY = "Healthy"
     UNHEALTHY = "Unhealthy"
+
+# Where Prometheus runs: the namespace the inference pods' NetworkPolicy admits
+# on the metrics port (the operator's default FUSEBOX_MONITORING_NAMESPACE, the
+# chart's monitoring.scrapeNamespace) and localcluster's monitoring addon uses.
+MONITORING_NAMESPACE: Final = "monitoring"
+# The label every object of the chart carries; the addon's Prometheus selects
+# PodMonitors and PrometheusRules by it.
+PART_OF_LABEL: Final = "app.kubernetes.io/part-of"
+PART_OF_VALUE: Final = "fusebox"
