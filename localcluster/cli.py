@@ -12,7 +12,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from localcluster import addons, containerd, gpu_cli, health, lifecycle, storage, teardown
+from localcluster import (
+    addons,
+    containerd,
+    gpu_cli,
+    health,
+    lifecycle,
+    monitoring_addon,
+    storage,
+    teardown,
+)
 from localcluster.components import ADDON_COMPONENTS, ALIASES, COMPONENTS, canonical_component
 from localcluster.config import (
     ClusterConfig,
@@ -93,6 +102,10 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("status", help="show each component (exit 0 only when all are healthy)")
     sub.add_parser("env", help="print shell exports for KUBECONFIG and PATH")
     sub.add_parser("load-images", help="load built images into a running cluster's containerd")
+    sub.add_parser(
+        "monitoring",
+        help="install Prometheus under the Prometheus Operator in the `monitoring` namespace",
+    )
     gpu_cli.add_parser(sub)
 
     pv = sub.add_parser("pv", help="create a `local` PersistentVolume backed by a directory")
@@ -181,6 +194,9 @@ def run(argv: Sequence[str]) -> int:
         return 0
     if args.command == "gpu":
         return gpu_cli.run(args, _require_saved(name))
+    if args.command == "monitoring":
+        monitoring_addon.install_into(_require_saved(name), say=report.say)
+        return 0
     if args.command == "load-images":
         containerd.load_images_into_running(_require_saved(name))
         return 0
