@@ -112,7 +112,9 @@ def status_lines(config: ClusterConfig) -> tuple[bool, list[str]]:
     ready = apiserver_ready(config)
     lines.append(f"{'apiserver /readyz':<24} {'ok' if ready else 'not answering'}")
     healthy = all(states.values()) and ready
-    if ready:
+    # Just after etcd died /readyz may still say ok, but every read then hangs
+    # for the whole request timeout: asking would make `status` take a minute.
+    if ready and states.get("etcd", False):
         kubectl = kubectl_for(config)
         is_ready = node_ready(kubectl, config)
         lines.append(f"{'node ' + config.node_name:<24} {'Ready' if is_ready else 'NotReady'}")
