@@ -8,7 +8,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 cache=${FUSEBOX_CACHE:-$HOME/.cache/fusebox}
 # The device plugin (gpusim) is source written here, so its .go files count as pins.
-pins=$(cd "$here" && cat build-binaries.sh k8s/go.mod k8s/go.sum k8s/*/go.mod k8s/*/go.sum \
+# The monitoring addon's section at the end has its own key, so it is left out.
+pins=$(cd "$here" && sed '/^# --- Monitoring addon/,$d' build-binaries.sh | cat - k8s/go.mod k8s/go.sum k8s/*/go.mod k8s/*/go.sum \
   gpusim/go.mod gpusim/go.sum gpusim/*.go netpol/go.mod netpol/go.sum | sha256sum | cut -c1-16)
 out="$cache/bin-$pins"
 mkdir -p "$root/.cache"
@@ -46,3 +47,46 @@ else
   echo "binaries: built in $((SECONDS - start)) s into $out"
 fi
 ln -sfn "$out" "$root/.cache/bin"
+
+# --- Monitoring addon (python -m localcluster monitoring) -------------------
+# Prometheus (only Kubernetes discovery compiled in), the Prometheus Operator,
+# its config reloader, and the operator's CRDs copied out of its module zip,
+# built from the modules pinned under localcluster/monitoring into
+# ${FUSEBOX_CACHE}/monitoring-<hash of those pins>, linked as .cache/monitoring.
+# Its own key: a change here rebuilds only these three binaries.
+monitoring_pins=$(cd "$here" && sed -n '/^# --- Monitoring addon/,$p' build-binaries.sh |
+  cat - monitoring/*/go.mod monitoring/*/go.sum | sha256sum | cut -c1-16)
+monitoring_out="$cache/monitoring-$monitoring_pins"
+if [ -f "$monitoring_out/.complete" ]; then
+  echo "monitoring binaries: up to date in $monitoring_out"
+else
+  tmp="$monitoring_out.tmp"
+  rm -rf "$tmp" && mkdir -p "$tmp/crds"
+  export CGO_ENABLED=0 GOFLAGS=-trimpath
+  prometheus_version=$(cd "$here/monitoring/prometheus" && go list -m -f '{{.Version}}' github.com/prometheus/prometheus)
+  operator_version=$(cd "$here/monitoring/operator" && go list -m -f '{{.Version}}' github.com/prometheus-operator/prometheus-operator)
+  # Prometheus 3.MM.P is published as the Go module version v0.3MM.P.
+  prometheus_release=$(echo "${prometheus_version#v}" | awk -F. '{printf "%d.%d.%s", substr($2, 1, 1), substr($2, 2), $3}')
+  start=$SECONDS
+  echo "monitoring binaries: building prometheus $prometheus_release (Kubernetes discovery only)"
+  (cd "$here/monitoring/prometheus" && go build -tags remove_all_sd,enable_kubernetes_sd \
+    -ldflags "-s -w -X github.com/prometheus/common/version.Version=$prometheus_release" \
+    -o "$tmp/prometheus" github.com/prometheus/prometheus/cmd/prometheus)
+  echo "monitoring binaries: prometheus built in $((SECONDS - start)) s"
+  step=$SECONDS
+  operator_ldflags="-s -w -X github.com/prometheus/common/version.Version=${operator_version#v}"
+  (cd "$here/monitoring/operator" && go build -ldflags "$operator_ldflags" -o "$tmp/prometheus-operator" \
+    github.com/prometheus-operator/prometheus-operator/cmd/operator)
+  echo "monitoring binaries: prometheus-operator built in $((SECONDS - step)) s"
+  step=$SECONDS
+  (cd "$here/monitoring/operator" && go build -ldflags "$operator_ldflags" -o "$tmp/prometheus-config-reloader" \
+    github.com/prometheus-operator/prometheus-operator/cmd/prometheus-config-reloader)
+  echo "monitoring binaries: prometheus-config-reloader built in $((SECONDS - step)) s"
+  operator_dir=$(cd "$here/monitoring/operator" && go list -m -f '{{.Dir}}' github.com/prometheus-operator/prometheus-operator)
+  install -m 0644 "$operator_dir"/example/prometheus-operator-crd-full/*.yaml "$tmp/crds/"
+  touch "$tmp/.complete"
+  rm -rf "$monitoring_out" && mv "$tmp" "$monitoring_out"
+  echo "monitoring binaries: built in $((SECONDS - start)) s into $monitoring_out"
+fi
+ln -sfn "$monitoring_out" "$root/.cache/monitoring"
+# --- end of the monitoring addon -------------------------------------------
