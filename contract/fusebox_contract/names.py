@@ -168,6 +168,7 @@ class EventReason(enum.StrEnum):
     DEGRADED = "Degraded"
     RECOVERED = "Recovered"
     FALLBACK_UNAVAILABLE = "FallbackUnavailable"
+    MEMORY_LIMIT_GROWN = "MemoryLimitGrown"  # the ladder's in-place resize of the server
     SCALED_UP = "ScaledUp"
     SCALED_DOWN = "ScaledDown"
     SCALE_UP_BLOCKED = "ScaleUpBlocked"  # pods already Pending for lack of GPUs

@@ -128,6 +128,18 @@ class Actuator:
         timeout = LOAD_TIMEOUT_SECONDS if type_ in MODEL_ACTIONS else ADMIN_TIMEOUT_SECONDS
         return await self._admin(pod, token, "POST", "/admin/v1/actions", body, timeout)
 
+    async def _grow_limit(self, namespace: str, action: Action) -> ActionResult:
+        """Resize the server's memory limit in place; the pod keeps serving."""
+        if self.kube is None or action.memory_limit_bytes is None:
+            return ActionResult("failed: no Kubernetes client or no target limit")
+        resized = await self.kube.resize_server_memory(
+            namespace, action.pod, action.memory_limit_bytes
+        )
+        if resized is None:
+            return ActionResult("pod already gone")
+        old, new = resized
+        return ActionResult(f"memory limit {old} -> {new} in place, no restart (pods/resize)")
+
     async def execute(
         self, namespace: str, pod: PodView | None, token: str, action: Action
     ) -> ActionResult:
@@ -145,6 +157,8 @@ class Actuator:
                 return ActionResult(
                     "pod deleted; the Deployment replaces it" if gone else "pod already gone"
                 )
+            if action.kind is ActionKind.GROW_LIMIT:
+                return await self._grow_limit(namespace, action)
             if pod is None:
                 return ActionResult("failed: pod no longer listed")
             if action.kind is ActionKind.RELOAD:

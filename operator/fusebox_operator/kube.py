@@ -25,6 +25,8 @@ from fusebox_operator.manifests import (
     SERVER_CONTAINER,
     SIDECAR_CONTAINER,
     TEMPLATE_HASH_ANNOTATION,
+    memory_quantity,
+    memory_resize_patch,
 )
 from fusebox_operator.sizing import NODE_PRODUCT_LABEL, NODE_VRAM_LABEL
 
@@ -222,6 +224,38 @@ class Kube:
                 if error.status == 404:
                     return False
                 raise KubeError(f"delete pod {namespace}/{name}: {error.reason}") from error
+
+        return await _run(call)
+
+    async def resize_server_memory(
+        self, namespace: str, name: str, limit_bytes: int
+    ) -> tuple[str, str] | None:
+        """Ask the kubelet to grow the server container's memory in place (`pods/resize`).
+
+        Returns (old limit, new limit) as quantities, or None when the pod is gone.
+        The kubelet applies it where the node has room; otherwise the pod's
+        PodResizePending condition says Deferred or Infeasible.
+        """
+
+        def call() -> tuple[str, str] | None:
+            try:
+                pod = self.core.read_namespaced_pod(
+                    name, namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                )
+                containers = pod.spec.containers if pod.spec else []
+                server = next(c for c in containers if c.name == SERVER_CONTAINER)
+                limits = (server.resources and server.resources.limits) or {}
+                requests = (server.resources and server.resources.requests) or {}
+                old = str(limits.get("memory", ""))
+                body = memory_resize_patch(limit_bytes, requests.get("memory") == old)
+                self.core.patch_namespaced_pod_resize(
+                    name, namespace, body, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                )
+            except ApiException as error:
+                if error.status == 404:
+                    return None
+                raise KubeError(f"resize pod {namespace}/{name}: {error.reason}") from error
+            return old, memory_quantity(limit_bytes)
 
         return await _run(call)
 

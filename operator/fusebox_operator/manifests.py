@@ -330,6 +330,19 @@ def _sidecar_container(settings: OperatorSettings) -> Manifest:
     }
 
 
+def memory_resize_patch(limit_bytes: int, with_request: bool) -> Manifest:
+    """The body of a `pods/resize` patch growing the server's memory in place.
+
+    `with_request`: the request equals the limit (Guaranteed QoS), and a resize
+    may not change a pod's QoS class, so both move together.
+    """
+    quantity = memory_quantity(limit_bytes)
+    resources: Manifest = {"limits": {"memory": quantity}}
+    if with_request:
+        resources["requests"] = {"memory": quantity}
+    return {"spec": {"containers": [{"name": SERVER_CONTAINER, "resources": resources}]}}
+
+
 def build_pod_template(
     spec: InferenceServiceSpec, name: str, sizing: MemorySizing, settings: OperatorSettings
 ) -> Manifest:

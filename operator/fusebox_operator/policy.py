@@ -39,6 +39,7 @@ MIN_SLOPE_POINTS = 3
 class ActionKind(enum.StrEnum):
     GC = "gc"
     EMPTY_CACHE = "empty_cache"
+    GROW_LIMIT = "grow_limit"  # resize the server's memory limit in place (no restart)
     RELOAD = "reload"  # unload, then load the same variant
     SWAP_FALLBACK = "swap_fallback"
     RESTORE_PRIMARY = "restore_primary"
@@ -55,6 +56,7 @@ MAX_ATTEMPTS = 5
 LADDER: tuple[ActionKind, ...] = (
     ActionKind.GC,
     ActionKind.EMPTY_CACHE,
+    ActionKind.GROW_LIMIT,
     ActionKind.RELOAD,
     ActionKind.SWAP_FALLBACK,
     ActionKind.RESTART,
@@ -62,6 +64,7 @@ LADDER: tuple[ActionKind, ...] = (
 ACT_SECONDS: dict[ActionKind, float] = {
     ActionKind.GC: 1,
     ActionKind.EMPTY_CACHE: 1,
+    ActionKind.GROW_LIMIT: 5,
     ActionKind.RELOAD: 30,
     ActionKind.SWAP_FALLBACK: 30,
     ActionKind.RESTORE_PRIMARY: 30,
@@ -185,9 +188,10 @@ class Action:
     at: float
     variant: Variant = Variant.PRIMARY  # the variant a reload loads / a swap targets
     attempts: int = 1  # how often it was sent; a retry reuses the id
+    memory_limit_bytes: int | None = None  # the limit a grow-limit action resizes to
 
     def to_status(self) -> dict[str, Any]:
-        return {
+        entry: dict[str, Any] = {
             "id": self.id,
             "kind": self.kind.value,
             "pod": self.pod,
@@ -196,6 +200,9 @@ class Action:
             "variant": self.variant.value,
             "attempts": self.attempts,
         }
+        if self.memory_limit_bytes is not None:
+            entry["memoryLimitBytes"] = self.memory_limit_bytes
+        return entry
 
     @classmethod
     def from_status(cls, raw: Mapping[str, Any]) -> Action:
@@ -207,6 +214,9 @@ class Action:
             at=float(raw.get("at", 0.0)),
             variant=Variant(raw.get("variant", Variant.PRIMARY)),
             attempts=int(raw.get("attempts", 1)),
+            memory_limit_bytes=(
+                int(raw["memoryLimitBytes"]) if raw.get("memoryLimitBytes") is not None else None
+            ),
         )
 
 
@@ -525,6 +535,25 @@ def _may_act(rollout: Rollout | None, pod: str, kind: ActionKind) -> bool:
     return rollout.take(pod)
 
 
+def grown_limit_bytes(spec: InferenceServiceSpec, state: PolicyState) -> int | None:
+    """The limit the grow-limit rung resizes the server to, or None when it may not."""
+    if not spec.memory.grows_in_place or not state.memory_limit_bytes:
+        return None
+    return int(state.memory_limit_bytes * spec.memory.max_growth_ratio)
+
+
+def can_grow(
+    spec: InferenceServiceSpec, state: PolicyState, sample: PodSample, resource: str
+) -> bool:
+    """Whether growing the limit can help: host memory only (VRAM does not grow), the
+    spec allows it, and this pod's limit is not already there."""
+    target = grown_limit_bytes(spec, state)
+    if resource != "rss" or target is None:
+        return False
+    current = sample.memory_limit_bytes or state.memory_limit_bytes or 0
+    return current < target * 0.99
+
+
 def _ladder_step(
     state: PolicyState,
     sample: PodSample,
@@ -532,12 +561,17 @@ def _ladder_step(
     spec: InferenceServiceSpec,
     now: float,
     seconds_to_limit: float | None = None,
+    resource: str = "rss",
 ) -> tuple[ActionKind | None, list[ActionKind]]:
     """The next rung for this pod and the rungs skipped on the way: a swap that cannot
-    help (or cannot load), and cheap steps there is no time left to try."""
+    help (or cannot load), a limit that cannot grow, and cheap steps there is no time
+    left to try."""
     skipped: list[ActionKind] = []
     while ladder.step < len(LADDER):
         kind = LADDER[ladder.step]
+        if kind is ActionKind.GROW_LIMIT and not can_grow(spec, state, sample, resource):
+            ladder.step += 1
+            continue
         if kind is ActionKind.SWAP_FALLBACK and (
             not swaps_to_fallback(spec, sample) or state.pod_variant(sample.pod) == Variant.FALLBACK
         ):
@@ -620,7 +654,9 @@ def _memory_ladder(
             if not (guessed and no_time_to_wait(reading.seconds_to_limit, waited, spec)):
                 continue
         step_before = ladder.step
-        kind, skipped = _ladder_step(state, sample, ladder, spec, now, reading.seconds_to_limit)
+        kind, skipped = _ladder_step(
+            state, sample, ladder, spec, now, reading.seconds_to_limit, reading.resource
+        )
         if kind is None or not _may_act(rollout, pod, kind):
             ladder.step = step_before  # waits for its turn: the next tick decides afresh
             continue
@@ -632,7 +668,12 @@ def _memory_ladder(
         if kind is ActionKind.RESTART:
             state.last_restart_at = now
         reason = reading.reason + _time_note(reading.seconds_to_limit, skipped)
-        actions.append(Action(_next_id(state, kind), kind, pod, reason, now, variant))
+        grow_to = grown_limit_bytes(spec, state) if kind is ActionKind.GROW_LIMIT else None
+        actions.append(
+            Action(
+                _next_id(state, kind), kind, pod, reason, now, variant, memory_limit_bytes=grow_to
+            )
+        )
         ladder.acted_step = ladder.step
         ladder.step += 1
         ladder.last_action_at = now

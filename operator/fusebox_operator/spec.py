@@ -181,6 +181,12 @@ class MemorySpec:
     limit_bytes: int | None = None  # None = "auto"
     headroom_ratio: float = 1.25
     allow_swap: bool = False
+    max_growth_ratio: float = 1.0  # the grow-limit rung's cap over the sized limit; 1 = off
+
+    @property
+    def grows_in_place(self) -> bool:
+        """Whether the ladder may grow the limit in place (a swapping container cannot)."""
+        return self.max_growth_ratio > 1 and not self.allow_swap
 
 
 @dataclass(frozen=True)
@@ -431,7 +437,9 @@ def _parse_memory(raw: Mapping[str, Any]) -> MemorySpec:
     limit_bytes = None if limit in (None, "auto") else parse_quantity_bytes(str(limit))
     headroom = _number(raw, "headroomRatio", 1.25, "memory")
     _in_range(headroom, 1.0, 4.0, "memory.headroomRatio")
-    return MemorySpec(limit_bytes, headroom, bool(raw.get("allowSwap", False)))
+    growth = _number(raw, "maxGrowthRatio", 1.0, "memory")
+    _in_range(growth, 1.0, 4.0, "memory.maxGrowthRatio")
+    return MemorySpec(limit_bytes, headroom, bool(raw.get("allowSwap", False)), growth)
 
 
 def _parse_server(raw: Mapping[str, Any]) -> ServerSpec:

@@ -42,6 +42,7 @@ VOLATILE_SUMMARY_KEYS = ("gpuMemory", "rss", "timeToOOM")
 ACTION_EVENT_REASONS: dict[ActionKind, tuple[EventReason, ...]] = {
     ActionKind.GC: (EventReason.GARBAGE_COLLECTED,),
     ActionKind.EMPTY_CACHE: (EventReason.CACHE_EMPTIED,),
+    ActionKind.GROW_LIMIT: (EventReason.MEMORY_LIMIT_GROWN,),
     ActionKind.RELOAD: (EventReason.MODEL_UNLOADED, EventReason.MODEL_RELOADED),
     ActionKind.SWAP_FALLBACK: (EventReason.SWAPPED_TO_FALLBACK,),
     ActionKind.RESTORE_PRIMARY: (EventReason.RESTORED_PRIMARY,),

@@ -146,6 +146,7 @@ POLICY = "tests/unit/operator/test_policy.py"
 STATUS = "tests/unit/operator/test_status.py"
 TELEMETRY = "tests/unit/operator/test_telemetry_parse.py"
 AUTOSCALING = "tests/unit/operator/test_autoscaling.py"
+GROW = "tests/unit/operator/test_grow_limit.py"
 OTHER_SOURCE = {"source": "pvc://weights/chat-int8", "quantization": "none"}
 
 ROWS: dict[str, list[Proof]] = {
@@ -392,6 +393,10 @@ ROWS: dict[str, list[Proof]] = {
         ]
         for metric in ("ttft", "itl", "e2e")
     },
+    "memory.maxGrowthRatio": [
+        Operator(f"{GROW}::test_growth_comes_after_the_cheap_steps_and_before_a_reload"),
+        Operator(f"{GROW}::test_off_by_default_and_never_with_swap"),
+    ],
     "autoscaling.minReplicas": [
         Pod(
             {"replicas": 1, "autoscaling": {"minReplicas": 2, "maxReplicas": 3}},
