@@ -147,6 +147,7 @@ class ConditionType(enum.StrEnum):
     MEMORY_PRESSURE = "MemoryPressure"
     INVALID_SPEC = "InvalidSpec"
     SCALING_LIMITED = "ScalingLimited"  # autoscaling held back (pods Pending for GPUs)
+    GPU_HEALTHY = "GPUHealthy"  # every pod's GPUs are Healthy (only with gpu.count > 0)
 
 
 class EventReason(enum.StrEnum):
@@ -169,6 +170,7 @@ class EventReason(enum.StrEnum):
     RECOVERED = "Recovered"
     FALLBACK_UNAVAILABLE = "FallbackUnavailable"
     MEMORY_LIMIT_GROWN = "MemoryLimitGrown"  # the ladder's in-place resize of the server
+    GPU_UNHEALTHY = "GPUUnhealthy"  # a pod's GPU went Unhealthy: the pod is drained elsewhere
     SCALED_UP = "ScaledUp"
     SCALED_DOWN = "ScaledDown"
     SCALE_UP_BLOCKED = "ScaleUpBlocked"  # pods already Pending for lack of GPUs

@@ -150,7 +150,7 @@ class Actuator:
         server's recorded results instead of acting twice.
         """
         try:
-            if action.kind is ActionKind.RESTART:
+            if action.kind in (ActionKind.RESTART, ActionKind.DRAIN):
                 if self.kube is None:
                     return ActionResult("failed: no Kubernetes client to delete the pod")
                 gone = await self.kube.delete_pod(namespace, action.pod)

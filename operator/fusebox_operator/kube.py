@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
 
-from fusebox_contract.wiring import ADMIN_TOKEN_KEY
+from fusebox_contract.wiring import ADMIN_TOKEN_KEY, GPU_RESOURCE, DeviceHealth
 from fusebox_operator.manifests import (
     SERVER_CONTAINER,
     SIDECAR_CONTAINER,
@@ -53,6 +53,8 @@ class PodView:
     terminating: bool
     oom_killed: bool
     unschedulable: str = ""  # the scheduler's message while the pod cannot be placed
+    # The server's GPUs the kubelet reports Unhealthy (the device plugin's health).
+    unhealthy_gpus: tuple[str, ...] = ()
 
     @property
     def instance(self) -> str:
@@ -337,6 +339,21 @@ def _pod_view(pod: Any) -> PodView:
         terminating=pod.metadata.deletion_timestamp is not None,
         oom_killed=oom,
         unschedulable=unschedulable,
+        unhealthy_gpus=_unhealthy_gpus(server),
+    )
+
+
+def _unhealthy_gpus(server: Any) -> tuple[str, ...]:
+    """The GPU ids of the server container whose health the kubelet reports Unhealthy."""
+    reported = (server.allocated_resources_status or []) if server is not None else []
+    return tuple(
+        sorted(
+            health.resource_id
+            for status in reported
+            if status.name == GPU_RESOURCE
+            for health in status.resources or []
+            if health.health == DeviceHealth.UNHEALTHY
+        )
     )
 
 

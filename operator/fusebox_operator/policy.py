@@ -44,6 +44,7 @@ class ActionKind(enum.StrEnum):
     SWAP_FALLBACK = "swap_fallback"
     RESTORE_PRIMARY = "restore_primary"
     RESTART = "restart"  # delete the pod; the Deployment replaces it
+    DRAIN = "drain"  # delete a pod whose GPU went Unhealthy; its replacement gets a healthy one
 
 
 DISRUPTIVE: frozenset[ActionKind] = frozenset(
@@ -386,7 +387,7 @@ class PolicyState:
 
         True when it is done with (settled, or given up after MAX_ATTEMPTS).
         """
-        if settled and action.kind is ActionKind.RESTART:
+        if settled and action.kind in (ActionKind.RESTART, ActionKind.DRAIN):
             # The pod is gone: whatever was in flight on it died with it.
             for action_id in [i for i, a in self.in_flight.items() if a.pod == action.pod]:
                 del self.in_flight[action_id]
@@ -500,6 +501,11 @@ def read_resources(
             ResourceReading(resource, ratio, slope, triggered, reason, seconds_to_limit)
         )
     return readings
+
+
+def next_action_id(state: PolicyState, kind: ActionKind) -> str:
+    """A new idempotency id for an action decided outside `decide` (gpu_health)."""
+    return _next_id(state, kind)
 
 
 def _next_id(state: PolicyState, kind: ActionKind) -> str:

@@ -47,6 +47,7 @@ ACTION_EVENT_REASONS: dict[ActionKind, tuple[EventReason, ...]] = {
     ActionKind.SWAP_FALLBACK: (EventReason.SWAPPED_TO_FALLBACK,),
     ActionKind.RESTORE_PRIMARY: (EventReason.RESTORED_PRIMARY,),
     ActionKind.RESTART: (EventReason.POD_RESTARTED,),
+    ActionKind.DRAIN: (EventReason.GPU_UNHEALTHY,),
 }
 BREAKER_EVENT_REASONS: dict[BreakerState, EventReason] = {
     BreakerState.OPEN: EventReason.BREAKER_OPENED,
@@ -481,7 +482,7 @@ def transition_events(
         )
     for action, result in executed:
         for reason in ACTION_EVENT_REASONS[action.kind]:
-            kind = "Warning" if action.kind is ActionKind.RESTART else "Normal"
+            kind = "Warning" if action.kind in (ActionKind.RESTART, ActionKind.DRAIN) else "Normal"
             events.append(
                 EventRecord(
                     kind, reason, f"{action.pod}: {action.reason} -> {result} [{action.id}]"

@@ -31,6 +31,7 @@ from fusebox_operator.autoscaling import (
     decide_scale,
     pending_for_gpu,
 )
+from fusebox_operator.gpu_health import drain_actions, gpu_condition
 from fusebox_operator.kube import PodView, ready_count
 from fusebox_operator.policy import (
     DISRUPTIVE,
@@ -54,6 +55,7 @@ from fusebox_operator.status import (
 from fusebox_operator.telemetry import scrapable
 
 Scrape = Callable[[Sequence[PodView]], Awaitable[list[PodSample]]]
+POD_DELETING = frozenset({ActionKind.RESTART, ActionKind.DRAIN})  # the pod is gone after these
 Clock = Callable[[], float]
 
 
@@ -87,6 +89,7 @@ class TickMemory:
     # The autoscaler's recent recommendations (its stabilization windows); lost on a
     # restart, which only makes the next scale-down wait one window again.
     scale_history: tuple[Recommendation, ...] = ()
+    drained: set[str] = field(default_factory=set)  # pod UIDs drained off an Unhealthy GPU
 
 
 @dataclass(frozen=True)
@@ -243,6 +246,8 @@ async def run_tick(
 
     rollout = readiness(inputs.pods, samples, state, memory.applied, has_fallback)
     new_state, actions = decide(state, samples.values(), now, spec, rollout)
+    if spec.gpu.count > 0:
+        actions = [*actions, *drain_actions(inputs.pods, memory.drained, new_state, now)]
 
     # Actions whose outcome was unknown go again first, with their own ids.
     retries = [a for a in new_state.in_flight.values() if a.pod in by_name]
@@ -255,14 +260,12 @@ async def run_tick(
             executed.append((action, result.text))
 
     # Figures after an action are the ones a user wants to see at once.
-    acted = sorted(
-        {a.pod for a, _ in executed if a.kind is not ActionKind.RESTART and a.pod in by_name}
-    )
+    acted = sorted({a.pod for a, _ in executed if a.kind not in POD_DELETING and a.pod in by_name})
     if acted:
         for sample in await scrape([by_name[name] for name in acted]):
             samples[sample.pod] = sample
 
-    restarted = {a.pod for a, _ in executed if a.kind is ActionKind.RESTART}
+    restarted = {a.pod for a, _ in executed if a.kind in POD_DELETING}
     reachable = settable([p for p in targets if p.name not in restarted], samples)
     wanted = runtime_targets(new_state, spec, reachable, samples, memory.applied, rollout)
     await asyncio.gather(
@@ -295,6 +298,10 @@ async def run_tick(
         written_at,
         desired_pods=scale.replicas if scale else None,
     )
+    if spec.gpu.count > 0:
+        new_status["conditions"] = gpu_condition(
+            new_status.get("conditions") or [], inputs.pods, inputs.generation, written_at
+        )
     if scale is not None:
         events += scaling_events(inputs.status, scale)
         add_autoscaling_status(
