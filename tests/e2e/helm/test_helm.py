@@ -53,21 +53,37 @@ def helm(cluster: Any, *args: str, timeout: float = 300) -> subprocess.Completed
     return result
 
 
+CHART_CRD_NAMES = (
+    "inferenceservices.fusebox.dev",
+    "clusterkopfpeerings.kopf.dev",
+    "kopfpeerings.kopf.dev",
+    "podmonitors.monitoring.coreos.com",
+    "servicemonitors.monitoring.coreos.com",
+)
+
+
 @pytest.fixture(scope="module")
-def chart_crds(cluster: Any) -> None:
-    """The chart's CRDs (what `helm install` would create) and the monitoring stand-ins."""
+def chart_crds(cluster: Any) -> Iterator[None]:
+    """The chart's CRDs (what `helm install` would create) and the monitoring stand-ins;
+    afterwards the ones this module created are deleted (someone else's stay)."""
+    existing = {
+        name
+        for name in CHART_CRD_NAMES
+        if cluster.kubectl("get", "crd", name, check=False).returncode == 0
+    }
     for path in sorted((CHART / "crds").glob("*.yaml")):
         cluster.kubectl("apply", "-f", str(path))  # as the operator tests apply it
     for crd in MONITORING_CRDS:
-        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(crd))
-    for name in (
-        "inferenceservices.fusebox.dev",
-        "clusterkopfpeerings.kopf.dev",
-        "kopfpeerings.kopf.dev",
-        "podmonitors.monitoring.coreos.com",
-        "servicemonitors.monitoring.coreos.com",
-    ):
+        if crd["metadata"]["name"] not in existing:
+            cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(crd))
+    for name in CHART_CRD_NAMES:
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    try:
+        yield
+    finally:
+        for name in CHART_CRD_NAMES:
+            if name not in existing:
+                cluster.kubectl("delete", "crd", name, "--wait=true", "--timeout=60s", check=False)
 
 
 @pytest.fixture
