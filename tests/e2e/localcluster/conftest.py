@@ -2,7 +2,10 @@
 
 `kube` binds the session's cluster to the test's namespace; `testapp_pod`
 builds a pod that passes the `restricted` Pod Security Standard and runs
-localhost/fusebox/testapp (localcluster/images/testapp).
+localhost/fusebox/testapp (localcluster/images/testapp). `module_kube` is
+the same for a namespace that lives as long as the test module, for tests
+that share objects made once (restarts keep them; each policy check reuses
+the pods).
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ import copy
 import json
 import time
 import urllib.request
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -147,3 +151,44 @@ class Kube:
 @pytest.fixture
 def kube(cluster: Any, namespace: str) -> Kube:
     return Kube(cluster, namespace)
+
+
+def new_namespace(cluster: Any, stem: str) -> str:
+    """A fresh namespace enforcing `restricted`, ready for pods (its ServiceAccount exists)."""
+    name = f"e2e-{stem}-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl(
+        "label",
+        "namespace",
+        name,
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/warn=restricted",
+    )
+    cluster.kubectl("-n", name, "wait", "--for=create", "serviceaccount/default", "--timeout=60s")
+    return name
+
+
+@pytest.fixture(scope="module")
+def module_kube(cluster: Any, request: pytest.FixtureRequest) -> Iterator[Kube]:
+    stem = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace("_", "-")
+    name = new_namespace(cluster, stem[:30])
+    try:
+        yield Kube(cluster, name)
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def more_namespaces(cluster: Any) -> Iterator[Callable[[str], Kube]]:
+    """Make further namespaces (as Kube) on demand; all deleted when the module ends."""
+    made: list[str] = []
+
+    def make(stem: str) -> Kube:
+        made.append(new_namespace(cluster, stem))
+        return Kube(cluster, made[-1])
+
+    try:
+        yield make
+    finally:
+        for name in made:
+            cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
