@@ -53,6 +53,9 @@ class ActionResult:
 
     text: str
     settled: bool = True
+    # The server had already run this id (a previous operator sent it and died before
+    # recording it): the server replayed its result; the action happened once.
+    replayed: bool = False
 
 
 def describe_result(result: dict[str, Any]) -> str:
@@ -169,14 +172,15 @@ class Actuator:
                     pod, token, f"{action.id}-load", ActionType.LOAD, action.variant
                 )
                 merged = {**load, "memory_before": unload.get("memory_before")}
-                return ActionResult(describe_result(merged))
+                both = bool(unload.get("replayed")) and bool(load.get("replayed"))
+                return ActionResult(describe_result(merged), replayed=both)
             if action.kind in (ActionKind.SWAP_FALLBACK, ActionKind.RESTORE_PRIMARY):
                 result = await self._post_action(
                     pod, token, action.id, ActionType.SWAP, action.variant
                 )
-                return ActionResult(describe_result(result))
+                return ActionResult(describe_result(result), replayed=bool(result.get("replayed")))
             result = await self._post_action(pod, token, action.id, ActionType(action.kind.value))
-            return ActionResult(describe_result(result))
+            return ActionResult(describe_result(result), replayed=bool(result.get("replayed")))
         except AdminError as error:
             log.warning("action %s on %s: %s", action.id, action.pod, error)
             if not error.settled:

@@ -252,12 +252,19 @@ async def run_tick(
     # Actions whose outcome was unknown go again first, with their own ids.
     retries = [a for a in new_state.in_flight.values() if a.pod in by_name]
     executed: list[tuple[Action, str]] = []
+    # Fresh decisions the server had already run under the same id: an operator that
+    # died after acting and posting its event, before its status was written,
+    # decided it first. The server replayed; the event is not posted twice.
+    replayed: set[str] = set()
+    retried = {a.id for a in retries}
     for action in [*retries, *actions]:
         result = await actuator.execute(
             inputs.namespace, by_name.get(action.pod), inputs.token, action
         )
         if new_state.settle(action, result.settled):
             executed.append((action, result.text))
+            if result.replayed and action.id not in retried:
+                replayed.add(action.id)
 
     # Figures after an action are the ones a user wants to see at once.
     acted = sorted({a.pod for a, _ in executed if a.kind not in POD_DELETING and a.pod in by_name})
@@ -283,7 +290,8 @@ async def run_tick(
 
     # "The service swaps to the fallback" only when some pod can.
     some_pod_swaps = not samples or any(not sample.cannot_swap for sample in samples.values())
-    events = transition_events(state, new_state, executed, has_fallback and some_pod_swaps)
+    told = [(action, text) for action, text in executed if action.id not in replayed]
+    events = transition_events(state, new_state, told, has_fallback and some_pod_swaps)
     scale = autoscale(spec, inputs.status, inputs.pods, samples, memory, now)
     written_at = clock()
     sample_list = sorted(samples.values(), key=lambda s: s.pod)
