@@ -100,7 +100,8 @@ fi
 # 4. Every other localcluster/images/<dir>/Dockerfile (e.g. the e2e test app).
 for dockerfile in "$here"/images/*/Dockerfile; do
   dir=$(basename "$(dirname "$dockerfile")")
-  case $dir in base | pause | coredns) continue ;; esac
+  # prometheus*: staged with their binaries by the monitoring section below.
+  case $dir in base | pause | coredns | prometheus*) continue ;; esac
   timed "localhost/fusebox/$dir:latest" build "localhost/fusebox/$dir:latest" "$(dirname "$dockerfile")"
 done
 
@@ -111,6 +112,20 @@ if [ -f "$root/inference_image/Dockerfile" ]; then
 else
   echo "images: skipping localhost/fusebox/inference:dev: inference_image/Dockerfile does not exist yet" >&2
 fi
+
+# --- Monitoring addon (python -m localcluster monitoring) -------------------
+# Prometheus, the Prometheus Operator and its config reloader, each an image
+# of the binary build-binaries.sh made (.cache/monitoring) on the base.
+for binary in prometheus prometheus-operator prometheus-config-reloader; do
+  if [ -x "$root/.cache/monitoring/$binary" ]; then
+    context=$(stage "$here/images/$binary")
+    install_if_changed "$root/.cache/monitoring/$binary" "$context/$binary"
+    timed "localhost/fusebox/$binary:latest" build "localhost/fusebox/$binary:latest" "$context"
+  else
+    echo "images: skipping localhost/fusebox/$binary:latest: .cache/monitoring/$binary is missing (run \`make setup-binaries\`)" >&2
+  fi
+done
+# --- end of the monitoring addon -------------------------------------------
 
 # Old versions of rebuilt images are now untagged; drop them (the layer
 # cache of the current ones stays).
