@@ -33,6 +33,7 @@ import yaml
 from fusebox_contract.wiring import Port
 
 from ..conftest import Cluster, pod_port_forwards
+from ..monitoring import monitoring_installed, prometheus  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parents[3]
 CRD = REPO / "crds" / "inferenceservice.yaml"
