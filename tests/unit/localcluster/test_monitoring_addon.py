@@ -126,3 +126,9 @@ def test_available_only_when_the_operator_says_so() -> None:
     assert monitoring_addon.prometheus_available(available)
     assert not monitoring_addon.prometheus_available(degraded)
     assert not monitoring_addon.prometheus_available({})
+
+
+def test_the_addon_is_a_localcluster_command() -> None:
+    from localcluster import cli
+
+    assert cli._parser().parse_args(["monitoring"]).command == "monitoring"
