@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -400,6 +401,8 @@ def restart(config: ClusterConfig, components: Sequence[str], *, report: Reporte
         if proc is not None and processes.is_alive(proc):
             report.say(f"stopping {component}")
             processes.stop(proc, grace_seconds=STOP_GRACE_SECONDS.get(component, 5.0))
+        if component == "containerd":
+            _remove_dead_shims_sockets(layout)
         report.say(f"starting {component}")
         _launch(config, layout, component)
         _wait_serving(config, component)
@@ -418,6 +421,33 @@ def restart(config: ClusterConfig, components: Sequence[str], *, report: Reporte
         )
     if daemons:
         report.say(f"restarted {', '.join(daemons)}")
+
+
+def _remove_dead_shims_sockets(layout: Layout) -> None:
+    """Remove the sockets of the tasks' shims that died (SIGKILLed with the cluster).
+
+    containerd, started again, drops such a task but leaves its shim's socket
+    in /run/containerd/s, where `down` (which finds sockets through the
+    tasks) can no longer see it. A socket nobody listens on is a dead shim's.
+    """
+    for bundle in containerd.task_bundles(layout):
+        try:
+            address = (bundle / "address").read_text().strip()
+        except OSError:
+            continue
+        path = Path(address.removeprefix("unix://"))
+        if path.is_socket() and not _listening(path):
+            path.unlink(missing_ok=True)
+
+
+def _listening(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def _wait_serving(config: ClusterConfig, component: str) -> None:
