@@ -2,8 +2,8 @@
 
 A second, small cluster with its own name, namespace, links and subnets is
 started beside the session's one and runs a pod; its daemons and shims are
-then SIGKILLed (what a killed session leaves), `up` must clean the wreck and
-start again, and after `down` no process, mount, network namespace, link,
+then SIGKILLed (what a killed session leaves), `up` must restart them over the
+kept state (dead shims' sockets removed), and after `down` no process, mount, network namespace, link,
 route, firewall rule, cgroup or kernel setting of either run may remain.
 Comparing with a snapshot taken before the first `up` catches what a list
 of known leftovers would miss.
@@ -205,7 +205,7 @@ def test_killed_cluster_recovers_on_up_and_down_leaves_nothing_behind(cluster: A
         _start_pod(kubectl)
         _kill_everything_without_down()
         assert _localcluster("status").returncode != 0
-        # `up` over the wreck: cleans it, then starts a working cluster.
+        # `up` over the wreck: restarts every daemon, keeping the state.
         restarted = _localcluster("up", *UP_FLAGS)
         assert restarted.returncode == 0, restarted.stderr[-3000:]
         assert _localcluster("status").returncode == 0
