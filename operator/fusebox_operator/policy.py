@@ -461,6 +461,14 @@ class ResourceReading:
     triggered: bool
     reason: str
     seconds_to_limit: float | None = None  # at the fitted growth; None when not growing
+    over: bool = False  # above the ratio threshold, growing or not
+
+    @property
+    def judgeable(self) -> bool:
+        """Whether "not triggered" means anything: back under the ratio, or a trend
+        measured. Above the ratio with no trend yet (a restarted operator has no
+        history) is neither a cure nor calm."""
+        return not self.over or self.slope_mib_per_minute is not None
 
 
 def read_resources(
@@ -498,7 +506,7 @@ def read_resources(
         reason = f"{label} {_mib(value)} = {ratio:.0%} {of_what}{trend}"
         seconds_to_limit = time_to_limit_seconds(points, limit)
         readings.append(
-            ResourceReading(resource, ratio, slope, triggered, reason, seconds_to_limit)
+            ResourceReading(resource, ratio, slope, triggered, reason, seconds_to_limit, over)
         )
     return readings
 
@@ -639,7 +647,7 @@ def _memory_ladder(
         key = f"{pod}/{reading.resource}"
         ladder = state.ladders.get(key)
         if not reading.triggered:
-            if ladder is not None:
+            if ladder is not None and reading.judgeable:
                 if ladder.acted_step is not None:
                     # Back under after that rung: it cured; a return of the leak repeats it.
                     ladder.step, ladder.acted_step = ladder.acted_step, None

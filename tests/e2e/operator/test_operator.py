@@ -555,7 +555,9 @@ def test_operator_restart_resumes_without_repeating_and_delete_cascades(
         )
     reasons = ladder_reasons(service)
     before_reload = reasons[: reasons.index("ModelReloaded") + 1]
-    assert before_reload == list(LADDER_EVENTS), reasons
+    assert before_reload == list(LADDER_EVENTS), [
+        (e["reason"], e["message"]) for e in service.events() if e["reason"] in LADDER_EVENTS
+    ]
     # The replacement pod did the rest: its log names this service's handlers.
     assert replacement in operator.logs(), operator.logs()
     ids = [a["id"] for a in service.status()["recentActions"]]

@@ -827,3 +827,12 @@ def test_half_open_admits_admit_percent() -> None:
     assert admit_percent(half, SPEC) == SPEC.breaker.half_open.admit_percent == 10
     assert admit_percent(PolicyState("svc", breaker=BreakerState.OPEN), SPEC) == 0
     assert admit_percent(PolicyState("svc"), SPEC) == 100
+
+
+def test_a_restarted_operator_without_a_trend_does_not_take_the_last_rung_for_a_cure() -> None:
+    # gc was the last rung (status says so); the new operator has no samples yet, so
+    # "not triggered" above the ratio means "no trend yet", not "gc cured it".
+    state = PolicyState("svc")
+    state.ladders["p/rss"] = Ladder(step=1, last_action_at=T0 - COOLDOWN, acted_step=0)
+    state, actions = run(state, leak_steps(60, 0.80 * 4096, 600))
+    assert [a.kind for a in actions][:1] == [ActionKind.EMPTY_CACHE]
