@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from .conftest import eventually
+
 # Run in a pod: ask a URL `times` times, `pause` s apart; print which pods answered.
 ASK_REPEATEDLY = """
 import json, sys, time, urllib.request
@@ -46,6 +48,14 @@ def _deployment(kube: Any, name: str, replicas: int) -> dict[str, Any]:
     }
 
 
+def answers_once(kube: Any, url: str) -> bool:
+    try:
+        kube.http_get_json(url)
+    except OSError:
+        return False
+    return True
+
+
 def test_deployment_pods_and_service_answer_by_ip_clusterip_and_dns(
     cluster: Any, kube: Any
 ) -> None:
@@ -62,6 +72,13 @@ def test_deployment_pods_and_service_answer_by_ip_clusterip_and_dns(
         for name, ip in ips.items():
             assert kube.http_get_json(f"http://{ip}:8080/")["pod"] == name
         cluster_ip = kube.get("service", "web")["spec"]["clusterIP"]
+        # kube-proxy programs a new Service on its next sync, not at once:
+        # until then the ClusterIP refuses. Wait for the first answer.
+        eventually(
+            lambda: answers_once(kube, f"http://{cluster_ip}/"),
+            timeout_seconds=60,
+            what=f"the ClusterIP {cluster_ip} to answer",
+        )
         seen = {kube.http_get_json(f"http://{cluster_ip}/")["pod"] for _ in range(30)}
         assert seen == set(ips)
 

@@ -303,7 +303,12 @@ def test_the_tiny_chat_example_is_accepted_with_defaults(
     )
     spec = json.loads(result.stdout)["spec"]
     assert spec["breaker"]["halfOpen"]["admitPercent"] == 5
-    assert spec["memory"] == {"limit": "auto", "headroomRatio": 1.25, "allowSwap": False}
+    assert spec["memory"] == {
+        "limit": "auto",
+        "headroomRatio": 1.25,
+        "allowSwap": False,
+        "maxGrowthRatio": 1,
+    }
 
 
 def test_explicit_limit_below_vram_is_reported_and_nothing_is_deployed(
