@@ -58,7 +58,11 @@ def test_half_open_admits_the_configured_share(clean_server: ServerProcess) -> N
     admitted = statuses.count(200)
     assert set(statuses) <= {200, 503}
     assert 24 <= admitted <= 56  # 20% +- 8% of 200
-    assert clean_server.stats()["state"]["breaker"] == "half_open"
+    # The stats file is rewritten once a second: wait for the write after the PUT.
+    clean_server.wait_for(
+        lambda: clean_server.stats()["state"]["breaker"] == "half_open",
+        what="the stats file to say half_open",
+    )
     clean_server.admin.put("/admin/v1/breaker", json={"state": "closed"}).raise_for_status()
     assert all(clean_server.chat("hi", max_tokens=1).status_code == 200 for _ in range(10))
 
