@@ -3,8 +3,9 @@
 A second, small cluster with its own name, namespace, links and subnets is
 started beside the session's one and runs a pod; its daemons and shims are
 then SIGKILLed (what a killed session leaves), `up` must restart them over the
-kept state (dead shims' sockets removed), and after `down` no process, mount, network namespace, link,
-route, firewall rule, cgroup or kernel setting of either run may remain.
+kept state (dead shims' sockets removed), and after `down` no process, mount,
+network namespace, link, route, firewall rule, cgroup or kernel setting of
+either run may remain.
 Comparing with a snapshot taken before the first `up` catches what a list
 of known leftovers would miss.
 """
