@@ -58,6 +58,7 @@ class DeviceHealth(enum.StrEnum):
     HEALTHY = "Healthy"
     UNHEALTHY = "Unhealthy"
 
+
 # Where Prometheus runs: the namespace the inference pods' NetworkPolicy admits
 # on the metrics port (the operator's default FUSEBOX_MONITORING_NAMESPACE, the
 # chart's monitoring.scrapeNamespace) and localcluster's monitoring addon uses.
