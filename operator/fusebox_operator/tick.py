@@ -172,6 +172,15 @@ def readiness(
     )
 
 
+def unable_to_swap(samples: Mapping[str, PodSample], state: PolicyState) -> set[str]:
+    """Pods that cannot swap to the fallback: by this tick's report where a pod gave one,
+    else by the last report the state remembers. A failed scrape says nothing, so it
+    does not make a pod that could not swap able again."""
+    reported = {n for n, s in samples.items() if s.ok and s.fallback_available is not None}
+    said_unable = {name for name in reported if samples[name].cannot_swap}
+    return said_unable | (set(state.fallback_unavailable) - reported)
+
+
 def runtime_targets(
     state: PolicyState,
     spec: InferenceServiceSpec,
@@ -182,7 +191,7 @@ def runtime_targets(
 ) -> dict[str, RuntimeTarget]:
     """Breaker and admit share for every pod at once; the level as the rollout allows."""
     current = {pod.name: pod_level(pod, samples.get(pod.name), applied) for pod in pods}
-    cannot_swap = {name for name, sample in samples.items() if sample.cannot_swap}
+    cannot_swap = unable_to_swap(samples, state)
     levels = pod_levels(state.level, current, spec.fallback is not None, rollout, cannot_swap)
     admit = admit_percent(state, spec)
     return {pod.name: (state.breaker, admit, levels[pod.name]) for pod in pods}
@@ -289,7 +298,8 @@ async def run_tick(
         del memory.applied[instance]  # pods and container runs that are gone
 
     # "The service swaps to the fallback" only when some pod can.
-    some_pod_swaps = not samples or any(not sample.cannot_swap for sample in samples.values())
+    listed = {pod.name for pod in inputs.pods}
+    some_pod_swaps = not listed or bool(listed - unable_to_swap(samples, new_state))
     told = [(action, text) for action, text in executed if action.id not in replayed]
     events = transition_events(state, new_state, told, has_fallback and some_pod_swaps)
     scale = autoscale(spec, inputs.status, inputs.pods, samples, memory, now)

@@ -10,7 +10,14 @@ from fusebox_operator.kube import PodView
 from fusebox_operator.policy import PodSample, PolicyState
 from fusebox_operator.spec import InferenceServiceSpec, parse_spec
 from fusebox_operator.telemetry import scrapable
-from fusebox_operator.tick import converging, pod_level, readiness, runtime_targets, settable
+from fusebox_operator.tick import (
+    converging,
+    pod_level,
+    readiness,
+    runtime_targets,
+    settable,
+    unable_to_swap,
+)
 
 T0 = 1_800_000_000.0
 MODEL = {"name": "chat", "source": "pvc://models/tiny"}
@@ -86,6 +93,26 @@ def test_a_pod_that_cannot_load_the_fallback_never_holds_up_the_rollout() -> Non
     # A pod that can swap still converges to the fallback before the next may go.
     able = report("a", 2, Variant.PRIMARY, fallback_available=True)
     assert converging(pods[0], able, state, applied, has_fallback=True)
+
+
+def test_a_failed_scrape_does_not_make_a_pod_that_could_not_swap_able_again() -> None:
+    state = PolicyState("svc", level=2, fallback_unavailable={"a": "int4 needs CUDA"})
+    failed = PodSample("a", T0, ok=False, error="timeout")
+    refused = report("b", 1, Variant.PRIMARY, fallback_available=False)
+    # a's scrape failed this tick: the state's memory of it stands, b says so itself.
+    assert unable_to_swap({"a": failed, "b": refused}, state) == {"a", "b"}
+    assert unable_to_swap({}, state) == {"a"}
+    # Neither pod can swap, so neither waits for the other.
+    assert targets(state, WITH_FALLBACK, [pod("a"), pod("b")], [failed, refused]) == {
+        "a": 2,
+        "b": 2,
+    }
+    # A report that the pod can swap now overrides the memory.
+    able = report("a", 1, Variant.PRIMARY, fallback_available=True)
+    assert unable_to_swap({"a": able, "b": refused}, state) == {"b"}
+    # A report that does not say (an older sidecar) leaves the memory as it was.
+    silent = report("a", 1, Variant.PRIMARY)
+    assert unable_to_swap({"a": silent}, state) == {"a"}
 
 
 def test_without_a_fallback_every_level_goes_to_every_pod_at_once() -> None:
