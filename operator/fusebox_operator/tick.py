@@ -181,6 +181,18 @@ def unable_to_swap(samples: Mapping[str, PodSample], state: PolicyState) -> set[
     return said_unable | (set(state.fallback_unavailable) - reported)
 
 
+def service_swaps(samples: Mapping[str, PodSample], state: PolicyState) -> bool:
+    """Whether "the service swaps to the fallback" is true of this service.
+
+    Its pods share one template and one kind of device, so a pod known unable
+    speaks for a pod not heard from (a failed scrape, a stale report): the
+    service swaps when some pod said it can, or when no pod is known unable
+    (an older sidecar that never says counts as able).
+    """
+    said_able = any(s.ok and s.fallback_available is True for s in samples.values())
+    return said_able or not unable_to_swap(samples, state)
+
+
 def runtime_targets(
     state: PolicyState,
     spec: InferenceServiceSpec,
@@ -298,8 +310,7 @@ async def run_tick(
         del memory.applied[instance]  # pods and container runs that are gone
 
     # "The service swaps to the fallback" only when some pod can.
-    listed = {pod.name for pod in inputs.pods}
-    some_pod_swaps = not listed or bool(listed - unable_to_swap(samples, new_state))
+    some_pod_swaps = service_swaps(samples, new_state)
     told = [(action, text) for action, text in executed if action.id not in replayed]
     events = transition_events(state, new_state, told, has_fallback and some_pod_swaps)
     scale = autoscale(spec, inputs.status, inputs.pods, samples, memory, now)

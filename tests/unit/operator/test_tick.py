@@ -15,6 +15,7 @@ from fusebox_operator.tick import (
     pod_level,
     readiness,
     runtime_targets,
+    service_swaps,
     settable,
     unable_to_swap,
 )
@@ -113,6 +114,23 @@ def test_a_failed_scrape_does_not_make_a_pod_that_could_not_swap_able_again() ->
     # A report that does not say (an older sidecar) leaves the memory as it was.
     silent = report("a", 1, Variant.PRIMARY)
     assert unable_to_swap({"a": silent}, state) == {"a"}
+
+
+def test_the_service_swaps_unless_a_pod_is_known_unable_and_none_said_it_can() -> None:
+    knows_a = PolicyState("svc", fallback_unavailable={"a": "int4 needs CUDA"})
+    unheard = PodSample("b", T0, ok=False, error="timeout")
+    refused = report("a", 1, Variant.PRIMARY, fallback_available=False)
+    able = report("b", 1, Variant.PRIMARY, fallback_available=True)
+    silent = report("b", 1, Variant.PRIMARY)  # an older sidecar: says nothing either way
+    # a is known unable; b was not heard from, or said nothing: b is on the same device.
+    assert not service_swaps({"a": refused, "b": unheard}, knows_a)
+    assert not service_swaps({"b": unheard}, knows_a)
+    assert not service_swaps({"b": silent}, knows_a)
+    # b said it can: the service swaps (b will).
+    assert service_swaps({"a": refused, "b": able}, knows_a)
+    # Nothing known against swapping: as before pods could say so.
+    assert service_swaps({"b": silent}, PolicyState("svc"))
+    assert service_swaps({}, PolicyState("svc"))
 
 
 def test_without_a_fallback_every_level_goes_to_every_pod_at_once() -> None:
