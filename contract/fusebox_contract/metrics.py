@@ -67,6 +67,11 @@ class Metric(enum.StrEnum):
     PROMPT_TOKENS = "fusebox_prompt_tokens"  # counter
     SERVER_START_TIME_SECONDS = "fusebox_server_start_time_seconds"  # Unix time
     GENERATION_TOKENS = "fusebox_generation_tokens"  # counter
+    # The node's memory as the pod sees it (/proc/meminfo, /proc/pressure/memory):
+    # another tenant's growth, which no per-pod figure shows.
+    NODE_MEMORY_AVAILABLE_BYTES = "fusebox_node_memory_available_bytes"
+    NODE_MEMORY_TOTAL_BYTES = "fusebox_node_memory_total_bytes"
+    NODE_MEMORY_PRESSURE_RATIO = "fusebox_node_memory_pressure_ratio"  # {stalled}, avg10
 
     @property
     def is_counter(self) -> bool:
@@ -119,6 +124,14 @@ _HISTOGRAMS = frozenset(
 )
 
 BUCKET_LABEL: Final = "le"  # Prometheus' own name for a bucket's upper bound
+STALL_LABEL: Final = "stall"  # NODE_MEMORY_PRESSURE_RATIO's label: a MemoryStall value
+
+
+class MemoryStall(enum.StrEnum):
+    """The two lines of the kernel's memory pressure (PSI, /proc/pressure/memory)."""
+
+    SOME = "some"  # share of time at least one task waited for memory
+    FULL = "full"  # share of time every non-idle task waited for memory at once
 
 
 class LatencyHistogram(enum.StrEnum):

@@ -148,6 +148,7 @@ class ConditionType(enum.StrEnum):
     INVALID_SPEC = "InvalidSpec"
     SCALING_LIMITED = "ScalingLimited"  # autoscaling held back (pods Pending for GPUs)
     GPU_HEALTHY = "GPUHealthy"  # every pod's GPUs are Healthy (only with gpu.count > 0)
+    NODE_MEMORY_PRESSURE = "NodeMemoryPressure"  # a pod's node is below its available floor
 
 
 class EventReason(enum.StrEnum):
@@ -174,3 +175,5 @@ class EventReason(enum.StrEnum):
     SCALED_UP = "ScaledUp"
     SCALED_DOWN = "ScaledDown"
     SCALE_UP_BLOCKED = "ScaleUpBlocked"  # pods already Pending for lack of GPUs
+    NODE_MEMORY_PRESSURE = "NodeMemoryPressure"  # a node fell below the available floor
+    NODE_MEMORY_RECOVERED = "NodeMemoryRecovered"  # and came back above it

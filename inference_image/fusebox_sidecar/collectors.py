@@ -26,9 +26,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.core import Metric as Family
 from prometheus_client.registry import Collector
 
-from fusebox_contract.metrics import LatencyHistogram, Metric
+from fusebox_contract.metrics import STALL_LABEL, LatencyHistogram, Metric
 from fusebox_contract.names import Variant
 from fusebox_contract.stats import StatsDocument, StatsReading
+from fusebox_sidecar.node_memory import NodeMemory
 from fusebox_sidecar.nvml import GpuReading
 from fusebox_sidecar.readings import ProcOutcome, ProcReading
 
@@ -51,6 +52,7 @@ class Observation:
     last_written_at: float | None
     proc: ProcReading
     gpu: GpuReading
+    node: NodeMemory = NodeMemory()
 
 
 def _gauge(metric: Metric, documentation: str, value: float | None) -> Iterator[Family]:
@@ -420,6 +422,25 @@ def measured_families(proc: ProcReading, gpu: GpuReading) -> Iterator[Family]:
     )
 
 
+def node_memory_families(node: NodeMemory) -> Iterator[Family]:
+    """The node's memory as every pod on it sees it: what another tenant's growth moves."""
+    yield from _gauge(
+        Metric.NODE_MEMORY_AVAILABLE_BYTES,
+        "MemAvailable of the node (/proc/meminfo): what can be allocated without swapping",
+        node.available_bytes,
+    )
+    yield from _gauge(
+        Metric.NODE_MEMORY_TOTAL_BYTES, "MemTotal of the node (/proc/meminfo)", node.total_bytes
+    )
+    yield from _labelled_gauge(
+        Metric.NODE_MEMORY_PRESSURE_RATIO,
+        "Share of the last 10 s in which some (or all non-idle) tasks on the node stalled "
+        "waiting for memory (PSI avg10, /proc/pressure/memory)",
+        STALL_LABEL,
+        {stall.value: share for stall, share in node.pressure},
+    )
+
+
 def build_families(observation: Observation) -> list[Family]:
     """All families for one scrape."""
     document = observation.stats.document
@@ -429,6 +450,7 @@ def build_families(observation: Observation) -> list[Family]:
         *process_families(observation.proc, document),
         *gpu_families(observation.gpu, document),
         *measured_families(observation.proc, observation.gpu),
+        *node_memory_families(observation.node),
     ]
 
 

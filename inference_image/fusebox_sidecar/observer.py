@@ -25,6 +25,7 @@ from typing import Final
 
 from fusebox_contract.stats import StatsReading, parse
 from fusebox_sidecar.collectors import Observation
+from fusebox_sidecar.node_memory import read_node_memory
 from fusebox_sidecar.nvml import GpuAccess, GpuReading, NvmlReader
 from fusebox_sidecar.readings import ProcOutcome, ProcReading, parse_proc_status
 
@@ -111,7 +112,8 @@ class ServerObserver:
             proc = read_proc(self._proc_root, self._last_pid, self._own_pid)
             gpu = self._nvml.read(self._last_pid)
             self._report(stats, proc, gpu)
-            return Observation(now_seconds, stats, self._last_written_at, proc, gpu)
+            node = read_node_memory(self._proc_root)
+            return Observation(now_seconds, stats, self._last_written_at, proc, gpu, node)
 
     def _report(self, stats: StatsReading, proc: ProcReading, gpu: GpuReading) -> None:
         stats_problem = "; ".join(stats.problems) or None
