@@ -55,6 +55,7 @@ class PodView:
     unschedulable: str = ""  # the scheduler's message while the pod cannot be placed
     # The server's GPUs the kubelet reports Unhealthy (the device plugin's health).
     unhealthy_gpus: tuple[str, ...] = ()
+    node: str = ""  # the node it runs on ("" while unscheduled)
 
     @property
     def instance(self) -> str:
@@ -340,6 +341,7 @@ def _pod_view(pod: Any) -> PodView:
         oom_killed=oom,
         unschedulable=unschedulable,
         unhealthy_gpus=_unhealthy_gpus(server),
+        node=(pod.spec.node_name if pod.spec else None) or "",
     )
 
 

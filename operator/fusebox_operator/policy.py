@@ -161,6 +161,12 @@ class PodSample:
     # device cannot serve its quantization); None: not reported.
     fallback_available: bool | None = None
     fallback_unavailable_reason: str | None = None  # the server's words, when it gave them
+    # The node's memory as the pod sees it (node_pressure): MemAvailable, MemTotal and
+    # the share of the last 10 s with some / all tasks stalled on memory (PSI).
+    node_available_bytes: float | None = None
+    node_total_bytes: float | None = None
+    node_pressure_some: float | None = None
+    node_pressure_full: float | None = None
     error: str = ""
 
     @property

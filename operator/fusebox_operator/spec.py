@@ -182,6 +182,8 @@ class MemorySpec:
     headroom_ratio: float = 1.25
     allow_swap: bool = False
     max_growth_ratio: float = 1.0  # the grow-limit rung's cap over the sized limit; 1 = off
+    # Node MemAvailable below which the pods shed caches (node_pressure); None = auto.
+    node_available_floor_bytes: int | None = None
 
     @property
     def grows_in_place(self) -> bool:
@@ -439,7 +441,10 @@ def _parse_memory(raw: Mapping[str, Any]) -> MemorySpec:
     _in_range(headroom, 1.0, 4.0, "memory.headroomRatio")
     growth = _number(raw, "maxGrowthRatio", 1.0, "memory")
     _in_range(growth, 1.0, 4.0, "memory.maxGrowthRatio")
-    return MemorySpec(limit_bytes, headroom, bool(raw.get("allowSwap", False)), growth)
+    floor = raw.get("nodeAvailableFloor", "auto")
+    floor_bytes = None if floor in (None, "auto") else parse_quantity_bytes(str(floor))
+    allow_swap = bool(raw.get("allowSwap", False))
+    return MemorySpec(limit_bytes, headroom, allow_swap, growth, floor_bytes)
 
 
 def _parse_server(raw: Mapping[str, Any]) -> ServerSpec:

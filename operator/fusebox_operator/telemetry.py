@@ -19,7 +19,13 @@ from collections.abc import Iterable, Sequence
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from fusebox_contract.metrics import BUCKET_LABEL, LatencyHistogram, Metric
+from fusebox_contract.metrics import (
+    BUCKET_LABEL,
+    STALL_LABEL,
+    LatencyHistogram,
+    MemoryStall,
+    Metric,
+)
 from fusebox_contract.names import (
     BreakerState,
     HeartbeatThread,
@@ -157,7 +163,20 @@ def sample_from_metrics(pod: str, samples: Samples, sampled_at: float, metric: s
         fallback_configured=_flag(_one(samples, Metric.FALLBACK_CONFIGURED)),
         fallback_available=_flag(_one(samples, Metric.FALLBACK_AVAILABLE)),
         fallback_unavailable_reason=_label(samples, Metric.FALLBACK_UNAVAILABLE_INFO, "reason"),
+        node_available_bytes=_one(samples, Metric.NODE_MEMORY_AVAILABLE_BYTES),
+        node_total_bytes=_one(samples, Metric.NODE_MEMORY_TOTAL_BYTES),
+        node_pressure_some=_one(
+            samples, Metric.NODE_MEMORY_PRESSURE_RATIO, **_stall(MemoryStall.SOME)
+        ),
+        node_pressure_full=_one(
+            samples, Metric.NODE_MEMORY_PRESSURE_RATIO, **_stall(MemoryStall.FULL)
+        ),
     )
+
+
+def _stall(kind: MemoryStall) -> dict[str, str]:
+    """The label match of one PSI line of NODE_MEMORY_PRESSURE_RATIO."""
+    return {STALL_LABEL: kind.value}
 
 
 def scrapable(pods: Iterable[PodView]) -> list[PodView]:

@@ -33,6 +33,7 @@ from fusebox_operator.autoscaling import (
 )
 from fusebox_operator.gpu_health import drain_actions, gpu_condition
 from fusebox_operator.kube import PodView, ready_count
+from fusebox_operator.node_pressure import NodePressure, node_condition, relieve_nodes
 from fusebox_operator.policy import (
     DISRUPTIVE,
     Action,
@@ -90,6 +91,7 @@ class TickMemory:
     # restart, which only makes the next scale-down wait one window again.
     scale_history: tuple[Recommendation, ...] = ()
     drained: set[str] = field(default_factory=set)  # pod UIDs drained off an Unhealthy GPU
+    node_pressure: NodePressure = field(default_factory=NodePressure)  # nodes below the floor
 
 
 @dataclass(frozen=True)
@@ -269,6 +271,12 @@ async def run_tick(
     new_state, actions = decide(state, samples.values(), now, spec, rollout)
     if spec.gpu.count > 0:
         actions = [*actions, *drain_actions(inputs.pods, memory.drained, new_state, now)]
+    # Another tenant eating the node: shed caches on pods that have nothing else to do.
+    busy = new_state.busy_pods() | {action.pod for action in actions}
+    relief, node_events = relieve_nodes(
+        inputs.pods, samples, memory.node_pressure, new_state, spec, now, busy
+    )
+    actions = [*actions, *relief]
 
     # Actions whose outcome was unknown go again first, with their own ids.
     retries = [a for a in new_state.in_flight.values() if a.pod in by_name]
@@ -312,7 +320,9 @@ async def run_tick(
     # "The service swaps to the fallback" only when some pod can.
     some_pod_swaps = service_swaps(samples, new_state)
     told = [(action, text) for action, text in executed if action.id not in replayed]
-    events = transition_events(state, new_state, told, has_fallback and some_pod_swaps)
+    events = node_events + transition_events(
+        state, new_state, told, has_fallback and some_pod_swaps
+    )
     scale = autoscale(spec, inputs.status, inputs.pods, samples, memory, now)
     written_at = clock()
     sample_list = sorted(samples.values(), key=lambda s: s.pod)
@@ -331,6 +341,9 @@ async def run_tick(
         new_status["conditions"] = gpu_condition(
             new_status.get("conditions") or [], inputs.pods, inputs.generation, written_at
         )
+    new_status["conditions"] = node_condition(
+        new_status.get("conditions") or [], memory.node_pressure, inputs.generation, written_at
+    )
     if scale is not None:
         events += scaling_events(inputs.status, scale)
         add_autoscaling_status(
