@@ -1,0 +1,90 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
+)
+
+// GPU is one simulated GPU as the driver publishes it.
+type GPU struct {
+	Index   int
+	UUID    string
+	Healthy bool
+}
+
+// Name is the device's name in the ResourceSlice: gpu-<index>, as NVIDIA's
+// DRA driver names whole GPUs.
+func (g GPU) Name() string { return "gpu-" + strconv.Itoa(g.Index) }
+
+// gpuUUID is the UUID of GPU number index on the node seeded by seed: shaped
+// like an NVIDIA UUID and the same on every start, so prepared claims stay valid.
+func gpuUUID(seed string, index int) string {
+	sum := sha256.Sum256([]byte(seed + "/dra/" + strconv.Itoa(index)))
+	h := hex.EncodeToString(sum[:16])
+	return fmt.Sprintf("GPU-%s-%s-%s-%s-%s", h[0:8], h[8:12], h[12:16], h[16:20], h[20:32])
+}
+
+// Control is where localcluster tells the driver how many GPUs there are and
+// which of them are unhealthy: the same shape of files the device plugin reads.
+type Control struct {
+	CountFile    string // holds the number of GPUs; absent means DefaultCount
+	DefaultCount int
+	UnhealthyDir string // a file named after a GPU's index marks it unhealthy
+}
+
+// Read returns the GPUs the control files describe, in index order.
+func (c Control) Read(seed string) ([]GPU, error) {
+	count := c.DefaultCount
+	raw, err := os.ReadFile(c.CountFile)
+	switch {
+	case err == nil:
+		count, err = strconv.Atoi(strings.TrimSpace(string(raw)))
+		if err != nil || count < 0 {
+			return nil, fmt.Errorf("%s: %q is not a GPU count", c.CountFile, strings.TrimSpace(string(raw)))
+		}
+	case !os.IsNotExist(err):
+		return nil, err
+	}
+	gpus := make([]GPU, count)
+	for i := range gpus {
+		_, err := os.Stat(c.UnhealthyDir + "/" + strconv.Itoa(i))
+		gpus[i] = GPU{Index: i, UUID: gpuUUID(seed, i), Healthy: os.IsNotExist(err)}
+	}
+	return gpus, nil
+}
+
+// Product is what every simulated GPU on the node is.
+type Product struct {
+	Name      string // e.g. NVIDIA-H100-80GB-HBM3, GPU Feature Discovery's product label
+	MemoryMiB int64
+}
+
+// sliceDevices is what the ResourceSlice lists: each GPU with NVIDIA's DRA
+// driver's attribute names (productName, uuid, index) and its memory as a
+// capacity, so a DeviceClass or a claim can select on them with CEL. Pure.
+func sliceDevices(gpus []GPU, product Product) []resourceapi.Device {
+	devices := make([]resourceapi.Device, len(gpus))
+	for i, g := range gpus {
+		devices[i] = resourceapi.Device{
+			Name: g.Name(),
+			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+				"type":        {StringValue: ptr.To("gpu")},
+				"productName": {StringValue: ptr.To(product.Name)},
+				"uuid":        {StringValue: ptr.To(g.UUID)},
+				"index":       {IntValue: ptr.To(int64(g.Index))},
+			},
+			Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+				"memory": {Value: *resource.NewQuantity(product.MemoryMiB*1024*1024, resource.BinarySI)},
+			},
+		}
+	}
+	return devices
+}
