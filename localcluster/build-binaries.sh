@@ -7,10 +7,11 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 cache=${FUSEBOX_CACHE:-$HOME/.cache/fusebox}
-# The device plugin (gpusim) is source written here, so its .go files count as pins.
+# The device plugin (gpusim) and the DRA driver (gpudra) are source written here,
+# so their .go files count as pins.
 # The monitoring addon's section at the end has its own key, so it is left out.
 pins=$(cd "$here" && sed '/^# --- Monitoring addon/,$d' build-binaries.sh | cat - k8s/go.mod k8s/go.sum k8s/*/go.mod k8s/*/go.sum \
-  gpusim/go.mod gpusim/go.sum gpusim/*.go netpol/go.mod netpol/go.sum | sha256sum | cut -c1-16)
+  gpusim/go.mod gpusim/go.sum gpusim/*.go gpudra/go.mod gpudra/go.sum gpudra/*.go netpol/go.mod netpol/go.sum | sha256sum | cut -c1-16)
 out="$cache/bin-$pins"
 mkdir -p "$root/.cache"
 
@@ -42,6 +43,8 @@ else
   (cd "$here/netpol" && go build -ldflags "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=v2.1.0" -o "$tmp/kube-router" github.com/cloudnativelabs/kube-router/v2/cmd/kube-router)
   echo "binaries: building the simulated-GPU device plugin (gpusim)"
   (cd "$here/gpusim" && go build -ldflags "-s -w" -o "$tmp/gpusim" .)
+  echo "binaries: building the simulated-GPU DRA driver (gpudra)"
+  (cd "$here/gpudra" && go build -ldflags "-s -w" -o "$tmp/gpudra" .)
   touch "$tmp/.complete"
   rm -rf "$out" && mv "$tmp" "$out"
   echo "binaries: built in $((SECONDS - start)) s into $out"

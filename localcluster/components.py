@@ -13,7 +13,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from localcluster import gpu
+from localcluster import dra, gpu
 from localcluster.config import ClusterConfig
 
 SANDBOX_IMAGE = "localhost/fusebox/pause:latest"
@@ -96,6 +96,7 @@ COMPONENTS = (
     "kubelet",
     "kube-proxy",
     "device-plugin",
+    dra.COMPONENT,
     "kube-router",
 )
 
@@ -425,6 +426,9 @@ def argv_for(component: str, config: ClusterConfig, layout: Layout) -> list[str]
         "kubelet": lambda: kubelet_argv(config, layout),
         "kube-proxy": lambda: kube_proxy_argv(config, layout),
         "device-plugin": lambda: gpu.device_plugin_argv(config, layout.kubelet_root),
+        dra.COMPONENT: lambda: dra.driver_argv(
+            config, layout.kubelet_root, layout.kubeconfig("kubelet")
+        ),
         "kube-router": lambda: kube_router_argv(config, layout),
     }
     return builders[component]()
@@ -441,6 +445,7 @@ BUILT_BINARIES = (
     "kube-router",
     "kubectl",
     gpu.PLUGIN_BINARY,
+    dra.DRIVER_BINARY,
 )
 SYSTEM_BINARIES = (
     "containerd",

@@ -28,6 +28,7 @@ from localcluster import (
     addons,
     cgroups,
     containerd,
+    dra,
     gpu,
     health,
     hostchanges,
@@ -182,6 +183,7 @@ def _reassert(
     if config != saved:
         (config.state / "config.json").write_text(config.to_json())
     gpu.advertise(health.kubectl_for(config), config)
+    health.kubectl_for(config).apply(addons.as_list([dra.device_class()]))
 
 
 def _start_network_policy(config: ClusterConfig, layout: Layout) -> None:
@@ -294,7 +296,13 @@ def _start(
     wait(lambda: health.node_ready(kubectl, config), 120, "node Ready")
     report.say(f"node Ready {time.monotonic() - kubelet_started:.1f} s after the kubelet started")
     gpu.advertise(kubectl, config)
-    kubectl.apply(addons.as_list([addons.storage_class(), *addons.coredns_objects(config)]))
+    # After the node exists: the driver's ResourceSlice is owned by the Node.
+    launch(dra.COMPONENT)
+    kubectl.apply(
+        addons.as_list(
+            [addons.storage_class(), dra.device_class(), *addons.coredns_objects(config)]
+        )
+    )
     if config.network_policy:
         kubectl.apply(addons.as_list(netpolicy.rbac_objects()))
         launch("kube-router")

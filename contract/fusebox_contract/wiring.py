@@ -67,3 +67,9 @@ MONITORING_NAMESPACE: Final = "monitoring"
 # PodMonitors and PrometheusRules by it.
 PART_OF_LABEL: Final = "app.kubernetes.io/part-of"
 PART_OF_VALUE: Final = "fusebox"
+
+# GPUs through Dynamic Resource Allocation: the driver name NVIDIA's DRA driver
+# (and localcluster's, localcluster/gpudra) publishes ResourceSlices under, and
+# the DeviceClass of the same name that selects its devices.
+GPU_DRA_DRIVER: Final = "gpu.nvidia.com"
+GPU_DEVICE_CLASS: Final = "gpu.nvidia.com"
