@@ -19,9 +19,10 @@ const (
 	envVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
 )
 
-// cdiSpec is the subset of a CDI spec file this driver writes: one device per
-// prepared claim, named after the claim's UID (never reused, so a runtime's
-// cached specs cannot give a new claim an old claim's devices).
+// cdiSpec is the subset of a CDI spec file this driver writes: one file per
+// prepared claim, one device per allocated GPU, named after the claim's UID
+// (never reused, so a runtime's cached specs cannot give a new claim an old
+// claim's devices) and the GPU.
 type cdiSpec struct {
 	Version string      `json:"cdiVersion"`
 	Kind    string      `json:"kind"`
@@ -37,22 +38,31 @@ type cdiEdits struct {
 	Env []string `json:"env"`
 }
 
-// cdiDeviceID is the fully qualified CDI name of claim's device. Pure.
-func cdiDeviceID(claim types.UID) string {
-	return cdiVendor + "/" + cdiClass + "=" + string(claim)
+// cdiDeviceName is the CDI name of one GPU of a claim. Pure.
+func cdiDeviceName(claim types.UID, device string) string {
+	return string(claim) + "-" + device
+}
+
+// cdiDeviceID is its fully qualified CDI name, which the kubelet passes to the
+// runtime and also names the device's health in the pod's status by. Pure.
+func cdiDeviceID(claim types.UID, device string) string {
+	return cdiVendor + "/" + cdiClass + "=" + cdiDeviceName(claim, device)
 }
 
 // specFor is the CDI spec giving a claim's containers its GPUs, as the device
-// plugin's Allocate does: NVIDIA_VISIBLE_DEVICES with their UUIDs. Pure.
-func specFor(claim types.UID, uuids []string) cdiSpec {
-	return cdiSpec{
-		Version: cdiVersion,
-		Kind:    cdiVendor + "/" + cdiClass,
-		Devices: []cdiDevice{{
-			Name:           string(claim),
-			ContainerEdits: cdiEdits{Env: []string{envVisibleDevices + "=" + strings.Join(uuids, ",")}},
-		}},
+// plugin's Allocate does: NVIDIA_VISIBLE_DEVICES with the UUIDs of all of
+// them, set alike by each GPU's device so injecting any subset agrees. Pure.
+func specFor(claim types.UID, gpus []GPU) cdiSpec {
+	uuids := make([]string, len(gpus))
+	for i, g := range gpus {
+		uuids[i] = g.UUID
 	}
+	env := []string{envVisibleDevices + "=" + strings.Join(uuids, ",")}
+	spec := cdiSpec{Version: cdiVersion, Kind: cdiVendor + "/" + cdiClass}
+	for _, g := range gpus {
+		spec.Devices = append(spec.Devices, cdiDevice{Name: cdiDeviceName(claim, g.Name()), ContainerEdits: cdiEdits{Env: env}})
+	}
+	return spec
 }
 
 // CDIDir holds one spec file per prepared claim.
@@ -63,8 +73,8 @@ func (d CDIDir) path(claim types.UID) string {
 }
 
 // Write replaces claim's spec file atomically.
-func (d CDIDir) Write(claim types.UID, uuids []string) error {
-	body, err := json.MarshalIndent(specFor(claim, uuids), "", "  ")
+func (d CDIDir) Write(claim types.UID, gpus []GPU) error {
+	body, err := json.MarshalIndent(specFor(claim, gpus), "", "  ")
 	if err != nil {
 		return err
 	}

@@ -66,20 +66,20 @@ func (d *driver) PrepareResourceClaims(_ context.Context, claims []*resourceapi.
 }
 
 func (d *driver) prepare(claim *resourceapi.ResourceClaim, gpus []GPU) kubeletplugin.PrepareResult {
-	allocated, uuids, err := d.allocatedGPUs(claim, gpus)
+	allocated, held, err := d.allocatedGPUs(claim, gpus)
 	if err != nil {
 		return kubeletplugin.PrepareResult{Err: err}
 	}
-	if err := d.cdi.Write(claim.UID, uuids); err != nil {
+	if err := d.cdi.Write(claim.UID, held); err != nil {
 		return kubeletplugin.PrepareResult{Err: fmt.Errorf("writing the CDI spec: %w", err)}
 	}
-	log.Printf("prepared claim %s/%s: %v", claim.Namespace, claim.Name, uuids)
+	log.Printf("prepared claim %s/%s: %v", claim.Namespace, claim.Name, held)
 	return kubeletplugin.PrepareResult{Devices: allocated}
 }
 
 // allocatedGPUs is what claim's allocation holds of this driver's pool: the
-// devices as the kubelet wants them and their UUIDs. Pure.
-func (d *driver) allocatedGPUs(claim *resourceapi.ResourceClaim, gpus []GPU) ([]kubeletplugin.Device, []string, error) {
+// devices as the kubelet wants them, and the GPUs. Pure.
+func (d *driver) allocatedGPUs(claim *resourceapi.ResourceClaim, gpus []GPU) ([]kubeletplugin.Device, []GPU, error) {
 	if claim.Status.Allocation == nil {
 		return nil, nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
 	}
@@ -88,7 +88,7 @@ func (d *driver) allocatedGPUs(claim *resourceapi.ResourceClaim, gpus []GPU) ([]
 		byName[g.Name()] = g
 	}
 	var devices []kubeletplugin.Device
-	var uuids []string
+	var held []GPU
 	for _, result := range claim.Status.Allocation.Devices.Results {
 		if result.Driver != driverName {
 			continue
@@ -101,11 +101,11 @@ func (d *driver) allocatedGPUs(claim *resourceapi.ResourceClaim, gpus []GPU) ([]
 			Requests:     []string{result.Request},
 			PoolName:     result.Pool,
 			DeviceName:   result.Device,
-			CDIDeviceIDs: []string{cdiDeviceID(claim.UID)},
+			CDIDeviceIDs: []string{cdiDeviceID(claim.UID, g.Name())},
 		})
-		uuids = append(uuids, g.UUID)
+		held = append(held, g)
 	}
-	return devices, uuids, nil
+	return devices, held, nil
 }
 
 // UnprepareResourceClaims removes the claims' CDI specs; the spec file is the

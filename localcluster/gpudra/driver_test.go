@@ -86,14 +86,14 @@ func TestPrepareWritesACDISpecWithTheAllocatedUUIDsAndUnprepareRemovesIt(t *test
 	must(t, err)
 	result := results["uid-1"]
 	must(t, result.Err)
-	if len(result.Devices) != 1 || result.Devices[0].DeviceName != "gpu-1" || result.Devices[0].CDIDeviceIDs[0] != "k8s.gpu.nvidia.com/claim=uid-1" {
+	if len(result.Devices) != 1 || result.Devices[0].DeviceName != "gpu-1" || result.Devices[0].CDIDeviceIDs[0] != "k8s.gpu.nvidia.com/claim=uid-1-gpu-1" {
 		t.Fatalf("prepared devices: %+v", result.Devices)
 	}
 	var spec cdiSpec
 	raw, err := os.ReadFile(dir.path("uid-1"))
 	must(t, err)
 	must(t, json.Unmarshal(raw, &spec))
-	if spec.Kind != "k8s.gpu.nvidia.com/claim" || spec.Devices[0].Name != "uid-1" || spec.Devices[0].ContainerEdits.Env[0] != "NVIDIA_VISIBLE_DEVICES=GPU-b" {
+	if spec.Kind != "k8s.gpu.nvidia.com/claim" || len(spec.Devices) != 1 || spec.Devices[0].Name != "uid-1-gpu-1" || spec.Devices[0].ContainerEdits.Env[0] != "NVIDIA_VISIBLE_DEVICES=GPU-b" {
 		t.Fatalf("CDI spec: %s", raw)
 	}
 	object := kubeletplugin.NamespacedObject{UID: "uid-1"}
@@ -142,4 +142,16 @@ func TestHealthStreamSendsEveryGPUAndAgainOnAChange(t *testing.T) {
 	}
 	cancel()
 	must(t, <-done)
+}
+
+func TestAClaimOfTwoGPUsGivesEachItsOwnCDIDeviceAndBothTheSameVisibleDevices(t *testing.T) {
+	spec := specFor("uid", []GPU{{0, "GPU-a", true}, {1, "GPU-b", true}})
+	if len(spec.Devices) != 2 || spec.Devices[0].Name != "uid-gpu-0" || spec.Devices[1].Name != "uid-gpu-1" {
+		t.Fatalf("CDI devices: %+v", spec.Devices)
+	}
+	for _, device := range spec.Devices {
+		if device.ContainerEdits.Env[0] != "NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b" {
+			t.Fatalf("%s sets %v", device.Name, device.ContainerEdits.Env)
+		}
+	}
 }
