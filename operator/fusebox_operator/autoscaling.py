@@ -25,10 +25,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fusebox_contract.names import EventReason
+from fusebox_contract.wiring import GPU_RESOURCE
 from fusebox_operator.policy import PodSample
 from fusebox_operator.spec import AutoscalingMetric, AutoscalingSpec
 
 # |load / target - 1| within this: hold (the HPA's default tolerance).
+# What the scheduler says of a pod it cannot place for want of a GPU: through
+# the device plugin, and through a ResourceClaim (spec.gpu.deviceClassName).
+GPU_SHORTAGE_MESSAGES = (f"Insufficient {GPU_RESOURCE}", "cannot allocate all claims")
 TOLERANCE = 0.1
 
 
@@ -131,5 +135,13 @@ def decide_scale(
 
 
 def pending_for_gpu(unschedulable: dict[str, str]) -> list[str]:
-    """The pods the scheduler left Pending because no node has a free GPU."""
-    return sorted(pod for pod, message in unschedulable.items() if "nvidia.com/gpu" in message)
+    """The pods the scheduler left Pending because no node has a free GPU.
+
+    The device plugin's GPUs: "Insufficient nvidia.com/gpu"; a ResourceClaim's
+    (the only claim the operator's pods make): "cannot allocate all claims".
+    """
+    return sorted(
+        pod
+        for pod, message in unschedulable.items()
+        if any(sign in message for sign in GPU_SHORTAGE_MESSAGES)
+    )

@@ -345,14 +345,22 @@ def _pod_view(pod: Any) -> PodView:
     )
 
 
+# How the kubelet names a ResourceClaim's devices in allocatedResourcesStatus.
+CLAIM_RESOURCE_PREFIX = "claim:"
+
+
 def _unhealthy_gpus(server: Any) -> tuple[str, ...]:
-    """The GPU ids of the server container whose health the kubelet reports Unhealthy."""
+    """The GPU ids of the server container whose health the kubelet reports Unhealthy.
+
+    Through the device plugin the status is named nvidia.com/gpu; through a
+    ResourceClaim (the pod's only one, spec.gpu.deviceClassName) claim:<name>.
+    """
     reported = (server.allocated_resources_status or []) if server is not None else []
     return tuple(
         sorted(
             health.resource_id
             for status in reported
-            if status.name == GPU_RESOURCE
+            if status.name == GPU_RESOURCE or status.name.startswith(CLAIM_RESOURCE_PREFIX)
             for health in status.resources or []
             if health.health == DeviceHealth.UNHEALTHY
         )

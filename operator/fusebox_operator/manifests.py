@@ -29,6 +29,7 @@ from fusebox_contract.wiring import (
     HttpPath,
     Port,
 )
+from fusebox_operator import claims
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import MemorySizing
 from fusebox_operator.spec import InferenceServiceSpec, ModelSource, TelemetrySpec, torch_threads
@@ -228,7 +229,10 @@ def _server_container(
     limits |= ephemeral_storage(TMP_VOLUME_BYTES + LOG_ALLOWANCE_BYTES)
     if not spec.memory.allow_swap:
         limits["cpu"] = spec.server.cpu  # every resource equal: Guaranteed QoS, no swap
-    if spec.gpu.count > 0:
+    resources: Manifest = {"requests": requests, "limits": limits}
+    if spec.gpu.through_claim:
+        resources["claims"] = claims.container_claims()
+    elif spec.gpu.count > 0:
         requests["nvidia.com/gpu"] = str(spec.gpu.count)
         limits["nvidia.com/gpu"] = str(spec.gpu.count)
     mounts: list[Manifest] = [
@@ -270,7 +274,7 @@ def _server_container(
             "timeoutSeconds": 2,
             "failureThreshold": 2,
         },
-        "resources": {"requests": requests, "limits": limits},
+        "resources": resources,
         "securityContext": _restricted_container_security(),
         "volumeMounts": mounts,
     }
@@ -376,6 +380,8 @@ def build_pod_template(
         "containers": [_server_container(spec, sizing, settings)],
         "volumes": volumes,
     }
+    if spec.gpu.through_claim:
+        pod_spec["resourceClaims"] = claims.pod_resource_claims(spec.gpu, name)
     if spec.gpu.count > 0:
         pod_spec["tolerations"] = [
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -533,5 +539,10 @@ def build_children(
         build_service(name, namespace),
         build_pdb(name, namespace),
         build_network_policy(name, namespace, settings),
+        *(
+            [claims.build_claim_template(spec.gpu, name, namespace, common_labels(name))]
+            if spec.gpu.through_claim
+            else []
+        ),
         build_deployment(spec, name, namespace, sizing, settings, replicas),
     ]

@@ -12,7 +12,17 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[3] / "operator" / "fusebox_operator"
 REPO = PACKAGE.parents[1]
-PURE = ["spec", "sizing", "manifests", "policy", "latency", "rollout", "status", "settings"]
+PURE = [
+    "spec",
+    "sizing",
+    "manifests",
+    "claims",
+    "policy",
+    "latency",
+    "rollout",
+    "status",
+    "settings",
+]
 FORBIDDEN = {"kopf", "kubernetes", "aiohttp", "torch"}
 IO_MODULES = {"kube", "telemetry", "actuator", "handlers", "tick", "__main__"}
 DISTRIBUTIONS = {"yaml": "pyyaml", "prometheus_client": "prometheus-client"}
