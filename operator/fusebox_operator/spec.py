@@ -49,9 +49,9 @@ CPU_QUANTITY_PATTERN = r"^([0-9]+([.][0-9]+)?)(m)?$"
 PVC_SOURCE_PATTERN = r"^pvc://([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)(/[^ \t\n\r\f\v]*)?$"
 FILE_SOURCE_PATTERN = r"^file://(/[^/ \t\n\r\f\v][^ \t\n\r\f\v]*)$"
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
-# A DeviceClass's name: a DNS subdomain (at most 253 characters).
-DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-DNS_SUBDOMAIN_MAX_LENGTH = 253
+# A DeviceClass's name, a DNS subdomain of at most 253 characters; "" for none.
+DEVICE_CLASS_NAME_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$"
+DEVICE_CLASS_NAME_MAX_LENGTH = 253
 FP8_GPU_PATTERN = (
     r"(?:^|[^A-Z0-9])(L4|L40|L40S|L20|H20|H100|H200|H800|GH200|B100|B200|B300|GB200|GB300|"
     r"RTX-[45]0[0-9]0|ADA|BLACKWELL)(?![0-9A-Z])"
@@ -80,7 +80,7 @@ _PVC_SOURCE = re.compile(PVC_SOURCE_PATTERN)
 _FILE_SOURCE = re.compile(FILE_SOURCE_PATTERN)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_VALUE = re.compile(LABEL_VALUE_PATTERN)
-_DNS_SUBDOMAIN = re.compile(DNS_SUBDOMAIN_PATTERN)
+_DEVICE_CLASS_NAME = re.compile(DEVICE_CLASS_NAME_PATTERN)
 E = TypeVar("E", bound=enum.Enum)
 
 
@@ -401,11 +401,11 @@ def _parse_fallback(raw: Mapping[str, Any] | None) -> FallbackSpec | None:
     return FallbackSpec(source, quantization)
 
 
-def _is_dns_subdomain(value: object) -> bool:
+def _is_device_class_name(value: object) -> bool:
     return (
         isinstance(value, str)
-        and len(value) <= DNS_SUBDOMAIN_MAX_LENGTH
-        and _DNS_SUBDOMAIN.fullmatch(value) is not None
+        and len(value) <= DEVICE_CLASS_NAME_MAX_LENGTH
+        and _DEVICE_CLASS_NAME.fullmatch(value) is not None
     )
 
 
@@ -430,7 +430,7 @@ def _parse_gpu(raw: Mapping[str, Any]) -> GpuSpec:
         memory_gib = _number(raw, "memoryGiB", 0, "gpu")
         _in_range(memory_gib, 0, 4096, "gpu.memoryGiB", low_open=True)
     device_class_name = raw.get("deviceClassName") or ""
-    if device_class_name and not _is_dns_subdomain(device_class_name):
+    if not _is_device_class_name(device_class_name):
         raise SpecError(
             f"gpu.deviceClassName {device_class_name!r} must be a DeviceClass name "
             "(a DNS subdomain: lower-case letters, digits, '-' and '.', at most 253)"

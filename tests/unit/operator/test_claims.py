@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes.client import (
     V1ContainerStatus,
     V1ObjectMeta,
@@ -16,6 +17,7 @@ from kubernetes.client import (
 )
 
 from fusebox_contract.wiring import GPU_DEVICE_CLASS, GPU_RESOURCE
+from fusebox_operator import spec as spec_module
 from fusebox_operator.autoscaling import pending_for_gpu
 from fusebox_operator.claims import CLAIM_NAME, build_claim_template, claim_template_name
 from fusebox_operator.kube import _pod_view
@@ -24,7 +26,7 @@ from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import size_memory
 from fusebox_operator.spec import GpuSpec, SpecError, parse_spec
 
-from .conftest import load_example
+from .conftest import REPO, load_example
 from .pod_security import restricted_violations
 
 Snapshot = Callable[[str, Any], None]
@@ -146,3 +148,21 @@ def test_the_kubelets_health_of_a_claimed_gpu_is_read_from_the_servers_status() 
         status=V1PodStatus(phase="Running", container_statuses=[server]),
     )
     assert _pod_view(pod).unhealthy_gpus == ("k8s.gpu.nvidia.com/claim=u-gpu-0",)
+
+
+GPU_SCHEMA = yaml.safe_load((REPO / "crds" / "inferenceservice.yaml").read_text(encoding="utf-8"))[
+    "spec"
+]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["gpu"]
+
+
+def test_the_crd_admits_exactly_the_device_class_names_the_parser_accepts() -> None:
+    field = GPU_SCHEMA["properties"]["deviceClassName"]
+    assert field["pattern"] == spec_module.DEVICE_CLASS_NAME_PATTERN
+    assert field["maxLength"] == spec_module.DEVICE_CLASS_NAME_MAX_LENGTH
+    assert field["default"] == GpuSpec().device_class_name
+
+
+def test_the_crd_refuses_a_device_class_without_a_gpu_as_the_parser_does() -> None:
+    (rule,) = GPU_SCHEMA["x-kubernetes-validations"]
+    assert "self.count > 0" in rule["rule"] and "self.deviceClassName == ''" in rule["rule"]
+    assert rule["message"] == "gpu.deviceClassName requires gpu.count > 0"
