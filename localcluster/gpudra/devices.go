@@ -67,14 +67,25 @@ type Product struct {
 	MemoryMiB int64
 }
 
+// unhealthyTaint keeps the scheduler from allocating an unhealthy GPU to a new
+// claim, as the device manager stops offering a device plugin's unhealthy
+// device; NoSchedule, not NoExecute: the pod holding it is left to drain.
+var unhealthyTaint = resourceapi.DeviceTaint{Key: driverName + "/unhealthy", Effect: resourceapi.DeviceTaintEffectNoSchedule}
+
 // sliceDevices is what the ResourceSlice lists: each GPU with NVIDIA's DRA
 // driver's attribute names (productName, uuid, index) and its memory as a
-// capacity, so a DeviceClass or a claim can select on them with CEL. Pure.
+// capacity, so a DeviceClass or a claim can select on them with CEL; an
+// unhealthy GPU carries a taint. Pure.
 func sliceDevices(gpus []GPU, product Product) []resourceapi.Device {
 	devices := make([]resourceapi.Device, len(gpus))
 	for i, g := range gpus {
+		var taints []resourceapi.DeviceTaint
+		if !g.Healthy {
+			taints = []resourceapi.DeviceTaint{unhealthyTaint}
+		}
 		devices[i] = resourceapi.Device{
-			Name: g.Name(),
+			Taints: taints,
+			Name:   g.Name(),
 			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 				"type":        {StringValue: ptr.To("gpu")},
 				"productName": {StringValue: ptr.To(product.Name)},

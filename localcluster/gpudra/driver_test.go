@@ -66,6 +66,16 @@ func TestSliceListsEachGPUWithNVIDIAAttributesAndMemory(t *testing.T) {
 	}
 }
 
+func TestAnUnhealthyGPUIsTaintedSoNoNewClaimGetsIt(t *testing.T) {
+	devices := sliceDevices([]GPU{{0, "GPU-a", true}, {1, "GPU-b", false}}, Product{"p", 1})
+	if len(devices[0].Taints) != 0 {
+		t.Fatalf("a healthy GPU is tainted: %v", devices[0].Taints)
+	}
+	if len(devices[1].Taints) != 1 || devices[1].Taints[0].Effect != resourceapi.DeviceTaintEffectNoSchedule {
+		t.Fatalf("the unhealthy GPU's taints: %v", devices[1].Taints)
+	}
+}
+
 func allocatedClaim(uid types.UID, results ...resourceapi.DeviceRequestAllocationResult) *resourceapi.ResourceClaim {
 	return &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c", UID: uid},
