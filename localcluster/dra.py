@@ -14,6 +14,7 @@ driver's devices; `up` applies it with the other addons.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +98,22 @@ def device_class() -> dict[str, Any]:
             ]
         },
     }
+
+
+def set_count(control: DraControl, gpus: int) -> None:
+    """Tell the driver how many GPUs to publish (it follows within a second)."""
+    control.directory.mkdir(parents=True, exist_ok=True)
+    tmp = control.count_file.with_name(f".{control.count_file.name}.tmp")
+    tmp.write_text(f"{gpus}\n")
+    os.replace(tmp, control.count_file)
+
+
+def set_health(control: DraControl, index: int, *, healthy: bool) -> None:
+    """Mark GPU `index` healthy or unhealthy: the driver streams it to the kubelet and
+    taints an unhealthy GPU in its ResourceSlice."""
+    flag = control.unhealthy_dir / str(index)
+    if healthy:
+        flag.unlink(missing_ok=True)
+    else:
+        control.unhealthy_dir.mkdir(parents=True, exist_ok=True)
+        flag.touch()

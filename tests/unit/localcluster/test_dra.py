@@ -62,3 +62,14 @@ def test_device_class_selects_the_drivers_gpus_by_cel() -> None:
     expression = device_class["spec"]["selectors"][0]["cel"]["expression"]
     assert "device.driver == 'gpu.nvidia.com'" in expression
     assert "device.attributes['gpu.nvidia.com'].type == 'gpu'" in expression
+
+
+def test_count_and_health_are_files_the_driver_polls(tmp_path: Path) -> None:
+    control = dra.DraControl(tmp_path / "gpus-dra")
+    dra.set_count(control, 3)
+    assert control.count_file.read_text() == "3\n"
+    dra.set_health(control, 1, healthy=False)
+    assert (control.unhealthy_dir / "1").exists()
+    dra.set_health(control, 1, healthy=True)
+    dra.set_health(control, 1, healthy=True)  # already healthy: nothing to do
+    assert not (control.unhealthy_dir / "1").exists()
