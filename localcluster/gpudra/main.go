@@ -12,6 +12,7 @@ import (
 	"context"
 	"flag"
 	"log"
+	"os"
 	"os/signal"
 	"syscall"
 	"time"
@@ -58,6 +59,10 @@ func main() {
 	}
 	d := newDriver(*nodeName, CDIDir(*cdiDir), current)
 
+	// The kubelet makes its plugins directory, not the driver's own below it.
+	if err := os.MkdirAll(*dataDir, 0o750); err != nil {
+		log.Fatal(err)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	helper, err := kubeletplugin.Start(ctx, d,
