@@ -27,6 +27,7 @@ import openai
 import pytest
 from fusebox_server_harness import MODEL_NAME, ServerProcess
 
+from fusebox_contract.names import RequestOutcome
 from fusebox_server.errors import ALLOCATION_FAILURE_MARKERS
 
 SHIM_SOURCE = Path(__file__).parent / "faultshim" / "malloc_fault.c"
@@ -297,7 +298,11 @@ def test_malloc_failures_get_503s_with_retry_after_and_the_server_recovers(
         what="no request running or queued",
     )
     assert settled["worker_active"] == 0
-    assert settled["requests"]["failed"] >= during.memory_answers
+    # Counted as failed, not rejected. Under the shim a counter's own update can fail
+    # (an int above 256 is an allocation), so all but a tenth must show.
+    counts = settled["requests"]
+    assert counts[RequestOutcome.FAILED] >= 0.9 * during.memory_answers, counts
+    assert counts[RequestOutcome.REJECTED] <= during.kinds["429 queue_full"], counts
     server.wait_for(
         lambda: server.stats()["written_at"] > switched_off_at, what="a fresh stats file"
     )
