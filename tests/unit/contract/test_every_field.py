@@ -147,6 +147,7 @@ STATUS = "tests/unit/operator/test_status.py"
 TELEMETRY = "tests/unit/operator/test_telemetry_parse.py"
 AUTOSCALING = "tests/unit/operator/test_autoscaling.py"
 GROW = "tests/unit/operator/test_grow_limit.py"
+NODE_PRESSURE = "tests/unit/operator/test_node_pressure.py"
 OTHER_SOURCE = {"source": "pvc://weights/chat-int8", "quantization": "none"}
 
 ROWS: dict[str, list[Proof]] = {
@@ -396,6 +397,14 @@ ROWS: dict[str, list[Proof]] = {
     "memory.maxGrowthRatio": [
         Operator(f"{GROW}::test_growth_comes_after_the_cheap_steps_and_before_a_reload"),
         Operator(f"{GROW}::test_off_by_default_and_never_with_swap"),
+    ],
+    "memory.nodeAvailableFloor": [
+        Operator(
+            f"{NODE_PRESSURE}::test_the_floor_is_the_specs_or_the_kubelets_threshold_plus_a_margin"
+        ),
+        Operator(
+            f"{NODE_PRESSURE}::test_below_the_floor_every_ready_pod_on_that_node_sheds_its_caches_once"
+        ),
     ],
     "autoscaling.minReplicas": [
         Pod(
