@@ -124,6 +124,18 @@ def resources(children: dict[str, Manifest]) -> Manifest:
     return found
 
 
+def claimed_class(children: dict[str, Manifest]) -> str | None:
+    """The device class the pod claims through its ResourceClaimTemplate, if it does."""
+    template = children.get("ResourceClaimTemplate")
+    claims = pod_spec(children).get("resourceClaims") or []
+    if template is None or [c.get("resourceClaimTemplateName") for c in claims] != [
+        template["metadata"]["name"]
+    ]:
+        return None
+    request = template["spec"]["spec"]["devices"]["requests"][0]
+    return str(request["exactly"]["deviceClassName"])
+
+
 def liveness(children: dict[str, Manifest]) -> Manifest:
     found: Manifest = server_container(children)["livenessProbe"]
     return found
@@ -207,6 +219,16 @@ ROWS: dict[str, list[Proof]] = {
             {"gpu": {"product": "NVIDIA-L4"}},
             "nodeSelector nvidia.com/gpu.product",
             lambda c: pod_spec(c).get("nodeSelector") == {"nvidia.com/gpu.product": "NVIDIA-L4"},
+        )
+    ],
+    "gpu.deviceClassName": [
+        Pod(
+            {"gpu": {"deviceClassName": "gpu.example.com"}},
+            "a ResourceClaimTemplate of that class, claimed by the pod instead of nvidia.com/gpu",
+            lambda c: (
+                claimed_class(c) == "gpu.example.com"
+                and "nvidia.com/gpu" not in resources(c)["limits"]
+            ),
         )
     ],
     "gpu.memoryGiB": [
