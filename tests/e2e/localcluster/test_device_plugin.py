@@ -25,6 +25,8 @@ from localcluster import gpu, processes
 from localcluster.components import Layout
 from localcluster.config import ClusterConfig, default_name, load_saved
 
+from .conftest import eventually
+
 REPO = Path(__file__).resolve().parents[3]
 PRINT_VISIBLE_DEVICES = f"import os; print(os.environ.get({gpu.VISIBLE_DEVICES_ENV!r}, ''))"
 
@@ -146,8 +148,15 @@ def test_node_offers_as_many_gpus_as_configured_through_the_device_plugin(
     listed = _listed_ids()
     assert len(listed) == local_config.gpus
     assert all(i.startswith("GPU-") for i in listed)
-    node = _node(cluster, local_config)
-    assert _gpus(node, "capacity") == _gpus(node, "allocatable") == local_config.gpus
+
+    # A GPU an earlier test took Unhealthy and back comes back to allocatable a
+    # kubelet status update later than to capacity.
+    def offered() -> dict[str, Any] | None:
+        node = _node(cluster, local_config)
+        counts = {_gpus(node, "capacity"), _gpus(node, "allocatable")}
+        return node if counts == {local_config.gpus} else None
+
+    node = eventually(offered, timeout_seconds=60, what="capacity = allocatable = the GPUs")
     # Only the kubelet writes the count: no status patch from localcluster.
     owners = _status_gpu_owners(cluster, local_config)
     assert owners <= {"kubelet"}, f"nvidia.com/gpu in the node status is written by {owners}"
