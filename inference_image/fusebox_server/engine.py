@@ -13,7 +13,9 @@ them (they are referenced), `unload` and `swap` drop them with the model.
 from __future__ import annotations
 
 import gc
+import inspect
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,9 @@ class LoadedModel:
     quantization: Quantization
     dtype: str
     leaked: list[torch.Tensor] = field(default_factory=list)
+    # Extra forward arguments for a prompt: only the last position's logits, where the model
+    # takes `logits_to_keep` (the others would cost a vocabulary-wide projection per token).
+    prompt_arguments: dict[str, Any] = field(default_factory=dict)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
@@ -99,7 +104,14 @@ def load_model(
         parameter_bytes=parameter_bytes(model),
         quantization=quantization,
         dtype=str(model.dtype).removeprefix("torch."),
+        prompt_arguments=_last_logits_only(model),
     )
+
+
+def _last_logits_only(model: Any) -> dict[str, Any]:
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        return {"logits_to_keep": 1}
+    return {}
 
 
 def release_memory(device: torch.device) -> None:
@@ -134,6 +146,22 @@ def choose_token(
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 
+def choose_tokens(logits: torch.Tensor, rows: Sequence[Decoding]) -> list[int]:
+    """The next token of every row from a batch's last-position logits.
+
+    Greedy rows share one argmax and one transfer for the whole batch (one
+    `.item()` per row was a measurable share of a CPU decode step); sampled
+    rows draw from their own generator as `choose_token` does alone.
+    """
+    greedy: list[int] = logits.argmax(dim=-1).tolist()
+    return [
+        greedy[index]
+        if row.sampling.temperature == 0.0
+        else choose_token(logits[index], row.sampling, row.generator)
+        for index, row in enumerate(rows)
+    ]
+
+
 class Decoding:
     """One request's generation state: its sampler, and its KV cache until it joins a batch.
 
@@ -151,6 +179,7 @@ class Decoding:
         self.sampling = sampling
         self._pending = torch.tensor([list(prompt_ids)], dtype=torch.long, device=loaded.device)
         self.cache: Any = DynamicCache(config=loaded.model.config)
+        self.padding = 0  # left-padding columns in `cache` (a row prefilled in a group has some)
         self.position = len(prompt_ids)  # the position of the next token fed to the model
         self.last_token = -1
         self.generator: torch.Generator | None = None
@@ -162,33 +191,164 @@ class Decoding:
     def step(self) -> int:
         """Run the model once on this request alone; returns the next token id."""
         with torch.inference_mode():
-            output = self.loaded.model(input_ids=self._pending, cache=self.cache, use_cache=True)
+            output = self.loaded.model(
+                input_ids=self._pending,
+                cache=self.cache,
+                use_cache=True,
+                **self.loaded.prompt_arguments,
+            )
             token_id = choose_token(output.logits[0, -1], self.sampling, self.generator)
+        self.started(token_id)
+        return token_id
+
+    def pending_prompt(self) -> torch.Tensor:
+        """The prompt ids not yet run (1-D); only before the first step."""
+        return self._pending[0]
+
+    def started(self, token_id: int) -> None:
+        """Record a token the model produced for this row outside `DecodeBatch`."""
         self._pending = torch.tensor([[token_id]], dtype=torch.long, device=self.loaded.device)
         self.last_token = token_id
-        return token_id
 
     def is_end(self, token_id: int) -> bool:
         return token_id in self.loaded.eos_token_ids
 
 
-def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
-    missing = length - tensor.shape[dim]
-    if missing <= 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+def prefill(loaded: LoadedModel, rows: Sequence[Decoding]) -> list[int]:
+    """Run the prompts of several new rows in one forward pass; returns each row's first token.
+
+    The prompts are left-padded to the longest; the attention mask hides the
+    padding and explicit position ids keep each row's own positions, as in
+    `DecodeBatch`. Each row then holds its own slice of the cache (with
+    `padding` columns of padding), ready for `DecodeBatch.add`. A single row
+    runs as `Decoding.step` does.
+    """
+    if len(rows) == 1:
+        return [rows[0].step()]
+    from transformers import DynamicCache
+
+    device = loaded.device
+    prompts = [row.pending_prompt() for row in rows]
+    width = max(len(prompt) for prompt in prompts)
+    ids = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+    positions = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+    for index, prompt in enumerate(prompts):
+        start = width - len(prompt)
+        ids[index, start:] = prompt
+        mask[index, start:] = 1
+        positions[index, start:] = torch.arange(len(prompt), device=device)
+    joint: Any = DynamicCache(config=loaded.model.config)
+    with torch.inference_mode():
+        output = loaded.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=joint,
+            use_cache=True,
+            **loaded.prompt_arguments,
+        )
+        tokens = choose_tokens(output.logits[:, -1], rows)
+        for index, (row, prompt) in enumerate(zip(rows, prompts, strict=True)):
+            own: Any = DynamicCache(config=loaded.model.config)
+            for layer, shared in zip(own.layers, joint.layers, strict=True):
+                layer.update(shared.keys[index : index + 1], shared.values[index : index + 1])
+            row.cache, row.padding = own, width - len(prompt)
+    for row, token in zip(rows, tokens, strict=True):
+        row.started(token)
+    return tokens
+
+
+def prefill_groups(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Indexes of prompts to prefill together, shortest first.
+
+    A group's padded size (rows x its longest prompt) stays within
+    `token_budget`, so one long prompt does not make every short one pay for
+    its padding, and a forward pass stays bounded; a prompt longer than the
+    budget runs alone.
+    """
+    groups: list[list[int]] = []
+    for index in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        group = groups[-1] if groups else None
+        if group is not None and (len(group) + 1) * lengths[index] <= token_budget:
+            group.append(index)
+        else:
+            groups.append([index])
+    return groups
+
+
+# Spare columns a batch's cache keeps past its longest row: decoding that many
+# tokens writes in place before the buffers have to grow (and be copied) again.
+SPARE_COLUMNS = 64
+
+
+class _BufferedLayer:
+    """One layer of a batch's cache: keys and values in buffers with spare columns.
+
+    `DynamicCache`'s own layers concatenate every new token onto the whole
+    cache, a copy of all of it per layer per step; here a step writes its
+    column in place. `keys`/`values` are views of the used columns, which is
+    what the attention reads. Duck-types the parts of a transformers cache
+    layer that a decoder forward pass uses.
+    """
+
+    is_sliding = False
+    is_compileable = False
+    is_initialized = True
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        self._key_buffer, self._value_buffer, self._length = keys, values, length
+        self.device, self.dtype = keys.device, keys.dtype
+
+    @property
+    def keys(self) -> torch.Tensor:
+        return self._key_buffer[:, :, : self._length]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self._value_buffer[:, :, : self._length]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self._length + key_states.shape[-2]
+        if end > self._key_buffer.shape[-2]:
+            spare = end + SPARE_COLUMNS
+            self._key_buffer = _with_capacity(self.keys, spare)
+            self._value_buffer = _with_capacity(self.values, spare)
+        self._key_buffer[:, :, self._length : end] = key_states
+        self._value_buffer[:, :, self._length : end] = value_states
+        self._length = end
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self._length + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+def _with_capacity(tensor: torch.Tensor, columns: int) -> torch.Tensor:
+    """A copy of `tensor` (batch, heads, length, dim) in a buffer `columns` long."""
+    buffer = tensor.new_empty((*tensor.shape[:2], columns, tensor.shape[-1]))
+    buffer[:, :, : tensor.shape[-2]] = tensor
+    return buffer
 
 
 class DecodeBatch:
     """Step-level batching: the running requests decode together, one forward per step.
 
-    Rows join after their own prefill and leave when they finish, at any step.
+    Rows join after their prefill and leave when they finish, at any step.
     Their caches are left-padded to a common length; the attention mask hides
     the padding and explicit position ids keep each row's own positions, so a
-    row decodes as it would alone. Columns that are padding in every row are
-    trimmed when a row leaves, so the batch never grows past its longest row.
+    row decodes as it would alone. The cache has spare columns, so a step
+    appends in place (`_BufferedLayer`). A row that leaves is dropped from the
+    cache once, before the next step, together with every other row that left
+    meanwhile; columns that are padding in every remaining row are trimmed
+    then, so the batch never grows past its longest row.
     """
 
     def __init__(self, loaded: LoadedModel) -> None:
@@ -196,64 +356,102 @@ class DecodeBatch:
         self.rows: list[Decoding] = []
         self._cache: Any = None
         self._mask: torch.Tensor | None = None
+        self._slots: list[Decoding] = []  # the row each cache row belongs to, departed or not
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def add(self, row: Decoding) -> None:
-        layers = row.cache.layers
-        length = layers[0].keys.shape[-2]
-        mask = torch.ones((1, length), dtype=torch.long, device=self.loaded.device)
-        rows = [*self.rows, row]
-        if self._cache is None or self._mask is None:
-            self._cache, self._mask = row.cache, mask
-        else:
-            # All new tensors first, then swap them in: an allocation that fails half-way
-            # must leave the batch as it was, not with some layers one row longer.
-            width = max(length, self._mask.shape[1])
-            merged = [
-                (
-                    torch.cat([_left_pad(mine.keys, width, 2), _left_pad(theirs.keys, width, 2)]),
-                    torch.cat(
-                        [_left_pad(mine.values, width, 2), _left_pad(theirs.values, width, 2)]
-                    ),
-                )
-                for mine, theirs in zip(self._cache.layers, layers, strict=True)
-            ]
-            merged_mask = torch.cat([_left_pad(self._mask, width, 1), _left_pad(mask, width, 1)])
-            for layer, (keys, values) in zip(self._cache.layers, merged, strict=True):
-                layer.keys, layer.values = keys, values
-            self._mask = merged_mask
-        self.rows = rows
-        row.cache = None
+    @torch.inference_mode()
+    def add(self, *joiners: Decoding) -> None:
+        """Add rows that hold their prompt in their own cache: one copy into new buffers.
+
+        Everything new is allocated before anything changes: an allocation
+        that fails half-way leaves the batch as it was.
+        """
+        if not joiners:
+            return
+        from transformers import DynamicCache
+        from transformers.cache_utils import CacheLayerMixin
+
+        CacheLayerMixin.register(_BufferedLayer)  # what the cache checks a layer is; idempotent
+        self._compact()
+        device = self.loaded.device
+        parts: list[tuple[list[Any], torch.Tensor]] = []
+        if self._cache is not None and self._mask is not None:
+            parts.append((list(self._cache.layers), self._mask))
+        for row in joiners:
+            length = row.cache.layers[0].keys.shape[-2]
+            mask = torch.ones((1, length), dtype=torch.long, device=device)
+            mask[:, : row.padding] = 0
+            parts.append((list(row.cache.layers), mask))
+        layer_count = len(parts[0][0])
+        if any(len(layers) != layer_count for layers, _ in parts):
+            raise ValueError("rows with different layer counts cannot share a batch")
+        width = max(mask.shape[1] for _, mask in parts)
+        height = sum(mask.shape[0] for _, mask in parts)
+        merged_mask = torch.zeros((height, width), dtype=torch.long, device=device)
+        layers = []
+        for index in range(layer_count):
+            first = parts[0][0][index].keys
+            shape = (height, first.shape[1], width + SPARE_COLUMNS, first.shape[-1])
+            keys, values = first.new_zeros(shape), first.new_zeros(shape)
+            top = 0
+            for part_layers, mask in parts:
+                rows, length = mask.shape
+                keys[top : top + rows, :, width - length : width] = part_layers[index].keys
+                values[top : top + rows, :, width - length : width] = part_layers[index].values
+                top += rows
+            layers.append(_BufferedLayer(keys, values, width))
+        top = 0
+        for _, mask in parts:
+            merged_mask[top : top + mask.shape[0], width - mask.shape[1] :] = mask
+            top += mask.shape[0]
+        cache: Any = DynamicCache(config=self.loaded.model.config)
+        cache.layers = layers
+        self._cache, self._mask = cache, merged_mask
+        self.rows = [*self.rows, *joiners]
+        self._slots = [*self._slots, *joiners]
+        for row in joiners:
+            row.cache = None
 
     def remove(self, row: Decoding) -> None:
+        """The row leaves now; its cache row is dropped before the next step (no allocation)."""
         if row not in self.rows:
             return
-        keep = [index for index, member in enumerate(self.rows) if member is not row]
-        rows = [self.rows[index] for index in keep]
-        if not keep or self._mask is None:
-            self.rows, self._cache, self._mask = rows, None, None
+        self.rows = [member for member in self.rows if member is not row]
+        if not self.rows:
+            self._cache, self._mask, self._slots = None, None, []
+
+    @torch.inference_mode()
+    def _compact(self) -> None:
+        """Drop the cache rows of departed rows, and the columns no remaining row uses."""
+        if self._cache is None or self._mask is None or len(self._slots) == len(self.rows):
             return
-        # As in add: compute everything, then commit, so a failed allocation changes nothing.
+        present = {id(row) for row in self.rows}
+        keep = [slot for slot, row in enumerate(self._slots) if id(row) in present]
         index = torch.tensor(keep, dtype=torch.long, device=self.loaded.device)
         mask = self._mask.index_select(0, index)
         used = torch.nonzero(mask.any(dim=0))
         start = int(used[0].item()) if used.numel() else 0
-        kept = [
-            (
-                layer.keys.index_select(0, index)[:, :, start:],
-                layer.values.index_select(0, index)[:, :, start:],
+        layers = []
+        for layer in self._cache.layers:
+            length = layer.get_seq_length()
+            keys = layer.keys.index_select(0, index)[:, :, start:]
+            values = layer.values.index_select(0, index)[:, :, start:]
+            layers.append(
+                _BufferedLayer(
+                    _with_capacity(keys, length - start + SPARE_COLUMNS),
+                    _with_capacity(values, length - start + SPARE_COLUMNS),
+                    length - start,
+                )
             )
-            for layer in self._cache.layers
-        ]
-        for layer, (keys, values) in zip(self._cache.layers, kept, strict=True):
-            layer.keys, layer.values = keys, values
+        self._cache.layers = layers
         self._mask = mask[:, start:]
-        self.rows = rows
+        self._slots = [self._slots[slot] for slot in keep]
 
     def step(self) -> list[int]:
         """One forward pass for every row; returns each row's next token."""
+        self._compact()
         assert self._mask is not None
         device = self.loaded.device
         inputs = torch.tensor([[row.last_token] for row in self.rows], device=device)
@@ -267,11 +465,7 @@ class DecodeBatch:
                 cache=self._cache,
                 use_cache=True,
             )
-            logits = output.logits[:, -1]
-            tokens = [
-                choose_token(logits[index], row.sampling, row.generator)
-                for index, row in enumerate(self.rows)
-            ]
+            tokens = choose_tokens(output.logits[:, -1], self.rows)
         self._mask = mask
         for row, token in zip(self.rows, tokens, strict=True):
             row.last_token = token

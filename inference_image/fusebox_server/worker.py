@@ -27,6 +27,8 @@ from fusebox_server.engine import (
     DecodeBatch,
     Decoding,
     LoadedModel,
+    prefill,
+    prefill_groups,
     release_memory,
 )
 from fusebox_server.errors import (
@@ -46,6 +48,8 @@ CONTROL_ACTION_GRACE_SECONDS = 900.0
 # A result the loop could not take (an allocation failed) is offered again this often.
 POST_ATTEMPTS = 200
 POST_RETRY_SECONDS = 0.005
+# Joiners' prompts run together up to this many (padded) tokens per forward pass.
+PREFILL_TOKEN_BUDGET = 2048
 
 
 @dataclass(frozen=True)
@@ -180,8 +184,7 @@ class InferenceWorker(threading.Thread):
         self._take_inbox(block=not self._active)
         for job in list(self._active):
             self._guarded(job, partial(self._check_alive, job))
-        for job in [job for job in self._active if job.decoding is None]:
-            self._guarded(job, partial(self._prefill, job))
+        self._prefill_joiners([job for job in self._active if job.decoding is None])
         if self._batch is not None and len(self._batch):
             self._batched_step()
 
@@ -209,18 +212,54 @@ class InferenceWorker(threading.Thread):
         elif time.monotonic() > job.deadline_monotonic:
             raise DeadlineExceeded("the request outlived its deadline during generation")
 
-    def _prefill(self, job: GenerationJob) -> None:
-        """Start a job: its prompt runs alone, then it joins the batch."""
-        self._start(job)
+    def _prefill_joiners(self, joiners: list[GenerationJob]) -> None:
+        """Start new jobs: their prompts run together (in groups), then they join the batch.
+
+        A group whose forward pass fails is retried one job at a time, so the
+        error reaches only the job that caused it (a prompt the model rejects)
+        and the others start as if alone.
+        """
+        for job in joiners:
+            self._guarded(job, partial(self._start, job))
+        started = [job for job in joiners if job.decoding is not None]
+        lengths = [len(job.prompt_ids) for job in started]
+        for indexes in prefill_groups(lengths, PREFILL_TOKEN_BUDGET):
+            group = [started[index] for index in indexes]
+            if len(group) > 1:
+                decodings = [job.decoding for job in group if job.decoding is not None]
+                try:
+                    tokens = prefill(decodings[0].loaded, decodings)
+                except Exception:
+                    pass
+                else:
+                    self._joined(group, tokens)
+                    continue
+            for job in group:
+                self._guarded(job, partial(self._prefill_alone, job))
+
+    def _prefill_alone(self, job: GenerationJob) -> None:
         assert job.decoding is not None
-        token_id = job.decoding.step()
+        self._joined([job], [job.decoding.step()])
+
+    def _joined(self, group: list[GenerationJob], tokens: list[int]) -> None:
+        """After a prefill: the group joins the batch, then each takes its first token."""
         self.steps_total += 1
-        if self._on_token(job, token_id):
-            return
+        decodings = [job.decoding for job in group if job.decoding is not None]
+        loaded = decodings[0].loaded
         batch = self._batch
-        if batch is None or batch.loaded is not job.decoding.loaded:
-            batch = self._batch = DecodeBatch(job.decoding.loaded)
-        batch.add(job.decoding)
+        if batch is None or batch.loaded is not loaded:
+            batch = self._batch = DecodeBatch(loaded)
+        try:
+            batch.add(*decodings)
+        except Exception as error:  # e.g. the merge's allocation failed: the batch is unchanged
+            failure = self._generation_error(error)
+            for job in group:
+                job.decoding = None
+                self._finish(job, Failed(failure, job.completion_tokens))
+            return
+        for job, token_id in zip(group, tokens, strict=True):
+            if job in self._active:
+                self._guarded(job, partial(self._on_token, job, token_id))
 
     def _batched_step(self) -> None:
         batch = self._batch

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from fusebox_server.engine import Decoding, load_model
@@ -139,3 +140,120 @@ def test_a_model_load_in_progress_counts_as_a_live_worker_up_to_a_limit() -> Non
     assert worker.effective_heartbeat(now=1100.0) == 1100.0
     later = 1050.0 + CONTROL_ACTION_GRACE_SECONDS + 1
     assert worker.effective_heartbeat(now=later) == 1000.0
+
+
+def _alone(loaded: Any, prompt: tuple[int, ...], count: int) -> list[int]:
+    decoding = Decoding(loaded, prompt, GREEDY)
+    return [decoding.step() for _ in range(count)]
+
+
+def test_prompts_prefilled_together_decode_as_each_would_alone(
+    tiny_model_dir: Path, tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fusebox_server import engine
+
+    # Two spare columns: the cache's buffers fill and grow several times in this test.
+    monkeypatch.setattr(engine, "SPARE_COLUMNS", 2)
+    loaded = load_model("primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer)
+    texts = ["Hello", "The quick brown fox jumps over", "你好，今天天气很好", "a", "Once upon"]
+    prompts = [tuple(tiny_tokenizer.backend_tokenizer.encode(t).ids) for t in texts]
+    alone = [_alone(loaded, prompt, 12) for prompt in prompts]
+
+    batch = engine.DecodeBatch(loaded)
+    first = [Decoding(loaded, prompt, GREEDY) for prompt in prompts[:3]]  # different lengths
+    outputs = {
+        id(row): [token] for row, token in zip(first, engine.prefill(loaded, first), strict=True)
+    }
+    batch.add(*first)
+    for _ in range(3):
+        for member, token in zip(list(batch.rows), batch.step(), strict=True):
+            outputs[id(member)].append(token)
+    later = [Decoding(loaded, prompt, GREEDY) for prompt in prompts[3:]]  # join a running batch
+    outputs |= {
+        id(row): [token] for row, token in zip(later, engine.prefill(loaded, later), strict=True)
+    }
+    batch.add(*later)
+    while len(batch):
+        for member, token in zip(list(batch.rows), batch.step(), strict=True):
+            outputs[id(member)].append(token)
+        for member in list(batch.rows):
+            if len(outputs[id(member)]) == 12:
+                batch.remove(member)
+    assert [outputs[id(row)] for row in [*first, *later]] == alone
+
+
+def test_rows_that_leave_together_are_dropped_in_one_step_and_the_rest_decode_on(
+    tiny_model_dir: Path, tiny_tokenizer: Any
+) -> None:
+    from fusebox_server.engine import DecodeBatch, prefill
+
+    loaded = load_model("primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer)
+    texts = ["Hello there", "a", "The quick brown fox jumps over the lazy dog", "Once"]
+    prompts = [tuple(tiny_tokenizer.backend_tokenizer.encode(t).ids) for t in texts]
+    expected = _alone(loaded, prompts[1], 8)
+    rows = [Decoding(loaded, prompt, GREEDY) for prompt in prompts]
+    tokens = prefill(loaded, rows)
+    batch = DecodeBatch(loaded)
+    batch.add(*rows)
+    kept = [tokens[1]]
+    kept.append(batch.step()[1])
+    for leaving in (rows[0], rows[2], rows[3]):  # the longest leaves: its columns go too
+        batch.remove(leaving)
+    assert batch.rows == [rows[1]]
+    while len(kept) < 8:
+        kept += batch.step()
+    assert kept == expected
+    batch.remove(rows[1])
+    assert len(batch) == 0
+
+
+def test_prompts_are_grouped_shortest_first_within_the_token_budget() -> None:
+    from fusebox_server.engine import prefill_groups
+
+    assert prefill_groups([5, 3, 4, 9], token_budget=15) == [[1, 2, 0], [3]]
+    assert prefill_groups([5, 3, 4, 9], token_budget=12) == [[1, 2], [0], [3]]
+    assert prefill_groups([40, 2], token_budget=16) == [[1], [0]]  # too long: alone
+    assert prefill_groups([], token_budget=16) == []
+
+
+def test_a_prompt_that_fails_in_a_group_fails_alone_and_the_others_start(
+    tiny_model_dir: Path, tiny_tokenizer: Any
+) -> None:
+    async def scenario() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        worker = InferenceWorker(loop, Faults({}), inbox_size=8)
+        worker.loaded = load_model(
+            "primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer
+        )
+        futures: list[asyncio.Future[Any]] = []
+        # All three wait in the inbox before the thread starts: one turn, one prefill group.
+        for prompt_ids in ((5, 6, 7), (10**9, 5), (8, 9)):
+            done: asyncio.Future[Any] = loop.create_future()
+            futures.append(done)
+
+            def deliver(event: Any, done: asyncio.Future[Any] = done) -> None:
+                if not isinstance(event, Piece) and not done.done():
+                    done.set_result(event)
+
+            worker.submit(
+                GenerationJob(
+                    request_id="t",
+                    variant="primary",
+                    prompt_ids=prompt_ids,
+                    sampling=GREEDY,
+                    max_tokens=4,
+                    deadline_monotonic=time.monotonic() + 60,
+                    tokenizer=tiny_tokenizer,
+                    deliver=deliver,
+                )
+            )
+        worker.start()
+        outcomes = [await future for future in futures]
+        worker.stop()
+        return outcomes
+
+    good, bad, other = asyncio.run(scenario())
+    assert isinstance(bad, Failed) and isinstance(bad.error, GenerationFailed)
+    for event in (good, other):
+        assert isinstance(event, Finished) and event.reason == "length"
+        assert event.completion_tokens == 4
