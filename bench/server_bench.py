@@ -148,7 +148,7 @@ def thread_environment(threads: int) -> dict[str, str]:
 
 
 def start_transformers_serve(
-    model_dir: Path, workdir: Path, peer_flags: list[str], threads: int
+    model_dir: Path, workdir: Path, peer_flags: list[str], threads: int, device: str = "cpu"
 ) -> tuple[Any, str, Path]:
     """The peer: `transformers serve --continuous-batching` with the given `--cb-*` flags."""
     port = free_port()
@@ -164,7 +164,7 @@ def start_transformers_serve(
             "--port",
             str(port),
             "--device",
-            "cpu",
+            device,
             "--continuous-batching",
             *peer_flags,
         ],
@@ -231,23 +231,34 @@ def interleaved_latency(
     return {"in_process": in_process, "http": over_http}
 
 
-def throughput_over_http(url: str, model: str, per_client: int) -> dict[str, Any]:
-    """One round: CONCURRENCY clients, each sending `per_client` requests back to back."""
-    tokens = [0] * CONCURRENCY
+def client_prompt(slot: int, index: int) -> str:
+    """The prompt client `slot` sends as its `index`-th request of a round (unique per round)."""
+    return f"{PROMPTS[(slot + index) % len(PROMPTS)]} ({slot}-{index})"
+
+
+def throughput_over_http(
+    url: str,
+    model: str,
+    per_client: int,
+    concurrency: int = CONCURRENCY,
+    new_tokens: int = NEW_TOKENS,
+) -> dict[str, Any]:
+    """One round: `concurrency` clients, each sending `per_client` requests back to back."""
+    tokens = [0] * concurrency
     errors: list[str] = []
-    barrier = threading.Barrier(CONCURRENCY + 1)
+    barrier = threading.Barrier(concurrency + 1)
 
     def client_loop(slot: int) -> None:
         with httpx.Client(base_url=url) as client:
             barrier.wait()
             for index in range(per_client):
-                prompt = f"{PROMPTS[(slot + index) % len(PROMPTS)]} ({slot}-{index})"
+                prompt = client_prompt(slot, index)
                 try:
-                    tokens[slot] += chat(client, model, prompt, NEW_TOKENS)
+                    tokens[slot] += chat(client, model, prompt, new_tokens)
                 except httpx.HTTPError as error:
                     errors.append(repr(error))
 
-    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(CONCURRENCY)]
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(concurrency)]
     for thread in threads:
         thread.start()
     barrier.wait()

@@ -6,7 +6,8 @@ operator's has two modes) or something this machine may lack (a cluster, the
 reason printed instead of failing on it or silently leaving it out. A test
 checks that every `bench/*_bench.py` has an entry, so a new script cannot be
 forgotten. GPU checks (`gpu_check.py`) are not benchmarks here: `make
-gpu-check` runs them on a machine with a GPU.
+gpu-check` runs them on a machine with a GPU. The GPU benchmark
+(`gpu_bench.py`) is listed, and skipped where there is no NVIDIA GPU.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ def _transformers_cli(environ: Mapping[str, str]) -> str | None:
     cli = Path(sys.executable).with_name("transformers")
     if not cli.exists():
         return f"no `transformers` CLI next to {sys.executable} (the peer it compares with)"
+    return None
+
+
+def _gpu(environ: Mapping[str, str]) -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return "no NVIDIA GPU here (no nvidia-smi); bench/gpu_run.sh runs gpu_bench.py on the H200"
     return None
 
 
@@ -78,6 +85,7 @@ def _cluster(environ: Mapping[str, str]) -> str | None:
 SUITE: tuple[Benchmark, ...] = (
     Benchmark("server", "server_bench.py", missing=_transformers_cli),
     Benchmark("sidecar", "sidecar_bench.py"),
+    Benchmark("gpu", "gpu_bench.py", missing=_gpu),
     Benchmark(
         "operator-reaction",
         "operator_bench.py",
