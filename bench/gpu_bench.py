@@ -476,7 +476,10 @@ class Run:
             )
         with ThreadPoolExecutor(len(starters)) as pool:
             futures = {name: pool.submit(starter) for name, starter in starters.items()}
-            self.in_process = InProcess(self.model_dir, config)
+            try:
+                self.in_process = InProcess(self.model_dir, config)
+            except Exception as error:  # noqa: BLE001  (recorded; the servers still run)
+                self.failed[STATIC_BATCH] = "".join(traceback.format_exception(error))[-3000:]
             for name, future in futures.items():
                 try:
                     process, url, log = future.result()
@@ -490,20 +493,20 @@ class Run:
                 model = "bench" if name == FUSEBOX else str(self.model_dir)
                 self.settings.append(http_setting(name, url, model, config))
         in_process = self.in_process
-        self.settings.append(
-            Setting(
-                STATIC_BATCH,
-                lambda concurrency: in_process.static_batch_round(concurrency, config.per_client),
+        if in_process is not None:
+            self.settings.append(
+                Setting(
+                    STATIC_BATCH,
+                    partial(in_process.static_batch_round, per_client=config.per_client),
+                )
             )
-        )
 
     def latency(self) -> dict[str, Any]:
         """c=1: in-process generate and one Fusebox request, alternated; the first pair warms up."""
         import httpx
 
-        assert self.in_process is not None
-        if not self.fusebox_url:
-            return {"skipped": "Fusebox did not start"}
+        if not self.fusebox_url or self.in_process is None:
+            return {"skipped": "Fusebox or the in-process model did not start (see failed)"}
         share = phase_share(
             self.budget.left(), 1 + len(self.config.concurrencies), SETTLE_RESERVE_SECONDS
         )

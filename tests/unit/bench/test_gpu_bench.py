@@ -13,6 +13,8 @@ from bench.gpu_bench import (
     Budget,
     compare,
     fits,
+    for_dry_run,
+    for_gpu,
     paired_ratios,
     phase_share,
     round_order,
@@ -99,3 +101,21 @@ def test_each_target_passes_or_fails_per_concurrency_and_an_unmeasured_one_fails
     ]
     assert lines[0]["bound"] == TARGETS["vs_best_continuous_batching_at_least"]
     assert verdicts({}, latency_ratio=None)[-1]["pass"] is False
+
+
+def test_the_gpu_run_measures_both_peer_variants_on_a_shared_card_at_32_and_64_clients() -> None:
+    config = for_gpu()
+
+    assert config.concurrencies == (32, 64)
+    assert (config.device, config.dtype, config.new_tokens) == ("cuda", "bfloat16", 64)
+    assert config.peer_variants[CB_GRAPH] == ["--cb-use-cuda-graph"]
+    assert config.peer_variants[CB] == []
+    assert "--cb-max-memory-percent" in config.peer_common_flags
+
+
+def test_the_dry_run_records_the_cuda_graph_variant_as_skipped_with_its_reason() -> None:
+    config = for_dry_run()
+
+    assert config.device == "cpu"
+    assert CB_GRAPH not in config.peer_variants
+    assert "CUDA" in config.skipped_variants[CB_GRAPH]
