@@ -153,10 +153,13 @@ def start_transformers_serve(
     """The peer: `transformers serve --continuous-batching` with the given `--cb-*` flags."""
     port = free_port()
     log = workdir / f"transformers-serve-{port}.log"
-    executable = Path(sys.executable).with_name("transformers")
+    # The CLI's module rather than its console script: the same code, and it runs
+    # where transformers comes from PYTHONPATH (the GPU machine's carried wheels).
     process = subprocess.Popen(
         [
-            str(executable),
+            sys.executable,
+            "-m",
+            "transformers.cli.transformers",
             "serve",
             str(model_dir),
             "--host",
