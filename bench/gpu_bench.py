@@ -774,7 +774,20 @@ def configure(arguments: argparse.Namespace) -> Config:
             *config.peer_common_flags,
             *shlex.split(arguments.peer_flags),
         ]
+    if arguments.peer_variant:
+        changes["peer_variants"] = {**config.peer_variants, **peer_variants(arguments.peer_variant)}
     return Config(**{**asdict(config), **changes})
+
+
+def peer_variants(specs: Sequence[str]) -> dict[str, list[str]]:
+    """`NAME=FLAGS` specs as peer variants, each named `transformers_serve_cb_NAME`."""
+    variants: dict[str, list[str]] = {}
+    for spec in specs:
+        name, separator, flags = spec.partition("=")
+        if not separator or not name.strip():
+            raise ValueError(f"--peer-variant wants NAME=FLAGS, got {spec!r}")
+        variants[f"{CB_PREFIX}_{name.strip()}"] = shlex.split(flags)
+    return variants
 
 
 def summary_lines(result: dict[str, Any]) -> Iterable[str]:
@@ -789,15 +802,33 @@ def summary_lines(result: dict[str, Any]) -> Iterable[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "gpu")
-    parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "gpu-bench")
-    parser.add_argument("--model-size", choices=sorted(MODEL_SHAPES))
-    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"))
-    parser.add_argument("--budget-seconds", type=float, default=480.0)
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "bench" / "results" / "gpu", help="gpu.json, gpu.png"
+    )
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "gpu-bench",
+        help="where the generated model is kept (made once)",
+    )
+    parser.add_argument("--model-size", choices=sorted(MODEL_SHAPES), help="default: 1b")
+    parser.add_argument(
+        "--dtype", choices=("bfloat16", "float16", "float32"), help="saved and served in"
+    )
+    parser.add_argument(
+        "--budget-seconds", type=float, default=480.0, help="rounds are trimmed to fit it"
+    )
     parser.add_argument("--rounds", type=int, help="measured rounds per concurrency (at most)")
     parser.add_argument("--concurrency", type=int, action="append", help="clients (repeatable)")
     parser.add_argument(
         "--peer-flags", default="", help="more `transformers serve` flags for every variant"
+    )
+    parser.add_argument(
+        "--peer-variant",
+        action="append",
+        metavar="NAME=FLAGS",
+        help="one more peer server, e.g. graph_bt16k='--cb-use-cuda-graph "
+        "--cb-max-batch-tokens 16384' (repeatable)",
     )
     parser.add_argument("--dry-run", action="store_true", help="CPU proof: small model, 4 clients")
     arguments = parser.parse_args()

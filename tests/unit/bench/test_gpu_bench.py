@@ -16,6 +16,7 @@ from bench.gpu_bench import (
     for_dry_run,
     for_gpu,
     paired_ratios,
+    peer_variants,
     phase_share,
     round_order,
     verdicts,
@@ -119,3 +120,13 @@ def test_the_dry_run_records_the_cuda_graph_variant_as_skipped_with_its_reason()
     assert config.device == "cpu"
     assert CB_GRAPH not in config.peer_variants
     assert "CUDA" in config.skipped_variants[CB_GRAPH]
+
+
+def test_a_peer_variant_spec_names_a_continuous_batching_setting_and_its_flags() -> None:
+    variants = peer_variants(["graph_bt16k=--cb-use-cuda-graph --cb-max-batch-tokens 16384"])
+
+    assert variants == {
+        f"{CB_PREFIX}_graph_bt16k": ["--cb-use-cuda-graph", "--cb-max-batch-tokens", "16384"]
+    }
+    with pytest.raises(ValueError, match="NAME=FLAGS"):
+        peer_variants(["--cb-use-cuda-graph"])
