@@ -208,6 +208,20 @@ def fits(estimate: float, spent_in_phase: float, share: float) -> bool:
     return spent_in_phase + estimate <= share
 
 
+def next_round_fits(
+    index: int, estimate: float, spent_in_phase: float, share: float, seconds_left: float
+) -> bool:
+    """Whether measured round `index` of a phase may run.
+
+    The first needs only to fit in what is left of the whole budget (after the
+    reserve): a warm-up that was slow once (CUDA-graph capture) must not leave a
+    concurrency with no figure at all. Later rounds must fit the phase's share.
+    """
+    if index == 0:
+        return estimate <= seconds_left - SETTLE_RESERVE_SECONDS
+    return fits(estimate, spent_in_phase, share)
+
+
 def paired_ratios(
     numerator: Sequence[float | None], denominator: Sequence[float | None]
 ) -> list[float]:
@@ -574,7 +588,7 @@ class Run:
         round_cost = warmup_cost  # the first estimate: a warm-up round is a round
         for index in range(self.config.rounds):
             spent = time.perf_counter() - started
-            if not fits(round_cost, spent, share):
+            if not next_round_fits(index, round_cost, spent, share, self.budget.left()):
                 self.trimmed.append(
                     f"c={concurrency}: {index} of {self.config.rounds} rounds (a round takes "
                     f"{round_cost:.1f} s; the phase's share was {share:.0f} s)"

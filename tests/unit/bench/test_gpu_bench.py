@@ -15,6 +15,7 @@ from bench.gpu_bench import (
     fits,
     for_dry_run,
     for_gpu,
+    next_round_fits,
     paired_ratios,
     peer_variants,
     phase_share,
@@ -54,6 +55,15 @@ def test_each_phase_gets_an_equal_share_of_what_is_left_after_the_reserve() -> N
 def test_a_round_runs_only_when_it_fits_in_the_phase_share() -> None:
     assert fits(estimate=30, spent_in_phase=60, share=90)
     assert not fits(estimate=31, spent_in_phase=60, share=90)
+
+
+def test_the_first_round_needs_only_the_whole_budget_later_ones_the_phase_share() -> None:
+    # A warm-up that took 90 s (graph capture) of a 100 s share still gets one round
+    # while the whole budget has room for it; the second must fit the share.
+    assert next_round_fits(0, estimate=90, spent_in_phase=90, share=100, seconds_left=200)
+    assert not next_round_fits(0, estimate=90, spent_in_phase=90, share=100, seconds_left=100)
+    assert not next_round_fits(1, estimate=20, spent_in_phase=90, share=100, seconds_left=200)
+    assert next_round_fits(1, estimate=10, spent_in_phase=90, share=100, seconds_left=200)
 
 
 def test_ratios_pair_rounds_by_index_and_skip_failed_rounds() -> None:
