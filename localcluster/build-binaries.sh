@@ -57,7 +57,7 @@ ln -sfn "$out" "$root/.cache/bin"
 # built from the modules pinned under localcluster/monitoring into
 # ${FUSEBOX_CACHE}/monitoring-<hash of those pins>, linked as .cache/monitoring.
 # Its own key: a change here rebuilds only these three binaries.
-monitoring_pins=$(cd "$here" && sed -n '/^# --- Monitoring addon/,$p' build-binaries.sh |
+monitoring_pins=$(cd "$here" && sed -n '/^# --- Monitoring addon/,/^# --- end of the monitoring addon/p' build-binaries.sh |
   cat - monitoring/*/go.mod monitoring/*/go.sum | sha256sum | cut -c1-16)
 monitoring_out="$cache/monitoring-$monitoring_pins"
 if [ -f "$monitoring_out/.complete" ]; then
@@ -93,3 +93,34 @@ else
 fi
 ln -sfn "$monitoring_out" "$root/.cache/monitoring"
 # --- end of the monitoring addon -------------------------------------------
+
+# --- containerd (the node's container runtime) ------------------------------
+# containerd 2 with CDI (Debian's 1.6 has none), its runc shim and ctr, built
+# from the module pinned under localcluster/containerd-pins into
+# ${FUSEBOX_CACHE}/containerd-<hash of those pins>, linked as .cache/containerd.
+# Its own key: a new containerd rebuilds only these three binaries. runc and
+# the CNI plugins stay Debian's.
+containerd_pins=$(cd "$here" && sed -n '/^# --- containerd (the node/,$p' build-binaries.sh |
+  cat - containerd-pins/go.mod containerd-pins/go.sum | sha256sum | cut -c1-16)
+containerd_out="$cache/containerd-$containerd_pins"
+if [ -f "$containerd_out/.complete" ]; then
+  echo "containerd: up to date in $containerd_out"
+else
+  tmp="$containerd_out.tmp"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  export CGO_ENABLED=0 GOFLAGS=-trimpath
+  containerd_version=$(cd "$here/containerd-pins" && go list -m -f '{{.Version}}' github.com/containerd/containerd/v2)
+  start=$SECONDS
+  echo "containerd: building $containerd_version (containerd, containerd-shim-runc-v2, ctr)"
+  # no_btrfs: the btrfs snapshotter needs cgo and the cluster uses overlayfs.
+  (cd "$here/containerd-pins" && go build -tags no_btrfs \
+    -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$containerd_version" -o "$tmp/" \
+    github.com/containerd/containerd/v2/cmd/containerd \
+    github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+    github.com/containerd/containerd/v2/cmd/ctr)
+  touch "$tmp/.complete"
+  rm -rf "$containerd_out" && mv "$tmp" "$containerd_out"
+  echo "containerd: built in $((SECONDS - start)) s into $containerd_out"
+fi
+ln -sfn "$containerd_out" "$root/.cache/containerd"
+# --- end of containerd ------------------------------------------------------
