@@ -14,9 +14,14 @@ import json
 from pathlib import Path
 
 from localcluster import dra, gpu
-from localcluster.config import ClusterConfig
+from localcluster.config import REPO_ROOT, ClusterConfig
 
 SANDBOX_IMAGE = "localhost/fusebox/pause:latest"
+
+# containerd 2 built by build-binaries.sh (Debian's 1.6 has no CDI), with its own
+# cache key; first on the daemons' PATH so containerd finds its own shim.
+CONTAINERD_BIN_DIR = REPO_ROOT / ".cache" / "containerd"
+CONTAINERD_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,55 +237,71 @@ def scheduler_argv(config: ClusterConfig, layout: Layout) -> list[str]:
 
 
 def containerd_config(config: ClusterConfig, layout: Layout) -> str:
-    """containerd 1.6 (Debian's) with the CRI plugin set for a rootful, SYS_RESOURCE-less host."""
+    """containerd 2 (version 4, its current form) with the CRI plugin set for a rootful,
+    SYS_RESOURCE-less host, reading the DRA driver's CDI specs."""
     root = Path(config.containerd_root)
-    cri = 'plugins."io.containerd.grpc.v1.cri"'
-    return f"""version = 2
-root = "{root}"
-state = "{layout.containerd / "state"}"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+    images = "plugins.'io.containerd.cri.v1.images'"
+    runtime = "plugins.'io.containerd.cri.v1.runtime'"
+    return f"""version = 4
+root = '{root}'
+state = '{layout.containerd / "state"}'
+# Not the host's /etc/containerd/conf.d: this cluster's settings are all here.
+imports = []
+disabled_plugins = ['io.containerd.snapshotter.v1.aufs', 'io.containerd.snapshotter.v1.btrfs',
+  'io.containerd.snapshotter.v1.zfs', 'io.containerd.snapshotter.v1.devmapper']
 
-[grpc]
-  address = "{config.containerd_socket}"
+[plugins.'io.containerd.server.v1.grpc']
+  address = '{config.containerd_socket}'
 
-[ttrpc]
-  address = "{config.containerd_socket}.ttrpc"
+[plugins.'io.containerd.server.v1.ttrpc']
+  address = '{config.containerd_socket}.ttrpc'
 
-[metrics]
-  address = ""
+[plugins.'io.containerd.server.v1.metrics']
+  address = ''
 
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{root / "opt"}"
+[plugins.'io.containerd.internal.v1.opt']
+  path = '{root / "opt"}'
 
-[{cri}]
-  sandbox_image = "{SANDBOX_IMAGE}"
+# NRI (on by default since 2.0) would listen on the host's /var/run/nri; nothing uses it.
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+
+[{images}]
+  snapshotter = 'overlayfs'
+
+  [{images}.pinned_images]
+    sandbox = '{SANDBOX_IMAGE}'
+
+[{runtime}]
   # Root here lacks CAP_SYS_RESOURCE: without this every sandbox fails to start.
   restrict_oom_score_adj = true
-  stream_server_address = "127.0.0.1"
   enable_selinux = false
+  # CDI is always on in containerd 2: the DRA driver's specs reach the containers.
+  cdi_spec_dirs = ['{dra.control_for(config).cdi_dir}']
 
-  [{cri}.containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
+  [{runtime}.containerd]
+    default_runtime_name = 'runc'
 
-    [{cri}.containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
+    [{runtime}.containerd.runtimes.runc]
+      runtime_type = 'io.containerd.runc.v2'
 
-      [{cri}.containerd.runtimes.runc.options]
+      [{runtime}.containerd.runtimes.runc.options]
         SystemdCgroup = false
         # Not /run/containerd/runc: keep runc's state with the cluster's.
-        Root = "{layout.containerd / "runc"}"
+        Root = '{layout.containerd / "runc"}'
 
-  [{cri}.cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "{layout.cni_conf_dir}"
+  [{runtime}.cni]
+    bin_dirs = ['/usr/lib/cni']
+    conf_dir = '{layout.cni_conf_dir}'
     max_conf_num = 1
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = '127.0.0.1'
 """
 
 
 def containerd_argv(layout: Layout) -> list[str]:
-    return ["containerd", f"--config={layout.containerd / 'config.toml'}"]
+    return [str(CONTAINERD_BIN_DIR / "containerd"), f"--config={layout.containerd / 'config.toml'}"]
 
 
 def cni_conflist(config: ClusterConfig, layout: Layout) -> str:
@@ -448,9 +469,6 @@ BUILT_BINARIES = (
     dra.DRIVER_BINARY,
 )
 SYSTEM_BINARIES = (
-    "containerd",
-    "containerd-shim-runc-v2",
-    "ctr",
     "runc",
     "iptables",
     "ip",

@@ -15,11 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from localcluster import hostchanges
-from localcluster.components import Layout
+from localcluster.components import CONTAINERD_BIN_DIR, Layout
 from localcluster.config import ClusterConfig
 from localcluster.progress import ClusterError, Reporter
 
-CTR = "ctr"
+CTR = str(CONTAINERD_BIN_DIR / "ctr")  # the built one, of the version that runs
 K8S_NAMESPACE = "k8s.io"
 
 
@@ -76,6 +76,22 @@ def require_images(config: ClusterConfig, names: tuple[str, ...]) -> None:
 def task_bundles(layout: Layout) -> list[Path]:
     tasks = layout.containerd / "state" / "io.containerd.runtime.v2.task" / K8S_NAMESPACE
     return sorted(tasks.iterdir()) if tasks.is_dir() else []
+
+
+def shim_socket_in(bundle: Path) -> Path | None:
+    """The socket of a task's shim, as its bundle records it; None when unreadable.
+
+    containerd 2.3+ writes `bootstrap.json` (`{"address": "unix://..."}`);
+    earlier versions wrote the address alone to `address`.
+    """
+    try:
+        address = str(json.loads((bundle / "bootstrap.json").read_text())["address"])
+    except (OSError, ValueError, KeyError, TypeError):
+        try:
+            address = (bundle / "address").read_text().strip()
+        except OSError:
+            return None
+    return Path(address.removeprefix("unix://")) if address else None
 
 
 def kill_containers(config: ClusterConfig, report: Reporter) -> list[str]:

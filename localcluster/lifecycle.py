@@ -43,6 +43,8 @@ from localcluster.components import (
     ADDON_COMPONENTS,
     BUILT_BINARIES,
     COMPONENTS,
+    CONTAINERD_BIN_DIR,
+    CONTAINERD_BINARIES,
     SANDBOX_IMAGE,
     SYSTEM_BINARIES,
     Layout,
@@ -80,6 +82,9 @@ def missing_binaries(config: ClusterConfig) -> list[str]:
     for name in needed:
         if not (bin_dir / name).is_file():
             problems.append(f"{bin_dir / name} is missing: run `make setup-binaries`")
+    for name in CONTAINERD_BINARIES:
+        if not (CONTAINERD_BIN_DIR / name).is_file():
+            problems.append(f"{CONTAINERD_BIN_DIR / name} is missing: run `make setup-binaries`")
     for name in SYSTEM_BINARIES:
         if shutil.which(name, path=_system_path(config)) is None:
             problems.append(f"{name} is not installed: run `make setup-system`")
@@ -89,7 +94,8 @@ def missing_binaries(config: ClusterConfig) -> list[str]:
 
 
 def _system_path(config: ClusterConfig) -> str:
-    return f"{config.bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    system = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    return f"{config.bin_dir}:{CONTAINERD_BIN_DIR}:{system}"
 
 
 def up(
@@ -439,12 +445,8 @@ def _remove_dead_shims_sockets(layout: Layout) -> None:
     tasks) can no longer see it. A socket nobody listens on is a dead shim's.
     """
     for bundle in containerd.task_bundles(layout):
-        try:
-            address = (bundle / "address").read_text().strip()
-        except OSError:
-            continue
-        path = Path(address.removeprefix("unix://"))
-        if path.is_socket() and not _listening(path):
+        path = containerd.shim_socket_in(bundle)
+        if path is not None and path.is_socket() and not _listening(path):
             path.unlink(missing_ok=True)
 
 
