@@ -23,7 +23,12 @@ from typing import Any
 import pytest
 
 from fusebox_contract.names import ConditionType, EventReason
-from fusebox_contract.wiring import GPU_DEVICE_CLASS, GPU_DRA_DRIVER, GPU_RESOURCE
+from fusebox_contract.wiring import (
+    GPU_DEVICE_CLASS,
+    GPU_DRA_DRIVER,
+    GPU_RESOURCE,
+    GPU_VISIBLE_DEVICES_ENV,
+)
 from localcluster import dra
 from localcluster.config import default_name, load_saved
 
@@ -91,6 +96,15 @@ def claim_of(service: Service, pod: dict[str, Any]) -> dict[str, Any]:
     return dict(json.loads(claim.stdout))
 
 
+def visible_gpu(service: Service, pod: dict[str, Any]) -> str:
+    """NVIDIA_VISIBLE_DEVICES as the server container sees it."""
+    read = f"import os; print(os.environ.get({GPU_VISIBLE_DEVICES_ENV!r}, ''))"
+    result = service.kubectl(
+        "exec", pod["metadata"]["name"], "-c", "server", "--", "/opt/venv/bin/python", "-c", read
+    )
+    return str(result.stdout).strip()
+
+
 def claim_health(service: Service, pod_name: str) -> list[dict[str, Any]]:
     pod = json.loads(service.kubectl("get", "pod", pod_name, "-o", "json").stdout)
     server = next(s for s in pod["status"].get("containerStatuses", []) if s["name"] == "server")
@@ -129,11 +143,11 @@ def test_a_device_class_gets_the_pod_its_gpu_through_a_claim_from_the_drivers_sl
     device = next(d for d in slice_devices(cluster) if d["name"] == result["device"])
     uuid = device["attributes"]["uuid"]["string"]
 
-    # The driver prepared it: the CDI spec the kubelet hands the runtime gives the
-    # container the GPU's UUID, as the device plugin's Allocate does.
+    # The driver prepared it and containerd applied its CDI spec: the container sees
+    # the allocated GPU's UUID, as it does the device plugin's.
     spec_file = dra_control.cdi_dir / f"k8s.gpu.nvidia.com-{claim['metadata']['uid']}.json"
-    cdi = json.loads(spec_file.read_text())
-    assert f"NVIDIA_VISIBLE_DEVICES={uuid}" in cdi["devices"][0]["containerEdits"]["env"]
+    assert spec_file.exists(), "the driver wrote no CDI spec for the claim"
+    assert visible_gpu(service, pod) == uuid
 
     # The kubelet reports the device's health, streamed by the driver, in the pod's status.
     resource_id = f"k8s.gpu.nvidia.com/claim={claim['metadata']['uid']}-{result['device']}"
