@@ -308,6 +308,7 @@ def test_the_tiny_chat_example_is_accepted_with_defaults(
         "headroomRatio": 1.25,
         "allowSwap": False,
         "maxGrowthRatio": 1,
+        "nodeAvailableFloor": "auto",
     }
 
 
