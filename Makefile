@@ -22,7 +22,7 @@ setup-system: ## Install the Debian packages the cluster and tests need (contain
 setup-python: ## Create the Python environment in the cache (keyed by requirements-dev.lock) and link .venv to it
 	@scripts/setup-python.sh
 
-setup-binaries: ## Build etcd, Kubernetes, helm, CoreDNS and kube-score from the pinned Go modules into the cache
+setup-binaries: ## Build etcd, Kubernetes, containerd, helm, CoreDNS, kube-score, kube-router and the simulated-GPU drivers from the pinned Go modules into the cache
 	@localcluster/build-binaries.sh
 
 lock: ## Re-resolve requirements-*.in into the committed lock files
