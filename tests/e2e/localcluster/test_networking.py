@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -48,14 +49,6 @@ def _deployment(kube: Any, name: str, replicas: int) -> dict[str, Any]:
     }
 
 
-def answers_once(kube: Any, url: str) -> bool:
-    try:
-        kube.http_get_json(url)
-    except OSError:
-        return False
-    return True
-
-
 def test_deployment_pods_and_service_answer_by_ip_clusterip_and_dns(
     cluster: Any, kube: Any
 ) -> None:
@@ -72,15 +65,22 @@ def test_deployment_pods_and_service_answer_by_ip_clusterip_and_dns(
         for name, ip in ips.items():
             assert kube.http_get_json(f"http://{ip}:8080/")["pod"] == name
         cluster_ip = kube.get("service", "web")["spec"]["clusterIP"]
-        # kube-proxy programs a new Service on its next sync, not at once:
-        # until then the ClusterIP refuses. Wait for the first answer.
+        # kube-proxy programs a new Service on its next sync, not at once: until
+        # then the ClusterIP refuses, and a sync that saw one ready endpoint sends
+        # everything to that pod until the next. Ask until both pods have answered.
+        seen: set[str] = set()
+
+        def both_pods_answered() -> bool:
+            with contextlib.suppress(OSError):  # refused: not programmed yet
+                seen.add(kube.http_get_json(f"http://{cluster_ip}/")["pod"])
+            return seen == set(ips)
+
         eventually(
-            lambda: answers_once(kube, f"http://{cluster_ip}/"),
-            timeout_seconds=60,
-            what=f"the ClusterIP {cluster_ip} to answer",
+            both_pods_answered,
+            timeout_seconds=90,
+            interval_seconds=0.2,
+            what=f"both pods to answer through the ClusterIP {cluster_ip}",
         )
-        seen = {kube.http_get_json(f"http://{cluster_ip}/")["pod"] for _ in range(30)}
-        assert seen == set(ips)
 
     # From inside a pod: the Service's DNS name balances across both pods.
     client = next(iter(ips))
