@@ -175,5 +175,7 @@ class EventReason(enum.StrEnum):
     SCALED_UP = "ScaledUp"
     SCALED_DOWN = "ScaledDown"
     SCALE_UP_BLOCKED = "ScaleUpBlocked"  # pods already Pending for lack of GPUs
+    PODS_UNSCHEDULABLE = "PodsUnschedulable"  # the scheduler cannot place a pod
+    PODS_FAILING = "PodsFailing"  # a pod's container cannot run (crash loop, image pull)
     NODE_MEMORY_PRESSURE = "NodeMemoryPressure"  # a node fell below the available floor
     NODE_MEMORY_RECOVERED = "NodeMemoryRecovered"  # and came back above it

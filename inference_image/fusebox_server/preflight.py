@@ -27,6 +27,18 @@ def _model_dir(path: Path, flag: str) -> None:
         raise ConfigError(f"{flag} {path}: no config.json (not a transformers model directory)")
 
 
+def check_model_dirs(config: ServerConfig) -> None:
+    """Raise ConfigError naming the flag whose model directory is absent or not a model.
+
+    The server runs this at start too: a path missing from the volume is a
+    configuration error (exit 2, this message), not transformers' guess that the
+    path is a hub repository id.
+    """
+    _model_dir(config.model_dir, "--model-dir")
+    if config.fallback_dir is not None:
+        _model_dir(config.fallback_dir, "--fallback-dir")
+
+
 def resolve_device(requested: str) -> torch.device:
     device = pick_device(requested)
     if device.type == "cuda":
@@ -41,9 +53,7 @@ def resolve_device(requested: str) -> torch.device:
 
 def check_config(config: ServerConfig) -> str:
     """The one-line summary of a valid configuration; raises ConfigError with the reason."""
-    _model_dir(config.model_dir, "--model-dir")
-    if config.fallback_dir is not None:
-        _model_dir(config.fallback_dir, "--fallback-dir")
+    check_model_dirs(config)
     if config.admin_token_file is not None:
         try:
             token = config.admin_token_file.read_text(encoding="utf-8").strip()

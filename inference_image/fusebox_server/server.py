@@ -27,7 +27,7 @@ from fusebox_server.app import build_api_app
 from fusebox_server.config import ConfigError, ServerConfig, parse_command_line
 from fusebox_server.faults import Faults, parse_faults
 from fusebox_server.logs import configure_logging
-from fusebox_server.preflight import check_config
+from fusebox_server.preflight import check_config, check_model_dirs
 from fusebox_server.runtime import Runtime
 from fusebox_server.stats import StatsThread
 
@@ -126,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if check_only:
             print(f"config ok: {check_config(config)}")
             return 0
+        check_model_dirs(config)
         token = read_token(config.admin_token_file)
     except (ConfigError, ValueError, OSError) as error:
         print(f"fusebox_server: {error}", file=sys.stderr)

@@ -231,7 +231,10 @@ class Actuator:
                 ADMIN_TIMEOUT_SECONDS,
             )
         except AdminError as error:
-            log.warning("runtime state of %s not set: %s", pod.name, error)
+            # A pod not yet ready is usually a server still loading behind a sidecar
+            # that already answers: expected, retried next tick, not worth a WARNING.
+            level = logging.WARNING if pod.ready else logging.INFO
+            log.log(level, "runtime state of %s not set: %s", pod.name, error)
             return False
         applied[key] = target
         return True

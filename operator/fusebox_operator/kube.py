@@ -56,6 +56,9 @@ class PodView:
     # The server's GPUs the kubelet reports Unhealthy (the device plugin's health).
     unhealthy_gpus: tuple[str, ...] = ()
     node: str = ""  # the node it runs on ("" while unscheduled)
+    # Why a container of the pod cannot run ("" when none is stuck): the kubelet's
+    # waiting reason and message (CrashLoopBackOff, ImagePullBackOff, ...).
+    failing: str = ""
 
     @property
     def instance(self) -> str:
@@ -342,7 +345,65 @@ def _pod_view(pod: Any) -> PodView:
         unschedulable=unschedulable,
         unhealthy_gpus=_unhealthy_gpus(server),
         node=(pod.spec.node_name if pod.spec else None) or "",
+        failing=_failing([s for s in (server, sidecar) if s is not None]),
     )
+
+
+# The kubelet's waiting reasons that do not clear by waiting (ContainerCreating and
+# PodInitializing do): a user must see them on the service, not only on the pod.
+FAILING_WAIT_REASONS = frozenset(
+    {
+        "CrashLoopBackOff",
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
+
+
+def _failing(statuses: Sequence[Any]) -> str:
+    """The first stuck container, as `server CrashLoopBackOff (last exit 1: Error): ...`.
+
+    A crash loop passes through three states: just exited (terminated, non-zero),
+    waiting in back-off, and running again; the first and the last, while not
+    ready after a failed run, are still the same failure (otherwise the service
+    would flap between PodsFailing and PodsNotReady on every retry). The text
+    ends with the container's own last words where it left any (its termination
+    message: the log's tail, as the operator's pods ask the kubelet to keep),
+    else the kubelet's.
+    """
+    for status in statuses:
+        waiting = status.state.waiting if status.state else None
+        last = status.last_state.terminated if status.last_state else None
+        last_text = f"last exit {last.exit_code}: {last.reason or 'terminated'}" if last else ""
+        last_words = _last_line(last.message) if last else ""
+        if waiting is not None and waiting.reason in FAILING_WAIT_REASONS:
+            text = f"{status.name} {waiting.reason}" + (f" ({last_text})" if last_text else "")
+            said = last_words or _last_line(waiting.message)
+            return text + (f": {said}" if said else "")
+        ended = status.state.terminated if status.state else None
+        if ended is not None and ended.exit_code != 0:
+            # Just exited: the kubelet has not yet put it in back-off.
+            text = f"{status.name} exited {ended.exit_code}: {ended.reason or 'terminated'}"
+            said = _last_line(ended.message)
+            return text + (f": {said}" if said else "")
+        retrying = status.state is not None and status.state.running is not None
+        if retrying and last is not None and last.exit_code != 0 and not status.ready:
+            text = f"{status.name} restarted {status.restart_count} time(s) ({last_text})"
+            return text + (f": {last_words}" if last_words else "")
+    return ""
+
+
+FAILING_TEXT_CHARS = 160
+
+
+def _last_line(message: str | None) -> str:
+    """The last non-blank line of a termination or waiting message, cut to fit a condition."""
+    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
+    return lines[-1][:FAILING_TEXT_CHARS] if lines else ""
 
 
 # How the kubelet names a ResourceClaim's devices in allocatedResourcesStatus.

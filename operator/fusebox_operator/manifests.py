@@ -277,6 +277,9 @@ def _server_container(
         "resources": resources,
         "securityContext": _restricted_container_security(),
         "volumeMounts": mounts,
+        # A server that exits on an error leaves its log's tail as the termination
+        # message: the operator quotes it in Ready (PodsFailing), describe shows it.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
 

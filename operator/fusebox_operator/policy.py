@@ -292,25 +292,32 @@ class PolicyState:
             "healthySince": self.healthy_since,
             # Lists, not maps: a merge patch replaces a list whole, so an entry
             # dropped here is dropped from the stored status too.
+            # An entry's absent value is an absent key, never null: the API server
+            # prunes nulls from a list's entries, the stored status then differs from
+            # the patch, and kopf warns "Merge-patching finished with inconsistencies".
             "ladders": [
-                {
-                    "key": key,
-                    "step": lad.step,
-                    "lastActionAt": lad.last_action_at,
-                    "calmSince": lad.calm_since,
-                    "actedStep": lad.acted_step,
-                }
+                without_nulls(
+                    {
+                        "key": key,
+                        "step": lad.step,
+                        "lastActionAt": lad.last_action_at,
+                        "calmSince": lad.calm_since,
+                        "actedStep": lad.acted_step,
+                    }
+                )
                 for key, lad in sorted(self.ladders.items())
             ],
             "pods": [
-                {
-                    "pod": pod,
-                    "variant": self.variants.get(pod),
-                    "swappedAt": self.swapped_at.get(pod),
-                    "counts": list(self.last_counts[pod].as_tuple())
-                    if pod in self.last_counts
-                    else None,
-                }
+                without_nulls(
+                    {
+                        "pod": pod,
+                        "variant": self.variants.get(pod),
+                        "swappedAt": self.swapped_at.get(pod),
+                        "counts": list(self.last_counts[pod].as_tuple())
+                        if pod in self.last_counts
+                        else None,
+                    }
+                )
                 for pod in sorted(set(self.variants) | set(self.last_counts))
             ],
             "lastRestartAt": self.last_restart_at,
@@ -515,6 +522,11 @@ def read_resources(
             ResourceReading(resource, ratio, slope, triggered, reason, seconds_to_limit, over)
         )
     return readings
+
+
+def without_nulls(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The entry without its None values (a list entry of status.policy)."""
+    return {key: value for key, value in entry.items() if value is not None}
 
 
 def next_action_id(state: PolicyState, kind: ActionKind) -> str:

@@ -30,6 +30,7 @@ from fusebox_operator.spec import InferenceServiceSpec
 REFRESH_SECONDS = 30.0
 MAX_PODS_LISTED = 20
 MAX_RECENT_ACTIONS = 10
+MAX_TROUBLED_PODS_LISTED = 3  # stuck pods named in Ready's message
 SCALE_LIMIT_GPU = "PodsPendingForGPU"  # ScalingLimited's reason while scale-up is held
 TIER_NAMES: dict[int, str] = {int(DegradationLevel.NONE): "none"} | {
     int(tier.level): tier.value for tier in DegradationTier
@@ -209,6 +210,63 @@ def fallback_note(state: PolicyState, spec: InferenceServiceSpec) -> str:
     return f"; the fallback tier cannot swap on {listed} (no usable fallback): primary serves"
 
 
+def pods_note(problems: Mapping[str, str], what: str) -> str:
+    """The pods named with their trouble (the first few), e.g. `p-1 unschedulable: ...`."""
+    listed = sorted(problems.items())[:MAX_TROUBLED_PODS_LISTED]
+    more = len(problems) - len(listed)
+    text = "; ".join(f"{pod} {what}: {message}" for pod, message in listed)
+    return text + (f"; and {more} more" if more > 0 else "")
+
+
+def ready_explanation(
+    state: PolicyState,
+    ready_pods: int,
+    desired_pods: int,
+    unschedulable: Mapping[str, str],
+    failing: Mapping[str, str],
+) -> tuple[str, str]:
+    """Ready's reason and message: what keeps the service from being Ready, by name.
+
+    A pod the scheduler cannot place (no free GPU, a claim no device satisfies,
+    too little memory on any node) or a container the kubelet cannot run
+    (crash loop, image pull, bad config) never becomes ready by waiting, so it
+    is named with the scheduler's or the kubelet's own words rather than
+    counted as "not ready".
+    """
+    counted = f"{ready_pods}/{desired_pods} pods ready"
+    if state.breaker is BreakerState.OPEN:
+        return "BreakerOpen", state.breaker_reason
+    if ready_pods < desired_pods and unschedulable:
+        note = pods_note(unschedulable, "unschedulable")
+        return EventReason.PODS_UNSCHEDULABLE, f"{counted}; {note}"
+    if ready_pods < desired_pods and failing:
+        return EventReason.PODS_FAILING, f"{counted}; {pods_note(failing, 'failing')}"
+    if ready_pods < desired_pods:
+        return "PodsNotReady", counted
+    return "PodsReady", counted
+
+
+# Ready's reasons that name pods stuck for good; each gets a Warning when it starts.
+STUCK_POD_REASONS = frozenset({EventReason.PODS_UNSCHEDULABLE, EventReason.PODS_FAILING})
+
+
+def stuck_pod_events(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[EventRecord]:
+    """A Warning when Ready turns to PodsUnschedulable or PodsFailing, once per spell.
+
+    Read from the conditions, so an operator restart in the middle of a spell
+    (its previous status already says so) posts nothing twice.
+    """
+
+    def ready_of(status: Mapping[str, Any]) -> Mapping[str, Any]:
+        conditions = status.get("conditions") or []
+        return next((c for c in conditions if c.get("type") == ConditionType.READY), {})
+
+    reason = str(ready_of(new).get("reason") or "")
+    if reason not in STUCK_POD_REASONS or ready_of(previous).get("reason") == reason:
+        return []
+    return [EventRecord("Warning", EventReason(reason), str(ready_of(new).get("message")))]
+
+
 def build_status(
     previous: Mapping[str, Any],
     state: PolicyState,
@@ -219,20 +277,21 @@ def build_status(
     generation: int,
     now: float,
     desired_pods: int | None = None,
+    unschedulable: Mapping[str, str] | None = None,
+    failing: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The whole telemetry-owned status, from the policy state and this scrape.
 
     `desired_pods`: the autoscaler's count this tick; None means `spec.replicas`.
+    `unschedulable`: pod -> the scheduler's message, for pods it cannot place;
+    `failing`: pod -> the container the kubelet cannot run, and why.
     """
     desired_pods = spec.replicas if desired_pods is None else desired_pods
     conditions: list[dict[str, Any]] = list(previous.get("conditions") or [])
     ready = ready_pods >= desired_pods and state.breaker is not BreakerState.OPEN
-    if state.breaker is BreakerState.OPEN:
-        ready_reason, ready_message = "BreakerOpen", state.breaker_reason
-    elif ready_pods < desired_pods:
-        ready_reason, ready_message = "PodsNotReady", f"{ready_pods}/{desired_pods} pods ready"
-    else:
-        ready_reason, ready_message = "PodsReady", f"{ready_pods}/{desired_pods} pods ready"
+    ready_reason, ready_message = ready_explanation(
+        state, ready_pods, desired_pods, unschedulable or {}, failing or {}
+    )
     conditions = set_condition(
         conditions, ConditionType.READY, ready, ready_reason, ready_message, generation, now
     )

@@ -51,6 +51,7 @@ from fusebox_operator.status import (
     build_status,
     scaling_events,
     should_write,
+    stuck_pod_events,
     transition_events,
 )
 from fusebox_operator.telemetry import scrapable
@@ -213,8 +214,18 @@ def runtime_targets(
 
 def settable(pods: Sequence[PodView], samples: Mapping[str, PodSample]) -> list[PodView]:
     """Pods whose admin API can take a call: a pod with neither readiness nor a good
-    scrape is still starting, and calling it would only time out."""
-    return [pod for pod in pods if pod.ready or (pod.name in samples and samples[pod.name].ok)]
+    scrape is still starting, and calling it would only time out. A pod whose server
+    waits in a crash loop has its sidecar scraped fine but no admin API to call."""
+    return [
+        pod
+        for pod in pods
+        if pod.ready or (pod.name in samples and samples[pod.name].ok and not crash_looping(pod))
+    ]
+
+
+def crash_looping(pod: PodView) -> bool:
+    """The server is failing and not running (waiting out a back-off)."""
+    return bool(pod.failing) and not pod.server_started
 
 
 def current_replicas(spec: InferenceServiceSpec, status: Mapping[str, Any]) -> int:
@@ -336,7 +347,10 @@ async def run_tick(
         inputs.generation,
         written_at,
         desired_pods=scale.replicas if scale else None,
+        unschedulable={p.name: p.unschedulable for p in inputs.pods if p.unschedulable},
+        failing={p.name: p.failing for p in inputs.pods if p.failing and not p.terminating},
     )
+    events += stuck_pod_events(inputs.status, new_status)
     if spec.gpu.count > 0:
         new_status["conditions"] = gpu_condition(
             new_status.get("conditions") or [], inputs.pods, inputs.generation, written_at

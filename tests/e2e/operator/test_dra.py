@@ -7,8 +7,8 @@ localcluster's DRA driver (localcluster/gpudra), the kubelet has the driver
 prepare it, and the pod runs and answers. The kubelet shows the device's health
 in the pod's status; a device turning unhealthy drains the pod to another, as
 on the device-plugin path (test_gpu_lost.py, which keeps covering that path).
-A claim no device can satisfy leaves the pod Pending with the scheduler's
-reason.
+A claim no device can satisfy leaves the pod Pending, and the service's Ready
+condition (and one Warning event) names it with the scheduler's reason.
 
 The GPUs are simulated at the hardware edge only (the driver's control files).
 """
@@ -214,7 +214,7 @@ def test_a_claimed_gpu_turning_unhealthy_drains_the_pod_to_another_gpu(
     )
 
 
-def test_a_claim_no_device_can_satisfy_leaves_the_pod_pending_with_the_schedulers_reason(
+def test_a_claim_no_device_can_satisfy_leaves_the_pod_pending_and_ready_names_the_reason(
     cluster: Any, inference_service: ServiceFactory, namespace: str
 ) -> None:
     # A DeviceClass no GPU of the slice matches: the claim can never be allocated.
@@ -239,6 +239,25 @@ def test_a_claim_no_device_can_satisfy_leaves_the_pod_pending_with_the_scheduler
         assert "cannot allocate all claims" in message, message
         (pod,) = service.pods()
         assert pod["status"]["phase"] == "Pending"
+
+        # The user sees it on the service itself, without autoscaling: Ready names the
+        # pod and the scheduler's words, and one Warning event says the same.
+        def ready_unschedulable() -> dict[str, Any] | None:
+            ready = service.condition(ConditionType.READY)
+            return ready if ready.get("reason") == EventReason.PODS_UNSCHEDULABLE else None
+
+        ready = wait_for("Ready False PodsUnschedulable", ready_unschedulable, timeout=60)
+        assert ready["status"] == "False"
+        assert pod["metadata"]["name"] in ready["message"], ready
+        assert "cannot allocate all claims" in ready["message"], ready
+        wait_for(
+            "a PodsUnschedulable event",
+            lambda: EventReason.PODS_UNSCHEDULABLE in service.event_reasons(),
+            timeout=30,
+        )
+        warnings = [e for e in service.events() if e["reason"] == EventReason.PODS_UNSCHEDULABLE]
+        assert len(warnings) == 1 and warnings[0]["type"] == "Warning", warnings
+        assert "cannot allocate all claims" in warnings[0]["message"]
     finally:
         cluster.kubectl(
             "delete", "deviceclass", device_class["metadata"]["name"], "--ignore-not-found"

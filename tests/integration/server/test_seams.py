@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fusebox_server_harness import ServerProcess
+from fusebox_server_harness import ServerProcess, free_port
 
 from fusebox_contract.stats import parse
 
@@ -23,10 +23,14 @@ REVISION = "3f2a9c1"
 def check_config(
     *flags: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
+    return run_server("--check-config", *flags, env=env)
+
+
+def run_server(*flags: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("FUSEBOX_")}
     environment.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "fusebox_server", "--check-config", *flags],
+        [sys.executable, "-m", "fusebox_server", *flags],
         capture_output=True,
         text=True,
         env=environment,
@@ -70,6 +74,20 @@ def test_check_config_refuses_with_the_reason_and_exit_2(
 def test_check_config_wants_a_model_directory_with_a_config(tmp_path: Path) -> None:
     result = check_config("--model-dir", str(tmp_path), "--device", "cpu")
     assert result.returncode == 2 and "config.json" in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--model-dir", "--fallback-dir"])
+def test_a_model_directory_missing_from_the_volume_stops_the_server_with_its_name(
+    tiny_model_dir: Path, tmp_path: Path, flag: str
+) -> None:
+    missing = tmp_path / "models" / "no-such-model"
+    dirs = {"--model-dir": str(tiny_model_dir), "--fallback-dir": str(tiny_model_dir)}
+    dirs[flag] = str(missing)
+    port_flags = ["--port", str(free_port()), "--admin-port", str(free_port())]
+    result = run_server(*(f for pair in dirs.items() for f in pair), *port_flags)
+    assert result.returncode == 2, result.stderr
+    assert f"{flag} {missing}: not a directory" in result.stderr
+    assert "Traceback" not in result.stderr and "Repo id" not in result.stderr
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from kubernetes.client import (
     V1ContainerState,
+    V1ContainerStateRunning,
     V1ContainerStateTerminated,
+    V1ContainerStateWaiting,
     V1ContainerStatus,
     V1ObjectMeta,
     V1Pod,
@@ -55,3 +57,80 @@ def test_the_servers_start_restarts_and_oom_come_from_its_own_status() -> None:
     assert view.server_restarts == 2
     assert view.oom_killed
     assert view.ready
+
+
+def waiting_server(reason: str, message: str, last_exit: int | None) -> V1ContainerStatus:
+    last = (
+        V1ContainerState(terminated=V1ContainerStateTerminated(exit_code=last_exit, reason="Error"))
+        if last_exit is not None
+        else None
+    )
+    return V1ContainerStatus(
+        name=SERVER_CONTAINER,
+        image="i",
+        image_id="",
+        ready=False,
+        restart_count=3,
+        state=V1ContainerState(waiting=V1ContainerStateWaiting(reason=reason, message=message)),
+        last_state=last,
+    )
+
+
+def pod_with(server: V1ContainerStatus) -> V1Pod:
+    return V1Pod(
+        metadata=V1ObjectMeta(name="p", uid="u"),
+        status=V1PodStatus(phase="Running", container_statuses=[server]),
+    )
+
+
+def test_a_crash_looping_server_is_failing_with_its_last_exit() -> None:
+    server = waiting_server("CrashLoopBackOff", "back-off 40s restarting", last_exit=1)
+    assert _pod_view(pod_with(server)).failing == (
+        "server CrashLoopBackOff (last exit 1: Error): back-off 40s restarting"
+    )
+
+
+def test_an_image_that_cannot_be_pulled_is_failing() -> None:
+    server = waiting_server("ImagePullBackOff", 'Back-off pulling image "x"', last_exit=None)
+    assert (
+        _pod_view(pod_with(server)).failing == 'server ImagePullBackOff: Back-off pulling image "x"'
+    )
+
+
+def test_a_container_still_being_created_is_not_failing() -> None:
+    server = waiting_server("ContainerCreating", "", last_exit=None)
+    assert _pod_view(pod_with(server)).failing == ""
+
+
+def test_a_crash_looping_server_between_back_offs_is_still_failing() -> None:
+    # The kubelet runs it again after each back-off: running, not ready, last run failed.
+    server = waiting_server("CrashLoopBackOff", "", last_exit=1)
+    server.state = V1ContainerState(running=V1ContainerStateRunning())
+    assert _pod_view(pod_with(server)).failing == "server restarted 3 time(s) (last exit 1: Error)"
+    server.ready = True
+    assert _pod_view(pod_with(server)).failing == ""
+
+
+def test_a_server_that_just_exited_non_zero_is_failing_before_its_back_off() -> None:
+    server = waiting_server("CrashLoopBackOff", "", last_exit=None)
+    ended = V1ContainerStateTerminated(exit_code=1, reason="Error")
+    server.state = V1ContainerState(terminated=ended)
+    assert _pod_view(pod_with(server)).failing == "server exited 1: Error"
+
+
+def test_the_servers_own_last_words_replace_the_kubelets_back_off_message() -> None:
+    server = waiting_server("CrashLoopBackOff", "back-off 40s restarting", last_exit=2)
+    words = "fusebox_server: --model-dir /models/m/x: not a directory"
+    assert server.last_state is not None and server.last_state.terminated is not None
+    server.last_state.terminated.message = f"first line\n{words}\n\n"
+    expected = f"server CrashLoopBackOff (last exit 2: Error): {words}"
+    assert _pod_view(pod_with(server)).failing == expected
+    server.state = V1ContainerState(running=V1ContainerStateRunning())
+    assert _pod_view(pod_with(server)).failing.endswith(f"(last exit 2: Error): {words}")
+
+
+def test_a_server_that_just_exited_is_quoted_and_a_long_line_is_cut() -> None:
+    server = waiting_server("CrashLoopBackOff", "", last_exit=None)
+    ended = V1ContainerStateTerminated(exit_code=1, reason="Error", message="x" * 500)
+    server.state = V1ContainerState(terminated=ended)
+    assert _pod_view(pod_with(server)).failing == "server exited 1: Error: " + "x" * 160

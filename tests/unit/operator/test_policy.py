@@ -836,3 +836,17 @@ def test_a_restarted_operator_without_a_trend_does_not_take_the_last_rung_for_a_
     state.ladders["p/rss"] = Ladder(step=1, last_action_at=T0 - COOLDOWN, acted_step=0)
     state, actions = run(state, leak_steps(60, 0.80 * 4096, 600))
     assert [a.kind for a in actions][:1] == [ActionKind.EMPTY_CACHE]
+
+
+def test_persisted_list_entries_hold_no_nulls_so_the_stored_status_equals_the_patch() -> None:
+    # The API server prunes nulls inside list entries; kopf then warned "Merge-patching
+    # finished with inconsistencies" on every status write of a service with pods.
+    state = PolicyState("svc")
+    state.last_counts["p"] = RequestCounts(succeeded=3)
+    state.ladders["p/rss"] = Ladder(1, 10.0, None, None)
+    persisted = state.to_status()
+    entries = [*persisted["pods"], *persisted["ladders"]]
+    assert entries and all(None not in entry.values() for entry in entries), entries
+    rebuilt = PolicyState.from_status("svc", {"policy": persisted})
+    assert rebuilt.last_counts == state.last_counts and rebuilt.ladders == state.ladders
+    assert rebuilt.pod_variant("p") is Variant.PRIMARY

@@ -12,6 +12,7 @@ from fusebox_operator.status import (
     iso,
     set_condition,
     should_write,
+    stuck_pod_events,
     transition_events,
 )
 
@@ -162,3 +163,79 @@ def test_keys_owned_by_reconcile_do_not_force_a_write() -> None:
     written = status_for(PolicyState("svc"), 1e9, T0)
     stored = {**written, "observedGeneration": 3, "memory": {"limitBytes": 1}}
     assert not should_write(stored, status_for(PolicyState("svc"), 1e9, T0 + 5, stored), T0 + 5)
+
+
+GPU_SHORT = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+
+
+def ready_condition(status: dict) -> dict:
+    return next(c for c in status["conditions"] if c["type"] == ConditionType.READY)
+
+
+def test_a_pod_the_scheduler_cannot_place_is_named_in_ready_with_its_message() -> None:
+    status = build_status(
+        {}, PolicyState("svc"), [], [], 0, ONE_POD, 1, T0, unschedulable={"p-1": GPU_SHORT}
+    )
+    ready = ready_condition(status)
+    assert ready["status"] == "False"
+    assert ready["reason"] == EventReason.PODS_UNSCHEDULABLE
+    assert ready["message"] == f"0/1 pods ready; p-1 unschedulable: {GPU_SHORT}"
+
+
+def test_pods_still_starting_are_only_not_ready() -> None:
+    status = build_status({}, PolicyState("svc"), [], [], 0, ONE_POD, 1, T0, unschedulable={})
+    assert ready_condition(status)["reason"] == "PodsNotReady"
+
+
+def test_an_extra_unschedulable_pod_does_not_unready_a_service_with_its_pods_ready() -> None:
+    status = build_status(
+        {}, PolicyState("svc"), [], [], 1, ONE_POD, 1, T0, unschedulable={"p-2": GPU_SHORT}
+    )
+    assert ready_condition(status)["reason"] == "PodsReady"
+
+
+def test_unschedulable_event_posted_once_per_spell_and_again_after_recovery() -> None:
+    def tick(previous: dict, ready_pods: int, unschedulable: dict[str, str]) -> dict:
+        return build_status(
+            previous, PolicyState("svc"), [], [], ready_pods, ONE_POD, 1, T0, None, unschedulable
+        )
+
+    starting = tick({}, 0, {})
+    pending = tick(starting, 0, {"p-1": GPU_SHORT})
+    (event,) = stuck_pod_events(starting, pending)
+    assert event.type == "Warning" and event.reason == EventReason.PODS_UNSCHEDULABLE
+    assert "p-1 unschedulable" in event.message and GPU_SHORT in event.message
+    # Still Pending on the next tick, or after an operator restart (status says so): quiet.
+    assert stuck_pod_events(pending, tick(pending, 0, {"p-1": GPU_SHORT})) == []
+    placed = tick(pending, 1, {})
+    assert stuck_pod_events(pending, placed) == []
+    assert len(stuck_pod_events(placed, tick(placed, 0, {"p-2": GPU_SHORT}))) == 1
+
+
+CRASHING = "server CrashLoopBackOff (last exit 1: Error): back-off 40s restarting failed container"
+
+
+def test_a_crash_looping_pod_is_named_in_ready_and_posted_once() -> None:
+    def tick(previous: dict, failing: dict[str, str]) -> dict:
+        return build_status(
+            previous, PolicyState("svc"), [], [], 0, ONE_POD, 1, T0, None, {}, failing
+        )
+
+    starting = tick({}, {})
+    crashing = tick(starting, {"p-1": CRASHING})
+    ready = ready_condition(crashing)
+    assert ready["status"] == "False" and ready["reason"] == EventReason.PODS_FAILING
+    assert ready["message"] == f"0/1 pods ready; p-1 failing: {CRASHING}"
+    (event,) = stuck_pod_events(starting, crashing)
+    assert event.type == "Warning" and event.reason == EventReason.PODS_FAILING
+    assert stuck_pod_events(crashing, tick(crashing, {"p-1": CRASHING})) == []
+
+
+def test_unschedulable_pods_are_named_before_failing_ones_and_the_list_is_bounded() -> None:
+    unschedulable = {f"p-{i}": GPU_SHORT for i in range(5)}
+    status = build_status(
+        {}, PolicyState("svc"), [], [], 0, SPEC, 1, T0, None, unschedulable, {"q": CRASHING}
+    )
+    ready = ready_condition(status)
+    assert ready["reason"] == EventReason.PODS_UNSCHEDULABLE
+    assert ready["message"].count("unschedulable:") == 3 and ready["message"].endswith("and 2 more")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from fusebox_contract.names import BreakerState, Variant
@@ -175,3 +176,12 @@ def test_breaker_state_goes_to_every_pod_at_once_whatever_the_rollout() -> None:
     assert {admit for _, admit, _ in wanted.values()} == {
         WITH_FALLBACK.breaker.half_open.admit_percent
     }
+
+
+def test_a_crash_looping_pod_is_not_called_on_its_admin_api_though_its_sidecar_answers() -> None:
+    sidecar_answers = {"a": PodSample("a", T0), "b": PodSample("b", T0)}
+    failing = "server CrashLoopBackOff (last exit 1: Error)"
+    crashing = replace(pod("a", ready=False), failing=failing, server_started=False)
+    # Between back-offs the server runs again and may answer: it is told its state.
+    retrying = replace(pod("b", ready=False), failing="server restarted 1 time(s)")
+    assert [p.name for p in settable([crashing, retrying], sidecar_answers)] == ["b"]
