@@ -722,6 +722,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {line}")
     print(f"  kubectl -n {NAMESPACE} get fis")
     print("Stop it with: make demo-down")
+    print("The demo's pods hold most of the node's CPU: run make demo-down before make test.")
     return 0
 
 

@@ -19,7 +19,8 @@ _TIERS = ("unit", "integration", "e2e")
 ALLOWED_SKIPS: dict[str, str] = {
     # "tests/tier/test_file.py::test_name": "why it may skip, and where it runs instead",
 }
-"""Node id patterns (fnmatch) of tests that may skip, each with its reason."""
+"""Node id patterns (fnmatch) of tests that may skip, each with its reason (a file
+skipped while collected has the file's node id, `tests/tier/test_file.py`)."""
 
 _skipped: list[tuple[str, str]] = []
 
@@ -33,10 +34,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(getattr(pytest.mark, tier))
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+def _record_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
     if report.skipped and not hasattr(report, "wasxfail"):
         reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
         _skipped.append((report.nodeid, reason))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _record_skip(report)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """A file skipped while collected (`importorskip`, a module-level skip) runs none of
+    its tests: it counts as a skip of its own, under the file's node id."""
+    _record_skip(report)
 
 
 def unlisted_skips(skipped: list[tuple[str, str]], allowed: dict[str, str]) -> list[str]:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+SELF_CGROUP = Path("/proc/self/cgroup")
 # cgroup v1 reports "no limit" as a huge page-aligned number.
 UNLIMITED_BYTES = 1 << 60
 
@@ -43,13 +44,15 @@ class CgroupMemory:
     limit_bytes: int | None
 
 
-def _memory_cgroup_dir() -> tuple[Path, int] | None:
+def _memory_cgroup_dir(
+    self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT
+) -> tuple[Path, int] | None:
     """(directory, cgroup version) of this process's memory cgroup."""
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        lines = self_cgroup.read_text().splitlines()
     except OSError:
         return None
-    v1_mount = CGROUP_ROOT / "memory"
+    v1_mount = cgroup_root / "memory"
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if "memory" in controllers.split(",") and v1_mount.is_dir():
@@ -58,8 +61,8 @@ def _memory_cgroup_dir() -> tuple[Path, int] | None:
     for line in lines:
         hierarchy, controllers, path = line.split(":", 2)
         if hierarchy == "0" and controllers == "":
-            candidate = CGROUP_ROOT / path.lstrip("/")
-            return (candidate if candidate.is_dir() else CGROUP_ROOT), 2
+            candidate = cgroup_root / path.lstrip("/")
+            return (candidate if candidate.is_dir() else cgroup_root), 2
     return None
 
 
@@ -87,8 +90,10 @@ def _stat_value(path: Path, key: str) -> int:
     return 0
 
 
-def cgroup_memory() -> CgroupMemory:
-    found = _memory_cgroup_dir()
+def cgroup_memory(self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> CgroupMemory:
+    """The working set and limit of this process's memory cgroup, v1 or v2 (the paths
+    are parameters so a test can hand it either layout)."""
+    found = _memory_cgroup_dir(self_cgroup, cgroup_root)
     if found is None:
         return CgroupMemory(None, None)
     directory, version = found

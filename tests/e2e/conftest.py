@@ -32,15 +32,19 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
+
+from . import capacity
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCALCLUSTER = [sys.executable, "-m", "localcluster"]
 UP_TIMEOUT_SECONDS = 600
 _PROXY_VARIABLES = frozenset({"http_proxy", "https_proxy", "all_proxy", "no_proxy"})
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +75,39 @@ class Cluster:
         if check and result.returncode != 0:
             pytest.fail(f"kubectl {' '.join(args)} exited {result.returncode}: {result.stderr}")
         return result
+
+
+def helm(cluster: Cluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the cluster's helm against it; on failure the assertion shows stderr."""
+    result = subprocess.run(
+        [str(cluster.bin_dir / "helm"), f"--kubeconfig={cluster.kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, f"helm {' '.join(args)}: {result.stderr}"
+    return result
+
+
+def wait_for(
+    what: str,
+    probe: Callable[[], T | None],
+    timeout: float = 240,
+    every: float = 2,
+    diagnose: Callable[[], str] | None = None,
+) -> T:
+    """Poll until probe() returns something truthy; fail naming `what`, the last value
+    and, when given, what `diagnose()` says about why (pod phases, conditions, events)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(every)
+    why = f"\n{diagnose()}" if diagnose is not None else ""
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; last seen: {last!r}{why}")
 
 
 PORT_FORWARD_READY_SECONDS = 30
@@ -251,11 +288,23 @@ def cluster() -> Iterator[Cluster]:
     bin_dir = Path(_env_value(env, "PATH"))
     pod_port_forwards.cluster = _with_node_ip(Cluster(kubeconfig, bin_dir, "", local=True))
     try:
+        _stop_unless_the_suite_fits(pod_port_forwards.cluster)
         yield pod_port_forwards.cluster
     finally:
         if not already_up:
             stopped = _localcluster("down", timeout=300)
             assert stopped.returncode == 0, f"localcluster down failed: {stopped.stderr}"
+
+
+def _stop_unless_the_suite_fits(cluster: Cluster) -> None:
+    """Stop the run, naming who holds the CPU, when the suite's pods could not schedule."""
+    allocatable = cluster.kubectl(
+        "get", "nodes", "-o", "jsonpath={.items[0].status.allocatable.cpu}"
+    ).stdout.strip()
+    pods = json.loads(cluster.kubectl("get", "pods", "-A", "-o", "json").stdout)["items"]
+    why = capacity.shortfall(allocatable, pods)
+    if why:
+        pytest.exit(f"e2e not started: {why}", returncode=1)
 
 
 @contextlib.contextmanager

@@ -16,23 +16,26 @@ Every wait polls with a generous deadline and fails with what it last saw.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
-import time
+import threading
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 
 from fusebox_contract.wiring import Port
+from localcluster.config import default_name, load_saved
 
-from ..conftest import Cluster, pod_port_forwards
+from ..conftest import Cluster, helm, pod_port_forwards, wait_for
 from ..monitoring import monitoring_installed, prometheus  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parents[3]
@@ -45,44 +48,48 @@ OPERATOR_LOG_LINES = 80
 # The kubelet's liveness probe and kopf's probe activity: 2 lines per probe, 3 a minute.
 PROBE_NOISE = ("aiohttp.access", "Activity 'scrapedAt' succeeded")
 PROBE_LINES_PER_MINUTE = 6
-T = TypeVar("T")
-
-
-def wait_for(
-    what: str,
-    probe: Callable[[], T | None],
-    timeout: float = 240,
-    every: float = 2,
-    diagnose: Callable[[], str] | None = None,
-) -> T:
-    """Poll until probe() returns something truthy; fail naming `what`, the last value
-    and, when given, what `diagnose()` says about why (pod phases, conditions, events)."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(every)
-    why = f"\n{diagnose()}" if diagnose is not None else ""
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; last seen: {last!r}{why}")
-
-
-def helm(cluster: Cluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [str(cluster.bin_dir / "helm"), f"--kubeconfig={cluster.kubeconfig}", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=timeout,
-    )
-    assert result.returncode == 0, f"helm {' '.join(args)}: {result.stderr}"
-    return result
 
 
 def pod_is_ready(pod: dict[str, Any]) -> bool:
     conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions") or []}
     return conditions.get("Ready") == "True" and not pod["metadata"].get("deletionTimestamp")
+
+
+def describe_pods(cluster: Cluster, namespace: str, pods: list[dict[str, Any]]) -> list[str]:
+    """Why pods are not ready, as `kubectl describe` would tell: each pod's phase, its
+    conditions that are not True (reason and message), waiting containers, and the
+    pod's recent Warning events (scheduling failures included)."""
+    lines = []
+    for pod in pods:
+        name, status = pod["metadata"]["name"], pod.get("status") or {}
+        lines.append(f"pod {name}: phase {status.get('phase')}")
+        for condition in status.get("conditions") or []:
+            if condition.get("status") != "True":
+                lines.append(
+                    f"  {condition['type']}={condition.get('status')} "
+                    f"{condition.get('reason', '')}: {condition.get('message', '')}"
+                )
+        for container in status.get("containerStatuses") or []:
+            waiting = (container.get("state") or {}).get("waiting")
+            if waiting:
+                lines.append(
+                    f"  container {container['name']} waiting: {waiting.get('reason')} "
+                    f"{waiting.get('message', '')}"
+                )
+        events = cluster.kubectl(
+            "-n",
+            namespace,
+            "get",
+            "events",
+            "--field-selector",
+            f"involvedObject.kind=Pod,involvedObject.name={name},type=Warning",
+            "-o",
+            "json",
+            check=False,
+        ).stdout
+        for event in (json.loads(events or "{}").get("items") or [])[-3:]:
+            lines.append(f"  event {event.get('reason')}: {event.get('message')}")
+    return lines
 
 
 @dataclass
@@ -144,11 +151,24 @@ class OperatorRelease:
         return "\n".join(kept[-lines:])
 
     def describe(self) -> str:
-        lines = []
-        for pod in self.pods():
-            conditions = [(c["type"], c["status"]) for c in pod["status"].get("conditions") or []]
-            lines.append(f"{pod['metadata']['name']}: {pod['status'].get('phase')} {conditions}")
+        lines = describe_pods(self.cluster, self.namespace, self.pods())
         return "\n".join(lines) or f"no pods match {self.selector}"
+
+    def install(self, *values: str, timeout: str = "4m") -> None:
+        """`helm upgrade --install` of the chart as this release, waiting for it; when
+        helm gives up, the failure says why: its error, then each operator pod's phase,
+        unmet conditions and Warning events (a node without room, a refused image)."""
+        try:
+            helm(
+                self.cluster,
+                *("upgrade", "--install", self.release, str(CHART), "--namespace", self.namespace),
+                "--skip-crds",  # the `crd` fixture owns the CRD
+                *values,
+                *("--wait", "--timeout", timeout),
+                timeout=600,
+            )
+        except AssertionError as helm_failed:
+            pytest.fail(f"{helm_failed}\n{self.describe()}")
 
 
 @pytest.fixture(scope="session")
@@ -179,21 +199,7 @@ def operator(cluster: Cluster, crd: None) -> Iterator[OperatorRelease]:
         "pod-security.kubernetes.io/enforce=restricted",
     )
     try:
-        helm(
-            cluster,
-            "upgrade",
-            "--install",
-            release.release,
-            str(CHART),
-            "--namespace",
-            release.namespace,
-            "--skip-crds",  # the `crd` fixture owns the CRD
-            "--set-json",
-            f"watchNamespaces={json.dumps([TEST_NAMESPACES])}",
-            "--wait",
-            "--timeout",
-            "4m",
-        )
+        release.install("--set-json", f"watchNamespaces={json.dumps([TEST_NAMESPACES])}")
         wait_for(
             "the operator pod Ready", release.ready_pod, timeout=120, diagnose=release.describe
         )
@@ -287,42 +293,13 @@ class Service:
         return ready
 
     def diagnose_pods(self) -> str:
-        """Why pods are not ready, as `kubectl describe` would tell: each pod's phase, its
-        conditions that are not True (reason and message), waiting containers, and the
-        pod's recent Warning events (scheduling failures included)."""
-        lines = []
+        """Why pods are not ready (describe_pods), or that there are none."""
         pods = self.pods()
+        lines = describe_pods(self.cluster, self.namespace, pods)
         if not pods:
             lines.append(
                 f"no pods of {self.name}; service conditions: {self.status().get('conditions')}"
             )
-        for pod in pods:
-            name, status = pod["metadata"]["name"], pod.get("status") or {}
-            lines.append(f"pod {name}: phase {status.get('phase')}")
-            for condition in status.get("conditions") or []:
-                if condition.get("status") != "True":
-                    lines.append(
-                        f"  {condition['type']}={condition.get('status')} "
-                        f"{condition.get('reason', '')}: {condition.get('message', '')}"
-                    )
-            for container in status.get("containerStatuses") or []:
-                waiting = (container.get("state") or {}).get("waiting")
-                if waiting:
-                    lines.append(
-                        f"  container {container['name']} waiting: {waiting.get('reason')} "
-                        f"{waiting.get('message', '')}"
-                    )
-            events = self.kubectl(
-                "get",
-                "events",
-                "--field-selector",
-                f"involvedObject.kind=Pod,involvedObject.name={name},type=Warning",
-                "-o",
-                "json",
-                check=False,
-            ).stdout
-            for event in (json.loads(events or "{}").get("items") or [])[-3:]:
-                lines.append(f"  event {event.get('reason')}: {event.get('message')}")
         return "\n".join(lines)
 
     def diagnose(self) -> str:
@@ -380,6 +357,25 @@ def chat(url: str, content: str = "Hello", max_tokens: int = 8, timeout: float =
         timeout=timeout,
     )
     return status
+
+
+@contextmanager
+def traffic(url: str, every_seconds: float) -> Iterator[None]:
+    """Chat requests in the background, one at a time, `every_seconds` apart."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.is_set():
+            chat(url, max_tokens=2)
+            stop.wait(every_seconds)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=90)
 
 
 ServiceFactory = Callable[..., Service]
@@ -531,22 +527,17 @@ def ready_endpoints(service: Service) -> int:
     )
 
 
-@pytest.fixture(scope="session")
-def two_gpus(cluster: Any) -> None:
-    """At least two simulated GPUs on the node (localcluster: `up --gpus 2` re-applies them)."""
+def node_gpus(cluster: Any, field: str = "allocatable") -> int:
+    """The node's nvidia.com/gpu in status.allocatable (healthy devices) or status.capacity."""
+    out = cluster.kubectl(
+        "get", "nodes", "-o", f"jsonpath={{.items[0].status.{field}.nvidia\\.com/gpu}}"
+    ).stdout.strip()
+    return int(out or 0)
 
-    def allocatable() -> int:
-        out = cluster.kubectl(
-            "get", "nodes", "-o", "jsonpath={.items[0].status.allocatable.nvidia\\.com/gpu}"
-        ).stdout.strip()
-        return int(out or 0)
 
-    if allocatable() >= 2:
-        return
-    if not cluster.local:
-        pytest.fail("the cluster's node offers fewer than 2 nvidia.com/gpu")
+def _set_gpu_count(count: int) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "localcluster", "up", "--gpus", "2"],
+        [sys.executable, "-m", "localcluster", "up", "--gpus", str(count)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -554,4 +545,35 @@ def two_gpus(cluster: Any) -> None:
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    wait_for("2 allocatable GPUs", lambda: allocatable() >= 2, timeout=60)
+
+
+@contextmanager
+def gpus_at_least(cluster: Any, count: int) -> Iterator[None]:
+    """At least `count` allocatable simulated GPUs for the block. A count raised for it
+    (localcluster: `up --gpus N`) is put back afterwards to what the cluster's saved
+    config had: the suite leaves a cluster it shares (the demo's) as it found it."""
+    if node_gpus(cluster) >= count:
+        yield
+        return
+    if not cluster.local:
+        pytest.fail(f"the cluster's node offers fewer than {count} nvidia.com/gpu")
+    saved = load_saved(default_name(os.environ), os.environ)
+    assert saved is not None, "localcluster is up but saved no config"
+    _set_gpu_count(count)
+    wait_for(f"{count} allocatable GPUs", lambda: node_gpus(cluster) >= count, timeout=60)
+    try:
+        yield
+    finally:
+        _set_gpu_count(saved.gpus)
+        wait_for(
+            f"the node's {saved.gpus} GPUs again",
+            lambda: node_gpus(cluster, "capacity") == saved.gpus,
+            timeout=60,
+        )
+
+
+@pytest.fixture(scope="session")
+def two_gpus(cluster: Any) -> Iterator[None]:
+    """At least two simulated GPUs on the node for the session; put back afterwards."""
+    with gpus_at_least(cluster, 2):
+        yield

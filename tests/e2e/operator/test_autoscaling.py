@@ -82,7 +82,12 @@ def test_load_scales_up_and_idle_scales_back_down_each_change_an_event(
 
     with steady_load(service, clients=4) as statuses:
         wait_for("a second replica", lambda: deployment_replicas(service) == 2, timeout=120)
-        wait_for("two ready pods", lambda: len(service.ready_pods()) == 2, timeout=240)
+        wait_for(
+            "two ready pods",
+            lambda: len(service.ready_pods()) == 2,
+            timeout=240,
+            diagnose=service.diagnose_pods,
+        )
         scaled = service.status()["autoscaling"]
         assert scaled["replicas"] == 2 and scaled["metric"] == "inFlight", scaled
     assert statuses and set(statuses) <= {200, 429, 503}, sorted(set(statuses))

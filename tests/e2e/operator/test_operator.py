@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -719,3 +720,30 @@ def test_a_wait_for_pods_that_cannot_schedule_says_why(
     assert "phase Pending" in message, message
     assert "PodScheduled=False Unschedulable" in message, message
     assert "nvidia.com/gpu.product" in message or "node affinity" in message.lower(), message
+
+
+def test_an_operator_install_that_cannot_schedule_says_why(
+    cluster: Any, crd: None, namespace: str
+) -> None:
+    """The suite installs its operator with `helm --wait`; when the node has no room
+    (the demo's pods hold its CPU), helm says only "context deadline exceeded"."""
+    release = OperatorRelease(cluster, namespace, f"nocpu-{namespace[-6:]}")
+    try:
+        with pytest.raises(pytest.fail.Exception) as failed:
+            release.install(
+                *("--set", f"watchNamespaces={{{namespace}}}"),
+                *("--set", "resources.requests.cpu=64", "--set", "resources.limits.cpu=64"),
+                timeout="30s",
+            )
+    finally:
+        subprocess.run(
+            [str(cluster.bin_dir / "helm"), f"--kubeconfig={cluster.kubeconfig}"]
+            + ["uninstall", release.release, "--namespace", namespace],
+            capture_output=True,
+            check=False,
+            timeout=180,
+        )
+    message = str(failed.value)
+    assert "phase Pending" in message, message
+    assert "PodScheduled=False Unschedulable" in message, message
+    assert "Insufficient cpu" in message, message

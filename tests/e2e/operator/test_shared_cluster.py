@@ -7,7 +7,8 @@ its own. Then a representative test runs against the suite's release: a service
 applied, served and deleted, and the suite's operator crashed and replaced. The
 stand-in's operator pod must still be the same pod with the same restart count,
 its service still its own, and neither operator may ever have named the other's
-namespace in its log.
+namespace in its log. And a GPU count the suite raises for its tests (`two_gpus`)
+is the cluster's own again afterwards.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from .conftest import (
     ServiceFactory,
     base_spec,
     chat,
+    gpus_at_least,
     helm,
+    node_gpus,
     wait_for,
 )
 
@@ -170,3 +173,12 @@ def test_another_release_keeps_running_untouched_while_the_suite_runs(
     assert f"{stand_in_demo.namespace}/{STAND_IN_SERVICE}" in stand_in_log, stand_in_log[-3000:]
     assert stand_in_demo.namespace not in suite_log, suite_log[-3000:]
     assert namespace not in stand_in_log, stand_in_log[-3000:]
+
+
+def test_a_gpu_count_raised_for_the_suite_is_put_back_afterwards(cluster: Cluster) -> None:
+    """`two_gpus` raises the node's simulated GPUs through `gpus_at_least`; the cluster
+    it shares (the demo's, started with one) keeps the count it had."""
+    before = node_gpus(cluster, "capacity")
+    with gpus_at_least(cluster, before + 1):
+        assert node_gpus(cluster) >= before + 1
+    assert node_gpus(cluster, "capacity") == before
