@@ -16,7 +16,7 @@ help: ## List the targets with what each one does
 .PHONY: setup setup-system setup-python setup-binaries lock
 setup: setup-system setup-python setup-binaries ## Install everything (Debian packages, Python env, cluster binaries); a warm machine rebuilds nothing
 
-setup-system: ## Install the Debian packages the cluster and tests need (containerd, runc, CNI, podman, debootstrap, promtool)
+setup-system: ## Install the Debian packages the cluster and tests need (runc, CNI plugins, podman, debootstrap, iptables, ipset, promtool)
 	@scripts/install-system-packages.sh
 
 setup-python: ## Create the Python environment in the cache (keyed by requirements-dev.lock) and link .venv to it

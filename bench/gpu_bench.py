@@ -62,15 +62,20 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.server_bench import (  # noqa: E402  (the repository root is on the path only now)
+    NO_PLOT,
     PROMPTS,
     chat,
     client_prompt,
+    draw_latency_c1,
+    pyplot,
+    save_figure,
     start_fusebox,
     start_transformers_serve,
     stop,
     summarize,
     throughput_over_http,
 )
+from fusebox_server.tiny_model import SIZES, ModelSize  # noqa: E402
 
 FUSEBOX = "fusebox"
 STATIC_BATCH = "static_batch_generate"
@@ -84,24 +89,14 @@ SETTLE_RESERVE_SECONDS = 20.0  # stopping the servers, writing the JSON and the 
 FILES = ("gpu.json", "gpu.png", "servers.log")
 
 
-@dataclass(frozen=True)
-class Shape:
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-
-
 MODEL_SHAPES = {
     # 20 layers of 2048 wide (MHA, SwiGLU 5632): 1.03 B parameters with the
     # project's 2,048-token vocabulary, about 2 GB in bfloat16.
-    "1b": Shape(
+    "1b": ModelSize(
         hidden_size=2048, intermediate_size=5632, num_hidden_layers=20, num_attention_heads=16
     ),
     # tiny_model's `small` shape (26 M parameters): the dry run's model.
-    "small": Shape(
-        hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8
-    ),
+    "small": SIZES["small"],
 }
 
 
@@ -310,7 +305,12 @@ def ensure_bench_model(work_dir: Path, size: str, dtype: str, device: str) -> Pa
     import torch
     import transformers
 
-    from fusebox_server.tiny_model import SEED, SPECIAL_TOKENS, ensure_model, generator_fingerprint
+    from fusebox_server.tiny_model import (
+        SEED,
+        ensure_model,
+        generator_fingerprint,
+        make_greedy_text,
+    )
 
     target = work_dir / f"llama-{size}-{dtype}-{generator_fingerprint()}"
     marker = target / "bench-model.json"
@@ -326,13 +326,9 @@ def ensure_bench_model(work_dir: Path, size: str, dtype: str, device: str) -> Pa
     torch.manual_seed(SEED)
     with torch.device(device):
         model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for token in SPECIAL_TOKENS:
-            model.lm_head.weight[tokenizer.convert_tokens_to_ids(token)].zero_()
-        model.lm_head.weight[len(tokenizer) :].zero_()
+    make_greedy_text(model, tokenizer)
     model = model.to(getattr(torch, dtype))
     model.config.dtype = dtype
-    model.generation_config.do_sample = False
     parameters = sum(p.numel() for p in model.parameters())
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=work_dir))
     model.save_pretrained(staging)
@@ -715,13 +711,9 @@ def run(config: Config, budget: Budget, work_dir: Path, out: Path) -> dict[str, 
 
 def plot(result: dict[str, Any], path: Path) -> str:
     """Median tok/s per setting at each concurrency, and the c=1 latencies."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "not drawn: matplotlib is not installed"
+    plt = pyplot()
+    if plt is None:
+        return NO_PLOT
     throughput = result.get("throughput", {})
     names = sorted({name for t in throughput.values() for name in t["median_tokens_per_second"]})
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -752,16 +744,8 @@ def plot(result: dict[str, Any], path: Path) -> str:
         left.legend(fontsize=7)
     latency = result.get("latency_c1", {})
     if "samples" in latency:
-        samples = latency["samples"]
-        right.boxplot([samples["in_process"], samples["http"]])
-        right.set_xticks([1, 2], ["in-process generate", "Fusebox HTTP"])
-        right.set_title(f"c=1 latency: p50 ratio {_x(latency['p50_ratio'])}")
-        right.set_ylabel("seconds")
-        right.set_ylim(bottom=0)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return str(path)
+        draw_latency_c1(right, latency["samples"], _x(latency["p50_ratio"]))
+    return save_figure(plt, figure, path)
 
 
 def _count(parameters: int) -> str:

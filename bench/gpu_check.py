@@ -50,8 +50,6 @@ import csv
 import json
 import os
 import secrets
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -64,6 +62,12 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench import loopback  # noqa: E402  (the repository root is on the path only now)
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -117,26 +121,6 @@ def cuda_report() -> dict[str, Any]:
     return report
 
 
-def ensure_model(model_dir: Path | None, size: str) -> Path:
-    if model_dir is None:
-        cache = Path(os.environ.get("FUSEBOX_CACHE", Path.home() / ".cache" / "fusebox"))
-        model_dir = cache / "models" / size
-    if not (model_dir / "config.json").exists():
-        print(f"gpu_check: generating the {size} model into {model_dir}", flush=True)
-        subprocess.run(
-            [_python(), "-m", "fusebox_server.tiny_model", str(model_dir), "--size", size],
-            check=True,
-            timeout=900,
-        )
-    return model_dir
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _http_json(
     url: str,
     method: str = "GET",
@@ -186,40 +170,21 @@ class Stack:
         extra_flags: tuple[str, ...] = ("--fallback-quantization", "int8"),
         faults: str | None = None,
     ) -> None:
-        token_file = self.workdir / "admin-token"
-        token_file.write_text(self.token)
-        token_file.chmod(0o600)
-        api_port, admin_port = _free_port(), _free_port()
-        self.api_url = f"http://127.0.0.1:{api_port}"
-        self.admin_url = f"http://127.0.0.1:{admin_port}"
+        token_file = loopback.write_token_file(self.workdir / "admin-token", self.token)
+        api_port, admin_port = loopback.free_port(), loopback.free_port()
+        self.api_url = f"http://{loopback.HOST}:{api_port}"
+        self.admin_url = f"http://{loopback.HOST}:{admin_port}"
         log_file = (self.out / "server.log").open("wb")
         self.server = subprocess.Popen(
-            [
-                _python(),
-                "-m",
-                "fusebox_server",
-                "--model-dir",
-                str(model_dir),
-                "--model-name",
-                "chat",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(api_port),
-                "--admin-port",
-                str(admin_port),
-                "--admin-token-file",
-                str(token_file),
-                "--stats-file",
-                str(self.stats_path),
-                "--device",
-                device,
-                "--max-new-tokens",
-                "16",
-                "--memory-guard-ratio",
-                "1.0",
-                *extra_flags,
-            ],
+            loopback.server_command(
+                model_dir,
+                api_port=api_port,
+                admin_port=admin_port,
+                token_file=token_file,
+                stats_path=self.stats_path,
+                device=device,
+                extra_flags=("--memory-guard-ratio", "1.0", *extra_flags),
+            ),
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env={
@@ -248,43 +213,18 @@ class Stack:
 
     def start_sidecar(self, deadline: float) -> None:
         log_path = self.out / "sidecar.log"
-        with log_path.open("wb") as log_file:
-            self.sidecar = subprocess.Popen(
-                [
-                    _python(),
-                    "-m",
-                    "fusebox_sidecar",
-                    "--stats-file",
-                    str(self.stats_path),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    "0",
-                ],
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        try:
+            self.sidecar, port = loopback.start_sidecar(
+                self.stats_path, log_path, timeout_seconds=deadline - time.monotonic()
             )
-        while time.monotonic() < deadline:
-            for line in log_path.read_text().splitlines():
-                if '"listening"' in line:
-                    self.metrics_url = f"http://127.0.0.1:{json.loads(line)['port']}/metrics"
-                    return
-            if self.sidecar.poll() is not None:
-                break
-            time.sleep(0.1)
-        raise CheckAborted(f"the sidecar did not start; see {log_path}")
+        except loopback.SidecarDidNotStart:
+            raise CheckAborted(f"the sidecar did not start; see {log_path}") from None
+        self.metrics_url = f"http://{loopback.HOST}:{port}/metrics"
 
     def stop(self) -> None:
         for process in (self.sidecar, self.server):
-            if process is None or process.poll() is not None:
-                continue
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            if process is not None:
+                loopback.stop(process, grace_seconds=15)
 
 
 def scrape(metrics_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -933,7 +873,7 @@ def main() -> int:
 
     out: Path = arguments.out
     out.mkdir(parents=True, exist_ok=True)
-    model_dir = ensure_model(arguments.model_dir, size)
+    model_dir = loopback.generated_model(size, arguments.model_dir)
     checks: list[tuple[str, bool, str]] = []
     if "leak" in checks_asked:
         leak_checks = run_leak_check(arguments, out, model_dir, device, cuda, started, deadline)

@@ -35,7 +35,6 @@ import gc
 import json
 import os
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench import loopback  # noqa: E402  (the repository root is on the path only now)
 
 TARGETS = {
     "latency_c1_p50_ratio_at_most": 1.05,
@@ -64,12 +69,6 @@ PROMPTS = [
     "How do I reset my password?",
     "Tell me a joke about computers.",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def summarize(values: list[float]) -> dict[str, float]:
@@ -104,23 +103,17 @@ def wait_http(url: str, process: subprocess.Popen[bytes], log: Path, timeout: fl
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    loopback.stop(process, grace_seconds=20)
 
 
 def start_fusebox(model_dir: Path, workdir: Path, **flags: Any) -> tuple[Any, str, Path]:
-    port = free_port()
+    port = loopback.free_port()
     args = {
         "model-dir": model_dir,
         "model-name": "bench",
         "host": "127.0.0.1",
         "port": port,
-        "admin-port": free_port(),
+        "admin-port": loopback.free_port(),
         "stats-file": workdir / f"stats-{port}.json",
         "max-concurrency": CONCURRENCY,
         "max-queue": 256,
@@ -148,10 +141,15 @@ def thread_environment(threads: int) -> dict[str, str]:
 
 
 def start_transformers_serve(
-    model_dir: Path, workdir: Path, peer_flags: list[str], threads: int, device: str = "cpu"
+    model_dir: Path,
+    workdir: Path,
+    peer_flags: list[str],
+    threads: int,
+    device: str = "cpu",
+    dtype: str = "auto",
 ) -> tuple[Any, str, Path]:
     """The peer: `transformers serve --continuous-batching` with the given `--cb-*` flags."""
-    port = free_port()
+    port = loopback.free_port()
     log = workdir / f"transformers-serve-{port}.log"
     # The CLI's module rather than its console script: the same code, and it runs
     # where transformers comes from PYTHONPATH (the GPU machine's carried wheels).
@@ -169,6 +167,8 @@ def start_transformers_serve(
             "--device",
             device,
             "--continuous-batching",
+            "--dtype",
+            dtype,
             *peer_flags,
         ],
         stdout=log.open("wb"),
@@ -198,7 +198,7 @@ def chat(client: httpx.Client, model: str, prompt: str, max_tokens: int) -> int:
 
 
 def interleaved_latency(
-    model_dir: Path, url: str, requests: int, threads: int
+    model_dir: Path, url: str, requests: int, threads: int, dtype: str = "float32"
 ) -> dict[str, list[float]]:
     """Alternate one in-process generate and one HTTP request, so load hits both alike."""
     import torch
@@ -208,7 +208,9 @@ def interleaved_latency(
         torch.set_num_threads(threads)  # the same intra-op threads as the servers get
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), local_files_only=True, dtype=getattr(torch, dtype)
+    ).eval()
     in_process: list[float] = []
     over_http: list[float] = []
     with httpx.Client(base_url=url) as client, torch.inference_mode():
@@ -360,6 +362,7 @@ def run(
     threads: int,
     peer_flags: list[str],
     out: Path,
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     from fusebox_server.tiny_model import ensure_model
 
@@ -372,16 +375,21 @@ def run(
         "requests_per_client_per_round": per_client,
         "endpoint": "/v1/chat/completions (non-streaming, temperature 0)",
         "threads": threads or "torch default",
+        "dtype": dtype,
         "peer": ["transformers", "serve", "--continuous-batching", *peer_flags],
         "machine": {"cpus": os.cpu_count(), "load_average_1m_at_start": os.getloadavg()[0]},
     }
-    flags = {"torch_threads": threads} if threads > 0 else {}
+    flags: dict[str, Any] = {"dtype": dtype}
+    if threads > 0:
+        flags["torch_threads"] = threads
     with tempfile.TemporaryDirectory(prefix="fusebox-bench-") as raw:
         workdir = Path(raw)
         fusebox, url, _ = start_fusebox(small, workdir, **flags)
-        peer, peer_url, _ = start_transformers_serve(small, workdir, peer_flags, threads)
+        peer, peer_url, _ = start_transformers_serve(
+            small, workdir, peer_flags, threads, dtype=dtype
+        )
         try:
-            pairs = interleaved_latency(small, url, requests, threads)
+            pairs = interleaved_latency(small, url, requests, threads, dtype)
             throughput = interleaved_throughput(
                 {"fusebox": (url, "bench"), "transformers_serve_cb": (peer_url, str(small))},
                 per_client,
@@ -410,15 +418,42 @@ def run(
     return result
 
 
-def plot(result: dict[str, Any], path: Path) -> str:
-    """Per-round throughput of both servers and the c=1 latencies; says why when it cannot."""
+NO_PLOT = "not drawn: matplotlib is not installed"
+
+
+def pyplot() -> Any | None:
+    """matplotlib's pyplot drawing to files (Agg); None where matplotlib is not installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "not drawn: matplotlib is not installed"
+        return None
+    return plt
+
+
+def draw_latency_c1(axes: Any, samples: dict[str, list[float]], p50_ratio: str) -> None:
+    """The c=1 latencies, in-process generate beside Fusebox over HTTP, as two boxes."""
+    axes.boxplot([samples["in_process"], samples["http"]])
+    axes.set_xticks([1, 2], ["in-process generate", "Fusebox HTTP"])
+    axes.set_title(f"c=1 latency: p50 ratio {p50_ratio}")
+    axes.set_ylabel("seconds")
+    axes.set_ylim(bottom=0)
+
+
+def save_figure(plt: Any, figure: Any, path: Path) -> str:
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return str(path)
+
+
+def plot(result: dict[str, Any], path: Path) -> str:
+    """Per-round throughput of both servers and the c=1 latencies; says why when it cannot."""
+    plt = pyplot()
+    if plt is None:
+        return NO_PLOT
     rounds = result["throughput_c16"]["rounds"]
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for name, runs in rounds.items():
@@ -433,15 +468,8 @@ def plot(result: dict[str, Any], path: Path) -> str:
     left.set_ylim(bottom=0)
     left.legend()
     samples = result["latency_c1_seconds"]["samples"]
-    right.boxplot([samples["in_process"], samples["http"]])
-    right.set_xticks([1, 2], ["in-process generate", "Fusebox HTTP"])
-    right.set_title(f"c=1 latency: p50 ratio {result['latency_c1_p50_ratio']:.2f}x")
-    right.set_ylabel("seconds")
-    right.set_ylim(bottom=0)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return str(path)
+    draw_latency_c1(right, samples, f"{result['latency_c1_p50_ratio']:.2f}x")
+    return save_figure(plt, figure, path)
 
 
 def main() -> int:
@@ -459,6 +487,12 @@ def main() -> int:
     parser.add_argument(
         "--peer-flags", default="", help="extra `transformers serve` flags, e.g. --cb-block-size 32"
     )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="weights' dtype for both servers and in-process generate (the model is saved fp32)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results/server.json"))
     arguments = parser.parse_args()
     result = run(
@@ -469,6 +503,7 @@ def main() -> int:
         arguments.threads,
         shlex.split(arguments.peer_flags),
         arguments.out,
+        arguments.dtype,
     )
     summary = {
         key: result.get(key)

@@ -49,6 +49,12 @@ from fusebox_contract.stats import (
     dumps,
 )
 
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench import loopback  # noqa: E402  (the repository root is on the path only now)
+
 RSS_TARGET_BYTES = 60 * 1000 * 1000
 SCRAPE_P99_TARGET_SECONDS = 0.020
 
@@ -133,32 +139,10 @@ def _write_stats_forever(path: Path, pid: int, stop: threading.Event) -> None:
 
 
 def _start_sidecar(stats_path: Path, log_path: Path) -> tuple[subprocess.Popen[bytes], int]:
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "fusebox_sidecar",
-                "--stats-file",
-                str(stats_path),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-            ],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for line in log_path.read_text().splitlines():
-            if '"listening"' in line:
-                return process, int(json.loads(line)["port"])
-        if process.poll() is not None:
-            break
-        time.sleep(0.05)
-    process.kill()
-    raise SystemExit(f"the sidecar did not start:\n{log_path.read_text()}")
+    try:
+        return loopback.start_sidecar(stats_path, log_path, timeout_seconds=60)
+    except loopback.SidecarDidNotStart as error:
+        raise SystemExit(str(error)) from None
 
 
 def _timed_gets(port: int, path: str, count: int) -> list[float]:

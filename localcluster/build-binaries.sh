@@ -8,10 +8,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 cache=${FUSEBOX_CACHE:-$HOME/.cache/fusebox}
 # The device plugin (gpusim) and the DRA driver (gpudra) are source written here,
-# so their .go files count as pins.
+# so their .go files count as pins, with those of the control-file reader both
+# require (gpuctl, through a replace directive).
 # The monitoring addon's section at the end has its own key, so it is left out.
 pins=$(cd "$here" && sed '/^# --- Monitoring addon/,$d' build-binaries.sh | cat - k8s/go.mod k8s/go.sum k8s/*/go.mod k8s/*/go.sum \
-  gpusim/go.mod gpusim/go.sum gpusim/*.go gpudra/go.mod gpudra/go.sum gpudra/*.go netpol/go.mod netpol/go.sum | sha256sum | cut -c1-16)
+  gpusim/go.mod gpusim/go.sum gpusim/*.go gpudra/go.mod gpudra/go.sum gpudra/*.go gpuctl/go.mod gpuctl/*.go netpol/go.mod netpol/go.sum | sha256sum | cut -c1-16)
 out="$cache/bin-$pins"
 mkdir -p "$root/.cache"
 

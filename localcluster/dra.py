@@ -14,12 +14,12 @@ driver's devices; `up` applies it with the other addons.
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any
 
 from fusebox_contract import wiring
 from localcluster.config import ClusterConfig
+from localcluster.gpu_control import ControlFiles, mark_health, write_count
 
 DRIVER = wiring.GPU_DRA_DRIVER
 DEVICE_CLASS = wiring.GPU_DEVICE_CLASS
@@ -32,20 +32,8 @@ PLUGINS_DIR = "plugins"
 
 
 @dataclasses.dataclass(frozen=True)
-class DraControl:
+class DraControl(ControlFiles):
     """The files through which localcluster steers the DRA driver, and its CDI specs."""
-
-    directory: Path
-
-    @property
-    def count_file(self) -> Path:
-        """The number of GPUs in the slice; absent: the cluster's configured count."""
-        return self.directory / "count"
-
-    @property
-    def unhealthy_dir(self) -> Path:
-        """A file named after a GPU's index marks that GPU unhealthy."""
-        return self.directory / "unhealthy"
 
     @property
     def cdi_dir(self) -> Path:
@@ -71,9 +59,7 @@ def driver_argv(config: ClusterConfig, kubelet_root: Path, kubeconfig: Path) -> 
         f"--registry-dir={kubelet_root / PLUGIN_REGISTRY_DIR}",
         f"--data-dir={kubelet_root / PLUGINS_DIR / DRIVER}",
         f"--cdi-dir={control.cdi_dir}",
-        f"--count-file={control.count_file}",
-        f"--gpus={config.gpus}",
-        f"--unhealthy-dir={control.unhealthy_dir}",
+        *control.flags(config.gpus),
         f"--product={config.gpu_product}",
         f"--memory-mib={config.gpu_memory_mib}",
     ]
@@ -102,18 +88,10 @@ def device_class() -> dict[str, Any]:
 
 def set_count(control: DraControl, gpus: int) -> None:
     """Tell the driver how many GPUs to publish (it follows within a second)."""
-    control.directory.mkdir(parents=True, exist_ok=True)
-    tmp = control.count_file.with_name(f".{control.count_file.name}.tmp")
-    tmp.write_text(f"{gpus}\n")
-    os.replace(tmp, control.count_file)
+    write_count(control, gpus)
 
 
 def set_health(control: DraControl, index: int, *, healthy: bool) -> None:
     """Mark GPU `index` healthy or unhealthy: the driver streams it to the kubelet and
     taints an unhealthy GPU in its ResourceSlice."""
-    flag = control.unhealthy_dir / str(index)
-    if healthy:
-        flag.unlink(missing_ok=True)
-    else:
-        control.unhealthy_dir.mkdir(parents=True, exist_ok=True)
-        flag.touch()
+    mark_health(control, index, healthy=healthy)

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 from fusebox_contract import wiring
 from localcluster.config import ClusterConfig
+from localcluster.gpu_control import ControlFiles, mark_health, read_count, write_count
 from localcluster.kubectl import Kubectl
 from localcluster.progress import ClusterError
 
@@ -41,19 +41,8 @@ UNHEALTHY = wiring.DeviceHealth.UNHEALTHY
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuControl:
+class GpuControl(ControlFiles):
     """The files through which localcluster steers the device plugin."""
-
-    directory: Path
-
-    @property
-    def count_file(self) -> Path:
-        return self.directory / "count"
-
-    @property
-    def unhealthy_dir(self) -> Path:
-        """A file named after a GPU's index marks that GPU unhealthy."""
-        return self.directory / "unhealthy"
 
     @property
     def devices_file(self) -> Path:
@@ -81,10 +70,7 @@ def device_plugin_argv(config: ClusterConfig, kubelet_root: Path) -> list[str]:
         f"--resource={RESOURCE}",
         # Ids derive from the node name: the same cluster gets the same ids after a restart.
         f"--id-seed={config.node_name}",
-        f"--count-file={control.count_file}",
-        # Until `up` writes the count file (a plugin restarted on its own finds it there).
-        f"--gpus={config.gpus}",
-        f"--unhealthy-dir={control.unhealthy_dir}",
+        *control.flags(config.gpus),
         f"--devices-file={control.devices_file}",
     ]
 
@@ -101,7 +87,7 @@ def labels(config: ClusterConfig) -> dict[str, str]:
 
 def set_count(control: GpuControl, gpus: int) -> None:
     """Tell the plugin how many GPUs to advertise (it follows within a second)."""
-    _write_atomically(control.count_file, f"{gpus}\n")
+    write_count(control, gpus)
 
 
 def set_health(control: GpuControl, index: int, *, healthy: bool) -> None:
@@ -109,19 +95,11 @@ def set_health(control: GpuControl, index: int, *, healthy: bool) -> None:
     count = configured_count(control)
     if not 0 <= index < count:
         raise ClusterError(f"GPU {index} does not exist: this cluster has {count} (0..{count - 1})")
-    flag = control.unhealthy_dir / str(index)
-    if healthy:
-        flag.unlink(missing_ok=True)
-    else:
-        control.unhealthy_dir.mkdir(parents=True, exist_ok=True)
-        flag.touch()
+    mark_health(control, index, healthy=healthy)
 
 
 def configured_count(control: GpuControl) -> int:
-    try:
-        return int(control.count_file.read_text())
-    except FileNotFoundError:
-        return 0
+    return read_count(control)
 
 
 def advertised(control: GpuControl) -> list[AdvertisedGpu]:
@@ -162,10 +140,3 @@ def advertise(kubectl: Kubectl, config: ClusterConfig, timeout_seconds: float = 
 
 def advertised_count(node: dict[str, Any]) -> int:
     return int(node.get("status", {}).get("allocatable", {}).get(RESOURCE, "0"))
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

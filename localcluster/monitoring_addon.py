@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from fusebox_contract import wiring
+from localcluster.addons import RESTRICTED_CONTAINER_SECURITY
 from localcluster.config import REPO_ROOT, ClusterConfig
 from localcluster.kubectl import Kubectl
 from localcluster.progress import ClusterError
@@ -57,13 +58,6 @@ READY_TIMEOUT_SECONDS = 300.0
 SELECTOR = {wiring.PART_OF_LABEL: wiring.PART_OF_VALUE}
 _OWN_LABELS = {"app.kubernetes.io/part-of": "localcluster-monitoring"}
 
-RESTRICTED_CONTAINER: dict[str, Any] = {
-    "allowPrivilegeEscalation": False,
-    "readOnlyRootFilesystem": True,
-    "runAsNonRoot": True,
-    "capabilities": {"drop": ["ALL"]},
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
 RESTRICTED_POD: dict[str, Any] = {
     "runAsNonRoot": True,
     "runAsUser": NON_ROOT_ID,
@@ -135,7 +129,7 @@ def operator_objects() -> list[dict[str, Any]]:
             "requests": {"cpu": "50m", "memory": "64Mi"},
             "limits": {"cpu": "500m", "memory": "256Mi"},
         },
-        "securityContext": RESTRICTED_CONTAINER,
+        "securityContext": RESTRICTED_CONTAINER_SECURITY,
     }
     return [
         {

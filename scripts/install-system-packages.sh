@@ -3,7 +3,7 @@
 # when they are all present (so `make setup` stays fast on a warm machine).
 set -euo pipefail
 packages=(
-  containerd runc containernetworking-plugins   # the node's runtime and CNI plugins
+  runc containernetworking-plugins              # the OCI runtime and CNI plugins (containerd is built: localcluster/containerd-pins)
   podman fuse-overlayfs uidmap debootstrap      # images built here, without Docker
   iptables conntrack iproute2 socat             # kube-proxy, port-forward, the node's netns
   ipset                                         # kube-router's NetworkPolicy sets
@@ -24,5 +24,6 @@ fi
 echo "system packages: installing ${missing[*]}"
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-# Debian starts the packaged services; localcluster runs its own instances.
+# Debian starts the packaged services; localcluster runs its own instances
+# (containerd too, where an older setup installed Debian's).
 systemctl disable --now containerd prometheus prometheus-node-exporter >/dev/null 2>&1 || true

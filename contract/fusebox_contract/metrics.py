@@ -114,6 +114,21 @@ _COUNTERS = frozenset(
         Metric.GENERATION_TOKENS,
     }
 )
+# Measured only where the process has a GPU (NVML) or a CUDA allocator: on a
+# CPU-only machine the sidecar leaves them out rather than export a fake zero.
+MEASURED_ONLY_WITH_A_GPU: Final = frozenset(
+    {
+        Metric.GPU_MEMORY_USED_BYTES,
+        Metric.GPU_MEMORY_TOTAL_BYTES,
+        Metric.GPU_PROCESS_MEMORY_USED_BYTES,
+        Metric.GPU_LOST,
+        Metric.CUDA_MEMORY_ALLOCATED_BYTES,
+        Metric.CUDA_MEMORY_RESERVED_BYTES,
+        Metric.CUDA_ALLOC_RETRIES,
+        Metric.CUDA_OOMS,
+        Metric.CUDA_CONTEXTS,
+    }
+)
 _HISTOGRAMS = frozenset(
     {
         Metric.TIME_TO_FIRST_TOKEN_SECONDS,

@@ -95,6 +95,20 @@ def _train_tokenizer() -> object:
     return tokenizer
 
 
+def make_greedy_text(model: Any, tokenizer: Any) -> None:
+    """Zero the output rows of the special tokens and of the padding beyond the
+    tokenizer, and decode greedily: generation then yields ordinary tokens and
+    never ends early (the module docstring says why)."""
+    import torch
+
+    with torch.no_grad():
+        for token in SPECIAL_TOKENS:
+            model.lm_head.weight[tokenizer.convert_tokens_to_ids(token)].zero_()
+        # Padding rows beyond the tokenizer never win either.
+        model.lm_head.weight[len(tokenizer) :].zero_()
+    model.generation_config.do_sample = False
+
+
 def write_model(out_dir: Path, size: str = "tiny") -> Path:
     """Write model, tokenizer and chat template into out_dir (replaced atomically)."""
     import torch
@@ -131,12 +145,7 @@ def write_model(out_dir: Path, size: str = "tiny") -> Path:
     )
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for token_id in special_ids:
-            model.lm_head.weight[token_id].zero_()
-        # Padding rows beyond the tokenizer never win either.
-        model.lm_head.weight[len(tokenizer) :].zero_()
-    model.generation_config.do_sample = False
+    make_greedy_text(model, tokenizer)
 
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)

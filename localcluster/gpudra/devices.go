@@ -4,10 +4,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"strconv"
-	"strings"
 
+	"fusebox.dev/localcluster/gpuctl"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/utils/ptr"
@@ -32,31 +31,16 @@ func gpuUUID(seed string, index int) string {
 	return fmt.Sprintf("GPU-%s-%s-%s-%s-%s", h[0:8], h[8:12], h[12:16], h[16:20], h[20:32])
 }
 
-// Control is where localcluster tells the driver how many GPUs there are and
-// which of them are unhealthy: the same shape of files the device plugin reads.
-type Control struct {
-	CountFile    string // holds the number of GPUs; absent means DefaultCount
-	DefaultCount int
-	UnhealthyDir string // a file named after a GPU's index marks it unhealthy
-}
-
-// Read returns the GPUs the control files describe, in index order.
-func (c Control) Read(seed string) ([]GPU, error) {
-	count := c.DefaultCount
-	raw, err := os.ReadFile(c.CountFile)
-	switch {
-	case err == nil:
-		count, err = strconv.Atoi(strings.TrimSpace(string(raw)))
-		if err != nil || count < 0 {
-			return nil, fmt.Errorf("%s: %q is not a GPU count", c.CountFile, strings.TrimSpace(string(raw)))
-		}
-	case !os.IsNotExist(err):
+// readGPUs returns the GPUs the control files describe, in index order, with
+// UUIDs seeded by seed.
+func readGPUs(control gpuctl.Files, seed string) ([]GPU, error) {
+	described, err := control.Read()
+	if err != nil {
 		return nil, err
 	}
-	gpus := make([]GPU, count)
-	for i := range gpus {
-		_, err := os.Stat(c.UnhealthyDir + "/" + strconv.Itoa(i))
-		gpus[i] = GPU{Index: i, UUID: gpuUUID(seed, i), Healthy: os.IsNotExist(err)}
+	gpus := make([]GPU, len(described))
+	for i, g := range described {
+		gpus[i] = GPU{Index: g.Index, UUID: gpuUUID(seed, g.Index), Healthy: g.Healthy}
 	}
 	return gpus, nil
 }

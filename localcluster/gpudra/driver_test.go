@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"fusebox.dev/localcluster/gpuctl"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -32,22 +33,22 @@ func TestUUIDsAreStableUUIDShapedAndDistinctFromTheDevicePlugins(t *testing.T) {
 	}
 }
 
-func TestControlFilesGiveCountAndHealth(t *testing.T) {
+func TestGPUsTakeTheirCountAndHealthFromTheControlFiles(t *testing.T) {
 	dir := t.TempDir()
-	control := Control{CountFile: filepath.Join(dir, "count"), DefaultCount: 1, UnhealthyDir: filepath.Join(dir, "unhealthy")}
-	if gpus, err := control.Read("n"); err != nil || len(gpus) != 1 {
+	control := gpuctl.Files{CountFile: filepath.Join(dir, "count"), DefaultCount: 1, UnhealthyDir: filepath.Join(dir, "unhealthy")}
+	if gpus, err := readGPUs(control, "n"); err != nil || len(gpus) != 1 {
 		t.Fatalf("no count file: want the default count, got %v, %v", gpus, err)
 	}
 	must(t, os.WriteFile(control.CountFile, []byte("2\n"), 0o644))
 	must(t, os.MkdirAll(control.UnhealthyDir, 0o755))
 	must(t, os.WriteFile(filepath.Join(control.UnhealthyDir, "1"), nil, 0o644))
-	gpus, err := control.Read("n")
+	gpus, err := readGPUs(control, "n")
 	must(t, err)
-	if len(gpus) != 2 || !gpus[0].Healthy || gpus[1].Healthy {
-		t.Fatalf("want 2 GPUs, the second unhealthy; got %v", gpus)
+	if len(gpus) != 2 || !gpus[0].Healthy || gpus[1].Healthy || gpus[1].UUID != gpuUUID("n", 1) {
+		t.Fatalf("want 2 GPUs, the second unhealthy with its seeded UUID; got %v", gpus)
 	}
 	must(t, os.WriteFile(control.CountFile, []byte("many"), 0o644))
-	if _, err := control.Read("n"); err == nil {
+	if _, err := readGPUs(control, "n"); err == nil {
 		t.Fatal("a count that is not a number was accepted")
 	}
 }

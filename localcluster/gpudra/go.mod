@@ -6,6 +6,7 @@ module fusebox.dev/localcluster/gpudra
 go 1.26.0
 
 require (
+	fusebox.dev/localcluster/gpuctl v0.0.0
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
 	k8s.io/client-go v0.37.2
@@ -67,3 +68,6 @@ require (
 	sigs.k8s.io/yaml v1.6.0 // indirect
 	tags.cncf.io/container-device-interface/specs-go v1.1.0 // indirect
 )
+
+// The control-file reader shared with the other simulated-GPU component, from this checkout.
+replace fusebox.dev/localcluster/gpuctl => ../gpuctl

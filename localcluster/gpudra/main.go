@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"fusebox.dev/localcluster/gpuctl"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -29,15 +30,13 @@ func main() {
 	registryDir := flag.String("registry-dir", "", "the kubelet's plugins_registry directory")
 	dataDir := flag.String("data-dir", "", "directory for the plugin's socket (inside the kubelet's plugins directory)")
 	cdiDir := flag.String("cdi-dir", "", "directory for the CDI spec files of prepared claims")
-	countFile := flag.String("count-file", "", "file holding the number of GPUs")
-	gpus := flag.Int("gpus", 0, "number of GPUs while the count file does not exist")
-	unhealthyDir := flag.String("unhealthy-dir", "", "directory where a file named after a GPU's index marks it unhealthy")
+	control := gpuctl.Flags(flag.CommandLine)
 	productName := flag.String("product", "", "the GPUs' product name")
 	memoryMiB := flag.Int64("memory-mib", 0, "each GPU's memory in MiB")
 	poll := flag.Duration("poll", 500*time.Millisecond, "how often to read the control files")
 	flag.Parse()
 	if *kubeconfig == "" || *nodeName == "" || *registryDir == "" || *dataDir == "" || *cdiDir == "" ||
-		*countFile == "" || *unhealthyDir == "" || *productName == "" || *memoryMiB <= 0 {
+		control.CountFile == "" || control.UnhealthyDir == "" || *productName == "" || *memoryMiB <= 0 {
 		log.Fatal("--kubeconfig, --node-name, --registry-dir, --data-dir, --cdi-dir, --count-file, " +
 			"--unhealthy-dir, --product and --memory-mib are required")
 	}
@@ -51,9 +50,8 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	control := Control{CountFile: *countFile, DefaultCount: *gpus, UnhealthyDir: *unhealthyDir}
 	product := Product{Name: *productName, MemoryMiB: *memoryMiB}
-	current, err := control.Read(*nodeName)
+	current, err := readGPUs(*control, *nodeName)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -95,7 +93,7 @@ func main() {
 			log.Printf("stopping")
 			return
 		case <-ticker.C:
-			gpus, err := control.Read(*nodeName)
+			gpus, err := readGPUs(*control, *nodeName)
 			if err != nil {
 				log.Printf("control files: %v (keeping the last GPUs)", err)
 				continue

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"fusebox.dev/localcluster/gpuctl"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -30,44 +31,20 @@ func deviceID(seed string, index int) string {
 	return fmt.Sprintf("GPU-%s-%s-%s-%s-%s", h[0:8], h[8:12], h[12:16], h[16:20], h[20:32])
 }
 
-// Control is where localcluster tells the plugin how many GPUs there are and
-// which of them are unhealthy.
-type Control struct {
-	CountFile    string // holds the number of GPUs; absent means DefaultCount
-	DefaultCount int    // the cluster's configured count, for a start before CountFile exists
-	UnhealthyDir string // a file named after a GPU's index marks it unhealthy
-}
-
-// Read returns the devices the control files describe, in index order.
-func (c Control) Read(seed string) ([]Device, error) {
-	count := c.DefaultCount
-	raw, err := os.ReadFile(c.CountFile)
-	switch {
-	case err == nil:
-		count, err = strconv.Atoi(strings.TrimSpace(string(raw)))
-		if err != nil || count < 0 {
-			return nil, fmt.Errorf("%s: %q is not a GPU count", c.CountFile, strings.TrimSpace(string(raw)))
-		}
-	case !os.IsNotExist(err):
+// readDevices returns the devices the control files describe, in index
+// order, with ids seeded by seed.
+func readDevices(control gpuctl.Files, seed string) ([]Device, error) {
+	gpus, err := control.Read()
+	if err != nil {
 		return nil, err
 	}
-	unhealthy := map[int]bool{}
-	entries, err := os.ReadDir(c.UnhealthyDir)
-	if err != nil && !os.IsNotExist(err) {
-		return nil, err
-	}
-	for _, entry := range entries {
-		if index, err := strconv.Atoi(entry.Name()); err == nil {
-			unhealthy[index] = true
-		}
-	}
-	devices := make([]Device, count)
-	for i := range devices {
+	devices := make([]Device, len(gpus))
+	for i, g := range gpus {
 		health := pluginapi.Healthy
-		if unhealthy[i] {
+		if !g.Healthy {
 			health = pluginapi.Unhealthy
 		}
-		devices[i] = Device{Index: i, ID: deviceID(seed, i), Health: health}
+		devices[i] = Device{Index: g.Index, ID: deviceID(seed, g.Index), Health: health}
 	}
 	return devices, nil
 }

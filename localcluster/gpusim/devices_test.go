@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"testing"
 
+	"fusebox.dev/localcluster/gpuctl"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -23,27 +24,23 @@ func TestDeviceIDsAreStableUUIDShapedAndDistinct(t *testing.T) {
 	}
 }
 
-func TestControlFilesGiveCountAndHealth(t *testing.T) {
+func TestDevicesTakeTheirCountAndHealthFromTheControlFiles(t *testing.T) {
 	dir := t.TempDir()
-	control := Control{CountFile: filepath.Join(dir, "count"), UnhealthyDir: filepath.Join(dir, "unhealthy")}
-	if devices, err := control.Read("n"); err != nil || len(devices) != 0 {
-		t.Fatalf("no count file: want no devices, got %v, %v", devices, err)
-	}
-	control.DefaultCount = 2
-	if devices, err := control.Read("n"); err != nil || len(devices) != 2 {
-		t.Fatalf("no count file: want the default count, got %v, %v", devices, err)
-	}
+	control := gpuctl.Files{CountFile: filepath.Join(dir, "count"), UnhealthyDir: filepath.Join(dir, "unhealthy")}
 	must(t, os.WriteFile(control.CountFile, []byte("3\n"), 0o644))
 	must(t, os.MkdirAll(control.UnhealthyDir, 0o755))
 	must(t, os.WriteFile(filepath.Join(control.UnhealthyDir, "1"), nil, 0o644))
-	devices, err := control.Read("n")
+	devices, err := readDevices(control, "n")
 	must(t, err)
 	health := []string{devices[0].Health, devices[1].Health, devices[2].Health}
 	if len(devices) != 3 || health[0] != "Healthy" || health[1] != "Unhealthy" || health[2] != "Healthy" {
 		t.Fatalf("want 3 devices, the second unhealthy; got %v", devices)
 	}
+	if devices[2].Index != 2 || devices[2].ID != deviceID("n", 2) {
+		t.Fatalf("the third device is %v, not GPU 2 with its seeded id", devices[2])
+	}
 	must(t, os.WriteFile(control.CountFile, []byte("many"), 0o644))
-	if _, err := control.Read("n"); err == nil {
+	if _, err := readDevices(control, "n"); err == nil {
 		t.Fatal("a count that is not a number was accepted")
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"fusebox.dev/localcluster/gpuctl"
 	"google.golang.org/grpc"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -25,19 +26,16 @@ func main() {
 	socket := flag.String("socket", "", "socket to serve on, inside the kubelet's plugins_registry directory")
 	resource := flag.String("resource", "nvidia.com/gpu", "extended resource name to advertise")
 	seed := flag.String("id-seed", "", "seed of the device ids (the node name): the same seed gives the same ids")
-	countFile := flag.String("count-file", "", "file holding the number of GPUs")
-	gpus := flag.Int("gpus", 0, "number of GPUs while the count file does not exist")
-	unhealthyDir := flag.String("unhealthy-dir", "", "directory where a file named after a GPU's index marks it unhealthy")
+	control := gpuctl.Flags(flag.CommandLine)
 	devicesFile := flag.String("devices-file", "", "where to publish the advertised devices as JSON")
 	poll := flag.Duration("poll", 500*time.Millisecond, "how often to read the control files")
 	flag.Parse()
-	if *socket == "" || *seed == "" || *countFile == "" || *unhealthyDir == "" || *devicesFile == "" {
+	if *socket == "" || *seed == "" || control.CountFile == "" || control.UnhealthyDir == "" || *devicesFile == "" {
 		log.Fatal("--socket, --id-seed, --count-file, --unhealthy-dir and --devices-file are required")
 	}
 	log.SetFlags(log.LstdFlags | log.Lmicroseconds)
 
-	control := Control{CountFile: *countFile, DefaultCount: *gpus, UnhealthyDir: *unhealthyDir}
-	devices, err := control.Read(*seed)
+	devices, err := readDevices(*control, *seed)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -79,7 +77,7 @@ func main() {
 			_ = os.Remove(*socket) // the kubelet's plugin watcher deregisters on removal
 			return
 		case <-ticker.C:
-			devices, err := control.Read(*seed)
+			devices, err := readDevices(*control, *seed)
 			if err != nil {
 				log.Printf("control files: %v (keeping the last devices)", err)
 				continue

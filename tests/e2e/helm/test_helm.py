@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
+
+from ..conftest import helm, wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 # The Prometheus Operator's own CRDs, copied out of its module by build-binaries.sh.
@@ -27,30 +28,6 @@ MONITORING_CRDS = REPO / ".cache" / "monitoring" / "crds"
 CHART = REPO / "helm" / "fusebox"
 ALL_OPTIONS = REPO / "tests" / "unit" / "helm" / "values" / "all-options.yaml"
 EXAMPLES = REPO / "crds" / "examples"
-T = TypeVar("T")
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 180) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(2)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; last seen: {last!r}")
-
-
-def helm(cluster: Any, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [str(cluster.bin_dir / "helm"), f"--kubeconfig={cluster.kubeconfig}", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=timeout,
-    )
-    assert result.returncode == 0, f"helm {' '.join(args)}: {result.stderr}"
-    return result
 
 
 CHART_CRD_NAMES = (

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,14 +19,11 @@ from typing import Any
 
 import pytest
 
+from localcluster.addons import RESTRICTED_CONTAINER_SECURITY
+
+from ..conftest import wait_for
+
 TESTAPP_IMAGE = "localhost/fusebox/testapp:latest"
-RESTRICTED: dict[str, Any] = {
-    "runAsNonRoot": True,
-    "allowPrivilegeEscalation": False,
-    "readOnlyRootFilesystem": True,
-    "capabilities": {"drop": ["ALL"]},
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
 
 
 def testapp_container(name: str = "app", **extra: Any) -> dict[str, Any]:
@@ -40,7 +36,7 @@ def testapp_container(name: str = "app", **extra: Any) -> dict[str, Any]:
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         ],
-        "securityContext": copy.deepcopy(RESTRICTED),
+        "securityContext": copy.deepcopy(RESTRICTED_CONTAINER_SECURITY),
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "96Mi"}},
         # Ready only once the app answers: by then its SIGTERM handler is installed
         # and its start-up line logged.
@@ -84,14 +80,7 @@ def eventually(
     what: str = "condition",
 ) -> Any:
     """Poll probe until it returns something truthy; fail with the last value."""
-    deadline = time.monotonic() + timeout_seconds
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval_seconds)
-    pytest.fail(f"timed out waiting for {what}; last value: {last!r}")
+    return wait_for(what, probe, timeout=timeout_seconds, every=interval_seconds)
 
 
 def http_get_json(url: str, timeout_seconds: float = 5) -> dict[str, Any]:

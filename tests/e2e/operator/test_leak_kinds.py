@@ -19,10 +19,7 @@ Every kind but the model's must leave the pod and its model alone.
 from __future__ import annotations
 
 import re
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from fusebox_contract.names import ConditionType, EventReason, Fault
@@ -32,9 +29,9 @@ from .conftest import (
     Service,
     ServiceFactory,
     base_spec,
-    chat,
     http_reply,
     pod_url,
+    traffic,
     wait_for,
 )
 
@@ -72,25 +69,6 @@ def leak_kinds_spec() -> dict[str, Any]:
         {"name": FAULTS_ENV, "value": ",".join(f"{kind.value}:0" for kind in KINDS)}
     ]
     return spec
-
-
-@contextmanager
-def traffic(url: str, every_seconds: float) -> Iterator[None]:
-    """Chat requests in the background, one at a time, `every_seconds` apart."""
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.is_set():
-            chat(url, max_tokens=2)
-            stop.wait(every_seconds)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=90)
 
 
 class Pod:

@@ -18,28 +18,14 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from fusebox_contract.metrics import LatencyHistogram, Metric
+from fusebox_contract.metrics import MEASURED_ONLY_WITH_A_GPU, LatencyHistogram, Metric
 from fusebox_contract.wiring import HttpPath, Port
 
 from ...unit.helm.promql import metric_names
 from .conftest import CHART, ServiceFactory, base_spec, chat, http, pod_url, wait_for
 from .test_operator import wait_ready
 
-GPU_ONLY = {
-    sample
-    for metric in (
-        Metric.GPU_MEMORY_USED_BYTES,
-        Metric.GPU_MEMORY_TOTAL_BYTES,
-        Metric.GPU_PROCESS_MEMORY_USED_BYTES,
-        Metric.GPU_LOST,
-        Metric.CUDA_MEMORY_ALLOCATED_BYTES,
-        Metric.CUDA_MEMORY_RESERVED_BYTES,
-        Metric.CUDA_ALLOC_RETRIES,
-        Metric.CUDA_OOMS,
-        Metric.CUDA_CONTEXTS,
-    )
-    for sample in metric.samples
-}
+GPU_ONLY = {sample for metric in MEASURED_ONLY_WITH_A_GPU for sample in metric.samples}
 PROMETHEUS_OWN = {"up"}
 CHATS = 6
 

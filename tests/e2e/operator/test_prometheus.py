@@ -22,9 +22,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -46,6 +44,7 @@ from .conftest import (
     helm,
     http_reply,
     pod_url,
+    traffic,
     wait_for,
 )
 from .test_metrics import GPU_ONLY
@@ -159,24 +158,6 @@ def firing_for(prometheus: PrometheusApi, namespace: str, pod: str) -> list[dict
         and alert["labels"].get("namespace") == namespace
         and alert["labels"].get("pod") == pod
     ]
-
-
-@contextmanager
-def traffic(url: str, every_seconds: float) -> Iterator[None]:
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.is_set():
-            chat(url, max_tokens=2)
-            stop.wait(every_seconds)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=90)
 
 
 def set_leak(service: Service, pod: dict[str, Any], mib: int) -> None:

@@ -10,9 +10,7 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +22,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench import loopback
 from fusebox_contract.names import (
     BreakerState,
     DegradationLevel,
@@ -87,22 +86,6 @@ class Sidecar:
         return lines
 
 
-def _wait_for_port(process: subprocess.Popen[bytes], log_path: Path) -> int:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for line in log_path.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if entry.get("event") == "listening":
-                return int(entry["port"])
-        if process.poll() is not None:
-            raise AssertionError(f"sidecar exited {process.returncode}: {log_path.read_text()}")
-        time.sleep(0.05)
-    raise AssertionError(f"sidecar did not start: {log_path.read_text()}")
-
-
 @pytest.fixture
 def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
     """Factory: `start_sidecar(stats_path, *extra_flags)` → a running sidecar."""
@@ -110,37 +93,13 @@ def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
 
     def start(stats_path: Path, *extra: str) -> Sidecar:
         log_path = tmp_path / f"sidecar-{len(started)}.log"
-        with log_path.open("wb") as log_file:
-            process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "fusebox_sidecar",
-                    "--stats-file",
-                    str(stats_path),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    "0",
-                    *extra,
-                ],
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+        process, port = loopback.start_sidecar(stats_path, log_path, *extra)
         started.append(process)
-        port = _wait_for_port(process, log_path)
-        return Sidecar(process, f"http://127.0.0.1:{port}", log_path)
+        return Sidecar(process, f"http://{loopback.HOST}:{port}", log_path)
 
     yield start
     for process in started:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        loopback.stop(process)
 
 
 @pytest.fixture(scope="session")
@@ -218,25 +177,10 @@ def write_stats(tmp_path: Path) -> Callable[..., Path]:
     return write
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The generated tiny model, made once into the cache (deterministic files)."""
-    cache = Path(os.environ.get("FUSEBOX_CACHE", Path.home() / ".cache" / "fusebox"))
-    model_dir = cache / "models" / "tiny"
-    if not (model_dir / "config.json").exists():
-        subprocess.run(
-            [sys.executable, "-m", "fusebox_server.tiny_model", str(model_dir), "--size", "tiny"],
-            check=True,
-            capture_output=True,
-            timeout=600,
-        )
-    return model_dir
+    return loopback.generated_model("tiny", quiet=True)
 
 
 @dataclass
@@ -288,13 +232,8 @@ class Server:
 
     def stop(self) -> None:
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:  # a wedged loop never handles SIGTERM
-                self.process.kill()
-                self.process.wait()
+            self.process.send_signal(signal.SIGCONT)  # a stopped process handles no SIGTERM
+        loopback.stop(self.process, grace_seconds=5)  # a wedged loop never handles SIGTERM
 
 
 def _wait_until_ready(server: Server) -> None:
@@ -323,45 +262,29 @@ def server_factory(
     def start(faults: str = "") -> Server:
         workdir = tmp_path_factory.mktemp("server")
         token = "test-admin-token-" + os.urandom(8).hex()
-        token_file = workdir / "admin-token"
-        token_file.write_text(token)
-        token_file.chmod(0o600)
-        api_port, admin_port = _free_port(), _free_port()
+        token_file = loopback.write_token_file(workdir / "admin-token", token)
+        api_port, admin_port = loopback.free_port(), loopback.free_port()
         stats_path = workdir / "run" / "stats.json"
         log_path = workdir / "server.log"
+        command = loopback.server_command(
+            tiny_model_dir,
+            api_port=api_port,
+            admin_port=admin_port,
+            token_file=token_file,
+            stats_path=stats_path,
+            device="cpu",
+        )
         with log_path.open("wb") as log_file:
             process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "fusebox_server",
-                    "--model-dir",
-                    str(tiny_model_dir),
-                    "--model-name",
-                    "chat",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(api_port),
-                    "--admin-port",
-                    str(admin_port),
-                    "--admin-token-file",
-                    str(token_file),
-                    "--stats-file",
-                    str(stats_path),
-                    "--device",
-                    "cpu",
-                    "--max-new-tokens",
-                    "16",
-                ],
+                command,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "FUSEBOX_FAULTS": faults, "PYTHONUNBUFFERED": "1"},
             )
         server = Server(
             process,
-            f"http://127.0.0.1:{api_port}",
-            f"http://127.0.0.1:{admin_port}",
+            f"http://{loopback.HOST}:{api_port}",
+            f"http://{loopback.HOST}:{admin_port}",
             token,
             stats_path,
             log_path,

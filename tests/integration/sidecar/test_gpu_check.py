@@ -13,31 +13,32 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[3] / "bench" / "gpu_check.py"
 
 
+def _gpu_check(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The script with `args`, sampling every 0.5 s and settling 1 s after each action."""
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--interval-seconds", "0.5", "--settle-seconds", "1", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+
+
 def test_without_cuda_it_says_so_and_runs_as_a_dry_run(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     out = tmp_path / "out"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--checks",
-            "leak",
-            "--model-dir",
-            str(tiny_model_dir),
-            "--requests",
-            "2",
-            "--interval-seconds",
-            "0.5",
-            "--settle-seconds",
-            "1",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    without_cuda = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    result = _gpu_check(
+        "--checks",
+        "leak",
+        "--model-dir",
+        str(tiny_model_dir),
+        "--requests",
+        "2",
+        "--out",
+        str(out),
+        env=without_cuda,
     )
 
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -49,25 +50,8 @@ def test_the_dry_run_records_the_leak_and_what_unload_frees(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     out = tmp_path / "out"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--dry-run",
-            "--model-dir",
-            str(tiny_model_dir),
-            "--requests",
-            "4",
-            "--interval-seconds",
-            "0.5",
-            "--settle-seconds",
-            "1",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = _gpu_check(
+        "--dry-run", "--model-dir", str(tiny_model_dir), "--requests", "4", "--out", str(out)
     )
 
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from fusebox_contract.metrics import LatencyHistogram, Metric
+from fusebox_contract.metrics import MEASURED_ONLY_WITH_A_GPU, LatencyHistogram, Metric
 from fusebox_contract.names import RequestOutcome
 
 Sidecar = Any  # conftest's Sidecar (importlib mode cannot import it)
@@ -147,17 +147,7 @@ def test_the_stats_file_the_server_writes_is_fully_understood(leaky_server: Serv
 
 # Exported only where they can be measured: no GPU on this machine, so no NVML
 # reading and no CUDA allocator; the rest of the contract must be in a live scrape.
-ONLY_WITH_A_GPU = {
-    Metric.GPU_MEMORY_USED_BYTES,
-    Metric.GPU_MEMORY_TOTAL_BYTES,
-    Metric.GPU_PROCESS_MEMORY_USED_BYTES,
-    Metric.GPU_LOST,
-    Metric.CUDA_MEMORY_ALLOCATED_BYTES,
-    Metric.CUDA_MEMORY_RESERVED_BYTES,
-    Metric.CUDA_ALLOC_RETRIES,
-    Metric.CUDA_OOMS,
-    Metric.CUDA_CONTEXTS,
-}
+ONLY_WITH_A_GPU = MEASURED_ONLY_WITH_A_GPU
 # Exported in a pod, not by this test's host process: why each is absent here.
 NOT_HERE = {
     Metric.MEMORY_LIMIT_BYTES: "the server runs in no memory-limited cgroup (a pod always does)",
