@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from fusebox_contract.names import Dtype, Quantization
+from fusebox_server.cpu_kernels import pack_for_cpu
 from fusebox_server.openai_schema import Sampling
 from fusebox_server.quantization import load_dtype, quantize
 
@@ -62,6 +63,8 @@ class LoadedModel:
     # Extra forward arguments for a prompt: only the last position's logits, where the model
     # takes `logits_to_keep` (the others would cost a vocabulary-wide projection per token).
     prompt_arguments: dict[str, Any] = field(default_factory=dict)
+    # What `cpu_kernels.pack_for_cpu` switched on (logged with the load).
+    kernels: dict[str, Any] = field(default_factory=dict)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
@@ -95,16 +98,19 @@ def load_model(
     model.to(device)
     quantize(model, quantization, device)
     model.eval()
+    weights = parameter_bytes(model)  # before packing: packed weights are opaque, same size
+    kernels = pack_for_cpu(model, device)
     return LoadedModel(
         variant=variant,
         model_dir=model_dir,
         model=model,
         device=device,
         eos_token_ids=_eos_ids(model, tokenizer),
-        parameter_bytes=parameter_bytes(model),
+        parameter_bytes=weights,
         quantization=quantization,
         dtype=str(model.dtype).removeprefix("torch."),
         prompt_arguments=_last_logits_only(model),
+        kernels=kernels,
     )
 
 

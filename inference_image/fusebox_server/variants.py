@@ -162,6 +162,7 @@ class Variants:
                 variant=variant.value,
                 model_name=self.config.model_name,
                 quantization=source.quantization.value,
+                **(self.loaded.kernels if self.loaded is not None else {}),
             )
 
     async def unload(self) -> None:

@@ -1,0 +1,200 @@
+"""The CPU fast paths: oneDNN-packed linear layers and the single-query attention.
+
+They must change speed only: the same products up to rounding, the same
+attention as SDPA, and a loaded model that decodes what plain transformers
+decodes. Quantized layers are left to their own kernels.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fusebox_server.cpu_kernels import ATTENTION, PackedLinear, pack_for_cpu, single_query_attention
+from fusebox_server.engine import DecodeBatch, Decoding, load_model, prefill
+from fusebox_server.kernel_caches import (
+    KERNEL_CACHE_ENTRIES,
+    KERNEL_CACHE_ENVS,
+    bound_kernel_caches,
+)
+from fusebox_server.openai_schema import Sampling
+
+CPU = torch.device("cpu")
+GREEDY = Sampling(max_tokens=12, temperature=0.0, top_p=1.0, seed=None, stop=())
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("leading", [(1,), (16,), (3, 7)])
+def test_a_packed_linear_computes_what_linear_does_for_any_row_count(
+    bias: bool, leading: tuple[int, ...]
+) -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 40, bias=bias)
+    inputs = torch.randn(*leading, 96)
+    with torch.inference_mode():
+        expected = linear(inputs)
+        packed = PackedLinear(linear)
+        got = packed(inputs)
+    assert got.shape == expected.shape == (*leading, 40)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert not any(name == "weight" for name, _ in packed.named_parameters())
+
+
+def _attention_inputs(heads: int, kv_heads: int) -> tuple[torch.Tensor, ...]:
+    torch.manual_seed(1)
+    batch, length, dim = 3, 9, 16
+    query = torch.randn(batch, heads, 1, dim)
+    key = torch.randn(batch, kv_heads, length, dim)
+    value = torch.randn(batch, kv_heads, length, dim)
+    mask = torch.ones(batch, 1, 1, length, dtype=torch.bool)
+    mask[1, ..., :4] = False  # a left-padded row
+    mask[2, ..., :1] = False
+    return query, key, value, mask
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)])
+def test_single_query_attention_is_sdpa_for_padded_and_grouped_heads(
+    heads: int, kv_heads: int
+) -> None:
+    query, key, value, mask = _attention_inputs(heads, kv_heads)
+    module = nn.Module()
+    got, _ = single_query_attention(module, query, key, value, mask, scaling=0.25)
+    repeat = heads // kv_heads
+    expected = F.scaled_dot_product_attention(
+        query,
+        key.repeat_interleave(repeat, dim=1),
+        value.repeat_interleave(repeat, dim=1),
+        attn_mask=mask,
+        scale=0.25,
+    ).transpose(1, 2)
+    assert got.shape == expected.shape == (3, 1, heads, 16)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_single_query_attention_takes_an_additive_mask_and_no_mask() -> None:
+    query, key, value, mask = _attention_inputs(4, 4)
+    additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    with_bool, _ = single_query_attention(nn.Module(), query, key, value, mask)
+    with_float, _ = single_query_attention(nn.Module(), query, key, value, additive)
+    torch.testing.assert_close(with_bool, with_float)
+    unmasked, _ = single_query_attention(nn.Module(), query, key, value, None)
+    expected = F.scaled_dot_product_attention(query, key, value).transpose(1, 2)
+    torch.testing.assert_close(unmasked, expected, rtol=1e-5, atol=1e-5)
+
+
+def _transformers_greedy(model_dir: Path, prompt: tuple[int, ...], count: int) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
+    with torch.inference_mode():
+        output = model.generate(
+            torch.tensor([prompt]), max_new_tokens=count, do_sample=False, min_new_tokens=count
+        )
+    return [int(token) for token in output[0, len(prompt) :]]
+
+
+def test_a_model_loaded_on_cpu_is_packed_and_decodes_what_transformers_decodes(
+    tiny_model_dir: Path, tiny_tokenizer: Any
+) -> None:
+    loaded = load_model("primary", tiny_model_dir, "none", CPU, tiny_tokenizer)
+    linears = [m for m in loaded.model.modules() if isinstance(m, (nn.Linear, PackedLinear))]
+    assert linears and all(isinstance(m, PackedLinear) for m in linears)
+    assert loaded.kernels == {
+        "packed_linear_layers": len(linears),
+        "single_query_attention": True,
+    }
+    assert loaded.model.config._attn_implementation == ATTENTION
+    prompts = [
+        tuple(tiny_tokenizer.backend_tokenizer.encode(text).ids)
+        for text in ("Hello, world.", "A longer prompt about the sea at night.", "Hi")
+    ]
+    rows = [Decoding(loaded, prompt, GREEDY) for prompt in prompts]
+    produced = [[token] for token in prefill(loaded, rows)]
+    batch = DecodeBatch(loaded)
+    batch.add(*rows)  # left-padded rows: the attention's mask is exercised
+    for _ in range(GREEDY.max_tokens - 1):
+        for tokens, token in zip(produced, batch.step(), strict=True):
+            tokens.append(token)
+    expected = [_transformers_greedy(tiny_model_dir, p, GREEDY.max_tokens) for p in prompts]
+    assert produced == expected
+
+
+def test_quantized_layers_keep_their_own_kernels(tiny_model_dir: Path, tiny_tokenizer: Any) -> None:
+    loaded = load_model("fallback", tiny_model_dir, "int8", CPU, tiny_tokenizer)
+    assert loaded.kernels["packed_linear_layers"] == 0
+    assert not any(isinstance(m, PackedLinear) for m in loaded.model.modules())
+    decoding = Decoding(loaded, (5, 6, 7), GREEDY)
+    assert all(isinstance(decoding.step(), int) for _ in range(3))
+
+
+def test_nothing_is_packed_off_the_cpu() -> None:
+    model = nn.Sequential(nn.Linear(8, 8))
+    assert pack_for_cpu(model, torch.device("meta")) == {
+        "packed_linear_layers": 0,
+        "single_query_attention": False,
+    }
+    assert isinstance(model[0], nn.Linear)
+
+
+KERNEL_CACHE_PROBE = """
+import os, sys
+from fusebox_server.kernel_caches import bound_kernel_caches
+if sys.argv[1] == "server":
+    bound_kernel_caches(os.environ)
+import torch
+from fusebox_server.cpu_kernels import PackedLinear
+torch.set_num_threads(1)
+def rss_mib():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+layer = PackedLinear(torch.nn.Linear(512, 1408, bias=False))
+if sys.argv[1] == "server":
+    product = layer
+else:  # one oneDNN call whatever the row count, caches at oneDNN's defaults
+    linear = torch.ops.mkldnn._linear_pointwise
+    product = lambda rows: linear(rows, layer.packed, None, "none", [], "")
+rows = torch.randn(600, 512)
+with torch.inference_mode():
+    product(rows[:3])
+    before = rss_mib()
+    for count in range(20, 600, 3):  # about 190 prompt lengths
+        product(rows[:count])
+print(rss_mib() - before)
+"""
+
+
+def _kernel_cache_growth_mib(mode: str) -> float:
+    environ = {k: v for k, v in os.environ.items() if k not in KERNEL_CACHE_ENVS}
+    result = subprocess.run(
+        [sys.executable, "-c", KERNEL_CACHE_PROBE, mode],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def test_new_prompt_lengths_do_not_grow_the_servers_memory_through_kernel_caches() -> None:
+    unbounded = _kernel_cache_growth_mib("one-call-per-product")
+    server = _kernel_cache_growth_mib("server")
+    # oneDNN keeps a kernel per row count, about 1 MiB each at these sizes, 1,024 of them.
+    assert unbounded > 100
+    assert server < 0.3 * unbounded
+
+
+def test_kernel_cache_bounds_keep_a_value_the_user_set() -> None:
+    environ = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "128"}
+    bound_kernel_caches(environ)
+    assert environ == {
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "128",
+        "LRU_CACHE_CAPACITY": str(KERNEL_CACHE_ENTRIES),
+    }
