@@ -3,7 +3,7 @@
 Why: on CPU a decode step is a few dozen small matrix products (one row
 per running request), and the default kernels are poor at that shape.
 Measured on the 2-core bench machine with the `small` model and 16 rows
-(docs/decisions/cpu-kernels.md): `F.linear` reached 26 GFLOP/s, about a
+(docs/decisions/speed.md): `F.linear` reached 26 GFLOP/s, about a
 quarter of the core's AVX-512 peak and a seventh of its memory bandwidth,
 while the same products with the weight reordered once into oneDNN's
 blocked layout took 40% less time; and SDPA's CPU flash kernel spent
@@ -19,10 +19,13 @@ any device other than CPU. `pack_for_cpu` says what it did, for the log.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Final
 
 import torch
 from torch import nn
+
+from fusebox_server.kernel_caches import KERNEL_CACHE_ENVS
 
 # The row count oneDNN is told to expect; the packed weight serves any row count.
 PACK_ROWS_HINT: Final = 16
@@ -144,4 +147,6 @@ def pack_for_cpu(model: Any, device: torch.device) -> dict[str, Any]:
     return {
         "packed_linear_layers": pack_linear_layers(model),
         "single_query_attention": use_single_query_attention(model),
+        # The bounds torch loaded with (kernel_caches.py); None: oneDNN's default, 1,024.
+        "kernel_cache_entries": {name: os.environ.get(name) for name in KERNEL_CACHE_ENVS},
     }

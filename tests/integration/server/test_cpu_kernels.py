@@ -1,0 +1,31 @@
+"""The server process on CPU: packed linear layers, the single-query attention, bounded caches.
+
+`python -m fusebox_server` must bound oneDNN's per-shape kernel caches
+before torch loads (kernel_caches.py); the load's log line says what torch
+loaded with and what `cpu_kernels.pack_for_cpu` switched on.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fusebox_server_harness import ServerProcess
+
+from fusebox_server.kernel_caches import KERNEL_CACHE_ENTRIES, KERNEL_CACHE_ENVS
+
+
+def test_the_server_process_loads_with_packed_layers_and_bounded_kernel_caches(
+    server: ServerProcess,
+) -> None:
+    loads = [
+        json.loads(line)
+        for line in server.log_text().splitlines()
+        if '"event": "model_loaded"' in line
+    ]
+    assert loads, "no model_loaded line in the server's log"
+    first = loads[0]
+    assert first["packed_linear_layers"] > 0
+    assert first["single_query_attention"] is True
+    assert first["kernel_cache_entries"] == {
+        name: str(KERNEL_CACHE_ENTRIES) for name in KERNEL_CACHE_ENVS
+    }
