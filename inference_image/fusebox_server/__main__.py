@@ -5,7 +5,10 @@ import sys
 
 from fusebox_server.kernel_caches import bound_kernel_caches
 
-bound_kernel_caches(os.environ)  # before torch is imported: it reads them once, at load
+# Before torch is imported: it reads the bounds once, at load.
+if (refusal := bound_kernel_caches(os.environ)) is not None:
+    print(f"fusebox_server: invalid environment: {refusal}", file=sys.stderr)
+    sys.exit(2)
 
 from fusebox_server.server import main  # noqa: E402  (torch loads here)
 

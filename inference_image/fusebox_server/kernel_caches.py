@@ -14,11 +14,13 @@ building beside a 30 ms step.
 
 Both are read once, when torch loads, so `python -m fusebox_server` calls
 `bound_kernel_caches` before anything imports torch. A value already in the
-environment (`server.env`) is kept: it is the user's to tune.
+environment (`server.env`) is kept: it is the user's to tune; one that is
+not a whole number exits 2 naming it (`--check-config` too).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import MutableMapping
 from typing import Final
 
@@ -26,6 +28,15 @@ KERNEL_CACHE_ENTRIES: Final = 32
 KERNEL_CACHE_ENVS: Final = ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
 
 
-def bound_kernel_caches(environ: MutableMapping[str, str]) -> None:
+def bound_kernel_caches(environ: MutableMapping[str, str]) -> str | None:
+    """Set both bounds unless set; why a value already set is refused, or None.
+
+    oneDNN reads the value as a number and crashes the process (SIGSEGV, at
+    the first packed product) on anything else, so a non-number must stop the
+    server with its name before torch loads.
+    """
     for name in KERNEL_CACHE_ENVS:
-        environ.setdefault(name, str(KERNEL_CACHE_ENTRIES))
+        value = environ.setdefault(name, str(KERNEL_CACHE_ENTRIES))
+        if not re.fullmatch(r"[0-9]+", value):
+            return f"{name}={value!r} must be a whole number of cache entries (0 or more)"
+    return None

@@ -8,6 +8,10 @@ loaded with and what `cpu_kernels.pack_for_cpu` switched on.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from fusebox_server_harness import ServerProcess
 
@@ -29,3 +33,24 @@ def test_the_server_process_loads_with_packed_layers_and_bounded_kernel_caches(
     assert first["kernel_cache_entries"] == {
         name: str(KERNEL_CACHE_ENTRIES) for name in KERNEL_CACHE_ENVS
     }
+
+
+def test_a_kernel_cache_bound_that_is_not_a_number_stops_the_server_with_its_name(
+    tiny_model_dir: Path,
+) -> None:
+    # Left to oneDNN, the process would die of SIGSEGV at the first packed product.
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("FUSEBOX_")}
+    environment["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = "lots"
+    flags = ["--model-dir", str(tiny_model_dir), "--device", "cpu"]
+    for extra in (["--check-config"], []):
+        result = subprocess.run(
+            [sys.executable, "-m", "fusebox_server", *extra, *flags],
+            capture_output=True,
+            text=True,
+            env=environment,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 2, result.stderr
+        assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY='lots'" in result.stderr
+        assert "Traceback" not in result.stderr

@@ -191,8 +191,14 @@ def test_new_prompt_lengths_do_not_grow_the_servers_memory_through_kernel_caches
 
 def test_kernel_cache_bounds_keep_a_value_the_user_set() -> None:
     environ = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "128"}
-    bound_kernel_caches(environ)
+    assert bound_kernel_caches(environ) is None
     assert environ == {
         "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "128",
         "LRU_CACHE_CAPACITY": str(KERNEL_CACHE_ENTRIES),
     }
+
+
+@pytest.mark.parametrize("value", ["abc", "", "-5", "1.5", " 32"])
+def test_a_kernel_cache_bound_that_is_not_a_whole_number_is_refused_by_name(value: str) -> None:
+    refusal = bound_kernel_caches({"LRU_CACHE_CAPACITY": value})
+    assert refusal is not None and "LRU_CACHE_CAPACITY" in refusal and repr(value) in refusal
