@@ -2,9 +2,11 @@
 
 The engine's 16-row decode step, 16-prompt prefill and 1-row decode step
 (what a lone request costs) on the `small` model,
-in process (no HTTP), under four settings loaded side by side: transformers'
-own kernels, oneDNN-packed linear layers only, the single-query attention
-only, and both (what `load_model` does on CPU). Rounds visit the settings in
+in process (no HTTP), under six settings loaded side by side: transformers'
+own kernels, oneDNN-packed linear layers only, the same without padding
+one- to three-row products to four, packed layers with sibling projections
+fused into one product, the single-query attention only, and all of them
+(what `load_model` does on CPU). Rounds visit the settings in
 turn, so a change in the machine's load hits all alike; the figure is each
 setting's median step time and its ratio to transformers' kernels. Every
 setting's greedy tokens are checked against transformers' own: a fast path
@@ -40,18 +42,38 @@ ROWS = 16
 Setting = Callable[[Any], None]
 
 
+def without_row_padding(model: Any) -> None:
+    """Packed layers as oneDNN takes them for one to three rows (not padded to four)."""
+    from fusebox_server.cpu_kernels import PackedLinear, ProjectionSlice
+
+    for module in model.modules():
+        packed = module.shared.product if isinstance(module, ProjectionSlice) else module
+        if isinstance(packed, PackedLinear):
+            packed.min_rows = 1
+
+
 def settings() -> dict[str, Setting]:
     from fusebox_server import cpu_kernels
 
-    def both(model: Any) -> None:
+    def packed_without_row_padding(model: Any) -> None:
         cpu_kernels.pack_linear_layers(model)
+        without_row_padding(model)
+
+    def packed_and_fused(model: Any) -> None:
+        cpu_kernels.fuse_sibling_projections(model)
+        cpu_kernels.pack_linear_layers(model)
+
+    def all_of_them(model: Any) -> None:
+        packed_and_fused(model)
         cpu_kernels.use_single_query_attention(model)
 
     return {
         "transformers_kernels": lambda model: None,
         "packed_linear_only": cpu_kernels.pack_linear_layers,
+        "packed_without_row_padding": packed_without_row_padding,
+        "packed_and_fused_projections": packed_and_fused,
         "single_query_attention_only": cpu_kernels.use_single_query_attention,
-        "both": both,
+        "all": all_of_them,
     }
 
 
@@ -163,7 +185,7 @@ def run(rounds: int, steps: int, threads: int, out: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7, help="rounds over all four settings")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds over all six settings")
     parser.add_argument("--steps", type=int, default=24, help="decode steps per round")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--out", type=Path, default=Path("bench/results/kernels.json"))

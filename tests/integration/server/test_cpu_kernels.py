@@ -1,4 +1,4 @@
-"""The server process on CPU: packed linear layers, the single-query attention, bounded caches.
+"""The server process on CPU: packed and fused layers, the single-query attention, bounded caches.
 
 `python -m fusebox_server` must bound oneDNN's per-shape kernel caches
 before torch loads (kernel_caches.py); the load's log line says what torch
@@ -29,6 +29,7 @@ def test_the_server_process_loads_with_packed_layers_and_bounded_kernel_caches(
     assert loads, "no model_loaded line in the server's log"
     first = loads[0]
     assert first["packed_linear_layers"] > 0
+    assert first["fused_projection_groups"] > 0
     assert first["single_query_attention"] is True
     assert first["kernel_cache_entries"] == {
         name: str(KERNEL_CACHE_ENTRIES) for name in KERNEL_CACHE_ENVS

@@ -1,4 +1,5 @@
-"""The CPU fast paths: oneDNN-packed linear layers and the single-query attention.
+"""The CPU fast paths: oneDNN-packed linear layers, fused sibling projections, and
+the single-query attention.
 
 They must change speed only: the same products up to rounding, the same
 attention as SDPA, and a loaded model that decodes what plain transformers
@@ -7,9 +8,11 @@ decodes. Quantized layers are left to their own kernels.
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fusebox_server.cpu_kernels import ATTENTION, PackedLinear, pack_for_cpu, single_query_attention
+from fusebox_server.cpu_kernels import (
+    ATTENTION,
+    PackedLinear,
+    ProjectionSlice,
+    fuse_sibling_projections,
+    pack_for_cpu,
+    single_query_attention,
+)
 from fusebox_server.engine import DecodeBatch, Decoding, load_model, prefill
 from fusebox_server.kernel_caches import (
     KERNEL_CACHE_ENTRIES,
@@ -32,7 +42,7 @@ GREEDY = Sampling(max_tokens=12, temperature=0.0, top_p=1.0, seed=None, stop=())
 
 
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("leading", [(1,), (16,), (3, 7)])
+@pytest.mark.parametrize("leading", [(1,), (2,), (1, 3), (16,), (3, 7)])
 def test_a_packed_linear_computes_what_linear_does_for_any_row_count(
     bias: bool, leading: tuple[int, ...]
 ) -> None:
@@ -41,11 +51,72 @@ def test_a_packed_linear_computes_what_linear_does_for_any_row_count(
     inputs = torch.randn(*leading, 96)
     with torch.inference_mode():
         expected = linear(inputs)
-        packed = PackedLinear(linear)
+        packed = PackedLinear.of(linear)
         got = packed(inputs)
     assert got.shape == expected.shape == (*leading, 40)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert not any(name == "weight" for name, _ in packed.named_parameters())
+
+
+class _Siblings(nn.Module):
+    """An attention-shaped module: three projections of one input, as Llama names them."""
+
+    def __init__(self, bias: bool, widths: tuple[int, int, int] = (24, 8, 8)) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(32, widths[0], bias=bias)
+        self.k_proj = nn.Linear(32, widths[1], bias=bias)
+        self.v_proj = nn.Linear(32, widths[2], bias=bias)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_siblings_return_what_each_layer_computes_in_any_call_order(bias: bool) -> None:
+    torch.manual_seed(2)
+    module = _Siblings(bias)
+    plain = {name: getattr(module, name) for name in ("q_proj", "k_proj", "v_proj")}
+    first, second = torch.randn(5, 32), torch.randn(2, 3, 32)
+    with torch.inference_mode():
+        expected = {
+            (n, i): layer(x) for n, layer in plain.items() for i, x in enumerate((first, second))
+        }
+        assert fuse_sibling_projections(module) == 1
+        fused = {name: getattr(module, name) for name in plain}
+        assert all(isinstance(layer, ProjectionSlice) for layer in fused.values())
+        calls = [  # in order, out of order, one sibling twice, inputs interleaved
+            ("q_proj", 0), ("k_proj", 0), ("v_proj", 0),
+            ("v_proj", 1), ("q_proj", 1), ("q_proj", 1), ("k_proj", 0), ("k_proj", 1),
+        ]  # fmt: skip
+        for name, index in calls:
+            got = fused[name]((first, second)[index])
+            assert got.is_contiguous()
+            torch.testing.assert_close(got, expected[(name, index)], rtol=1e-5, atol=1e-5)
+
+
+def test_a_fused_product_is_held_only_until_every_sibling_took_its_columns() -> None:
+    module = _Siblings(bias=False)
+    original = weakref.ref(module.q_proj.weight)
+    fuse_sibling_projections(module)
+    gc.collect()
+    assert original() is None  # the stacked, packed weight replaced the three
+    shared = module.q_proj.shared
+    with torch.inference_mode():
+        hidden = torch.randn(4, 32)
+        module.q_proj(hidden)
+        module.k_proj(hidden)
+        assert shared._output is not None  # v_proj has not read its columns yet
+        module.v_proj(hidden)
+    assert shared._input is None and shared._output is None
+
+
+def test_siblings_that_cannot_share_a_product_stay_separate_layers() -> None:
+    mixed_bias = _Siblings(bias=False)
+    mixed_bias.v_proj = nn.Linear(32, 8, bias=True)
+    wider_input = _Siblings(bias=False)
+    wider_input.k_proj = nn.Linear(40, 8, bias=False)
+    missing = _Siblings(bias=False)
+    del missing.v_proj
+    for module in (mixed_bias, wider_input, missing):
+        assert fuse_sibling_projections(module) == 0
+        assert not any(isinstance(m, ProjectionSlice) for m in module.modules())
 
 
 def _attention_inputs(heads: int, kv_heads: int) -> tuple[torch.Tensor, ...]:
@@ -108,6 +179,8 @@ def test_a_model_loaded_on_cpu_is_packed_and_decodes_what_transformers_decodes(
     linears = [m for m in loaded.model.modules() if isinstance(m, (nn.Linear, PackedLinear))]
     assert linears and all(isinstance(m, PackedLinear) for m in linears)
     assert loaded.kernels["packed_linear_layers"] == len(linears)
+    layers = loaded.model.config.num_hidden_layers
+    assert loaded.kernels["fused_projection_groups"] == 2 * layers  # q/k/v and gate/up
     assert loaded.kernels["single_query_attention"] is True
     assert loaded.model.config._attn_implementation == ATTENTION
     prompts = [
@@ -128,6 +201,7 @@ def test_a_model_loaded_on_cpu_is_packed_and_decodes_what_transformers_decodes(
 def test_quantized_layers_keep_their_own_kernels(tiny_model_dir: Path, tiny_tokenizer: Any) -> None:
     loaded = load_model("fallback", tiny_model_dir, "int8", CPU, tiny_tokenizer)
     assert loaded.kernels["packed_linear_layers"] == 0
+    assert loaded.kernels["fused_projection_groups"] == 0
     assert not any(isinstance(m, PackedLinear) for m in loaded.model.modules())
     decoding = Decoding(loaded, (5, 6, 7), GREEDY)
     assert all(isinstance(decoding.step(), int) for _ in range(3))
@@ -136,6 +210,7 @@ def test_quantized_layers_keep_their_own_kernels(tiny_model_dir: Path, tiny_toke
 def test_nothing_is_packed_off_the_cpu() -> None:
     model = nn.Sequential(nn.Linear(8, 8))
     assert pack_for_cpu(model, torch.device("meta")) == {
+        "fused_projection_groups": 0,
         "packed_linear_layers": 0,
         "single_query_attention": False,
     }
@@ -152,7 +227,7 @@ from fusebox_server.cpu_kernels import PackedLinear
 torch.set_num_threads(1)
 def rss_mib():
     return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-layer = PackedLinear(torch.nn.Linear(512, 1408, bias=False))
+layer = PackedLinear.of(torch.nn.Linear(512, 1408, bias=False))
 if sys.argv[1] == "server":
     product = layer
 else:  # one oneDNN call whatever the row count, caches at oneDNN's defaults
