@@ -75,21 +75,22 @@ class PackedLinear(nn.Module):
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         rows = inputs.reshape(-1, self.in_features)
-        count = rows.shape[0]
-        if count < self.min_rows:
-            padded = rows.new_zeros((self.min_rows, self.in_features))
-            padded[:count] = rows
-            return self._product(padded)[:count].view(*inputs.shape[:-1], self.out_features)
         parts = [self._product(chunk) for chunk in torch.split(rows, MAX_ROWS_PER_CALL)]
         output = parts[0] if len(parts) == 1 else torch.cat(parts)
         return output.view(*inputs.shape[:-1], self.out_features)
 
     def _product(self, rows: torch.Tensor) -> torch.Tensor:
+        """One oneDNN call; fewer than `min_rows` rows are padded with zeros to that many."""
+        count = rows.shape[0]
+        if count < self.min_rows:
+            padded = rows.new_zeros((self.min_rows, self.in_features))
+            padded[:count] = rows
+            rows = padded
         bias = None if self.bias is None else self.bias.detach()
         output: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
             rows, self.packed, bias, "none", [], ""
         )
-        return output
+        return output[:count]
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed"

@@ -42,7 +42,7 @@ GREEDY = Sampling(max_tokens=12, temperature=0.0, top_p=1.0, seed=None, stop=())
 
 
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("leading", [(1,), (2,), (1, 3), (16,), (3, 7)])
+@pytest.mark.parametrize("leading", [(1,), (2,), (1, 3), (16,), (3, 7), (65,)])
 def test_a_packed_linear_computes_what_linear_does_for_any_row_count(
     bias: bool, leading: tuple[int, ...]
 ) -> None:
