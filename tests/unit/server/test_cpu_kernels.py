@@ -58,6 +58,23 @@ def test_a_packed_linear_computes_what_linear_does_for_any_row_count(
     assert not any(name == "weight" for name, _ in packed.named_parameters())
 
 
+def test_onednn_sees_between_four_and_64_rows_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its 1-3 row kernels are the slow ones, and every row count is a cached kernel.
+    layer = PackedLinear.of(nn.Linear(32, 8, bias=False))
+    product = torch.ops.mkldnn._linear_pointwise
+    seen: list[int] = []
+
+    def counting(rows: torch.Tensor, *args: Any) -> torch.Tensor:
+        seen.append(rows.shape[0])
+        return product(rows, *args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counting)
+    with torch.inference_mode():
+        for count in (1, 2, 3, 65, 130):
+            assert layer(torch.randn(count, 32)).shape == (count, 8)
+    assert seen == [4, 4, 4, 64, 4, 64, 64, 4]
+
+
 class _Siblings(nn.Module):
     """An attention-shaped module: three projections of one input, as Llama names them."""
 
