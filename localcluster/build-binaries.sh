@@ -15,6 +15,9 @@ pins=$(cd "$here" && sed '/^# --- Monitoring addon/,$d' build-binaries.sh | cat 
   gpusim/go.mod gpusim/go.sum gpusim/*.go gpudra/go.mod gpudra/go.sum gpudra/*.go gpuctl/go.mod gpuctl/*.go netpol/go.mod netpol/go.sum | sha256sum | cut -c1-16)
 out="$cache/bin-$pins"
 mkdir -p "$root/.cache"
+# shellcheck source=../scripts/lib/cache-lock.sh
+. "$root/scripts/lib/cache-lock.sh"
+cache_lock "$cache" binaries
 
 if [ -f "$out/.complete" ]; then
   echo "binaries: up to date in $out"

@@ -25,6 +25,9 @@ base=localhost/fusebox/base:bookworm
 # The one podman invocation (storage under the cache), defined in images.py.
 mapfile -t podman < <(python3 "$images_py" podman-argv)
 mkdir -p "$cache/podman/tmp" "$cache/images"
+# shellcheck source=../scripts/lib/cache-lock.sh
+. "$root/scripts/lib/cache-lock.sh"
+cache_lock "$cache" images
 
 # Builds must reach PyPI through this machine's TLS-inspecting proxy: lend
 # them the host's pip configuration and CA trust at build time only; nothing

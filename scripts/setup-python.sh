@@ -14,7 +14,9 @@ python=${PYTHON:-python3}
 recipe=1
 key=$( { echo "recipe $recipe"; "$python" --version; cat "$root/requirements-dev.lock"; } | sha256sum | cut -c1-16)
 shared="$cache/venv-$key"
-mkdir -p "$cache"
+# shellcheck source=lib/cache-lock.sh
+. "$root/scripts/lib/cache-lock.sh"
+cache_lock "$cache" python
 
 if [ ! -f "$shared/.complete" ]; then
   start=$SECONDS
