@@ -35,8 +35,9 @@ sys.path.insert(0, str(REPO / "operator"))
 import aiohttp  # noqa: E402
 
 from fusebox_operator.actuator import Actuator  # noqa: E402
-from fusebox_operator.kube import PodView  # noqa: E402
-from fusebox_operator.policy import PolicyState, decide  # noqa: E402
+from fusebox_operator.observations import PodView  # noqa: E402
+from fusebox_operator.policy import decide  # noqa: E402
+from fusebox_operator.policy_state import PolicyState  # noqa: E402
 from fusebox_operator.spec import parse_spec  # noqa: E402
 from fusebox_operator.telemetry import scrape_all  # noqa: E402
 

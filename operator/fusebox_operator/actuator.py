@@ -22,8 +22,9 @@ import aiohttp
 
 from fusebox_contract.names import ActionType, BreakerState, Variant
 from fusebox_contract.wiring import Port
-from fusebox_operator.kube import Kube, KubeError, PodView
-from fusebox_operator.policy import Action, ActionKind, PodSample
+from fusebox_operator.kube import Kube, KubeError
+from fusebox_operator.observations import PodSample, PodView
+from fusebox_operator.policy_state import Action, ActionKind
 from fusebox_operator.status import human_bytes
 
 ADMIN_TIMEOUT_SECONDS = 10.0

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from fusebox_contract.names import EventReason
 from fusebox_contract.wiring import GPU_RESOURCE
-from fusebox_operator.policy import PodSample
+from fusebox_operator.observations import PodSample
 from fusebox_operator.spec import AutoscalingMetric, AutoscalingSpec
 
 # |load / target - 1| within this: hold (the HPA's default tolerance).

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from fusebox_contract.names import ConditionType
-from fusebox_operator.kube import PodView
-from fusebox_operator.policy import Action, ActionKind, PolicyState, next_action_id
+from fusebox_operator.observations import PodView
+from fusebox_operator.policy_state import Action, ActionKind, PolicyState, next_action_id
 from fusebox_operator.status import set_condition
 
 GPU_UNHEALTHY_REASON = "GPUUnhealthy"

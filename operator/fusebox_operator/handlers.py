@@ -21,8 +21,8 @@ import kopf
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator import manifests
 from fusebox_operator.actuator import Actuator
-from fusebox_operator.kube import Kube, KubeError, PodView, load_config
-from fusebox_operator.policy import PodSample
+from fusebox_operator.kube import Kube, KubeError, load_config
+from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import size_memory
 from fusebox_operator.spec import InferenceServiceSpec, SpecError, parse_spec

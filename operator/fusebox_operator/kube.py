@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import kubernetes
@@ -28,6 +27,7 @@ from fusebox_operator.manifests import (
     memory_quantity,
     memory_resize_patch,
 )
+from fusebox_operator.observations import PodView
 from fusebox_operator.sizing import NODE_PRODUCT_LABEL, NODE_VRAM_LABEL
 
 T = TypeVar("T")
@@ -36,39 +36,6 @@ REQUEST_TIMEOUT_SECONDS = 15
 
 class KubeError(RuntimeError):
     """An API call failed in a way a retry later may fix."""
-
-
-@dataclass(frozen=True)
-class PodView:
-    """What the telemetry loop needs of a pod."""
-
-    name: str
-    uid: str
-    ip: str
-    phase: str
-    ready: bool
-    sidecar_ready: bool
-    server_started: bool
-    server_restarts: int
-    terminating: bool
-    oom_killed: bool
-    unschedulable: str = ""  # the scheduler's message while the pod cannot be placed
-    # The server's GPUs the kubelet reports Unhealthy (the device plugin's health).
-    unhealthy_gpus: tuple[str, ...] = ()
-    node: str = ""  # the node it runs on ("" while unscheduled)
-    # Why a container of the pod cannot run ("" when none is stuck): the kubelet's
-    # waiting reason and message (CrashLoopBackOff, ImagePullBackOff, ...).
-    failing: str = ""
-
-    @property
-    def instance(self) -> str:
-        """This run of the server container: a restarted container starts from defaults."""
-        return f"{self.uid}/{self.server_restarts}"
-
-    @property
-    def serving(self) -> bool:
-        """Ready and not being deleted: an endpoint the Service sends traffic to."""
-        return self.ready and not self.terminating
 
 
 def load_config() -> None:

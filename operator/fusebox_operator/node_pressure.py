@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fusebox_contract.names import ConditionType, EventReason
-from fusebox_operator.kube import PodView
-from fusebox_operator.policy import Action, ActionKind, PodSample, PolicyState, next_action_id
+from fusebox_operator.observations import PodSample, PodView
+from fusebox_operator.policy_state import Action, ActionKind, PolicyState, next_action_id
 from fusebox_operator.spec import InferenceServiceSpec
 from fusebox_operator.status import EventRecord, human_bytes, set_condition
 

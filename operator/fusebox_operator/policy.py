@@ -13,46 +13,29 @@ idempotency turns a repeat into a no-op.
 from __future__ import annotations
 
 import copy
-import enum
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 from fusebox_contract.names import BreakerState, Variant
 from fusebox_operator.latency import (
     LATENCY_WINDOW_SECONDS,
-    Buckets,
-    Snapshot,
     remember,
     window_quantile,
+)
+from fusebox_operator.memory_trend import read_resources
+from fusebox_operator.observations import PodSample, RequestCounts
+from fusebox_operator.policy_state import (
+    DISRUPTIVE,
+    Action,
+    ActionKind,
+    Ladder,
+    PolicyState,
+    next_action_id,
 )
 from fusebox_operator.rollout import Rollout
 from fusebox_operator.spec import InferenceServiceSpec
 
-MIB = 1024**2
-HARD_RATIO = 0.95
-"""Above this share of a limit a pod is acted on whatever the slope."""
 STALE_INTERVALS = 3
-MIN_SLOPE_POINTS = 3
 
-
-class ActionKind(enum.StrEnum):
-    GC = "gc"
-    EMPTY_CACHE = "empty_cache"
-    GROW_LIMIT = "grow_limit"  # resize the server's memory limit in place (no restart)
-    RELOAD = "reload"  # unload, then load the same variant
-    SWAP_FALLBACK = "swap_fallback"
-    RESTORE_PRIMARY = "restore_primary"
-    RESTART = "restart"  # delete the pod; the Deployment replaces it
-    DRAIN = "drain"  # delete a pod whose GPU went Unhealthy; its replacement gets a healthy one
-
-
-DISRUPTIVE: frozenset[ActionKind] = frozenset(
-    {ActionKind.RELOAD, ActionKind.SWAP_FALLBACK, ActionKind.RESTORE_PRIMARY, ActionKind.RESTART}
-)
-"""Actions that take a pod out of service: they roll through the pods one at a time."""
-MAX_ATTEMPTS = 5
-"""An action whose outcome stays unknown is retried (same id) at most this often."""
 
 LADDER: tuple[ActionKind, ...] = (
     ActionKind.GC,
@@ -78,103 +61,6 @@ CHEAP_STEPS: frozenset[ActionKind] = frozenset({ActionKind.GC, ActionKind.EMPTY_
 spare. A reload (and what follows) frees whatever the model holds, so it is never skipped."""
 
 
-@dataclass(frozen=True)
-class RequestCounts:
-    """Monotonic request counters of one pod (fusebox_requests_total by outcome).
-
-    The server counts each request once, under one outcome, so the sum of
-    the calls below is the number of requests that ran.
-    """
-
-    succeeded: float = 0
-    failed: float = 0
-    rejected: float = 0
-    timed_out: float = 0
-    cancelled: float = 0
-    invalid: float = 0
-
-    @property
-    def calls(self) -> float:
-        """Requests that ran to a verdict, as resilience4j counts calls.
-
-        Rejections (429/503: not permitted), invalid requests (the caller's
-        4xx, never queued) and cancellations (the client left: neither a
-        success nor a failure of the service) are not calls.
-        """
-        return self.succeeded + self.failed + self.timed_out
-
-    def since(self, earlier: RequestCounts | None) -> RequestCounts:
-        if earlier is None:
-            return RequestCounts()
-        values = []
-        for now_value, then_value in zip(self.as_tuple(), earlier.as_tuple(), strict=True):
-            # A counter that went down means the process restarted: count from zero.
-            values.append(now_value - then_value if now_value >= then_value else now_value)
-        return RequestCounts(*values)
-
-    def plus(self, other: RequestCounts) -> RequestCounts:
-        return RequestCounts(
-            *(a + b for a, b in zip(self.as_tuple(), other.as_tuple(), strict=True))
-        )
-
-    def as_tuple(self) -> tuple[float, float, float, float, float, float]:
-        return (
-            self.succeeded,
-            self.failed,
-            self.rejected,
-            self.timed_out,
-            self.cancelled,
-            self.invalid,
-        )
-
-
-@dataclass(frozen=True)
-class PodSample:
-    """One scrape of one pod's sidecar; None means "not measured", never zero."""
-
-    pod: str
-    sampled_at: float
-    ok: bool = True
-    rss_bytes: float | None = None
-    memory_limit_bytes: float | None = None
-    gpu_memory_used_bytes: float | None = None
-    gpu_memory_total_bytes: float | None = None
-    latency_p99_seconds: float | None = None  # the server's own window; shown per pod
-    # The breaker's latency histogram, cumulative since the server started: what
-    # the breaker's p99 comes from (latency.py). None from a sidecar without one.
-    latency_buckets: Buckets | None = None
-    quality_failure_ratio: float | None = None
-    stats_age_seconds: float | None = None
-    heartbeat_age_seconds: float | None = None
-    requests: RequestCounts | None = None
-    breaker_state: BreakerState | None = None
-    degradation_level: int | None = None
-    model_loaded: bool | None = None
-    variant: Variant | None = None  # the variant the server reports serving
-    converging: bool | None = None  # the server is still moving to its target variant
-    queue_length: float | None = None
-    requests_running: float | None = None  # generating now (queue_length waits for a slot)
-    tokenizer_cache_entries: float | None = None
-    cuda_contexts: float | None = None
-    fallback_configured: bool | None = None  # a fallback is configured on the server
-    # False: this server cannot swap to a fallback (none configured, or the
-    # device cannot serve its quantization); None: not reported.
-    fallback_available: bool | None = None
-    fallback_unavailable_reason: str | None = None  # the server's words, when it gave them
-    # The node's memory as the pod sees it (node_pressure): MemAvailable, MemTotal and
-    # the share of the last 10 s with some / all tasks stalled on memory (PSI).
-    node_available_bytes: float | None = None
-    node_total_bytes: float | None = None
-    node_pressure_some: float | None = None
-    node_pressure_full: float | None = None
-    error: str = ""
-
-    @property
-    def cannot_swap(self) -> bool:
-        """The server said it cannot swap to a fallback: the fallback tier leaves it alone."""
-        return self.ok and self.fallback_available is False
-
-
 def swaps_to_fallback(spec: InferenceServiceSpec, sample: PodSample | None) -> bool:
     """Whether level 2 and the ladder's swap step move this pod to a fallback.
 
@@ -184,258 +70,6 @@ def swaps_to_fallback(spec: InferenceServiceSpec, sample: PodSample | None) -> b
     scrape) counts as able, as before the server could say so.
     """
     return spec.fallback is not None and not (sample is not None and sample.cannot_swap)
-
-
-@dataclass(frozen=True)
-class Action:
-    id: str
-    kind: ActionKind
-    pod: str
-    reason: str
-    at: float
-    variant: Variant = Variant.PRIMARY  # the variant a reload loads / a swap targets
-    attempts: int = 1  # how often it was sent; a retry reuses the id
-    memory_limit_bytes: int | None = None  # the limit a grow-limit action resizes to
-
-    def to_status(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {
-            "id": self.id,
-            "kind": self.kind.value,
-            "pod": self.pod,
-            "reason": self.reason,
-            "at": self.at,
-            "variant": self.variant.value,
-            "attempts": self.attempts,
-        }
-        if self.memory_limit_bytes is not None:
-            entry["memoryLimitBytes"] = self.memory_limit_bytes
-        return entry
-
-    @classmethod
-    def from_status(cls, raw: Mapping[str, Any]) -> Action:
-        return cls(
-            id=str(raw["id"]),
-            kind=ActionKind(raw["kind"]),
-            pod=str(raw["pod"]),
-            reason=str(raw.get("reason", "")),
-            at=float(raw.get("at", 0.0)),
-            variant=Variant(raw.get("variant", Variant.PRIMARY)),
-            attempts=int(raw.get("attempts", 1)),
-            memory_limit_bytes=(
-                int(raw["memoryLimitBytes"]) if raw.get("memoryLimitBytes") is not None else None
-            ),
-        )
-
-
-@dataclass
-class Ladder:
-    """Where one pod stands on the ladder for one resource (rss, gpu, wedge)."""
-
-    step: int = 0  # the next rung to try
-    last_action_at: float | None = None
-    calm_since: float | None = None
-    acted_step: int | None = None  # the rung of the last action, until it is judged
-
-
-@dataclass
-class PolicyState:
-    """Everything decide() remembers. `to_status` keeps what must survive a restart."""
-
-    service_id: str
-    memory_limit_bytes: float | None = None
-    sequence: int = 0
-    breaker: BreakerState = BreakerState.CLOSED
-    breaker_since: float = 0.0
-    breaker_reason: str = ""
-    trips: int = 0
-    slow_since: float | None = None
-    slow_calls: float = 0.0
-    half_open_counts: RequestCounts = RequestCounts()
-    level: int = 0
-    level_since: float = 0.0
-    level_reason: str = ""
-    healthy_since: float | None = None
-    ladders: dict[str, Ladder] = field(default_factory=dict)  # key "pod/resource"
-    variants: dict[str, Variant] = field(default_factory=dict)  # pods swapped by the ladder
-    swapped_at: dict[str, float] = field(default_factory=dict)
-    last_counts: dict[str, RequestCounts] = field(default_factory=dict)
-    last_restart_at: float | None = None
-    # Sent, outcome unknown (the call timed out): retried with the same id,
-    # and the pod gets no other action until it settles.
-    in_flight: dict[str, Action] = field(default_factory=dict)
-    # In memory only: rebuilt after a restart by fresh scrapes.
-    history: dict[str, list[tuple[float, float | None, float | None]]] = field(default_factory=dict)
-    latency_history: dict[str, list[Snapshot]] = field(default_factory=dict)  # pod -> buckets
-    first_seen: dict[str, float] = field(default_factory=dict)
-    last_fresh: dict[str, float] = field(default_factory=dict)
-    served_once: set[str] = field(default_factory=set)  # pods whose stats were fresh once
-    stale_pods: set[str] = field(default_factory=set)
-    quality_ratio: float | None = None
-    p99_millis: float | None = None
-    # Pods whose server cannot swap to the spec's fallback -> its reason. In memory
-    # only: a new entry is one FallbackUnavailable event, so after an operator
-    # restart each such pod is named once more.
-    fallback_unavailable: dict[str, str] = field(default_factory=dict)
-    # Pod -> the soonest its memory reaches a limit at the current growth, in seconds;
-    # absent while nothing grows. In memory only (status shows it, refreshed each tick).
-    time_to_oom: dict[str, float] = field(default_factory=dict)
-
-    def to_status(self) -> dict[str, Any]:
-        """The persisted part (status.policy), JSON-safe."""
-        return {
-            "sequence": self.sequence,
-            "breakerSince": self.breaker_since,
-            "slowSince": self.slow_since,
-            "slowCalls": self.slow_calls,
-            "halfOpenCounts": list(self.half_open_counts.as_tuple()),
-            "levelSince": self.level_since,
-            "healthySince": self.healthy_since,
-            # Lists, not maps: a merge patch replaces a list whole, so an entry
-            # dropped here is dropped from the stored status too.
-            # An entry's absent value is an absent key, never null: the API server
-            # prunes nulls from a list's entries, the stored status then differs from
-            # the patch, and kopf warns "Merge-patching finished with inconsistencies".
-            "ladders": [
-                without_nulls(
-                    {
-                        "key": key,
-                        "step": lad.step,
-                        "lastActionAt": lad.last_action_at,
-                        "calmSince": lad.calm_since,
-                        "actedStep": lad.acted_step,
-                    }
-                )
-                for key, lad in sorted(self.ladders.items())
-            ],
-            "pods": [
-                without_nulls(
-                    {
-                        "pod": pod,
-                        "variant": self.variants.get(pod),
-                        "swappedAt": self.swapped_at.get(pod),
-                        "counts": list(self.last_counts[pod].as_tuple())
-                        if pod in self.last_counts
-                        else None,
-                    }
-                )
-                for pod in sorted(set(self.variants) | set(self.last_counts))
-            ],
-            "lastRestartAt": self.last_restart_at,
-            "inFlight": [action.to_status() for _, action in sorted(self.in_flight.items())],
-        }
-
-    @classmethod
-    def from_status(
-        cls, service_id: str, status: Mapping[str, Any], memory_limit_bytes: float | None = None
-    ) -> PolicyState:
-        """Rebuild after an operator restart from the object's status (missing parts default)."""
-        policy = status.get("policy") or {}
-        pods = [p for p in policy.get("pods") or [] if isinstance(p, Mapping) and "pod" in p]
-        breaker = status.get("breaker") or {}
-        degradation = status.get("degradation") or {}
-        try:
-            breaker_state = BreakerState.from_status_name(
-                breaker.get("state", BreakerState.CLOSED.status_name)
-            )
-        except ValueError:
-            breaker_state = BreakerState.CLOSED
-        in_flight = []
-        for raw in policy.get("inFlight") or []:
-            try:
-                in_flight.append(Action.from_status(raw))
-            except (KeyError, TypeError, ValueError):
-                continue  # an entry this version cannot read is dropped, not fatal
-        return cls(
-            service_id=service_id,
-            memory_limit_bytes=memory_limit_bytes,
-            sequence=int(policy.get("sequence", 0)),
-            breaker=breaker_state,
-            breaker_since=float(policy.get("breakerSince", 0.0)),
-            breaker_reason=str(breaker.get("reason", "")),
-            trips=int(breaker.get("trips", 0)),
-            slow_since=policy.get("slowSince"),
-            slow_calls=float(policy.get("slowCalls", 0.0)),
-            half_open_counts=RequestCounts(*policy.get("halfOpenCounts", (0, 0, 0, 0))),
-            level=int(degradation.get("level", 0)),
-            level_since=float(policy.get("levelSince", 0.0)),
-            level_reason=str(degradation.get("reason", "")),
-            healthy_since=policy.get("healthySince"),
-            ladders={
-                str(v["key"]): Ladder(
-                    int(v.get("step", 0)),
-                    v.get("lastActionAt"),
-                    v.get("calmSince"),
-                    v.get("actedStep"),
-                )
-                for v in (policy.get("ladders") or [])
-                if isinstance(v, Mapping) and "key" in v
-            },
-            variants={
-                str(p["pod"]): Variant(p["variant"])
-                for p in pods
-                if p.get("variant") in tuple(Variant)
-            },
-            swapped_at={
-                str(p["pod"]): float(p["swappedAt"]) for p in pods if p.get("swappedAt") is not None
-            },
-            last_counts={
-                str(p["pod"]): RequestCounts(*p["counts"])
-                for p in pods
-                if p.get("counts") is not None
-            },
-            last_restart_at=policy.get("lastRestartAt"),
-            in_flight={action.id: action for action in in_flight},
-        )
-
-    def pod_variant(self, pod: str) -> Variant:
-        """The variant the ladder left this pod on (primary unless it swapped it)."""
-        return self.variants.get(pod, Variant.PRIMARY)
-
-    def busy_pods(self) -> set[str]:
-        """Pods with an action in flight: they get no other action until it settles."""
-        return {action.pod for action in self.in_flight.values()}
-
-    def settle(self, action: Action, settled: bool) -> bool:
-        """Record an executed action: settled, or in flight for a retry with the same id.
-
-        True when it is done with (settled, or given up after MAX_ATTEMPTS).
-        """
-        if settled and action.kind in (ActionKind.RESTART, ActionKind.DRAIN):
-            # The pod is gone: whatever was in flight on it died with it.
-            for action_id in [i for i, a in self.in_flight.items() if a.pod == action.pod]:
-                del self.in_flight[action_id]
-        if settled or action.attempts >= MAX_ATTEMPTS:
-            self.in_flight.pop(action.id, None)
-            return True
-        self.in_flight[action.id] = replace(action, attempts=action.attempts + 1)
-        return False
-
-
-def least_squares_slope(points: Sequence[tuple[float, float]]) -> float | None:
-    """Slope (units per second) of the least-squares line through (t, value) points."""
-    if len(points) < 2:
-        return None
-    n = len(points)
-    mean_t = sum(t for t, _ in points) / n
-    mean_v = sum(v for _, v in points) / n
-    var_t = sum((t - mean_t) ** 2 for t, _ in points)
-    if var_t == 0:
-        return None
-    return sum((t - mean_t) * (v - mean_v) for t, v in points) / var_t
-
-
-def time_to_limit_seconds(points: Sequence[tuple[float, float]], limit: float) -> float | None:
-    """Seconds until memory reaches `limit` from its latest value at the least-squares growth
-    of the (t, value) points: the sooner of the fit over all of them (a steady leak) and
-    over the last MIN_SLOPE_POINTS (a leak that just sped up, which the whole window would
-    average with the flat minutes before it). None with too few points or no growth."""
-    if len(points) < MIN_SLOPE_POINTS:
-        return None
-    slopes = [least_squares_slope(points), least_squares_slope(points[-MIN_SLOPE_POINTS:])]
-    growing = [slope for slope in slopes if slope is not None and slope > 0]
-    if not growing:
-        return None
-    return max(0.0, (limit - points[-1][1]) / max(growing))
 
 
 def skipped_for_time(
@@ -460,83 +94,6 @@ def no_time_to_wait(
         return False
     rest = max(0.0, spec.breaker.resource.cooldown_seconds - waited_seconds)
     return seconds_to_limit < rest + ACT_SECONDS[ActionKind.RELOAD]
-
-
-def _mib(value_bytes: float) -> str:
-    return f"{value_bytes / MIB:.0f} MiB"
-
-
-@dataclass(frozen=True)
-class ResourceReading:
-    resource: str  # "rss" | "gpu"
-    ratio: float
-    slope_mib_per_minute: float | None
-    triggered: bool
-    reason: str
-    seconds_to_limit: float | None = None  # at the fitted growth; None when not growing
-    over: bool = False  # above the ratio threshold, growing or not
-
-    @property
-    def judgeable(self) -> bool:
-        """Whether "not triggered" means anything: back under the ratio, or a trend
-        measured. Above the ratio with no trend yet (a restarted operator has no
-        history) is neither a cure nor calm."""
-        return not self.over or self.slope_mib_per_minute is not None
-
-
-def read_resources(
-    state: PolicyState, pod: str, sample: PodSample, spec: InferenceServiceSpec
-) -> list[ResourceReading]:
-    """RSS against the memory limit and GPU memory against VRAM, with their trends."""
-    thresholds = spec.breaker.resource
-    window_start = sample.sampled_at - thresholds.window_seconds
-    history = [p for p in state.history.get(pod, []) if p[0] >= window_start]
-    readings = []
-    rss_limit = sample.memory_limit_bytes or state.memory_limit_bytes
-    candidates = (
-        ("rss", sample.rss_bytes, rss_limit, 1, thresholds.rss, "RSS", "of the memory limit"),
-        (
-            "gpu",
-            sample.gpu_memory_used_bytes,
-            sample.gpu_memory_total_bytes,
-            2,
-            thresholds.gpu_memory,
-            "GPU memory",
-            "of VRAM",
-        ),
-    )
-    for resource, value, limit, column, threshold, label, of_what in candidates:
-        if value is None or not limit:
-            continue
-        ratio = value / limit
-        points = [(p[0], v) for p in history if (v := p[column]) is not None]
-        slope_per_second = least_squares_slope(points) if len(points) >= MIN_SLOPE_POINTS else None
-        slope = None if slope_per_second is None else slope_per_second * 60 / MIB
-        over = ratio > threshold.ratio
-        growing = slope is not None and slope > threshold.growth_mib_per_minute
-        triggered = ratio > HARD_RATIO or (over and growing)
-        trend = "" if slope is None else f", {slope:+.0f} MiB/min"
-        reason = f"{label} {_mib(value)} = {ratio:.0%} {of_what}{trend}"
-        seconds_to_limit = time_to_limit_seconds(points, limit)
-        readings.append(
-            ResourceReading(resource, ratio, slope, triggered, reason, seconds_to_limit, over)
-        )
-    return readings
-
-
-def without_nulls(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """The entry without its None values (a list entry of status.policy)."""
-    return {key: value for key, value in entry.items() if value is not None}
-
-
-def next_action_id(state: PolicyState, kind: ActionKind) -> str:
-    """A new idempotency id for an action decided outside `decide` (gpu_health)."""
-    return _next_id(state, kind)
-
-
-def _next_id(state: PolicyState, kind: ActionKind) -> str:
-    state.sequence += 1
-    return f"{state.service_id}-{state.sequence:06d}-{kind.value.replace('_', '-')}"
 
 
 def _forget_pod(state: PolicyState, pod: str) -> None:
@@ -703,7 +260,13 @@ def _memory_ladder(
         grow_to = grown_limit_bytes(spec, state) if kind is ActionKind.GROW_LIMIT else None
         actions.append(
             Action(
-                _next_id(state, kind), kind, pod, reason, now, variant, memory_limit_bytes=grow_to
+                next_action_id(state, kind),
+                kind,
+                pod,
+                reason,
+                now,
+                variant,
+                memory_limit_bytes=grow_to,
             )
         )
         ladder.acted_step = ladder.step
@@ -731,7 +294,7 @@ def _restore_primary(
     if not _may_act(rollout, pod, kind):
         return
     reason = f"memory calm for {spec.degradation.cool_off_seconds:g} s after the swap"
-    actions.append(Action(_next_id(state, kind), kind, pod, reason, now, Variant.PRIMARY))
+    actions.append(Action(next_action_id(state, kind), kind, pod, reason, now, Variant.PRIMARY))
     del state.variants[pod]
     state.swapped_at.pop(pod, None)
 
@@ -774,7 +337,7 @@ def _wedge_check(
     if not _may_act(rollout, sample.pod, kind):
         return True
     reason = f"server stats {age:.0f} s old (> {limit:g} s): event loop or worker wedged"
-    actions.append(Action(_next_id(state, kind), kind, sample.pod, reason, now))
+    actions.append(Action(next_action_id(state, kind), kind, sample.pod, reason, now))
     ladder.step, ladder.last_action_at = 1, now
     state.last_restart_at = now
     return True

@@ -24,7 +24,8 @@ from fusebox_contract.names import (
     Variant,
 )
 from fusebox_operator.autoscaling import ScaleDecision
-from fusebox_operator.policy import Action, ActionKind, PodSample, PolicyState
+from fusebox_operator.observations import PodSample
+from fusebox_operator.policy_state import Action, ActionKind, PolicyState
 from fusebox_operator.spec import InferenceServiceSpec
 
 REFRESH_SECONDS = 30.0

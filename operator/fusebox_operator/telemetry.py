@@ -34,9 +34,8 @@ from fusebox_contract.names import (
     Variant,
 )
 from fusebox_contract.wiring import Port
-from fusebox_operator.kube import PodView
 from fusebox_operator.latency import Buckets
-from fusebox_operator.policy import PodSample, RequestCounts
+from fusebox_operator.observations import PodSample, PodView, RequestCounts
 
 Labels = dict[str, str]
 Samples = dict[str, list[tuple[Labels, float]]]

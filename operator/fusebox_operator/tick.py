@@ -32,17 +32,11 @@ from fusebox_operator.autoscaling import (
     pending_for_gpu,
 )
 from fusebox_operator.gpu_health import drain_actions, gpu_condition
-from fusebox_operator.kube import PodView, ready_count
+from fusebox_operator.kube import ready_count
 from fusebox_operator.node_pressure import NodePressure, node_condition, relieve_nodes
-from fusebox_operator.policy import (
-    DISRUPTIVE,
-    Action,
-    ActionKind,
-    PodSample,
-    PolicyState,
-    admit_percent,
-    decide,
-)
+from fusebox_operator.observations import PodSample, PodView
+from fusebox_operator.policy import admit_percent, decide
+from fusebox_operator.policy_state import DISRUPTIVE, Action, ActionKind, PolicyState
 from fusebox_operator.rollout import PodReadiness, Rollout, pod_levels, variant_for_level
 from fusebox_operator.spec import InferenceServiceSpec
 from fusebox_operator.status import (

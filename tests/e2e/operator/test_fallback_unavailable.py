@@ -22,7 +22,7 @@ from fusebox_contract.names import (
     Variant,
 )
 from fusebox_contract.wiring import VARIANT_HEADER, HttpPath, Port
-from fusebox_operator.policy import PodSample
+from fusebox_operator.observations import PodSample
 from fusebox_operator.telemetry import parse_metrics, sample_from_metrics
 
 from .conftest import ServiceFactory, chat_reply, http, pod_url, wait_for

@@ -19,8 +19,7 @@ import aiohttp
 
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator.actuator import Actuator
-from fusebox_operator.kube import PodView
-from fusebox_operator.policy import PodSample
+from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.spec import InferenceServiceSpec, parse_spec
 from fusebox_operator.status import EventRecord
 from fusebox_operator.telemetry import scrape_all

@@ -28,8 +28,8 @@ import pytest
 
 from fusebox_contract.names import BreakerState, EventReason, Variant
 from fusebox_operator.actuator import ActionResult, Actuator
-from fusebox_operator.kube import PodView
-from fusebox_operator.policy import Action, ActionKind, PodSample, PolicyState
+from fusebox_operator.observations import PodSample, PodView
+from fusebox_operator.policy_state import Action, ActionKind, PolicyState
 from fusebox_operator.spec import parse_spec
 from fusebox_operator.telemetry import scrape_all
 from fusebox_operator.tick import TickInputs, TickMemory, TickOutcome, converging, run_tick

@@ -18,7 +18,7 @@ import pytest
 
 from fusebox_contract.names import BreakerState
 from fusebox_operator.actuator import Actuator
-from fusebox_operator.kube import PodView
+from fusebox_operator.observations import PodView
 
 
 def closed_port() -> int:

@@ -14,8 +14,7 @@ from fusebox_operator.autoscaling import (
     pod_load,
     recommend,
 )
-from fusebox_operator.kube import PodView
-from fusebox_operator.policy import PodSample
+from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.spec import AutoscalingMetric, AutoscalingSpec, SpecError, parse_spec
 from fusebox_operator.status import (
     SCALE_LIMIT_GPU,

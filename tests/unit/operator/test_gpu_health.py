@@ -13,8 +13,9 @@ from kubernetes.client import (
 
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator.gpu_health import drain_actions, gpu_condition
-from fusebox_operator.kube import PodView, _pod_view
-from fusebox_operator.policy import ActionKind, PolicyState
+from fusebox_operator.kube import _pod_view
+from fusebox_operator.observations import PodView
+from fusebox_operator.policy_state import ActionKind, PolicyState
 from fusebox_operator.status import ACTION_EVENT_REASONS
 
 T0 = 1_800_000_000.0

@@ -6,7 +6,9 @@ from dataclasses import replace
 from typing import Any
 
 from fusebox_operator.manifests import memory_resize_patch
-from fusebox_operator.policy import Action, ActionKind, PodSample, PolicyState, decide
+from fusebox_operator.observations import PodSample
+from fusebox_operator.policy import decide
+from fusebox_operator.policy_state import Action, ActionKind, PolicyState
 from fusebox_operator.spec import InferenceServiceSpec, parse_spec
 
 from .test_policy import COOLDOWN, INTERVAL, LIMIT, MIB, T0, make_spec

@@ -25,7 +25,9 @@ from fusebox_operator.latency import (
     remember,
     window_quantile,
 )
-from fusebox_operator.policy import PodSample, PolicyState, RequestCounts, decide
+from fusebox_operator.observations import PodSample, RequestCounts
+from fusebox_operator.policy import decide
+from fusebox_operator.policy_state import PolicyState
 from fusebox_operator.spec import parse_spec
 from fusebox_operator.telemetry import parse_metrics, sample_from_metrics
 

@@ -9,7 +9,7 @@ import pytest
 from kubernetes.client import V1ObjectMeta, V1Pod, V1PodSpec, V1PodStatus
 
 from fusebox_contract.names import ConditionType, EventReason
-from fusebox_operator.kube import PodView, _pod_view
+from fusebox_operator.kube import _pod_view
 from fusebox_operator.node_pressure import (
     GIB,
     KUBELET_EVICTION_HARD_BYTES,
@@ -22,7 +22,8 @@ from fusebox_operator.node_pressure import (
     node_readings,
     relieve_nodes,
 )
-from fusebox_operator.policy import ActionKind, PodSample, PolicyState
+from fusebox_operator.observations import PodSample, PodView
+from fusebox_operator.policy_state import ActionKind, PolicyState
 from fusebox_operator.spec import SpecError, parse_spec
 from fusebox_operator.status import EventRecord
 from fusebox_operator.telemetry import parse_metrics, sample_from_metrics

@@ -9,22 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusebox_contract.names import BreakerState, Variant
+from fusebox_operator.memory_trend import least_squares_slope, time_to_limit_seconds
+from fusebox_operator.observations import PodSample, RequestCounts
 from fusebox_operator.policy import (
     CHEAP_STEPS,
-    MAX_ATTEMPTS,
-    Action,
-    ActionKind,
-    Ladder,
-    PodSample,
-    PolicyState,
-    RequestCounts,
     admit_percent,
     decide,
-    least_squares_slope,
     no_time_to_wait,
     skipped_for_time,
-    time_to_limit_seconds,
 )
+from fusebox_operator.policy_state import MAX_ATTEMPTS, Action, ActionKind, Ladder, PolicyState
 from fusebox_operator.rollout import PodReadiness, Rollout
 from fusebox_operator.spec import InferenceServiceSpec, parse_spec
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fusebox_contract.names import BreakerState, ConditionType, EventReason, Variant
-from fusebox_operator.policy import Action, ActionKind, PodSample, PolicyState
+from fusebox_operator.observations import PodSample
+from fusebox_operator.policy_state import Action, ActionKind, PolicyState
 from fusebox_operator.spec import InferenceServiceSpec, parse_spec
 from fusebox_operator.status import (
     build_status,

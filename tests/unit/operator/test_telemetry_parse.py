@@ -14,8 +14,7 @@ from aiohttp import web
 
 from fusebox_contract.metrics import Metric
 from fusebox_contract.names import BreakerState, Variant
-from fusebox_operator.kube import PodView
-from fusebox_operator.policy import PodSample, RequestCounts
+from fusebox_operator.observations import PodSample, PodView, RequestCounts
 from fusebox_operator.telemetry import ParseError, parse_metrics, sample_from_metrics, scrape_pod
 
 TEXT = f"""\

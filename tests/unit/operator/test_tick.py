@@ -7,8 +7,8 @@ from typing import Any
 
 from fusebox_contract.names import BreakerState, Variant
 from fusebox_operator.actuator import RuntimeTarget
-from fusebox_operator.kube import PodView
-from fusebox_operator.policy import PodSample, PolicyState
+from fusebox_operator.observations import PodSample, PodView
+from fusebox_operator.policy_state import PolicyState
 from fusebox_operator.spec import InferenceServiceSpec, parse_spec
 from fusebox_operator.telemetry import scrapable
 from fusebox_operator.tick import (

@@ -15,8 +15,8 @@ from typing import Any
 
 from fusebox_contract.names import EventReason
 from fusebox_operator.actuator import ActionResult
-from fusebox_operator.kube import PodView
-from fusebox_operator.policy import Action, ActionKind, PodSample, PolicyState
+from fusebox_operator.observations import PodSample, PodView
+from fusebox_operator.policy_state import Action, ActionKind, PolicyState
 from fusebox_operator.spec import parse_spec
 from fusebox_operator.tick import TickInputs, TickMemory, TickOutcome, run_tick
 

@@ -1,0 +1,144 @@
+"""What the operator observes of each pod: the API's view of it and one sidecar scrape.
+
+Why: the telemetry loop, the policy, the status builder and the actuator all
+speak about pods in these terms, and none of them should need another's
+module (or the Kubernetes client) to do so. Plain frozen dataclasses; a
+value not measured is None, never zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusebox_contract.names import BreakerState, Variant
+from fusebox_operator.latency import Buckets
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the telemetry loop needs of a pod."""
+
+    name: str
+    uid: str
+    ip: str
+    phase: str
+    ready: bool
+    sidecar_ready: bool
+    server_started: bool
+    server_restarts: int
+    terminating: bool
+    oom_killed: bool
+    unschedulable: str = ""  # the scheduler's message while the pod cannot be placed
+    # The server's GPUs the kubelet reports Unhealthy (the device plugin's health).
+    unhealthy_gpus: tuple[str, ...] = ()
+    node: str = ""  # the node it runs on ("" while unscheduled)
+    # Why a container of the pod cannot run ("" when none is stuck): the kubelet's
+    # waiting reason and message (CrashLoopBackOff, ImagePullBackOff, ...).
+    failing: str = ""
+
+    @property
+    def instance(self) -> str:
+        """This run of the server container: a restarted container starts from defaults."""
+        return f"{self.uid}/{self.server_restarts}"
+
+    @property
+    def serving(self) -> bool:
+        """Ready and not being deleted: an endpoint the Service sends traffic to."""
+        return self.ready and not self.terminating
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    """Monotonic request counters of one pod (fusebox_requests_total by outcome).
+
+    The server counts each request once, under one outcome, so the sum of
+    the calls below is the number of requests that ran.
+    """
+
+    succeeded: float = 0
+    failed: float = 0
+    rejected: float = 0
+    timed_out: float = 0
+    cancelled: float = 0
+    invalid: float = 0
+
+    @property
+    def calls(self) -> float:
+        """Requests that ran to a verdict, as resilience4j counts calls.
+
+        Rejections (429/503: not permitted), invalid requests (the caller's
+        4xx, never queued) and cancellations (the client left: neither a
+        success nor a failure of the service) are not calls.
+        """
+        return self.succeeded + self.failed + self.timed_out
+
+    def since(self, earlier: RequestCounts | None) -> RequestCounts:
+        if earlier is None:
+            return RequestCounts()
+        values = []
+        for now_value, then_value in zip(self.as_tuple(), earlier.as_tuple(), strict=True):
+            # A counter that went down means the process restarted: count from zero.
+            values.append(now_value - then_value if now_value >= then_value else now_value)
+        return RequestCounts(*values)
+
+    def plus(self, other: RequestCounts) -> RequestCounts:
+        return RequestCounts(
+            *(a + b for a, b in zip(self.as_tuple(), other.as_tuple(), strict=True))
+        )
+
+    def as_tuple(self) -> tuple[float, float, float, float, float, float]:
+        return (
+            self.succeeded,
+            self.failed,
+            self.rejected,
+            self.timed_out,
+            self.cancelled,
+            self.invalid,
+        )
+
+
+@dataclass(frozen=True)
+class PodSample:
+    """One scrape of one pod's sidecar; None means "not measured", never zero."""
+
+    pod: str
+    sampled_at: float
+    ok: bool = True
+    rss_bytes: float | None = None
+    memory_limit_bytes: float | None = None
+    gpu_memory_used_bytes: float | None = None
+    gpu_memory_total_bytes: float | None = None
+    latency_p99_seconds: float | None = None  # the server's own window; shown per pod
+    # The breaker's latency histogram, cumulative since the server started: what
+    # the breaker's p99 comes from (latency.py). None from a sidecar without one.
+    latency_buckets: Buckets | None = None
+    quality_failure_ratio: float | None = None
+    stats_age_seconds: float | None = None
+    heartbeat_age_seconds: float | None = None
+    requests: RequestCounts | None = None
+    breaker_state: BreakerState | None = None
+    degradation_level: int | None = None
+    model_loaded: bool | None = None
+    variant: Variant | None = None  # the variant the server reports serving
+    converging: bool | None = None  # the server is still moving to its target variant
+    queue_length: float | None = None
+    requests_running: float | None = None  # generating now (queue_length waits for a slot)
+    tokenizer_cache_entries: float | None = None
+    cuda_contexts: float | None = None
+    fallback_configured: bool | None = None  # a fallback is configured on the server
+    # False: this server cannot swap to a fallback (none configured, or the
+    # device cannot serve its quantization); None: not reported.
+    fallback_available: bool | None = None
+    fallback_unavailable_reason: str | None = None  # the server's words, when it gave them
+    # The node's memory as the pod sees it (node_pressure): MemAvailable, MemTotal and
+    # the share of the last 10 s with some / all tasks stalled on memory (PSI).
+    node_available_bytes: float | None = None
+    node_total_bytes: float | None = None
+    node_pressure_some: float | None = None
+    node_pressure_full: float | None = None
+    error: str = ""
+
+    @property
+    def cannot_swap(self) -> bool:
+        """The server said it cannot swap to a fallback: the fallback tier leaves it alone."""
+        return self.ok and self.fallback_available is False
