@@ -58,6 +58,9 @@ CHANGES = [
     " wedge handling (event PodRestarted) acts before the kubelet restarts a container.",
     "`gpu.count` is at most 1 until the server places a model across GPUs.",
     "`python -m fusebox_operator render FILE` prints the children without a cluster (above).",
+    "Every spec edit posts a `SpecApplied` event saying whether it rolls the pods, reaches"
+    " them live through the ConfigMap, scales, or changes only the operator's decisions"
+    " (above).",
     "The schema admits exactly what the operator accepts: `memory.limit` is `auto` or a byte"
     " quantity, `server.cpu` a CPU quantity above zero, sources are `pvc://CLAIM[/path]`"
     " (claim a DNS label of at most 63 characters, no whitespace) or `file:///path` (`hf://`"
@@ -66,6 +69,54 @@ CHANGES = [
     " valid claim name fits.",
 ]
 """What changed in the API with issue 10 ("the seams"), stated in docs/api.md."""
+
+
+EDIT_EXAMPLES: list[tuple[str, Any]] = [
+    ("server.maxConcurrency", 3),
+    ("breaker.quality.sampleRate", 0.2),
+    ("memory.headroomRatio", 1.5),
+    ("telemetry.wedgeAfterSeconds", 90),
+    ("model.revision", "v2"),
+    ("degradation.cannedAnswers", {"hi": "busy, try again"}),
+    ("server.templates", ["You are a helpful assistant."]),
+    ("breaker.quality.blockedTerms", ["secret"]),
+    ("replicas", 3),
+    ("breaker.latency.p99ThresholdMillis", 900),
+    ("breaker.resource.cooldownSeconds", 10),
+    ("degradation.tiers", ["no-streaming"]),
+]
+"""Edits shown in docs/api.md with the message the operator's own code gives for them."""
+
+
+def edit_examples() -> Iterator[tuple[str, str]]:
+    """(edit, SpecApplied message) for each of EDIT_EXAMPLES, from a GPU service's children."""
+    from fusebox_operator.edits import edit_message
+    from fusebox_operator.manifests import Manifest, build_children
+    from fusebox_operator.settings import OperatorSettings
+    from fusebox_operator.sizing import size_memory
+    from fusebox_operator.spec import InferenceServiceSpec, parse_spec
+
+    base: dict[str, Any] = {
+        "model": {"name": "chat", "source": "pvc://models/chat"},
+        "fallback": {},
+        "gpu": {"count": 1},
+    }
+
+    def render(spec: InferenceServiceSpec) -> list[Manifest]:
+        return build_children(
+            spec, "chat", "team", size_memory(spec, [81920]), OperatorSettings(), "token"
+        )
+
+    for path, value in EDIT_EXAMPLES:
+        raw = json.loads(json.dumps(base))
+        node = raw
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+        message = edit_message(base, render(parse_spec(raw)), render, 2)
+        assert message is not None, path
+        yield f"{path}: {json.dumps(value, ensure_ascii=False)}", message.replace("|", "\\|")
 
 
 def render_crd(text: str) -> str:
@@ -234,6 +285,21 @@ def render_api_docs(crd: Schema) -> str:
         " (7 with the defaults, 14 with `wedgeAfterSeconds: 90`). No credit is taken for the"
         " server's 10 s heartbeat timeout: a wedged event loop cannot answer /healthz, so the"
         " first failing probe may come right after the wedge.",
+        "",
+        "### What an edit does",
+        "",
+        "On every spec edit the operator posts one Normal event `SpecApplied` that says what the"
+        " edit does to the running pods, computed from the children it renders for the old and"
+        " the new spec. Either the pods roll one at a time (the Deployment's `maxUnavailable: 1`,"
+        " `maxSurge: 0`: on a GPU service each pod loads its model again), or the running"
+        " servers reread a file of the ConfigMap without a restart (within the kubelet's"
+        " ConfigMap sync, about a minute), or the replica count changes, or only the operator's"
+        " own decisions change (from its next tick). Examples, produced by the operator's code"
+        " when this page was generated:",
+        "",
+        "| edit | the SpecApplied message |",
+        "|---|---|",
+        *(f"| `{edit}` | {message} |" for edit, message in edit_examples()),
         "",
         "### Changes in this version",
         "",

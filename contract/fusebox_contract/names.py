@@ -179,3 +179,4 @@ class EventReason(enum.StrEnum):
     PODS_FAILING = "PodsFailing"  # a pod's container cannot run (crash loop, image pull)
     NODE_MEMORY_PRESSURE = "NodeMemoryPressure"  # a node fell below the available floor
     NODE_MEMORY_RECOVERED = "NodeMemoryRecovered"  # and came back above it
+    SPEC_APPLIED = "SpecApplied"  # an edit's children applied: what it does to the pods

@@ -12,7 +12,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -21,6 +21,7 @@ import kopf
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator import manifests
 from fusebox_operator.actuator import Actuator
+from fusebox_operator.edits import edit_message
 from fusebox_operator.kube import Kube, KubeError, load_config
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.settings import OperatorSettings
@@ -101,9 +102,14 @@ async def reconcile(
     meta: kopf.Meta,
     patch: kopf.Patch,
     memo: Any,
+    old: Any = None,
     **_: Any,
 ) -> None:
-    """Children from the spec: built purely, adopted (owner refs), applied level-triggered."""
+    """Children from the spec: built purely, adopted (owner refs), applied level-triggered.
+
+    On an edit (`old` is the previous spec), one SpecApplied event says what the
+    edit does to the pods: roll them, reach them live, scale, or nothing.
+    """
     assert namespace is not None  # the CRD is namespaced
     generation = int(meta.get("generation") or 0)
     kube: Kube = memo.kube
@@ -117,16 +123,22 @@ async def reconcile(
     except SpecError as error:
         raise _invalid(body, status, patch, generation, str(error)) from error
 
-    secret, *children = manifests.build_children(
-        parsed,
-        name,
-        namespace,
-        sizing,
-        ours,
-        secrets.token_urlsafe(32),
-        # The autoscaler owns the count: a spec edit must not reset it.
-        replicas=current_replicas(parsed, status),
-    )
+    token = secrets.token_urlsafe(32)
+
+    def render(of: InferenceServiceSpec) -> list[manifests.Manifest]:
+        return manifests.build_children(
+            of,
+            name,
+            namespace,
+            size_memory(of, node_vram),
+            ours,
+            token,
+            # The autoscaler owns the count: a spec edit must not reset it.
+            replicas=current_replicas(of, status),
+        )
+
+    secret, *children = rendered = render(parsed)
+    edited = edit_message(old, rendered, render, generation) if isinstance(old, Mapping) else None
     kopf.adopt([secret, *children], owner=body)
     try:
         await kube.create_secret_once(secret)  # the token is never logged nor regenerated
@@ -134,6 +146,8 @@ async def reconcile(
             await kube.apply(child)
     except KubeError as error:
         raise kopf.TemporaryError(str(error), delay=10) from error
+    if edited is not None:
+        kopf.event(body, type="Normal", reason=EventReason.SPEC_APPLIED, message=edited)
 
     memory = {
         "limitBytes": sizing.limit_bytes,

@@ -469,6 +469,15 @@ def test_editing_canned_answers_reaches_the_running_pod_without_a_restart(
     pods = service.pods()
     assert [p["metadata"]["uid"] for p in pods] == [uid]
     assert set(restart_counts(pods[0]).values()) == {0}, restart_counts(pods[0])
+    # The operator said so when it applied the edit: live, no restart.
+    applied = [
+        e["message"] for e in service.events() if e["reason"] == EventReason.SPEC_APPLIED
+    ]
+    assert any(
+        "through the ConfigMap, no restart: canned-answers.json" in message
+        and "rolls" not in message
+        for message in applied
+    ), applied
     # No fallback in the spec: the canned tier swapped no model.
     assert service.status().get("activeVariant") == Variant.PRIMARY
     assert pod_variant(pods[0]) == Variant.PRIMARY
