@@ -470,9 +470,7 @@ def test_editing_canned_answers_reaches_the_running_pod_without_a_restart(
     assert [p["metadata"]["uid"] for p in pods] == [uid]
     assert set(restart_counts(pods[0]).values()) == {0}, restart_counts(pods[0])
     # The operator said so when it applied the edit: live, no restart.
-    applied = [
-        e["message"] for e in service.events() if e["reason"] == EventReason.SPEC_APPLIED
-    ]
+    applied = [e["message"] for e in service.events() if e["reason"] == EventReason.SPEC_APPLIED]
     assert any(
         "through the ConfigMap, no restart: canned-answers.json" in message
         and "rolls" not in message
