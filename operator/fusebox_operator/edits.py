@@ -37,10 +37,6 @@ class EditEffect:
     replicas: tuple[int | None, int | None] | None = None  # (before, after) when it changed
     other_children: tuple[str, ...] = ()  # Service, PDB, NetworkPolicy, claim template
 
-    @property
-    def rolls_pods(self) -> bool:
-        return bool(self.pod_template)
-
     def message(self, generation: int) -> str:
         parts = []
         if self.pod_template:
