@@ -61,6 +61,11 @@ CHANGES = [
     "Every spec edit posts a `SpecApplied` event saying whether it rolls the pods, reaches"
     " them live through the ConfigMap, scales, or changes only the operator's decisions"
     " (above).",
+    "`breaker.quality.sampleRate`, `maxOutputInputRatio` and `blockedTerms` reach the"
+    " running servers through the ConfigMap's `quality.json` (`FUSEBOX_QUALITY_FILE`), no"
+    " restart: an edit no longer rolls the pods. The server's `--quality-sample-rate`,"
+    " `--quality-max-output-input-ratio` and `--quality-blocked-terms-file` became"
+    " `--quality-file`.",
     "The schema admits exactly what the operator accepts: `memory.limit` is `auto` or a byte"
     " quantity, `server.cpu` a CPU quantity above zero, sources are `pvc://CLAIM[/path]`"
     " (claim a DNS label of at most 63 characters, no whitespace) or `file:///path` (`hf://`"
@@ -73,12 +78,12 @@ CHANGES = [
 
 EDIT_EXAMPLES: list[tuple[str, Any]] = [
     ("server.maxConcurrency", 3),
-    ("breaker.quality.sampleRate", 0.2),
     ("memory.headroomRatio", 1.5),
     ("telemetry.wedgeAfterSeconds", 90),
     ("model.revision", "v2"),
     ("degradation.cannedAnswers", {"hi": "busy, try again"}),
     ("server.templates", ["You are a helpful assistant."]),
+    ("breaker.quality.sampleRate", 0.2),
     ("breaker.quality.blockedTerms", ["secret"]),
     ("replicas", 3),
     ("breaker.latency.p99ThresholdMillis", 900),

@@ -78,14 +78,12 @@ TEMPLATES_FILE = _s("templates-file", str, None, "JSON list of prompts pre-encod
 CANNED_ANSWERS_FILE = _s(
     "canned-answers-file", str, None, "JSON object prompt -> answer for level 3 (re-read live)"
 )
-QUALITY_SAMPLE_RATE = _s(
-    "quality-sample-rate", float, 0.1, "share of responses checked for quality (0..1)"
-)
-QUALITY_MAX_OUTPUT_INPUT_RATIO = _s(
-    "quality-max-output-input-ratio", float, 100.0, "output/input token ratio counted a failure"
-)
-QUALITY_BLOCKED_TERMS_FILE = _s(
-    "quality-blocked-terms-file", str, None, "JSON list of terms counted a failure (re-read live)"
+QUALITY_FILE = _s(
+    "quality-file",
+    str,
+    None,
+    "JSON object of the quality check: sampleRate, maxOutputInputRatio, blockedTerms "
+    "(re-read live)",
 )
 HEARTBEAT_TIMEOUT = _s(
     "heartbeat-timeout", float, 10.0, "seconds after which a heartbeat fails /healthz"
@@ -129,9 +127,7 @@ SERVER_SETTINGS: Final[tuple[Setting, ...]] = (
     TOKENIZER_CACHE_SIZE,
     TEMPLATES_FILE,
     CANNED_ANSWERS_FILE,
-    QUALITY_SAMPLE_RATE,
-    QUALITY_MAX_OUTPUT_INPUT_RATIO,
-    QUALITY_BLOCKED_TERMS_FILE,
+    QUALITY_FILE,
     HEARTBEAT_TIMEOUT,
     MEMORY_GUARD_RATIO,
     LATENCY_WINDOW,

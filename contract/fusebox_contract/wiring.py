@@ -34,11 +34,22 @@ class ConfigFile(enum.StrEnum):
 
     TEMPLATES = "templates.json"
     CANNED_ANSWERS = "canned-answers.json"
-    BLOCKED_TERMS = "blocked-terms.json"
+    QUALITY = "quality.json"
 
     @property
     def path(self) -> str:
         return f"{CONFIG_DIR}/{self.value}"
+
+
+class QualityKey(enum.StrEnum):
+    """The keys of ConfigFile.QUALITY, a JSON object; each is optional (the server's default).
+
+    Spelled as in the CRD's `breaker.quality`, so the file reads like the spec.
+    """
+
+    SAMPLE_RATE = "sampleRate"
+    MAX_OUTPUT_INPUT_RATIO = "maxOutputInputRatio"
+    BLOCKED_TERMS = "blockedTerms"
 
 
 REQUEST_ID_HEADER: Final = "X-Request-Id"

@@ -404,16 +404,15 @@ class GenerationResponse:
 
     def _sample_quality(self) -> None:
         runtime = self.runtime
-        if not runtime.quality.should_sample():
+        settings = runtime.live.quality  # one read: the file may be swapped meanwhile
+        if not runtime.quality.should_sample(settings.sample_rate):
             return
-        config = runtime.config
         verdict = check_response(
             "".join(self.text_parts),
             self.prepared.wants_json,
             self.prepared.input_length,
             self.completion_tokens,
-            config.quality_max_output_input_ratio,
-            runtime.live.quality_blocked_terms,
+            settings,
         )
         runtime.quality.record(verdict)
         if not verdict.ok:

@@ -21,7 +21,8 @@ from typing import Any, Final
 from fusebox_contract import settings as contract
 from fusebox_contract.names import Dtype, Quantization
 from fusebox_contract.settings import SERVER_SETTINGS, Setting
-from fusebox_contract.wiring import STATS_FILE, Port
+from fusebox_contract.wiring import STATS_FILE, Port, QualityKey
+from fusebox_server.quality import QualitySettings
 
 CHECK_CONFIG_FLAG: Final = "check-config"
 
@@ -39,7 +40,7 @@ PATH_SETTINGS: Final = frozenset(
         contract.STATS_FILE,
         contract.TEMPLATES_FILE,
         contract.CANNED_ANSWERS_FILE,
-        contract.QUALITY_BLOCKED_TERMS_FILE,
+        contract.QUALITY_FILE,
     }
 )
 ENUM_SETTINGS: Final[Mapping[Setting, type[Dtype] | type[Quantization]]] = {
@@ -78,9 +79,7 @@ class ServerConfig:
     tokenizer_cache_size: int = 10000
     templates_file: Path | None = None
     canned_answers_file: Path | None = None
-    quality_sample_rate: float = 0.1
-    quality_max_output_input_ratio: float = 100.0
-    quality_blocked_terms_file: Path | None = None
+    quality_file: Path | None = None
     heartbeat_timeout_seconds: float = 10.0
     memory_guard_ratio: float = 0.95
     latency_window_seconds: float = 60.0
@@ -88,7 +87,7 @@ class ServerConfig:
     # What the three files held at start; the running server re-reads them (live_files.py).
     templates: tuple[str, ...] = ()
     canned_answers: Mapping[str, str] = field(default_factory=dict)
-    quality_blocked_terms: tuple[str, ...] = ()
+    quality: QualitySettings = QualitySettings()
 
     @property
     def fallback_configured(self) -> bool:
@@ -160,6 +159,43 @@ def read_string_map(path: Path | None, what: str) -> dict[str, str]:
     return dict(value)
 
 
+def read_quality_settings(path: Path | None, what: str) -> QualitySettings:
+    """The quality file: a JSON object of `QualityKey`s, each optional; any other key is refused."""
+    if path is None:
+        return QualitySettings()
+    value = _read_json(path, what)
+    if not isinstance(value, dict):
+        raise ConfigError(f"{what} {path}: expected a JSON object")
+    unknown = sorted(set(value) - {key.value for key in QualityKey})
+    if unknown:
+        known = ", ".join(key.value for key in QualityKey)
+        raise ConfigError(f"{what} {path}: unknown key {', '.join(unknown)} (known: {known})")
+    defaults = QualitySettings()
+    rate = _json_number(value, QualityKey.SAMPLE_RATE, defaults.sample_rate, what, path)
+    if not 0.0 <= rate <= 1.0:
+        raise ConfigError(f"{what} {path}: {QualityKey.SAMPLE_RATE} must be within 0..1")
+    ratio = _json_number(
+        value, QualityKey.MAX_OUTPUT_INPUT_RATIO, defaults.max_output_input_ratio, what, path
+    )
+    if not (ratio > 0 and math.isfinite(ratio)):
+        raise ConfigError(
+            f"{what} {path}: {QualityKey.MAX_OUTPUT_INPUT_RATIO} must be a positive number"
+        )
+    terms = value.get(QualityKey.BLOCKED_TERMS, [])
+    if not isinstance(terms, list) or not all(isinstance(term, str) for term in terms):
+        raise ConfigError(f"{what} {path}: {QualityKey.BLOCKED_TERMS} must be a list of strings")
+    return QualitySettings(rate, ratio, tuple(terms))
+
+
+def _json_number(
+    value: Mapping[str, object], key: QualityKey, default: float, what: str, path: Path
+) -> float:
+    number = value.get(key, default)
+    if isinstance(number, bool) or not isinstance(number, int | float):
+        raise ConfigError(f"{what} {path}: {key} must be a number")
+    return float(number)
+
+
 def _typed(setting: Setting, raw: str) -> object:
     try:
         if setting in PATH_SETTINGS:
@@ -216,9 +252,7 @@ def _config_from(args: Mapping[str, Any], *, read_files: bool = True) -> ServerC
         values["canned_answers"] = read_string_map(
             values.get("canned_answers_file"), "canned answers file"
         )
-        values["quality_blocked_terms"] = read_string_list(
-            values.get("quality_blocked_terms_file"), "blocked terms file"
-        )
+        values["quality"] = read_quality_settings(values.get("quality_file"), "quality file")
     config = ServerConfig(**values)
     validate(config)
     return config
@@ -236,8 +270,6 @@ def validate(config: ServerConfig) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be a port number")
     if not (config.request_timeout_seconds > 0 and math.isfinite(config.request_timeout_seconds)):
         raise ConfigError("--request-timeout must be a positive number of seconds")
-    if not 0.0 <= config.quality_sample_rate <= 1.0:
-        raise ConfigError("--quality-sample-rate must be within 0..1")
     if not 0.0 < config.memory_guard_ratio <= 1.0:
         raise ConfigError("--memory-guard-ratio must be within (0, 1]")
     if config.device != "auto" and not (

@@ -1,7 +1,7 @@
 """The ConfigMap-carried files, re-read while the server runs.
 
-Why: `--templates-file`, `--canned-answers-file` and
-`--quality-blocked-terms-file` come from the service's ConfigMap, and an
+Why: `--templates-file`, `--canned-answers-file` and `--quality-file`
+come from the service's ConfigMap, and an
 edit must reach running pods without a restart. The kubelet updates a
 configMap volume by writing a new directory and swapping the `..data`
 symlink, so neither the path nor (reliably) the mtime changes the way a
@@ -21,7 +21,14 @@ from typing import Final
 
 import structlog
 
-from fusebox_server.config import ConfigError, ServerConfig, read_string_list, read_string_map
+from fusebox_server.config import (
+    ConfigError,
+    ServerConfig,
+    read_quality_settings,
+    read_string_list,
+    read_string_map,
+)
+from fusebox_server.quality import QualitySettings
 
 log = structlog.get_logger("fusebox_server")
 
@@ -32,7 +39,7 @@ POLL_SECONDS: Final = 1.0
 class LiveSettings:
     templates: tuple[str, ...] = ()
     canned_answers: Mapping[str, str] = field(default_factory=dict)
-    quality_blocked_terms: tuple[str, ...] = ()
+    quality: QualitySettings = QualitySettings()
 
 
 @dataclass
@@ -82,14 +89,14 @@ def watched_files(
         assert isinstance(value, dict)
         live.canned_answers = value
 
-    def set_blocked(value: object) -> None:
-        assert isinstance(value, tuple)
-        live.quality_blocked_terms = value
+    def set_quality(value: object) -> None:
+        assert isinstance(value, QualitySettings)
+        live.quality = value
 
     candidates = (
         (config.templates_file, "templates file", read_string_list, set_templates),
         (config.canned_answers_file, "canned answers file", read_string_map, set_canned),
-        (config.quality_blocked_terms_file, "blocked terms file", read_string_list, set_blocked),
+        (config.quality_file, "quality file", read_quality_settings, set_quality),
     )
     found: list[WatchedFile] = []
     for path, what, reader, apply in candidates:

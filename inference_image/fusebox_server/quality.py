@@ -2,12 +2,13 @@
 
 Why: a model can keep answering fast and still answer badly (a corrupted
 swap, a wrong variant). The operator's quality breaker needs a failure
-ratio; the server computes it on a `--quality-sample-rate` share of
-responses, chosen by an even spread over the response count. A sampled
-response fails when JSON was asked for (`response_format`) and the text is
-not valid JSON, when output/input tokens exceed
-`--quality-max-output-input-ratio`, or when it contains a blocked term
-(`--quality-blocked-terms-file`, case-insensitive).
+ratio; the server computes it on a `sampleRate` share of responses, chosen
+by an even spread over the response count. A sampled response fails when
+JSON was asked for (`response_format`) and the text is not valid JSON, when
+output/input tokens exceed `maxOutputInputRatio`, or when it contains one of
+the `blockedTerms` (case-insensitive). The three come from `--quality-file`,
+which the running server re-reads (live_files.py): an edit of the spec's
+`breaker.quality` reaches it without a restart.
 """
 
 from __future__ import annotations
@@ -16,8 +17,16 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class QualitySettings:
+    """What the check applies; replaced whole when the quality file changes."""
+
+    sample_rate: float = 0.1
+    max_output_input_ratio: float = 100.0
+    blocked_terms: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -31,8 +40,7 @@ def check_response(
     wants_json: bool,
     input_tokens: int,
     output_tokens: int,
-    max_output_input_ratio: float,
-    blocked_terms: Sequence[str],
+    settings: QualitySettings,
 ) -> QualityVerdict:
     reasons: list[str] = []
     if wants_json:
@@ -40,10 +48,10 @@ def check_response(
             json.loads(text)
         except ValueError:
             reasons.append("invalid_json")
-    if input_tokens > 0 and output_tokens / input_tokens > max_output_input_ratio:
+    if input_tokens > 0 and output_tokens / input_tokens > settings.max_output_input_ratio:
         reasons.append("output_input_ratio")
     lowered = text.lower()
-    if any(term.lower() in lowered for term in blocked_terms if term):
+    if any(term.lower() in lowered for term in settings.blocked_terms if term):
         reasons.append("blocked_term")
     return QualityVerdict(ok=not reasons, reasons=tuple(reasons))
 
@@ -51,8 +59,7 @@ def check_response(
 class QualitySampler:
     """Chooses which responses to check and keeps the failure ratio over a window."""
 
-    def __init__(self, sample_rate: float, window_seconds: float) -> None:
-        self.sample_rate = sample_rate
+    def __init__(self, window_seconds: float) -> None:
         self.window_seconds = window_seconds
         self.sampled_total = 0
         self.failed_total = 0
@@ -60,11 +67,12 @@ class QualitySampler:
         self._window: deque[tuple[float, bool]] = deque(maxlen=100_000)
         self._lock = threading.Lock()
 
-    def should_sample(self) -> bool:
+    def should_sample(self, sample_rate: float) -> bool:
+        """Whether this response is checked: an even spread at the rate now in force."""
         with self._lock:
             index = self._responses
             self._responses += 1
-        return int((index + 1) * self.sample_rate) > int(index * self.sample_rate)
+        return int((index + 1) * sample_rate) > int(index * sample_rate)
 
     def record(self, verdict: QualityVerdict, now: float | None = None) -> None:
         with self._lock:

@@ -128,13 +128,11 @@ class Runtime:
             self.encoders[Variant.FALLBACK] = PromptEncoder(
                 load_tokenizer(config.fallback_dir), config.tokenizer_cache_size, config.templates
             )
-        self.live = LiveSettings(
-            config.templates, dict(config.canned_answers), config.quality_blocked_terms
-        )
+        self.live = LiveSettings(config.templates, dict(config.canned_answers), config.quality)
         self.file_watcher = FileWatcher(watched_files(config, self.live, self._set_templates))
         self.admission = Admission(config.max_concurrency, config.max_queue)
         self.breaker = Breaker()
-        self.quality = QualitySampler(config.quality_sample_rate, config.latency_window_seconds)
+        self.quality = QualitySampler(config.latency_window_seconds)
         self.latency_counters = latency_counters()  # histograms since start
         self.latency = {
             metric: LatencyWindow(

@@ -28,11 +28,18 @@ from fusebox_contract.wiring import (
     ConfigFile,
     HttpPath,
     Port,
+    QualityKey,
 )
 from fusebox_operator import claims
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import MemorySizing
-from fusebox_operator.spec import InferenceServiceSpec, ModelSource, TelemetrySpec, torch_threads
+from fusebox_operator.spec import (
+    InferenceServiceSpec,
+    ModelSource,
+    QualityBreakerSpec,
+    TelemetrySpec,
+    torch_threads,
+)
 
 Manifest = dict[str, Any]
 
@@ -163,7 +170,7 @@ def liveness_failure_threshold(telemetry: TelemetrySpec) -> int:
 
 def server_settings_env(spec: InferenceServiceSpec) -> list[tuple[Setting, str]]:
     """Every server setting the operator renders, as (contract setting, value)."""
-    server, quality = spec.server, spec.breaker.quality
+    server = spec.server
     s = server_settings
     values: list[tuple[Setting, str]] = [
         (s.MODEL_DIR, _model_dir(spec.model.source)),
@@ -187,9 +194,7 @@ def server_settings_env(spec: InferenceServiceSpec) -> list[tuple[Setting, str]]
         (s.TOKENIZER_CACHE_SIZE, str(server.tokenizer_cache_size)),
         (s.TEMPLATES_FILE, ConfigFile.TEMPLATES.path),
         (s.CANNED_ANSWERS_FILE, ConfigFile.CANNED_ANSWERS.path),
-        (s.QUALITY_SAMPLE_RATE, _number_text(quality.sample_rate)),
-        (s.QUALITY_MAX_OUTPUT_INPUT_RATIO, _number_text(quality.max_output_input_ratio)),
-        (s.QUALITY_BLOCKED_TERMS_FILE, ConfigFile.BLOCKED_TERMS.path),
+        (s.QUALITY_FILE, ConfigFile.QUALITY.path),
         (s.HEARTBEAT_TIMEOUT, _number_text(HEARTBEAT_TIMEOUT_SECONDS)),
     ]
     # No spec.fallback: no fallback at all (the server's default is none).
@@ -464,6 +469,15 @@ def build_admin_secret(name: str, namespace: str, token: str) -> Manifest:
     }
 
 
+def quality_file(quality: QualityBreakerSpec) -> dict[str, object]:
+    """The server's side of the quality breaker, re-read live (the threshold is the operator's)."""
+    return {
+        QualityKey.SAMPLE_RATE.value: quality.sample_rate,
+        QualityKey.MAX_OUTPUT_INPUT_RATIO.value: quality.max_output_input_ratio,
+        QualityKey.BLOCKED_TERMS.value: list(quality.blocked_terms),
+    }
+
+
 def build_config_map(spec: InferenceServiceSpec, name: str, namespace: str) -> Manifest:
     return {
         "apiVersion": "v1",
@@ -474,8 +488,8 @@ def build_config_map(spec: InferenceServiceSpec, name: str, namespace: str) -> M
             ConfigFile.CANNED_ANSWERS.value: json.dumps(
                 dict(spec.degradation.canned_answers), ensure_ascii=False, sort_keys=True
             ),
-            ConfigFile.BLOCKED_TERMS.value: json.dumps(
-                list(spec.breaker.quality.blocked_terms), ensure_ascii=False
+            ConfigFile.QUALITY.value: json.dumps(
+                quality_file(spec.breaker.quality), ensure_ascii=False, sort_keys=True
             ),
         },
     }

@@ -26,7 +26,7 @@ import yaml
 
 from fusebox_contract.names import ConditionType, DegradationTier, EventReason, Variant
 from fusebox_contract.settings import RESERVED_ENV_NAMES
-from fusebox_contract.wiring import FAULTS_ENV, VARIANT_HEADER, Port
+from fusebox_contract.wiring import FAULTS_ENV, SERVED_BY_HEADER, VARIANT_HEADER, Port
 
 from .conftest import (
     CRD,
@@ -430,7 +430,7 @@ def quality_switch_spec(**overrides: Any) -> dict[str, Any]:
     return spec
 
 
-def test_editing_canned_answers_reaches_the_running_pod_without_a_restart(
+def test_editing_quality_and_canned_answers_reaches_the_running_pod_without_a_restart(
     inference_service: ServiceFactory,
 ) -> None:
     spec = quality_switch_spec(
@@ -441,23 +441,37 @@ def test_editing_canned_answers_reaches_the_running_pod_without_a_restart(
         }
     )
     spec.pop("fallback")
+    spec["breaker"]["quality"]["blockedTerms"] = []  # every answer passes the check, for now
     service = inference_service("canned", spec)
     wait_serving(service, pods=1)
     url = service.service_url()
-    with load(service, every_seconds=1.0):
+    uid = service.ready_pods()[0]["metadata"]["uid"]
+
+    def tier() -> str | None:
+        return (service.status().get("degradation") or {}).get("tier")
+
+    with load(service, every_seconds=1.0) as seen:
         wait_for(
-            "tier canned-answers",
+            "ten answers from the model",
             lambda: (
-                (service.status().get("degradation") or {}).get("tier")
-                == DegradationTier.CANNED_ANSWERS
+                sum(
+                    r.headers.get(SERVED_BY_HEADER.lower()) == Variant.PRIMARY
+                    for _, r in seen.replies
+                )
+                >= 10
             ),
             timeout=240,
+        )
+        assert tier() != DegradationTier.CANNED_ANSWERS
+        # A live edit of the server's side of the quality breaker: any output longer
+        # than a hundredth of its prompt now fails, so every sampled answer does.
+        merge_patch(service, {"breaker": {"quality": {"maxOutputInputRatio": 0.01}}})
+        wait_for(
+            "tier canned-answers", lambda: tier() == DegradationTier.CANNED_ANSWERS, timeout=240
         )
     wait_for(
         "the canned answer", lambda: answer_text(chat_reply(url, "你好")) == "你好！", timeout=60
     )
-    pod = service.ready_pods()[0]
-    uid = pod["metadata"]["uid"]
 
     merge_patch(service, {"degradation": {"cannedAnswers": {"你好": "你好，请稍后再试。"}}})
     wait_for(
@@ -469,13 +483,13 @@ def test_editing_canned_answers_reaches_the_running_pod_without_a_restart(
     pods = service.pods()
     assert [p["metadata"]["uid"] for p in pods] == [uid]
     assert set(restart_counts(pods[0]).values()) == {0}, restart_counts(pods[0])
-    # The operator said so when it applied the edit: live, no restart.
+    # The operator said so when it applied each edit: live, no restart.
     applied = [e["message"] for e in service.events() if e["reason"] == EventReason.SPEC_APPLIED]
-    assert any(
-        "through the ConfigMap, no restart: canned-answers.json" in message
-        and "rolls" not in message
-        for message in applied
-    ), applied
+    for file in ("quality.json", "canned-answers.json"):
+        assert any(
+            f"through the ConfigMap, no restart: {file}" in message and "rolls" not in message
+            for message in applied
+        ), (file, applied)
     # No fallback in the spec: the canned tier swapped no model.
     assert service.status().get("activeVariant") == Variant.PRIMARY
     assert pod_variant(pods[0]) == Variant.PRIMARY

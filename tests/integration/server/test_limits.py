@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from fusebox_server_harness import MODEL_NAME, ServerProcess
 MIB = 1 << 20
 PLAIN_PROMPT = "Hello, world."
 FLAGGED_PROMPT = "Translate the following text into French."
+QUALITY_FILE = "quality.json"  # in server_workdir; the limited server re-reads it live
 
 
 def _greedy_text(server: ServerProcess, prompt: str) -> str:
@@ -46,15 +48,14 @@ def limited(
     start_server: Any, server: ServerProcess, server_workdir: Path
 ) -> Iterator[ServerProcess]:
     term = _blocked_term(_greedy_text(server, FLAGGED_PROMPT), _greedy_text(server, PLAIN_PROMPT))
-    blocked = server_workdir / "blocked-terms.json"
-    blocked.write_text(json.dumps([term]))
+    quality = server_workdir / QUALITY_FILE
+    quality.write_text(json.dumps({"sampleRate": 1.0, "blockedTerms": [term]}))
     limited = start_server(
         flags={
             "max-concurrency": 1,
             "max-queue": 2,
             "request-timeout": 6,
-            "quality-sample-rate": 1.0,
-            "quality-blocked-terms-file": str(blocked),
+            "quality-file": str(quality),
             "heartbeat-timeout": 3,
         },
         env={"FUSEBOX_FAULTS": "leak:0,slow:0"},
@@ -187,6 +188,66 @@ def test_quality_failures_raise_the_failure_ratio(faults_off: ServerProcess) -> 
     )
     assert after_json["failure_ratio"] > 0
     assert after_json["failure_ratio"] >= after_blocked["failure_ratio"]
+
+
+def _replace_quality_file(server: ServerProcess, path: Path, settings: dict[str, Any]) -> None:
+    """Swap in new content (a rename, as the kubelet's volume swap is) and see it applied."""
+    reloads = server.log_text().count("config_file_reloaded")
+    staged = path.with_suffix(".staged")
+    staged.write_text(json.dumps(settings))
+    staged.replace(path)
+    server.wait_for(
+        lambda: server.log_text().count("config_file_reloaded") > reloads, what="the reload"
+    )
+
+
+def test_an_edited_quality_file_applies_to_the_next_responses_without_a_restart(
+    faults_off: ServerProcess, server_workdir: Path
+) -> None:
+    server, path = faults_off, server_workdir / QUALITY_FILE
+    original, pid = json.loads(path.read_text()), server.pid
+
+    def quality() -> dict[str, Any]:
+        return dict(server.stats()["quality"])
+
+    def after(
+        previous: dict[str, Any], key: str, what: str, unchanged: str | None = None
+    ) -> dict[str, Any]:
+        found: dict[str, Any] = server.wait_for(
+            lambda: (lambda q: q if q[key] > previous[key] else None)(quality()), what=what
+        )
+        if unchanged is not None:
+            assert found[unchanged] == previous[unchanged]
+        return found
+
+    try:
+        start = server.wait_for(quality, what="stats")
+        assert server.chat(PLAIN_PROMPT, max_tokens=8).status_code == 200
+        plain = after(start, "sampled_total", "a sampled plain response", "failed_total")
+
+        # Any output longer than a hundredth of its prompt now fails the check.
+        _replace_quality_file(server, path, {"sampleRate": 1.0, "maxOutputInputRatio": 0.01})
+        assert server.chat(PLAIN_PROMPT, max_tokens=8).status_code == 200
+        ratio = after(plain, "failed_total", "an output/input ratio failure")
+
+        # Nothing sampled: of three responses at rate 0 and one at rate 1, one is checked.
+        _replace_quality_file(server, path, {"sampleRate": 0.0})
+        for _ in range(3):
+            assert server.chat(PLAIN_PROMPT, max_tokens=8).status_code == 200
+        answered = time.time()
+        written_later = server.wait_for(
+            lambda: (lambda s: s if s["written_at"] > answered + 0.5 else None)(server.stats()),
+            what="stats written after the three responses",
+        )
+        assert written_later["quality"]["sampled_total"] == ratio["sampled_total"]
+        _replace_quality_file(server, path, {"sampleRate": 1.0})
+        assert server.chat(PLAIN_PROMPT, max_tokens=8).status_code == 200
+        checked = after(ratio, "sampled_total", "the one sampled response")
+        assert checked["sampled_total"] == ratio["sampled_total"] + 1
+        assert checked["failed_total"] == ratio["failed_total"]  # the default ratio again
+        assert server.pid == pid and server.process.poll() is None
+    finally:
+        _replace_quality_file(server, path, original)
 
 
 def test_leak_fault_grows_rss_until_unload_drops_it(faults_off: ServerProcess) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -23,10 +24,12 @@ MESSAGES: list[Any] = [{"role": "user", "content": PROMPT}]
 
 
 @pytest.fixture(scope="module")
-def checked_server(start_server: Any) -> ServerProcess:
+def checked_server(start_server: Any, server_workdir: Path) -> ServerProcess:
     """Every response quality-checked, so response_format's effect shows in the log."""
+    quality = server_workdir / "quality-every-response.json"
+    quality.write_text(json.dumps({"sampleRate": 1.0}))
     server: ServerProcess = start_server(
-        flags={"max-new-tokens": 64, "max-input-tokens": 256, "quality-sample-rate": 1.0}
+        flags={"max-new-tokens": 64, "max-input-tokens": 256, "quality-file": str(quality)}
     )
     return server
 

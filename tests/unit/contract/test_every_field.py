@@ -24,6 +24,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,7 @@ class PodPath(str):
 @dataclass(frozen=True)
 class Server:
     spec: dict[str, Any]
-    attribute: str  # ServerConfig's attribute
+    attribute: str  # ServerConfig's attribute, dotted into a nested one (quality.sample_rate)
     expected: Any
     moves_the_default: bool = True  # False for an enum value that is the default
 
@@ -303,7 +304,7 @@ ROWS: dict[str, list[Proof]] = {
         Operator(f"{POLICY}::test_breaker_needs_minimum_calls_before_opening")
     ],
     "breaker.quality.sampleRate": [
-        Server({"breaker": {"quality": {"sampleRate": 0.5}}}, "quality_sample_rate", 0.5)
+        Server({"breaker": {"quality": {"sampleRate": 0.5}}}, "quality.sample_rate", 0.5)
     ],
     "breaker.quality.maxFailureRate": [
         Operator(
@@ -313,14 +314,14 @@ ROWS: dict[str, list[Proof]] = {
     "breaker.quality.maxOutputInputRatio": [
         Server(
             {"breaker": {"quality": {"maxOutputInputRatio": 12.5}}},
-            "quality_max_output_input_ratio",
+            "quality.max_output_input_ratio",
             12.5,
         )
     ],
     "breaker.quality.blockedTerms": [
         Server(
             {"breaker": {"quality": {"blockedTerms": ["secret"]}}},
-            "quality_blocked_terms",
+            "quality.blocked_terms",
             ("secret",),
         )
     ],
@@ -577,10 +578,11 @@ def test_server_field_reaches_the_servers_own_config(
     expected = proof.expected
     if isinstance(expected, PodPath):
         expected = Path(files.rewrite(expected))
-    assert getattr(with_value, proof.attribute) == expected
+    read = attrgetter(proof.attribute)
+    assert read(with_value) == expected
     if proof.moves_the_default:
         # The value is not what the server would have had anyway.
-        assert getattr(without, proof.attribute) != getattr(with_value, proof.attribute)
+        assert read(without) != read(with_value)
 
 
 @pytest.mark.parametrize("proof", POD_PROOFS)

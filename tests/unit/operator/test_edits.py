@@ -50,7 +50,6 @@ def message_for(path: str, value: Any) -> str:
 @pytest.mark.parametrize(
     ("path", "value", "named"),
     [
-        ("breaker.quality.sampleRate", 0.2, "server env FUSEBOX_QUALITY_SAMPLE_RATE"),
         ("server.maxConcurrency", 3, "server env FUSEBOX_MAX_CONCURRENCY"),
         ("server.env", [{"name": "TEAM_FLAG", "value": "1"}], "server env TEAM_FLAG"),
         ("memory.headroomRatio", 1.5, "server resources.limits.memory"),
@@ -72,7 +71,9 @@ def test_an_edit_that_changes_the_pod_template_says_it_rolls_the_pods_and_names_
     [
         ("degradation.cannedAnswers", {"hi": "busy, try again"}, "canned-answers.json"),
         ("server.templates", ["You are a helpful assistant."], "templates.json"),
-        ("breaker.quality.blockedTerms", ["secret"], "blocked-terms.json"),
+        ("breaker.quality.blockedTerms", ["secret"], "quality.json"),
+        ("breaker.quality.sampleRate", 0.2, "quality.json"),
+        ("breaker.quality.maxOutputInputRatio", 20, "quality.json"),
     ],
 )
 def test_an_edit_carried_by_the_config_map_reaches_the_servers_without_a_restart(

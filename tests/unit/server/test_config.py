@@ -20,6 +20,7 @@ from fusebox_server.config import (
     flags_table,
     parse_config,
 )
+from fusebox_server.quality import QualitySettings
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "server.md"
 
@@ -67,7 +68,6 @@ def test_env_names_follow_the_flag_names() -> None:
         ["--model-dir", "/m", "--max-concurrency", "0"],
         ["--model-dir", "/m", "--request-timeout", "-1"],
         ["--model-dir", "/m", "--device", "tpu"],
-        ["--model-dir", "/m", "--quality-sample-rate", "2"],
     ],
 )
 def test_invalid_settings_are_refused(argv: list[str]) -> None:
@@ -98,6 +98,35 @@ def test_templates_and_canned_answers_are_read_from_json(tmp_path: Path) -> None
         parse_config(["--model-dir", "/m", "--canned-answers-file", str(canned)], {})
 
 
+def test_the_quality_file_sets_each_key_and_defaults_the_rest(tmp_path: Path) -> None:
+    quality = tmp_path / "quality.json"
+    quality.write_text(json.dumps({"sampleRate": 1, "blockedTerms": ["secret"]}))
+    config = parse_config(["--model-dir", "/m", "--quality-file", str(quality)], {})
+    assert config.quality == QualitySettings(1.0, 100.0, ("secret",))
+    assert parse_config(["--model-dir", "/m"], {}).quality == QualitySettings()
+
+
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        ({"sampleRate": 2}, "sampleRate must be within 0..1"),
+        ({"sampleRate": "all"}, "sampleRate must be a number"),
+        ({"sampleRate": True}, "sampleRate must be a number"),
+        ({"maxOutputInputRatio": 0}, "maxOutputInputRatio must be a positive number"),
+        ({"blockedTerms": "secret"}, "blockedTerms must be a list of strings"),
+        ({"sample_rate": 0.5}, "unknown key sample_rate"),
+        (["secret"], "expected a JSON object"),
+    ],
+)
+def test_a_bad_quality_file_is_refused_naming_the_key(
+    tmp_path: Path, content: object, named: str
+) -> None:
+    quality = tmp_path / "quality.json"
+    quality.write_text(json.dumps(content))
+    with pytest.raises(ConfigError, match=named):
+        parse_config(["--model-dir", "/m", "--quality-file", str(quality)], {})
+
+
 def test_every_declared_setting_is_a_flag_an_env_fallback_and_a_config_field() -> None:
     parser_flags = {a.option_strings[0] for a in build_parser({})._actions if a.option_strings}
     fields = set(config_field_names())
@@ -106,7 +135,7 @@ def test_every_declared_setting_is_a_flag_an_env_fallback_and_a_config_field() -
         assert field_name(setting) in fields
     # Nothing in ServerConfig that the contract does not declare, but the files' content.
     declared = {field_name(s) for s in SERVER_SETTINGS}
-    assert fields - declared == {"templates", "canned_answers", "quality_blocked_terms"}
+    assert fields - declared == {"templates", "canned_answers", "quality"}
 
 
 def test_every_declared_default_reaches_the_config() -> None:

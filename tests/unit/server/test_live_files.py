@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fusebox_server.config import ServerConfig
 from fusebox_server.live_files import FileWatcher, LiveSettings, watched_files
+from fusebox_server.quality import QualitySettings
 
 
 def kubelet_volume(root: Path, files: dict[str, str], generation: int) -> None:
@@ -67,14 +68,29 @@ def test_canned_answers_and_templates_follow_the_volume(tmp_path: Path) -> None:
 
 
 def test_a_file_that_disappears_and_returns_is_applied_again(tmp_path: Path) -> None:
-    path = tmp_path / "blocked.json"
-    path.write_text(json.dumps(["x"]))
+    path = tmp_path / "quality.json"
+    path.write_text(json.dumps({"blockedTerms": ["x"]}))
     config = ServerConfig(
-        model_dir=tmp_path, quality_blocked_terms_file=path, quality_blocked_terms=("x",)
+        model_dir=tmp_path, quality_file=path, quality=QualitySettings(blocked_terms=("x",))
     )
-    live = LiveSettings((), {}, ("x",))
+    live = LiveSettings((), {}, config.quality)
     watcher = FileWatcher(watched_files(config, live, lambda _: None))
     path.unlink()
-    assert watcher.poll_once() == 0 and live.quality_blocked_terms == ("x",)
-    path.write_text(json.dumps(["y"]))
-    assert watcher.poll_once() == 1 and live.quality_blocked_terms == ("y",)
+    assert watcher.poll_once() == 0 and live.quality.blocked_terms == ("x",)
+    path.write_text(json.dumps({"blockedTerms": ["y"]}))
+    assert watcher.poll_once() == 1 and live.quality.blocked_terms == ("y",)
+
+
+def test_every_quality_setting_follows_the_volume(tmp_path: Path) -> None:
+    kubelet_volume(tmp_path, {"quality.json": json.dumps({"sampleRate": 0.1})}, 1)
+    config = ServerConfig(model_dir=tmp_path, quality_file=tmp_path / "quality.json")
+    live = LiveSettings((), {}, config.quality)
+    watcher = FileWatcher(watched_files(config, live, lambda _: None))
+    edited = {"sampleRate": 1, "maxOutputInputRatio": 2.5, "blockedTerms": ["leak"]}
+    kubelet_volume(tmp_path, {"quality.json": json.dumps(edited)}, 2)
+    assert watcher.poll_once() == 1
+    assert live.quality == QualitySettings(1.0, 2.5, ("leak",))
+    # A key the server does not know keeps the previous settings (and logs why).
+    kubelet_volume(tmp_path, {"quality.json": json.dumps({"sampleRat": 0.5})}, 3)
+    assert watcher.poll_once() == 0
+    assert live.quality == QualitySettings(1.0, 2.5, ("leak",))

@@ -8,7 +8,7 @@ from fusebox_server.breaker import Breaker, admits
 from fusebox_server.errors import Forbidden
 from fusebox_server.faults import Faults, parse_faults
 from fusebox_server.guard import MemoryReading, next_guard_state, pressure_ratio
-from fusebox_server.quality import QualitySampler, check_response
+from fusebox_server.quality import QualitySampler, QualitySettings, check_response
 
 GIB = 1 << 30
 
@@ -50,20 +50,24 @@ def test_guard_engages_at_the_ratio_and_releases_five_points_under() -> None:
 
 
 def test_quality_check_names_each_failure() -> None:
-    assert check_response('{"a": 1}', True, 10, 5, 100, []).ok
-    assert check_response("not json", True, 10, 5, 100, []).reasons == ("invalid_json",)
-    assert check_response("x", False, 2, 500, 100, []).reasons == ("output_input_ratio",)
-    assert check_response("Some SECRET here", False, 10, 5, 100, ["secret"]).reasons == (
-        "blocked_term",
-    )
+    defaults = QualitySettings()
+    assert check_response('{"a": 1}', True, 10, 5, defaults).ok
+    assert check_response("not json", True, 10, 5, defaults).reasons == ("invalid_json",)
+    assert check_response("x", False, 2, 500, defaults).reasons == ("output_input_ratio",)
+    assert check_response("x", False, 2, 500, QualitySettings(max_output_input_ratio=300)).ok
+    blocked = QualitySettings(blocked_terms=("secret",))
+    assert check_response("Some SECRET here", False, 10, 5, blocked).reasons == ("blocked_term",)
 
 
-def test_quality_sampler_samples_the_rate_and_windows_the_ratio() -> None:
-    sampler = QualitySampler(sample_rate=0.25, window_seconds=60)
-    assert sum(sampler.should_sample() for _ in range(100)) == 25
+def test_quality_sampler_samples_the_rate_it_is_given_and_windows_the_ratio() -> None:
+    sampler = QualitySampler(window_seconds=60)
+    assert sum(sampler.should_sample(0.25) for _ in range(100)) == 25
+    # A new rate (the quality file changed) applies from the next response on.
+    assert sum(sampler.should_sample(1.0) for _ in range(10)) == 10
+    assert sum(sampler.should_sample(0.0) for _ in range(10)) == 0
     assert sampler.failure_ratio(now=1000) is None
-    sampler.record(check_response("x", True, 1, 1, 100, []), now=1000)
-    sampler.record(check_response("{}", True, 1, 1, 100, []), now=1000)
+    sampler.record(check_response("x", True, 1, 1, QualitySettings()), now=1000)
+    sampler.record(check_response("{}", True, 1, 1, QualitySettings()), now=1000)
     assert sampler.failure_ratio(now=1001) == 0.5
     assert sampler.failure_ratio(now=1100) is None
     assert (sampler.sampled_total, sampler.failed_total) == (2, 1)
