@@ -4,11 +4,15 @@ Why: the policy's memory outlives the operator's process (`status.policy`),
 and an action's id must come from that memory, so a restarted operator sends
 the same id again and the server's idempotency turns the repeat into a
 no-op. The state, its persisted form and the action vocabulary live here;
-the decisions that change them live in `policy`.
+the decisions that change them live in `policy`. Moments are persisted as
+RFC 3339 UTC text to the microsecond (`2026-12-02T13:10:05.123456Z`), so
+`kubectl describe` shows times, not `1.7961020037328715e+09`; a number (what
+an older operator wrote) is read as Unix seconds.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -55,7 +59,7 @@ class Action:
             "kind": self.kind.value,
             "pod": self.pod,
             "reason": self.reason,
-            "at": self.at,
+            "at": instant(self.at),
             "variant": self.variant.value,
             "attempts": self.attempts,
         }
@@ -70,7 +74,7 @@ class Action:
             kind=ActionKind(raw["kind"]),
             pod=str(raw["pod"]),
             reason=str(raw.get("reason", "")),
-            at=float(raw.get("at", 0.0)),
+            at=seconds(raw.get("at")) or 0.0,
             variant=Variant(raw.get("variant", Variant.PRIMARY)),
             attempts=int(raw.get("attempts", 1)),
             memory_limit_bytes=(
@@ -136,12 +140,13 @@ class PolicyState:
         """The persisted part (status.policy), JSON-safe."""
         return {
             "sequence": self.sequence,
-            "breakerSince": self.breaker_since,
-            "slowSince": self.slow_since,
+            # 0.0 is "never" (a new state): absent, not 1970.
+            "breakerSince": instant(self.breaker_since or None),
+            "slowSince": instant(self.slow_since),
             "slowCalls": self.slow_calls,
             "halfOpenCounts": list(self.half_open_counts.as_tuple()),
-            "levelSince": self.level_since,
-            "healthySince": self.healthy_since,
+            "levelSince": instant(self.level_since or None),
+            "healthySince": instant(self.healthy_since),
             # Lists, not maps: a merge patch replaces a list whole, so an entry
             # dropped here is dropped from the stored status too.
             # An entry's absent value is an absent key, never null: the API server
@@ -152,8 +157,8 @@ class PolicyState:
                     {
                         "key": key,
                         "step": lad.step,
-                        "lastActionAt": lad.last_action_at,
-                        "calmSince": lad.calm_since,
+                        "lastActionAt": instant(lad.last_action_at),
+                        "calmSince": instant(lad.calm_since),
                         "actedStep": lad.acted_step,
                     }
                 )
@@ -164,7 +169,7 @@ class PolicyState:
                     {
                         "pod": pod,
                         "variant": self.variants.get(pod),
-                        "swappedAt": self.swapped_at.get(pod),
+                        "swappedAt": instant(self.swapped_at.get(pod)),
                         "counts": list(self.last_counts[pod].as_tuple())
                         if pod in self.last_counts
                         else None,
@@ -172,7 +177,7 @@ class PolicyState:
                 )
                 for pod in sorted(set(self.variants) | set(self.last_counts))
             ],
-            "lastRestartAt": self.last_restart_at,
+            "lastRestartAt": instant(self.last_restart_at),
             "inFlight": [action.to_status() for _, action in sorted(self.in_flight.items())],
         }
 
@@ -202,21 +207,21 @@ class PolicyState:
             memory_limit_bytes=memory_limit_bytes,
             sequence=int(policy.get("sequence", 0)),
             breaker=breaker_state,
-            breaker_since=float(policy.get("breakerSince", 0.0)),
+            breaker_since=seconds(policy.get("breakerSince")) or 0.0,
             breaker_reason=str(breaker.get("reason", "")),
             trips=int(breaker.get("trips", 0)),
-            slow_since=policy.get("slowSince"),
+            slow_since=seconds(policy.get("slowSince")),
             slow_calls=float(policy.get("slowCalls", 0.0)),
             half_open_counts=RequestCounts(*policy.get("halfOpenCounts", (0, 0, 0, 0))),
             level=int(degradation.get("level", 0)),
-            level_since=float(policy.get("levelSince", 0.0)),
+            level_since=seconds(policy.get("levelSince")) or 0.0,
             level_reason=str(degradation.get("reason", "")),
-            healthy_since=policy.get("healthySince"),
+            healthy_since=seconds(policy.get("healthySince")),
             ladders={
                 str(v["key"]): Ladder(
                     int(v.get("step", 0)),
-                    v.get("lastActionAt"),
-                    v.get("calmSince"),
+                    seconds(v.get("lastActionAt")),
+                    seconds(v.get("calmSince")),
                     v.get("actedStep"),
                 )
                 for v in (policy.get("ladders") or [])
@@ -228,14 +233,16 @@ class PolicyState:
                 if p.get("variant") in tuple(Variant)
             },
             swapped_at={
-                str(p["pod"]): float(p["swappedAt"]) for p in pods if p.get("swappedAt") is not None
+                str(p["pod"]): moment
+                for p in pods
+                if (moment := seconds(p.get("swappedAt"))) is not None
             },
             last_counts={
                 str(p["pod"]): RequestCounts(*p["counts"])
                 for p in pods
                 if p.get("counts") is not None
             },
-            last_restart_at=policy.get("lastRestartAt"),
+            last_restart_at=seconds(policy.get("lastRestartAt")),
             in_flight={action.id: action for action in in_flight},
         )
 
@@ -261,6 +268,34 @@ class PolicyState:
             return True
         self.in_flight[action.id] = replace(action, attempts=action.attempts + 1)
         return False
+
+
+def instant(moment: float | None) -> str | None:
+    """Unix seconds as persisted: RFC 3339 UTC to the microsecond."""
+    if moment is None:
+        return None
+    return dt.datetime.fromtimestamp(moment, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def seconds(raw: object) -> float | None:
+    """A persisted moment back to Unix seconds: RFC 3339 text, or a number from an older operator.
+
+    Anything else (absent, null, unreadable) is None: a timer that starts again,
+    never a failed rebuild.
+    """
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int | float):
+        return float(raw)
+    if isinstance(raw, str):
+        try:
+            moment = dt.datetime.fromisoformat(raw)
+        except ValueError:
+            return None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=dt.UTC)
+        return moment.timestamp()
+    return None
 
 
 def without_nulls(entry: Mapping[str, Any]) -> dict[str, Any]:
