@@ -1,13 +1,13 @@
 """The ConfigMap-carried files, re-read while the server runs.
 
 Why: `--templates-file`, `--canned-answers-file` and `--quality-file`
-come from the service's ConfigMap, and an
-edit must reach running pods without a restart. The kubelet updates a
-configMap volume by writing a new directory and swapping the `..data`
-symlink, so neither the path nor (reliably) the mtime changes the way a
-watcher expects: the content is compared instead (the files are small).
-A thread polls about once a second, off the event loop; a new file that
-does not parse keeps the previous values and logs a warning, never a crash.
+come from the service's ConfigMap, and an edit must reach running pods
+without a restart. The kubelet updates a configMap volume by writing a new
+directory and swapping the `..data` symlink, so neither the path nor
+(reliably) the mtime changes the way a watcher expects: the content is
+compared instead (the files are small). A thread polls about once a second,
+off the event loop; a new file that does not parse keeps the previous
+values and logs a warning, never a crash.
 Consumers read `LiveSettings`, whose fields are replaced whole.
 """
 
