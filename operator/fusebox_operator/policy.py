@@ -529,11 +529,16 @@ def decide(
             continue
         if pod in state.stale_pods:
             continue
-        # Decide on the trend up to the previous scrape plus this one.
-        history = state.history.setdefault(pod, [])
-        history.append((sample.sampled_at, sample.rss_bytes, sample.gpu_memory_used_bytes))
-        horizon = sample.sampled_at - spec.breaker.resource.window_seconds
-        state.history[pod] = [p for p in history if p[0] >= horizon]
+        if sample.model_loaded is False:
+            # Loading its model: memory climbs with the weights, not with a leak (a new
+            # pod showed OOM-IN 106s). The trend starts again from the loaded model.
+            state.history.pop(pod, None)
+        else:
+            # Decide on the trend up to the previous scrape plus this one.
+            history = state.history.setdefault(pod, [])
+            history.append((sample.sampled_at, sample.rss_bytes, sample.gpu_memory_used_bytes))
+            horizon = sample.sampled_at - spec.breaker.resource.window_seconds
+            state.history[pod] = [p for p in history if p[0] >= horizon]
         if pod in state.busy_pods():
             continue  # its last action is still in flight: never a second one on top
         _memory_ladder(state, sample, spec, now, actions, rollout)

@@ -5,11 +5,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusebox_contract.names import BreakerState, Variant
-from fusebox_operator.memory_trend import least_squares_slope, time_to_limit_seconds
+from fusebox_operator.memory_trend import (
+    NOISE_BYTES,
+    least_squares_slope,
+    time_to_limit_seconds,
+)
 from fusebox_operator.observations import PodSample, RequestCounts
 from fusebox_operator.policy import (
     CHEAP_STEPS,
@@ -144,6 +149,40 @@ def test_time_to_limit_is_the_fitted_growth_from_the_latest_value() -> None:
     assert time_to_limit_seconds([(0.0, 100.0), (5.0, 150.0)], 1000.0) is None  # too few
     assert time_to_limit_seconds([(0.0, 200.0), (5.0, 200.0), (10.0, 200.0)], 1000.0) is None
     assert time_to_limit_seconds([(0.0, 300.0), (5.0, 250.0), (10.0, 200.0)], 1000.0) is None
+
+
+def test_jitter_below_the_noise_floor_is_no_time_to_oom() -> None:
+    # A flat pod's RSS moves by a few MiB with its batches (measured on the demo: +4 KiB
+    # showed OOM-IN 1009h, +2 MiB in 20 s showed 9h).
+    jitter = [(0.0, 800 * MIB), (2.0, 802 * MIB), (4.0, 801 * MIB), (6.0, 803 * MIB)]
+    assert time_to_limit_seconds(jitter, LIMIT) is not None  # without a floor: an estimate
+    assert time_to_limit_seconds(jitter, LIMIT, NOISE_BYTES) is None
+    # A leak of 1 GiB/min rises 68 MiB over three 2 s scrapes: timed at once.
+    leak = [(t, 800 * MIB + t * 1024 * MIB / 60) for t in (0.0, 2.0, 4.0)]
+    assert time_to_limit_seconds(leak, LIMIT, NOISE_BYTES) == pytest.approx(
+        (LIMIT - leak[-1][1]) / (1024 * MIB / 60)
+    )
+    # So is a slow one (20 MiB/min) once the window spans more than its noise.
+    slow = [(t, 800 * MIB + t * 20 * MIB / 60) for t in range(0, 181, 30)]
+    assert time_to_limit_seconds(slow, LIMIT, NOISE_BYTES) is not None
+    assert time_to_limit_seconds(slow[:3], LIMIT, NOISE_BYTES) is None  # 20 MiB in 60 s
+
+
+def test_a_pod_loading_its_model_has_no_trend_and_no_time_to_oom() -> None:
+    # RSS climbs 0.2 -> 0.8 GiB while the weights load: not a leak.
+    loading = [(T0 + t, [sample("p", T0 + t, 200 + 60 * t, model_loaded=False)])
+               for t in range(0, 11, 2)]  # fmt: skip
+    state, actions = run(PolicyState("svc"), loading)
+    assert actions == [] and "p" not in state.time_to_oom and "p" not in state.history
+    # Loaded and flat from there: still nothing; the load's climb is not in the window.
+    loaded = [(T0 + t, [sample("p", T0 + t, 800, model_loaded=True)]) for t in range(12, 21, 2)]
+    state, _ = run(state, loaded)
+    assert "p" not in state.time_to_oom and len(state.history["p"]) == 5
+    # The same climb reported by a loaded model is growth, and is timed.
+    leaking = [(T0 + t, [sample("p", T0 + t, 200 + 60 * t, model_loaded=True)])
+               for t in range(0, 11, 2)]  # fmt: skip
+    state, _ = run(PolicyState("svc"), leaking)
+    assert state.time_to_oom["p"] > 0
 
 
 def test_a_leak_that_just_sped_up_is_timed_by_its_recent_growth() -> None:
