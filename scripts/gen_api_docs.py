@@ -72,6 +72,11 @@ CHANGES = [
     " is refused with a message), `gpu.product` a label value, and every number has the"
     " operator's minimum and maximum. Model volumes are named `model-0`, `model-1`, so any"
     " valid claim name fits.",
+    "`degradation.tiers` are switches, not a ladder's floor: a level engages only the listed"
+    " tiers at or below it. `[no-streaming, canned-answers]` with a fallback reaches canned"
+    " answers without swapping the model, `[canned-answers]` keeps streaming, and an edit"
+    " that drops `fallback-model` while pods serve the fallback swaps them back one at a time"
+    " (the admin API's `PUT /admin/v1/degradation` takes the service's `tiers`).",
 ]
 """What changed in the API with issue 10 ("the seams"), stated in docs/api.md."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 
 
 class BreakerState(enum.StrEnum):
@@ -38,7 +39,12 @@ class BreakerState(enum.StrEnum):
 
 
 class DegradationLevel(enum.IntEnum):
-    """The server's degradation level; levels are cumulative."""
+    """The server's degradation level: the highest tier switched on.
+
+    A level switches on the service's tiers at or below it (`engaged_tiers`):
+    every tier with the default list, only the listed ones when
+    `spec.degradation.tiers` leaves some out.
+    """
 
     NONE = 0
     NO_STREAMING = 1  # stream:true answered as one complete response
@@ -60,6 +66,15 @@ class DegradationTier(enum.StrEnum):
             "fallback-model": DegradationLevel.FALLBACK_MODEL,
             "canned-answers": DegradationLevel.CANNED_ANSWERS,
         }[self.value]
+
+
+def engaged_tiers(
+    level: int, tiers: Iterable[DegradationTier] | None = None
+) -> frozenset[DegradationTier]:
+    """The tiers a level switches on: those listed at or below it, every one up to it
+    when none are listed. `[no-streaming, canned-answers]` at level 3 swaps no model."""
+    listed = DegradationTier if tiers is None else tiers
+    return frozenset(tier for tier in listed if tier.level <= level)
 
 
 class Variant(enum.StrEnum):

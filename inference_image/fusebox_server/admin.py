@@ -26,7 +26,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from fusebox_contract.names import ActionType, BreakerState, DegradationLevel, Variant
+from fusebox_contract.names import (
+    ActionType,
+    BreakerState,
+    DegradationLevel,
+    DegradationTier,
+    Variant,
+)
 from fusebox_server.edge import EXCEPTION_HANDLERS, VariantHeader, error_response, read_body
 from fusebox_server.errors import InvalidRequest, SchemaError, Unauthorized
 from fusebox_server.openai_schema import parse_json_body
@@ -93,6 +99,18 @@ def _member(enum: type[_E], value: object, param: str) -> _E:
     raise InvalidRequest(f"'{param}' must be one of {allowed}", param=param)
 
 
+def _tiers(raw: object) -> list[DegradationTier] | None:
+    """`tiers`: the service's degradation tiers (absent: every tier), or a 400."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise InvalidRequest("'tiers' must be a list of tier names", param="tiers")
+    tiers = [_member(DegradationTier, name, "tiers") for name in raw]
+    if len(set(tiers)) != len(tiers):
+        raise InvalidRequest("'tiers' must not repeat a tier", param="tiers")
+    return tiers
+
+
 class Admin:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -130,7 +148,9 @@ class Admin:
         level = body.get("level")
         if isinstance(level, bool) or not isinstance(level, int):
             raise InvalidRequest("'level' must be an integer 0..3", param="level")
-        result = self.runtime.set_degradation(_member(DegradationLevel, level, "level"))
+        result = self.runtime.set_degradation(
+            _member(DegradationLevel, level, "level"), _tiers(body.get("tiers"))
+        )
         return JSONResponse(result.body(), status_code=202 if result.converging else 200)
 
     async def state(self, request: Request) -> Response:

@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from fusebox_contract.names import DegradationLevel, LatencyMetric
+from fusebox_contract.names import DegradationTier, LatencyMetric
 from fusebox_contract.wiring import (
     REQUEST_ID_HEADER,
     SERVED_BY_HEADER,
@@ -154,7 +154,7 @@ class Api:
         parsed = parse_chat_request(data) if kind == Kind.CHAT else parse_completion_request(data)
         record.fields.update(parsed.identifiers)
         prepared = self._prepare(parsed, kind, record)
-        if self.runtime.degradation_level >= DegradationLevel.CANNED_ANSWERS:
+        if DegradationTier.CANNED_ANSWERS in self.runtime.degradation_tiers:
             answer = self.runtime.live.canned_answers.get(canned_key(parsed))
             if answer is not None:
                 return self._canned_response(prepared, answer)
@@ -194,7 +194,9 @@ class Api:
                 f"{self.config.max_new_tokens} new tokens",
                 param=param,
             )
-        stream = parsed.stream and self.runtime.degradation_level < DegradationLevel.NO_STREAMING
+        stream = (
+            parsed.stream and DegradationTier.NO_STREAMING not in self.runtime.degradation_tiers
+        )
         record.fields["stream"] = stream
         return Prepared(
             reply=Reply(kind, record.request_id, int(time.time()), self.config.model_name),

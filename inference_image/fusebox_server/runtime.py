@@ -18,7 +18,7 @@ import gc
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -29,10 +29,12 @@ from fusebox_contract.metrics import LatencyHistogram
 from fusebox_contract.names import (
     ActionType,
     DegradationLevel,
+    DegradationTier,
     Fault,
     HeartbeatThread,
     LatencyMetric,
     Variant,
+    engaged_tiers,
 )
 from fusebox_server import engine, memory
 from fusebox_server.accounting import RequestAccounting
@@ -96,6 +98,7 @@ class Generation:
 @dataclass(frozen=True)
 class DegradationResult:
     level: DegradationLevel
+    tiers: list[str]  # the engaged ones, in level order
     variant: Variant
     target_variant: Variant
     converging: bool
@@ -103,6 +106,7 @@ class DegradationResult:
     def body(self) -> dict[str, Any]:
         return {
             "level": int(self.level),
+            "tiers": self.tiers,
             "variant": self.variant.value,
             "targetVariant": self.target_variant.value,
             "converging": self.converging,
@@ -152,6 +156,7 @@ class Runtime:
             load_delay_seconds=lambda: float(self.faults.value(Fault.LOAD_DELAY)),
         )
         self.degradation_level = DegradationLevel.NONE
+        self.degradation_tiers: frozenset[DegradationTier] = frozenset()
         self._degraded_to_fallback = False
         self.memory_guard_active = False
         self.loop_heartbeat = time.time()
@@ -425,31 +430,46 @@ class Runtime:
         return str(torch.cuda.memory_summary(self.device, abbreviated=True)), stats
 
     # ----- degradation -----
-    def set_degradation(self, level: DegradationLevel) -> DegradationResult:
+    def set_degradation(
+        self, level: DegradationLevel, tiers: Iterable[DegradationTier] | None = None
+    ) -> DegradationResult:
         """Set the level now; converge on its variant in the background.
 
-        Level >= 2 declares the fallback (when one is available); going back
-        under 2 declares the primary again if the level is what moved to the
-        fallback (a swap the memory ladder made stays).
+        The level switches on the service's `tiers` at or below it (every tier
+        up to it when none are given). An engaged fallback-model tier declares
+        the fallback (when one is available); leaving it declares the primary
+        again if the tier is what moved to the fallback (a swap the memory
+        ladder made stays).
         """
         self.degradation_level = level
-        if level >= DegradationLevel.FALLBACK_MODEL and self.variants.fallback_available:
+        self.degradation_tiers = engaged_tiers(level, tiers)
+        to_fallback = DegradationTier.FALLBACK_MODEL in self.degradation_tiers
+        if to_fallback and self.variants.fallback_available:
             self._degraded_to_fallback = True
             self.variants.converge_to(Variant.FALLBACK)
-        elif level < DegradationLevel.FALLBACK_MODEL and self._degraded_to_fallback:
+        elif not to_fallback and self._degraded_to_fallback:
             self._degraded_to_fallback = False
             self.variants.converge_to(Variant.PRIMARY)
         log.info(
             "degradation_set",
             level=int(level),
+            tiers=self.degradation_tier_names(),
             variant=self.variant.value,
             target_variant=self.variants.target_variant.value,
         )
         return DegradationResult(
-            level, self.variant, self.variants.target_variant, self.variants.converging
+            level,
+            self.degradation_tier_names(),
+            self.variant,
+            self.variants.target_variant,
+            self.variants.converging,
         )
 
     # ----- views -----
+    def degradation_tier_names(self) -> list[str]:
+        """The engaged tiers in level order, as the API spells them."""
+        return [tier.value for tier in sorted(self.degradation_tiers, key=lambda t: t.level)]
+
     def state(self) -> dict[str, Any]:
         loaded = self.variants.loaded
         return {
@@ -476,6 +496,7 @@ class Runtime:
                 "admit_percent": self.breaker.admit_percent,
             },
             "degradation_level": int(self.degradation_level),
+            "degradation_tiers": self.degradation_tier_names(),
             "memory_guard_active": self.memory_guard_active,
             "requests": {outcome.value: n for outcome, n in self.accounting.totals().items()},
             "running": self.admission.running,

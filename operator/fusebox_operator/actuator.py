@@ -25,6 +25,7 @@ from fusebox_contract.wiring import Port
 from fusebox_operator.kube import Kube, KubeError
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.policy_state import Action, ActionKind
+from fusebox_operator.rollout import Degradation
 from fusebox_operator.status import human_bytes
 
 ADMIN_TIMEOUT_SECONDS = 10.0
@@ -37,7 +38,7 @@ MODEL_ACTIONS = frozenset({ActionType.UNLOAD, ActionType.LOAD, ActionType.SWAP})
 ACCEPTED = frozenset({200, 202})  # 202: the server converges in the background
 log = logging.getLogger(__name__)
 
-RuntimeTarget = tuple[BreakerState, int, int]  # (breaker, admitPercent, level)
+RuntimeTarget = tuple[BreakerState, int, Degradation]  # (breaker, admitPercent, degradation)
 
 
 class AdminError(RuntimeError):
@@ -201,13 +202,13 @@ class Actuator:
     ) -> bool:
         """Bring one pod's breaker and degradation level to the target; True if it changed."""
         key = pod.instance
-        breaker, admit, level = target
+        breaker, admit, degradation = target
         observed_ok = (
             sample is None
             or not sample.ok
             or (
                 (sample.breaker_state in (None, breaker))
-                and (sample.degradation_level in (None, level))
+                and (sample.degradation_level in (None, degradation.level))
             )
         )
         if applied.get(key) == target and observed_ok:
@@ -226,7 +227,7 @@ class Actuator:
                 token,
                 "PUT",
                 "/admin/v1/degradation",
-                {"level": level},
+                {"level": degradation.level, "tiers": [t.value for t in degradation.tiers]},
                 # 202: the server swaps in the background; an older server
                 # answers when loaded, and a repeat never starts a second load.
                 ADMIN_TIMEOUT_SECONDS,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from fusebox_contract.names import DegradationLevel, Variant
+from fusebox_contract.names import DegradationTier, Variant, engaged_tiers
 
 
 @dataclass(frozen=True)
@@ -70,38 +70,44 @@ class Rollout:
         return True
 
 
-def variant_for_level(level: int, has_fallback: bool) -> Variant:
-    """The variant a degradation level serves: the fallback from level 2, if there is one."""
-    if has_fallback and level >= DegradationLevel.FALLBACK_MODEL:
-        return Variant.FALLBACK
-    return Variant.PRIMARY
+@dataclass(frozen=True)
+class Degradation:
+    """What a pod is told: a level, and the service's tiers it engages from."""
+
+    level: int
+    tiers: tuple[DegradationTier, ...] = tuple(DegradationTier)
+
+    def variant(self, has_fallback: bool) -> Variant:
+        """The variant it serves: the fallback while fallback-model is engaged, if there
+        is one. `[no-streaming, canned-answers]` at level 3 serves the primary."""
+        engaged = DegradationTier.FALLBACK_MODEL in engaged_tiers(self.level, self.tiers)
+        return Variant.FALLBACK if has_fallback and engaged else Variant.PRIMARY
 
 
 def pod_levels(
-    desired: int,
-    current: Mapping[str, int],
+    desired: Degradation,
+    current: Mapping[str, Degradation],
     has_fallback: bool,
     rollout: Rollout,
     without_fallback: Collection[str] = frozenset(),
-) -> dict[str, int]:
-    """The degradation level to push to each pod this tick.
+) -> dict[str, Degradation]:
+    """The degradation to push to each pod this tick.
 
-    A level that serves the same variant as the pod's current one (levels 1
-    and 3 relative to 2, or any level without a fallback) goes to every pod
-    at once. A level that swaps the model goes to a pod only when the rollout
-    lets it out of service; the others keep their level until a later tick.
-    Pods already out of service are offered first, so a starting pod gets
-    its level without holding up a Ready one. A pod in `without_fallback`
-    (its server cannot load the fallback) is a pod without a fallback: every
-    level reaches it at once, and it swaps nothing.
+    One that serves the same variant as the pod's current one (levels 1 and
+    3 relative to 2, a tier list edited without touching fallback-model, or
+    anything without a fallback) goes to every pod at once. One that swaps
+    the model, by its level or by a tier list that adds or drops
+    fallback-model, goes to a pod only when the rollout lets it out of
+    service; the others keep theirs until a later tick. Pods already out of
+    service are offered first, so a starting pod gets its level without
+    holding up a Ready one. A pod in `without_fallback` (its server cannot
+    load the fallback) is a pod without a fallback: everything reaches it at
+    once, and it swaps nothing.
     """
-    levels: dict[str, int] = {}
+    told: dict[str, Degradation] = {}
     for pod in sorted(current, key=lambda name: (rollout.in_service(name), name)):
-        level = current[pod]
+        now = current[pod]
         swaps = has_fallback and pod not in without_fallback
-        same_variant = variant_for_level(level, swaps) is variant_for_level(desired, swaps)
-        if same_variant or rollout.take(pod):
-            levels[pod] = desired
-        else:
-            levels[pod] = level
-    return levels
+        same_variant = now.variant(swaps) is desired.variant(swaps)
+        told[pod] = desired if same_variant or rollout.take(pod) else now
+    return told

@@ -314,6 +314,14 @@ class InferenceServiceSpec:
     telemetry: TelemetrySpec = TelemetrySpec()
     autoscaling: AutoscalingSpec | None = None
 
+    @property
+    def degrades_to_fallback(self) -> bool:
+        """Whether a degradation tier swaps the model: a fallback, and fallback-model listed.
+        The memory ladder's swap step needs only the fallback."""
+        return (
+            self.fallback is not None and DegradationTier.FALLBACK_MODEL in self.degradation.tiers
+        )
+
     def initial_replicas(self) -> int:
         """The count a new Deployment starts with: `replicas`, inside the autoscaler's range."""
         return self.autoscaling.clamp(self.replicas) if self.autoscaling else self.replicas

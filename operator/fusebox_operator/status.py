@@ -205,7 +205,7 @@ def model_entry(spec: InferenceServiceSpec) -> dict[str, str]:
 def fallback_note(state: PolicyState, spec: InferenceServiceSpec) -> str:
     """At the fallback tier, the pods it cannot swap (their servers cannot load it)."""
     stuck = sorted(state.fallback_unavailable)
-    if spec.fallback is None or state.level < DegradationLevel.FALLBACK_MODEL or not stuck:
+    if not spec.degrades_to_fallback or state.level < DegradationLevel.FALLBACK_MODEL or not stuck:
         return ""
     listed = ", ".join(stuck[:MAX_PODS_LISTED])
     return f"; the fallback tier cannot swap on {listed} (no usable fallback): primary serves"

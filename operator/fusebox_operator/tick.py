@@ -37,7 +37,7 @@ from fusebox_operator.node_pressure import NodePressure, node_condition, relieve
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.policy import admit_percent, decide
 from fusebox_operator.policy_state import DISRUPTIVE, Action, ActionKind, PolicyState
-from fusebox_operator.rollout import PodReadiness, Rollout, pod_levels, variant_for_level
+from fusebox_operator.rollout import Degradation, PodReadiness, Rollout, pod_levels
 from fusebox_operator.spec import InferenceServiceSpec
 from fusebox_operator.status import (
     EventRecord,
@@ -112,14 +112,21 @@ class TickOutcome:
 # ----- pure decisions ---------------------------------------------------------------------
 
 
-def pod_level(pod: PodView, sample: PodSample | None, applied: Mapping[str, RuntimeTarget]) -> int:
-    """The level a pod is on: what we told this run of it, else what it reports, else 0."""
+def pod_degradation(
+    pod: PodView,
+    sample: PodSample | None,
+    applied: Mapping[str, RuntimeTarget],
+    spec: InferenceServiceSpec,
+) -> Degradation:
+    """Where a pod is: what we told this run of it, else the level it reports (or 0) with
+    the spec's tiers (a pod's report has no tiers; a restarted operator tells it again)."""
     told = applied.get(pod.instance)
     if told is not None:
         return told[2]
+    level = 0
     if sample is not None and sample.ok and sample.degradation_level is not None:
-        return sample.degradation_level
-    return 0
+        level = sample.degradation_level
+    return Degradation(level, spec.degradation.tiers)
 
 
 def converging(
@@ -127,7 +134,7 @@ def converging(
     sample: PodSample | None,
     state: PolicyState,
     applied: Mapping[str, RuntimeTarget],
-    has_fallback: bool,
+    spec: InferenceServiceSpec,
 ) -> bool:
     """Whether the pod is still moving to the variant it was told to serve.
 
@@ -144,8 +151,8 @@ def converging(
         expected = Variant.FALLBACK  # the ladder swapped this pod on its own
     else:
         # A pod whose server cannot load the fallback stays on the primary at any level.
-        swaps = has_fallback and not sample.cannot_swap
-        expected = variant_for_level(pod_level(pod, sample, applied), swaps)
+        swaps = spec.fallback is not None and not sample.cannot_swap
+        expected = pod_degradation(pod, sample, applied, spec).variant(swaps)
     return sample.variant is not None and sample.variant != expected
 
 
@@ -154,7 +161,7 @@ def readiness(
     samples: Mapping[str, PodSample],
     state: PolicyState,
     applied: Mapping[str, RuntimeTarget],
-    has_fallback: bool,
+    spec: InferenceServiceSpec,
 ) -> Rollout:
     """This tick's rollout over every listed pod (terminating ones count as out)."""
     busy = {a.pod for a in state.in_flight.values() if a.kind in DISRUPTIVE}
@@ -162,8 +169,7 @@ def readiness(
         PodReadiness(
             pod.name,
             pod.serving,
-            pod.name in busy
-            or converging(pod, samples.get(pod.name), state, applied, has_fallback),
+            pod.name in busy or converging(pod, samples.get(pod.name), state, applied, spec),
         )
         for pod in pods
     )
@@ -199,11 +205,12 @@ def runtime_targets(
     rollout: Rollout,
 ) -> dict[str, RuntimeTarget]:
     """Breaker and admit share for every pod at once; the level as the rollout allows."""
-    current = {pod.name: pod_level(pod, samples.get(pod.name), applied) for pod in pods}
+    current = {pod.name: pod_degradation(pod, samples.get(pod.name), applied, spec) for pod in pods}
+    desired = Degradation(state.level, spec.degradation.tiers)
     cannot_swap = unable_to_swap(samples, state)
-    levels = pod_levels(state.level, current, spec.fallback is not None, rollout, cannot_swap)
+    told = pod_levels(desired, current, spec.fallback is not None, rollout, cannot_swap)
     admit = admit_percent(state, spec)
-    return {pod.name: (state.breaker, admit, levels[pod.name]) for pod in pods}
+    return {pod.name: (state.breaker, admit, told[pod.name]) for pod in pods}
 
 
 def settable(pods: Sequence[PodView], samples: Mapping[str, PodSample]) -> list[PodView]:
@@ -261,7 +268,6 @@ async def run_tick(
 ) -> TickOutcome:
     """Scrape -> decide -> act -> converge runtime state -> status patch and events."""
     spec = inputs.spec
-    has_fallback = spec.fallback is not None
     now = clock()
     state = memory.policy
     if state is None:
@@ -272,7 +278,7 @@ async def run_tick(
     by_name = {pod.name: pod for pod in targets}
     samples = {s.pod: s for s in await scrape(targets)}
 
-    rollout = readiness(inputs.pods, samples, state, memory.applied, has_fallback)
+    rollout = readiness(inputs.pods, samples, state, memory.applied, spec)
     new_state, actions = decide(state, samples.values(), now, spec, rollout)
     if spec.gpu.count > 0:
         actions = [*actions, *drain_actions(inputs.pods, memory.drained, new_state, now)]
@@ -326,7 +332,7 @@ async def run_tick(
     some_pod_swaps = service_swaps(samples, new_state)
     told = [(action, text) for action, text in executed if action.id not in replayed]
     events = node_events + transition_events(
-        state, new_state, told, has_fallback and some_pod_swaps
+        state, new_state, told, spec.degrades_to_fallback and some_pod_swaps
     )
     scale = autoscale(spec, inputs.status, inputs.pods, samples, memory, now)
     written_at = clock()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -19,18 +20,19 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from fusebox_contract.names import BreakerState, EventReason, Variant
-from fusebox_operator.actuator import ActionResult, Actuator
+from fusebox_contract.names import BreakerState, DegradationTier, EventReason, Variant
+from fusebox_operator.actuator import ActionResult, Actuator, RuntimeTarget
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.policy_state import Action, ActionKind, PolicyState
-from fusebox_operator.spec import parse_spec
+from fusebox_operator.rollout import Degradation
+from fusebox_operator.spec import InferenceServiceSpec, parse_spec
 from fusebox_operator.telemetry import scrape_all
 from fusebox_operator.tick import TickInputs, TickMemory, TickOutcome, converging, run_tick
 
@@ -217,8 +219,8 @@ def test_runtime_state_reconciled_shows_in_the_next_scrape(pair: Pair) -> None:
     async def go() -> PodSample:
         async with aiohttp.ClientSession() as session:
             actuator = Actuator(session, None, admin_port=pair.admin_port)
-            applied: dict[str, tuple[BreakerState, int, int]] = {}
-            target = (BreakerState.HALF_OPEN, 5, 1)
+            applied: dict[str, RuntimeTarget] = {}
+            target = (BreakerState.HALF_OPEN, 5, Degradation(1))
             assert await actuator.reconcile_runtime(POD, TOKEN, target, None, applied)
             # Same target, nothing observed yet: no second call.
             assert not await actuator.reconcile_runtime(POD, TOKEN, target, None, applied)
@@ -235,7 +237,7 @@ def test_runtime_state_reconciled_shows_in_the_next_scrape(pair: Pair) -> None:
     async def back() -> None:
         async with aiohttp.ClientSession() as session:
             actuator = Actuator(session, None, admin_port=pair.admin_port)
-            target = (BreakerState.CLOSED, 100, 0)
+            target = (BreakerState.CLOSED, 100, Degradation(0))
             await actuator.reconcile_runtime(POD, TOKEN, target, None, {})
 
     asyncio.run(back())
@@ -271,7 +273,11 @@ class TimedActuator(Actuator):
 
 
 async def _ticks(
-    pair: Pair, status: dict[str, Any], until: Any, finished: list[float] | None = None
+    pair: Pair,
+    status: dict[str, Any],
+    until: Any,
+    finished: list[float] | None = None,
+    spec: InferenceServiceSpec = SPEC,
 ) -> tuple[list[TickOutcome], dict[str, Any]]:
     """Run ticks as the kopf timer would, applying each status patch, until `until(status)`."""
     memory = TickMemory()
@@ -285,7 +291,7 @@ async def _ticks(
 
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            inputs = TickInputs("ns", "itsvc", SPEC, status, [POD], TOKEN, 1)
+            inputs = TickInputs("ns", "itsvc", spec, status, [POD], TOKEN, 1)
             outcome = await run_tick(inputs, memory, scrape, actuator, time.time)
             outcomes.append(outcome)
             status = {**status, **outcome.status_patch}
@@ -321,6 +327,37 @@ def test_ticks_move_the_pod_to_the_fallback_and_report_what_it_serves(pair: Pair
     assert status["pods"][0]["variant"] == Variant.PRIMARY
 
 
+def _admin_state(pair: Pair) -> dict[str, Any]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{pair.admin_port}/admin/v1/state",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return dict(json.load(response))
+
+
+def test_tiers_that_leave_out_fallback_model_reach_canned_answers_without_a_swap(
+    pair: Pair,
+) -> None:
+    # The pair's server has a fallback; the spec's tiers leave fallback-model out.
+    spec = replace(SPEC, degradation=replace(SPEC.degradation, tiers=SKIPPED_FALLBACK_TIERS))
+    loads_before = _admin_state(pair)["model_loads"]
+
+    def at_three(status: dict[str, Any]) -> bool:
+        return bool(_admin_state(pair)["degradation_level"] == 3)
+
+    _, status = asyncio.run(_ticks(pair, _base_status(3), at_three, spec=spec))
+    state = _admin_state(pair)
+    assert state["degradation_tiers"] == ["no-streaming", "canned-answers"]
+    assert (state["variant"], state["target_variant"]) == (Variant.PRIMARY, Variant.PRIMARY)
+    assert state["model_loads"] == loads_before  # no model was loaded for the tier
+    assert status["activeVariant"] == Variant.PRIMARY
+    assert status["degradation"]["tiers"] == ["no-streaming", "canned-answers"]
+    back = {**status, "degradation": {"level": 0}, "policy": {}}
+    asyncio.run(_ticks(pair, back, lambda s: _admin_state(pair)["degradation_level"] == 0,
+                       spec=spec))  # fmt: skip
+
+
 def test_an_action_in_flight_is_retried_with_its_id_and_status_is_written_at_once(
     pair: Pair,
 ) -> None:
@@ -339,6 +376,8 @@ def test_an_action_in_flight_is_retried_with_its_id_and_status_is_written_at_onc
     # Written in the same tick, with the pod re-scraped after the action.
     assert first.status_patch and first.samples[0].sampled_at >= finished[0]
 
+
+SKIPPED_FALLBACK_TIERS = (DegradationTier.NO_STREAMING, DegradationTier.CANNED_ANSWERS)
 
 INT4_SPEC = parse_spec(
     {
@@ -387,7 +426,7 @@ def test_a_pod_that_cannot_load_its_fallback_takes_the_level_is_named_once_and_n
     assert sample.fallback_unavailable_reason and "CUDA" in sample.fallback_unavailable_reason
     # The level reached the pod; it swapped nothing, and nobody waits for it to.
     assert (sample.degradation_level, sample.variant) == (2, Variant.PRIMARY)
-    assert not converging(POD, sample, outcomes[-1].state, memory.applied, has_fallback=True)
+    assert not converging(POD, sample, outcomes[-1].state, memory.applied, INT4_SPEC)
     named = [e for o in outcomes for e in o.events if e.reason is EventReason.FALLBACK_UNAVAILABLE]
     assert len(named) == 1 and named[0].type == "Warning"
     assert "pod-a" in named[0].message and "CUDA" in named[0].message

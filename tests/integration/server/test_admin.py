@@ -138,6 +138,52 @@ def test_breaker_and_degradation_reject_invalid_values(server: ServerProcess) ->
     assert server.state()["breaker"]["state"] == "closed"
 
 
+@pytest.mark.parametrize(
+    ("tiers", "says"),
+    [
+        ("canned-answers", "must be a list"),
+        (["canned-answers", "shrug"], "must be one of no-streaming, fallback-model"),
+        ([3], "must be one of"),
+        (["canned-answers", "canned-answers"], "must not repeat"),
+    ],
+)
+def test_degradation_refuses_tiers_it_cannot_read_by_name(
+    server: ServerProcess, tiers: object, says: str
+) -> None:
+    response = server.admin.put("/admin/v1/degradation", json={"level": 3, "tiers": tiers})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "tiers" and says in error["message"]
+    assert server.state()["degradation_level"] == 0  # nothing half-applied
+
+
+def test_a_level_engages_only_the_listed_tiers_below_it(server: ServerProcess) -> None:
+    # This server has an int8 fallback; a list without fallback-model swaps nothing.
+    body = {"level": 3, "tiers": ["canned-answers", "no-streaming"]}
+    answer = server.admin.put("/admin/v1/degradation", json=body)
+    try:
+        assert answer.status_code == 200  # nothing to converge
+        assert answer.json()["tiers"] == ["no-streaming", "canned-answers"]
+        assert answer.json()["targetVariant"] == "primary"
+        only_canned = {"level": 3, "tiers": ["canned-answers"]}
+        server.admin.put("/admin/v1/degradation", json=only_canned).raise_for_status()
+        assert server.state()["degradation_tiers"] == ["canned-answers"]
+        # no-streaming is not listed, so a stream stays a stream at level 3.
+        streamed = server.chat("hello", stream=True)
+        assert streamed.headers["content-type"].startswith("text/event-stream")
+        only_streaming = {"level": 3, "tiers": ["no-streaming"]}
+        server.admin.put("/admin/v1/degradation", json=only_streaming).raise_for_status()
+        assert server.state()["degradation_tiers"] == ["no-streaming"]
+        buffered = server.chat("hello", stream=True)
+        assert buffered.headers["content-type"].startswith("application/json")
+        # Without tiers a level engages every tier up to it, as before.
+        server.admin.put("/admin/v1/degradation", json={"level": 1}).raise_for_status()
+        assert server.state()["degradation_tiers"] == ["no-streaming"]
+    finally:
+        server.admin.put("/admin/v1/degradation", json={"level": 0}).raise_for_status()
+    assert server.state()["degradation_tiers"] == []
+
+
 def test_faults_are_forbidden_when_not_armed_at_start(server: ServerProcess) -> None:
     response = server.admin.put("/admin/v1/faults", json={"leak": 64})
     assert response.status_code == 403

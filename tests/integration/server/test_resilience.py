@@ -98,6 +98,7 @@ def test_level_2_converges_on_the_fallback_and_level_0_restores_the_primary(
     assert response.status_code == 202
     assert response.json() == {
         "level": 2,
+        "tiers": ["no-streaming", "fallback-model"],  # no tiers given: every one up to 2
         "variant": "primary",
         "targetVariant": "fallback",
         "converging": True,

@@ -131,6 +131,7 @@ def test_an_unservable_fallback_leaves_the_primary_serving(seamed: ServerProcess
     assert level.status_code == 200
     assert level.json() == {
         "level": 2,
+        "tiers": ["no-streaming", "fallback-model"],
         "variant": "primary",
         "targetVariant": "primary",
         "converging": False,

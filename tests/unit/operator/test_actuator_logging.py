@@ -19,6 +19,7 @@ import pytest
 from fusebox_contract.names import BreakerState
 from fusebox_operator.actuator import Actuator
 from fusebox_operator.observations import PodView
+from fusebox_operator.rollout import Degradation
 
 
 def closed_port() -> int:
@@ -35,7 +36,7 @@ def set_state(ready: bool) -> bool:
     async def call() -> bool:
         async with aiohttp.ClientSession() as session:
             actuator = Actuator(session, None, admin_port=closed_port())
-            target = (BreakerState.CLOSED, 100, 0)
+            target = (BreakerState.CLOSED, 100, Degradation(0))
             return await actuator.reconcile_runtime(pod(ready), "t", target, None, {})
 
     return asyncio.run(call())

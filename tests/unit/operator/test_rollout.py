@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fusebox_operator.rollout import PodReadiness, Rollout, pod_levels, variant_for_level
+from fusebox_contract.names import DegradationTier, Variant
+from fusebox_operator.rollout import Degradation, PodReadiness, Rollout, pod_levels
 
 
 def rollout(ready: dict[str, bool], busy: frozenset[str] = frozenset()) -> Rollout:
@@ -38,48 +39,83 @@ def test_a_pod_not_listed_is_never_acted_on() -> None:
     assert not rollout({"a": True}).may_disrupt("ghost")
 
 
+def levels(
+    desired: int,
+    current: dict[str, int],
+    has_fallback: bool,
+    gate: Rollout,
+    without_fallback: frozenset[str] | set[str] = frozenset(),
+) -> dict[str, int]:
+    """pod_levels with every tier listed, as levels."""
+    told = pod_levels(
+        Degradation(desired),
+        {pod: Degradation(level) for pod, level in current.items()},
+        has_fallback,
+        gate,
+        without_fallback,
+    )
+    return {pod: degradation.level for pod, degradation in told.items()}
+
+
 def test_levels_that_swap_no_model_go_to_every_pod_at_once() -> None:
     ready = {"a": True, "b": True, "c": True}
-    assert pod_levels(1, dict.fromkeys(ready, 0), True, rollout(ready)) == dict.fromkeys(ready, 1)
-    assert pod_levels(3, dict.fromkeys(ready, 2), True, rollout(ready)) == dict.fromkeys(ready, 3)
-    assert pod_levels(1, dict.fromkeys(ready, 0), True, rollout(ready)) == dict.fromkeys(ready, 1)
+    assert levels(1, dict.fromkeys(ready, 0), True, rollout(ready)) == dict.fromkeys(ready, 1)
+    assert levels(3, dict.fromkeys(ready, 2), True, rollout(ready)) == dict.fromkeys(ready, 3)
+    assert levels(1, dict.fromkeys(ready, 0), True, rollout(ready)) == dict.fromkeys(ready, 1)
 
 
 def test_without_a_fallback_no_level_swaps_a_model() -> None:
     ready = {"a": True, "b": True}
-    assert variant_for_level(3, has_fallback=False) == "primary"
-    assert pod_levels(3, {"a": 0, "b": 1}, False, rollout(ready)) == {"a": 3, "b": 3}
+    assert Degradation(3).variant(has_fallback=False) == "primary"
+    assert levels(3, {"a": 0, "b": 1}, False, rollout(ready)) == {"a": 3, "b": 3}
+
+
+def test_only_an_engaged_fallback_model_tier_serves_the_fallback() -> None:
+    every = Degradation(3)
+    skips = Degradation(3, (DegradationTier.NO_STREAMING, DegradationTier.CANNED_ANSWERS))
+    assert every.variant(has_fallback=True) is Variant.FALLBACK
+    assert skips.variant(has_fallback=True) is Variant.PRIMARY
+    assert Degradation(1).variant(has_fallback=True) is Variant.PRIMARY
+    # Without the tier, level 3 is no swap from level 1: every pod at once.
+    ready = {"a": True, "b": True}
+    told = pod_levels(
+        skips, dict.fromkeys(ready, Degradation(1, skips.tiers)), True, rollout(ready)
+    )
+    assert told == {"a": skips, "b": skips}
 
 
 def test_the_fallback_level_goes_to_one_pod_and_the_others_keep_theirs() -> None:
     ready = {"a": True, "b": True, "c": True}
-    assert pod_levels(2, {"a": 1, "b": 1, "c": 1}, True, rollout(ready)) == {
+    assert levels(2, {"a": 1, "b": 1, "c": 1}, True, rollout(ready)) == {
         "a": 2,
         "b": 1,
         "c": 1,
     }
     # a is still converging (busy): nobody else moves.
     busy = rollout(ready, busy=frozenset({"a"}))
-    assert pod_levels(2, {"a": 2, "b": 1, "c": 1}, True, busy) == {"a": 2, "b": 1, "c": 1}
+    assert levels(2, {"a": 2, "b": 1, "c": 1}, True, busy) == {"a": 2, "b": 1, "c": 1}
 
 
 def test_stepping_back_to_primary_rolls_the_same_way() -> None:
     ready = {"a": True, "b": True}
-    assert pod_levels(0, {"a": 2, "b": 2}, True, rollout(ready)) == {"a": 0, "b": 2}
+    assert levels(0, {"a": 2, "b": 2}, True, rollout(ready)) == {"a": 0, "b": 2}
 
 
 def test_a_starting_pod_gets_the_fallback_level_without_holding_a_ready_one_back() -> None:
     gate = rollout({"a": True, "new": False})
-    assert pod_levels(2, {"a": 2, "new": 0}, True, gate) == {"a": 2, "new": 2}
+    assert levels(2, {"a": 2, "new": 0}, True, gate) == {"a": 2, "new": 2}
 
 
 # --- property: for any sequence of pod readiness, at most one pod is ever told to leave
 # service while another is not Ready ----------------------------------------------------
 
 PODS = ("a", "b", "c")
+EVERY_TIER = tuple(DegradationTier)
+NO_FALLBACK_TIER = (DegradationTier.NO_STREAMING, DegradationTier.CANNED_ANSWERS)
 tick = st.tuples(
     st.fixed_dictionaries({pod: st.booleans() for pod in PODS}),  # Ready condition this tick
     st.sampled_from([0, 1, 2, 3]),  # the service's desired level
+    st.sampled_from([EVERY_TIER, NO_FALLBACK_TIER]),  # its tiers (an edit may drop one)
     st.lists(st.sampled_from(PODS), max_size=3),  # pods the ladder wants to restart
     st.integers(min_value=0, max_value=3),  # ticks a swap takes to converge
 )
@@ -88,23 +124,22 @@ tick = st.tuples(
 @settings(max_examples=300, deadline=None)
 @given(st.lists(tick, min_size=1, max_size=40), st.booleans())
 def test_property_at_most_one_pod_leaves_service_while_another_is_not_ready(
-    ticks: list[tuple[dict[str, bool], int, list[str], int]], has_fallback: bool
+    ticks: list[tuple[dict[str, bool], int, tuple[DegradationTier, ...], list[str], int]],
+    has_fallback: bool,
 ) -> None:
-    levels = dict.fromkeys(PODS, 0)
+    current = dict.fromkeys(PODS, Degradation(0))
     converging_until = dict.fromkeys(PODS, -1)
-    for index, (ready, desired, restarts, swap_ticks) in enumerate(ticks):
+    for index, (ready, desired, tiers, restarts, swap_ticks) in enumerate(ticks):
         busy = frozenset(pod for pod in PODS if converging_until[pod] >= index)
         gate = rollout(ready, busy)
         in_service = {pod for pod in PODS if ready[pod] and pod not in busy}
         told: list[str] = [pod for pod in restarts if gate.take(pod)]
-        new_levels = pod_levels(desired, levels, has_fallback, gate)
+        pushed = pod_levels(Degradation(desired, tiers), current, has_fallback, gate)
         for pod in PODS:
-            if variant_for_level(new_levels[pod], has_fallback) != variant_for_level(
-                levels[pod], has_fallback
-            ):
+            if pushed[pod].variant(has_fallback) != current[pod].variant(has_fallback):
                 told.append(pod)
                 converging_until[pod] = index + swap_ticks
-        levels = new_levels
+        current = pushed
         leaving = {pod for pod in told if pod in in_service}
         assert len(leaving) <= 1
         if leaving:
@@ -113,8 +148,8 @@ def test_property_at_most_one_pod_leaves_service_while_another_is_not_ready(
 
 def test_a_pod_that_cannot_load_the_fallback_gets_level_two_at_once_and_swaps_nothing() -> None:
     ready = {"a": True, "b": True, "c": True}
-    levels = pod_levels(2, dict.fromkeys(ready, 1), True, rollout(ready), without_fallback={"b"})
+    told = levels(2, dict.fromkeys(ready, 1), True, rollout(ready), without_fallback={"b"})
     # b takes no turn (nothing leaves service on it), so a still gets the one turn.
-    assert levels == {"a": 2, "b": 2, "c": 1}
-    everyone = pod_levels(2, dict.fromkeys(ready, 1), True, rollout(ready), set(ready))
+    assert told == {"a": 2, "b": 2, "c": 1}
+    everyone = levels(2, dict.fromkeys(ready, 1), True, rollout(ready), set(ready))
     assert everyone == dict.fromkeys(ready, 2)

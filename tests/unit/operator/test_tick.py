@@ -9,11 +9,12 @@ from fusebox_contract.names import BreakerState, Variant
 from fusebox_operator.actuator import RuntimeTarget
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.policy_state import PolicyState
+from fusebox_operator.rollout import Degradation
 from fusebox_operator.spec import InferenceServiceSpec, parse_spec
 from fusebox_operator.telemetry import scrapable
 from fusebox_operator.tick import (
     converging,
-    pod_level,
+    pod_degradation,
     readiness,
     runtime_targets,
     service_swaps,
@@ -47,10 +48,10 @@ def targets(
 ) -> dict[str, int]:
     applied = applied or {}
     by_pod = {s.pod: s for s in samples}
-    gate = readiness(pods, by_pod, state, applied, spec.fallback is not None)
+    gate = readiness(pods, by_pod, state, applied, spec)
     reachable = settable(scrapable(pods), by_pod)  # as run_tick picks them
     wanted = runtime_targets(state, spec, reachable, by_pod, applied, gate)
-    return {name: level for name, (_, _, level) in wanted.items()}
+    return {name: told.level for name, (_, _, told) in wanted.items()}
 
 
 def test_fallback_level_is_pushed_to_one_pod_then_the_next_once_it_converged() -> None:
@@ -60,7 +61,7 @@ def test_fallback_level_is_pushed_to_one_pod_then_the_next_once_it_converged() -
     assert targets(state, WITH_FALLBACK, pods, primary) == {"a": 2, "b": 1}
 
     # a was told 2: still on the primary (loading) -> b waits.
-    applied = {pods[0].instance: (BreakerState.CLOSED, 100, 2)}
+    applied = {pods[0].instance: (BreakerState.CLOSED, 100, Degradation(2))}
     loading = [report("a", 2, Variant.PRIMARY, converging=True), primary[1]]
     assert targets(state, WITH_FALLBACK, pods, loading, applied) == {"a": 2, "b": 1}
     # Loaded but its readiness not back yet -> b still waits.
@@ -74,7 +75,7 @@ def test_fallback_level_is_pushed_to_one_pod_then_the_next_once_it_converged() -
 def test_a_pod_told_to_swap_counts_as_converging_before_its_report_catches_up() -> None:
     state = PolicyState("svc", level=2)
     pods = [pod("a"), pod("b")]
-    applied = {pods[0].instance: (BreakerState.CLOSED, 100, 2)}
+    applied = {pods[0].instance: (BreakerState.CLOSED, 100, Degradation(2))}
     # The stats file still says level 1, primary: what we told it decides.
     stale_report = [report("a", 1, Variant.PRIMARY), report("b", 1, Variant.PRIMARY)]
     assert targets(state, WITH_FALLBACK, pods, stale_report, applied) == {"a": 2, "b": 1}
@@ -85,16 +86,16 @@ def test_a_pod_that_cannot_load_the_fallback_never_holds_up_the_rollout() -> Non
     pods = [pod("a"), pod("b")]
     refused = {"fallback_available": False, "fallback_unavailable_reason": "int4 needs CUDA"}
     # a was told level 2 and, unable to swap, stays on the primary: that is converged.
-    applied = {pods[0].instance: (BreakerState.CLOSED, 100, 2)}
+    applied = {pods[0].instance: (BreakerState.CLOSED, 100, Degradation(2))}
     reports = [report("a", 2, Variant.PRIMARY, **refused), report("b", 1, Variant.PRIMARY)]
-    assert not converging(pods[0], reports[0], state, applied, has_fallback=True)
+    assert not converging(pods[0], reports[0], state, applied, WITH_FALLBACK)
     assert targets(state, WITH_FALLBACK, pods, reports, applied) == {"a": 2, "b": 2}
     # Neither can swap: the level goes to both at once, as without a fallback.
     both = [report("a", 1, Variant.PRIMARY, **refused), report("b", 1, Variant.PRIMARY, **refused)]
     assert targets(state, WITH_FALLBACK, pods, both) == {"a": 2, "b": 2}
     # A pod that can swap still converges to the fallback before the next may go.
     able = report("a", 2, Variant.PRIMARY, fallback_available=True)
-    assert converging(pods[0], able, state, applied, has_fallback=True)
+    assert converging(pods[0], able, state, applied, WITH_FALLBACK)
 
 
 def test_a_failed_scrape_does_not_make_a_pod_that_could_not_swap_able_again() -> None:
@@ -148,6 +149,49 @@ def test_levels_one_and_three_relative_to_two_go_to_every_pod_at_once() -> None:
     assert targets(PolicyState("svc", level=1), WITH_FALLBACK, pods, low) == {"a": 1, "b": 1}
 
 
+SKIPS_FALLBACK = parse_spec(
+    {
+        "model": MODEL,
+        "replicas": 2,
+        "fallback": {"quantization": "int8"},
+        "degradation": {"tiers": ["no-streaming", "canned-answers"]},
+    }
+)
+
+
+def test_tiers_without_fallback_model_swap_no_model_even_with_a_fallback() -> None:
+    state = PolicyState("svc", level=3)
+    pods = [pod("a"), pod("b")]
+    samples = [report("a", 1, Variant.PRIMARY), report("b", 1, Variant.PRIMARY)]
+    # Level 3 engages no-streaming and canned-answers only: no turn needed, both at once.
+    assert targets(state, SKIPS_FALLBACK, pods, samples) == {"a": 3, "b": 3}
+    told = runtime_targets(state, SKIPS_FALLBACK, pods, {s.pod: s for s in samples}, {},
+                           readiness(pods, {}, state, {}, SKIPS_FALLBACK))  # fmt: skip
+    assert told["a"][2] == Degradation(3, SKIPS_FALLBACK.degradation.tiers)
+    assert told["a"][2].variant(has_fallback=True) is Variant.PRIMARY
+    # A pod on the primary at level 3 is where it should be, not converging.
+    applied = {pods[0].instance: told["a"]}
+    at_three = report("a", 3, Variant.PRIMARY)
+    assert not converging(pods[0], at_three, state, applied, SKIPS_FALLBACK)
+    assert not SKIPS_FALLBACK.degrades_to_fallback and WITH_FALLBACK.degrades_to_fallback
+
+
+def test_dropping_fallback_model_from_the_tiers_swaps_back_one_pod_at_a_time() -> None:
+    # Both pods serve the fallback at level 3 with every tier; then the tiers are edited.
+    state = PolicyState("svc", level=3)
+    pods = [pod("a"), pod("b")]
+    every_tier = (BreakerState.CLOSED, 100, Degradation(3, WITH_FALLBACK.degradation.tiers))
+    applied = {p.instance: every_tier for p in pods}
+    on_fallback = [report("a", 3, Variant.FALLBACK), report("b", 3, Variant.FALLBACK)]
+    by_pod = {s.pod: s for s in on_fallback}
+    gate = readiness(pods, by_pod, state, applied, SKIPS_FALLBACK)
+    told = runtime_targets(state, SKIPS_FALLBACK, pods, by_pod, applied, gate)
+    assert [told[p.name][2].tiers for p in pods] == [
+        SKIPS_FALLBACK.degradation.tiers,  # a goes back to the primary now
+        WITH_FALLBACK.degradation.tiers,  # b keeps the fallback until a is back
+    ]
+
+
 def test_a_terminating_pod_holds_every_swap() -> None:
     state = PolicyState("svc", level=2)
     pods = [pod("a"), pod("b"), pod("old", terminating=True)]
@@ -157,12 +201,12 @@ def test_a_terminating_pod_holds_every_swap() -> None:
 
 def test_a_restarted_container_starts_from_its_own_report() -> None:
     before = pod("a")
-    applied = {before.instance: (BreakerState.CLOSED, 100, 2)}
+    applied = {before.instance: (BreakerState.CLOSED, 100, Degradation(2))}
     after = pod("a", restarts=1)
     fresh = report("a", 0, Variant.PRIMARY)
-    assert pod_level(before, fresh, applied) == 2
-    assert pod_level(after, fresh, applied) == 0
-    assert pod_level(after, None, applied) == 0
+    assert pod_degradation(before, fresh, applied, WITH_FALLBACK).level == 2
+    assert pod_degradation(after, fresh, applied, WITH_FALLBACK).level == 0
+    assert pod_degradation(after, None, applied, WITH_FALLBACK).level == 0
 
 
 def test_breaker_state_goes_to_every_pod_at_once_whatever_the_rollout() -> None:
@@ -170,7 +214,7 @@ def test_breaker_state_goes_to_every_pod_at_once_whatever_the_rollout() -> None:
     pods = [pod("a"), pod("b")]
     samples = [report("a", 1, Variant.PRIMARY), report("b", 1, Variant.PRIMARY)]
     by_pod = {s.pod: s for s in samples}
-    gate = readiness(pods, by_pod, state, {}, True)
+    gate = readiness(pods, by_pod, state, {}, WITH_FALLBACK)
     wanted = runtime_targets(state, WITH_FALLBACK, pods, by_pod, {}, gate)
     assert {breaker for breaker, _, _ in wanted.values()} == {BreakerState.HALF_OPEN}
     assert {admit for _, admit, _ in wanted.values()} == {
