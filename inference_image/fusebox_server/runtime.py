@@ -452,7 +452,7 @@ class Runtime:
             self.variants.converge_to(Variant.PRIMARY)
         log.info(
             "degradation_set",
-            level=int(level),
+            degradation_level=int(level),
             tiers=self.degradation_tier_names(),
             variant=self.variant.value,
             target_variant=self.variants.target_variant.value,
