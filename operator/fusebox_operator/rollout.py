@@ -84,7 +84,7 @@ class Degradation:
         return Variant.FALLBACK if has_fallback and engaged else Variant.PRIMARY
 
 
-def pod_levels(
+def pod_degradations(
     desired: Degradation,
     current: Mapping[str, Degradation],
     has_fallback: bool,

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequen
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fusebox_contract.names import Variant
+from fusebox_contract.names import DegradationTier, Variant
 from fusebox_operator.actuator import ActionResult, RuntimeTarget
 from fusebox_operator.autoscaling import (
     Recommendation,
@@ -37,7 +37,7 @@ from fusebox_operator.node_pressure import NodePressure, node_condition, relieve
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.policy import admit_percent, decide
 from fusebox_operator.policy_state import DISRUPTIVE, Action, ActionKind, PolicyState
-from fusebox_operator.rollout import Degradation, PodReadiness, Rollout, pod_levels
+from fusebox_operator.rollout import Degradation, PodReadiness, Rollout, pod_degradations
 from fusebox_operator.spec import InferenceServiceSpec
 from fusebox_operator.status import (
     EventRecord,
@@ -119,14 +119,34 @@ def pod_degradation(
     spec: InferenceServiceSpec,
 ) -> Degradation:
     """Where a pod is: what we told this run of it, else the level it reports (or 0) with
-    the spec's tiers (a pod's report has no tiers; a restarted operator tells it again)."""
+    the tiers its reported variant implies (`reported_tiers`)."""
     told = applied.get(pod.instance)
     if told is not None:
         return told[2]
-    level = 0
-    if sample is not None and sample.ok and sample.degradation_level is not None:
-        level = sample.degradation_level
-    return Degradation(level, spec.degradation.tiers)
+    if sample is None or not sample.ok or sample.degradation_level is None:
+        return Degradation(0, spec.degradation.tiers)
+    return Degradation(sample.degradation_level, reported_tiers(spec, sample))
+
+
+def reported_tiers(spec: InferenceServiceSpec, sample: PodSample) -> tuple[DegradationTier, ...]:
+    """The spec's tiers, with fallback-model as the pod's variant shows it was told.
+
+    A pod's report has a level and a variant but no tiers. A restarted operator
+    that meets a pod serving otherwise than the spec's tiers say (they were
+    edited while it was down) takes it where it is, so the change is a swap
+    that waits for its turn, not one pushed to every pod at once.
+    """
+    tiers = spec.degradation.tiers
+    fallback = DegradationTier.FALLBACK_MODEL
+    if spec.fallback is None or sample.variant is None or sample.cannot_swap:
+        return tiers
+    if (sample.degradation_level or 0) < fallback.level:
+        return tiers
+    if sample.variant == Variant.FALLBACK and fallback not in tiers:
+        return (*tiers, fallback)
+    if sample.variant == Variant.PRIMARY and fallback in tiers:
+        return tuple(tier for tier in tiers if tier is not fallback)
+    return tiers
 
 
 def converging(
@@ -208,7 +228,7 @@ def runtime_targets(
     current = {pod.name: pod_degradation(pod, samples.get(pod.name), applied, spec) for pod in pods}
     desired = Degradation(state.level, spec.degradation.tiers)
     cannot_swap = unable_to_swap(samples, state)
-    told = pod_levels(desired, current, spec.fallback is not None, rollout, cannot_swap)
+    told = pod_degradations(desired, current, spec.fallback is not None, rollout, cannot_swap)
     admit = admit_percent(state, spec)
     return {pod.name: (state.breaker, admit, told[pod.name]) for pod in pods}
 

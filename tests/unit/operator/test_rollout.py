@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusebox_contract.names import DegradationTier, Variant
-from fusebox_operator.rollout import Degradation, PodReadiness, Rollout, pod_levels
+from fusebox_operator.rollout import Degradation, PodReadiness, Rollout, pod_degradations
 
 
 def rollout(ready: dict[str, bool], busy: frozenset[str] = frozenset()) -> Rollout:
@@ -46,8 +46,8 @@ def levels(
     gate: Rollout,
     without_fallback: frozenset[str] | set[str] = frozenset(),
 ) -> dict[str, int]:
-    """pod_levels with every tier listed, as levels."""
-    told = pod_levels(
+    """pod_degradations with every tier listed, as levels."""
+    told = pod_degradations(
         Degradation(desired),
         {pod: Degradation(level) for pod, level in current.items()},
         has_fallback,
@@ -78,7 +78,7 @@ def test_only_an_engaged_fallback_model_tier_serves_the_fallback() -> None:
     assert Degradation(1).variant(has_fallback=True) is Variant.PRIMARY
     # Without the tier, level 3 is no swap from level 1: every pod at once.
     ready = {"a": True, "b": True}
-    told = pod_levels(
+    told = pod_degradations(
         skips, dict.fromkeys(ready, Degradation(1, skips.tiers)), True, rollout(ready)
     )
     assert told == {"a": skips, "b": skips}
@@ -134,7 +134,7 @@ def test_property_at_most_one_pod_leaves_service_while_another_is_not_ready(
         gate = rollout(ready, busy)
         in_service = {pod for pod in PODS if ready[pod] and pod not in busy}
         told: list[str] = [pod for pod in restarts if gate.take(pod)]
-        pushed = pod_levels(Degradation(desired, tiers), current, has_fallback, gate)
+        pushed = pod_degradations(Degradation(desired, tiers), current, has_fallback, gate)
         for pod in PODS:
             if pushed[pod].variant(has_fallback) != current[pod].variant(has_fallback):
                 told.append(pod)

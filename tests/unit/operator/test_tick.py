@@ -192,6 +192,36 @@ def test_dropping_fallback_model_from_the_tiers_swaps_back_one_pod_at_a_time() -
     ]
 
 
+def test_a_restarted_operator_takes_pods_where_they_serve_after_a_tier_edit() -> None:
+    # The tiers lost fallback-model while the operator was down; both pods still
+    # serve the fallback at level 3. Nothing was told by this run of the operator.
+    state = PolicyState("svc", level=3)
+    pods = [pod("a"), pod("b")]
+    on_fallback = {p.name: report(p.name, 3, Variant.FALLBACK) for p in pods}
+    where = pod_degradation(pods[0], on_fallback["a"], {}, SKIPS_FALLBACK)
+    assert where.variant(has_fallback=True) is Variant.FALLBACK
+    gate = readiness(pods, on_fallback, state, {}, SKIPS_FALLBACK)
+    assert all(gate.in_service(p.name) for p in pods)  # where they are, not converging
+    told = runtime_targets(state, SKIPS_FALLBACK, pods, on_fallback, {}, gate)
+    # One swaps back to the primary now, the other keeps the fallback for its turn.
+    assert sorted(t[2].variant(has_fallback=True) for t in told.values()) == [
+        Variant.FALLBACK,
+        Variant.PRIMARY,
+    ]
+    # The reverse edit: fallback-model listed again, both pods still on the primary.
+    on_primary = {p.name: report(p.name, 3, Variant.PRIMARY) for p in pods}
+    gate = readiness(pods, on_primary, state, {}, WITH_FALLBACK)
+    told = runtime_targets(state, WITH_FALLBACK, pods, on_primary, {}, gate)
+    assert sorted(t[2].variant(has_fallback=True) for t in told.values()) == [
+        Variant.FALLBACK,
+        Variant.PRIMARY,
+    ]
+    # With the tiers as the spec says, the report changes nothing.
+    assert pod_degradation(pods[0], on_fallback["a"], {}, WITH_FALLBACK) == Degradation(
+        3, WITH_FALLBACK.degradation.tiers
+    )
+
+
 def test_a_terminating_pod_holds_every_swap() -> None:
     state = PolicyState("svc", level=2)
     pods = [pod("a"), pod("b"), pod("old", terminating=True)]
