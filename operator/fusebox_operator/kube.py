@@ -313,7 +313,13 @@ def _pod_view(pod: Any) -> PodView:
         unhealthy_gpus=_unhealthy_gpus(server),
         node=(pod.spec.node_name if pod.spec else None) or "",
         failing=_failing([s for s in (server, sidecar) if s is not None]),
+        grace_ends_at=_timestamp(pod.metadata.deletion_timestamp),
     )
+
+
+def _timestamp(moment: Any) -> float | None:
+    """A typed client's datetime as epoch seconds (None stays None)."""
+    return moment.timestamp() if moment is not None else None
 
 
 # The kubelet's waiting reasons that do not clear by waiting (ContainerCreating and

@@ -35,6 +35,9 @@ class PodView:
     # Why a container of the pod cannot run ("" when none is stuck): the kubelet's
     # waiting reason and message (CrashLoopBackOff, ImagePullBackOff, ...).
     failing: str = ""
+    # A terminating pod's deletionTimestamp: the kubelet kills it by then. A pod still
+    # there well after it is stuck (its node is gone), not leaving.
+    grace_ends_at: float | None = None
 
     @property
     def instance(self) -> str:

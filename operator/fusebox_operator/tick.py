@@ -51,6 +51,8 @@ from fusebox_operator.status import (
 from fusebox_operator.telemetry import scrapable
 
 Scrape = Callable[[Sequence[PodView]], Awaitable[list[PodSample]]]
+# How long past its grace period a terminating pod still counts as leaving.
+STUCK_TERMINATING_SECONDS = 30.0
 POD_DELETING = frozenset({ActionKind.RESTART, ActionKind.DRAIN})  # the pod is gone after these
 Clock = Callable[[], float]
 
@@ -244,6 +246,28 @@ def settable(pods: Sequence[PodView], samples: Mapping[str, PodSample]) -> list[
     ]
 
 
+def unplaced(pods: Sequence[PodView], now: float) -> dict[str, str]:
+    """Pods the scheduler cannot place, with its message, unless a pod is leaving.
+
+    A terminating pod keeps its CPU, memory and GPU until it is gone, so on a
+    full node the pod replacing it (a rollout, maxSurge 0) is Unschedulable
+    for a moment and then placed: that is a rollout at work, not a shortage
+    to warn about. Once no pod of the service is leaving, a pod the scheduler
+    still cannot place is one. A pod terminating for longer than its grace
+    period plus STUCK_TERMINATING_SECONDS is not leaving but stuck (its node is
+    gone), and holds nothing back.
+    """
+    if any(_leaving(pod, now) for pod in pods):
+        return {}
+    return {pod.name: pod.unschedulable for pod in pods if pod.unschedulable}
+
+
+def _leaving(pod: PodView, now: float) -> bool:
+    if not pod.terminating:
+        return False
+    return pod.grace_ends_at is None or now < pod.grace_ends_at + STUCK_TERMINATING_SECONDS
+
+
 def crash_looping(pod: PodView) -> bool:
     """The server is failing and not running (waiting out a back-off)."""
     return bool(pod.failing) and not pod.server_started
@@ -269,7 +293,7 @@ def autoscale(
     if spec.autoscaling is None:
         return None
     serving = [samples[p.name] for p in pods if p.ready and not p.terminating and p.name in samples]
-    pending = pending_for_gpu({p.name: p.unschedulable for p in pods if p.unschedulable})
+    pending = pending_for_gpu(unplaced(pods, now))
     current = current_replicas(spec, status)
     decision = decide_scale(spec.autoscaling, current, serving, pending, memory.scale_history, now)
     memory.scale_history = decision.history
@@ -367,7 +391,7 @@ async def run_tick(
         inputs.generation,
         written_at,
         desired_pods=scale.replicas if scale else None,
-        unschedulable={p.name: p.unschedulable for p in inputs.pods if p.unschedulable},
+        unschedulable=unplaced(inputs.pods, now),
         failing={p.name: p.failing for p in inputs.pods if p.failing and not p.terminating},
     )
     events += stuck_pod_events(inputs.status, new_status)

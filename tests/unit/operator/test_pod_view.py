@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from kubernetes.client import (
     V1ContainerState,
     V1ContainerStateRunning,
@@ -134,3 +136,14 @@ def test_a_server_that_just_exited_is_quoted_and_a_long_line_is_cut() -> None:
     ended = V1ContainerStateTerminated(exit_code=1, reason="Error", message="x" * 500)
     server.state = V1ContainerState(terminated=ended)
     assert _pod_view(pod_with(server)).failing == "server exited 1: Error: " + "x" * 160
+
+
+def test_a_terminating_pods_grace_ends_at_its_deletion_timestamp() -> None:
+    running = pod(sidecar_ready=True)
+    assert not _pod_view(running).terminating
+    assert _pod_view(running).grace_ends_at is None
+    deadline = dt.datetime(2027, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    running.metadata.deletion_timestamp = deadline
+    view = _pod_view(running)
+    assert view.terminating
+    assert view.grace_ends_at == deadline.timestamp()

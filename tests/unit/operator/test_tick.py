@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from fusebox_contract.names import BreakerState, Variant
-from fusebox_operator.actuator import RuntimeTarget
+from fusebox_contract.names import BreakerState, EventReason, Variant
+from fusebox_operator.actuator import ActionResult, RuntimeTarget
 from fusebox_operator.observations import PodSample, PodView
-from fusebox_operator.policy_state import PolicyState
+from fusebox_operator.policy_state import Action, PolicyState
 from fusebox_operator.rollout import Degradation
 from fusebox_operator.spec import InferenceServiceSpec, parse_spec
 from fusebox_operator.telemetry import scrapable
 from fusebox_operator.tick import (
+    TickInputs,
+    TickMemory,
+    TickOutcome,
     converging,
     pod_degradation,
     readiness,
+    run_tick,
     runtime_targets,
     service_swaps,
     settable,
     unable_to_swap,
+    unplaced,
 )
 
 T0 = 1_800_000_000.0
@@ -259,3 +266,57 @@ def test_a_crash_looping_pod_is_not_called_on_its_admin_api_though_its_sidecar_a
     # Between back-offs the server runs again and may answer: it is told its state.
     retrying = replace(pod("b", ready=False), failing="server restarted 1 time(s)")
     assert [p.name for p in settable([crashing, retrying], sidecar_answers)] == ["b"]
+
+
+CPU_SHORT = "0/1 nodes are available: 1 Insufficient cpu, 1 Insufficient nvidia.com/gpu."
+
+
+def unschedulable(name: str) -> PodView:
+    return replace(pod(name, ready=False), phase="Pending", unschedulable=CPU_SHORT)
+
+
+def test_a_replacement_waiting_for_a_terminating_pods_resources_is_not_unplaceable() -> None:
+    # A rollout on a full node: the old pod still holds its CPU and GPU.
+    leaving = replace(pod("old", terminating=True), grace_ends_at=T0 + 30)
+    assert unplaced([pod("a"), leaving, unschedulable("new")], T0) == {}
+    # Once the old pod is gone, a pod still unschedulable lacks room for good.
+    assert unplaced([pod("a"), unschedulable("new")], T0) == {"new": CPU_SHORT}
+
+
+def test_a_pod_stuck_terminating_past_its_grace_holds_nothing_back() -> None:
+    # Its node is gone: the kubelet will never confirm the deletion.
+    stuck = replace(pod("old", terminating=True), grace_ends_at=T0 - 31)
+    assert unplaced([stuck, unschedulable("new")], T0) == {"new": CPU_SHORT}
+    still_leaving = replace(stuck, grace_ends_at=T0 - 29)
+    assert unplaced([still_leaving, unschedulable("new")], T0) == {}
+
+
+class IdleActuator:
+    async def execute(
+        self, namespace: str, pod: PodView | None, token: str, action: Action
+    ) -> ActionResult:
+        raise AssertionError(f"no action expected, got {action}")
+
+    async def reconcile_runtime(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def tick_with(pods: list[PodView], status: dict[str, Any]) -> TickOutcome:
+    async def scrape(targets: Sequence[PodView]) -> list[PodSample]:
+        return [report(p.name, 0, Variant.PRIMARY, stats_age_seconds=1.0) for p in targets]
+
+    inputs = TickInputs("ns", "svc", NO_FALLBACK, status, pods, "token", 1)
+    return asyncio.run(run_tick(inputs, TickMemory(), scrape, IdleActuator(), lambda: T0))
+
+
+def test_a_rollout_on_a_full_node_posts_no_unschedulable_warning_but_a_shortage_does() -> None:
+    leaving = replace(pod("old", terminating=True), grace_ends_at=T0 + 30)
+    rolling = tick_with([pod("a"), leaving, unschedulable("new")], {})
+    ready = next(c for c in rolling.status_patch["conditions"] if c["type"] == "Ready")
+    assert (ready["reason"], ready["message"]) == ("PodsNotReady", "1/2 pods ready")
+    assert EventReason.PODS_UNSCHEDULABLE not in [e.reason for e in rolling.events]
+
+    short = tick_with([pod("a"), unschedulable("new")], rolling.status_patch)
+    ready = next(c for c in short.status_patch["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == EventReason.PODS_UNSCHEDULABLE
+    assert [e.reason for e in short.events].count(EventReason.PODS_UNSCHEDULABLE) == 1
