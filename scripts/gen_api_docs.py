@@ -124,7 +124,8 @@ def edit_examples() -> Iterator[tuple[str, str]]:
         for key in parents:
             node = node.setdefault(key, {})
         node[leaf] = value
-        message = edit_message(base, render(parse_spec(raw)), render, 2)
+        edited = parse_spec(raw)
+        message = edit_message(base, edited, render(edited), render, 2)
         assert message is not None, path
         yield f"{path}: {json.dumps(value, ensure_ascii=False)}", message.replace("|", "\\|")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from typing import Final
 
 
@@ -84,3 +85,35 @@ PART_OF_VALUE: Final = "fusebox"
 # the DeviceClass of the same name that selects its devices.
 GPU_DRA_DRIVER: Final = "gpu.nvidia.com"
 GPU_DEVICE_CLASS: Final = "gpu.nvidia.com"
+
+
+# ----- stopping a pod: preStop sleep, close notice, drain, all inside the grace period -----
+
+PRE_STOP_SLEEP_SECONDS: Final = 5
+"""The server container's preStop sleep: it keeps accepting while its endpoint leaves the
+Service everywhere (kube-proxy, ingress), so no new connection reaches a closing server."""
+CLOSE_NOTICE_SECONDS: Final = 2
+"""After SIGTERM the server serves on this long, every response with `Connection: close`,
+so clients leave their keep-alive connections between requests rather than find them
+closed under a request just sent; then it stops accepting."""
+DRAIN_MARGIN_SECONDS: Final = 2
+"""Past the request timeout, for the last answers' bytes to go out."""
+STOP_MARGIN_SECONDS: Final = 6
+"""Past the drain, for the threads to stop and the process to exit before SIGKILL."""
+
+
+def drain_seconds(request_timeout_seconds: float) -> int:
+    """How long a server told to stop (SIGTERM) waits for requests under way: the
+    longest may have just started, and the request timeout is its deadline."""
+    return math.ceil(request_timeout_seconds) + DRAIN_MARGIN_SECONDS
+
+
+def termination_grace_seconds(request_timeout_seconds: float) -> int:
+    """The pod's terminationGracePeriodSeconds: the preStop sleep, the close notice, the
+    drain, the exit."""
+    return (
+        PRE_STOP_SLEEP_SECONDS
+        + CLOSE_NOTICE_SECONDS
+        + drain_seconds(request_timeout_seconds)
+        + STOP_MARGIN_SECONDS
+    )

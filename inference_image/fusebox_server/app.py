@@ -442,4 +442,4 @@ def build_api_app(runtime: Runtime) -> ASGIApp:
         ],
         exception_handlers=dict(EXCEPTION_HANDLERS),
     )
-    return VariantHeader(app, lambda: runtime.variant.value)
+    return VariantHeader(app, lambda: runtime.variant.value, lambda: runtime.stopping)

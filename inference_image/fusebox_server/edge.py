@@ -10,7 +10,9 @@ traceback. `CountRequests` gives
 each generation request its `RequestRecord` and settles it exactly once
 when the response is over, whatever ended it. `VariantHeader` stamps every
 response with the variant that served it, so a test (or a person with curl)
-can tell which variant answered.
+can tell which variant answered; while the server is stopping it also says
+`Connection: close`, so a client leaves its keep-alive connection after this
+answer instead of sending the next request down a connection about to close.
 """
 
 from __future__ import annotations
@@ -223,11 +225,15 @@ class CountRequests:
 
 
 class VariantHeader:
-    """Add `X-Fusebox-Variant: <variant now serving>` to any response that lacks one."""
+    """Add `X-Fusebox-Variant: <variant now serving>` to any response that lacks one, and
+    `Connection: close` to every response while `stopping()`."""
 
-    def __init__(self, app: ASGIApp, current: Callable[[], str]):
+    def __init__(
+        self, app: ASGIApp, current: Callable[[], str], stopping: Callable[[], bool] = lambda: False
+    ):
         self.app = app
         self.current = current
+        self.stopping = stopping
         self._name = VARIANT_HEADER.lower().encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -240,6 +246,9 @@ class VariantHeader:
                 headers = list(message.get("headers", []))
                 if not any(name.lower() == self._name for name, _ in headers):
                     headers.append((self._name, self.current().encode()))
+                if self.stopping():
+                    headers = [(n, v) for n, v in headers if n.lower() != b"connection"]
+                    headers.append((b"connection", b"close"))
                 message = {**message, "headers": headers}
             await send(message)
 

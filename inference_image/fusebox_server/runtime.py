@@ -160,6 +160,7 @@ class Runtime:
         self._degraded_to_fallback = False
         self.memory_guard_active = False
         self.loop_heartbeat = time.time()
+        self.stopping = False  # told to stop (SIGTERM): answers say Connection: close
         self.started_at = time.time()
         self.nvml = memory.Nvml()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -193,7 +194,7 @@ class Runtime:
 
     @property
     def ready(self) -> bool:
-        return self.variants.ready and self.model_loaded
+        return self.variants.ready and self.model_loaded and not self.stopping
 
     @property
     def fallback_configured(self) -> bool:

@@ -3,8 +3,12 @@
 Why one process: the admin port must act on the very model and queues the
 API port serves (unload, swap, breaker), so both share one Runtime. uvicorn's
 own signal capture assumes one server per process; here SIGTERM/SIGINT stop
-both servers, which drain open connections for a few seconds, then the
-threads stop.
+both servers: for CLOSE_NOTICE_SECONDS every answer says `Connection: close`
+(clients leave their keep-alive connections between requests), then they
+stop accepting and let every request under way finish (up to the request
+timeout, which bounds each one anyway), then the threads stop. The pod's
+preStop sleep keeps the server accepting while its endpoint leaves the
+Service, so no new connection reaches a closing server.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import structlog
 import uvicorn
 
 from fusebox_contract.names import Fault
-from fusebox_contract.wiring import FAULTS_ENV
+from fusebox_contract.wiring import CLOSE_NOTICE_SECONDS, FAULTS_ENV, drain_seconds
 from fusebox_server.admin import build_admin_app, read_token, wedge_event_loop_soon
 from fusebox_server.app import build_api_app
 from fusebox_server.config import ConfigError, ServerConfig, parse_command_line
@@ -33,8 +37,6 @@ from fusebox_server.stats import StatsThread
 
 log = structlog.get_logger("fusebox_server")
 
-GRACEFUL_SHUTDOWN_SECONDS = 5
-
 
 class _Server(uvicorn.Server):
     """A uvicorn server that leaves signal handling to us."""
@@ -44,7 +46,7 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _uvicorn_server(app: object, host: str, port: int) -> _Server:
+def _uvicorn_server(app: object, host: str, port: int, drain: int) -> _Server:
     config = uvicorn.Config(
         app,  # type: ignore[arg-type]
         host=host,
@@ -53,7 +55,7 @@ def _uvicorn_server(app: object, host: str, port: int) -> _Server:
         access_log=False,
         lifespan="off",
         server_header=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        timeout_graceful_shutdown=drain,
     )
     return _Server(config)
 
@@ -64,9 +66,12 @@ async def serve(config: ServerConfig, faults: Faults, admin_token: str | None) -
     runtime.start(loop)
     stats = StatsThread(config.stats_file, runtime.stats_document, runtime.check_memory_guard)
     stats.start()
+    drain = drain_seconds(config.request_timeout_seconds)
     servers = [
-        _uvicorn_server(build_api_app(runtime), config.host, config.port),
-        _uvicorn_server(build_admin_app(runtime, admin_token), config.host, config.admin_port),
+        _uvicorn_server(build_api_app(runtime), config.host, config.port, drain),
+        _uvicorn_server(
+            build_admin_app(runtime, admin_token), config.host, config.admin_port, drain
+        ),
     ]
     exit_code = 0
 
@@ -74,8 +79,24 @@ async def serve(config: ServerConfig, faults: Faults, admin_token: str | None) -
         for server in servers:
             server.should_exit = True
 
+    def on_signal(number: int) -> None:
+        if runtime.stopping:
+            # A second signal: stop at once, without waiting for the requests under way.
+            shut_down()
+            for server in servers:
+                server.force_exit = True
+            return
+        runtime.stopping = True
+        log.info(
+            "shutting_down",
+            signal=signal.Signals(number).name,
+            close_notice_seconds=CLOSE_NOTICE_SECONDS,
+            drain_seconds=drain,
+        )
+        loop.call_later(CLOSE_NOTICE_SECONDS, shut_down)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, shut_down)
+        loop.add_signal_handler(sig, on_signal, sig)
 
     async def load_primary() -> None:
         nonlocal exit_code

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fusebox_operator.manifests import Manifest
@@ -36,6 +36,8 @@ class EditEffect:
     live_files: tuple[str, ...] = ()  # ConfigMap keys: the running servers reread them
     replicas: tuple[int | None, int | None] | None = None  # (before, after) when it changed
     other_children: tuple[str, ...] = ()  # Service, PDB, NetworkPolicy, claim template
+    # spec.replicas edited while spec.autoscaling owns the count: (the edit, the count kept)
+    replicas_not_applied: tuple[int, int] | None = None
 
     def message(self, generation: int) -> str:
         parts = []
@@ -56,6 +58,12 @@ class EditEffect:
             parts.append(f"replicas {before} -> {after}")
         if self.other_children:
             parts.append(f"updates the {', '.join(self.other_children)}")
+        if self.replicas_not_applied is not None:
+            asked, kept = self.replicas_not_applied
+            parts.append(
+                f"spec.replicas {asked} not applied: spec.autoscaling owns the count "
+                f"(now {kept}); replicas sets only where a new service starts"
+            )
         if not parts:
             parts.append("changes only the operator's own decisions, no pod or child changes")
         return f"generation {generation}: " + "; ".join(parts)
@@ -140,14 +148,30 @@ def edit_effect(before: Sequence[Manifest], after: Sequence[Manifest]) -> EditEf
 
 def edit_message(
     old_spec: Mapping[str, Any],
+    new_spec: InferenceServiceSpec,
     new_children: Sequence[Manifest],
     render: Callable[[InferenceServiceSpec], Sequence[Manifest]],
     generation: int,
 ) -> str | None:
     """The SpecApplied message for an edit from `old_spec`; None when the old spec was invalid
-    (then nothing was running from it to compare with)."""
+    (then nothing was running from it to compare with).
+
+    `kubectl scale` on an autoscaled service edits spec.replicas, which the
+    autoscaler's count overrides: the message says so rather than nothing.
+    """
     try:
-        old_children = render(parse_spec(old_spec))
+        old_parsed = parse_spec(old_spec)
+        old_children = render(old_parsed)
     except SpecError:
         return None
-    return edit_effect(old_children, new_children).message(generation)
+    effect = edit_effect(old_children, new_children)
+    if new_spec.autoscaling is not None and new_spec.replicas != old_parsed.replicas:
+        kept = _deployment_replicas(new_children)
+        if kept is not None:
+            effect = replace(effect, replicas_not_applied=(new_spec.replicas, kept))
+    return effect.message(generation)
+
+
+def _deployment_replicas(children: Sequence[Manifest]) -> int | None:
+    count = ((_by_kind(children).get("Deployment") or {}).get("spec") or {}).get("replicas")
+    return int(count) if count is not None else None

@@ -138,7 +138,11 @@ async def reconcile(
         )
 
     secret, *children = rendered = render(parsed)
-    edited = edit_message(old, rendered, render, generation) if isinstance(old, Mapping) else None
+    edited = (
+        edit_message(old, parsed, rendered, render, generation)
+        if isinstance(old, Mapping)
+        else None
+    )
     kopf.adopt([secret, *children], owner=body)
     try:
         await kube.create_secret_once(secret)  # the token is never logged nor regenerated
@@ -189,6 +193,7 @@ async def reconcile(
         )
     patch.status["conditions"] = conditions
     patch.status["memory"] = memory
+    patch.status["selector"] = manifests.selector_text(name)
     patch.status["observedGeneration"] = generation
 
 

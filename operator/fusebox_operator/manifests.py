@@ -23,12 +23,14 @@ from fusebox_contract.wiring import (
     ADMIN_TOKEN_KEY,
     CONFIG_DIR,
     MODELS_ROOT,
+    PRE_STOP_SLEEP_SECONDS,
     RUNTIME_DIR,
     STATS_FILE,
     ConfigFile,
     HttpPath,
     Port,
     QualityKey,
+    termination_grace_seconds,
 )
 from fusebox_operator import claims
 from fusebox_operator.settings import OperatorSettings
@@ -75,6 +77,11 @@ def ephemeral_storage(size_bytes: int) -> dict[str, str]:
 
 def selector_labels(name: str) -> dict[str, str]:
     return {SERVICE_LABEL: name}
+
+
+def selector_text(name: str) -> str:
+    """The server pods' selector as a label-selector string (the scale subresource's)."""
+    return ",".join(f"{key}={value}" for key, value in selector_labels(name).items())
 
 
 def common_labels(name: str) -> dict[str, str]:
@@ -279,6 +286,9 @@ def _server_container(
             "timeoutSeconds": 2,
             "failureThreshold": 2,
         },
+        # Serve on while the endpoint leaves the Service: a scale-down or a rollout
+        # then refuses no new connection (SIGTERM closes the listener).
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SLEEP_SECONDS}}},
         "resources": resources,
         "securityContext": _restricted_container_security(),
         "volumeMounts": mounts,
@@ -376,7 +386,10 @@ def build_pod_template(
         "shareProcessNamespace": True,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": spec.server.request_timeout_seconds + 10,
+        # The preStop sleep, then the server drains what is under way (its request timeout).
+        "terminationGracePeriodSeconds": termination_grace_seconds(
+            spec.server.request_timeout_seconds
+        ),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": NONROOT_UID,

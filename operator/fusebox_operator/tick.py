@@ -32,7 +32,7 @@ from fusebox_operator.autoscaling import (
     pending_for_gpu,
 )
 from fusebox_operator.gpu_health import drain_actions, gpu_condition
-from fusebox_operator.kube import ready_count
+from fusebox_operator.kube import current_count, ready_count
 from fusebox_operator.node_pressure import NodePressure, node_condition, relieve_nodes
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.policy import admit_percent, decide
@@ -395,6 +395,7 @@ async def run_tick(
         failing={p.name: p.failing for p in inputs.pods if p.failing and not p.terminating},
     )
     events += stuck_pod_events(inputs.status, new_status)
+    new_status["replicas"] = current_count(inputs.pods)  # the scale subresource's
     if spec.gpu.count > 0:
         new_status["conditions"] = gpu_condition(
             new_status.get("conditions") or [], inputs.pods, inputs.generation, written_at

@@ -95,7 +95,16 @@ def test_names_scope_and_subresources() -> None:
         ["fusebox"],
     )
     version = CRD["spec"]["versions"][0]
-    assert CRD["spec"]["scope"] == "Namespaced" and version["subresources"] == {"status": {}}
+    assert CRD["spec"]["scope"] == "Namespaced"
+    # kubectl scale, an HPA or KEDA: the replicas the operator applies, the pods it counts.
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
     columns = [c["name"].upper() for c in version["additionalPrinterColumns"]]
     assert columns == [
         "READY", "BREAKER", "TIER", "VARIANT", "GPU-MEM", "RSS", "OOM-IN", "REPLICAS", "AGE"

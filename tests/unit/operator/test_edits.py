@@ -42,7 +42,8 @@ def edited(path: str, value: Any) -> dict[str, Any]:
 
 
 def message_for(path: str, value: Any) -> str:
-    message = edit_message(BASE, render(parse_spec(edited(path, value))), render, 7)
+    new = parse_spec(edited(path, value))
+    message = edit_message(BASE, new, render(new), render, 7)
     assert message is not None
     return message
 
@@ -103,6 +104,23 @@ def test_a_replica_edit_says_the_count_and_rolls_nothing() -> None:
     assert message_for("replicas", 3) == "generation 7: replicas 1 -> 3"
 
 
+def test_a_replica_edit_on_an_autoscaled_service_says_the_autoscaler_keeps_its_count() -> None:
+    autoscaled = {**BASE, "replicas": 2, "autoscaling": {"minReplicas": 1, "maxReplicas": 4}}
+
+    def render_at(count: int) -> Any:
+        # The autoscaler's count, as reconcile passes it from status.
+        return lambda spec: build_children(
+            spec, "svc", "ns", size_memory(spec, [24576]), OperatorSettings(), "t", replicas=count
+        )
+
+    scaled = parse_spec({**autoscaled, "replicas": 4})
+    message = edit_message(autoscaled, scaled, render_at(3)(scaled), render_at(3), 5)
+    assert message == (
+        "generation 5: spec.replicas 4 not applied: spec.autoscaling owns the count (now 3);"
+        " replicas sets only where a new service starts"
+    )
+
+
 def test_a_long_list_of_template_changes_is_cut_with_a_count() -> None:
     raw = edited("server.env", [{"name": f"VAR_{i}", "value": "1"} for i in range(6)])
     effect = edit_effect(render(parse_spec(BASE)), render(parse_spec(raw)))
@@ -114,7 +132,8 @@ def test_a_long_list_of_template_changes_is_cut_with_a_count() -> None:
 
 def test_an_edit_from_an_invalid_spec_has_nothing_to_compare_with() -> None:
     invalid = edited("memory.limit", "1Mi")  # below VRAM: the operator refuses it
-    assert edit_message(invalid, render(parse_spec(BASE)), render, 3) is None
+    base = parse_spec(BASE)
+    assert edit_message(invalid, base, render(base), render, 3) is None
 
 
 def test_named_list_entries_are_matched_by_name_not_position() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from fusebox_contract.settings import RESERVED_ENV_NAMES, SERVER_SETTINGS, body_limit_bytes
+from fusebox_contract.wiring import drain_seconds
 from fusebox_operator.manifests import (
     build_admin_secret,
     build_children,
@@ -194,6 +195,23 @@ def test_liveness_lets_the_operator_restart_a_wedged_pod_first(
     earliest_restart = (probe["failureThreshold"] - 1) * probe["periodSeconds"]
     assert earliest_restart >= restart_after_at_least
     assert earliest_restart < restart_after_at_least + 2 * probe["periodSeconds"]
+
+
+@pytest.mark.parametrize("timeout", [1, 60, 3600])
+def test_a_stopping_pod_serves_through_its_endpoint_removal_then_drains_its_requests(
+    timeout: int,
+) -> None:
+    raw = {
+        "model": {"name": "c", "source": "pvc://m"},
+        "server": {"requestTimeoutSeconds": timeout},
+    }
+    pod = pod_of(raw)["spec"]
+    server = pod["containers"][0]
+    sleep = server["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert sleep >= 5  # kube-proxy and ingresses drop the endpoint within seconds
+    # The kubelet's SIGKILL comes only after the sleep and the server's whole drain,
+    # which waits out a request started just before SIGTERM.
+    assert pod["terminationGracePeriodSeconds"] > sleep + drain_seconds(timeout) >= sleep + timeout
 
 
 def test_build_children_is_every_child_with_the_secret_first() -> None:

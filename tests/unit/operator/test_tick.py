@@ -320,3 +320,14 @@ def test_a_rollout_on_a_full_node_posts_no_unschedulable_warning_but_a_shortage_
     ready = next(c for c in short.status_patch["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == EventReason.PODS_UNSCHEDULABLE
     assert [e.reason for e in short.events].count(EventReason.PODS_UNSCHEDULABLE) == 1
+
+
+def test_status_replicas_counts_the_pods_that_exist_ready_or_not_but_not_leaving() -> None:
+    pods = [
+        pod("a"),
+        pod("starting", ready=False),
+        unschedulable("pending"),
+        replace(pod("old", terminating=True), grace_ends_at=T0 + 30),
+        replace(pod("evicted", ready=False), phase="Failed"),
+    ]
+    assert tick_with(pods, {}).status_patch["replicas"] == 3
