@@ -23,6 +23,7 @@ TOKENS = 24
 SLOW_MS = 400  # per token: about 10 s, well past any fixed few-second drain
 # The tiny model's greedy answer to this runs to max_tokens (deterministic weights).
 PROMPT = [{"role": "user", "content": "Write a short poem about the sea at night."}]
+BODY = {"model": MODEL_NAME, "messages": PROMPT, "max_tokens": TOKENS, "temperature": 0}
 
 
 def slow_server(start_server: Any) -> ServerProcess:
@@ -41,22 +42,16 @@ def test_requests_under_way_at_sigterm_finish_whole_then_the_server_exits_0(
     start_server: Any,
 ) -> None:
     server = slow_server(start_server)
-    body = {
-        "model": MODEL_NAME,
-        "messages": PROMPT,
-        "max_tokens": TOKENS,
-        "temperature": 0,
-    }
     answers: dict[str, Any] = {}
 
     def plain() -> None:
         with httpx.Client(base_url=server.url, timeout=90) as client:
-            answers["plain"] = client.post("/v1/chat/completions", json=body)
+            answers["plain"] = client.post("/v1/chat/completions", json=BODY)
 
     def streamed() -> None:
         chunks = []
         with httpx.Client(base_url=server.url, timeout=90) as client:
-            with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+            with client.stream("POST", "/v1/chat/completions", json={**BODY, "stream": True}) as r:
                 answers["stream_status"] = r.status_code
                 chunks = [line for line in r.iter_lines() if line.startswith("data: ")]
         answers["stream"] = chunks
@@ -86,18 +81,12 @@ def test_requests_under_way_at_sigterm_finish_whole_then_the_server_exits_0(
 
 def test_a_second_signal_stops_waiting_for_the_requests_under_way(start_server: Any) -> None:
     server = slow_server(start_server)
-    body = {
-        "model": MODEL_NAME,
-        "messages": PROMPT,
-        "max_tokens": TOKENS,
-        "temperature": 0,
-    }
     outcomes: list[str] = []
 
     def ask() -> None:
         try:
             with httpx.Client(base_url=server.url, timeout=90) as client:
-                outcomes.append(str(client.post("/v1/chat/completions", json=body).status_code))
+                outcomes.append(str(client.post("/v1/chat/completions", json=BODY).status_code))
         except httpx.HTTPError as error:
             outcomes.append(type(error).__name__)
 
