@@ -62,11 +62,6 @@ def steady_load(service: Service, clients: int) -> Iterator[list[int]]:
             thread.join(timeout=90)
 
 
-def deployment_replicas(service: Service) -> int:
-    out = service.kubectl("get", "deployment", service.name, "-o", "jsonpath={.spec.replicas}")
-    return int(out.stdout.strip() or 0)
-
-
 def scaling_messages(service: Service, reason: EventReason) -> list[str]:
     return [str(e["message"]) for e in service.events() if e["reason"] == reason]
 
@@ -78,10 +73,10 @@ def test_load_scales_up_and_idle_scales_back_down_each_change_an_event(
     wait_for(
         "one ready pod", lambda: len(service.ready_pods()) == 1, diagnose=service.diagnose_pods
     )
-    assert deployment_replicas(service) == 1
+    assert service.deployment_replicas() == 1
 
     with steady_load(service, clients=4) as statuses:
-        wait_for("a second replica", lambda: deployment_replicas(service) == 2, timeout=120)
+        wait_for("a second replica", lambda: service.deployment_replicas() == 2, timeout=120)
         wait_for(
             "two ready pods",
             lambda: len(service.ready_pods()) == 2,
@@ -96,7 +91,7 @@ def test_load_scales_up_and_idle_scales_back_down_each_change_an_event(
     assert "1 -> 2 replicas" in up and "inFlight" in up, up
 
     # Idle: the count comes down only after the 20 s window, and says so.
-    wait_for("back to one replica", lambda: deployment_replicas(service) == 1, timeout=180)
+    wait_for("back to one replica", lambda: service.deployment_replicas() == 1, timeout=180)
     (down,) = scaling_messages(service, EventReason.SCALED_DOWN)
     assert "2 -> 1 replicas" in down, down
     assert service.status()["autoscaling"]["replicas"] == 1
@@ -155,6 +150,6 @@ def test_pods_pending_for_gpus_hold_scale_up_with_a_condition_and_an_event(
             lambda: scaling_messages(service, EventReason.SCALE_UP_BLOCKED) or None,
             timeout=60,
         )
-        assert deployment_replicas(service) == free + 1  # held: no further pod asked for
+        assert service.deployment_replicas() == free + 1  # held: no further pod asked for
     assert len(blocked) == 1, blocked  # once when the hold starts, not every tick
     assert EventReason.SCALED_UP not in service.event_reasons()
