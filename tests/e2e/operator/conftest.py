@@ -104,11 +104,6 @@ class OperatorRelease:
     def selector(self) -> str:
         return f"app.kubernetes.io/name=fusebox-operator,app.kubernetes.io/instance={self.release}"
 
-    def deployment_replicas(self) -> int:
-        """The replicas the operator set on the service's Deployment."""
-        out = self.kubectl("get", "deployment", self.name, "-o", "jsonpath={.spec.replicas}")
-        return int(out.stdout.strip() or 0)
-
     def pods(self) -> list[dict[str, Any]]:
         out = self.cluster.kubectl(
             "-n", self.namespace, "get", "pods", "-l", self.selector, "-o", "json"
@@ -282,6 +277,11 @@ class Service:
 
     def event_reasons(self) -> list[str]:
         return [e["reason"] for e in self.events()]
+
+    def deployment_replicas(self) -> int:
+        """The replicas the operator set on the service's Deployment."""
+        out = self.kubectl("get", "deployment", self.name, "-o", "jsonpath={.spec.replicas}")
+        return int(out.stdout.strip() or 0)
 
     def pods(self) -> list[dict[str, Any]]:
         out = self.kubectl(
