@@ -195,3 +195,4 @@ class EventReason(enum.StrEnum):
     NODE_MEMORY_PRESSURE = "NodeMemoryPressure"  # a node fell below the available floor
     NODE_MEMORY_RECOVERED = "NodeMemoryRecovered"  # and came back above it
     SPEC_APPLIED = "SpecApplied"  # an edit's children applied: what it does to the pods
+    CHILD_RESTORED = "ChildRestored"  # a child deleted or edited outside Fusebox, put back

@@ -8,6 +8,7 @@ kopf's `patch`, and kopf sends one patch per handler run.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import secrets
@@ -21,11 +22,12 @@ import kopf
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator import manifests
 from fusebox_operator.actuator import Actuator
+from fusebox_operator.drift import Applied, restored_message, secret_restored_message
 from fusebox_operator.edits import edit_message
 from fusebox_operator.kube import Kube, KubeError, load_config
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.settings import OperatorSettings
-from fusebox_operator.sizing import size_memory
+from fusebox_operator.sizing import recorded_sizing, size_memory
 from fusebox_operator.spec import InferenceServiceSpec, SpecError, parse_spec
 from fusebox_operator.status import iso, set_condition
 from fusebox_operator.telemetry import scrape_all
@@ -137,17 +139,16 @@ async def reconcile(
             replicas=current_replicas(of, status),
         )
 
-    secret, *children = rendered = render(parsed)
+    rendered = render(parsed)
     edited = (
         edit_message(old, parsed, rendered, render, generation)
         if isinstance(old, Mapping)
         else None
     )
-    kopf.adopt([secret, *children], owner=body)
     try:
-        await kube.create_secret_once(secret)  # the token is never logged nor regenerated
-        for child in children:
-            await kube.apply(child)
+        async with _children_lock(memo):
+            await _apply_children(kube, body, rendered)
+            memo.applied_generation = generation
     except KubeError as error:
         raise kopf.TemporaryError(str(error), delay=10) from error
     if edited is not None:
@@ -197,6 +198,67 @@ async def reconcile(
     patch.status["observedGeneration"] = generation
 
 
+def _children_lock(memo: Any) -> asyncio.Lock:
+    """One writer of a service's children at a time: the reconcile or the resync."""
+    lock: asyncio.Lock = memo.setdefault("children_lock", asyncio.Lock())
+    return lock
+
+
+async def _apply_children(
+    kube: Kube, body: kopf.Body, rendered: Sequence[manifests.Manifest], scale: bool = True
+) -> tuple[bool, list[Applied]]:
+    """Adopt and apply the children, the admin Secret first: (Secret created, each apply)."""
+    secret, *children = rendered
+    kopf.adopt([secret, *children], owner=body)
+    created = await kube.create_secret_once(secret)  # the token is never logged nor regenerated
+    return created, [await kube.apply(child, scale=scale) for child in children]
+
+
+async def _resync(
+    body: kopf.Body,
+    spec: InferenceServiceSpec,
+    status: Mapping[str, Any],
+    meta: kopf.Meta,
+    memo: Any,
+) -> None:
+    """Put back a child deleted or edited outside Fusebox, with a Warning naming it.
+
+    It renders what the last reconcile applied (the sizing it recorded in
+    status.memory) and writes only what drifted, so an untouched service costs
+    reads and posts nothing. An autoscaled Deployment keeps its count: the
+    autoscaler owns it.
+    """
+    name, namespace = str(meta["name"]), str(meta["namespace"])
+    sizing = recorded_sizing(status.get("memory") or {})
+    known_token = memo.get("admin_token")
+    async with _children_lock(memo):
+        # Only children this process applied for this very generation: a newer
+        # spec (or one a reconcile still retries) is the reconcile's to apply.
+        if sizing is None or memo.get("applied_generation") != meta.get("generation"):
+            return
+        rendered = manifests.build_children(
+            spec,
+            name,
+            namespace,
+            sizing,
+            memo.settings,
+            known_token or secrets.token_urlsafe(32),
+            replicas=current_replicas(spec, status),
+        )
+        try:
+            secret_created, applied = await _apply_children(
+                memo.kube, body, rendered, scale=spec.autoscaling is None
+            )
+        except KubeError as error:
+            log.warning("%s/%s: resync: %s", namespace, name, error)
+            return
+    messages = [restored_message(a, name) for a in applied if a.wrote]
+    if secret_created:
+        messages.insert(0, secret_restored_message(rendered[0], name, known_token is not None))
+    for message in messages:
+        kopf.event(body, type="Warning", reason=EventReason.CHILD_RESTORED, message=message)
+
+
 def _service_id(uid: str) -> str:
     return uid.replace("-", "")[:8]
 
@@ -238,6 +300,9 @@ async def telemetry(
     )
     if invalid or "memory" not in status:
         return
+    if now >= memo.setdefault("next_resync_at", now + memo.settings.resync_seconds):
+        memo.next_resync_at = now + memo.settings.resync_seconds
+        await _resync(body, parsed, status, meta, memo)
     kube: Kube = memo.kube
     try:
         pods = await kube.list_pods(namespace, manifests.selector_labels(name))

@@ -1,9 +1,10 @@
 """The only module that talks to the Kubernetes API (besides kopf itself).
 
 Why: keeping every API call here gives one place for timeouts, error
-classification and the create-or-update rules (the Deployment is replaced
-only when its pod template hash moves; the admin Secret is created once and
-never rewritten). The official client is synchronous, so every call runs in
+classification and the create-or-update rules (a child is written only when
+it no longer carries what was rendered, drift.differences; the Deployment is
+replaced, never merge-patched; the admin Secret is created once and never
+rewritten). The official client is synchronous, so every call runs in
 a worker thread and the kopf event loop never blocks on the network.
 """
 
@@ -20,6 +21,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
 
 from fusebox_contract.wiring import ADMIN_TOKEN_KEY, GPU_RESOURCE, DeviceHealth
+from fusebox_operator.drift import Applied, differences
 from fusebox_operator.manifests import (
     SERVER_CONTAINER,
     SIDECAR_CONTAINER,
@@ -50,6 +52,16 @@ async def _run(function: Callable[[], T]) -> T:
     return await asyncio.to_thread(function)
 
 
+def _drift(manifest: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """The manifest's fields the object no longer carries (drift.differences)."""
+    wanted = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
+    return differences(wanted, current)
+
+
+def _without_replicas(spec: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in spec.items() if k != "replicas"}
+
+
 class Kube:
     def __init__(self) -> None:
         self.api_client = kubernetes.client.ApiClient()
@@ -78,23 +90,33 @@ class Kube:
     def _resource(self, manifest: Mapping[str, Any]) -> Any:
         return self.dynamic.resources.get(api_version=manifest["apiVersion"], kind=manifest["kind"])
 
-    async def apply(self, manifest: dict[str, Any]) -> str:
-        """Create the object, or bring it to the manifest; returns created|updated|unchanged."""
+    async def apply(self, manifest: dict[str, Any], scale: bool = True) -> Applied:
+        """Create the object, or bring it to the manifest when it differs; writes only then.
+
+        With `scale` False a Deployment keeps the replicas it has (the autoscaler's).
+        """
         resource = self._resource(manifest)
         name = manifest["metadata"]["name"]
         namespace = manifest["metadata"]["namespace"]
 
-        def call() -> str:
+        def call() -> Applied:
             try:
                 current = resource.get(name=name, namespace=namespace).to_dict()
             except NotFoundError:
                 try:
                     resource.create(body=manifest, namespace=namespace)
                 except ConflictError:
-                    return "unchanged"  # created concurrently; the next reconcile compares
-                return "created"
+                    return Applied(manifest, "unchanged")  # created concurrently
+                return Applied(manifest, "created")
             if manifest["kind"] == "Deployment":
+                if not scale:
+                    replicas = current["spec"].get("replicas", manifest["spec"]["replicas"])
+                    kept = {**manifest, "spec": {**manifest["spec"], "replicas": replicas}}
+                    return self._update_deployment(resource, current, kept)
                 return self._update_deployment(resource, current, manifest)
+            drifted = _drift(manifest, current)
+            if not drifted:
+                return Applied(manifest, "unchanged")
             body = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
             resource.patch(
                 body=body,
@@ -102,7 +124,7 @@ class Kube:
                 namespace=namespace,
                 content_type="application/merge-patch+json",
             )
-            return "updated"
+            return Applied(manifest, "updated", drifted)
 
         try:
             return await _run(call)
@@ -110,11 +132,18 @@ class Kube:
             raise KubeError(f"{manifest['kind']} {namespace}/{name}: {error.reason}") from error
 
     @staticmethod
-    def _update_deployment(resource: Any, current: dict[str, Any], manifest: dict[str, Any]) -> str:
+    def _update_deployment(
+        resource: Any, current: dict[str, Any], manifest: dict[str, Any]
+    ) -> Applied:
         meta = manifest["metadata"]
         wanted_hash = meta["annotations"][TEMPLATE_HASH_ANNOTATION]
         current_hash = (current["metadata"].get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION)
-        if current_hash != wanted_hash:
+        drifted = (
+            ["metadata.annotations." + TEMPLATE_HASH_ANNOTATION]
+            if current_hash != wanted_hash
+            else _drift({**manifest, "spec": _without_replicas(manifest["spec"])}, current)
+        )
+        if drifted:
             # Replace: a merge patch would keep stale list entries (env, volumes).
             body = dict(manifest)
             body["metadata"] = {
@@ -122,7 +151,7 @@ class Kube:
                 "resourceVersion": current["metadata"]["resourceVersion"],
             }
             resource.replace(body=body, name=meta["name"], namespace=meta["namespace"])
-            return "updated"
+            return Applied(manifest, "updated", drifted)
         if current["spec"].get("replicas") != manifest["spec"]["replicas"]:
             resource.patch(
                 body={"spec": {"replicas": manifest["spec"]["replicas"]}},
@@ -130,8 +159,8 @@ class Kube:
                 namespace=meta["namespace"],
                 content_type="application/merge-patch+json",
             )
-            return "scaled"
-        return "unchanged"
+            return Applied(manifest, "scaled", ["spec.replicas"])
+        return Applied(manifest, "unchanged")
 
     async def create_secret_once(self, manifest: dict[str, Any]) -> bool:
         """Create the admin-token Secret if absent; True when created. Never overwrites."""

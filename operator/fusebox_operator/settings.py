@@ -46,6 +46,9 @@ class OperatorSettings:
     watch_server_timeout_seconds: int = 300
     watch_client_timeout_seconds: int = 330
     request_timeout_seconds: int = 30
+    # How often each service's children are compared with the spec and put back
+    # when deleted or edited outside Fusebox (handlers._resync).
+    resync_seconds: int = 60
 
     @property
     def standalone(self) -> bool:
@@ -86,4 +89,5 @@ class OperatorSettings:
             watch_server_timeout_seconds=integer("FUSEBOX_WATCH_SERVER_TIMEOUT_SECONDS", 300),
             watch_client_timeout_seconds=integer("FUSEBOX_WATCH_CLIENT_TIMEOUT_SECONDS", 330),
             request_timeout_seconds=integer("FUSEBOX_REQUEST_TIMEOUT_SECONDS", 30),
+            resync_seconds=integer("FUSEBOX_RESYNC_SECONDS", 60),
         )

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fusebox_operator.spec import GIB, InferenceServiceSpec, SpecError
 
@@ -50,6 +51,19 @@ class MemorySizing:
     @property
     def qos_class(self) -> str:
         return "Guaranteed" if self.request_bytes == self.limit_bytes else "Burstable"
+
+
+def recorded_sizing(memory: Mapping[str, Any]) -> MemorySizing | None:
+    """The sizing a reconcile wrote in status.memory; None before the first one."""
+    try:
+        return MemorySizing(
+            limit_bytes=int(memory["limitBytes"]),
+            request_bytes=int(memory["requestBytes"]),
+            vram_bytes=int(memory["vramBytes"]),
+            vram_source=str(memory["source"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def product_vram_gib(product: str) -> int | None:

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
+from fusebox_contract.names import EventReason
 from fusebox_contract.wiring import Port
 from localcluster.config import default_name, load_saved
 
@@ -48,6 +49,10 @@ OPERATOR_LOG_LINES = 80
 # The kubelet's liveness probe and kopf's probe activity: 2 lines per probe, 3 a minute.
 PROBE_NOISE = ("aiohttp.access", "Activity 'scrapedAt' succeeded")
 PROBE_LINES_PER_MINUTE = 6
+# The suite's operator puts back children edited by hand this often (chart value
+# resyncSeconds, 60 by default): every service of the suite is resynced, so a
+# resync that wrongly sees drift shows as ChildRestored events anywhere.
+RESYNC_SECONDS = 10
 
 
 def pod_is_ready(pod: dict[str, Any]) -> bool:
@@ -199,7 +204,12 @@ def operator(cluster: Cluster, crd: None) -> Iterator[OperatorRelease]:
         "pod-security.kubernetes.io/enforce=restricted",
     )
     try:
-        release.install("--set-json", f"watchNamespaces={json.dumps([TEST_NAMESPACES])}")
+        release.install(
+            "--set-json",
+            f"watchNamespaces={json.dumps([TEST_NAMESPACES])}",
+            "--set",
+            f"resyncSeconds={RESYNC_SECONDS}",
+        )
         wait_for(
             "the operator pod Ready", release.ready_pod, timeout=120, diagnose=release.describe
         )
@@ -389,10 +399,16 @@ ServiceFactory = Callable[..., Service]
 @pytest.fixture
 def inference_service(
     cluster: Any, namespace: str, operator: OperatorRelease, model_claim: str
-) -> ServiceFactory:
-    """Apply InferenceServices in the test namespace, next to the model PVC."""
+) -> Iterator[ServiceFactory]:
+    """Apply InferenceServices in the test namespace, next to the model PVC.
 
-    def make(name: str, spec: dict[str, Any]) -> Service:
+    Afterwards, no service the test did not edit by hand (`edited_children`) may have
+    a ChildRestored event: the suite's operator resyncs every RESYNC_SECONDS, so a
+    resync that sees drift where there is none fails whichever test it happens in.
+    """
+    checked: list[Service] = []
+
+    def make(name: str, spec: dict[str, Any], edited_children: bool = False) -> Service:
         document = {
             "apiVersion": "fusebox.dev/v1alpha1",
             "kind": "InferenceService",
@@ -400,9 +416,19 @@ def inference_service(
             "spec": spec,
         }
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(document, allow_unicode=True))
-        return Service(cluster, namespace, name)
+        service = Service(cluster, namespace, name)
+        if not edited_children:
+            checked.append(service)
+        return service
 
-    return make
+    yield make
+    restored = [
+        f"{service.name}: {event['message']}"
+        for service in checked
+        for event in service.events()
+        if event["reason"] == EventReason.CHILD_RESTORED
+    ]
+    assert not restored, f"a resync restored children nobody edited: {restored}"
 
 
 def base_spec(**overrides: Any) -> dict[str, Any]:
