@@ -144,6 +144,8 @@ class Kube:
             else _drift({**manifest, "spec": _without_replicas(manifest["spec"])}, current)
         )
         if drifted:
+            if current["spec"].get("replicas") != manifest["spec"]["replicas"]:
+                drifted = [*drifted, "spec.replicas"]  # the replace sets it too
             # Replace: a merge patch would keep stale list entries (env, volumes).
             body = dict(manifest)
             body["metadata"] = {

@@ -144,12 +144,13 @@ def test_apply_creates_owned_children_ready_pods_and_a_serving_endpoint(
         assert owners == uid
     wait_ready(service)
     columns = printer_columns(service)
-    assert (columns["READY"], columns["BREAKER"], columns["TIER"], columns["VARIANT"]) == (
-        "True",
-        "Closed",
-        "none",
-        "primary",
-    )
+    assert (
+        columns["READY"],
+        columns["BREAKER"],
+        columns["TIER"],
+        columns["VARIANT"],
+        columns["REPLICAS"],
+    ) == ("True", "Closed", "none", "primary", "1")
     memory = service.status()["memory"]
     # Node label nvidia.com/gpu.memory = 1024 MiB: 1 GiB x 1.25 + 2 GiB -> 4 GiB.
     assert memory["source"] == "node label nvidia.com/gpu.memory"

@@ -112,6 +112,11 @@ def test_a_deployment_edited_by_hand_is_replaced_though_its_hash_is_unchanged() 
     assert applied.drifted == ["spec.template.spec.containers[0].image"]
     ((verb, body),) = writes
     assert verb == "replace" and body["metadata"]["resourceVersion"] == "7"
+    # Scaled by hand as well: the replace puts the count back too, and says so.
+    edited["spec"]["replicas"] = 1
+    applied, writes = apply(deployment(), edited)
+    assert applied.drifted == ["spec.template.spec.containers[0].image", "spec.replicas"]
+    assert writes[0][1]["spec"]["replicas"] == 2
 
 
 def test_a_deployment_scaled_by_hand_gets_the_count_back_unless_the_autoscaler_owns_it() -> None:
