@@ -52,14 +52,9 @@ async def _run(function: Callable[[], T]) -> T:
     return await asyncio.to_thread(function)
 
 
-def _drift(manifest: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """The manifest's fields the object no longer carries (drift.differences)."""
-    wanted = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
-    return differences(wanted, current)
-
-
-def _without_replicas(spec: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in spec.items() if k != "replicas"}
+def _body(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest without apiVersion and kind: what a patch sends and drift compares."""
+    return {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
 
 
 class Kube:
@@ -114,10 +109,10 @@ class Kube:
                     kept = {**manifest, "spec": {**manifest["spec"], "replicas": replicas}}
                     return self._update_deployment(resource, current, kept)
                 return self._update_deployment(resource, current, manifest)
-            drifted = _drift(manifest, current)
+            body = _body(manifest)
+            drifted = differences(body, current)
             if not drifted:
                 return Applied(manifest, "unchanged")
-            body = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
             resource.patch(
                 body=body,
                 name=name,
@@ -138,10 +133,13 @@ class Kube:
         meta = manifest["metadata"]
         wanted_hash = meta["annotations"][TEMPLATE_HASH_ANNOTATION]
         current_hash = (current["metadata"].get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION)
+        # The count is compared on its own below: a hand scale is a patch, not a replace.
+        spec = {key: value for key, value in manifest["spec"].items() if key != "replicas"}
+        wanted = {**_body(manifest), "spec": spec}
         drifted = (
             ["metadata.annotations." + TEMPLATE_HASH_ANNOTATION]
             if current_hash != wanted_hash
-            else _drift({**manifest, "spec": _without_replicas(manifest["spec"])}, current)
+            else differences(wanted, current)
         )
         if drifted:
             if current["spec"].get("replicas") != manifest["spec"]["replicas"]:

@@ -15,6 +15,7 @@ DEFAULT_INFERENCE_IMAGE = "localhost/fusebox/inference:dev"
 DEFAULT_OPERATOR_NAMESPACE = "fusebox-system"
 DEFAULT_OPERATOR_POD_SELECTOR = "app.kubernetes.io/name=fusebox-operator"
 DEFAULT_MONITORING_NAMESPACE = "monitoring"
+MIN_RESYNC_SECONDS = 5  # the chart's minimum too (values.schema.json)
 
 
 def parse_label_selector(text: str) -> dict[str, str]:
@@ -71,6 +72,12 @@ class OperatorSettings:
                 raise ValueError(f"{name}={text!r} must be a whole number")
             return int(text)
 
+        def at_least(name: str, default: int, minimum: int) -> int:
+            value = integer(name, default)
+            if value < minimum:
+                raise ValueError(f"{name}={value} must be at least {minimum}")
+            return value
+
         namespaces = env.get("FUSEBOX_WATCH_NAMESPACES", "")
         return cls(
             inference_image=env.get("FUSEBOX_INFERENCE_IMAGE") or DEFAULT_INFERENCE_IMAGE,
@@ -89,5 +96,5 @@ class OperatorSettings:
             watch_server_timeout_seconds=integer("FUSEBOX_WATCH_SERVER_TIMEOUT_SECONDS", 300),
             watch_client_timeout_seconds=integer("FUSEBOX_WATCH_CLIENT_TIMEOUT_SECONDS", 330),
             request_timeout_seconds=integer("FUSEBOX_REQUEST_TIMEOUT_SECONDS", 30),
-            resync_seconds=integer("FUSEBOX_RESYNC_SECONDS", 60),
+            resync_seconds=at_least("FUSEBOX_RESYNC_SECONDS", 60, MIN_RESYNC_SECONDS),
         )

@@ -144,3 +144,5 @@ def test_the_resync_renders_with_the_sizing_the_reconcile_recorded() -> None:
 def test_the_resync_interval_is_a_setting() -> None:
     assert OperatorSettings.from_env({}).resync_seconds == 60
     assert OperatorSettings.from_env({"FUSEBOX_RESYNC_SECONDS": "10"}).resync_seconds == 10
+    with pytest.raises(ValueError, match="FUSEBOX_RESYNC_SECONDS=0 must be at least 5"):
+        OperatorSettings.from_env({"FUSEBOX_RESYNC_SECONDS": "0"})
