@@ -1,12 +1,15 @@
 """Kube.apply writes only on drift: nothing for a child that carries the manifest, a
 merge patch for a moved ConfigMap, a replace for a Deployment edited by hand (its
 template hash unchanged), a replicas patch for one scaled by hand unless the
-autoscaler owns the count. A fake of the dynamic client's resource records writes."""
+autoscaler owns the count. A fake of the dynamic client's resource records writes.
+The admin Secret is read before it is created, so a resync of an untouched
+service sends the apiserver no write at all, not even a refused one."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -16,12 +19,11 @@ from fusebox_operator.kube import Kube
 from fusebox_operator.manifests import TEMPLATE_HASH_ANNOTATION
 
 
-class Returned:
-    def __init__(self, body: dict[str, Any]) -> None:
-        self.body = body
+class Raw:
+    """The unserialized response the dynamic client returns with serialize=False."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return copy.deepcopy(self.body)
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.data = json.dumps(body).encode()
 
 
 class FakeResource:
@@ -31,10 +33,11 @@ class FakeResource:
         self.current = current
         self.writes: list[tuple[str, dict[str, Any]]] = []
 
-    def get(self, name: str, namespace: str) -> Returned:
+    def get(self, name: str, namespace: str, serialize: bool = True) -> Raw:
+        assert not serialize, "read raw JSON: the ResourceInstance wrapping costs CPU"
         if self.current is None:
             raise NotFoundError(ApiException(status=404, reason="Not Found"))
-        return Returned(self.current)
+        return Raw(self.current)
 
     def create(self, body: dict[str, Any], namespace: str) -> None:
         self.writes.append(("create", body))
@@ -125,3 +128,41 @@ def test_a_deployment_scaled_by_hand_gets_the_count_back_unless_the_autoscaler_o
     assert writes == [("patch", {"spec": {"replicas": 2}})]
     applied, writes = apply(deployment(replicas=2), stored(deployment(), replicas=5), scale=False)
     assert (applied.outcome, writes) == ("unchanged", [])
+
+
+class FakeCore:
+    """The core client's Secret calls, each recorded as (verb, name)."""
+
+    def __init__(self, exists: bool, race: bool = False) -> None:
+        self.exists, self.race = exists, race
+        self.calls: list[str] = []
+
+    def read_namespaced_secret(self, name: str, namespace: str, **_: Any) -> None:
+        self.calls.append("read")
+        if not self.exists:
+            raise ApiException(status=404, reason="Not Found")
+
+    def create_namespaced_secret(self, namespace: str, body: dict[str, Any], **_: Any) -> None:
+        self.calls.append("create")
+        if self.race:
+            raise ApiException(status=409, reason="AlreadyExists")
+
+
+def create_secret_once(core: FakeCore) -> bool:
+    kube = object.__new__(Kube)
+    kube.core = core  # type: ignore[assignment]
+    secret = {"kind": "Secret", "metadata": {"name": "chat-admin", "namespace": "team"}}
+    return asyncio.run(kube.create_secret_once(secret))
+
+
+def test_an_existing_secret_is_read_and_never_created_again() -> None:
+    core = FakeCore(exists=True)
+    assert create_secret_once(core) is False
+    assert core.calls == ["read"]
+
+
+def test_a_missing_secret_is_created_and_a_concurrent_create_is_not_an_error() -> None:
+    core = FakeCore(exists=False)
+    assert create_secret_once(core) is True
+    assert core.calls == ["read", "create"]
+    assert create_secret_once(FakeCore(exists=False, race=True)) is False
