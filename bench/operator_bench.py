@@ -10,7 +10,12 @@ request) to the first action, in scrape intervals, and the ladder timeline.
 `scale` starts `python -m fusebox_operator` against a cluster, applies COUNT
 InferenceServices with replicas 0 at once, and reports the time until every
 Deployment exists as a ratio of the time one service takes in the same run,
-plus the operator's peak RSS. Results go to bench/results/operator.json.
+plus the operator's peak RSS. Then it measures the steady state, once with
+the one service and once with all of them, over the same window of several
+resync intervals: the requests the apiserver served by verb and resource
+(from its own apiserver_request_total), the writes among them, and the CPU
+the operator and the apiserver spent, as a ratio to the one-service window.
+Results go to bench/results/operator.json.
 Not part of `make test`: timings are figures, never assertions.
 """
 
@@ -33,6 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "operator"))
 
 import aiohttp  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from fusebox_operator.actuator import Actuator  # noqa: E402
 from fusebox_operator.observations import PodView  # noqa: E402
@@ -176,10 +182,17 @@ async def reaction(interval: float, leak_mib: int, rounds: int) -> dict[str, Any
     }
 
 
+# Resyncs per steady-state window, and the interval: short, so a window is brief.
+RESYNC_SECONDS = 10
+STEADY_RESYNCS = 3
+WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY", "DELETE")
+
+
 def scale(kubeconfig: str, count: int) -> dict[str, Any]:
     kubectl = os.environ.get("KUBECTL", "kubectl")
     env = {**os.environ, "KUBECONFIG": kubeconfig, "PYTHONPATH": str(REPO / "operator"),
-           "FUSEBOX_PEERING": "standalone", "FUSEBOX_LIVENESS_PORT": str(free_port())}  # fmt: skip
+           "FUSEBOX_PEERING": "standalone", "FUSEBOX_LIVENESS_PORT": str(free_port()),
+           "FUSEBOX_RESYNC_SECONDS": str(RESYNC_SECONDS)}  # fmt: skip
     namespace = f"fusebox-bench-{int(time.time())}"
 
     def run(*args: str, input_text: str | None = None) -> str:
@@ -207,6 +220,7 @@ def scale(kubeconfig: str, count: int) -> dict[str, Any]:
     operator = subprocess.Popen([sys.executable, "-m", "fusebox_operator"], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     peak_rss = 0
+    steady: dict[str, dict[str, Any]] = {}
     try:
         time.sleep(5)
         timings = {}
@@ -218,6 +232,9 @@ def scale(kubeconfig: str, count: int) -> dict[str, Any]:
                 peak_rss = max(peak_rss, _rss(operator.pid))
                 time.sleep(0.5)
             timings[label] = time.monotonic() - started
+            time.sleep(RESYNC_SECONDS + 5)  # every service past its first resync
+            steady[label] = steady_window(lambda: run("get", "--raw", "/metrics"), operator.pid)
+            steady[label]["services"] = target
         peak_rss = max(peak_rss, _rss(operator.pid))
     finally:
         operator.terminate()
@@ -231,7 +248,92 @@ def scale(kubeconfig: str, count: int) -> dict[str, Any]:
         "seconds_all": round(timings["all"], 2),
         "all_vs_one_ratio": round(timings["all"] / timings["one"], 1),
         "operator_peak_rss_mib": round(peak_rss / 1024**2, 1),
+        "steady_state": steady_summary(steady),
     }
+
+
+def steady_window(metrics: Any, pid: int) -> dict[str, Any]:
+    """What the apiserver served and what both processes spent over one window."""
+    window = RESYNC_SECONDS * STEADY_RESYNCS
+    before_requests, before_cpu = _apiserver(metrics())
+    before_operator, started = _cpu_seconds(pid), time.monotonic()
+    time.sleep(window)
+    after_requests, after_cpu = _apiserver(metrics())
+    seconds = time.monotonic() - started
+    delta = {
+        key: value - before_requests.get(key, 0.0)
+        for key, value in after_requests.items()
+        if value > before_requests.get(key, 0.0)
+    }
+    return {
+        "seconds": round(seconds, 1),
+        "requests_per_second": {
+            key: round(value / seconds, 2) for key, value in sorted(delta.items())
+        },
+        "apiserver_cpu_cores": round((after_cpu - before_cpu) / seconds, 3),
+        "operator_cpu_cores": round((_cpu_seconds(pid) - before_operator) / seconds, 3),
+    }
+
+
+def steady_summary(steady: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per-window figures, and what the extra services cost against one service."""
+    one, every = steady["one"], steady["all"]
+
+    def per_second(window: dict[str, Any], verbs: tuple[str, ...], resource: str = "") -> float:
+        return sum(
+            rate
+            for key, rate in window["requests_per_second"].items()
+            if key.split()[0] in verbs and (not resource or key.split()[1] == resource)
+        )
+
+    extra = every["services"] - one["services"]
+    return {
+        "resync_seconds": RESYNC_SECONDS,
+        "one": one,
+        "all": every,
+        "writes_per_second": {
+            "one": round(per_second(one, WRITE_VERBS), 2),
+            "all": round(per_second(every, WRITE_VERBS), 2),
+        },
+        # The children's reads are the resync's; the pod lists the telemetry tick's.
+        "gets_per_extra_service_per_resync": round(
+            (per_second(every, ("GET",)) - per_second(one, ("GET",))) * RESYNC_SECONDS / extra, 2
+        ),
+        "pod_lists_per_extra_service_per_second": round(
+            (per_second(every, ("LIST",), "pods") - per_second(one, ("LIST",), "pods")) / extra, 3
+        ),
+        "operator_cpu_all_vs_one_ratio": _ratio(
+            every["operator_cpu_cores"], one["operator_cpu_cores"]
+        ),
+        "apiserver_cpu_all_vs_one_ratio": _ratio(
+            every["apiserver_cpu_cores"], one["apiserver_cpu_cores"]
+        ),
+    }
+
+
+def _ratio(value: float, baseline: float) -> float | None:
+    return round(value / baseline, 1) if baseline else None
+
+
+def _apiserver(text: str) -> tuple[dict[str, float], float]:
+    """apiserver_request_total summed by "VERB resource", and its process CPU seconds."""
+    wanted = ("apiserver_request_total{", "process_cpu_seconds_total")
+    lines = "\n".join(line for line in text.splitlines() if line.startswith(wanted))
+    requests: dict[str, float] = {}
+    cpu = 0.0
+    for family in text_string_to_metric_families(lines + "\n"):
+        for sample in family.samples:
+            if sample.name == "apiserver_request_total":
+                key = f"{sample.labels['verb']} {sample.labels['resource']}"
+                requests[key] = requests.get(key, 0.0) + sample.value
+            elif sample.name == "process_cpu_seconds_total":
+                cpu = sample.value
+    return requests, cpu
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def _rss(pid: int) -> int:
