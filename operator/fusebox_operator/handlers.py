@@ -65,12 +65,14 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     load_config()
     memo.settings = ours
     memo.kube = Kube()
+    memo.kube.watch_pods(ours)
     memo.session = aiohttp.ClientSession()
     memo.actuator = Actuator(memo.session, memo.kube)
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    memo.kube.stop_watching()
     await memo.session.close()
 
 

@@ -5,7 +5,8 @@ classification and the create-or-update rules (a child is written only when
 it no longer carries what was rendered, drift.differences; the Deployment is
 replaced, never merge-patched; the admin Secret is created once and never
 rewritten). The official client is synchronous, so every call runs in
-a worker thread and the kopf event loop never blocks on the network.
+a worker thread and the kopf event loop never blocks on the network; the pod
+watch (PodWatch) has a thread of its own.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -25,16 +28,22 @@ from fusebox_contract.wiring import ADMIN_TOKEN_KEY, GPU_RESOURCE, DeviceHealth
 from fusebox_operator.drift import Applied, differences
 from fusebox_operator.manifests import (
     SERVER_CONTAINER,
+    SERVICE_LABEL,
     SIDECAR_CONTAINER,
     TEMPLATE_HASH_ANNOTATION,
     memory_quantity,
     memory_resize_patch,
 )
 from fusebox_operator.observations import PodView
+from fusebox_operator.pod_store import PodStore, StoredPod
+from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import NODE_PRODUCT_LABEL, NODE_VRAM_LABEL
 
 T = TypeVar("T")
 REQUEST_TIMEOUT_SECONDS = 15
+WATCH_RETRY_SECONDS = 5  # the pause before listing again after a failed watch
+
+log = logging.getLogger(__name__)
 
 
 class KubeError(RuntimeError):
@@ -70,11 +79,117 @@ def _read(resource: Any, name: str, namespace: str) -> dict[str, Any]:
     return body
 
 
+class PodWatch:
+    """One LIST, then a WATCH from its resourceVersion, of the Fusebox pods in one scope.
+
+    A scope is a namespace, or None for all. It runs in a daemon thread of its
+    own: the client is synchronous and a watch blocks for minutes, while the
+    shared worker pool is for short calls. A stream the apiserver ends
+    resumes where it stopped; a 410 (that resourceVersion is compacted away)
+    or any failure marks the store lost and lists again, after a failure
+    only once WATCH_RETRY_SECONDS have passed.
+    """
+
+    def __init__(
+        self,
+        core: Any,
+        namespace: str | None,
+        store: PodStore,
+        server_timeout_seconds: int,
+        client_timeout_seconds: int,
+        watch_factory: Callable[[], Any] = kubernetes.watch.Watch,
+    ) -> None:
+        self.store = store
+        # kopf's watch timeouts: the apiserver ends each stream after the first,
+        # the client gives up on a silent one after the second.
+        self._server_timeout = server_timeout_seconds
+        self._client_timeout = client_timeout_seconds
+        self.scope = namespace or "all namespaces"
+        # The client's own methods: the watch finds the item type in their docstring.
+        self._args: tuple[str, ...] = ()
+        if namespace is None:
+            self._list = core.list_pod_for_all_namespaces
+        else:
+            self._list, self._args = core.list_namespaced_pod, (namespace,)
+        self._watch_factory = watch_factory
+        self._watch: Any = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self.run, name=f"pod-watch {self.scope}")
+        self._thread.daemon = True
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._watch is not None:
+            self._watch.stop()
+
+    def run(self) -> None:
+        version = ""
+        while not self._stopping.is_set():
+            try:
+                version = self.follow(version or self.relist())
+            except Exception as error:  # noqa: BLE001  any failure: list again, never die
+                self.store.lost()
+                version = ""
+                if self._stopping.is_set():
+                    return
+                if isinstance(error, ApiException) and error.status == 410:
+                    continue  # expired: the next LIST is the remedy, at once
+                log.warning("pod watch (%s) failed: %s; listing again", self.scope, error)
+                self._stopping.wait(WATCH_RETRY_SECONDS)
+
+    def relist(self) -> str:
+        """Fill the store from a LIST; the resourceVersion to watch from."""
+        pods = self._list(
+            *self._args, label_selector=SERVICE_LABEL, _request_timeout=REQUEST_TIMEOUT_SECONDS
+        )
+        self.store.replace(_stored(pod) for pod in pods.items)
+        return str(pods.metadata.resource_version)
+
+    def follow(self, version: str) -> str:
+        """Apply the watch's events until the apiserver ends it; the version to resume from."""
+        watch = self._watch = self._watch_factory()
+        events = watch.stream(
+            self._list,
+            *self._args,
+            label_selector=SERVICE_LABEL,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self._server_timeout,
+            _request_timeout=(10, self._client_timeout),
+        )
+        for event in events:
+            if self._stopping.is_set():
+                break
+            if event["type"] == "BOOKMARK":
+                version = event["raw_object"]["metadata"]["resourceVersion"]
+                continue
+            pod = event["object"]
+            version = pod.metadata.resource_version or version
+            if event["type"] == "DELETED":
+                self.store.remove(pod.metadata.namespace, pod.metadata.name)
+            else:
+                self.store.put(_stored(pod))
+        return version
+
+
+def _stored(pod: Any) -> StoredPod:
+    return StoredPod(
+        namespace=pod.metadata.namespace,
+        labels=dict(pod.metadata.labels or {}),
+        view=_pod_view(pod),
+    )
+
+
 class Kube:
     def __init__(self) -> None:
         self.api_client = kubernetes.client.ApiClient()
         self.core = kubernetes.client.CoreV1Api(self.api_client)
         self.dynamic = DynamicClient(self.api_client)  # type: ignore[no-untyped-call]
+        self._pod_stores: dict[str | None, PodStore] = {}
+        self._pod_watches: list[PodWatch] = []
 
     # ----- nodes -----
     async def node_vram_mib(self, product: str) -> list[int]:
@@ -223,7 +338,30 @@ class Kube:
             raise KubeError(f"Secret {namespace}/{name}: {error.reason}") from error
 
     # ----- pods -----
+    def watch_pods(self, settings: OperatorSettings) -> None:
+        """Keep the Fusebox pods in memory: one watch per namespace, or one for all."""
+        for scope in settings.pod_watch_scopes:
+            store = self._pod_stores[scope] = PodStore()
+            watch = PodWatch(
+                self.core,
+                scope,
+                store,
+                settings.watch_server_timeout_seconds,
+                settings.watch_client_timeout_seconds,
+            )
+            self._pod_watches.append(watch)
+            watch.start()
+
+    def stop_watching(self) -> None:
+        for watch in self._pod_watches:
+            watch.stop()
+
     async def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[PodView]:
+        """From the watched store when it is synced, else one LIST."""
+        store = self._pod_stores.get(namespace) or self._pod_stores.get(None)
+        watched = store.select(namespace, labels) if store is not None else None
+        if watched is not None:
+            return watched
         selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
         def call() -> list[PodView]:

@@ -52,6 +52,20 @@ class OperatorSettings:
     resync_seconds: int = 60
 
     @property
+    def pod_watch_scopes(self) -> tuple[str | None, ...]:
+        """Where the pod watch looks: each named namespace, or None for all of them.
+
+        A kopf pattern ("e2e-*", "!kube-system") names no namespace to watch, so
+        one watch covers them all (the chart grants such installs cluster-wide
+        RBAC); the store still answers per namespace.
+        """
+        if not self.watch_namespaces or any(
+            mark in name for name in self.watch_namespaces for mark in "*?!"
+        ):
+            return (None,)
+        return self.watch_namespaces
+
+    @property
     def standalone(self) -> bool:
         """Peering only matters when several operator replicas could act at once."""
         if self.peering == "auto":
