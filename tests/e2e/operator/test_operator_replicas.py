@@ -1,0 +1,220 @@
+"""Two operator replicas (`replicaCount: 2`, kopf peering): one acts, the other stands
+by, and when the acting one goes (its pod deleted, or its process killed with SIGKILL)
+a live replica takes the service over and handles each edit exactly once.
+
+The chart's own release, in a namespace of its own that it watches by name (the chart
+refuses peering with a glob). The service's pods wait for a model claim that does not
+exist there: what is under test is which operator reconciles, not serving.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from fusebox_contract.names import EventReason
+
+from ..conftest import Cluster, fresh_namespace
+from .conftest import CHART, OperatorRelease, Service, base_spec, pod_is_ready, wait_for
+
+pytestmark = pytest.mark.chaos
+
+NAME = "ha-chat"
+PEERING_CRDS = CHART / "crds" / "kopf-peerings.yaml"
+PEERING_CRD_NAMES = ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev")
+# kopf's peering lifetime: a crashed peer's record counts as alive until then.
+PEER_LIFETIME_SECONDS = 60
+
+
+@pytest.fixture
+def peering_crds(cluster: Cluster) -> Iterator[None]:
+    """kopf's peering CRDs, which `helm install` creates from the chart's crds/ (the suite
+    installs with --skip-crds); deleted afterwards when this test created them."""
+    existing = {
+        name
+        for name in PEERING_CRD_NAMES
+        if cluster.kubectl("get", "crd", name, check=False).returncode == 0
+    }
+    cluster.kubectl("apply", "-f", str(PEERING_CRDS))
+    for name in PEERING_CRD_NAMES:
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    try:
+        yield
+    finally:
+        for name in set(PEERING_CRD_NAMES) - existing:
+            cluster.kubectl("delete", "crd", name, "--wait=false", check=False)
+
+
+def peers(release: OperatorRelease) -> dict[str, int]:
+    """The live peers of the release's KopfPeering, by pod name (the chart sets POD_ID),
+    with their priorities; the highest one acts."""
+    out = release.cluster.kubectl("-n", release.namespace, "get", "kopfpeering", "-o", "json")
+    (peering,) = json.loads(out.stdout)["items"]  # the chart makes one per watched namespace
+    status = peering.get("status") or {}
+    return {peer: int(info["priority"]) for peer, info in status.items() if info.get("lifetime")}
+
+
+def server_env(service: Service, name: str) -> str | None:
+    found = service.kubectl("get", "deployment", service.name, "-o", "json", check=False)
+    if found.returncode != 0:
+        return None  # not created yet
+    (server,) = [
+        c
+        for c in json.loads(found.stdout)["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "server"
+    ]
+    return next((e.get("value") for e in server.get("env", []) if e["name"] == name), None)
+
+
+def spec_applied(service: Service, generation: int) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in service.events()
+        if e["reason"] == EventReason.SPEC_APPLIED
+        and e["message"].startswith(f"generation {generation}:")
+    ]
+
+
+def roles(release: OperatorRelease) -> tuple[str, str]:
+    """(acting, standing by): once both current pods are Ready and in the peering."""
+
+    def both() -> dict[str, int] | None:
+        pods = release.pods()
+        names = {p["metadata"]["name"] for p in pods if pod_is_ready(p)}
+        found = peers(release)
+        return found if len(names) == 2 and set(found) == names else None
+
+    priorities = wait_for(
+        "both replicas Ready and in the peering", both, timeout=180, diagnose=release.describe
+    )
+    acting, standing_by = sorted(priorities, key=lambda peer: -priorities[peer])
+    assert priorities[acting] != priorities[standing_by], "tied priorities pause both replicas"
+    return acting, standing_by
+
+
+def log_of(release: OperatorRelease, pod: str) -> str:
+    return release.cluster.kubectl("-n", release.namespace, "logs", pod).stdout
+
+
+def edit_is_applied_once(service: Service, max_concurrency: int) -> None:
+    """Patch the service; a live replica rolls it into the Deployment and says so once."""
+    service.kubectl(
+        "patch",
+        "inferenceservice",
+        NAME,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"server": {"maxConcurrency": max_concurrency}}}),
+    )
+    generation = int(service.get()["metadata"]["generation"])
+    # A peer that went without a word stays in the peering until its lifetime ends;
+    # then the live one with the highest priority resumes and applies the edit.
+    wait_for(
+        f"a live replica to apply maxConcurrency {max_concurrency}",
+        lambda: server_env(service, "FUSEBOX_MAX_CONCURRENCY") == str(max_concurrency),
+        timeout=PEER_LIFETIME_SECONDS + 90,
+    )
+    applied = wait_for(
+        f"the SpecApplied event of generation {generation}",
+        lambda: spec_applied(service, generation),
+        timeout=30,
+        diagnose=lambda: "\n".join(f"{e['reason']}: {e['message']}" for e in service.events()),
+    )
+    assert len(applied) == 1, f"the edit was handled more than once: {applied}"
+
+
+def kill_operator_process(pod: str) -> None:
+    """SIGKILL the pod's operator process from the node (a crash: kopf cleans nothing up).
+
+    localcluster's containers are processes of this host; the chart gives the operator
+    its pod name as POD_ID, which tells the two replicas' processes apart."""
+    marker = f"POD_ID={pod}".encode()
+    killed = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as environ:
+                variables = environ.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                command = cmdline.read()
+        except OSError:
+            continue
+        if marker in variables and b"fusebox_operator" in command:
+            os.kill(int(pid), signal.SIGKILL)
+            killed.append(pid)
+    assert len(killed) == 1, f"expected one operator process of {pod}, killed {killed}"
+
+
+def test_with_two_replicas_one_operator_acts_and_a_live_one_takes_over_when_it_goes(
+    cluster: Cluster, crd: None, peering_crds: None
+) -> None:
+    suffix = uuid.uuid4().hex[:6]
+    with fresh_namespace(cluster, f"ha-{suffix}") as namespace:
+        release = OperatorRelease(cluster, namespace, f"ha-{suffix}")
+        try:
+            release.install("--set", "replicaCount=2", "--set", f"watchNamespaces={{{namespace}}}")
+            acting, standing_by = roles(release)
+            document = {
+                "apiVersion": "fusebox.dev/v1alpha1",
+                "kind": "InferenceService",
+                "metadata": {"name": NAME, "namespace": namespace},
+                "spec": base_spec(),
+            }
+            cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(document))
+            service = Service(cluster, namespace, NAME)
+            wait_for(
+                "the acting replica to create the Deployment",
+                lambda: server_env(service, "FUSEBOX_MAX_CONCURRENCY"),
+                timeout=120,
+                diagnose=release.logs,
+            )
+            # kopf logs each handler with the object's name: only the acting one did.
+            assert f"[{namespace}/{NAME}] Handler 'reconcile' succeeded" in log_of(release, acting)
+            assert NAME not in log_of(release, standing_by), "the standing-by replica acted"
+
+            # Deleted (a drain, an eviction): kopf leaves the peering on its way out.
+            cluster.kubectl("-n", namespace, "delete", "pod", acting, "--grace-period=0", "--force")
+            edit_is_applied_once(service, 3)
+            assert acting not in peers(release), "the deleted replica is still a live peer"
+
+            if cluster.local:
+                # Killed: the kubelet restarts the container in the same pod, which
+                # joins the peering again under its name with a new priority.
+                acting, standing_by = roles(release)
+                kill_operator_process(acting)
+                edit_is_applied_once(service, 5)
+                acting_now, standing_by_now = roles(release)
+                assert {acting_now, standing_by_now} == {acting, standing_by}
+                restarts = [
+                    int(c["restartCount"])
+                    for p in release.pods()
+                    if p["metadata"]["name"] == acting
+                    for c in p["status"]["containerStatuses"]
+                ]
+                assert restarts == [1], restarts
+        finally:
+            # Its operator still runs: the finalizer is released before it goes.
+            cluster.kubectl(
+                "-n",
+                namespace,
+                "delete",
+                "inferenceservices.fusebox.dev",
+                "--all",
+                "--timeout=120s",
+                check=False,
+                timeout=150,
+            )
+            subprocess.run(
+                [str(cluster.bin_dir / "helm"), f"--kubeconfig={cluster.kubeconfig}"]
+                + ["uninstall", release.release, "--namespace", namespace, "--wait"],
+                capture_output=True,
+                check=False,
+                timeout=180,
+            )
