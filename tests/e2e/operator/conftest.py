@@ -175,6 +175,27 @@ class OperatorRelease:
         except AssertionError as helm_failed:
             pytest.fail(f"{helm_failed}\n{self.describe()}")
 
+    def uninstall_with_services(self) -> None:
+        """Delete the release's InferenceServices while its operator still runs (it
+        releases their finalizers), then uninstall it; a best effort, for teardown."""
+        self.cluster.kubectl(
+            "-n",
+            self.namespace,
+            "delete",
+            "inferenceservices.fusebox.dev",
+            "--all",
+            "--timeout=120s",
+            check=False,
+            timeout=150,
+        )
+        subprocess.run(
+            [str(self.cluster.bin_dir / "helm"), f"--kubeconfig={self.cluster.kubeconfig}"]
+            + ["uninstall", self.release, "--namespace", self.namespace, "--wait"],
+            capture_output=True,
+            check=False,
+            timeout=180,
+        )
+
 
 @pytest.fixture(scope="session")
 def crd(cluster: Cluster) -> Iterator[None]:

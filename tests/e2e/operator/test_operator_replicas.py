@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -200,21 +199,4 @@ def test_with_two_replicas_one_operator_acts_and_a_live_one_takes_over_when_it_g
                 ]
                 assert restarts == [1], restarts
         finally:
-            # Its operator still runs: the finalizer is released before it goes.
-            cluster.kubectl(
-                "-n",
-                namespace,
-                "delete",
-                "inferenceservices.fusebox.dev",
-                "--all",
-                "--timeout=120s",
-                check=False,
-                timeout=150,
-            )
-            subprocess.run(
-                [str(cluster.bin_dir / "helm"), f"--kubeconfig={cluster.kubeconfig}"]
-                + ["uninstall", release.release, "--namespace", namespace, "--wait"],
-                capture_output=True,
-                check=False,
-                timeout=180,
-            )
+            release.uninstall_with_services()

@@ -14,7 +14,6 @@ is the cluster's own again afterwards.
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,13 +26,11 @@ from fusebox_contract.names import ConditionType
 
 from ..conftest import Cluster, fresh_namespace
 from .conftest import (
-    CHART,
     OperatorRelease,
     ServiceFactory,
     base_spec,
     chat,
     gpus_at_least,
-    helm,
     node_gpus,
     wait_for,
 )
@@ -61,21 +58,7 @@ def stand_in_demo(cluster: Cluster, crd: None) -> Iterator[OperatorRelease]:
     with fresh_namespace(cluster, f"standin-demo-{suffix}") as namespace:
         release = OperatorRelease(cluster, namespace, f"standin-{suffix}")
         try:
-            helm(
-                cluster,
-                "upgrade",
-                "--install",
-                release.release,
-                str(CHART),
-                "--namespace",
-                namespace,
-                "--skip-crds",
-                "--set",
-                f"watchNamespaces={{{namespace}}}",
-                "--wait",
-                "--timeout",
-                "4m",
-            )
+            release.install("--set", f"watchNamespaces={{{namespace}}}")
             document = {
                 "apiVersion": "fusebox.dev/v1alpha1",
                 "kind": "InferenceService",
@@ -96,25 +79,8 @@ def stand_in_demo(cluster: Cluster, crd: None) -> Iterator[OperatorRelease]:
             )
             yield release
         finally:
-            # Its own operator still runs: the finalizer is released (fresh_namespace
-            # deletes the service and the namespace after this).
-            cluster.kubectl(
-                "-n",
-                namespace,
-                "delete",
-                "inferenceservices.fusebox.dev",
-                "--all",
-                "--timeout=90s",
-                check=False,
-                timeout=120,
-            )
-            subprocess.run(
-                [str(cluster.bin_dir / "helm"), f"--kubeconfig={cluster.kubeconfig}"]
-                + ["uninstall", release.release, "--namespace", namespace, "--wait"],
-                capture_output=True,
-                check=False,
-                timeout=180,
-            )
+            # fresh_namespace deletes the namespace after this.
+            release.uninstall_with_services()
 
 
 def test_another_release_keeps_running_untouched_while_the_suite_runs(
