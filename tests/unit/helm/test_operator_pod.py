@@ -91,6 +91,33 @@ def test_a_pdb_keeps_a_standby_only_when_there_is_one(render: Render) -> None:
     assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
 
 
+def test_replicas_prefer_distinct_nodes_unless_the_values_say_otherwise(
+    render: Render, tmp_path: Path
+) -> None:
+    def spread(*sets: str, values: tuple[Path, ...] = ()) -> Any:
+        return one(render(*values, sets=sets), "Deployment")["spec"]["template"]["spec"].get(
+            "topologySpreadConstraints"
+        )
+
+    assert spread() is None  # one replica: nothing to spread
+    deployment = one(render(sets=("replicaCount=2",)), "Deployment")
+    [default] = spread("replicaCount=2")
+    assert default["topologyKey"] == "kubernetes.io/hostname"
+    # A preference: a one-node cluster still runs both replicas.
+    assert default["whenUnsatisfiable"] == "ScheduleAnyway"
+    assert default["labelSelector"] == deployment["spec"]["selector"]
+    none = tmp_path / "none.yaml"
+    none.write_text("topologySpreadConstraints: []\n")
+    assert spread("replicaCount=2", values=(none,)) is None
+    [zone] = spread(
+        "replicaCount=2",
+        "topologySpreadConstraints[0].maxSkew=1",
+        "topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+        "topologySpreadConstraints[0].whenUnsatisfiable=DoNotSchedule",
+    )
+    assert zone["topologyKey"] == "topology.kubernetes.io/zone"
+
+
 def test_readiness_and_liveness_are_different_checks(render: Render) -> None:
     container = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]
     # Liveness runs kopf's probe handlers; readiness only asks that it listens.
