@@ -417,6 +417,18 @@ def traffic(url: str, every_seconds: float) -> Iterator[None]:
 ServiceFactory = Callable[..., Service]
 
 
+def apply_service(cluster: Any, namespace: str, name: str, spec: dict[str, Any]) -> Service:
+    """`kubectl apply` an InferenceService with this spec."""
+    document = {
+        "apiVersion": "fusebox.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(document, allow_unicode=True))
+    return Service(cluster, namespace, name)
+
+
 @pytest.fixture
 def inference_service(
     cluster: Any, namespace: str, operator: OperatorRelease, model_claim: str
@@ -430,14 +442,7 @@ def inference_service(
     checked: list[Service] = []
 
     def make(name: str, spec: dict[str, Any], edited_children: bool = False) -> Service:
-        document = {
-            "apiVersion": "fusebox.dev/v1alpha1",
-            "kind": "InferenceService",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": spec,
-        }
-        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(document, allow_unicode=True))
-        service = Service(cluster, namespace, name)
+        service = apply_service(cluster, namespace, name, spec)
         if not edited_children:
             checked.append(service)
         return service

@@ -17,12 +17,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from fusebox_contract.names import EventReason
 
 from ..conftest import Cluster, fresh_namespace
-from .conftest import CHART, OperatorRelease, Service, base_spec, pod_is_ready, wait_for
+from .conftest import (
+    CHART,
+    OperatorRelease,
+    Service,
+    apply_service,
+    base_spec,
+    pod_is_ready,
+    wait_for,
+)
 
 pytestmark = pytest.mark.chaos
 
@@ -160,14 +167,7 @@ def test_with_two_replicas_one_operator_acts_and_a_live_one_takes_over_when_it_g
         try:
             release.install("--set", "replicaCount=2", "--set", f"watchNamespaces={{{namespace}}}")
             acting, standing_by = roles(release)
-            document = {
-                "apiVersion": "fusebox.dev/v1alpha1",
-                "kind": "InferenceService",
-                "metadata": {"name": NAME, "namespace": namespace},
-                "spec": base_spec(),
-            }
-            cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(document))
-            service = Service(cluster, namespace, NAME)
+            service = apply_service(cluster, namespace, NAME, base_spec())
             wait_for(
                 "the acting replica to create the Deployment",
                 lambda: server_env(service, "FUSEBOX_MAX_CONCURRENCY"),

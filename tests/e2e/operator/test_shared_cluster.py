@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import yaml
 
 from fusebox_contract.names import ConditionType
 
@@ -28,6 +27,7 @@ from ..conftest import Cluster, fresh_namespace
 from .conftest import (
     OperatorRelease,
     ServiceFactory,
+    apply_service,
     base_spec,
     chat,
     gpus_at_least,
@@ -59,13 +59,7 @@ def stand_in_demo(cluster: Cluster, crd: None) -> Iterator[OperatorRelease]:
         release = OperatorRelease(cluster, namespace, f"standin-{suffix}")
         try:
             release.install("--set", f"watchNamespaces={{{namespace}}}")
-            document = {
-                "apiVersion": "fusebox.dev/v1alpha1",
-                "kind": "InferenceService",
-                "metadata": {"name": STAND_IN_SERVICE, "namespace": namespace},
-                "spec": base_spec(),
-            }
-            cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(document))
+            apply_service(cluster, namespace, STAND_IN_SERVICE, base_spec())
             wait_for(
                 "the stand-in's operator to reconcile its service",
                 lambda: (
