@@ -23,7 +23,7 @@ class Metric(enum.StrEnum):
     GPU_MEMORY_TOTAL_BYTES = "fusebox_gpu_memory_total_bytes"  # {gpu}
     GPU_PROCESS_MEMORY_USED_BYTES = "fusebox_gpu_process_memory_used_bytes"  # {gpu}
     GPU_VISIBLE = "fusebox_gpu_visible"
-    GPU_LOST = "fusebox_gpu_lost"  # {gpu}
+    GPU_LOST = "fusebox_gpu_lost"  # no labels: 1 when any visible device is lost
     CUDA_MEMORY_ALLOCATED_BYTES = "fusebox_cuda_memory_allocated_bytes"
     CUDA_MEMORY_RESERVED_BYTES = "fusebox_cuda_memory_reserved_bytes"
     CUDA_ALLOC_RETRIES = "fusebox_cuda_alloc_retries"  # counter
@@ -71,7 +71,7 @@ class Metric(enum.StrEnum):
     # another tenant's growth, which no per-pod figure shows.
     NODE_MEMORY_AVAILABLE_BYTES = "fusebox_node_memory_available_bytes"
     NODE_MEMORY_TOTAL_BYTES = "fusebox_node_memory_total_bytes"
-    NODE_MEMORY_PRESSURE_RATIO = "fusebox_node_memory_pressure_ratio"  # {stalled}, avg10
+    NODE_MEMORY_PRESSURE_RATIO = "fusebox_node_memory_pressure_ratio"  # {stall}, avg10
 
     @property
     def is_counter(self) -> bool:

@@ -20,14 +20,14 @@ contract enum's value, as the operator reads them; docs/metrics.md lists them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.core import Metric as Family
 from prometheus_client.registry import Collector
 
 from fusebox_contract.metrics import STALL_LABEL, LatencyHistogram, Metric
-from fusebox_contract.names import Variant
+from fusebox_contract.names import HeartbeatThread, Variant
 from fusebox_contract.stats import StatsDocument, StatsReading
 from fusebox_sidecar.node_memory import NodeMemory
 from fusebox_sidecar.nvml import GpuReading
@@ -53,6 +53,23 @@ class Observation:
     proc: ProcReading
     gpu: GpuReading
     node: NodeMemory = NodeMemory()
+    # How long the sidecar has seen `last_written_at`, and each heartbeat
+    # stamp, keep one value, on its monotonic clock: an age no clock step can
+    # hide (see `age_seconds`).
+    stats_unchanged_seconds: float = 0.0
+    heartbeats_unchanged_seconds: Mapping[HeartbeatThread, float] = field(default_factory=dict)
+
+
+def age_seconds(now_seconds: float, stamp: float, unchanged_seconds: float) -> float:
+    """Seconds since the server stamped `stamp`, never less than it has been seen unchanged.
+
+    The wall-clock difference alone is 0 for as long as a stamp lies in the
+    future, so after the clock steps back (NTP, a resumed VM) a server that
+    stopped writing would look fresh until the clock caught up: an hour's
+    step hides a wedge for an hour. A stamp that stays the same while the
+    sidecar's monotonic clock runs is that old whatever the wall clock says.
+    """
+    return max(0.0, now_seconds - stamp, unchanged_seconds)
 
 
 def _gauge(metric: Metric, documentation: str, value: float | None) -> Iterator[Family]:
@@ -85,7 +102,10 @@ def _is_fallback(variant: Variant | None) -> float | None:
 
 
 def stats_families(
-    reading: StatsReading, now_seconds: float, last_written_at: float | None
+    reading: StatsReading,
+    now_seconds: float,
+    last_written_at: float | None,
+    unchanged_seconds: float = 0.0,
 ) -> Iterator[Family]:
     """Health of the stats file itself: validity and age."""
     yield from _gauge(
@@ -98,15 +118,20 @@ def stats_families(
             Metric.SERVER_STATS_AGE_SECONDS,
             "Seconds since the server last wrote a valid stats file (a stale file means a "
             "stuck server)",
-            max(0.0, now_seconds - last_written_at),
+            age_seconds(now_seconds, last_written_at, unchanged_seconds),
         )
 
 
-def relayed_families(document: StatsDocument | None, now_seconds: float) -> Iterator[Family]:
+def relayed_families(
+    document: StatsDocument | None,
+    now_seconds: float,
+    heartbeats_unchanged_seconds: Mapping[HeartbeatThread, float] | None = None,
+) -> Iterator[Family]:
     """Values only the server can know, relayed from its stats file."""
     if document is None:
         return
     d = document
+    unchanged = heartbeats_unchanged_seconds or {}
     yield from _gauge(
         Metric.SERVER_START_TIME_SECONDS,
         "When the server process started, in Unix seconds (a change is a restart)",
@@ -164,7 +189,10 @@ def relayed_families(document: StatsDocument | None, now_seconds: float) -> Iter
         "Seconds since the server's event loop (loop) or inference thread (worker) last "
         "stamped its heartbeat",
         THREAD_LABEL,
-        {thread.value: max(0.0, now_seconds - stamp) for thread, stamp in d.heartbeats.items()},
+        {
+            thread.value: age_seconds(now_seconds, stamp, unchanged.get(thread, 0.0))
+            for thread, stamp in d.heartbeats.items()
+        },
     )
     yield from _state_families(d)
 
@@ -361,7 +389,14 @@ def process_families(proc: ProcReading, document: StatsDocument | None) -> Itera
 
 
 def gpu_families(gpu: GpuReading, document: StatsDocument | None) -> Iterator[Family]:
-    """GPU memory: the sidecar's own NVML reading, else the server's."""
+    """GPU memory: the sidecar's own NVML reading, else the server's, per device.
+
+    A device the sidecar sees but cannot read (NVML answers NotSupported or
+    Unknown for its memory) takes the server's figure for the same index,
+    so one failing call does not make the memory metrics vanish. A lost
+    device does not: whatever the server last wrote describes a device
+    that is gone.
+    """
     yield from _gauge(
         Metric.GPU_VISIBLE,
         "1 when the sidecar itself can read GPUs through NVML",
@@ -370,6 +405,9 @@ def gpu_families(gpu: GpuReading, document: StatsDocument | None) -> Iterator[Fa
     used: dict[str, float] = {}
     total: dict[str, float] = {}
     process_used: dict[str, float] = {}
+    server_reported = (
+        {entry.index: entry for entry in document.nvml} if document is not None else {}
+    )
     if gpu.visible:
         yield from _gauge(
             Metric.GPU_LOST,
@@ -377,11 +415,17 @@ def gpu_families(gpu: GpuReading, document: StatsDocument | None) -> Iterator[Fa
             float(gpu.lost),
         )
         for device in gpu.devices:
-            _put(used, str(device.index), device.used_bytes)
-            _put(total, str(device.index), device.total_bytes)
-            _put(process_used, str(device.index), device.process_used_bytes)
-    elif document is not None:
-        for entry in document.nvml:
+            key = str(device.index)
+            server = server_reported.get(device.index)
+            if device.used_bytes is None and not device.lost and server is not None:
+                _put(used, key, server.memory_used_bytes)
+                _put(total, key, server.memory_total_bytes)
+            else:
+                _put(used, key, device.used_bytes)
+                _put(total, key, device.total_bytes)
+            _put(process_used, key, device.process_used_bytes)
+    else:
+        for entry in server_reported.values():
             _put(used, str(entry.index), entry.memory_used_bytes)
             _put(total, str(entry.index), entry.memory_total_bytes)
     yield from _labelled_gauge(
@@ -445,8 +489,15 @@ def build_families(observation: Observation) -> list[Family]:
     """All families for one scrape."""
     document = observation.stats.document
     return [
-        *stats_families(observation.stats, observation.now_seconds, observation.last_written_at),
-        *relayed_families(document, observation.now_seconds),
+        *stats_families(
+            observation.stats,
+            observation.now_seconds,
+            observation.last_written_at,
+            observation.stats_unchanged_seconds,
+        ),
+        *relayed_families(
+            document, observation.now_seconds, observation.heartbeats_unchanged_seconds
+        ),
         *process_families(observation.proc, document),
         *gpu_families(observation.gpu, document),
         *measured_families(observation.proc, observation.gpu),

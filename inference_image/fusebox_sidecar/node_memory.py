@@ -50,9 +50,11 @@ def parse_pressure(text: str) -> tuple[tuple[MemoryStall, float], ...]:
     """
     shares: list[tuple[MemoryStall, float]] = []
     for line in text.splitlines():
-        kind, *fields = line.split()
-        if kind not in tuple(MemoryStall):
+        words = line.split()
+        # A blank line (or anything but a known stall kind first) is skipped, never raised on.
+        if not words or words[0] not in tuple(MemoryStall):
             continue
+        kind, *fields = words
         for field in fields:
             key, _, value = field.partition("=")
             if key != "avg10":

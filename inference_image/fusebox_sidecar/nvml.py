@@ -8,9 +8,10 @@ Why classify failures: "no GPU here" and "the GPU fell off the bus" look the
 same to a naive reader (no numbers), but the first is normal in a CPU pod
 and the second must page someone. So: library missing, NVML failing to
 initialise, or zero devices → GPU metrics absent and `fusebox_gpu_visible 0`;
-`NVMLError_GpuIsLost` on a device → that device's numbers absent and
-`fusebox_gpu_lost 1`; per-process memory unavailable → only the device-level
-numbers.
+`NVMLError_GpuIsLost` on a device (from any call) → that device's numbers
+absent and `fusebox_gpu_lost 1`; any other error reading a device's memory →
+its figures fall back to the server's own (`read_error` says why, for the
+log); per-process memory unavailable → only the device-level numbers.
 
 NVML reports host PIDs. The server's own share of a device can only be told
 apart when the sidecar sees host PIDs (it runs in the host's PID namespace,
@@ -44,6 +45,8 @@ class GpuDevice:
     total_bytes: float | None
     process_used_bytes: float | None = None
     lost: bool = False
+    # Why NVML could not read the device's memory (empty when it could, or when it is lost).
+    read_error: str = ""
 
 
 @dataclass(frozen=True)
@@ -105,12 +108,17 @@ class NvmlReader:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
         except nvml.NVMLError as error:
-            return GpuDevice(index, None, None, lost=self._is_gpu_lost(error))
+            if self._is_gpu_lost(error):
+                return GpuDevice(index, None, None, lost=True)
+            return GpuDevice(index, None, None, read_error=str(error) or type(error).__name__)
         used, total = float(memory.used), float(memory.total)
         try:
             processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
         except nvml.NVMLError as error:
-            return GpuDevice(index, used, total, lost=self._is_gpu_lost(error))
+            if self._is_gpu_lost(error):
+                # Figures read a moment before the loss describe a device that is gone.
+                return GpuDevice(index, None, None, lost=True)
+            return GpuDevice(index, used, total)
         return GpuDevice(index, used, total, _process_used_bytes(processes, server_pid))
 
     def _is_gpu_lost(self, error: BaseException) -> bool:

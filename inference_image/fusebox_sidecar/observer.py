@@ -7,9 +7,12 @@ in the `Observation`, never an exception, so a scrape always answers.
 The only memory kept between scrapes: the last valid stats file's
 `written_at` (so `fusebox_server_stats_age_seconds` keeps growing after the
 file is deleted or corrupted) and its `pid` (so the server's RSS is still
-measured from `/proc` while its stats file is broken). Problems are logged
-when they change, not on every scrape, so a broken file does not flood the
-log at the scrape rate.
+measured from `/proc` while its stats file is broken), and since when, on
+the monotonic clock, that `written_at` and each heartbeat stamp have kept
+their value (so a stamp in the future, after the clock stepped back, cannot
+hide a server that stopped writing). Problems are logged when they change,
+not on every scrape, so a broken file does not flood the log at the scrape
+rate.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Final
 
-from fusebox_contract.stats import StatsReading, parse
+from fusebox_contract.names import HeartbeatThread
+from fusebox_contract.stats import StatsDocument, StatsReading, parse
 from fusebox_sidecar.collectors import Observation
 from fusebox_sidecar.node_memory import read_node_memory
 from fusebox_sidecar.nvml import GpuAccess, GpuReading, NvmlReader
@@ -33,6 +37,9 @@ log = logging.getLogger(__name__)
 
 # A stats file is a few KiB; anything much larger is not ours and is not read.
 MAX_STATS_BYTES: Final = 1024 * 1024
+# The server and the sidecar share the node's clock, so a stamp further
+# ahead than this was written before the clock stepped back (or is wrong).
+FUTURE_STAMP_TOLERANCE_SECONDS: Final = 5.0
 
 
 def read_stats_file(path: Path) -> StatsReading:
@@ -80,6 +87,20 @@ def read_proc(proc_root: Path, pid: int | None, own_pid: int) -> ProcReading:
     return ProcReading(ProcOutcome.MEASURED, rss_bytes=status.rss_bytes)
 
 
+class StampWatch:
+    """Since when, on the monotonic clock, each of the server's stamps has kept its value."""
+
+    def __init__(self) -> None:
+        self._first_seen: dict[Hashable, tuple[float, float]] = {}
+
+    def unchanged_seconds(self, key: Hashable, stamp: float, monotonic_now: float) -> float:
+        seen = self._first_seen.get(key)
+        if seen is None or seen[0] != stamp:
+            self._first_seen[key] = (stamp, monotonic_now)
+            return 0.0
+        return monotonic_now - seen[1]
+
+
 class ServerObserver:
     """Gathers one `Observation` per scrape; safe to call from many threads."""
 
@@ -89,35 +110,75 @@ class ServerObserver:
         proc_root: Path,
         nvml: NvmlReader,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._stats_path = stats_path
         self._proc_root = proc_root
         self._nvml = nvml
         self._clock = clock
+        self._monotonic = monotonic
         self._own_pid = os.getpid()
         self._lock = threading.Lock()
         self._last_written_at: float | None = None
         self._last_pid: int | None = None
+        self._stamps = StampWatch()
         self._reported: dict[str, str | None] = {}
 
     def observe(self) -> Observation:
         with self._lock:
             stats = read_stats_file(self._stats_path)
             now_seconds = self._clock()
+            monotonic_now = self._monotonic()
             document = stats.document
             if document is not None and document.written_at is not None:
                 self._last_written_at = document.written_at
             if document is not None and document.pid is not None:
                 self._last_pid = document.pid
+            stats_unchanged = 0.0
+            if self._last_written_at is not None:
+                stats_unchanged = self._stamps.unchanged_seconds(
+                    "written_at", self._last_written_at, monotonic_now
+                )
+            heartbeats_unchanged = self._heartbeats_unchanged(document, monotonic_now)
             proc = read_proc(self._proc_root, self._last_pid, self._own_pid)
             gpu = self._nvml.read(self._last_pid)
-            self._report(stats, proc, gpu)
+            self._report(stats, now_seconds, proc, gpu)
             node = read_node_memory(self._proc_root)
-            return Observation(now_seconds, stats, self._last_written_at, proc, gpu, node)
+            return Observation(
+                now_seconds,
+                stats,
+                self._last_written_at,
+                proc,
+                gpu,
+                node,
+                stats_unchanged,
+                heartbeats_unchanged,
+            )
 
-    def _report(self, stats: StatsReading, proc: ProcReading, gpu: GpuReading) -> None:
+    def _heartbeats_unchanged(
+        self, document: StatsDocument | None, monotonic_now: float
+    ) -> dict[HeartbeatThread, float]:
+        if document is None:
+            return {}
+        return {
+            thread: self._stamps.unchanged_seconds(thread, stamp, monotonic_now)
+            for thread, stamp in document.heartbeats.items()
+        }
+
+    def _report(
+        self, stats: StatsReading, now_seconds: float, proc: ProcReading, gpu: GpuReading
+    ) -> None:
         stats_problem = "; ".join(stats.problems) or None
         self._transition("stats", stats_problem, "stats file unusable", "stats file valid again")
+        written_at = self._last_written_at
+        ahead = written_at is not None and written_at - now_seconds > FUTURE_STAMP_TOLERANCE_SECONDS
+        self._transition(
+            "future_stamp",
+            # A fixed text: the gap shrinks every scrape and must not log every scrape.
+            "written_at is ahead of the sidecar's clock" if ahead else None,
+            "stats file stamped in the future: its age counts from when the sidecar saw it change",
+            "stats file stamped in the past again",
+        )
         proc_problem = None if proc.outcome is ProcOutcome.MEASURED else proc.detail
         if proc.outcome is ProcOutcome.NO_PID:
             proc_problem = None  # already reported as a stats problem
@@ -137,6 +198,13 @@ class ServerObserver:
             f"GPU {', '.join(lost)} lost" if lost else None,
             "NVML reports a GPU as lost",
             "no GPU reported lost",
+        )
+        unreadable = [f"GPU {d.index}: {d.read_error}" for d in gpu.devices if d.read_error]
+        self._transition(
+            "gpu_read",
+            "; ".join(unreadable) or None,
+            "NVML cannot read a GPU's memory; the server's figures stand in where it has them",
+            "NVML reads every GPU's memory again",
         )
 
     def _transition(self, key: str, problem: str | None, warning: str, recovery: str) -> None:

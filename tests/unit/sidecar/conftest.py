@@ -42,11 +42,13 @@ NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_UNKNOWN = 999
 _ERROR_NAMES = {
     NVML_ERROR_NOT_SUPPORTED: ("NVMLError_NotSupported", "Not Supported"),
     NVML_ERROR_DRIVER_NOT_LOADED: ("NVMLError_DriverNotLoaded", "Driver Not Loaded"),
     NVML_ERROR_LIBRARY_NOT_FOUND: ("NVMLError_LibraryNotFound", "NVML Shared Library Not Found"),
     NVML_ERROR_GPU_IS_LOST: ("NVMLError_GpuIsLost", "GPU is lost"),
+    NVML_ERROR_UNKNOWN: ("NVMLError_Unknown", "Unknown Error"),
 }
 
 MiB = 1024 * 1024
@@ -56,12 +58,16 @@ GiB = 1024 * MiB
 @dataclass
 class FakeDevice:
     """One simulated GPU. `processes` None means per-process info is
-    unsupported; a process's memory None means NVML withholds it."""
+    unsupported; a process's memory None means NVML withholds it. `lost`
+    makes every call answer GpuIsLost; `memory_error` and `processes_error`
+    make only that call fail, with an NVML return code."""
 
     used_bytes: int = 3 * GiB
     total_bytes: int = 80 * GiB
     processes: list[tuple[int, int | None]] | None = field(default_factory=list)
     lost: bool = False
+    memory_error: int | None = None
+    processes_error: int | None = None
 
 
 def _make_fake_pynvml(devices: list[FakeDevice], init_error: int | None = None) -> ModuleType:
@@ -95,6 +101,8 @@ def _make_fake_pynvml(devices: list[FakeDevice], init_error: int | None = None) 
 
     def get_memory_info(handle: FakeDevice) -> SimpleNamespace:
         check(handle)
+        if handle.memory_error is not None:
+            raise errors[handle.memory_error]()
         return SimpleNamespace(
             total=handle.total_bytes,
             used=handle.used_bytes,
@@ -103,6 +111,8 @@ def _make_fake_pynvml(devices: list[FakeDevice], init_error: int | None = None) 
 
     def get_processes(handle: FakeDevice) -> list[SimpleNamespace]:
         check(handle)
+        if handle.processes_error is not None:
+            raise errors[handle.processes_error]()
         if handle.processes is None:
             raise errors[NVML_ERROR_NOT_SUPPORTED]()
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in handle.processes]

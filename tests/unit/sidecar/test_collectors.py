@@ -15,6 +15,7 @@ from fusebox_contract.metrics import LatencyHistogram, Metric
 from fusebox_contract.names import (
     BreakerState,
     Dtype,
+    HeartbeatThread,
     LatencyMetric,
     Quantization,
     RequestOutcome,
@@ -263,6 +264,49 @@ def test_no_gpu_anywhere_means_gpu_metrics_absent(stats_document: StatsDocument)
     assert "fusebox_gpu_visible 0.0" in exposition
     assert "fusebox_gpu_memory" not in exposition
     assert "fusebox_gpu_lost" not in exposition
+
+
+def test_a_gpu_the_sidecar_cannot_read_takes_the_server_figure_for_its_index(
+    stats_document: StatsDocument,
+) -> None:
+    gpu = GpuReading(
+        GpuAccess.OK,
+        (
+            GpuDevice(0, None, None, read_error="Not Supported"),
+            GpuDevice(1, used_bytes=1e9, total_bytes=8e10),
+        ),
+    )
+    registry = _registry(_read(stats_document), gpu=gpu)
+    value = registry.get_sample_value
+
+    assert value("fusebox_gpu_memory_used_bytes", {"gpu": "0"}) == 17 * 1024**3
+    assert value("fusebox_gpu_memory_total_bytes", {"gpu": "0"}) == 80 * 1024**3
+    assert value("fusebox_gpu_memory_used_bytes", {"gpu": "1"}) == 1e9
+    assert value("fusebox_gpu_lost") == 0
+
+
+def test_a_stats_stamp_in_the_future_ages_by_how_long_it_stayed_unchanged(
+    stats_document: StatsDocument,
+) -> None:
+    # The clock stepped back an hour while the server stopped writing.
+    assert stats_document.written_at is not None
+    now = stats_document.written_at - 3600
+    observation = Observation(
+        now,
+        _read(stats_document),
+        stats_document.written_at,
+        MEASURED,
+        NO_GPU,
+        stats_unchanged_seconds=90.0,
+        heartbeats_unchanged_seconds={HeartbeatThread.LOOP: 90.0},
+    )
+    registry = CollectorRegistry()
+    registry.register(SidecarCollector(lambda: observation))
+    value = registry.get_sample_value
+
+    assert value("fusebox_server_stats_age_seconds") == 90
+    assert value("fusebox_heartbeat_age_seconds", {"thread": "loop"}) == 90
+    assert value("fusebox_heartbeat_age_seconds", {"thread": "worker"}) == 0
 
 
 def test_a_lost_gpu_is_flagged_and_its_numbers_left_out(stats_document: StatsDocument) -> None:

@@ -54,6 +54,20 @@ def test_pressure_ignores_unknown_lines_and_bad_values() -> None:
     assert parse_pressure(text) == ()
 
 
+def test_pressure_skips_blank_and_malformed_lines() -> None:
+    text = "\n" + PRESSURE.replace("\n", "\n\n   \n", 1) + "full\n"
+    assert parse_pressure(text) == ((MemoryStall.SOME, 0.125), (MemoryStall.FULL, 0.04))
+
+
+def test_a_pressure_file_with_a_blank_line_still_reads(tmp_path: Path) -> None:
+    (tmp_path / "meminfo").write_text(MEMINFO)
+    (tmp_path / "pressure").mkdir()
+    (tmp_path / "pressure" / "memory").write_text(PRESSURE.replace("\n", "\n\n", 1))
+    node = read_node_memory(tmp_path)
+    assert node.available_bytes == 2097152 * 1024
+    assert node.pressure == ((MemoryStall.SOME, 0.125), (MemoryStall.FULL, 0.04))
+
+
 def test_read_from_a_proc_root(tmp_path: Path) -> None:
     (tmp_path / "meminfo").write_text(MEMINFO)
     (tmp_path / "pressure").mkdir()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client.registry import CollectorRegistry
 
-from fusebox_contract.stats import StatsReading
+from fusebox_contract.stats import GpuMemory, StatsDocument, StatsReading
 from fusebox_sidecar.collectors import Observation, SidecarCollector
 from fusebox_sidecar.nvml import GpuAccess, GpuReading, NvmlReader
 from fusebox_sidecar.readings import ProcOutcome, ProcReading
@@ -21,9 +21,13 @@ SERVER_PID = 4242
 GiB = 1024**3
 
 
-def _scrape(reading: GpuReading) -> CollectorRegistry:
+def _scrape(reading: GpuReading, stats: StatsReading | None = None) -> CollectorRegistry:
     observation = Observation(
-        0.0, StatsReading(None, "missing"), None, ProcReading(ProcOutcome.NO_PID), reading
+        0.0,
+        stats or StatsReading(None, "missing"),
+        None,
+        ProcReading(ProcOutcome.NO_PID),
+        reading,
     )
     registry = CollectorRegistry()
     registry.register(SidecarCollector(lambda: observation))
@@ -88,6 +92,43 @@ def test_a_lost_gpu_sets_gpu_lost_and_drops_only_its_numbers(
     assert registry.get_sample_value("fusebox_gpu_lost") == 1
     assert registry.get_sample_value("fusebox_gpu_visible") == 1
     assert registry.get_sample_value("fusebox_gpu_memory_used_bytes", {"gpu": "0"}) is None
+    assert registry.get_sample_value("fusebox_gpu_memory_used_bytes", {"gpu": "1"}) == 2 * GiB
+
+
+def test_a_gpu_lost_on_the_process_list_call_drops_its_memory_figures(
+    fake_pynvml: FakeNvml, device_class: type[Any]
+) -> None:
+    # Memory info answered a moment before the loss; those figures describe a gone device.
+    nvml = fake_pynvml([device_class(used_bytes=9 * GiB, processes_error=15)])
+
+    registry = _scrape(NvmlReader(nvml).read(SERVER_PID))
+
+    assert registry.get_sample_value("fusebox_gpu_lost") == 1
+    assert registry.get_sample_value("fusebox_gpu_memory_used_bytes", {"gpu": "0"}) is None
+    assert registry.get_sample_value("fusebox_gpu_memory_total_bytes", {"gpu": "0"}) is None
+
+
+@pytest.mark.parametrize(("code", "why"), [(3, "Not Supported"), (999, "Unknown Error")])
+def test_a_device_whose_memory_nvml_cannot_read_takes_the_server_figure(
+    fake_pynvml: FakeNvml, device_class: type[Any], code: int, why: str
+) -> None:
+    nvml = fake_pynvml([device_class(memory_error=code), device_class(used_bytes=2 * GiB)])
+    server_saw = StatsDocument(
+        written_at=1.0,
+        nvml=(
+            GpuMemory(index=0, memory_used_bytes=17 * GiB, memory_total_bytes=80 * GiB),
+            GpuMemory(index=1, memory_used_bytes=5 * GiB, memory_total_bytes=80 * GiB),
+        ),
+    )
+
+    reading = NvmlReader(nvml).read(SERVER_PID)
+    registry = _scrape(reading, StatsReading(server_saw))
+
+    assert reading.devices[0].read_error == why
+    assert registry.get_sample_value("fusebox_gpu_lost") == 0
+    assert registry.get_sample_value("fusebox_gpu_memory_used_bytes", {"gpu": "0"}) == 17 * GiB
+    assert registry.get_sample_value("fusebox_gpu_memory_total_bytes", {"gpu": "0"}) == 80 * GiB
+    # The device the sidecar could read keeps its own measurement.
     assert registry.get_sample_value("fusebox_gpu_memory_used_bytes", {"gpu": "1"}) == 2 * GiB
 
 

@@ -19,6 +19,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from fusebox_contract.names import HeartbeatThread
 from fusebox_contract.stats import StatsDocument, dumps
 from fusebox_sidecar.collectors import SidecarCollector
 from fusebox_sidecar.nvml import NvmlReader
@@ -232,3 +233,78 @@ def test_a_lost_gpu_is_flagged_and_logged_as_a_warning(
     assert lost == 1
     warnings = [r for r in caplog.records if r.getMessage() == "NVML reports a GPU as lost"]
     assert len(warnings) == 1 and getattr(warnings[0], "problem", "") == "GPU 0 lost"
+
+
+def test_a_stats_file_stamped_in_the_future_still_ages_while_it_does_not_change(
+    tmp_path: Path, stats_document: StatsDocument, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The clock stepped back an hour after the server's last write, and the
+    # server is stuck: wall-clock now - written_at stays negative for an hour.
+    wall = Clock(2e9)
+    monotonic = Clock(1000.0)
+    stamp = wall.now + 3600
+    stats_path = tmp_path / "stats.json"
+    _write(
+        stats_path,
+        replace(
+            stats_document,
+            written_at=stamp,
+            heartbeats={HeartbeatThread.LOOP: stamp, HeartbeatThread.WORKER: stamp},
+        ),
+    )
+    registry = _registry(
+        ServerObserver(stats_path, Path("/proc"), NvmlReader(None), wall, monotonic)
+    )
+
+    with caplog.at_level(logging.WARNING):
+        assert registry.get_sample_value("fusebox_server_stats_age_seconds") == 0
+        wall.now += 45
+        monotonic.now += 45
+        assert registry.get_sample_value("fusebox_server_stats_age_seconds") == 45
+        assert registry.get_sample_value("fusebox_heartbeat_age_seconds", {"thread": "loop"}) == 45
+        # The file disappears too: the age keeps counting from the same stamp.
+        stats_path.unlink()
+        monotonic.now += 15
+        assert registry.get_sample_value("fusebox_server_stats_age_seconds") == 60
+
+    warnings = [r for r in caplog.records if r.getMessage().startswith("stats file stamped in the")]
+    assert len(warnings) == 1
+
+
+def test_a_server_writing_again_after_a_clock_step_shows_a_fresh_file(
+    tmp_path: Path, stats_document: StatsDocument
+) -> None:
+    wall = Clock(2e9)
+    monotonic = Clock(1000.0)
+    stats_path = tmp_path / "stats.json"
+    _write(stats_path, replace(stats_document, written_at=wall.now + 3600))
+    registry = _registry(
+        ServerObserver(stats_path, Path("/proc"), NvmlReader(None), wall, monotonic)
+    )
+    registry.get_sample_value("fusebox_server_stats_age_seconds")
+
+    wall.now += 30
+    monotonic.now += 30
+    _write(stats_path, replace(stats_document, written_at=wall.now - 0.5))
+
+    assert registry.get_sample_value("fusebox_server_stats_age_seconds") == pytest.approx(0.5)
+
+
+def test_a_gpu_whose_memory_nvml_cannot_read_is_relayed_and_logged_once(
+    tmp_path: Path,
+    stats_document: StatsDocument,
+    fake_pynvml: Callable[..., Any],
+    device_class: type[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _write(tmp_path / "stats.json", stats_document)
+    nvml = NvmlReader(fake_pynvml([device_class(memory_error=3)]))  # NVML_ERROR_NOT_SUPPORTED
+    registry = _registry(ServerObserver(tmp_path / "stats.json", Path("/proc"), nvml))
+
+    with caplog.at_level(logging.WARNING):
+        used = registry.get_sample_value("fusebox_gpu_memory_used_bytes", {"gpu": "0"})
+        registry.get_sample_value("fusebox_gpu_memory_used_bytes", {"gpu": "0"})
+
+    assert used == stats_document.nvml[0].memory_used_bytes
+    warnings = [r for r in caplog.records if r.getMessage().startswith("NVML cannot read")]
+    assert len(warnings) == 1 and getattr(warnings[0], "problem", "") == "GPU 0: Not Supported"
