@@ -33,6 +33,22 @@ app.kubernetes.io/part-of: fusebox
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
+{{/* repository@digest when a digest pins the image, else repository:tag. */}}
+{{- define "fusebox.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository .Values.image.tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* An alert's labels: its severity, then alertLabels, which may replace the severity. */}}
+{{- define "fusebox.alertLabels" -}}
+{{- $severity := index . 0 -}}
+{{- $root := index . 1 -}}
+{{- toYaml (mergeOverwrite (dict "severity" $severity) $root.Values.monitoring.prometheusRule.alertLabels) -}}
+{{- end -}}
+
 {{- define "fusebox.podSelector" -}}
 app.kubernetes.io/name=fusebox-operator,app.kubernetes.io/instance={{ .Release.Name }}
 {{- end -}}

@@ -23,6 +23,31 @@ VALUES_DIR = Path(__file__).resolve().parent / "values"
 Render = Callable[..., list[dict[str, Any]]]
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """Refuses a mapping that repeats a key, as strict loaders (kubectl's, Go's
+    yaml.v3) do; PyYAML's own keeps the last value without a word."""
+
+
+def _construct_unique_mapping(loader: UniqueKeyLoader, node: yaml.MappingNode) -> Any:
+    keys = [loader.construct_object(key_node, deep=True) for key_node, _ in node.value]
+    repeated = sorted({str(key) for key in keys if keys.count(key) > 1})
+    if repeated:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"repeated keys {repeated}", node.start_mark
+        )
+    return loader.construct_mapping(node, deep=True)
+
+
+UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping
+)
+
+
+def load_documents(text: str) -> list[dict[str, Any]]:
+    """The non-empty YAML documents of `text`, refusing repeated keys."""
+    return [doc for doc in yaml.load_all(text, Loader=UniqueKeyLoader) if doc]
+
+
 @pytest.fixture(scope="session")
 def helm() -> Path:
     local = REPO / ".cache" / "bin" / "helm"
@@ -54,7 +79,7 @@ def render(helm: Path) -> Render:
             args += ["--set", pair]
         result = run_helm(helm, *args)
         assert result.returncode == 0, result.stderr
-        return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+        return load_documents(result.stdout)
 
     return template
 

@@ -64,8 +64,10 @@ def test_apiserver_cidrs_narrow_the_api_rule(render: Render) -> None:
     ]
 
 
-def test_no_dns_ports_render_no_dns_rule(render: Render) -> None:
-    policy = operator_policy(render(sets=("networkPolicy.dnsPorts=null",)))
+def test_no_dns_ports_render_no_dns_rule(render: Render, tmp_path: Path) -> None:
+    values = tmp_path / "no-dns.yaml"
+    values.write_text("networkPolicy:\n  dnsPorts: []\n")
+    policy = operator_policy(render(values))
     assert [ports_of(rule) for rule in policy["egress"]][1] == {
         (int(Port.ADMIN), "TCP"),
         (int(Port.METRICS), "TCP"),

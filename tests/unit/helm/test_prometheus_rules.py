@@ -17,7 +17,7 @@ import yaml
 
 from fusebox_contract.metrics import Metric
 
-from .conftest import Render, by_kind, one
+from .conftest import CHART, Render, by_kind, one, run_helm
 from .promql import PROMETHEUS_OWN, exported_sample_names, metric_names
 
 NAMESPACE = "fusebox-system"
@@ -242,6 +242,41 @@ def test_alert_labels_and_rule_labels_come_from_values(render: Render) -> None:
     rule = one(documents, "PrometheusRule")
     assert rule["metadata"]["labels"]["release"] == "prometheus"
     assert all(r["labels"]["team"] == "ml-platform" for r in alerts(rule).values())
+
+
+def test_a_severity_in_alert_labels_replaces_each_alerts_own_once(render: Render) -> None:
+    """The render fixture's loader refuses a repeated key, as strict YAML loaders do."""
+    default = {name: r["labels"]["severity"] for name, r in alerts(rendered_rule(render)).items()}
+    assert set(default.values()) == {"warning", "critical"}
+    rule = one(
+        render(
+            sets=(
+                "monitoring.prometheusRule.enabled=true",
+                "monitoring.prometheusRule.alertLabels.severity=page",
+            )
+        ),
+        "PrometheusRule",
+    )
+    assert {r["labels"]["severity"] for r in alerts(rule).values()} == {"page"}
+
+
+def test_stats_invalid_is_described_as_broken_telemetry_not_staleness(helm: Path) -> None:
+    """The sidecar sets fusebox_stats_valid to 0 for a broken stats file; a stale one
+    is FuseboxServerWedged's (fusebox_server_stats_age_seconds)."""
+    result = run_helm(
+        helm,
+        "template",
+        "fusebox",
+        str(CHART),
+        "--show-only",
+        "templates/prometheusrule.yaml",
+        "--set",
+        "monitoring.prometheusRule.enabled=true",
+    )
+    assert result.returncode == 0, result.stderr
+    text = result.stdout.split("- alert: FuseboxStatsInvalid", 1)[1].split("- alert:", 1)[0]
+    assert "Broken telemetry" in text
+    assert "stale" not in text.lower()
 
 
 @pytest.mark.parametrize(
