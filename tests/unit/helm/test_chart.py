@@ -12,7 +12,17 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import CHART, REPO, VALUES_DIR, Render, by_kind, env_of, one, run_helm
+from .conftest import (
+    CHART,
+    REPO,
+    VALUES_DIR,
+    Render,
+    by_kind,
+    env_of,
+    load_documents,
+    one,
+    run_helm,
+)
 
 ALL_OPTIONS = VALUES_DIR / "all-options.yaml"
 
@@ -40,9 +50,13 @@ def test_chart_passes_helm_lint_strict(helm: Path) -> None:
         assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_chart_crd_is_byte_identical_to_the_canonical_crd() -> None:
-    canonical = (REPO / "crds" / "inferenceservice.yaml").read_bytes()
-    assert (CHART / "crds" / "inferenceservice.yaml").read_bytes() == canonical
+def test_chart_crds_are_byte_identical_to_the_canonical_crds() -> None:
+    def files(folder: Path) -> dict[str, bytes]:
+        return {path.name: path.read_bytes() for path in sorted(folder.glob("*.yaml"))}
+
+    canonical = files(REPO / "crds")
+    assert set(canonical) == {"inferenceservice.yaml", "kopf-peerings.yaml"}
+    assert files(CHART / "crds") == canonical
 
 
 def test_defaults_render_operator_with_restricted_security_and_local_image(render: Render) -> None:
@@ -146,7 +160,7 @@ def test_two_releases_with_several_replicas_never_share_a_peering(helm: Path) ->
             helm, "template", release, str(CHART), "--set", "replicaCount=2", "--include-crds"
         )
         assert result.returncode == 0, result.stderr
-        documents = [d for d in yaml.safe_load_all(result.stdout) if d]
+        documents = load_documents(result.stdout)
         names.add(one(documents, "ClusterKopfPeering")["metadata"]["name"])
         assert env_of(one(documents, "Deployment"))["FUSEBOX_PEERING"] in names
     assert names == {"demo-operator", "suite-operator"}
@@ -180,14 +194,58 @@ def test_a_namespace_glob_with_several_replicas_is_refused(helm: Path) -> None:
     assert "list watchNamespaces by name, not by glob" in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("client_seconds", [300, 200])
+def test_a_watch_client_timeout_not_above_the_servers_is_refused(
+    helm: Path, client_seconds: int
+) -> None:
+    """kopf's client would drop each watch before the server ends it (the server's is 300)."""
+    result = run_helm(
+        helm,
+        "template",
+        "fusebox",
+        str(CHART),
+        "--set",
+        f"kopf.watchClientTimeoutSeconds={client_seconds}",
+    )
+    assert result.returncode != 0
+    assert (
+        f"kopf.watchClientTimeoutSeconds ({client_seconds}) must be above "
+        "kopf.watchServerTimeoutSeconds (300)"
+    ) in result.stderr, result.stderr
+
+
+def install_notes(helm: Path) -> str:
+    result = run_helm(
+        helm, "install", "fusebox", str(CHART), "--dry-run=client", "--namespace", "fusebox-system"
+    )
+    assert result.returncode == 0, result.stderr
+    return " ".join(result.stdout.split("NOTES:", 1)[1].split())
+
+
+def test_install_notes_say_where_the_server_reads_a_model_and_where_it_is_documented(
+    helm: Path,
+) -> None:
+    notes = install_notes(helm)
+    assert "The server loads local files only" in notes
+    assert "model.source is pvc://CLAIM/path" in notes
+    # The example the notes apply, and the field reference they point at, say the same.
+    example = yaml.safe_load((REPO / "crds" / "examples" / "tiny-chat.yaml").read_text())
+    assert f"The tiny-chat example reads {example['spec']['model']['source']}:" in notes
+    assert "docs/api.md, spec.model.source, has the rules" in notes
+    assert "| `spec.model.source` |" in (REPO / "docs" / "api.md").read_text()
+
+
 def test_all_options_render_monitors_dashboard_and_overrides(render: Render) -> None:
     documents = render(ALL_OPTIONS)
     deployment = one(documents, "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == "registry.example.com/fusebox/operator:v0.1.0"
+    digest = "sha256:" + "0123456789abcdef" * 4
+    assert container["image"] == f"registry.example.com/fusebox/operator@{digest}"
     assert container["imagePullPolicy"] == "Always"
     env = env_of(deployment)
-    assert env["FUSEBOX_INFERENCE_IMAGE"] == "registry.example.com/fusebox/inference:v0.1.0"
+    assert env["FUSEBOX_INFERENCE_IMAGE"] == (
+        f"registry.example.com/fusebox/inference:v0.1.0@{digest}"
+    )
     assert env["FUSEBOX_MONITORING_NAMESPACE"] == "observability"
     assert env["FUSEBOX_LIVENESS_PORT"] == "8081"
     assert container["ports"][0]["containerPort"] == 8081
