@@ -11,8 +11,11 @@ The rule is the HPA's, so it behaves as platform teams expect: the wanted
 count is the total load over the target per replica, rounded up, clamped to
 [min, max]; within a tolerance of the target nothing moves; a scale-up takes
 the lowest recommendation of the up window (load must stay high) and a
-scale-down the highest of the down window (load must stay low). Every change
-is a decision with a reason and a message, which the tick turns into an event.
+scale-down the highest of the down window (load must stay low). Pods that
+report no load (not ready, or not measured) count as the HPA counts them: at
+the target when the load would scale down, idle when it would scale up. Every
+change is a decision with a reason and a message, which the tick turns into
+an event.
 
 Pure: a function of the spec, this tick's samples, the pods and the
 recommendations remembered from earlier ticks.
@@ -65,15 +68,29 @@ def pod_load(sample: PodSample, metric: AutoscalingMetric) -> float | None:
 
 
 def recommend(current: int, loads: Sequence[float], spec: AutoscalingSpec) -> int:
-    """The replica count the measured load asks for, clamped to [min, max]."""
+    """The replica count the measured load asks for, clamped to [min, max].
+
+    `loads` are the pods that reported one; the rest of the `current` pods
+    (not ready: starting, rolling, reloading, crash-looping; or not measured)
+    are counted as the HPA counts them. The measured pods' average decides
+    the direction. Going down, an unmeasured pod counts as carrying the
+    target: a pod out of service for a moment is not idle, and its requests
+    come back with it. Going up, it counts as carrying nothing: only load
+    actually seen asks for more pods. A direction the unmeasured pods
+    would reverse holds the count.
+    """
     if not loads:
         return max(spec.min_replicas, min(spec.max_replicas, current))
+    target = spec.target_per_replica
     total = sum(loads)
-    per_replica = total / max(current, 1)
-    if current >= 1 and abs(per_replica / spec.target_per_replica - 1) <= TOLERANCE:
+    unmeasured = max(0, current - len(loads))
+    ratio = total / len(loads) / target
+    if current >= 1 and abs(ratio - 1) <= TOLERANCE:
         wanted = current
+    elif ratio > 1:
+        wanted = max(current, math.ceil(total / target))
     else:
-        wanted = math.ceil(total / spec.target_per_replica)
+        wanted = min(current, math.ceil((total + unmeasured * target) / target))
     return max(spec.min_replicas, min(spec.max_replicas, wanted))
 
 
@@ -124,6 +141,12 @@ def decide_scale(
     reason = EventReason.SCALED_UP if wanted > current else EventReason.SCALED_DOWN
     per_replica = spec.target_per_replica
     measured_text = f"load {load:g} ({unit})" if load is not None else "no load measured"
+    unmeasured = current - len(measured)
+    if measured and unmeasured > 0:
+        counted = "at the target" if wanted < current else "idle"
+        measured_text += (
+            f" from {len(measured)} pod(s), {unmeasured} not measured counted {counted}"
+        )
     return ScaleDecision(
         wanted,
         recommended,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Sequence
 
-from fusebox_contract.names import BreakerState, Variant
+from fusebox_contract.names import BreakerState, DegradationLevel, Variant
 from fusebox_operator.latency import (
     LATENCY_WINDOW_SECONDS,
     remember,
@@ -416,10 +416,26 @@ def _degradation(
     spec: InferenceServiceSpec,
     now: float,
 ) -> None:
+    """Step the service's degradation level for the latency trip and the quality ratio.
+
+    Quality failures ask for the fallback-model tier, the remedy for what the
+    primary writes; without it in the tiers, for the highest tier listed
+    (canned-answers: the prompts it knows get a known answer, not the
+    primary's). With neither
+    listed there is no quality remedy, and `quality_unremedied` says so, for the
+    Degraded condition and one event.
+    """
     levels = spec.degradation.levels
     max_rate = spec.breaker.quality.max_failure_rate
     quality_bad = quality_ratio is not None and quality_ratio > max_rate
-    quality_target = 2 if 2 in levels else max(levels, default=0)
+    remedy = int(DegradationLevel.FALLBACK_MODEL)
+    quality_target = remedy if remedy in levels else max(levels, default=0)
+    state.quality_unremedied = (
+        f"quality failure ratio {quality_ratio:.1%} > {max_rate:.1%}, but degradation.tiers "
+        "lists neither fallback-model nor canned-answers: no quality remedy configured"
+        if quality_bad and quality_target < remedy
+        else ""
+    )
     step_spacing = spec.telemetry.scrape_interval_seconds
     target: int | None = None
     if tripped:
@@ -480,11 +496,15 @@ def decide(
     now: float,
     spec: InferenceServiceSpec,
     rollout: Rollout | None = None,
+    pods: Iterable[str] | None = None,
 ) -> tuple[PolicyState, list[Action]]:
     """One control-loop step: new state and the actions to execute, in order.
 
-    `samples` holds the latest scrape of every pod that currently exists
-    (failed scrapes included, with ok=False); pods absent from it are gone.
+    `samples` holds this tick's scrape of the pods that could be scraped
+    (failed scrapes included, with ok=False). `pods` names every pod that
+    exists (default: the sampled ones); what the state remembers of any other
+    pod is forgotten. A pod that exists but was not scraped (its sidecar
+    briefly unready) keeps its in-flight action, ladders and swapped variant.
     The input state is not modified. With a `rollout`, an action that takes a
     pod out of service is decided only when the rollout lets that pod go
     (and the grant is recorded there); otherwise the pod's ladder waits.
@@ -495,6 +515,7 @@ def decide(
     actions: list[Action] = []
     interval = spec.telemetry.scrape_interval_seconds
     present = {s.pod for s in samples}
+    existing = present | set(pods or ())
     known = (
         set(state.first_seen)
         | set(state.last_counts)
@@ -502,12 +523,15 @@ def decide(
         | set(state.variants)
         | state.busy_pods()
     )
-    for pod in known - present:
+    for pod in known - existing:
         _forget_pod(state, pod)
 
     fresh: list[PodSample] = []
     for sample in samples:
         state.first_seen.setdefault(sample.pod, now)
+        # An estimate belongs to this tick's figures: set again below from a fresh
+        # reading, absent for a failed scrape, a stale or busy pod (its action moves them).
+        state.time_to_oom.pop(sample.pod, None)
         if sample.ok and now - sample.sampled_at <= STALE_INTERVALS * interval:
             fresh.append(sample)
             state.last_fresh[sample.pod] = sample.sampled_at

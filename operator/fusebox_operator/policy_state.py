@@ -127,6 +127,9 @@ class PolicyState:
     served_once: set[str] = field(default_factory=set)  # pods whose stats were fresh once
     stale_pods: set[str] = field(default_factory=set)
     quality_ratio: float | None = None
+    # Why quality failures have nothing to degrade to ("" when they have, or quality
+    # is fine). In memory only: recomputed at the next fresh scrape after a restart.
+    quality_unremedied: str = ""
     p99_millis: float | None = None
     # Pods whose server cannot swap to the spec's fallback -> its reason. In memory
     # only: a new entry is one FallbackUnavailable event, so after an operator

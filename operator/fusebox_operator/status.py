@@ -33,6 +33,7 @@ MAX_PODS_LISTED = 20
 MAX_RECENT_ACTIONS = 10
 MAX_TROUBLED_PODS_LISTED = 3  # stuck pods named in Ready's message
 SCALE_LIMIT_GPU = "PodsPendingForGPU"  # ScalingLimited's reason while scale-up is held
+NO_QUALITY_REMEDY = "NoQualityRemedy"  # Degraded's reason: quality fails, no tier helps
 TIER_NAMES: dict[int, str] = {int(DegradationLevel.NONE): "none"} | {
     int(tier.level): tier.value for tier in DegradationTier
 }
@@ -132,6 +133,17 @@ def set_condition(
             }
         )
     return updated
+
+
+def drop_condition(
+    conditions: Sequence[Mapping[str, Any]], type_: ConditionType
+) -> list[dict[str, Any]]:
+    """The conditions without `type_`: one whose feature is off says nothing true.
+
+    The status patch carries the whole list, so a condition left out here is
+    gone from the stored status too.
+    """
+    return [dict(c) for c in conditions if c.get("type") != type_]
 
 
 def pod_entry(sample: PodSample, state: PolicyState) -> dict[str, Any]:
@@ -305,16 +317,19 @@ def build_status(
         generation,
         now,
     )
-    degraded = state.level > 0 or state.breaker is not BreakerState.CLOSED
+    unremedied = state.quality_unremedied
+    degraded = state.level > 0 or state.breaker is not BreakerState.CLOSED or bool(unremedied)
     degraded_message = (
         f"tier {tier_name(state.level)} (level {state.level}); breaker {state.breaker.status_name}"
         + fallback_note(state, spec)
+        + (f"; {unremedied}" if unremedied else "")
     )
+    degraded_reason = NO_QUALITY_REMEDY if unremedied else "Degraded"
     conditions = set_condition(
         conditions,
         ConditionType.DEGRADED,
         degraded,
-        "Degraded" if degraded else "FullService",
+        degraded_reason if degraded else "FullService",
         degraded_message if degraded else "primary model, every feature on",
         generation,
         now,
@@ -395,7 +410,7 @@ def _significant(status: Mapping[str, Any]) -> dict[str, Any]:
     for key in VOLATILE_SUMMARY_KEYS:
         summary.pop(key, None)
     kept["summary"] = summary
-    if "autoscaling" in kept:
+    if kept.get("autoscaling"):
         kept["autoscaling"] = {k: v for k, v in kept["autoscaling"].items() if k != "load"}
     return kept
 
@@ -465,6 +480,20 @@ def add_autoscaling_status(
     )
 
 
+def drop_autoscaling_status(status: dict[str, Any], previous: Mapping[str, Any]) -> None:
+    """Without spec.autoscaling: no ScalingLimited, and status.autoscaling deleted.
+
+    A merge patch leaves a key it does not name where it was, so the block an
+    autoscaled past left behind is deleted with an explicit null (only while
+    the stored status still has it, so a service never autoscaled writes nothing).
+    """
+    status["conditions"] = drop_condition(
+        status.get("conditions") or [], ConditionType.SCALING_LIMITED
+    )
+    if previous.get("autoscaling") is not None:
+        status["autoscaling"] = None
+
+
 def should_write(previous: Mapping[str, Any], new: Mapping[str, Any], now: float) -> bool:
     """Write on a real change, else refresh the volatile figures at most every 30 s."""
     # Only the keys this writer owns: observedGeneration and memory belong to reconcile.
@@ -528,6 +557,15 @@ def transition_events(
                 EventReason.FALLBACK_UNAVAILABLE,
                 f"{pod} cannot swap to the fallback: {after.fallback_unavailable[pod]}; "
                 "it takes the degradation level and keeps serving the primary",
+            )
+        )
+    if after.quality_unremedied and not before.quality_unremedied:
+        events.append(
+            EventRecord(
+                "Warning",
+                EventReason.DEGRADED,
+                f"{after.quality_unremedied}; list fallback-model (with spec.fallback) or "
+                "canned-answers in degradation.tiers for the quality breaker to act",
             )
         )
     newly_stale = sorted(after.stale_pods - before.stale_pods)

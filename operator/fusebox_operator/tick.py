@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequen
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fusebox_contract.names import DegradationTier, Variant
+from fusebox_contract.names import ConditionType, DegradationTier, Variant
 from fusebox_operator.actuator import ActionResult, RuntimeTarget
 from fusebox_operator.autoscaling import (
     Recommendation,
@@ -43,6 +43,8 @@ from fusebox_operator.status import (
     EventRecord,
     add_autoscaling_status,
     build_status,
+    drop_autoscaling_status,
+    drop_condition,
     scaling_events,
     should_write,
     stuck_pod_events,
@@ -273,6 +275,12 @@ def crash_looping(pod: PodView) -> bool:
     return bool(pod.failing) and not pod.server_started
 
 
+def sized_limit_bytes(status: Mapping[str, Any]) -> float | None:
+    """The server's memory limit as reconcile last sized it (status.memory), if any."""
+    limit = (status.get("memory") or {}).get("limitBytes")
+    return float(limit or 0) or None
+
+
 def current_replicas(spec: InferenceServiceSpec, status: Mapping[str, Any]) -> int:
     """The autoscaler's last count (status), inside today's range; else where it starts."""
     if spec.autoscaling is None:
@@ -316,14 +324,19 @@ async def run_tick(
     state = memory.policy
     if state is None:
         # First tick after a start or an operator restart: resume from status.
-        limit = (inputs.status.get("memory") or {}).get("limitBytes")
-        state = PolicyState.from_status(inputs.service_id, inputs.status, float(limit or 0) or None)
+        state = PolicyState.from_status(inputs.service_id, inputs.status)
+    # Reconcile re-sizes the limit on a spec edit (status.memory): the ladder's
+    # grow-limit target is a multiple of today's sized limit, never of an old one.
+    state.memory_limit_bytes = sized_limit_bytes(inputs.status)
     targets = scrapable(inputs.pods)
     by_name = {pod.name: pod for pod in targets}
     samples = {s.pod: s for s in await scrape(targets)}
 
     rollout = readiness(inputs.pods, samples, state, memory.applied, spec)
-    new_state, actions = decide(state, samples.values(), now, spec, rollout)
+    # A pod whose sidecar is briefly unready is not scraped but still exists: its
+    # in-flight action and its ladder's swap are kept until the pod itself goes.
+    existing = [pod.name for pod in inputs.pods if not pod.terminating]
+    new_state, actions = decide(state, samples.values(), now, spec, rollout, existing)
     if spec.gpu.count > 0:
         actions = [*actions, *drain_actions(inputs.pods, memory.drained, new_state, now)]
     # Another tenant eating the node: shed caches on pods that have nothing else to do.
@@ -355,6 +368,11 @@ async def run_tick(
     if acted:
         for sample in await scrape([by_name[name] for name in acted]):
             samples[sample.pod] = sample
+        for name in acted:
+            # The estimate came from the figures before the action: shown next to the
+            # figures after it, it would promise an OOM the action just put off. The
+            # next tick measures the trend again.
+            new_state.time_to_oom.pop(name, None)
 
     restarted = {a.pod for a, _ in executed if a.kind in POD_DELETING}
     reachable = settable([p for p in targets if p.name not in restarted], samples)
@@ -400,6 +418,11 @@ async def run_tick(
         new_status["conditions"] = gpu_condition(
             new_status.get("conditions") or [], inputs.pods, inputs.generation, written_at
         )
+    else:
+        # A service moved to CPU has no GPU to be healthy or not.
+        new_status["conditions"] = drop_condition(
+            new_status["conditions"], ConditionType.GPU_HEALTHY
+        )
     new_status["conditions"] = node_condition(
         new_status.get("conditions") or [], memory.node_pressure, inputs.generation, written_at
     )
@@ -408,6 +431,8 @@ async def run_tick(
         add_autoscaling_status(
             new_status, inputs.status, scale, spec, inputs.generation, written_at
         )
+    else:
+        drop_autoscaling_status(new_status, inputs.status)
     write = bool(executed) or should_write(inputs.status, new_status, written_at)
     replicas = scale.replicas if scale else None
     return TickOutcome(new_status if write else {}, events, new_state, sample_list, replicas)

@@ -227,3 +227,23 @@ def test_the_status_shows_the_count_and_the_condition_names_the_gpu_hold() -> No
     conditions = {c["type"]: c for c in maxed["conditions"]}  # type: ignore[attr-defined]
     assert conditions[ConditionType.SCALING_LIMITED]["reason"] == "AtMaxReplicas"
     assert scaling_events(status, quiet) == []
+
+
+def test_a_pod_out_of_service_counts_at_the_target_so_it_never_scales_down() -> None:
+    down_at_once = replace(SPEC, max_replicas=8, scale_down_stabilization_seconds=0)
+    # 4 replicas; one is rolling (not Ready); the 3 serving carry the target each.
+    serving = [sample(p, 2) for p in ("a", "b", "c")]
+    assert decide_scale(down_at_once, 4, serving, [], (), now=100).replicas == 4
+    # Idle serving pods still scale down, the unready one counted at the target.
+    idle = decide_scale(down_at_once, 4, [sample(p, 0) for p in "abc"], [], (), now=100)
+    assert idle.replicas == 1 and idle.reason is EventReason.SCALED_DOWN
+    low = decide_scale(down_at_once, 4, [sample(p, 1) for p in "abc"], [], (), now=100)
+    assert low.replicas == 3  # (3 + 2) / 2, rounded up
+    assert "1 not measured counted at the target" in low.message
+
+
+def test_a_pod_out_of_service_counts_idle_for_scale_up_and_busy_pods_never_scale_down() -> None:
+    # Overloaded serving pods ask for more; the unready one adds no load.
+    assert recommend(2, [5.0], SPEC) == 3  # ceil(5 / 2)
+    # Measured pods are busy but the load seen fits the pods asked for: hold, never down.
+    assert recommend(4, [3.0], replace(SPEC, max_replicas=8)) == 4

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from fusebox_contract.names import BreakerState, ConditionType, EventReason, Variant
 from fusebox_operator.observations import PodSample
+from fusebox_operator.policy import decide
 from fusebox_operator.policy_state import Action, ActionKind, PolicyState
 from fusebox_operator.spec import InferenceServiceSpec, parse_spec
 from fusebox_operator.status import (
@@ -240,3 +241,42 @@ def test_unschedulable_pods_are_named_before_failing_ones_and_the_list_is_bounde
     ready = ready_condition(status)
     assert ready["reason"] == EventReason.PODS_UNSCHEDULABLE
     assert ready["message"].count("unschedulable:") == 3 and ready["message"].endswith("and 2 more")
+
+
+def quality_run(spec: InferenceServiceSpec, ticks: int = 6) -> tuple[list[int], list, dict]:
+    """Sustained quality failures: the levels, the events and the last status."""
+    state, levels, events = PolicyState("svc"), [], []
+    for i in range(ticks):
+        now = T0 + 5 * i
+        sample = PodSample("p", now, quality_failure_ratio=0.5, model_loaded=True)
+        new, _ = decide(state, [sample], now, spec)
+        events += transition_events(state, new, [], spec.degrades_to_fallback)
+        state = new
+        levels.append(state.level)
+    return levels, events, build_status({}, state, [sample], [], 2, spec, 1, now)
+
+
+def degraded_condition(status: dict) -> dict:
+    return next(c for c in status["conditions"] if c["type"] == ConditionType.DEGRADED)
+
+
+def test_quality_failures_degrade_to_the_fallback_tier_else_the_highest_listed() -> None:
+    levels, events, status = quality_run(SPEC)
+    assert levels == [1, 2, 2, 2, 2, 2]
+    assert degraded_condition(status)["reason"] == "Degraded"
+    # Without a fallback the default tiers are [no-streaming, canned-answers].
+    levels, events, status = quality_run(NO_FALLBACK)
+    assert levels == [1, 3, 3, 3, 3, 3]
+    assert degraded_condition(status)["reason"] == "Degraded"
+    assert not [e for e in events if "no quality remedy" in e.message]
+
+
+def test_quality_failing_with_no_tier_that_helps_is_degraded_with_no_remedy() -> None:
+    streaming_only = parse_spec({"model": MODEL, "degradation": {"tiers": ["no-streaming"]}})
+    levels, events, status = quality_run(streaming_only)
+    assert levels == [1] * 6
+    degraded = degraded_condition(status)
+    assert (degraded["status"], degraded["reason"]) == ("True", "NoQualityRemedy")
+    assert "no quality remedy configured" in degraded["message"]
+    told = [e for e in events if "no quality remedy" in e.message]
+    assert [(e.type, e.reason) for e in told] == [("Warning", EventReason.DEGRADED)]

@@ -10,7 +10,7 @@ from typing import Any
 from fusebox_contract.names import BreakerState, EventReason, Variant
 from fusebox_operator.actuator import ActionResult, RuntimeTarget
 from fusebox_operator.observations import PodSample, PodView
-from fusebox_operator.policy_state import Action, PolicyState
+from fusebox_operator.policy_state import Action, ActionKind, Ladder, PolicyState
 from fusebox_operator.rollout import Degradation
 from fusebox_operator.spec import InferenceServiceSpec, parse_spec
 from fusebox_operator.telemetry import scrapable
@@ -331,3 +331,138 @@ def test_status_replicas_counts_the_pods_that_exist_ready_or_not_but_not_leaving
         replace(pod("evicted", ready=False), phase="Failed"),
     ]
     assert tick_with(pods, {}).status_patch["replicas"] == 3
+
+
+GIB = 1024**3
+MIB = 1024**2
+
+
+class RecordingActuator:
+    """Every action succeeds; what was sent is kept, in order."""
+
+    def __init__(self) -> None:
+        self.sent: list[Action] = []
+
+    async def execute(
+        self, namespace: str, pod: PodView | None, token: str, action: Action
+    ) -> ActionResult:
+        self.sent.append(action)
+        return ActionResult("done")
+
+    async def reconcile_runtime(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def run(
+    spec: InferenceServiceSpec,
+    status: dict[str, Any],
+    pods: list[PodView],
+    memory: TickMemory,
+    reports: Sequence[Sequence[PodSample]] = (),
+    actuator: Any = None,
+    now: float = T0,
+) -> TickOutcome:
+    """One tick; each scrape answers the next of `reports` (then an idle report per pod)."""
+    answers = list(reports)
+
+    async def scrape(targets: Sequence[PodView]) -> list[PodSample]:
+        if answers:
+            return list(answers.pop(0))
+        return [report(p.name, 0, Variant.PRIMARY, stats_age_seconds=1.0) for p in targets]
+
+    inputs = TickInputs("ns", "svc", spec, status, pods, "token", 1)
+    return asyncio.run(run_tick(inputs, memory, scrape, actuator or IdleActuator(), lambda: now))
+
+
+def merged(status: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """The stored status after kopf's merge patch: a null deletes the key."""
+    out = {**status, **patch}
+    return {key: value for key, value in out.items() if value is not None}
+
+
+def condition_types(status: dict[str, Any]) -> list[str]:
+    return [c["type"] for c in status.get("conditions") or []]
+
+
+def test_the_grow_limit_rung_targets_the_limit_reconcile_sized_after_a_spec_edit() -> None:
+    spec = parse_spec({"model": MODEL, "gpu": {"count": 0}, "memory": {"maxGrowthRatio": 1.5}})
+    memory = TickMemory()
+    run(spec, {"memory": {"limitBytes": 34 * GIB}}, [pod("a")], memory)
+    # The edit: reconcile sized 10 GiB; the pod rolled onto it and its RSS is at 97 %.
+    memory.policy = replace(memory.policy or PolicyState("svc"), ladders={})
+    memory.policy.ladders["a/rss"] = Ladder(step=2, last_action_at=T0 - 600)  # next: grow
+    full = report("a", 0, Variant.PRIMARY, stats_age_seconds=1.0,
+                  rss_bytes=0.97 * 10 * GIB, memory_limit_bytes=10 * GIB)  # fmt: skip
+    actuator = RecordingActuator()
+    out = run(spec, {"memory": {"limitBytes": 10 * GIB}}, [pod("a")], memory, [[full]], actuator)
+    grown = [a for a in actuator.sent if a.kind is ActionKind.GROW_LIMIT]
+    assert [a.memory_limit_bytes for a in grown] == [int(15 * GIB)]
+    assert out.status_patch["lastAction"]["type"] == "grow_limit"
+
+
+def test_turning_autoscaling_off_deletes_its_status_and_scaling_limited() -> None:
+    autoscaled = parse_spec({"model": MODEL, "gpu": {"count": 0},
+                             "autoscaling": {"minReplicas": 1, "maxReplicas": 4}})  # fmt: skip
+    fixed = parse_spec({"model": MODEL, "gpu": {"count": 0}, "replicas": 1})
+    memory = TickMemory()
+    status = merged({}, run(autoscaled, {}, [pod("a")], memory).status_patch)
+    assert "ScalingLimited" in condition_types(status) and status["autoscaling"]["replicas"] == 1
+
+    patch = run(fixed, status, [pod("a")], memory, now=T0 + 5).status_patch
+    assert patch["autoscaling"] is None  # a merge patch deletes only what it names
+    status = merged(status, patch)
+    assert "autoscaling" not in status and "ScalingLimited" not in condition_types(status)
+    # Nothing left to delete: the next ticks name no autoscaling at all.
+    assert "autoscaling" not in run(fixed, status, [pod("a")], memory, now=T0 + 40).status_patch
+
+
+def test_a_service_moved_off_gpus_drops_gpu_healthy() -> None:
+    on_gpu = parse_spec({"model": MODEL, "gpu": {"count": 1, "memoryGiB": 16}})
+    on_cpu = parse_spec({"model": MODEL, "gpu": {"count": 0}})
+    memory = TickMemory()
+    sick = replace(pod("old", terminating=True), unhealthy_gpus=("GPU-1",), grace_ends_at=T0 + 30)
+    status = merged({}, run(on_gpu, {}, [pod("a"), sick], memory).status_patch)
+    assert "GPUHealthy" in condition_types(status)
+    status = merged(status, run(on_cpu, status, [pod("a")], memory, now=T0 + 40).status_patch)
+    assert "GPUHealthy" not in condition_types(status)
+
+
+def test_a_pod_missing_one_scrape_keeps_its_in_flight_action_and_swapped_variant() -> None:
+    state = PolicyState("svc", sequence=7, variants={"a": Variant.FALLBACK}, swapped_at={"a": T0})
+    reload = Action("svc-000007-reload", ActionKind.RELOAD, "a", "rss", T0 - 5, attempts=2)
+    state.in_flight[reload.id] = reload
+    memory = TickMemory(policy=state)
+    unscrapable = replace(pod("a", ready=False), sidecar_ready=False)  # its sidecar blinked
+    out = run(WITH_FALLBACK, {}, [unscrapable, pod("b")], memory)
+    assert [a["id"] for a in out.status_patch["policy"]["inFlight"]] == [reload.id]
+    assert {"pod": "a", "variant": "fallback"}.items() <= next(
+        p for p in out.status_patch["policy"]["pods"] if p["pod"] == "a"
+    ).items()
+    # Back next tick: the same id is sent again, never a new one.
+    actuator = RecordingActuator()
+    run(WITH_FALLBACK, out.status_patch, [pod("a"), pod("b")], memory, actuator=actuator,
+        now=T0 + 5)  # fmt: skip
+    assert [a.id for a in actuator.sent] == [reload.id]
+    # Gone from the pod list: forgotten.
+    out = run(WITH_FALLBACK, {}, [pod("b")], memory, now=T0 + 10)
+    assert out.state.in_flight == {} and "a" not in out.state.variants
+
+
+def test_after_an_action_the_status_never_pairs_new_figures_with_the_old_time_to_oom() -> None:
+    limit = 4 * GIB
+    leak = [(T0 - 10, 3.0 * GIB), (T0 - 5, 3.0 * GIB + 85 * MIB)]  # ~1 GiB/min
+    state = PolicyState("svc", history={"a": [(t, rss, None) for t, rss in leak]})
+    state.first_seen["a"] = T0 - 10
+    memory = TickMemory(policy=state)
+
+    def figures(rss: float) -> list[PodSample]:
+        return [report("a", 0, Variant.PRIMARY, stats_age_seconds=1.0, rss_bytes=rss,
+                       memory_limit_bytes=limit)]  # fmt: skip
+
+    before, after = figures(3.0 * GIB + 170 * MIB), figures(2.0 * GIB)
+    out = run(NO_FALLBACK, {}, [pod("a")], memory, [before, after], RecordingActuator())
+    assert out.status_patch["recentActions"], "the leak was acted on"
+    (entry,) = out.status_patch["pods"]
+    assert entry["rssBytes"] == 2 * GIB
+    assert "timeToOOMSeconds" not in entry
+    assert out.status_patch["summary"]["timeToOOM"] == "-"
