@@ -260,7 +260,10 @@ def render_api_docs(crd: Schema) -> str:
     ]
     out += [
         f"- {rule['message']} (`{rule['rule']}`)"
-        for rule in spec.get("x-kubernetes-validations") or []
+        for rule in [
+            *(schema.get("x-kubernetes-validations") or []),
+            *(spec.get("x-kubernetes-validations") or []),
+        ]
     ]
     out += [
         "",

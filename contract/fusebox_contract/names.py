@@ -196,3 +196,5 @@ class EventReason(enum.StrEnum):
     NODE_MEMORY_RECOVERED = "NodeMemoryRecovered"  # and came back above it
     SPEC_APPLIED = "SpecApplied"  # an edit's children applied: what it does to the pods
     CHILD_RESTORED = "ChildRestored"  # a child deleted or edited outside Fusebox, put back
+    # No node tells the GPU memory yet (a pool scaling from zero): retried, not refused.
+    WAITING_FOR_GPU_NODES = "WaitingForGPUNodes"

@@ -27,14 +27,23 @@ from fusebox_operator.edits import edit_message
 from fusebox_operator.kube import Kube, KubeError, load_config
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.settings import OperatorSettings
-from fusebox_operator.sizing import recorded_sizing, size_memory
-from fusebox_operator.spec import InferenceServiceSpec, SpecError, parse_spec
+from fusebox_operator.sizing import GpuMemoryUnknown, recorded_sizing, size_memory
+from fusebox_operator.spec import (
+    InferenceServiceSpec,
+    SpecError,
+    applied_spec_text,
+    check_service_name,
+    parse_spec,
+    watched_spec,
+)
 from fusebox_operator.status import iso, set_condition
 from fusebox_operator.telemetry import scrape_all
 from fusebox_operator.tick import TickInputs, TickMemory, current_replicas, run_tick
 
 GROUP, VERSION, PLURAL = "fusebox.dev", "v1alpha1", "inferenceservices"
 TICK_SECONDS = 1.0  # the timer ticks often; each object scrapes at its own interval
+GPU_NODES_RETRY_SECONDS = 60
+"""How often a reconcile waiting for labelled GPU nodes looks again."""
 log = logging.getLogger(__name__)
 
 
@@ -94,6 +103,37 @@ def _invalid(
     return kopf.PermanentError(message)
 
 
+def _waiting_for_gpu_nodes(
+    body: kopf.Body, status: kopf.Status, patch: kopf.Patch, generation: int, message: str
+) -> kopf.TemporaryError:
+    """The spec may be right and the cluster not there yet: say so, look again later.
+
+    InvalidSpec False carries the reason (the telemetry loop never writes it);
+    Ready too while no spec was ever applied. Once pods of an applied spec run,
+    Ready is theirs: the tick reports them, and two writers would flap it.
+    """
+    now = time.time()
+    conditions = list(status.get("conditions") or [])
+    waiting = EventReason.WAITING_FOR_GPU_NODES
+    already = any(
+        c.get("type") == ConditionType.INVALID_SPEC and c.get("reason") == waiting
+        for c in conditions
+    )
+    text = f"{message}; looking again every {GPU_NODES_RETRY_SECONDS} s"
+    conditions = set_condition(
+        conditions, ConditionType.INVALID_SPEC, False, waiting, text, generation, now
+    )
+    if "memory" not in status:  # nothing applied yet, so no pods of ours
+        conditions = set_condition(
+            conditions, ConditionType.READY, False, waiting, text, generation, now
+        )
+    patch.status["conditions"] = conditions
+    patch.status["observedGeneration"] = generation
+    if not already:  # once per spell, not once per retry
+        kopf.event(body, type="Warning", reason=waiting, message=text)
+    return kopf.TemporaryError(text, delay=GPU_NODES_RETRY_SECONDS)
+
+
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
@@ -119,11 +159,14 @@ async def reconcile(
     kube: Kube = memo.kube
     ours: OperatorSettings = memo.settings
     try:
+        check_service_name(name)
         parsed = parse_spec(spec)
         node_vram: list[int] = []
         if parsed.gpu.count > 0 and parsed.gpu.memory_gib is None:
             node_vram = await kube.node_vram_mib(parsed.gpu.product)
         sizing = size_memory(parsed, node_vram)
+    except GpuMemoryUnknown as error:
+        raise _waiting_for_gpu_nodes(body, status, patch, generation, str(error)) from error
     except SpecError as error:
         raise _invalid(body, status, patch, generation, str(error)) from error
 
@@ -181,9 +224,9 @@ async def reconcile(
     conditions = set_condition(
         conditions, ConditionType.INVALID_SPEC, False, "SpecValid", "spec accepted", generation, now
     )
+    held_back = (EventReason.INVALID_SPEC, EventReason.WAITING_FOR_GPU_NODES)
     if not any(c.get("type") == ConditionType.READY for c in conditions) or any(
-        c.get("type") == ConditionType.READY and c.get("reason") == EventReason.INVALID_SPEC
-        for c in conditions
+        c.get("type") == ConditionType.READY and c.get("reason") in held_back for c in conditions
     ):
         conditions = set_condition(
             conditions,
@@ -198,6 +241,10 @@ async def reconcile(
     patch.status["memory"] = memory
     patch.status["selector"] = manifests.selector_text(name)
     patch.status["observedGeneration"] = generation
+    # What the telemetry loop protects the pods with until the next spec is applied;
+    # in status, so a restarted operator knows it while a later edit is refused.
+    patch.status["appliedSpec"] = applied_spec_text(spec)
+    patch.status["appliedGeneration"] = generation
 
 
 def _children_lock(memo: Any) -> asyncio.Lock:
@@ -291,17 +338,13 @@ async def telemetry(
     now = time.time()
     if now < memo.get("next_scrape_at", 0.0):
         return
-    try:
-        parsed: InferenceServiceSpec = parse_spec(spec)
-    except SpecError:
-        return  # reconcile reported it; nothing to watch
+    # The last applied spec, not .spec: an edit the reconcile refused (InvalidSpec) or
+    # still waits on leaves the pods of the previous one running, and they stay watched.
+    watched = watched_spec(spec, status, int(meta.get("generation") or 0))
+    if watched is None:
+        return  # nothing applied yet: no pods of ours to watch
+    parsed, applied_generation = watched
     memo.next_scrape_at = now + parsed.telemetry.scrape_interval_seconds
-    invalid = any(
-        c.get("type") == ConditionType.INVALID_SPEC and c.get("status") == "True"
-        for c in status.get("conditions") or []
-    )
-    if invalid or "memory" not in status:
-        return
     if now >= memo.setdefault("next_resync_at", now + memo.settings.resync_seconds):
         memo.next_resync_at = now + memo.settings.resync_seconds
         await _resync(body, parsed, status, meta, memo)
@@ -329,7 +372,8 @@ async def telemetry(
         status=status,
         pods=pods,
         token=token,
-        generation=int(meta.get("generation") or 0),
+        # The tick's conditions are about the applied generation's pods.
+        generation=applied_generation,
     )
     outcome = await run_tick(inputs, memory, scrape, memo.actuator, time.time)
     for event in outcome.events:

@@ -23,7 +23,12 @@ import yaml
 from fusebox_operator.manifests import ADMIN_TOKEN_PLACEHOLDER, Manifest, build_children
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import product_vram_gib, size_memory
-from fusebox_operator.spec import SpecError, check_quantization_device, parse_spec
+from fusebox_operator.spec import (
+    SpecError,
+    check_quantization_device,
+    check_service_name,
+    parse_spec,
+)
 
 KIND = "InferenceService"
 EXIT_INVALID_SPEC = 2
@@ -62,6 +67,7 @@ def render_service(
     if not isinstance(name, str) or not name:
         raise RenderError("an InferenceService needs metadata.name")
     try:
+        check_service_name(name)
         spec = parse_spec(document.get("spec") or {})
         # The nodes' product stands in when the spec names none, as the scheduler would pick.
         product = spec.gpu.product or gpu_product

@@ -41,6 +41,14 @@ _FAMILY = re.compile(r"(?:^|[^A-Z0-9])(T4|V100|A100|A10|L4|H100|H200|B200)(?![0-
 _STATED_GB = re.compile(r"(\d+)\s*GB")
 
 
+class GpuMemoryUnknown(SpecError):
+    """No figure for the GPU memory yet: no gpu.memoryGiB, no product in the table,
+    and no node labelled with it. Not the spec's fault on a cluster whose GPU
+    pool scales from zero, so the operator waits for labelled nodes (Ready
+    reason WaitingForGPUNodes) instead of refusing; render, which sees no nodes,
+    reports it as the InvalidSpec it inherits from."""
+
+
 @dataclass(frozen=True)
 class MemorySizing:
     limit_bytes: int
@@ -94,7 +102,7 @@ def vram_per_gpu(spec: InferenceServiceSpec, node_vram_mib: Sequence[int]) -> tu
     table_gib = product_vram_gib(spec.gpu.product) if spec.gpu.product else None
     if table_gib is not None:
         return table_gib * GIB, f"product table ({spec.gpu.product})"
-    raise SpecError(
+    raise GpuMemoryUnknown(
         "cannot tell the GPU memory: set spec.gpu.memoryGiB, or spec.gpu.product to a known "
         f"GPU, or label the nodes with {NODE_VRAM_LABEL} (MiB)"
     )

@@ -11,13 +11,20 @@ Pure: no Kubernetes client, no I/O.
 from __future__ import annotations
 
 import enum
+import json
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from fusebox_contract.names import DegradationTier, Dtype, LatencyMetric, Quantization
+from fusebox_contract.names import (
+    ConditionType,
+    DegradationTier,
+    Dtype,
+    LatencyMetric,
+    Quantization,
+)
 from fusebox_contract.settings import RESERVED_ENV_NAMES
 
 GIB = 1024**3
@@ -52,12 +59,21 @@ LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
 # A DeviceClass's name, a DNS subdomain of at most 253 characters; "" for none.
 DEVICE_CLASS_NAME_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$"
 DEVICE_CLASS_NAME_MAX_LENGTH = 253
+# metadata.name of an InferenceService: the Service is named after it (an RFC 1035
+# label) and it is the value of the fusebox.dev/service label (at most 63). The
+# longest suffix on a child's name, ResourceClaimTemplate's "-gpu-<8 hex>", still
+# leaves the name far inside the 253 of a DNS subdomain.
+SERVICE_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+SERVICE_NAME_MAX_LENGTH = 63
 FP8_GPU_PATTERN = (
     r"(?:^|[^A-Z0-9])(L4|L40|L40S|L20|H20|H100|H200|H800|GH200|B100|B200|B300|GB200|GB300|"
-    r"RTX-[45]0[0-9]0|ADA|BLACKWELL)(?![0-9A-Z])"
+    r"RTX-[45]0[5-9]0|ADA|BLACKWELL)(?![0-9A-Z])"
 )
 """GPU Feature Discovery product names of compute capability >= 8.9 (Ada, Hopper,
-Blackwell): the devices with fp8 tensor cores."""
+Blackwell): the devices with fp8 tensor cores. An RTX number alone is no
+generation: Turing's Quadro RTX 4000/5000 (sm_75) share the digits, so the
+workstation cards match by their "Ada"/"Blackwell" marker and the GeForce ones
+by their model numbers, RTX 4050-4090 and 5050-5090."""
 
 _QUANTITY = re.compile(MEMORY_QUANTITY_PATTERN)
 _CPU_QUANTITY = re.compile(CPU_QUANTITY_PATTERN)
@@ -81,11 +97,24 @@ _FILE_SOURCE = re.compile(FILE_SOURCE_PATTERN)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_VALUE = re.compile(LABEL_VALUE_PATTERN)
 _DEVICE_CLASS_NAME = re.compile(DEVICE_CLASS_NAME_PATTERN)
+_SERVICE_NAME = re.compile(SERVICE_NAME_PATTERN)
 E = TypeVar("E", bound=enum.Enum)
 
 
 class SpecError(ValueError):
     """The spec cannot be served as written (reported as condition InvalidSpec)."""
+
+
+def check_service_name(name: str) -> None:
+    """Refuse an object name its children cannot carry: the apiserver would refuse
+    the Service (and the label values), and the reconcile would retry forever."""
+    if len(name) > SERVICE_NAME_MAX_LENGTH or _SERVICE_NAME.fullmatch(name) is None:
+        raise SpecError(
+            f"metadata.name {name!r} must be a DNS-1035 label (lower-case letters, digits "
+            f"and '-', a letter first, a letter or digit last, at most "
+            f"{SERVICE_NAME_MAX_LENGTH} characters): the Service is named after it and it "
+            "labels every child"
+        )
 
 
 def parse_quantity_bytes(quantity: str) -> int:
@@ -707,3 +736,41 @@ def parse_spec(raw: Mapping[str, Any]) -> InferenceServiceSpec:
         raise SpecError("spec.fallback is required when degradation.tiers lists fallback-model")
     check_quantization_device(parsed.fallback, parsed.gpu.count, parsed.gpu.product)
     return parsed
+
+
+def applied_spec_text(raw: Mapping[str, Any]) -> str:
+    """`status.appliedSpec`: the spec a reconcile applied, as JSON text.
+
+    Text, not an object: kopf sends status as a merge patch, which would keep
+    a field the new spec no longer has."""
+    return json.dumps(dict(raw), sort_keys=True, separators=(",", ":"))
+
+
+def watched_spec(
+    raw: Mapping[str, Any], status: Mapping[str, Any], generation: int
+) -> tuple[InferenceServiceSpec, int] | None:
+    """The spec the telemetry loop protects the pods with, and its generation.
+
+    The last one applied (`status.appliedSpec`), not `.spec`: the pods running
+    are that spec's, and they keep their wedge restarts, ladder, breaker and
+    autoscaling while a later edit is refused (InvalidSpec) or waits. None
+    until a reconcile applied anything. A status from an operator that wrote no
+    record falls back to the current spec once it was accepted (status.memory).
+    """
+    text = status.get("appliedSpec")
+    if isinstance(text, str):
+        try:
+            applied = json.loads(text)
+            return parse_spec(applied), int(status.get("appliedGeneration") or 0)
+        except (TypeError, ValueError):  # SpecError included
+            return None  # not ours to guess: the next reconcile writes it again
+    invalid = any(
+        c.get("type") == ConditionType.INVALID_SPEC and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    if invalid or "memory" not in status:
+        return None
+    try:
+        return parse_spec(raw), generation
+    except SpecError:
+        return None

@@ -74,6 +74,15 @@ def test_an_invalid_spec_prints_the_operator_message_and_exits_2(tmp_path: Path)
     assert "InferenceService bad: model source 'hf://org/repo'" in result.stderr
 
 
+def test_a_name_the_service_cannot_carry_is_an_invalid_spec(tmp_path: Path) -> None:
+    cpu = {"model": {"name": "c", "source": "pvc://m"}, "gpu": {"count": 0}}
+    path = write(tmp_path, service("chat.v2", cpu))
+    result = render(str(path))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "InferenceService chat.v2: metadata.name 'chat.v2' must be a DNS-1035" in result.stderr
+
+
 def test_gpu_product_flag_refuses_fp8_on_a_gpu_without_it(tmp_path: Path) -> None:
     spec = {"model": {"name": "c", "source": "pvc://m"}, "fallback": {"quantization": "fp8"}}
     path = write(tmp_path, service("fp8", spec))

@@ -365,3 +365,15 @@ def test_ratio_and_percent_bounds_are_in_the_schema() -> None:
     assert (admit["minimum"], admit["maximum"]) == (1, 100)
     rate = breaker["quality"]["properties"]["maxFailureRate"]
     assert rate["exclusiveMinimum"] is True and rate["maximum"] == 1
+
+
+def test_the_object_name_rule_is_the_parsers_and_checks_only_a_create() -> None:
+    (rule,) = SCHEMA["x-kubernetes-validations"]
+    assert re.findall(r"self\.metadata\.name\.matches\('([^']*)'\)", rule["rule"]) == [
+        spec_module.SERVICE_NAME_PATTERN
+    ]
+    assert f"size(self.metadata.name) <= {spec_module.SERVICE_NAME_MAX_LENGTH}" in rule["rule"]
+    # A name never changes: an object made before the rule stays editable and deletable.
+    assert rule["optionalOldSelf"] is True and rule["rule"].startswith("oldSelf.hasValue() ||")
+    assert "metadata.name must be a DNS-1035 label" in rule["message"]
+    assert "at most 63 characters" in rule["message"]

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import pytest
 
 from fusebox_contract.names import DegradationTier, Dtype, Quantization
 from fusebox_contract.settings import RESERVED_ENV_NAMES
+from fusebox_operator.manifests import build_children
+from fusebox_operator.settings import OperatorSettings
+from fusebox_operator.sizing import size_memory
 from fusebox_operator.spec import (
     ModelSource,
     SpecError,
+    applied_spec_text,
+    check_service_name,
     fp8_capable,
     parse_cpu_quantity,
     parse_quantity_bytes,
     parse_spec,
+    watched_spec,
 )
 
 from .conftest import load_example
@@ -157,6 +165,17 @@ def test_absent_tiers_with_a_fallback_are_every_tier() -> None:
         ("NVIDIA-B200", True),
         ("NVIDIA-GB200", True),
         ("NVIDIA-RTX-6000-Ada-Generation", True),
+        ("NVIDIA-RTX-4000-Ada-Generation", True),
+        ("NVIDIA-RTX-4000-SFF-Ada-Generation", True),
+        ("NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition", True),
+        ("NVIDIA-GeForce-RTX-4090", True),
+        ("NVIDIA-GeForce-RTX-4060-Ti", True),
+        ("NVIDIA-GeForce-RTX-5090", True),
+        # Turing (sm_75): the RTX digits of the 40/50 series without their generation.
+        ("Quadro-RTX-4000", False),
+        ("Quadro-RTX-5000", False),
+        ("NVIDIA-Quadro-RTX-5000", False),
+        ("Quadro-RTX-6000", False),
         ("NVIDIA-A100-SXM4-80GB", False),
         ("NVIDIA-A10G", False),
         ("Tesla-T4", False),
@@ -205,3 +224,58 @@ def test_fallback_is_optional_without_the_fallback_tier_listed() -> None:
 )
 def test_memory_quantities(text: str, expected: int) -> None:
     assert parse_quantity_bytes(text) == expected
+
+
+@pytest.mark.parametrize("name", ["chat", "c", "chat-v2", "a1", "c" * 63])
+def test_a_dns_1035_label_of_at_most_63_characters_names_a_service(name: str) -> None:
+    check_service_name(name)
+
+
+@pytest.mark.parametrize("name", ["chat.v2", "c" * 64, "1chat", "Chat", "chat-", "chat_v2", ""])
+def test_a_name_the_service_or_a_label_cannot_carry_is_refused(name: str) -> None:
+    with pytest.raises(SpecError, match="metadata.name .* DNS-1035 label"):
+        check_service_name(name)
+
+
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def test_every_child_of_the_longest_name_fits_its_kind() -> None:
+    # The longest suffix the operator appends is the ResourceClaimTemplate's "-gpu-<8 hex>".
+    name = "c" * 63
+    check_service_name(name)
+    spec = parse_spec(minimal(gpu={"deviceClassName": "gpu.nvidia.com", "memoryGiB": 16}))
+    children = build_children(
+        spec, name, "ml", size_memory(spec, []), OperatorSettings.from_env({}), "t"
+    )
+    assert "ResourceClaimTemplate" in [child["kind"] for child in children]
+    for child in children:
+        child_name = child["metadata"]["name"]
+        assert len(child_name) <= 253 and DNS_SUBDOMAIN.fullmatch(child_name), child_name
+        if child["kind"] == "Service":
+            assert len(child_name) <= 63
+        assert all(len(value) <= 63 for value in child["metadata"]["labels"].values())
+
+
+def test_the_watched_spec_is_the_applied_one_not_the_edit() -> None:
+    applied = minimal(telemetry={"scrapeIntervalSeconds": 7, "wedgeAfterSeconds": 30})
+    status = {"appliedSpec": applied_spec_text(applied), "appliedGeneration": 3, "memory": {}}
+    watched = watched_spec(minimal(replicas=-1), status, generation=4)
+    assert watched is not None
+    spec, generation = watched
+    assert (spec.telemetry.scrape_interval_seconds, generation) == (7, 3)
+    assert json.loads(status["appliedSpec"]) == applied
+
+
+def test_without_a_record_the_accepted_current_spec_is_watched() -> None:
+    # A status an operator without status.appliedSpec wrote: its sizing says it was applied.
+    accepted = {"memory": {"limitBytes": 1}, "conditions": []}
+    assert watched_spec(minimal(), accepted, 2) == (parse_spec(minimal()), 2)
+    refused = {**accepted, "conditions": [{"type": "InvalidSpec", "status": "True"}]}
+    assert watched_spec(minimal(), refused, 2) is None
+    assert watched_spec(minimal(), {}, 2) is None
+
+
+def test_a_record_that_does_not_parse_watches_nothing() -> None:
+    status = {"appliedSpec": "{not json", "appliedGeneration": 1, "memory": {}}
+    assert watched_spec(minimal(), status, 2) is None

@@ -1,0 +1,263 @@
+"""The kopf handlers, called as kopf calls them: what a user sees in the status
+kopf would patch and in the events, for the cases where the handlers decide
+between refusing, waiting and watching. The apiserver is a small fake (the
+node labels, the pods, the children written); kopf.event is recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import kopf
+import pytest
+
+from fusebox_contract.names import ConditionType, EventReason
+from fusebox_operator import handlers
+from fusebox_operator.drift import Applied
+from fusebox_operator.settings import OperatorSettings
+
+NAMESPACE = "ml"
+VALID = {
+    "model": {"name": "chat", "source": "pvc://models/chat"},
+    "gpu": {"count": 1, "product": "NVIDIA-A100-SXM4-80GB"},
+    "fallback": {"quantization": "int8"},
+}
+# Admitted by the CRD (fp8 with a GPU), refused by the operator: an A100 has no fp8.
+REFUSED_EDIT = {**VALID, "fallback": {"quantization": "fp8"}}
+
+
+class FakeKube:
+    """The apiserver as the handlers see it through kube.Kube."""
+
+    def __init__(self, node_vram_mib: tuple[int, ...] = ()) -> None:
+        self.node_vram = list(node_vram_mib)
+        self.written: list[str] = []
+        self.pods_listed = 0
+
+    async def node_vram_mib(self, product: str) -> list[int]:
+        return list(self.node_vram)
+
+    async def create_secret_once(self, manifest: Mapping[str, Any]) -> bool:
+        self.written.append(f"{manifest['kind']} {manifest['metadata']['name']}")
+        return True
+
+    async def apply(self, manifest: Mapping[str, Any], scale: bool = True) -> Applied:
+        self.written.append(f"{manifest['kind']} {manifest['metadata']['name']}")
+        return Applied(manifest, "created")
+
+    async def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[Any]:
+        self.pods_listed += 1
+        return []
+
+    async def read_secret_value(self, namespace: str, name: str) -> str:
+        return "token"
+
+
+@pytest.fixture
+def events(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str, str]]]:
+    posted: list[tuple[str, str, str]] = []
+
+    def record(body: Any, *, type: str, reason: str, message: str = "") -> None:
+        posted.append((type, reason, message))
+
+    monkeypatch.setattr(kopf, "event", record)
+    yield posted
+
+
+class Service:
+    """One InferenceService: its body, and its status as kopf's patches leave it."""
+
+    def __init__(self, kube: FakeKube, name: str = "chat") -> None:
+        self.name = name
+        self.kube = kube
+        self.status: dict[str, Any] = {}
+        self.generation = 0
+
+    def body(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "apiVersion": "fusebox.dev/v1alpha1",
+            "kind": "InferenceService",
+            "metadata": {
+                "name": self.name,
+                "namespace": NAMESPACE,
+                "uid": "0123abcd-0000-0000-0000-000000000000",
+                "generation": self.generation,
+            },
+            "spec": dict(spec),
+            "status": self.status,
+        }
+
+    def memo(self) -> kopf.Memo:
+        """A fresh memo: what a restarted operator knows (nothing but the object)."""
+        return kopf.Memo(
+            kube=self.kube,
+            settings=OperatorSettings.from_env({}),
+            actuator=None,
+            session=None,
+            next_resync_at=time.time() + 3600,
+        )
+
+    def _merge(self, patch: kopf.Patch) -> None:
+        self.status = {**self.status, **dict(patch.get("status") or {})}
+
+    def reconcile(self, spec: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> None:
+        """One reconcile of `spec` as a new generation; its patch lands even when it raises."""
+        self.generation += 1
+        body = self.body(spec)
+        patch = kopf.Patch()
+        try:
+            asyncio.run(
+                handlers.reconcile(
+                    spec=body["spec"],
+                    name=self.name,
+                    namespace=NAMESPACE,
+                    body=body,
+                    status=self.status,
+                    meta=body["metadata"],
+                    patch=patch,
+                    memo=self.memo(),
+                    old=old,
+                )
+            )
+        finally:
+            self._merge(patch)
+
+    def tick(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        body = self.body(spec)
+        patch = kopf.Patch()
+        asyncio.run(
+            handlers.telemetry(
+                spec=body["spec"],
+                name=self.name,
+                namespace=NAMESPACE,
+                uid=body["metadata"]["uid"],
+                body=body,
+                status=self.status,
+                meta=body["metadata"],
+                patch=patch,
+                memo=self.memo(),
+            )
+        )
+        self._merge(patch)
+        return dict(patch.get("status") or {})
+
+    def condition(self, kind: ConditionType) -> dict[str, Any]:
+        return next(c for c in self.status["conditions"] if c["type"] == kind)
+
+
+def test_a_refused_edit_leaves_the_running_pods_watched_with_the_applied_spec(
+    events: list[tuple[str, str, str]],
+) -> None:
+    service = Service(FakeKube())
+    service.reconcile(VALID)
+    with pytest.raises(kopf.PermanentError):
+        service.reconcile(REFUSED_EDIT, old=VALID)
+    assert service.condition(ConditionType.INVALID_SPEC)["status"] == "True"
+
+    # A fresh memo, as after an operator restart: status alone says what was applied.
+    written = service.tick(REFUSED_EDIT)
+
+    assert service.kube.pods_listed == 1  # the pods of generation 1 are still scraped
+    assert written["replicas"] == 0  # and the tick's status is written
+    ready = service.condition(ConditionType.READY)
+    assert (ready["reason"], ready["observedGeneration"]) == ("PodsNotReady", 1)
+    invalid = service.condition(ConditionType.INVALID_SPEC)
+    assert (invalid["status"], invalid["reason"]) == ("True", EventReason.INVALID_SPEC)
+    assert "has no fp8 support" in invalid["message"]
+    assert invalid["observedGeneration"] == 2
+
+
+def test_before_any_spec_is_applied_nothing_is_watched(
+    events: list[tuple[str, str, str]],
+) -> None:
+    service = Service(FakeKube())
+    with pytest.raises(kopf.PermanentError):
+        service.reconcile(REFUSED_EDIT)
+    assert service.tick(REFUSED_EDIT) == {}
+    assert service.kube.pods_listed == 0
+
+
+def test_a_fixed_edit_is_applied_and_then_watched(events: list[tuple[str, str, str]]) -> None:
+    service = Service(FakeKube())
+    service.reconcile(VALID)
+    with pytest.raises(kopf.PermanentError):
+        service.reconcile(REFUSED_EDIT, old=VALID)
+    fixed = {**VALID, "telemetry": {"scrapeIntervalSeconds": 7, "wedgeAfterSeconds": 30}}
+    service.reconcile(fixed, old=REFUSED_EDIT)
+    assert service.status["appliedGeneration"] == 3
+    assert service.condition(ConditionType.INVALID_SPEC)["status"] == "False"
+    service.tick(fixed)
+    assert service.condition(ConditionType.READY)["observedGeneration"] == 3
+
+
+@pytest.mark.parametrize("name", ["chat.v2", "a" * 64, "1chat", "Chat", "chat-"])
+def test_a_name_its_service_cannot_carry_is_an_invalid_spec_and_nothing_is_written(
+    events: list[tuple[str, str, str]], name: str
+) -> None:
+    service = Service(FakeKube(), name=name)
+    with pytest.raises(kopf.PermanentError):
+        service.reconcile(VALID)
+    invalid = service.condition(ConditionType.INVALID_SPEC)
+    assert invalid["status"] == "True"
+    assert "metadata.name" in invalid["message"] and "DNS-1035" in invalid["message"]
+    assert service.kube.written == []
+    assert [reason for _, reason, _ in events] == [EventReason.INVALID_SPEC]
+
+
+def test_a_name_of_63_characters_is_applied(events: list[tuple[str, str, str]]) -> None:
+    name = "c" + "-" * 61 + "9"
+    service = Service(FakeKube(), name=name)
+    service.reconcile(VALID)
+    assert f"Service {name}" in service.kube.written
+
+
+def test_no_labelled_gpu_node_yet_is_waited_for_not_refused(
+    events: list[tuple[str, str, str]],
+) -> None:
+    spec = {"model": {"name": "chat", "source": "pvc://models/chat"}}  # 1 GPU, no product
+    kube = FakeKube()  # a GPU pool scaled to zero: no node says nvidia.com/gpu.memory
+    service = Service(kube)
+    with pytest.raises(kopf.TemporaryError) as raised:
+        service.reconcile(spec)
+    assert raised.value.delay == handlers.GPU_NODES_RETRY_SECONDS
+    ready = service.condition(ConditionType.READY)
+    assert (ready["status"], ready["reason"]) == ("False", EventReason.WAITING_FOR_GPU_NODES)
+    assert "nvidia.com/gpu.memory" in ready["message"]
+    invalid = service.condition(ConditionType.INVALID_SPEC)
+    assert (invalid["status"], invalid["reason"]) == ("False", EventReason.WAITING_FOR_GPU_NODES)
+    assert kube.written == []
+
+    # kopf retries the same generation; the event is not posted again.
+    service.generation -= 1
+    with pytest.raises(kopf.TemporaryError):
+        service.reconcile(spec)
+    assert [r for _, r, _ in events] == [EventReason.WAITING_FOR_GPU_NODES]
+
+    kube.node_vram = [81920]  # the pool scaled up, GPU Feature Discovery labelled the node
+    service.generation -= 1
+    service.reconcile(spec)
+    assert f"Deployment {service.name}" in kube.written
+    assert service.status["memory"]["source"] == "node label nvidia.com/gpu.memory"
+    assert service.condition(ConditionType.READY)["reason"] == "Reconciling"
+    assert service.condition(ConditionType.INVALID_SPEC)["reason"] == "SpecValid"
+
+
+def test_waiting_for_gpu_nodes_leaves_ready_to_the_pods_already_running(
+    events: list[tuple[str, str, str]],
+) -> None:
+    kube = FakeKube(node_vram_mib=(81920,))
+    service = Service(kube)
+    spec = {"model": {"name": "chat", "source": "pvc://models/chat"}}
+    service.reconcile(spec)
+    service.tick(spec)
+    kube.node_vram = []  # the labelled nodes are gone when an edit comes
+    edited = {**spec, "server": {"maxConcurrency": 4}}
+    with pytest.raises(kopf.TemporaryError):
+        service.reconcile(edited, old=spec)
+    assert service.condition(ConditionType.READY)["reason"] == "PodsNotReady"  # the tick's
+    waiting = service.condition(ConditionType.INVALID_SPEC)
+    assert (waiting["status"], waiting["reason"]) == ("False", EventReason.WAITING_FOR_GPU_NODES)
+    service.tick(edited)
+    assert kube.pods_listed == 2  # generation 1's pods stay watched
