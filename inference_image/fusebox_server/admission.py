@@ -21,7 +21,6 @@ class Admission:
         self.max_waiting = max_waiting
         self.running = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self.rejected_total = 0
 
     @property
     def waiting(self) -> int:
@@ -33,7 +32,6 @@ class Admission:
             self.running += 1
             return
         if len(self._waiters) >= self.max_waiting:
-            self.rejected_total += 1
             raise QueueFull(
                 f"{self.running} requests running and {len(self._waiters)} waiting; retry later"
             )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Final
 
@@ -67,6 +68,7 @@ from fusebox_server.rendering import (
     json_bytes,
     sse,
     usage_chunk,
+    whole_answer_events,
 )
 from fusebox_server.runtime import Generation, Runtime
 from fusebox_server.worker import Failed, Finished, Piece
@@ -75,6 +77,7 @@ CHAT_PATH: Final = "/v1/chat/completions"
 COMPLETIONS_PATH: Final = "/v1/completions"
 SERVED_BY_CANNED: Final = "canned"
 NO_CANNED_MATCH: Final = "\x00no-canned-match"
+EVENT_STREAM: Final = "text/event-stream; charset=utf-8"
 
 
 @dataclass
@@ -83,7 +86,8 @@ class Prepared:
 
     reply: Reply
     record: RequestRecord
-    stream: bool
+    stream: bool  # answered as SSE, as the request asked
+    incremental: bool  # one event per piece; False under the no-streaming tier
     include_usage: bool
     wants_json: bool
     max_tokens: int
@@ -103,6 +107,39 @@ def canned_key(parsed: ChatRequest | CompletionRequest) -> str:
     if len(users) == 1 and not others:
         return users[0].content
     return NO_CANNED_MATCH
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(receive: Receive, admitted: Awaitable[Generation]) -> Generation:
+    """Admission (maybe a wait in the queue) unless the client goes away first.
+
+    The body has been read, so the next message is the disconnect. A client
+    that leaves while queued gives up its place at once (`Admission.acquire`
+    drops the waiter when cancelled), instead of holding it until its deadline
+    while live clients get 429. The outcome is `cancelled`.
+    """
+    admission = asyncio.ensure_future(admitted)
+    gone = asyncio.ensure_future(_wait_for_disconnect(receive))
+    try:
+        await asyncio.wait((admission, gone), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this request's task was cancelled (the server is stopping)
+        admission.cancel()
+        gone.cancel()
+        raise
+    if not gone.done():
+        gone.cancel()
+        return admission.result()
+    if not gone.cancelled():
+        gone.exception()  # retrieved: a receive that failed means the connection is gone too
+    admission.cancel()
+    await asyncio.wait((admission,))  # let Admission.acquire give the place back
+    if not admission.cancelled() and admission.exception() is None:
+        admission.result().cancel()  # admitted at the same moment: the worker drops it
+    raise ClientDisconnected("the client went away while waiting in the queue")
 
 
 class Api:
@@ -157,7 +194,7 @@ class Api:
         if DegradationTier.CANNED_ANSWERS in self.runtime.degradation_tiers:
             answer = self.runtime.live.canned_answers.get(canned_key(parsed))
             if answer is not None:
-                return self._canned_response(prepared, answer)
+                return await self._canned_response(parsed, prepared, answer)
         self.runtime.check_available()
         prompt_ids = await self._encode(parsed)
         prepared.input_length = len(prompt_ids)
@@ -168,12 +205,15 @@ class Api:
                 f"{self.config.max_input_tokens} tokens",
                 param="messages" if kind == Kind.CHAT else "prompt",
             )
-        generation = await self.runtime.start_generation(
-            record.request_id,
-            prompt_ids,
-            parsed.sampling,
-            prepared.max_tokens,
-            record.arrival_monotonic + self.config.request_timeout_seconds,
+        generation = await _unless_disconnected(
+            request.receive,
+            self.runtime.start_generation(
+                record.request_id,
+                prompt_ids,
+                parsed.sampling,
+                prepared.max_tokens,
+                record.arrival_monotonic + self.config.request_timeout_seconds,
+            ),
         )
         return GenerationResponse(self.runtime, prepared, generation)  # type: ignore[return-value]
 
@@ -194,14 +234,15 @@ class Api:
                 f"{self.config.max_new_tokens} new tokens",
                 param=param,
             )
-        stream = (
-            parsed.stream and DegradationTier.NO_STREAMING not in self.runtime.degradation_tiers
-        )
-        record.fields["stream"] = stream
+        # no-streaming still answers a stream as a stream (a client that asked for SSE
+        # reads only SSE), with the whole text in one event once it is complete.
+        incremental = DegradationTier.NO_STREAMING not in self.runtime.degradation_tiers
+        record.fields["stream"] = parsed.stream
         return Prepared(
             reply=Reply(kind, record.request_id, int(time.time()), self.config.model_name),
             record=record,
-            stream=stream,
+            stream=parsed.stream,
+            incremental=incremental,
             include_usage=parsed.include_usage,
             wants_json=parsed.wants_json,
             max_tokens=max_tokens,
@@ -218,21 +259,42 @@ class Api:
             raise InvalidRequest(f"the chat template rejected the messages: {error}") from None
         return await self.runtime.encode_prompt(text, False)
 
-    def _canned_response(self, prepared: Prepared, answer: str) -> Response:
+    async def _canned_response(
+        self, parsed: ChatRequest | CompletionRequest, prepared: Prepared, answer: str
+    ) -> Response:
+        """The canned answer, as JSON or (when the request asked to stream) as one SSE event.
+
+        Its usage is counted with the serving variant's tokenizer, which needs no model:
+        the prompt as the model would have read it, and the answer's tokens.
+        """
         prepared.record.fields["served_by"] = SERVED_BY_CANNED
-        body = completion_body(prepared.reply, answer, "stop", 0, 0)
-        return JSONResponse(
-            body,
-            headers={
-                REQUEST_ID_HEADER: prepared.reply.request_id,
-                SERVED_BY_HEADER: SERVED_BY_CANNED,
-                VARIANT_HEADER: self.runtime.variant.value,
-            },
+        prompt_tokens = len(await self._encode(parsed))
+        completion_tokens = len(await self.runtime.encode_prompt(answer, False))
+        prepared.input_length = prompt_tokens
+        prepared.record.fields.update(
+            input_length=prompt_tokens, output_length=completion_tokens, finish_reason="stop"
         )
+        headers = {
+            REQUEST_ID_HEADER: prepared.reply.request_id,
+            SERVED_BY_HEADER: SERVED_BY_CANNED,
+            VARIANT_HEADER: self.runtime.variant.value,
+        }
+        if prepared.stream:
+            events = whole_answer_events(
+                prepared.reply,
+                answer,
+                "stop",
+                (prompt_tokens, completion_tokens) if prepared.include_usage else None,
+            )
+            return Response(events, media_type=EVENT_STREAM, headers=headers)
+        body = completion_body(prepared.reply, answer, "stop", prompt_tokens, completion_tokens)
+        return JSONResponse(body, headers=headers)
 
 
 class GenerationResponse:
-    """Relays one generation to the client, streaming (SSE) or as one JSON body.
+    """Relays one generation to the client, streaming (SSE) or as one JSON body; under the
+    no-streaming tier a stream request gets SSE too, the whole answer in one event once it
+    is complete (and an error before it, its status and JSON body, as unstreamed).
 
     It never settles the outcome itself: it stores what ended the request on
     the request's record, and the edge settles it once this call returns.
@@ -249,12 +311,13 @@ class GenerationResponse:
         self.text_parts: list[str] = []
         self.cuda_at_entry: dict[str, int | None] = {}
         self._last_piece_at: float | None = None
+        self._ttft: float | None = None
         self._itl: list[float] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         listener = asyncio.ensure_future(self._watch_disconnect(receive))
         try:
-            if self.prepared.stream:
+            if self.prepared.stream and self.prepared.incremental:
                 await self._stream(send)
             else:
                 await self._complete(send)
@@ -291,7 +354,7 @@ class GenerationResponse:
     def _on_piece(self, piece: Piece) -> None:
         now = time.monotonic()
         if self._last_piece_at is None:
-            self.runtime.latency[LatencyMetric.TTFT].add(now - self.prepared.arrival_monotonic)
+            self._ttft = now - self.prepared.arrival_monotonic  # recorded if it succeeds
         else:
             self._itl.append(now - self._last_piece_at)
         self._last_piece_at = now
@@ -326,15 +389,16 @@ class GenerationResponse:
             self._on_finished(event)
             if event.reason == "cancelled":
                 return
-            body = completion_body(
-                self.reply,
-                "".join(self.text_parts),
-                event.reason,
-                self.prepared.input_length,
-                self.completion_tokens,
-            )
-            payload = json_bytes(body)
-            headers = self._headers("application/json")
+            text = "".join(self.text_parts)
+            tokens = (self.prepared.input_length, self.completion_tokens)
+            if self.prepared.stream:  # the no-streaming tier: the whole answer in one event
+                usage_tokens = tokens if self.prepared.include_usage else None
+                payload = whole_answer_events(self.reply, text, event.reason, usage_tokens)
+                headers = self._headers(EVENT_STREAM)
+                headers += [(b"cache-control", b"no-cache")]
+            else:
+                payload = json_bytes(completion_body(self.reply, text, event.reason, *tokens))
+                headers = self._headers("application/json")
             headers.append((b"content-length", str(len(payload)).encode()))
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": payload})
@@ -351,7 +415,7 @@ class GenerationResponse:
         await send({"type": "http.response.body", "body": payload})
 
     async def _stream(self, send: Send) -> None:
-        headers = self._headers("text/event-stream; charset=utf-8")
+        headers = self._headers(EVENT_STREAM)
         headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         first = True
@@ -389,6 +453,8 @@ class GenerationResponse:
             self.runtime.tokens.add(self.prepared.input_length, self.completion_tokens)
         if self.record.error is None:
             runtime = self.runtime
+            if self._ttft is not None:
+                runtime.latency[LatencyMetric.TTFT].add(self._ttft)
             runtime.latency[LatencyMetric.E2E].add(
                 time.monotonic() - self.prepared.arrival_monotonic
             )

@@ -11,6 +11,7 @@ is pure: `parse_config(argv, environ)`.
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -43,10 +44,30 @@ PATH_SETTINGS: Final = frozenset(
         contract.QUALITY_FILE,
     }
 )
-ENUM_SETTINGS: Final[Mapping[Setting, type[Dtype] | type[Quantization]]] = {
+
+
+class LogLevel(enum.StrEnum):
+    """`--log-level`: the levels its help names (an unknown one is refused, not read as info)."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+ENUM_SETTINGS: Final[Mapping[Setting, type[enum.StrEnum]]] = {
     contract.DTYPE: Dtype,
     contract.FALLBACK_QUANTIZATION: Quantization,
+    contract.LOG_LEVEL: LogLevel,
 }
+# Settings read as seconds: each must be a positive, finite number.
+SECONDS_SETTINGS: Final = (
+    contract.REQUEST_TIMEOUT,
+    contract.HEARTBEAT_TIMEOUT,
+    contract.LATENCY_WINDOW,
+)
+# Text settings that mean nothing when empty.
+NON_EMPTY_SETTINGS: Final = (contract.MODEL_NAME, contract.HOST)
 
 
 class ConfigError(ValueError):
@@ -83,7 +104,7 @@ class ServerConfig:
     heartbeat_timeout_seconds: float = 10.0
     memory_guard_ratio: float = 0.95
     latency_window_seconds: float = 60.0
-    log_level: str = "info"
+    log_level: LogLevel = LogLevel.INFO
     # What the three files held at start; the running server re-reads them (live_files.py).
     templates: tuple[str, ...] = ()
     canned_answers: Mapping[str, str] = field(default_factory=dict)
@@ -268,8 +289,15 @@ def validate(config: ServerConfig) -> None:
     for name in ("port", "admin_port"):
         if not 0 < getattr(config, name) < 65536:
             raise ConfigError(f"--{name.replace('_', '-')} must be a port number")
-    if not (config.request_timeout_seconds > 0 and math.isfinite(config.request_timeout_seconds)):
-        raise ConfigError("--request-timeout must be a positive number of seconds")
+    for setting in SECONDS_SETTINGS:
+        seconds = getattr(config, field_name(setting))
+        if not (seconds > 0 and math.isfinite(seconds)):
+            raise ConfigError(f"--{setting.flag} must be a positive number of seconds")
+    for setting in NON_EMPTY_SETTINGS:
+        if not getattr(config, field_name(setting)).strip():
+            raise ConfigError(f"--{setting.flag} must not be empty")
+    if config.stats_file is None:
+        raise ConfigError(f"--{contract.STATS_FILE.flag} must not be empty")
     if not 0.0 < config.memory_guard_ratio <= 1.0:
         raise ConfigError("--memory-guard-ratio must be within (0, 1]")
     if config.device != "auto" and not (

@@ -110,7 +110,10 @@ async def on_http_exception(request: Request, exc: Exception) -> Response:
     else:
         error = ServerError(str(exc.detail))
         error.status = exc.status_code
-    return await on_server_error(request, error)
+    response = await on_server_error(request, error)
+    for name, value in (exc.headers or {}).items():  # a 405's Allow (RFC 9110 requires it)
+        response.headers.setdefault(name, value)
+    return response
 
 
 async def on_memory_error(request: Request, exc: Exception) -> Response:

@@ -136,36 +136,54 @@ def leak_block(loaded: LoadedModel, mib: int) -> None:
     )
 
 
+# Below this temperature sampling is greedy. logits / temperature overflows float32 long
+# before the temperature reaches 0 (1e-39 makes every logit inf, and softmax NaN); at
+# this floor the logits of a real model stay far from it. vLLM's _SAMPLING_EPS is the same.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
+
+def is_greedy(sampling: Sampling) -> bool:
+    return sampling.temperature < GREEDY_BELOW_TEMPERATURE
+
+
 def choose_token(
     logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
 ) -> int:
-    if sampling.temperature == 0.0:
+    if is_greedy(sampling):
         return int(torch.argmax(logits).item())
-    scaled = logits.float() / sampling.temperature
-    probs = torch.softmax(scaled, dim=-1)
+    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
     if sampling.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < sampling.top_p
+        # The most likely token always stays: a top_p too small for float32 (1e-46 rounds
+        # to 0) would otherwise keep nothing, and sampling from nothing raises.
+        keep[0] = True
         sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
         choice = torch.multinomial(sorted_probs, 1, generator=generator)
         return int(order[choice].item())
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 
-def choose_tokens(logits: torch.Tensor, rows: Sequence[Decoding]) -> list[int]:
-    """The next token of every row from a batch's last-position logits.
+def choose_tokens(logits: torch.Tensor, rows: Sequence[Decoding]) -> list[int | Exception]:
+    """The next token of every row from a batch's last-position logits, or that row's error.
 
     Greedy rows share one argmax and one transfer for the whole batch (one
     `.item()` per row was a measurable share of a CPU decode step); sampled
-    rows draw from their own generator as `choose_token` does alone.
+    rows draw from their own generator as `choose_token` does alone. A row
+    whose sampling fails gets its error in its place, so it fails alone and
+    the batch's other rows go on.
     """
     greedy: list[int] = logits.argmax(dim=-1).tolist()
-    return [
-        greedy[index]
-        if row.sampling.temperature == 0.0
-        else choose_token(logits[index], row.sampling, row.generator)
-        for index, row in enumerate(rows)
-    ]
+    tokens: list[int | Exception] = []
+    for index, row in enumerate(rows):
+        if is_greedy(row.sampling):
+            tokens.append(greedy[index])
+            continue
+        try:
+            tokens.append(choose_token(logits[index], row.sampling, row.generator))
+        except Exception as error:
+            tokens.append(error)
+    return tokens
 
 
 class Decoding:
@@ -189,7 +207,7 @@ class Decoding:
         self.position = len(prompt_ids)  # the position of the next token fed to the model
         self.last_token = -1
         self.generator: torch.Generator | None = None
-        if sampling.temperature > 0.0:
+        if not is_greedy(sampling):
             self.generator = torch.Generator(device=loaded.device)
             seed = sampling.seed if sampling.seed is not None else time.time_ns() % (1 << 62)
             self.generator.manual_seed(seed)
@@ -220,8 +238,9 @@ class Decoding:
         return token_id in self.loaded.eos_token_ids
 
 
-def prefill(loaded: LoadedModel, rows: Sequence[Decoding]) -> list[int]:
-    """Run the prompts of several new rows in one forward pass; returns each row's first token.
+def prefill(loaded: LoadedModel, rows: Sequence[Decoding]) -> list[int | Exception]:
+    """Run the prompts of several new rows in one forward pass; returns each row's first token
+    (or the error that row's sampling raised, as `choose_tokens` does).
 
     The prompts are left-padded to the longest; the attention mask hides the
     padding and explicit position ids keep each row's own positions, as in
@@ -261,7 +280,8 @@ def prefill(loaded: LoadedModel, rows: Sequence[Decoding]) -> list[int]:
                 layer.update(shared.keys[index : index + 1], shared.values[index : index + 1])
             row.cache, row.padding = own, width - len(prompt)
     for row, token in zip(rows, tokens, strict=True):
-        row.started(token)
+        if not isinstance(token, Exception):
+            row.started(token)
     return tokens
 
 
@@ -455,8 +475,9 @@ class DecodeBatch:
         self._mask = mask[:, start:]
         self._slots = [self._slots[slot] for slot in keep]
 
-    def step(self) -> list[int]:
-        """One forward pass for every row; returns each row's next token."""
+    def step(self) -> list[int | Exception]:
+        """One forward pass for every row; returns each row's next token, or its sampling error
+        (that row must leave the batch)."""
         self._compact()
         assert self._mask is not None
         device = self.loaded.device
@@ -474,6 +495,7 @@ class DecodeBatch:
             tokens = choose_tokens(output.logits[:, -1], self.rows)
         self._mask = mask
         for row, token in zip(self.rows, tokens, strict=True):
-            row.last_token = token
-            row.position += 1
+            if not isinstance(token, Exception):
+                row.last_token = token
+                row.position += 1
         return tokens

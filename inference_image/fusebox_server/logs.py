@@ -22,7 +22,7 @@ _SHARED: list[Any] = [
 
 
 def configure_logging(level: str) -> None:
-    numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    numeric = logging.getLevelNamesMapping()[level.upper()]  # validated by config.LogLevel
     structlog.configure(
         processors=[
             *_SHARED,

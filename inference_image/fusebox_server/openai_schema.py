@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from fusebox_server.errors import InvalidJson, InvalidRequest, SchemaError
 from fusebox_server.openai_parameters import check_parameters
@@ -142,6 +142,11 @@ def _bool(body: dict[str, Any], name: str) -> bool:
     return value
 
 
+# The longest stop sequence: every decoding step holds back and searches up to this many
+# characters per sequence, so an unbounded one (300,000 characters) slowed every row of the batch.
+STOP_MAX_CHARS: Final = 256
+
+
 def _stop(body: dict[str, Any]) -> tuple[str, ...]:
     value = body.get("stop")
     if value is None:
@@ -154,6 +159,10 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
         raise InvalidRequest("'stop' takes at most 4 sequences", param="stop")
     if any(item == "" for item in value):
         raise InvalidRequest("'stop' sequences must not be empty", param="stop")
+    if any(len(item) > STOP_MAX_CHARS for item in value):
+        raise InvalidRequest(
+            f"'stop' sequences must be at most {STOP_MAX_CHARS} characters", param="stop"
+        )
     return tuple(value)
 
 

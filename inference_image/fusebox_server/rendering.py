@@ -107,6 +107,19 @@ def usage_chunk(reply: Reply, prompt_tokens: int, completion_tokens: int) -> dic
     return chunk
 
 
+def whole_answer_events(
+    reply: Reply, text: str, finish_reason: str, usage_tokens: tuple[int, int] | None
+) -> bytes:
+    """A stream's events for an answer complete before the first event (the no-streaming
+    tier, a canned answer): one chunk with all the text, the chunk with the finish reason,
+    the usage chunk when `usage_tokens` (prompt, completion) are given, then `[DONE]`."""
+    events = sse(chunk_body(reply, text, None, True))
+    events += sse(chunk_body(reply, None, finish_reason, False))
+    if usage_tokens is not None:
+        events += sse(usage_chunk(reply, *usage_tokens))
+    return events + sse("[DONE]")
+
+
 def error_body(error: ServerError) -> dict[str, Any]:
     """The OpenAI error object."""
     return {

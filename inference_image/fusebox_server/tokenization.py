@@ -58,10 +58,6 @@ class PromptEncoder:
     def cache_entries(self) -> int:
         return len(self._cache)
 
-    @property
-    def template_count(self) -> int:
-        return len(self._templates)
-
     def render_chat(self, messages: Sequence[ChatMessage]) -> str:
         rendered = self.tokenizer.apply_chat_template(
             [{"role": m.role, "content": m.content} for m in messages],
@@ -94,9 +90,6 @@ class PromptEncoder:
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         return ids
-
-    def clear(self) -> None:
-        self._cache.clear()
 
 
 class IncrementalDecoder:

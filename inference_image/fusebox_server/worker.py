@@ -106,14 +106,34 @@ class ControlJob:
 
 
 def _held_back_chars(text: str, stops: tuple[str, ...]) -> int:
-    """How many trailing chars could start a stop sequence (kept until decided)."""
-    longest = 0
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:size]):
-                longest = max(longest, size)
-                break
-    return longest
+    """How many trailing chars could start a stop sequence (kept until decided).
+
+    Per stop, only the last len(stop) - 1 chars can start it: the longest of
+    their suffixes that is a prefix of the stop is found with the
+    Knuth-Morris-Pratt automaton, in time linear in the stop's length.
+    """
+    return max((_partial_stop_chars(text, stop) for stop in stops), default=0)
+
+
+def _partial_stop_chars(text: str, stop: str) -> int:
+    pattern = stop[:-1]  # a whole stop in the text ends it; only a proper prefix is held
+    if not pattern or not text:
+        return 0
+    failure = [0] * len(pattern)  # failure[i]: longest proper border of pattern[: i + 1]
+    border = 0
+    for index in range(1, len(pattern)):
+        while border and pattern[index] != pattern[border]:
+            border = failure[border - 1]
+        if pattern[index] == pattern[border]:
+            border += 1
+        failure[index] = border
+    matched = 0
+    for char in text[-len(pattern) :]:
+        while matched and (matched == len(pattern) or char != pattern[matched]):
+            matched = failure[matched - 1]
+        if char == pattern[matched]:
+            matched += 1
+    return matched
 
 
 class InferenceWorker(threading.Thread):
@@ -127,7 +147,6 @@ class InferenceWorker(threading.Thread):
         self.loaded: LoadedModel | None = None
         self.heartbeat = time.time()
         self.control_started_at: float | None = None
-        self.steps_total = 0
         self._torch_threads = torch_threads
         self.torch_threads: int | None = None
         self._batch: DecodeBatch | None = None
@@ -241,9 +260,8 @@ class InferenceWorker(threading.Thread):
         assert job.decoding is not None
         self._joined([job], [job.decoding.step()])
 
-    def _joined(self, group: list[GenerationJob], tokens: list[int]) -> None:
+    def _joined(self, group: list[GenerationJob], tokens: list[int | Exception]) -> None:
         """After a prefill: the group joins the batch, then each takes its first token."""
-        self.steps_total += 1
         decodings = [job.decoding for job in group if job.decoding is not None]
         loaded = decodings[0].loaded
         batch = self._batch
@@ -283,14 +301,19 @@ class InferenceWorker(threading.Thread):
                 job.decoding = None
                 self._finish(job, Failed(failure, job.completion_tokens))
             return
-        self.steps_total += 1
         self._slow_fault(members)
         for job, token_id in zip(members, tokens, strict=True):
             if job in self._active:
                 self._guarded(job, partial(self._on_token, job, token_id))
 
-    def _on_token(self, job: GenerationJob, token_id: int) -> bool:
-        """Decode, emit, and finish the job if this token ends it; True when it ended."""
+    def _on_token(self, job: GenerationJob, token_id: int | Exception) -> bool:
+        """Decode, emit, and finish the job if this token ends it; True when it ended.
+
+        An error in the token's place is this row's sampling failure: raised here, it
+        fails this job alone (`_guarded`), and the batch's other rows go on.
+        """
+        if isinstance(token_id, Exception):
+            raise token_id
         assert job.decoding is not None and job.decoder is not None
         if job.decoding.is_end(token_id):
             self._complete(job, "stop", job.decoder.flush())

@@ -174,8 +174,9 @@ def test_a_level_engages_only_the_listed_tiers_below_it(server: ServerProcess) -
         only_streaming = {"level": 3, "tiers": ["no-streaming"]}
         server.admin.put("/admin/v1/degradation", json=only_streaming).raise_for_status()
         assert server.state()["degradation_tiers"] == ["no-streaming"]
-        buffered = server.chat("hello", stream=True)
-        assert buffered.headers["content-type"].startswith("application/json")
+        buffered = server.chat("hello", stream=True)  # still SSE, the text in one chunk
+        assert buffered.headers["content-type"].startswith("text/event-stream")
+        assert buffered.text.count("data: {") == 2 and streamed.text.count("data: {") > 2
         # Without tiers a level engages every tier up to it, as before.
         server.admin.put("/admin/v1/degradation", json={"level": 1}).raise_for_status()
         assert server.state()["degradation_tiers"] == ["no-streaming"]

@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 import httpx
+import openai
 from fusebox_server_harness import MODEL_NAME, ServerProcess
 
 
@@ -67,19 +68,35 @@ def test_half_open_admits_the_configured_share(clean_server: ServerProcess) -> N
     assert all(clean_server.chat("hi", max_tokens=1).status_code == 200 for _ in range(10))
 
 
-def test_level_1_answers_a_stream_request_with_one_complete_response(
-    clean_server: ServerProcess,
-) -> None:
+def _openai(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_level_1_streams_the_whole_answer_in_one_chunk(clean_server: ServerProcess) -> None:
+    client = _openai(clean_server)
+    messages: Any = [{"role": "user", "content": "hi"}]
+    unstreamed = client.chat.completions.create(
+        model=MODEL_NAME, messages=messages, max_tokens=8, temperature=0
+    )
     clean_server.admin.put("/admin/v1/degradation", json={"level": 1}).raise_for_status()
-    response = clean_server.chat("hi", stream=True)
-    assert response.status_code == 200
-    assert response.headers["content-type"].startswith("application/json")
-    body = response.json()
-    assert body["object"] == "chat.completion"
-    assert body["choices"][0]["message"]["content"]
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL_NAME,
+        messages=messages,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )  # the official client, as a caller with stream=True uses it
+    assert raw.headers["content-type"].startswith("text/event-stream")
+    chunks = list(raw.parse())
+    text_chunks = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(text_chunks) == 1  # not incremental: the whole text at once
+    assert text_chunks[0].choices[0].delta.content == unstreamed.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
     clean_server.admin.put("/admin/v1/degradation", json={"level": 0}).raise_for_status()
-    streamed = clean_server.chat("hi", stream=True)
-    assert streamed.headers["content-type"].startswith("text/event-stream")
+    streamed = clean_server.chat("hi", stream=True, max_tokens=8)
+    assert streamed.text.count("data: {") > 3  # back to one event per piece
 
 
 def converged(server: ServerProcess, variant: str) -> dict[str, Any]:
@@ -135,10 +152,22 @@ def test_level_3_answers_template_prompts_from_canned_answers(
     clean_server: ServerProcess,
 ) -> None:
     clean_server.admin.put("/admin/v1/degradation", json={"level": 3}).raise_for_status()
-    canned = clean_server.chat("你好", stream=True)
-    assert canned.status_code == 200
-    assert canned.headers["x-fusebox-served-by"] == "canned"
-    assert canned.json()["choices"][0]["message"]["content"] == "你好！"
+    client = _openai(clean_server)
+    messages: Any = [{"role": "user", "content": "你好"}]
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL_NAME, messages=messages, stream=True, stream_options={"include_usage": True}
+    )
+    assert raw.headers["x-fusebox-served-by"] == "canned"
+    assert raw.headers["content-type"].startswith("text/event-stream")
+    chunks = list(raw.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "你好！"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    usage = chunks[-1].usage
+    assert usage is not None and usage.prompt_tokens > 0 and usage.completion_tokens > 0
+    canned = client.chat.completions.create(model=MODEL_NAME, messages=messages)
+    assert canned.choices[0].message.content == "你好！"
+    assert canned.usage is not None and canned.usage.total_tokens == usage.total_tokens
     completion = clean_server.client.post(
         "/v1/completions",
         json={"model": MODEL_NAME, "prompt": "What is the capital of France?", "max_tokens": 4},

@@ -104,7 +104,8 @@ def test_each_outcome_through_the_edge_counts_exactly_once() -> None:
             bug = client.post("/gen?kind=bug")
             assert bug.status_code == 500
             assert bug.json()["error"]["code"] == "generation_failed"
-            assert client.get("/gen").status_code == 405
+            wrong_method = client.get("/gen")
+            assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
             assert client.get("/other").status_code == 429  # not a counted path
         assert client.get("/nowhere").json()["error"]["code"] == "not_found"
         assert client.get("/nowhere").headers["x-fusebox-variant"] == "primary"

@@ -18,6 +18,7 @@ from fusebox_server.config import (
     env_name,
     field_name,
     flags_table,
+    parse_command_line,
     parse_config,
 )
 from fusebox_server.quality import QualitySettings
@@ -73,6 +74,42 @@ def test_env_names_follow_the_flag_names() -> None:
 def test_invalid_settings_are_refused(argv: list[str]) -> None:
     with pytest.raises(ConfigError):
         parse_config(argv, {})
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("heartbeat-timeout", "-1"),  # /healthz would be 503 forever
+        ("heartbeat-timeout", "nan"),
+        ("heartbeat-timeout", "0"),
+        ("latency-window", "-5"),
+        ("latency-window", "nan"),
+        ("latency-window", "inf"),
+        ("request-timeout", "nan"),
+        ("log-level", "verbose"),  # once read as info without a word
+        ("log-level", ""),
+        ("model-name", ""),
+        ("model-name", "  "),
+        ("host", ""),
+        ("stats-file", ""),
+        ("memory-guard-ratio", "nan"),
+    ],
+)
+def test_a_setting_out_of_its_documented_range_is_refused_by_name(flag: str, value: str) -> None:
+    for argv in (
+        ["--model-dir", "/m", f"--{flag}", value],
+        ["--check-config", "--model-dir", "/m"],
+    ):
+        environ = (
+            {} if f"--{flag}" in argv else {f"FUSEBOX_{flag.replace('-', '_').upper()}": value}
+        )
+        with pytest.raises(ConfigError, match=f"--{flag}"):
+            parse_command_line(argv, environ)
+
+
+def test_the_log_level_takes_each_documented_choice() -> None:
+    for level in ("debug", "info", "warning", "error"):
+        assert parse_config(["--model-dir", "/m", "--log-level", level], {}).log_level == level
 
 
 def test_templates_and_canned_answers_are_read_from_json(tmp_path: Path) -> None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import filecmp
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fusebox_server.engine import Decoding, load_model
 from fusebox_server.errors import GenerationFailed, ModelUnavailable
@@ -257,3 +260,142 @@ def test_a_prompt_that_fails_in_a_group_fails_alone_and_the_others_start(
     for event in (good, other):
         assert isinstance(event, Finished) and event.reason == "length"
         assert event.completion_tokens == 4
+
+
+def _run_together(
+    tiny_model_dir: Path, tiny_tokenizer: Any, samplings: list[Sampling], max_tokens: int
+) -> list[tuple[Any, str]]:
+    """Run one job per sampling on a fresh worker, all in one batch; each job's end and text."""
+
+    async def scenario() -> list[tuple[Any, str]]:
+        loop = asyncio.get_running_loop()
+        worker = InferenceWorker(loop, Faults({}), inbox_size=8)
+        worker.loaded = load_model(
+            "primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer
+        )
+        futures: list[asyncio.Future[Any]] = []
+        texts: list[list[str]] = []
+        # All wait in the inbox before the thread starts: one prefill group, one batch.
+        for sampling in samplings:
+            done: asyncio.Future[Any] = loop.create_future()
+            pieces: list[str] = []
+            futures.append(done)
+            texts.append(pieces)
+
+            def deliver(
+                event: Any, done: asyncio.Future[Any] = done, pieces: list[str] = pieces
+            ) -> None:
+                if isinstance(event, Piece):
+                    pieces.append(event.text)
+                elif not done.done():
+                    done.set_result(event)
+
+            worker.submit(
+                GenerationJob(
+                    request_id="t",
+                    variant="primary",
+                    prompt_ids=(5, 6, 7),
+                    sampling=sampling,
+                    max_tokens=max_tokens,
+                    deadline_monotonic=time.monotonic() + 60,
+                    tokenizer=tiny_tokenizer,
+                    deliver=deliver,
+                )
+            )
+        worker.start()
+        ends = [await future for future in futures]
+        worker.stop()
+        return [(end, "".join(pieces)) for end, pieces in zip(ends, texts, strict=True)]
+
+    return asyncio.run(scenario())
+
+
+def test_a_vanishing_temperature_or_top_p_decodes_greedily_beside_other_rows(
+    tiny_model_dir: Path, tiny_tokenizer: Any
+) -> None:
+    """Valid values too small for float32 (1e-39 makes every logit inf) never fail a row."""
+    tiny_temperature = Sampling(max_tokens=6, temperature=1e-39, top_p=1.0, seed=1, stop=())
+    tiny_top_p = Sampling(max_tokens=6, temperature=1.0, top_p=1e-46, seed=1, stop=())
+    results = _run_together(
+        tiny_model_dir,
+        tiny_tokenizer,
+        [GREEDY, tiny_temperature, tiny_top_p, replace(tiny_temperature, temperature=1e-300)],
+        max_tokens=6,
+    )
+    for end, _ in results:
+        assert isinstance(end, Finished) and end.reason == "length", end
+    greedy_text = results[0][1]
+    assert greedy_text and all(text == greedy_text for _, text in results)
+
+
+def test_a_row_whose_sampling_fails_gets_its_error_and_the_batch_decodes_on(
+    tiny_model_dir: Path, tiny_tokenizer: Any
+) -> None:
+    from fusebox_server.engine import DecodeBatch
+
+    loaded = load_model("primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer)
+    sampled = Sampling(max_tokens=6, temperature=0.8, top_p=0.9, seed=1, stop=())
+    rows = [Decoding(loaded, (5, 6, 7), sampling) for sampling in (GREEDY, sampled, GREEDY)]
+    batch = DecodeBatch(loaded)
+    for row in rows:
+        row.step()
+        batch.add(row)
+    # Validation refuses NaN; here it stands for any sampler fault (NaN logits, a bug).
+    rows[1].sampling = replace(sampled, temperature=float("nan"))
+    first, failed, last = batch.step()
+    assert isinstance(failed, RuntimeError)
+    assert isinstance(first, int) and isinstance(last, int)
+    batch.remove(rows[1])
+    assert all(isinstance(token, int) for token in batch.step())
+
+
+def test_the_worker_fails_only_the_row_whose_sampling_fails_mid_batch(
+    tiny_model_dir: Path, tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fusebox_server import engine
+
+    real_choose_token = engine.choose_token
+    draws: list[int] = []
+
+    def choose_token(logits: Any, sampling: Sampling, generator: Any) -> int:
+        if sampling.seed == 13:  # the doomed row: its sampler breaks on its third token
+            draws.append(1)
+            if len(draws) >= 3:
+                raise RuntimeError("sampler fault")
+        return real_choose_token(logits, sampling, generator)
+
+    monkeypatch.setattr(engine, "choose_token", choose_token)
+    doomed = Sampling(max_tokens=6, temperature=0.8, top_p=1.0, seed=13, stop=())
+    sampled = Sampling(max_tokens=6, temperature=0.8, top_p=0.9, seed=1, stop=())
+    greedy, failing, other = _run_together(
+        tiny_model_dir, tiny_tokenizer, [GREEDY, doomed, sampled], max_tokens=6
+    )
+    assert isinstance(failing[0], Failed) and isinstance(failing[0].error, GenerationFailed)
+    assert failing[0].completion_tokens == 2
+    for end, text in (greedy, other):
+        assert isinstance(end, Finished) and end.reason == "length" and text
+
+
+def _held_back_by_brute_force(text: str, stops: tuple[str, ...]) -> int:
+    return max(
+        (
+            size
+            for stop in stops
+            for size in range(1, min(len(stop) - 1, len(text)) + 1)
+            if text.endswith(stop[:size])
+        ),
+        default=0,
+    )
+
+
+@settings(max_examples=300, derandomize=True)
+@given(
+    text=st.text(alphabet="ab你", max_size=12),
+    stops=st.lists(st.text(alphabet="ab你", min_size=1, max_size=8), max_size=4),
+)
+def test_the_text_held_back_is_the_longest_tail_that_could_start_a_stop(
+    text: str, stops: list[str]
+) -> None:
+    from fusebox_server.worker import _held_back_chars
+
+    assert _held_back_chars(text, tuple(stops)) == _held_back_by_brute_force(text, tuple(stops))

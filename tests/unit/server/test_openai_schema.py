@@ -294,3 +294,14 @@ def test_docs_server_md_has_the_table_row_for_row() -> None:
     }
     for row in PARAMETERS:
         assert documented.get(row.name) == words[row.treatment], row.name
+
+
+def test_a_stop_sequence_over_the_cap_is_refused_naming_stop() -> None:
+    from fusebox_server.openai_schema import STOP_MAX_CHARS
+
+    body: dict[str, Any] = {"model": "m", "prompt": "p", "stop": ["x" * STOP_MAX_CHARS]}
+    assert parse_completion_request(body).sampling.stop == ("x" * STOP_MAX_CHARS,)
+    body["stop"] = ["ok", "x" * 300_000]
+    with pytest.raises(InvalidRequest) as refused:
+        parse_completion_request(body)
+    assert refused.value.param == "stop" and str(STOP_MAX_CHARS) in refused.value.message
