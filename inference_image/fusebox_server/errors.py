@@ -160,6 +160,12 @@ class Conflict(ServerError):
     code = "conflict"
 
 
+class ActionIdReused(Conflict):
+    """409: an admin action id already named a different action."""
+
+    code = "action_id_reused"
+
+
 class FallbackUnavailable(Conflict):
     """409: the fallback variant was asked for, but none is configured or this device cannot
     serve its quantization (the message says which)."""

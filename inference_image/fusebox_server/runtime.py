@@ -358,8 +358,9 @@ class Runtime:
         self, action_id: str, action_type: ActionType, variant: Variant | None
     ) -> dict[str, Any]:
         """Run an admin action once per id; a repeated id gets the recorded result."""
+        asked = f"{action_type.value} {variant.value}" if variant else action_type.value
         return await self.actions.run_once(
-            action_id, lambda: self._act(action_id, action_type, variant)
+            action_id, asked, lambda: self._act(action_id, action_type, variant)
         )
 
     async def _act(

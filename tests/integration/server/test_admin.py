@@ -113,6 +113,16 @@ def test_the_same_action_id_acts_once(clean_server: ServerProcess) -> None:
     assert clean_server.state()["variant"] == "primary"
 
 
+def test_an_action_id_reused_for_another_action_is_refused(server: ServerProcess) -> None:
+    assert action(server, "gc", id="reused-once")["replayed"] is False
+    response = server.admin.post("/admin/v1/actions", json={"id": "reused-once", "type": "unload"})
+    assert response.status_code == 409
+    error = response.json()["error"]
+    assert error["code"] == "action_id_reused"
+    assert "'reused-once' was used for gc" in error["message"]
+    assert server.state()["model_loaded"] is True
+
+
 @pytest.mark.parametrize(
     ("body", "status"),
     [

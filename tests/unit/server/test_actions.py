@@ -21,8 +21,8 @@ def test_the_same_id_acts_once_and_replays_the_result() -> None:
             acted += 1
             return {"n": acted}
 
-        first = await log.run_once("a", act)
-        again = await log.run_once("a", act)
+        first = await log.run_once("a", "gc", act)
+        again = await log.run_once("a", "gc", act)
         return first, again, acted
 
     first, again, acted = asyncio.run(scenario())
@@ -43,8 +43,8 @@ def test_a_duplicate_in_flight_waits_for_the_first() -> None:
             await release.wait()
             return {"done": True}
 
-        first = asyncio.create_task(log.run_once("swap-1", act))
-        second = asyncio.create_task(log.run_once("swap-1", act))
+        first = asyncio.create_task(log.run_once("swap-1", "swap", act))
+        second = asyncio.create_task(log.run_once("swap-1", "swap", act))
         await asyncio.sleep(0)
         release.set()
         return list(await asyncio.gather(first, second)), acted
@@ -66,7 +66,7 @@ def test_a_recorded_error_is_replayed_without_acting_again() -> None:
 
         for _ in range(3):
             with pytest.raises(Conflict):
-                await log.run_once("x", act)
+                await log.run_once("x", "load", act)
         return acted
 
     assert asyncio.run(scenario()) == 1
@@ -80,7 +80,27 @@ def test_only_the_last_ids_are_remembered() -> None:
             return {}
 
         for name in ("a", "b", "c"):
-            await log.run_once(name, act)
+            await log.run_once(name, "gc", act)
         return len(log)
 
     assert asyncio.run(scenario()) == 2
+
+
+def test_an_id_reused_for_another_action_is_refused_not_replayed() -> None:
+    async def scenario() -> tuple[str, int]:
+        log = ActionLog()
+        acted = 0
+
+        async def act() -> dict[str, Any]:
+            nonlocal acted
+            acted += 1
+            return {}
+
+        await log.run_once("x1", "load fallback", act)
+        with pytest.raises(Conflict) as refused:
+            await log.run_once("x1", "gc", act)
+        return str(refused.value), acted
+
+    message, acted = asyncio.run(scenario())
+    assert acted == 1
+    assert "'x1' was used for load fallback" in message and "(gc)" in message
