@@ -32,8 +32,9 @@ def drain_actions(
     """A drain for each pod (not yet drained, not already going) holding an Unhealthy GPU.
 
     `drained` remembers the pod runs already told, so a slow listing never
-    drains one twice.
+    drains one twice, and forgets each once it is no longer listed.
     """
+    drained.intersection_update(pod.uid for pod in pods)
     actions = []
     for pod in pods:
         if not pod.unhealthy_gpus or pod.terminating or pod.uid in drained:

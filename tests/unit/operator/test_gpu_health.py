@@ -55,6 +55,9 @@ def test_a_pod_on_an_unhealthy_gpu_is_drained_once_and_others_are_left_alone() -
     assert ACTION_EVENT_REASONS[ActionKind.DRAIN] == (EventReason.GPU_UNHEALTHY,)
     # The listing still shows it on the next tick: no second drain.
     assert drain_actions(pods, drained, state, T0 + 5) == []
+    # Once it is gone from the listing it is forgotten: the set does not grow forever.
+    assert drain_actions(pods[1:], drained, state, T0 + 10) == []
+    assert drained == set()
 
 
 def test_the_condition_names_the_pods_and_their_gpus_until_they_are_gone() -> None:
