@@ -308,6 +308,30 @@ def autoscale(
     return decision
 
 
+async def execute_per_pod(
+    actions: Sequence[Action],
+    inputs: TickInputs,
+    by_name: Mapping[str, PodView],
+    actuator: ActuatorPort,
+) -> list[tuple[Action, ActionResult]]:
+    """Each action with its result, in the given order: one pod's actions one after
+    another, different pods' side by side, so a slow model load on one pod (minutes,
+    on a large model) never holds back another pod's restart."""
+    queues: dict[str, list[int]] = {}
+    for index, action in enumerate(actions):
+        queues.setdefault(action.pod, []).append(index)
+    results: dict[int, ActionResult] = {}
+
+    async def run_queue(indexes: Sequence[int]) -> None:
+        for index in indexes:
+            action = actions[index]
+            pod = by_name.get(action.pod)
+            results[index] = await actuator.execute(inputs.namespace, pod, inputs.token, action)
+
+    await asyncio.gather(*(run_queue(indexes) for indexes in queues.values()))
+    return [(action, results[index]) for index, action in enumerate(actions)]
+
+
 # ----- the tick -------------------------------------------------------------------------------
 
 
@@ -348,16 +372,14 @@ async def run_tick(
 
     # Actions whose outcome was unknown go again first, with their own ids.
     retries = [a for a in new_state.in_flight.values() if a.pod in by_name]
+    retried = {a.id for a in retries}
+    results = await execute_per_pod([*retries, *actions], inputs, by_name, actuator)
     executed: list[tuple[Action, str]] = []
     # Fresh decisions the server had already run under the same id: an operator that
     # died after acting and posting its event, before its status was written,
     # decided it first. The server replayed; the event is not posted twice.
     replayed: set[str] = set()
-    retried = {a.id for a in retries}
-    for action in [*retries, *actions]:
-        result = await actuator.execute(
-            inputs.namespace, by_name.get(action.pod), inputs.token, action
-        )
+    for action, result in results:
         if new_state.settle(action, result.settled):
             executed.append((action, result.text))
             if result.replayed and action.id not in retried:

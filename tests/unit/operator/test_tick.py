@@ -19,6 +19,7 @@ from fusebox_operator.tick import (
     TickMemory,
     TickOutcome,
     converging,
+    execute_per_pod,
     pod_degradation,
     readiness,
     run_tick,
@@ -466,3 +467,43 @@ def test_after_an_action_the_status_never_pairs_new_figures_with_the_old_time_to
     assert entry["rssBytes"] == 2 * GIB
     assert "timeToOOMSeconds" not in entry
     assert out.status_patch["summary"]["timeToOOM"] == "-"
+
+
+def test_one_pods_slow_action_never_holds_back_another_pods() -> None:
+    spec = parse_spec({"model": MODEL, "gpu": {"count": 0}, "replicas": 2})
+    pods = {name: pod(name) for name in ("a", "b")}
+    b_acted = asyncio.Event()
+    started: list[str] = []
+
+    class LoadWaitingForB:
+        async def execute(
+            self, namespace: str, target: PodView | None, token: str, action: Action
+        ) -> ActionResult:
+            started.append(action.id)
+            if action.id == "load-a":
+                # A load that ends only once pod b was acted on: run one after
+                # the other, this tick would never end.
+                await b_acted.wait()
+            if action.pod == "b":
+                b_acted.set()
+            return ActionResult(f"done {action.id}")
+
+    actions = [
+        Action("load-a", ActionKind.RELOAD, "a", "rss", T0),
+        Action("restart-b", ActionKind.RESTART, "b", "wedged", T0),
+        Action("gc-a", ActionKind.GC, "a", "rss", T0),
+    ]
+    inputs = TickInputs("ns", "svc", spec, {}, list(pods.values()), "token", 1)
+
+    async def scenario() -> list[tuple[Action, ActionResult]]:
+        return await asyncio.wait_for(
+            execute_per_pod(actions, inputs, pods, LoadWaitingForB()), timeout=10
+        )
+
+    results = asyncio.run(scenario())
+    assert [(a.id, r.text) for a, r in results] == [
+        ("load-a", "done load-a"),
+        ("restart-b", "done restart-b"),
+        ("gc-a", "done gc-a"),
+    ]
+    assert started.index("gc-a") > started.index("load-a")  # pod a's own order kept
