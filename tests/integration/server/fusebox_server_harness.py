@@ -114,6 +114,11 @@ class ServerProcess:
         response.raise_for_status()
         return dict(response.json())
 
+    def set_faults(self, **values: int) -> None:
+        """Switch armed faults at run time (`PUT /admin/v1/faults`)."""
+        response = self.admin.put("/admin/v1/faults", json=values)
+        assert response.status_code == 200, response.text
+
     def stats(self) -> dict[str, Any]:
         return dict(json.loads(self.stats_file.read_text()))
 

@@ -64,15 +64,10 @@ def limited(
     limited.stop()
 
 
-def set_faults(server: ServerProcess, **values: int) -> None:
-    response = server.admin.put("/admin/v1/faults", json=values)
-    assert response.status_code == 200, response.text
-
-
 @pytest.fixture
 def faults_off(limited: ServerProcess) -> Iterator[ServerProcess]:
     yield limited
-    set_faults(limited, leak=0, slow=0)
+    limited.set_faults(leak=0, slow=0)
     limited.wait_for(
         lambda: limited.state()["running"] == 0 and limited.state()["queue_length"] == 0,
         what="an idle server",
@@ -83,7 +78,7 @@ def test_overload_gets_429_beyond_running_plus_queue(faults_off: ServerProcess) 
     server = faults_off
     # Each request holds its slot for about a second: all ten arrive while the first three
     # are still in the server, and the third still finishes well inside the deadline.
-    set_faults(server, slow=250)
+    server.set_faults(slow=250)
     before = server.state()["requests"]
 
     async def burst() -> list[httpx.Response]:
@@ -124,20 +119,20 @@ def test_generation_past_the_deadline_gets_504_and_frees_the_slot(
     faults_off: ServerProcess,
 ) -> None:
     server = faults_off
-    set_faults(server, slow=300)
+    server.set_faults(slow=300)
     before = server.state()["requests"]
     response = server.chat("hi", max_tokens=40)
     assert response.status_code == 504
     assert response.json()["error"]["code"] == "timeout"
     server.wait_for(lambda: server.state()["running"] == 0, what="the slot to be freed")
     assert server.state()["requests"]["timed_out"] - before["timed_out"] == 1
-    set_faults(server, slow=0)
+    server.set_faults(slow=0)
     assert server.chat("hi").status_code == 200
 
 
 def test_stream_past_the_deadline_ends_with_an_error_event(faults_off: ServerProcess) -> None:
     server = faults_off
-    set_faults(server, slow=300)
+    server.set_faults(slow=300)
     events: list[str] = []
     with server.client.stream(
         "POST",
@@ -254,10 +249,10 @@ def test_leak_fault_grows_rss_until_unload_drops_it(faults_off: ServerProcess) -
     server = faults_off
     before = server.state()["leaked_bytes"]
     rss_before = server.stats()["rss_bytes"]
-    set_faults(server, leak=64)
+    server.set_faults(leak=64)
     for _ in range(3):
         assert server.chat("hi", max_tokens=1).status_code == 200
-    set_faults(server, leak=0)
+    server.set_faults(leak=0)
     assert server.state()["leaked_bytes"] == before + 3 * 64 * MIB
     grown = server.wait_for(
         lambda: (lambda s: s if s["rss_bytes"] >= rss_before + 150 * MIB else None)(server.stats()),
@@ -280,7 +275,7 @@ def test_leak_fault_grows_rss_until_unload_drops_it(faults_off: ServerProcess) -
 
 def test_a_stuck_worker_fails_healthz_while_the_loop_answers(faults_off: ServerProcess) -> None:
     server = faults_off
-    set_faults(server, slow=8000)
+    server.set_faults(slow=8000)
     thread = threading.Thread(target=lambda: server.chat("hi", max_tokens=2), daemon=True)
     thread.start()
     stale = server.wait_for(
@@ -290,7 +285,7 @@ def test_a_stuck_worker_fails_healthz_while_the_loop_answers(faults_off: ServerP
     )
     ages = stale.json()["heartbeat_age_seconds"]
     assert ages["worker"] >= 3 and ages["loop"] < 3
-    set_faults(server, slow=0)
+    server.set_faults(slow=0)
     server.wait_for(
         lambda: server.client.get("/healthz").status_code == 200,
         timeout=30,
@@ -313,7 +308,7 @@ def test_each_outcome_is_counted_exactly_once(faults_off: ServerProcess) -> None
         assert server.chat("hi").status_code == 503
     server.admin.put("/admin/v1/breaker", json={"state": "closed"}).raise_for_status()
 
-    set_faults(server, slow=250)
+    server.set_faults(slow=250)
     for _ in range(n):  # cancelled: the client leaves after the first piece
         with server.client.stream(
             "POST",
@@ -329,7 +324,7 @@ def test_each_outcome_is_counted_exactly_once(faults_off: ServerProcess) -> None
             next(line for line in response.iter_lines() if line.startswith("data: "))
         server.wait_for(lambda: server.state()["running"] == 0, what="the cancel to land")
 
-    set_faults(server, slow=3000)
+    server.set_faults(slow=3000)
 
     async def run_past_the_deadline() -> list[int]:
         # One runs, two wait in the queue: all three outlive the 6-second deadline.
@@ -345,7 +340,7 @@ def test_each_outcome_is_counted_exactly_once(faults_off: ServerProcess) -> None
         return [r.status_code for r in responses]
 
     assert asyncio.run(run_past_the_deadline()) == [504] * n
-    set_faults(server, slow=0)
+    server.set_faults(slow=0)
     after = server.wait_for(
         lambda: (lambda s: s["requests"] if s["running"] == 0 else None)(server.state()),
         what="an idle server",

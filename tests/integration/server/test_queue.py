@@ -25,16 +25,11 @@ def queued(start_server: Any) -> Iterator[ServerProcess]:
     server.stop()
 
 
-def set_faults(server: ServerProcess, **values: int) -> None:
-    response = server.admin.put("/admin/v1/faults", json=values)
-    assert response.status_code == 200, response.text
-
-
 def test_clients_that_leave_the_queue_give_their_place_to_live_ones(
     queued: ServerProcess,
 ) -> None:
     server = queued
-    set_faults(server, slow=100)  # the runner holds the one slot for about 6 seconds
+    server.set_faults(slow=100)  # the runner holds the one slot for about 6 seconds
     before = server.state()["requests"]
     body = {
         "model": MODEL_NAME,
@@ -62,7 +57,7 @@ def test_clients_that_leave_the_queue_give_their_place_to_live_ones(
             return (await runner).status_code, live.status_code
 
     assert asyncio.run(scenario()) == (200, 200)
-    set_faults(server, slow=0)
+    server.set_faults(slow=0)
     after = server.wait_for(
         lambda: (lambda s: s["requests"] if s["running"] == 0 else None)(server.state()),
         what="an idle server",
@@ -91,7 +86,7 @@ def test_time_to_first_token_counts_only_requests_that_succeed(queued: ServerPro
         what="the stats file to catch up",
     )
     before = ttft_count()
-    set_faults(server, slow=100)
+    server.set_faults(slow=100)
     body = {
         "model": MODEL_NAME,
         "messages": [{"role": "user", "content": "hi"}],
@@ -101,7 +96,7 @@ def test_time_to_first_token_counts_only_requests_that_succeed(queued: ServerPro
     with server.client.stream("POST", "/v1/chat/completions", json=body) as response:
         assert response.status_code == 200  # the client leaves after the first piece
         next(line for line in response.iter_lines() if line.startswith("data: {"))
-    set_faults(server, slow=0)
+    server.set_faults(slow=0)
     server.wait_for(
         lambda: server.state()["requests"]["cancelled"] == before_requests["cancelled"] + 1,
         what="the cancel to be counted",
