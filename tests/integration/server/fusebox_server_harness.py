@@ -147,7 +147,15 @@ class ServerProcess:
         """Put the runtime state back to the defaults other tests expect."""
         self.admin.put("/admin/v1/breaker", json={"state": "closed"}).raise_for_status()
         self.admin.put("/admin/v1/degradation", json={"level": 0}).raise_for_status()
-        state = self.state()
+
+        # A level left by the test may still be converging in the background (a fallback
+        # load under way): a swap after the reset would change the serving variant, and
+        # with it the prompt cache, in the middle of the next test.
+        def settled() -> dict[str, Any] | None:
+            state = self.state()
+            return None if state["converging"] else state
+
+        state = self.wait_for(settled, timeout=120, what="the degradation to settle")
         if not state["model_loaded"] or state["variant"] != "primary":
             action = {"id": f"reset-{time.time_ns()}", "type": "load", "variant": "primary"}
             self.admin.post("/admin/v1/actions", json=action).raise_for_status()
