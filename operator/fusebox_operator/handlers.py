@@ -36,7 +36,7 @@ from fusebox_operator.spec import (
     parse_spec,
     watched_spec,
 )
-from fusebox_operator.status import iso, set_condition
+from fusebox_operator.status import SPEC_VALID, iso, set_condition, undone_wait
 from fusebox_operator.telemetry import scrape_all
 from fusebox_operator.tick import TickInputs, TickMemory, current_replicas, run_tick
 
@@ -222,7 +222,7 @@ async def reconcile(
     now = time.time()
     conditions = list(status.get("conditions") or [])
     conditions = set_condition(
-        conditions, ConditionType.INVALID_SPEC, False, "SpecValid", "spec accepted", generation, now
+        conditions, ConditionType.INVALID_SPEC, False, SPEC_VALID, "spec accepted", generation, now
     )
     held_back = (EventReason.INVALID_SPEC, EventReason.WAITING_FOR_GPU_NODES)
     if not any(c.get("type") == ConditionType.READY for c in conditions) or any(
@@ -340,11 +340,19 @@ async def telemetry(
         return
     # The last applied spec, not .spec: an edit the reconcile refused (InvalidSpec) or
     # still waits on leaves the pods of the previous one running, and they stay watched.
-    watched = watched_spec(spec, status, int(meta.get("generation") or 0))
+    generation = int(meta.get("generation") or 0)
+    watched = watched_spec(spec, status, generation)
     if watched is None:
         return  # nothing applied yet: no pods of ours to watch
     parsed, applied_generation = watched
     memo.next_scrape_at = now + parsed.telemetry.scrape_interval_seconds
+    tick_status: Mapping[str, Any] = status
+    accepted_again = undone_wait(spec, status, generation, now)
+    if accepted_again is not None:
+        for key, value in accepted_again.items():
+            patch.status[key] = value
+        tick_status = {**status, **accepted_again}  # the tick builds its conditions on these
+        applied_generation = generation
     if now >= memo.setdefault("next_resync_at", now + memo.settings.resync_seconds):
         memo.next_resync_at = now + memo.settings.resync_seconds
         await _resync(body, parsed, status, meta, memo)
@@ -369,7 +377,7 @@ async def telemetry(
         namespace=namespace,
         service_id=_service_id(uid),
         spec=parsed,
-        status=status,
+        status=tick_status,
         pods=pods,
         token=token,
         # The tick's conditions are about the applied generation's pods.

@@ -26,12 +26,13 @@ from fusebox_contract.names import (
 from fusebox_operator.autoscaling import ScaleDecision
 from fusebox_operator.observations import PodSample
 from fusebox_operator.policy_state import Action, ActionKind, PolicyState
-from fusebox_operator.spec import InferenceServiceSpec
+from fusebox_operator.spec import InferenceServiceSpec, applied_spec_text
 
 REFRESH_SECONDS = 30.0
 MAX_PODS_LISTED = 20
 MAX_RECENT_ACTIONS = 10
 MAX_TROUBLED_PODS_LISTED = 3  # stuck pods named in Ready's message
+SPEC_VALID = "SpecValid"  # InvalidSpec's reason once a spec is accepted
 SCALE_LIMIT_GPU = "PodsPendingForGPU"  # ScalingLimited's reason while scale-up is held
 NO_QUALITY_REMEDY = "NoQualityRemedy"  # Degraded's reason: quality fails, no tier helps
 TIER_NAMES: dict[int, str] = {int(DegradationLevel.NONE): "none"} | {
@@ -144,6 +145,33 @@ def drop_condition(
     gone from the stored status too.
     """
     return [dict(c) for c in conditions if c.get("type") != type_]
+
+
+def undone_wait(
+    raw_spec: Mapping[str, Any], status: Mapping[str, Any], generation: int, now: float
+) -> dict[str, Any] | None:
+    """The status keys to write when an edit that waited for GPU nodes was undone, else None.
+
+    Undoing it gives kopf no diff (the spec is the last one it handled), so no
+    reconcile runs to say the spec is accepted again and WaitingForGPUNodes would
+    stay for good. The spec is then the applied one (`status.appliedSpec`) again.
+    """
+    conditions = status.get("conditions") or []
+    waiting = any(
+        c.get("type") == ConditionType.INVALID_SPEC
+        and c.get("reason") == EventReason.WAITING_FOR_GPU_NODES
+        for c in conditions
+    )
+    if not waiting or status.get("appliedSpec") != applied_spec_text(raw_spec):
+        return None
+    accepted = set_condition(
+        conditions, ConditionType.INVALID_SPEC, False, SPEC_VALID, "spec accepted", generation, now
+    )
+    return {
+        "conditions": accepted,
+        "appliedGeneration": generation,
+        "observedGeneration": generation,
+    }
 
 
 def pod_entry(sample: PodSample, state: PolicyState) -> dict[str, Any]:

@@ -261,3 +261,28 @@ def test_waiting_for_gpu_nodes_leaves_ready_to_the_pods_already_running(
     assert (waiting["status"], waiting["reason"]) == ("False", EventReason.WAITING_FOR_GPU_NODES)
     service.tick(edited)
     assert kube.pods_listed == 2  # generation 1's pods stay watched
+
+
+def test_undoing_an_edit_that_waited_for_gpu_nodes_accepts_the_spec_again(
+    events: list[tuple[str, str, str]],
+) -> None:
+    kube = FakeKube(node_vram_mib=(81920,))
+    service = Service(kube)
+    spec = {"model": {"name": "chat", "source": "pvc://models/chat"}}
+    service.reconcile(spec)
+    applied = service.status["appliedGeneration"]
+    edited = {**spec, "gpu": {"count": 1, "product": "Fusebox-Unknown-Accelerator"}}
+    kube.node_vram = []  # no node offers that product
+    with pytest.raises(kopf.TemporaryError):
+        service.reconcile(edited, old=spec)
+    service.tick(edited)
+    assert service.condition(ConditionType.INVALID_SPEC)["reason"] == (
+        EventReason.WAITING_FOR_GPU_NODES
+    )
+    # Undone: the spec is the one kopf last handled, so no reconcile runs; the loop says it.
+    service.generation += 1
+    service.tick(spec)
+    accepted = service.condition(ConditionType.INVALID_SPEC)
+    assert (accepted["status"], accepted["reason"]) == ("False", "SpecValid")
+    assert accepted["observedGeneration"] == service.generation
+    assert service.status["appliedGeneration"] == service.generation > applied
