@@ -353,6 +353,7 @@ async def telemetry(
             patch.status[key] = value
         tick_status = {**status, **accepted_again}  # the tick builds its conditions on these
         applied_generation = generation
+        memo.applied_generation = generation  # the children are this spec's: resync again
     if now >= memo.setdefault("next_resync_at", now + memo.settings.resync_seconds):
         memo.next_resync_at = now + memo.settings.resync_seconds
         await _resync(body, parsed, status, meta, memo)
