@@ -24,6 +24,47 @@ from fusebox_server.worker import Failed, Finished, GenerationJob, InferenceWork
 GREEDY = Sampling(max_tokens=8, temperature=0.0, top_p=1.0, seed=None, stop=())
 
 
+def _worker(loop: asyncio.AbstractEventLoop, model_dir: Path, tokenizer: Any) -> InferenceWorker:
+    """A worker holding the primary model, its thread not yet started."""
+    worker = InferenceWorker(loop, Faults({}), inbox_size=8)
+    worker.loaded = load_model("primary", model_dir, "none", torch.device("cpu"), tokenizer)
+    return worker
+
+
+def _submit(
+    worker: InferenceWorker,
+    tokenizer: Any,
+    prompt_ids: tuple[int, ...],
+    *,
+    sampling: Sampling = GREEDY,
+    max_tokens: int = 4,
+    variant: str = "primary",
+) -> tuple[asyncio.Future[Any], list[str]]:
+    """Queue one job: the future gets its final event, the list its text pieces."""
+    done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    pieces: list[str] = []
+
+    def deliver(event: Any) -> None:
+        if isinstance(event, Piece):
+            pieces.append(event.text)
+        elif not done.done():
+            done.set_result(event)
+
+    worker.submit(
+        GenerationJob(
+            request_id="t",
+            variant=variant,
+            prompt_ids=prompt_ids,
+            sampling=sampling,
+            max_tokens=max_tokens,
+            deadline_monotonic=time.monotonic() + 60,
+            tokenizer=tokenizer,
+            deliver=deliver,
+        )
+    )
+    return done, pieces
+
+
 def test_the_generator_writes_the_same_files_byte_for_byte(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -54,36 +95,12 @@ def test_a_failing_request_reaches_its_caller_and_the_worker_carries_on(
     tiny_model_dir: Path, tiny_tokenizer: Any
 ) -> None:
     async def scenario() -> list[Any]:
-        loop = asyncio.get_running_loop()
-        worker = InferenceWorker(loop, Faults({}), inbox_size=8)
-        worker.loaded = load_model(
-            "primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer
-        )
+        worker = _worker(asyncio.get_running_loop(), tiny_model_dir, tiny_tokenizer)
         worker.start()
         outcomes: list[Any] = []
 
         async def run(prompt_ids: tuple[int, ...], variant: str = "primary") -> Any:
-            done: asyncio.Future[Any] = loop.create_future()
-            pieces: list[str] = []
-
-            def deliver(event: Any) -> None:
-                if isinstance(event, Piece):
-                    pieces.append(event.text)
-                elif not done.done():
-                    done.set_result(event)
-
-            worker.submit(
-                GenerationJob(
-                    request_id="t",
-                    variant=variant,
-                    prompt_ids=prompt_ids,
-                    sampling=GREEDY,
-                    max_tokens=4,
-                    deadline_monotonic=time.monotonic() + 60,
-                    tokenizer=tiny_tokenizer,
-                    deliver=deliver,
-                )
-            )
+            done, pieces = _submit(worker, tiny_tokenizer, prompt_ids, variant=variant)
             event = await done
             return event, "".join(pieces)
 
@@ -223,33 +240,12 @@ def test_a_prompt_that_fails_in_a_group_fails_alone_and_the_others_start(
     tiny_model_dir: Path, tiny_tokenizer: Any
 ) -> None:
     async def scenario() -> list[Any]:
-        loop = asyncio.get_running_loop()
-        worker = InferenceWorker(loop, Faults({}), inbox_size=8)
-        worker.loaded = load_model(
-            "primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer
-        )
-        futures: list[asyncio.Future[Any]] = []
+        worker = _worker(asyncio.get_running_loop(), tiny_model_dir, tiny_tokenizer)
         # All three wait in the inbox before the thread starts: one turn, one prefill group.
-        for prompt_ids in ((5, 6, 7), (10**9, 5), (8, 9)):
-            done: asyncio.Future[Any] = loop.create_future()
-            futures.append(done)
-
-            def deliver(event: Any, done: asyncio.Future[Any] = done) -> None:
-                if not isinstance(event, Piece) and not done.done():
-                    done.set_result(event)
-
-            worker.submit(
-                GenerationJob(
-                    request_id="t",
-                    variant="primary",
-                    prompt_ids=prompt_ids,
-                    sampling=GREEDY,
-                    max_tokens=4,
-                    deadline_monotonic=time.monotonic() + 60,
-                    tokenizer=tiny_tokenizer,
-                    deliver=deliver,
-                )
-            )
+        futures = [
+            _submit(worker, tiny_tokenizer, prompt_ids)[0]
+            for prompt_ids in ((5, 6, 7), (10**9, 5), (8, 9))
+        ]
         worker.start()
         outcomes = [await future for future in futures]
         worker.stop()
@@ -268,40 +264,14 @@ def _run_together(
     """Run one job per sampling on a fresh worker, all in one batch; each job's end and text."""
 
     async def scenario() -> list[tuple[Any, str]]:
-        loop = asyncio.get_running_loop()
-        worker = InferenceWorker(loop, Faults({}), inbox_size=8)
-        worker.loaded = load_model(
-            "primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer
-        )
-        futures: list[asyncio.Future[Any]] = []
-        texts: list[list[str]] = []
+        worker = _worker(asyncio.get_running_loop(), tiny_model_dir, tiny_tokenizer)
         # All wait in the inbox before the thread starts: one prefill group, one batch.
-        for sampling in samplings:
-            done: asyncio.Future[Any] = loop.create_future()
-            pieces: list[str] = []
-            futures.append(done)
-            texts.append(pieces)
-
-            def deliver(
-                event: Any, done: asyncio.Future[Any] = done, pieces: list[str] = pieces
-            ) -> None:
-                if isinstance(event, Piece):
-                    pieces.append(event.text)
-                elif not done.done():
-                    done.set_result(event)
-
-            worker.submit(
-                GenerationJob(
-                    request_id="t",
-                    variant="primary",
-                    prompt_ids=(5, 6, 7),
-                    sampling=sampling,
-                    max_tokens=max_tokens,
-                    deadline_monotonic=time.monotonic() + 60,
-                    tokenizer=tiny_tokenizer,
-                    deliver=deliver,
-                )
-            )
+        jobs = [
+            _submit(worker, tiny_tokenizer, (5, 6, 7), sampling=sampling, max_tokens=max_tokens)
+            for sampling in samplings
+        ]
+        futures = [future for future, _ in jobs]
+        texts = [pieces for _, pieces in jobs]
         worker.start()
         ends = [await future for future in futures]
         worker.stop()
