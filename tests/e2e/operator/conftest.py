@@ -364,6 +364,13 @@ class Service:
 
         return base64.b64decode(out).decode()
 
+    def set_faults(self, pod: dict[str, Any], faults: dict[str, int]) -> None:
+        """Set faults on one pod through its admin API, as an operator with the token would."""
+        reply = http_reply(
+            "PUT", f"{pod_url(pod, Port.ADMIN)}/admin/v1/faults", faults, token=self.admin_token()
+        )
+        assert reply.status == 200, reply
+
     def service_url(self) -> str:
         ip = self.kubectl("get", "service", self.name, "-o", "jsonpath={.spec.clusterIP}").stdout
         return f"http://{ip.strip()}:8000"

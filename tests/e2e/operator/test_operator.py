@@ -432,13 +432,7 @@ def test_wedged_pod_is_restarted_while_the_service_keeps_answering(
     wait_ready(service, pods=2)
     victim = service.ready_pods()[0]
     name = victim["metadata"]["name"]
-    status, body = http(
-        "PUT",
-        f"{pod_url(victim, Port.ADMIN)}/admin/v1/faults",
-        {"wedge": 1},
-        token=service.admin_token(),
-    )
-    assert status == 200, body
+    service.set_faults(victim, {"wedge": 1})
     event = wait_for(
         f"PodRestarted for {name}",
         lambda: next(
@@ -490,11 +484,7 @@ def test_slow_pod_opens_the_breaker_then_half_open_then_closed(
     service = inference_service("slowpoke", spec)
     wait_ready(service)
     pod = service.ready_pods()[0]
-    token = service.admin_token()
-    assert (
-        http("PUT", f"{pod_url(pod, Port.ADMIN)}/admin/v1/faults", {"slow": 600}, token=token)[0]
-        == 200
-    )
+    service.set_faults(pod, {"slow": 600})
     with traffic(service.service_url(), 0.5, max_tokens=2) as statuses:
         wait_for(
             "BreakerOpened",
@@ -504,10 +494,7 @@ def test_slow_pod_opens_the_breaker_then_half_open_then_closed(
         )
         assert wait_for("a 503 while open", lambda: 503 in statuses, timeout=60)
         assert printer_columns(service)["BREAKER"] in ("Open", "HalfOpen")
-        assert (
-            http("PUT", f"{pod_url(pod, Port.ADMIN)}/admin/v1/faults", {"slow": 0}, token=token)[0]
-            == 200
-        )
+        service.set_faults(pod, {"slow": 0})
     # No other traffic now: half-open lasts until the next calls, and the burst below
     # is every arrival the server sees.
     wait_for(

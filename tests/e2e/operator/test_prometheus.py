@@ -37,12 +37,10 @@ from ..monitoring import PrometheusApi
 from .conftest import (
     CHART,
     OperatorRelease,
-    Service,
     ServiceFactory,
     base_spec,
     chat,
     helm,
-    http_reply,
     pod_url,
     traffic,
     wait_for,
@@ -160,16 +158,6 @@ def firing_for(prometheus: PrometheusApi, namespace: str, pod: str) -> list[dict
     ]
 
 
-def set_leak(service: Service, pod: dict[str, Any], mib: int) -> None:
-    reply = http_reply(
-        "PUT",
-        f"{pod_url(pod, Port.ADMIN)}/admin/v1/faults",
-        {Fault.LEAK.value: mib},
-        token=service.admin_token(),
-    )
-    assert reply.status == 200, reply
-
-
 def test_prometheus_scrapes_every_sidecar_answers_the_dashboard_and_fires_the_leak_alert(
     cluster: Any,
     namespace: str,
@@ -241,7 +229,7 @@ def test_prometheus_scrapes_every_sidecar_answers_the_dashboard_and_fires_the_le
 
     # A leak under traffic: the alert goes pending, then fires for this pod.
     with traffic(service.service_url(), LEAK_EVERY_SECONDS):
-        set_leak(service, pod, LEAK_MIB_PER_REQUEST)
+        service.set_faults(pod, {Fault.LEAK.value: LEAK_MIB_PER_REQUEST})
         try:
             alert = wait_for(
                 f"{ALERT} firing for {namespace}/{pod_name}",
@@ -253,5 +241,5 @@ def test_prometheus_scrapes_every_sidecar_answers_the_dashboard_and_fires_the_le
                 diagnose=lambda: str(firing_for(prometheus, namespace, pod_name)),
             )
         finally:
-            set_leak(service, pod, 0)
+            service.set_faults(pod, {Fault.LEAK.value: 0})
     assert alert[0]["labels"]["severity"] == "warning", alert

@@ -599,13 +599,7 @@ def test_a_wedged_pod_is_replaced_by_the_operator_not_restarted_by_the_kubelet(
     wait_serving(service, pods=1)
     victim = service.ready_pods()[0]
     name, uid = victim["metadata"]["name"], victim["metadata"]["uid"]
-    status, body = http(
-        "PUT",
-        f"{pod_url(victim, Port.ADMIN)}/admin/v1/faults",
-        {"wedge": 1},
-        token=service.admin_token(),
-    )
-    assert status == 200, body
+    service.set_faults(victim, {"wedge": 1})
 
     counts: list[dict[str, int]] = []
 

@@ -13,9 +13,8 @@ import json
 from typing import Any
 
 from fusebox_contract.names import ConditionType, EventReason
-from fusebox_contract.wiring import Port
 
-from .conftest import Service, ServiceFactory, base_spec, http, pod_url, wait_for
+from .conftest import Service, ServiceFactory, base_spec, wait_for
 
 UNKNOWN_GPU = {"count": 1, "product": "Fusebox-Unknown-Accelerator"}
 
@@ -60,13 +59,7 @@ def test_an_edit_waiting_for_gpu_nodes_leaves_the_running_pod_protected(
 
     # Still watched with the applied spec: the operator acts on a wedge of the old pod.
     name = pod["metadata"]["name"]
-    status, body = http(
-        "PUT",
-        f"{pod_url(pod, Port.ADMIN)}/admin/v1/faults",
-        {"wedge": 1},
-        token=service.admin_token(),
-    )
-    assert status == 200, body
+    service.set_faults(pod, {"wedge": 1})
     wait_for(
         f"PodRestarted for {name}",
         lambda: any(
