@@ -3,7 +3,7 @@
 Why: an unbounded queue turns overload into memory growth and timeouts for
 everyone. A request either gets a running slot, or a place in a bounded
 FIFO of waiters, or an immediate 429. A slot is released only when the
-worker reports the generation over, so `running` is what really runs.
+worker is done with the generation, so `running` is what really runs.
 Everything here lives on the event loop; no locks.
 """
 

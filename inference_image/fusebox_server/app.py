@@ -368,7 +368,7 @@ class GenerationResponse:
             ):
                 return await self.generation.events.get()
         except TimeoutError:
-            self.generation.cancel()
+            self.generation.give_up()
             return Failed(DeadlineExceeded("the request outlived its deadline"), 0)
 
     def _on_finished(self, event: Finished) -> None:

@@ -87,12 +87,27 @@ class Generation:
     """The loop side of one running generation: events arrive on `events`."""
 
     job: GenerationJob
+    release_slot: Callable[[], None]
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     finished: bool = False
 
     def cancel(self) -> None:
         if not self.finished:
             self.job.cancelled.set()
+
+    def end(self) -> None:
+        """The worker is done with the job: its admission slot is freed, once."""
+        if not self.finished:
+            self.finished = True
+            self.release_slot()
+
+    def give_up(self) -> None:
+        """The caller stops waiting (its deadline passed). The job is cancelled; if the
+        worker has already let go of it, its final event was lost on the way (a failed
+        allocation) and the slot is freed here, else it is when the worker reports."""
+        self.cancel()
+        if self.job.ended.is_set():
+            self.end()
 
 
 @dataclass(frozen=True)
@@ -267,9 +282,8 @@ class Runtime:
 
             def deliver(event: Event) -> None:
                 generation = holder[0]
-                if isinstance(event, Finished | Failed) and not generation.finished:
-                    generation.finished = True
-                    self.admission.release()
+                if isinstance(event, Finished | Failed):
+                    generation.end()
                 generation.events.put_nowait(event)
 
             job = GenerationJob(
@@ -282,7 +296,7 @@ class Runtime:
                 tokenizer=self.encoders[variant].tokenizer,
                 deliver=deliver,
             )
-            generation = Generation(job=job)
+            generation = Generation(job=job, release_slot=self.admission.release)
             holder.append(generation)
             self.worker.submit(job)
         except BaseException:

@@ -91,6 +91,8 @@ class GenerationJob:
     tokenizer: Any
     deliver: Callable[[Event], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
+    # Set by the worker when it lets go of the job, before its final event is posted.
+    ended: threading.Event = field(default_factory=threading.Event)
     decoding: Decoding | None = None
     decoder: IncrementalDecoder | None = None
     completion_tokens: int = 0
@@ -370,7 +372,8 @@ class InferenceWorker(threading.Thread):
     def _post(self, callback: Callable[..., None], *args: Any) -> None:
         """Hand a result to the loop, retrying a failed allocation for a while.
 
-        A lost final event would keep its request's admission slot until the deadline.
+        A final event lost all the same is made good at the request's deadline
+        (runtime.Generation.give_up: the job has ended, its slot is freed).
         """
         for _ in range(POST_ATTEMPTS):
             try:
@@ -384,6 +387,7 @@ class InferenceWorker(threading.Thread):
     def _finish(self, job: GenerationJob, event: Event) -> None:
         if job in self._active:
             self._active.remove(job)
+        job.ended.set()
         decoding, job.decoding = job.decoding, None
         if decoding is not None and self._batch is not None:
             try:

@@ -6,6 +6,7 @@ import asyncio
 import filecmp
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -369,3 +370,47 @@ def test_the_text_held_back_is_the_longest_tail_that_could_start_a_stop(
     from fusebox_server.worker import _held_back_chars
 
     assert _held_back_chars(text, tuple(stops)) == _held_back_by_brute_force(text, tuple(stops))
+
+
+def test_a_final_event_lost_to_failed_allocations_frees_its_slot_when_the_caller_gives_up(
+    tiny_model_dir: Path, tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker drops an event it could not hand over; the job is marked ended all the
+    same, so the request's give-up at its deadline frees the admission slot, once."""
+    from fusebox_server import worker as worker_module
+    from fusebox_server.runtime import Generation
+
+    class LoopWithoutMemory:  # every hand-over to the event loop fails to allocate
+        def call_soon_threadsafe(self, *args: Any) -> None:
+            raise MemoryError
+
+    monkeypatch.setattr(worker_module, "POST_ATTEMPTS", 2)
+    worker = _worker(LoopWithoutMemory(), tiny_model_dir, tiny_tokenizer)  # type: ignore[arg-type]
+    releases: list[str] = []
+
+    def generation(request_id: str) -> Generation:
+        job = GenerationJob(
+            request_id=request_id,
+            variant="primary",
+            prompt_ids=(5, 6, 7),
+            sampling=GREEDY,
+            max_tokens=2,
+            deadline_monotonic=time.monotonic() + 60,
+            tokenizer=tiny_tokenizer,
+            deliver=lambda event: None,
+        )
+        return Generation(job=job, release_slot=partial(releases.append, request_id))
+
+    lost, held = generation("lost"), generation("held")
+    worker.submit(lost.job)
+    worker.start()
+    assert lost.job.ended.wait(timeout=60)
+    worker.stop()
+    lost.give_up()
+    lost.give_up()
+    assert releases == ["lost"]
+
+    held.give_up()  # the worker never let go of this one: its slot waits for the report
+    assert held.job.cancelled.is_set() and releases == ["lost"]
+    held.end()
+    assert releases == ["lost", "held"]
