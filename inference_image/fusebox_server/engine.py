@@ -65,6 +65,16 @@ class LoadedModel:
     prompt_arguments: dict[str, Any] = field(default_factory=dict)
     # What `cpu_kernels.pack_for_cpu` switched on (logged with the load).
     kernels: dict[str, Any] = field(default_factory=dict)
+    # Linear layers the quantization left in the model's dtype (`quantization.quantize`).
+    unquantized_layers: tuple[str, ...] = ()
+
+
+class UnsoundVariant(RuntimeError):
+    """A loaded variant computes non-finite logits: serving it would sample from NaN.
+
+    On CUDA that is a device-side assert, which poisons the whole process, so a
+    variant is checked once at load and refused rather than served.
+    """
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
@@ -96,7 +106,7 @@ def load_model(
         str(model_dir), local_files_only=True, dtype=load_dtype(dtype, quantization)
     )
     model.to(device)
-    quantize(model, quantization, device)
+    unquantized = quantize(model, quantization, device)
     model.eval()
     weights = parameter_bytes(model)  # before packing: packed weights are opaque, same size
     kernels = pack_for_cpu(model, device)
@@ -111,7 +121,21 @@ def load_model(
         dtype=str(model.dtype).removeprefix("torch."),
         prompt_arguments=_last_logits_only(model),
         kernels=kernels,
+        unquantized_layers=unquantized,
     )
+
+
+def check_logits_finite(loaded: LoadedModel, prompt_ids: Sequence[int]) -> None:
+    """Raise UnsoundVariant unless one forward pass over `prompt_ids` gives finite logits."""
+    with torch.inference_mode():
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=loaded.device)
+        logits = loaded.model(input_ids=ids).logits
+        finite = bool(torch.isfinite(logits).all())
+    if not finite:
+        raise UnsoundVariant(
+            f"the {loaded.variant} variant ({loaded.quantization.value} of {loaded.dtype}) "
+            "computes non-finite logits, so it is not served"
+        )
 
 
 def _last_logits_only(model: Any) -> dict[str, Any]:

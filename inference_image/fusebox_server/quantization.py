@@ -7,6 +7,12 @@ reports the fallback unavailable with that reason. All three are torchao
 weight-only configurations, applied after the weights are on the device:
 int8 (CPU and CUDA), int4 (CUDA: tinygemm's bfloat16 kernel, so the
 variant loads in bfloat16) and fp8 (CUDA compute capability >= 8.9).
+
+fp8 scales each output row by its largest weight, and torchao 0.18 divides by
+that scale unguarded: a row of zeros (unused vocabulary rows of an lm_head
+are often zero) becomes 0/0, NaN logits, and on CUDA a device-side assert in
+sampling that poisons the process. Such layers keep the primary dtype;
+`quantize` returns their names so the load can say so.
 """
 
 from __future__ import annotations
@@ -56,10 +62,18 @@ def load_dtype(dtype: Dtype, quantization: Quantization) -> torch.dtype | str:
     return TORCH_DTYPES.get(dtype, "auto")
 
 
-def quantize(model: Any, quantization: Quantization, device: torch.device) -> None:
-    """Quantize the linear layers' weights in place (weight-only, with torchao)."""
+def has_zero_row(weight: torch.Tensor) -> bool:
+    """Whether some output row of a linear weight is all zeros (per-row fp8 cannot scale it)."""
+    return bool((weight.detach().abs().amax(dim=1) == 0).any())
+
+
+def quantize(model: Any, quantization: Quantization, device: torch.device) -> tuple[str, ...]:
+    """Quantize the linear layers' weights in place (weight-only, with torchao).
+
+    Returns the linear layers left in the model's dtype (fp8: those with a zero row).
+    """
     if quantization == Quantization.NONE:
-        return
+        return ()
     from torchao.quantization import (
         Float8WeightOnlyConfig,
         Int4WeightOnlyConfig,
@@ -76,4 +90,20 @@ def quantize(model: Any, quantization: Quantization, device: torch.device) -> No
         )
     else:
         config = Float8WeightOnlyConfig()
-    quantize_(model, config, device=device)
+    linears = {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear)
+    }
+    kept = tuple(
+        name
+        for name, module in linears.items()
+        if quantization == Quantization.FP8 and has_zero_row(module.weight)
+    )
+    quantize_(
+        model,
+        config,
+        filter_fn=lambda module, name: name in linears and name not in kept,
+        device=device,
+    )
+    return kept

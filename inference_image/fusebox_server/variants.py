@@ -134,6 +134,7 @@ class Variants:
         )
         # Warm-up: readiness means the model really generates, not just that it loaded.
         prompt = encoder.encode(WARMUP_PROMPT, True)
+        engine.check_logits_finite(loaded, prompt)
         decoding = engine.Decoding(loaded, prompt, Sampling(2, 0.0, 1.0, None, ()))
         for _ in range(2):
             decoding.step()
@@ -154,6 +155,10 @@ class Variants:
             self.ready = False
             try:
                 await self._on_worker(lambda: self._load_on_worker(variant, source))
+            except engine.UnsoundVariant as error:
+                if variant != Variant.FALLBACK:
+                    raise
+                await self._refuse_fallback(str(error))
             finally:
                 self.ready = self.loaded is not None
             self.current = variant
@@ -162,8 +167,21 @@ class Variants:
                 variant=variant.value,
                 model_name=self.config.model_name,
                 quantization=source.quantization.value,
+                unquantized_layers=len(self.loaded.unquantized_layers) if self.loaded else 0,
                 **(self.loaded.kernels if self.loaded is not None else {}),
             )
+
+    async def _refuse_fallback(self, reason: str) -> None:
+        """The fallback proved unsound: mark it unavailable, serve the primary again, refuse.
+
+        Called under the lock, with nothing loaded (the failed load dropped it).
+        """
+        self.unavailable_reason = f"the fallback is unavailable: {reason}"
+        log.error("fallback_refused", reason=reason)
+        primary = self.source(Variant.PRIMARY)
+        await self._on_worker(lambda: self._load_on_worker(Variant.PRIMARY, primary))
+        self.current = Variant.PRIMARY
+        raise FallbackUnavailable(self.unavailable_reason, param="variant")
 
     async def unload(self) -> None:
         self.target = None  # an unloaded model is what was asked for: stop converging

@@ -19,10 +19,11 @@ from fusebox_contract.names import (
     Quantization,
     Variant,
 )
+from fusebox_server import engine
 from fusebox_server.config import ServerConfig
 from fusebox_server.errors import FallbackUnavailable
 from fusebox_server.faults import Faults
-from fusebox_server.quantization import refusal
+from fusebox_server.quantization import quantize, refusal
 from fusebox_server.runtime import Runtime
 
 T = TypeVar("T")
@@ -129,3 +130,52 @@ def test_a_load_action_during_convergence_on_the_same_variant_does_not_load_agai
     result, logs = run_with_runtime(config, scenario)
     assert result["variant"] == "fallback" and result["model_loaded"]
     assert [e["variant"] for e in logs if e["event"] == "model_loaded"] == ["fallback"]
+
+
+def test_fp8_leaves_layers_with_a_zero_row_unquantized_so_its_logits_stay_finite() -> None:
+    # Per-row fp8 scales a row by its largest weight: a zero row would be 0/0 (NaN).
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 32))
+    with torch.no_grad():
+        model[1].weight[3].zero_()
+    x = torch.randn(2, 64)
+
+    kept = quantize(model, Quantization.FP8, torch.device("cpu"))
+
+    assert kept == ("1",)
+    assert type(model[0].weight).__name__ == "Float8Tensor"
+    assert type(model[1].weight) is torch.nn.Parameter
+    with torch.no_grad():
+        assert bool(torch.isfinite(model(x)).all())
+
+
+def test_a_fallback_that_computes_nan_is_refused_and_the_primary_serves_on(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_quantize = engine.quantize
+
+    def quantize_into_nan(model: Any, quantization: Quantization, device: torch.device) -> Any:
+        kept = real_quantize(model, quantization, device)
+        if quantization != Quantization.NONE:
+            with torch.no_grad():
+                model.model.norm.weight.fill_(float("nan"))  # what a broken kernel would leave
+        return kept
+
+    monkeypatch.setattr(engine, "quantize", quantize_into_nan)
+    config = ServerConfig(
+        model_dir=tiny_model_dir, fallback_quantization=Quantization.INT8, torch_threads=1
+    )
+
+    async def scenario(runtime: Runtime) -> tuple[dict[str, Any], dict[str, Any]]:
+        with pytest.raises(FallbackUnavailable, match="non-finite logits"):
+            await runtime.run_action("swap-1", ActionType.SWAP, Variant.FALLBACK)
+        after_swap = runtime.state()
+        with pytest.raises(FallbackUnavailable, match="non-finite logits"):
+            await runtime.run_action("swap-2", ActionType.SWAP, Variant.FALLBACK)
+        return after_swap, runtime.state()
+
+    after_swap, after_retry = run_with_runtime(config, scenario)
+    assert after_swap["variant"] == "primary" and after_swap["ready"]
+    assert after_swap["model_loaded"] and after_swap["quantization"] == "none"
+    assert "non-finite logits" in after_swap["fallback_unavailable_reason"]
+    assert after_retry["variant"] == "primary" and after_retry["ready"]
