@@ -74,7 +74,7 @@ bench: setup-python models ## Run every benchmark in bench/suite.py (server, sid
 	@$(PY) -m bench $(BENCH_ARGS)
 
 gpu-check: setup-python models ## On a CUDA machine: drive the leak fault on the GPU and record what each admin action frees
-	@$(PY) bench/gpu_check.py --out $${OUT:-bench/results/gpu-check}
+	@$(PY) bench/gpu_check.py --out $${OUT:-bench/results/gpu}
 
 api-docs: setup-python ## Regenerate docs/api.md and the chart's CRD copy from crds/inferenceservice.yaml
 	@$(PY) scripts/gen_api_docs.py

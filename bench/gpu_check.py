@@ -39,7 +39,7 @@ script end to end where there is no GPU. `--checks leak|quantization`
 picks one. Exit 1 when a check failed. One run takes a few minutes;
 --budget-seconds bounds it.
 
-    .venv/bin/python bench/gpu_check.py --out bench/results/gpu-check
+    .venv/bin/python bench/gpu_check.py --out bench/results/gpu
     .venv/bin/python bench/gpu_check.py --dry-run --out /tmp/gpu-check-dry
 """
 
@@ -813,7 +813,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description="Record GPU memory under the leak fault and what each admin action frees."
     )
-    parser.add_argument("--out", type=Path, default=Path("bench/results/gpu-check"))
+    parser.add_argument("--out", type=Path, default=Path("bench/results/gpu"))
     parser.add_argument(
         "--dry-run",
         action="store_true",

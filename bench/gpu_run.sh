@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
-# The GPU benchmark (bench/gpu_bench.py) on the lent H200, in two steps.
+# Every GPU check in one device call, in two steps.
 #
 # 1. Here, once per checkout:   bash bench/gpu_run.sh wheels
 #    downloads into .whl/ (ignored by git) the packages the H200's image lacks
-#    or holds in another version, at the versions this venv runs, so Fusebox
-#    and `transformers serve` there run the same code as the CPU figures.
+#    or holds in another version, at the versions this venv runs, so the server,
+#    the sidecar and `transformers serve` there run the same code as here.
 # 2. The device tool's `run`, with exactly:
 #      command:   bash bench/gpu_run.sh device
 #      carry:     [".whl"]
-#      timeout_s: 590
+#      timeout_s: 600
 #    It installs the wheels into /tmp/site, checks every import first (a few
-#    seconds, not a whole run, if a wheel is missing), then runs the bench with
-#    its 480 s budget and writes under $OUT: gpu.json, gpu.png, servers.log (the
-#    servers' log tails), run.log and nvidia-smi.txt (5 files; 8 come back).
-#    Copy gpu.json and gpu.png from the reply's files_at into bench/results/gpu/.
-#    Arguments after `device` go to gpu_bench.py (e.g. --budget-seconds 300).
+#    seconds, not a whole run, if a wheel is missing), then runs
+#      - bench/gpu_check.py (issues 10 and 13: the leak fault and what each admin
+#        action frees, primary -> each fallback quantization -> primary under
+#        traffic, each leak kind and the ladder step that frees it), 220 s budget;
+#      - bench/gpu_bench.py (issue 12: generation speed against the peers),
+#        with what is left of the call (GPU_BENCH_SECONDS, 240 by default).
+#    Device results come back as $OUT/results.tar.gz (gpu-check/ and gpu/),
+#    beside run.log and nvidia-smi.txt: the device returns at most 8 files.
+#    Unpack with: tar -xzf results.tar.gz -C bench/results
+#    Arguments after `device` go to gpu_bench.py (e.g. --concurrency 32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +27,7 @@ cd "$(dirname "$0")/.."
 WHEELS=(
   transformers fastapi starlette uvicorn pydantic pydantic_core openai httpx2 httpcore2
   truststore jiter sniffio structlog annotated-types typing-inspection opentelemetry-api
-  anyio typing_extensions typer
+  anyio typing_extensions typer torchao
 )
 
 case "${1:-}" in
@@ -34,8 +39,8 @@ wheels)
 print(" ".join(f"{n}=={version(n)}" for n in sys.argv[1:]))' "${WHEELS[@]}")
   # shellcheck disable=SC2086
   "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 -d .whl $pins
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $pins
   du -sh .whl
   ;;
 device)
@@ -43,14 +48,26 @@ device)
     --target /tmp/site .whl/*.whl
   export PYTHONPATH="/tmp/site:$PWD/inference_image:$PWD/contract:$PWD"
   export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+  results=/tmp/gpu-results
+  mkdir -p "$results/gpu-check" "$results/gpu"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/nvidia-smi.txt"
-  python3 -c 'import fusebox_server.app, transformers.cli.serving.server, transformers, torch
-print("imports ok: transformers", transformers.__version__, "torch", torch.__version__)'
-  # The bench keeps to its 480 s budget and writes gpu.json after every phase; the
-  # timeout only stops a hung server from eating the rest of the device's time.
-  set -o pipefail
-  timeout -k 10 530 python3 bench/gpu_bench.py --work-dir /tmp/gpu-bench --out "$OUT" "${@:2}" \
-    2>&1 | tee "$OUT/run.log"
+  python3 -c 'import fusebox_server.app, fusebox_sidecar.__main__, torchao.quantization
+import transformers.cli.serving.server, transformers, torch, torchao
+print("imports ok: transformers", transformers.__version__, "torch", torch.__version__,
+      "torchao", torchao.__version__)' 2>&1 | tee "$OUT/run.log"
+  pack() { tar -czf "$OUT/results.tar.gz" -C "$results" gpu-check gpu; }
+  trap pack EXIT
+  # Each script keeps to its budget and writes its files as it goes; the
+  # timeouts only stop a hung server from eating the other's device time.
+  echo "== gpu_check ==" | tee -a "$OUT/run.log"
+  timeout -k 10 250 python3 bench/gpu_check.py --out "$results/gpu-check" \
+    --budget-seconds 220 2>&1 | tee -a "$OUT/run.log" || echo "gpu_check: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
+  pack
+  echo "== gpu_bench ==" | tee -a "$OUT/run.log"
+  bench_seconds=${GPU_BENCH_SECONDS:-240}
+  timeout -k 10 $((bench_seconds + 25)) python3 bench/gpu_bench.py --work-dir /tmp/gpu-bench \
+    --out "$results/gpu" --budget-seconds "$bench_seconds" "${@:2}" 2>&1 | tee -a "$OUT/run.log" \
+    || echo "gpu_bench: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
   ;;
 *)
   echo "usage: $0 wheels|device" >&2
