@@ -323,6 +323,9 @@ def ensure_bench_model(work_dir: Path, size: str, dtype: str, device: str) -> Pa
     for name, value in asdict(shape).items():
         setattr(config, name, value)
     config.num_key_value_heads = shape.num_attention_heads
+    # The template's config names its own head_dim (32): without this the 1 B shape's
+    # attention was 512 wide, 0.78 B parameters (the H200 run of 2026-12-04).
+    config.head_dim = shape.hidden_size // shape.num_attention_heads
     torch.manual_seed(SEED)
     with torch.device(device):
         model = transformers.LlamaForCausalLM(config)
