@@ -13,10 +13,11 @@
 #    seconds, not a whole run, if a wheel is missing), then runs
 #      - bench/gpu_check.py (issues 10 and 13: the leak fault and what each admin
 #        action frees, primary -> each fallback quantization -> primary under
-#        traffic, each leak kind and the ladder step that frees it), 220 s budget;
+#        traffic, each leak kind and the ladder step that frees it), 200 s budget;
+#      - bench/gpu_profile.py (where a decode step's time goes), about 40 s;
 #      - bench/gpu_bench.py (issue 12: generation speed against the peers),
-#        with what is left of the call (GPU_BENCH_SECONDS, 240 by default).
-#    Device results come back as $OUT/results.tar.gz (gpu-check/ and gpu/),
+#        with what is left of the call (GPU_BENCH_SECONDS, 220 by default).
+#    Device results come back as $OUT/results.tar.gz (gpu-check/, gpu/, profile/),
 #    beside run.log and nvidia-smi.txt: the device returns at most 8 files.
 #    Unpack with: tar -xzf results.tar.gz -C bench/results
 #    Arguments after `device` go to gpu_bench.py (e.g. --concurrency 32).
@@ -49,22 +50,26 @@ device)
   export PYTHONPATH="/tmp/site:$PWD/inference_image:$PWD/contract:$PWD"
   export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
   results=/tmp/gpu-results
-  mkdir -p "$results/gpu-check" "$results/gpu"
+  mkdir -p "$results/gpu-check" "$results/gpu" "$results/profile"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/nvidia-smi.txt"
   python3 -c 'import fusebox_server.app, fusebox_sidecar.__main__, torchao.quantization
 import transformers.cli.serving.server, transformers, torch, torchao
 print("imports ok: transformers", transformers.__version__, "torch", torch.__version__,
       "torchao", torchao.__version__)' 2>&1 | tee "$OUT/run.log"
-  pack() { tar -czf "$OUT/results.tar.gz" -C "$results" gpu-check gpu; }
+  pack() { tar -czf "$OUT/results.tar.gz" -C "$results" gpu-check gpu profile; }
   trap pack EXIT
   # Each script keeps to its budget and writes its files as it goes; the
   # timeouts only stop a hung server from eating the other's device time.
   echo "== gpu_check ==" | tee -a "$OUT/run.log"
-  timeout -k 10 250 python3 bench/gpu_check.py --out "$results/gpu-check" \
-    --budget-seconds 220 2>&1 | tee -a "$OUT/run.log" || echo "gpu_check: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
+  timeout -k 10 230 python3 bench/gpu_check.py --out "$results/gpu-check" \
+    --budget-seconds 200 2>&1 | tee -a "$OUT/run.log" || echo "gpu_check: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
+  pack
+  echo "== gpu_profile ==" | tee -a "$OUT/run.log"
+  timeout -k 5 90 python3 bench/gpu_profile.py --out "$results/profile" 2>&1 \
+    | tee -a "$OUT/run.log" || echo "gpu_profile: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
   pack
   echo "== gpu_bench ==" | tee -a "$OUT/run.log"
-  bench_seconds=${GPU_BENCH_SECONDS:-240}
+  bench_seconds=${GPU_BENCH_SECONDS:-220}
   timeout -k 10 $((bench_seconds + 25)) python3 bench/gpu_bench.py --work-dir /tmp/gpu-bench \
     --out "$results/gpu" --budget-seconds "$bench_seconds" "${@:2}" 2>&1 | tee -a "$OUT/run.log" \
     || echo "gpu_bench: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"

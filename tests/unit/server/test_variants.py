@@ -179,3 +179,27 @@ def test_a_fallback_that_computes_nan_is_refused_and_the_primary_serves_on(
     assert after_swap["model_loaded"] and after_swap["quantization"] == "none"
     assert "non-finite logits" in after_swap["fallback_unavailable_reason"]
     assert after_retry["variant"] == "primary" and after_retry["ready"]
+
+
+def test_cuda_attention_leaves_out_cudnn_and_the_cpu_changes_nothing() -> None:
+    # cuDNN plans each new shape; a server sees new shapes every step (speed.md).
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        engine.configure_attention(torch.device("cpu"))
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        engine.configure_attention(torch.device("cuda"))
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def test_every_load_configures_attention_for_its_device(
+    tiny_model_dir: Path, tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[torch.device] = []
+    monkeypatch.setattr(engine, "configure_attention", seen.append)
+    engine.load_model(
+        "primary", tiny_model_dir, Quantization.NONE, torch.device("cpu"), tiny_tokenizer
+    )
+    assert seen == [torch.device("cpu")]
