@@ -9,6 +9,7 @@ exist there: what is under test is which operator reconciles, not serving.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -61,11 +62,27 @@ def peering_crds(cluster: Cluster) -> Iterator[None]:
 
 def peers(release: OperatorRelease) -> dict[str, int]:
     """The live peers of the release's KopfPeering, by pod name (the chart sets POD_ID),
-    with their priorities; the highest one acts."""
+    with their priorities; the highest one acts.
+
+    Live as kopf judges it: seen within its lifetime. A replica killed before it
+    could remove its own entry leaves it behind, dead, until a peer cleans it up.
+    """
     out = release.cluster.kubectl("-n", release.namespace, "get", "kopfpeering", "-o", "json")
     (peering,) = json.loads(out.stdout)["items"]  # the chart makes one per watched namespace
     status = peering.get("status") or {}
-    return {peer: int(info["priority"]) for peer, info in status.items() if info.get("lifetime")}
+    now = datetime.datetime.now(datetime.UTC)
+    return {
+        peer: int(info["priority"])
+        for peer, info in status.items()
+        if info.get("lifetime") and _seen_within_lifetime(info, now)
+    }
+
+
+def _seen_within_lifetime(info: dict[str, Any], now: datetime.datetime) -> bool:
+    seen = datetime.datetime.fromisoformat(info["lastseen"])
+    if seen.tzinfo is None:
+        seen = seen.replace(tzinfo=datetime.UTC)
+    return seen + datetime.timedelta(seconds=float(info["lifetime"])) > now
 
 
 def server_env(service: Service, name: str) -> str | None:
@@ -178,7 +195,8 @@ def test_with_two_replicas_one_operator_acts_and_a_live_one_takes_over_when_it_g
             assert f"[{namespace}/{NAME}] Handler 'reconcile' succeeded" in log_of(release, acting)
             assert NAME not in log_of(release, standing_by), "the standing-by replica acted"
 
-            # Deleted (a drain, an eviction): kopf leaves the peering on its way out.
+            # Deleted (a drain, an eviction): kopf leaves the peering on its way out, or,
+            # killed before it could, its entry outlives it dead; either way it is not live.
             cluster.kubectl("-n", namespace, "delete", "pod", acting, "--grace-period=0", "--force")
             edit_is_applied_once(service, 3)
             assert acting not in peers(release), "the deleted replica is still a live peer"
