@@ -3,8 +3,11 @@
 `cluster` (session): the cluster FUSEBOX_KUBECONFIG names, if set (kind, k3d,
 a real one); otherwise localcluster, started with `python -m localcluster up`
 if it is not already up, and stopped at the end of the session only if this
-session started it. If the cluster cannot come up, every test using it fails
-with the start log's tail: nothing is skipped silently.
+session started it. One session per machine holds the cluster (leftovers.py): a
+second waits for the first, and a session finding the cluster up removes what a
+killed session left in the suite's namespaces before its first install. If the
+cluster cannot come up, every test using it fails with the start log's tail:
+nothing is skipped silently.
 
 `namespace` (function): a new namespace enforcing the `restricted` Pod
 Security Standard. Afterwards its InferenceServices are deleted while the
@@ -38,7 +41,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from . import capacity
+from . import capacity, leftovers
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCALCLUSTER = [sys.executable, "-m", "localcluster"]
@@ -275,6 +278,14 @@ def cluster() -> Iterator[Cluster]:
         pod_port_forwards.cluster = _with_node_ip(Cluster(kubeconfig, bin_dir, "", local=False))
         yield pod_port_forwards.cluster
         return
+    try:
+        with leftovers.session_lock():
+            yield from _localcluster_session()
+    except leftovers.SessionBusy as busy:
+        pytest.exit(f"e2e not started: {busy}", returncode=1)
+
+
+def _localcluster_session() -> Iterator[Cluster]:
     already_up = _localcluster("status", timeout=120).returncode == 0
     if not already_up:
         started = _localcluster("up", timeout=UP_TIMEOUT_SECONDS)
@@ -288,12 +299,48 @@ def cluster() -> Iterator[Cluster]:
     bin_dir = Path(_env_value(env, "PATH"))
     pod_port_forwards.cluster = _with_node_ip(Cluster(kubeconfig, bin_dir, "", local=True))
     try:
+        if already_up:
+            _remove_leftovers(pod_port_forwards.cluster)
         _stop_unless_the_suite_fits(pod_port_forwards.cluster)
         yield pod_port_forwards.cluster
     finally:
         if not already_up:
             stopped = _localcluster("down", timeout=300)
             assert stopped.returncode == 0, f"localcluster down failed: {stopped.stderr}"
+
+
+def _remove_leftovers(cluster: Cluster) -> None:
+    """Remove what a killed session left (see leftovers.py): this session holds the lock,
+    so whatever lives in the suite's namespaces is nobody's. Its Helm releases are
+    uninstalled (their operators gone, nobody adds a finalizer back), its services lose
+    their finalizers, its namespaces are deleted and waited for, so that their pods no
+    longer hold the node's CPU."""
+    names = cluster.kubectl("get", "namespaces", "-o", "jsonpath={.items[*].metadata.name}")
+    stale = sorted(n for n in names.stdout.split() if capacity.is_suite_namespace(n))
+    if not stale:
+        return
+    print(f"e2e: removing what a killed session left: {', '.join(stale)}", file=sys.stderr)
+    releases = json.loads(helm(cluster, "list", "-A", "-o", "json").stdout or "[]")
+    for namespace, release in leftovers.releases_in(releases, stale):
+        helm(cluster, "uninstall", release, "--namespace", namespace, "--wait", "--timeout", "3m")
+    services = cluster.kubectl(
+        "get", "inferenceservices.fusebox.dev", "-A", "-o", "json", check=False
+    )
+    if services.returncode == 0:
+        for namespace, name in leftovers.finalized_services(json.loads(services.stdout), stale):
+            cluster.kubectl(
+                *("-n", namespace, "patch", "inferenceservices.fusebox.dev", name),
+                *("--type=merge", "-p", '{"metadata":{"finalizers":null}}'),
+                check=False,
+            )
+    cluster.kubectl("delete", "namespace", *stale, "--wait=false", check=False)
+    cluster.kubectl(
+        "wait",
+        "--for=delete",
+        *(f"namespace/{n}" for n in stale),
+        "--timeout=300s",
+        timeout=330,
+    )
 
 
 def _stop_unless_the_suite_fits(cluster: Cluster) -> None:
