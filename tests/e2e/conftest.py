@@ -4,10 +4,9 @@
 a real one); otherwise localcluster, started with `python -m localcluster up`
 if it is not already up, and stopped at the end of the session only if this
 session started it. One session per machine holds the cluster (leftovers.py): a
-second waits for the first, and a session finding the cluster up removes what a
-killed session left in the suite's namespaces before its first install. If the
-cluster cannot come up, every test using it fails with the start log's tail:
-nothing is skipped silently.
+second waits for the first, and removes what a killed session left in the
+suite's namespaces before its first install. If the cluster cannot come up,
+every test using it fails with the start log's tail: nothing is skipped silently.
 
 `namespace` (function): a new namespace enforcing the `restricted` Pod
 Security Standard. Afterwards its InferenceServices are deleted while the
@@ -299,8 +298,7 @@ def _localcluster_session() -> Iterator[Cluster]:
     bin_dir = Path(_env_value(env, "PATH"))
     pod_port_forwards.cluster = _with_node_ip(Cluster(kubeconfig, bin_dir, "", local=True))
     try:
-        if already_up:
-            _remove_leftovers(pod_port_forwards.cluster)
+        _remove_leftovers(pod_port_forwards.cluster)
         _stop_unless_the_suite_fits(pod_port_forwards.cluster)
         yield pod_port_forwards.cluster
     finally:
@@ -311,7 +309,9 @@ def _localcluster_session() -> Iterator[Cluster]:
 
 def _remove_leftovers(cluster: Cluster) -> None:
     """Remove what a killed session left (see leftovers.py): this session holds the lock,
-    so whatever lives in the suite's namespaces is nobody's. Its Helm releases are
+    so whatever lives in the suite's namespaces is nobody's. Also on a cluster this
+    session started: `localcluster up` restarts a cluster whose daemons were killed
+    with its objects, and a killed session's release with them. Its Helm releases are
     uninstalled (their operators gone, nobody adds a finalizer back), its services lose
     their finalizers, its namespaces are deleted and waited for, so that their pods no
     longer hold the node's CPU."""
