@@ -24,7 +24,14 @@ from fusebox_operator import manifests
 from fusebox_operator.actuator import Actuator
 from fusebox_operator.drift import Applied, restored_message, secret_restored_message
 from fusebox_operator.edits import edit_message
-from fusebox_operator.kube import Kube, KubeError, load_config
+from fusebox_operator.kube import (
+    SERVICE_GROUP,
+    SERVICE_PLURAL,
+    SERVICE_VERSION,
+    Kube,
+    KubeError,
+    load_config,
+)
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import GpuMemoryUnknown, recorded_sizing, size_memory
@@ -36,11 +43,17 @@ from fusebox_operator.spec import (
     parse_spec,
     watched_spec,
 )
-from fusebox_operator.status import SPEC_VALID, iso, set_condition, undone_wait
+from fusebox_operator.status import (
+    SPEC_VALID,
+    iso,
+    rebase_conditions,
+    set_condition,
+    undone_wait,
+)
 from fusebox_operator.telemetry import scrape_all
 from fusebox_operator.tick import TickInputs, TickMemory, current_replicas, run_tick
 
-GROUP, VERSION, PLURAL = "fusebox.dev", "v1alpha1", "inferenceservices"
+GROUP, VERSION, PLURAL = SERVICE_GROUP, SERVICE_VERSION, SERVICE_PLURAL
 TICK_SECONDS = 1.0  # the timer ticks often; each object scrapes at its own interval
 GPU_NODES_RETRY_SECONDS = 60
 """How often a reconcile waiting for labelled GPU nodes looks again."""
@@ -389,11 +402,36 @@ async def telemetry(
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     for key, value in outcome.status_patch.items():
         patch.status[key] = value
+    if "conditions" in patch.status:
+        patch.status["conditions"] = await _onto_stored_conditions(
+            kube, namespace, name, status, patch.status["conditions"]
+        )
     if outcome.replicas is not None:
         try:
             await kube.scale_deployment(namespace, name, outcome.replicas)
         except KubeError as error:
             log.warning("%s/%s: %s", namespace, name, error)
+
+
+async def _onto_stored_conditions(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    read: Mapping[str, Any],
+    conditions: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The conditions this timer built on `read` (the body kopf gave it), laid over those
+    stored now: a reconcile that wrote its own (SpecApplied, ...) while the tick scraped
+    and acted keeps them. Unreadable: this timer's list as built (the next reconcile
+    writes its conditions again)."""
+    try:
+        stored = await kube.read_service_status(namespace, name)
+    except KubeError as error:
+        log.info("%s/%s: conditions written as read: %s", namespace, name, error)
+        return conditions
+    return rebase_conditions(
+        read.get("conditions") or [], conditions, stored.get("conditions") or []
+    )
 
 
 @kopf.on.probe(id="scrapedAt")

@@ -17,7 +17,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
@@ -41,6 +41,7 @@ from fusebox_operator.sizing import NODE_PRODUCT_LABEL, NODE_VRAM_LABEL
 
 T = TypeVar("T")
 REQUEST_TIMEOUT_SECONDS = 15
+SERVICE_GROUP, SERVICE_VERSION, SERVICE_PLURAL = "fusebox.dev", "v1alpha1", "inferenceservices"
 WATCH_RETRY_SECONDS = 5  # the pause before listing again after a failed watch
 
 log = logging.getLogger(__name__)
@@ -187,6 +188,7 @@ class Kube:
     def __init__(self) -> None:
         self.api_client = kubernetes.client.ApiClient()
         self.core = kubernetes.client.CoreV1Api(self.api_client)
+        self.custom = kubernetes.client.CustomObjectsApi(self.api_client)
         self.dynamic = DynamicClient(self.api_client)  # type: ignore[no-untyped-call]
         self._pod_stores: dict[str | None, PodStore] = {}
         self._pod_watches: list[PodWatch] = []
@@ -208,6 +210,22 @@ class Kube:
             return values
 
         return await _run(call)
+
+    # ----- InferenceServices -----
+    async def read_service_status(self, namespace: str, name: str) -> dict[str, Any]:
+        """The InferenceService's status as stored now ({} before anything wrote it)."""
+
+        def call() -> dict[str, Any]:
+            found = self.custom.get_namespaced_custom_object(
+                *(SERVICE_GROUP, SERVICE_VERSION, namespace, SERVICE_PLURAL, name),
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
+            return dict(cast(dict[str, Any], found).get("status") or {})
+
+        try:
+            return await _run(call)
+        except ApiException as error:
+            raise KubeError(f"InferenceService {namespace}/{name}: {error.reason}") from error
 
     # ----- children -----
     def _resource(self, manifest: Mapping[str, Any]) -> Any:

@@ -147,6 +147,38 @@ def drop_condition(
     return [dict(c) for c in conditions if c.get("type") != type_]
 
 
+def rebase_conditions(
+    base: Sequence[Mapping[str, Any]],
+    ours: Sequence[Mapping[str, Any]],
+    theirs: Sequence[Mapping[str, Any]],
+) -> list[dict[str, Any]]:
+    """`ours`, computed from `base`, laid over `theirs`, the list stored since.
+
+    A status patch carries the whole list, so a tick that read the object before
+    a reconcile wrote its conditions would put the old ones back. Per type: what
+    this writer changed (or added) wins; what it left as it found it takes the
+    stored one; one it dropped stays dropped unless the other writer changed it.
+    """
+    base_by_type = {c.get("type"): c for c in base}
+    ours_by_type = {c.get("type"): c for c in ours}
+
+    def changed_by_us(kind: Any) -> bool:
+        return kind in ours_by_type and ours_by_type[kind] != base_by_type.get(kind)
+
+    merged: list[dict[str, Any]] = []
+    for stored in theirs:
+        kind = stored.get("type")
+        if changed_by_us(kind):
+            merged.append(dict(ours_by_type[kind]))
+        elif kind in ours_by_type or stored != base_by_type.get(kind):
+            merged.append(dict(stored))
+    stored_types = {c.get("type") for c in theirs}
+    merged += [
+        dict(c) for c in ours if c.get("type") not in stored_types and changed_by_us(c.get("type"))
+    ]
+    return merged
+
+
 def undone_wait(
     raw_spec: Mapping[str, Any], status: Mapping[str, Any], generation: int, now: float
 ) -> dict[str, Any] | None:

@@ -35,6 +35,10 @@ class FakeKube:
         self.node_vram = list(node_vram_mib)
         self.written: list[str] = []
         self.pods_listed = 0
+        self.statuses: dict[str, dict[str, Any]] = {}  # each service's status as stored
+
+    async def read_service_status(self, namespace: str, name: str) -> dict[str, Any]:
+        return dict(self.statuses.get(name, {}))
 
     async def node_vram_mib(self, product: str) -> list[int]:
         return list(self.node_vram)
@@ -101,6 +105,7 @@ class Service:
 
     def _merge(self, patch: kopf.Patch) -> None:
         self.status = {**self.status, **dict(patch.get("status") or {})}
+        self.kube.statuses[self.name] = self.status
 
     def reconcile(self, spec: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> None:
         """One reconcile of `spec` as a new generation; its patch lands even when it raises."""
@@ -124,8 +129,14 @@ class Service:
         finally:
             self._merge(patch)
 
-    def tick(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+    def tick(
+        self, spec: Mapping[str, Any], read: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """One timer tick; `read`: the status its body holds, when older than the stored one
+        (kopf gave the timer the body before another handler's patch landed)."""
         body = self.body(spec)
+        if read is not None:
+            body["status"] = dict(read)
         patch = kopf.Patch()
         asyncio.run(
             handlers.telemetry(
@@ -134,7 +145,7 @@ class Service:
                 namespace=NAMESPACE,
                 uid=body["metadata"]["uid"],
                 body=body,
-                status=self.status,
+                status=body["status"],
                 meta=body["metadata"],
                 patch=patch,
                 memo=self.memo(),
@@ -167,6 +178,24 @@ def test_a_refused_edit_leaves_the_running_pods_watched_with_the_applied_spec(
     assert (invalid["status"], invalid["reason"]) == ("True", EventReason.INVALID_SPEC)
     assert "has no fp8 support" in invalid["message"]
     assert invalid["observedGeneration"] == 2
+
+
+def test_a_tick_keeps_the_conditions_a_reconcile_wrote_while_it_ran(
+    events: list[tuple[str, str, str]],
+) -> None:
+    service = Service(FakeKube())
+    service.reconcile(VALID)
+    read_by_the_tick = dict(service.status)
+    # While the tick scrapes, an edit is refused: its reconcile writes InvalidSpec.
+    with pytest.raises(kopf.PermanentError):
+        service.reconcile(REFUSED_EDIT, old=VALID)
+
+    written = service.tick(VALID, read=read_by_the_tick)
+
+    assert ConditionType.READY in {c["type"] for c in written["conditions"]}
+    invalid = service.condition(ConditionType.INVALID_SPEC)
+    assert (invalid["status"], invalid["observedGeneration"]) == ("True", 2)
+    assert "has no fp8 support" in invalid["message"]
 
 
 def test_before_any_spec_is_applied_nothing_is_watched(

@@ -12,6 +12,7 @@ from fusebox_operator.spec import InferenceServiceSpec, parse_spec
 from fusebox_operator.status import (
     build_status,
     iso,
+    rebase_conditions,
     set_condition,
     should_write,
     stuck_pod_events,
@@ -280,3 +281,42 @@ def test_quality_failing_with_no_tier_that_helps_is_degraded_with_no_remedy() ->
     assert "no quality remedy configured" in degraded["message"]
     told = [e for e in events if "no quality remedy" in e.message]
     assert [(e.type, e.reason) for e in told] == [("Warning", EventReason.DEGRADED)]
+
+
+def condition(kind: ConditionType, status: str, generation: int = 1) -> dict[str, object]:
+    return {"type": kind, "status": status, "reason": "R", "observedGeneration": generation}
+
+
+def test_rebase_keeps_what_the_other_writer_wrote_and_what_this_one_changed() -> None:
+    base = [condition(ConditionType.READY, "False"), condition(ConditionType.INVALID_SPEC, "False")]
+    ours = [condition(ConditionType.READY, "True"), condition(ConditionType.INVALID_SPEC, "False")]
+    theirs = [
+        condition(ConditionType.READY, "False"),
+        condition(ConditionType.INVALID_SPEC, "True", generation=2),
+    ]
+    assert rebase_conditions(base, ours, theirs) == [
+        condition(ConditionType.READY, "True"),
+        condition(ConditionType.INVALID_SPEC, "True", generation=2),
+    ]
+
+
+def test_rebase_adds_what_either_writer_added_and_drops_what_this_one_dropped() -> None:
+    gpu = condition(ConditionType.GPU_HEALTHY, "True")
+    base = [condition(ConditionType.READY, "True"), gpu]
+    ours = [condition(ConditionType.READY, "True"), condition(ConditionType.DEGRADED, "True")]
+    theirs = [*base, condition(ConditionType.SCALING_LIMITED, "True")]
+    assert rebase_conditions(base, ours, theirs) == [
+        condition(ConditionType.READY, "True"),
+        condition(ConditionType.SCALING_LIMITED, "True"),
+        condition(ConditionType.DEGRADED, "True"),
+    ]
+
+
+def test_rebase_keeps_a_dropped_condition_the_other_writer_changed_and_no_stale_one() -> None:
+    base = [condition(ConditionType.GPU_HEALTHY, "True"), condition(ConditionType.READY, "True")]
+    ours = [condition(ConditionType.READY, "True")]
+    theirs = [condition(ConditionType.GPU_HEALTHY, "False", generation=2)]
+    # GPUHealthy changed meanwhile: theirs stays. Ready, unchanged here and gone there: gone.
+    assert rebase_conditions(base, ours, theirs) == [
+        condition(ConditionType.GPU_HEALTHY, "False", generation=2)
+    ]
