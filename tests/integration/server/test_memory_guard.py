@@ -20,6 +20,9 @@ import httpx
 import pytest
 from fusebox_server_harness import ServerProcess
 
+from fusebox_server.config import ServerConfig
+from fusebox_server.guard import HYSTERESIS
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 LIMIT_BYTES = 1536 << 20
 MIB = 1 << 20
@@ -124,7 +127,13 @@ def test_memory_guard_refuses_before_the_oom_killer(
         lambda: (lambda s: s if s["state"]["memory_guard_active"] else None)(guarded.stats()),
         what="memory_guard_active in the stats file",
     )
-    assert stats["rss_bytes"] < LIMIT_BYTES
+    # The kernel enforces the cgroup's charge, not RSS: RSS also counts shared library
+    # pages charged to whichever cgroup read them first, and once passed the limit
+    # (1.632 GB against 1.611) with no OOM kill. The guard acted on real pressure:
+    # its own figure at least the release level (the default ratio less the hysteresis).
+    assert stats["cgroup_memory_usage_bytes"] < LIMIT_BYTES
+    pressure = max(stats["rss_bytes"], stats["cgroup_memory_usage_bytes"]) / LIMIT_BYTES
+    assert pressure >= ServerConfig.memory_guard_ratio - HYSTERESIS, stats
     assert guarded.client.get("/healthz").status_code == 200
 
     # The operator's ladder recovers: unload drops the leaked blocks, the guard releases.
