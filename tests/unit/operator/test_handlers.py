@@ -19,8 +19,9 @@ from fusebox_operator.drift import Applied
 from fusebox_operator.settings import OperatorSettings
 
 NAMESPACE = "ml"
+MODEL_ONLY = {"model": {"name": "chat", "source": "pvc://models/chat"}}  # 1 GPU, no product
 VALID = {
-    "model": {"name": "chat", "source": "pvc://models/chat"},
+    **MODEL_ONLY,
     "gpu": {"count": 1, "product": "NVIDIA-A100-SXM4-80GB"},
     "fallback": {"quantization": "int8"},
 }
@@ -245,7 +246,7 @@ def test_a_name_of_63_characters_is_applied(events: list[tuple[str, str, str]]) 
 def test_no_labelled_gpu_node_yet_is_waited_for_not_refused(
     events: list[tuple[str, str, str]],
 ) -> None:
-    spec = {"model": {"name": "chat", "source": "pvc://models/chat"}}  # 1 GPU, no product
+    spec = MODEL_ONLY
     kube = FakeKube()  # a GPU pool scaled to zero: no node says nvidia.com/gpu.memory
     service = Service(kube)
     with pytest.raises(kopf.TemporaryError) as raised:
@@ -278,7 +279,7 @@ def test_waiting_for_gpu_nodes_leaves_ready_to_the_pods_already_running(
 ) -> None:
     kube = FakeKube(node_vram_mib=(81920,))
     service = Service(kube)
-    spec = {"model": {"name": "chat", "source": "pvc://models/chat"}}
+    spec = MODEL_ONLY
     service.reconcile(spec)
     service.tick(spec)
     kube.node_vram = []  # the labelled nodes are gone when an edit comes
@@ -297,7 +298,7 @@ def test_undoing_an_edit_that_waited_for_gpu_nodes_accepts_the_spec_again(
 ) -> None:
     kube = FakeKube(node_vram_mib=(81920,))
     service = Service(kube)
-    spec = {"model": {"name": "chat", "source": "pvc://models/chat"}}
+    spec = MODEL_ONLY
     service.reconcile(spec)
     applied = service.status["appliedGeneration"]
     edited = {**spec, "gpu": {"count": 1, "product": "Fusebox-Unknown-Accelerator"}}
