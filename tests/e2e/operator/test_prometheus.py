@@ -212,8 +212,20 @@ def test_prometheus_scrapes_every_sidecar_answers_the_dashboard_and_fires_the_le
     assert not unanswered, f"dashboard queries without data: {unanswered}"
     assert checked >= 20, checked
 
-    # The chart's rule is loaded with this release's values.
-    rules = [r for g in prometheus.rule_groups() for r in g["rules"] if r["name"] == ALERT]
+    # The chart's rule is loaded with this release's values. Prometheus reads rule files
+    # from a ConfigMap volume, which the kubelet refreshes on its own sync (about a
+    # minute after the upgrade): the scrape targets can be up well before the rule is.
+    def chart_rules() -> list[dict[str, Any]] | None:
+        groups = prometheus.rule_groups()
+        return [r for g in groups for r in g["rules"] if r["name"] == ALERT] or None
+
+    rules = wait_for(
+        f"the chart's {ALERT} rule loaded",
+        chart_rules,
+        timeout=180,
+        every=5,
+        diagnose=lambda: str([g["name"] for g in prometheus.rule_groups()]),
+    )
     assert len(rules) == 1 and rules[0]["duration"] == 15, rules
 
     # No leak, no alert: the warm-up's growth leaves the one-minute window.
