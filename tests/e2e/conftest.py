@@ -4,7 +4,7 @@
 a real one); otherwise localcluster, started with `python -m localcluster up`
 if it is not already up, and stopped at the end of the session only if this
 session started it. One session per machine holds the cluster (leftovers.py): a
-second waits for the first, and removes what a killed session left in the
+second waits for the first. Each removes what a killed session left in the
 suite's namespaces before its first install. If the cluster cannot come up,
 every test using it fails with the start log's tail: nothing is skipped silently.
 
@@ -323,16 +323,10 @@ def _remove_leftovers(cluster: Cluster) -> None:
     releases = json.loads(helm(cluster, "list", "-A", "-o", "json").stdout or "[]")
     for namespace, release in leftovers.releases_in(releases, stale):
         helm(cluster, "uninstall", release, "--namespace", namespace, "--wait", "--timeout", "3m")
-    services = cluster.kubectl(
-        "get", "inferenceservices.fusebox.dev", "-A", "-o", "json", check=False
-    )
+    services = cluster.kubectl("get", INFERENCE_SERVICES, "-A", "-o", "json", check=False)
     if services.returncode == 0:
         for namespace, name in leftovers.finalized_services(json.loads(services.stdout), stale):
-            cluster.kubectl(
-                *("-n", namespace, "patch", "inferenceservices.fusebox.dev", name),
-                *("--type=merge", "-p", '{"metadata":{"finalizers":null}}'),
-                check=False,
-            )
+            drop_finalizers(cluster, namespace, INFERENCE_SERVICES, name)
     cluster.kubectl("delete", "namespace", *stale, "--wait=false", check=False)
     cluster.kubectl(
         "wait",
@@ -421,16 +415,16 @@ def remove_inference_services(cluster: Cluster, namespace: str) -> None:
     for name in cluster.kubectl(
         "-n", namespace, "get", INFERENCE_SERVICES, "-o", "name", check=False
     ).stdout.split():
-        cluster.kubectl(
-            "-n",
-            namespace,
-            "patch",
-            name,
-            "--type=merge",
-            "-p",
-            '{"metadata":{"finalizers":null}}',
-            check=False,
-        )
+        drop_finalizers(cluster, namespace, name)
+
+
+def drop_finalizers(cluster: Cluster, namespace: str, *target: str) -> None:
+    """Release an object nobody will finalize (`kind/name`, or resource and name)."""
+    cluster.kubectl(
+        *("-n", namespace, "patch", *target),
+        *("--type=merge", "-p", '{"metadata":{"finalizers":null}}'),
+        check=False,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -56,9 +56,9 @@ def session_lock(
                 holder = _holder(path)
                 if time.monotonic() >= deadline:
                     raise SessionBusy(
-                        f"another e2e session ({holder}) used this machine's cluster for "
-                        f"{wait_seconds:.0f} s more; two sessions would reconcile each "
-                        "other's services. Stop it, or wait for it to end"
+                        f"another e2e session ({holder}) still held this machine's cluster "
+                        f"after a {wait_seconds:.0f} s wait; two sessions would reconcile "
+                        "each other's services. Stop it, or wait for it to end"
                     ) from None
                 if not announced:
                     say(f"e2e: waiting for another session to end ({holder})")
