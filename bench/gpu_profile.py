@@ -1,22 +1,27 @@
-"""Where a GPU decode step's time goes: Fusebox's DecodeBatch against plain transformers.
+"""Where a GPU decode step's time goes, for each way Fusebox can batch it.
 
-Issue 12's GPU figures (docs/decisions/speed.md) show Fusebox at 0.5-0.6x
-`transformers serve --cb-use-cuda-graph`. Before choosing a remedy (CUDA
-graphs, a static cache, fewer host syncs), this measures one decode step on
-the model the bench uses, with no HTTP and no scheduler in the way:
+Issue 12's GPU figures (docs/decisions/speed.md) showed Fusebox at 0.5-0.6x
+`transformers serve --cb-use-cuda-graph`, and the first profile of this
+script found a step 56-62% host time (959 kernel launches for 20 layers).
+This measures one decode step on the model the bench uses, with no HTTP and
+no scheduler in the way, for three batches (cuDNN attention off, as the
+server runs):
 
-- per batch size (32 and 64 rows, greedy) and with torch's cuDNN attention
-  backend on and off: the wall time of a `DecodeBatch.step` over --steps
-  steps whose shapes (rows x cached length) the process has not seen yet
-  (cold, as under real traffic) and over the same shapes again (warm), and
-  of a plain transformers decode step (one token, DynamicCache);
-- a torch.profiler trace of a few Fusebox steps: the GPU's busy time per
-  step (the sum of kernel times), kernel launches per step, and the ops
-  with the most host time. A step whose wall time is far above its GPU
-  time is bound by the host (Python and launches), which CUDA graphs cure.
+- `decode-batch`: `engine.DecodeBatch`, the left-padded cache the CPU uses;
+- `slots-eager`: `slot_batch.SlotBatch` without graphs;
+- `slots-graphs`: `SlotBatch` with CUDA graphs, what the server runs on CUDA.
+
+Per batch size: the wall time of a step over --steps steps of a new batch
+(cold: the graphs are captured then), and over the same steps again on the
+same batch with new rows (warm: the server keeps its graphs between bursts;
+a new `DecodeBatch` for the others). A torch.profiler trace of a few warm
+steps gives the GPU's busy time per step, kernel launches per step and the
+ops with the most host time. The greedy tokens of each batch are compared
+with `decode-batch`'s (bfloat16 near-ties of a random model can flip a few;
+the graph batch is also held to `slots-eager`, which it must match).
 
 Writes profile.json and profile.md under --out. `--dry-run` runs the small
-model on the CPU to prove the script (no GPU figures then).
+model on the CPU to prove the script (no graphs and no GPU figures then).
 
     python3 bench/gpu_profile.py --out "$OUT"                 # on the H200
     .venv/bin/python bench/gpu_profile.py --dry-run --out /tmp/gpu-profile
@@ -41,7 +46,7 @@ if str(REPO) not in sys.path:
 from bench.gpu_bench import ensure_bench_model  # noqa: E402
 from bench.server_bench import PROMPTS  # noqa: E402
 from fusebox_contract.names import Dtype, Quantization  # noqa: E402
-from fusebox_server import engine  # noqa: E402
+from fusebox_server import engine, slot_batch  # noqa: E402
 from fusebox_server.openai_schema import Sampling  # noqa: E402
 
 PREFILL_GROUP = 8
@@ -59,15 +64,26 @@ def prompt_ids(tokenizer: Any, rows: int) -> list[tuple[int, ...]]:
     return [tuple(tokenizer(text).input_ids) for text in texts]
 
 
-def fusebox_batch(loaded: engine.LoadedModel, prompts: list[tuple[int, ...]]) -> Any:
-    """A DecodeBatch holding every prompt, prefilled in groups as the worker does."""
-    rows = [engine.Decoding(loaded, ids, Sampling(4096, 0.0, 1.0, None, ())) for ids in prompts]
-    batch = engine.DecodeBatch(loaded)
+BATCHES = ("decode-batch", "slots-eager", "slots-graphs")
+GREEDY = Sampling(4096, 0.0, 1.0, None, ())
+
+
+def new_batch(loaded: engine.LoadedModel, kind: str) -> Any:
+    if kind == "decode-batch":
+        return engine.DecodeBatch(loaded)
+    return slot_batch.SlotBatch(loaded, graphs=kind == "slots-graphs")
+
+
+def fill(batch: Any, prompts: list[tuple[int, ...]]) -> None:
+    """Empty the batch, then add every prompt, prefilled in groups as the worker does."""
+    for row in list(batch.rows):
+        batch.remove(row)
+    loaded = batch.loaded
+    rows = [engine.Decoding(loaded, ids, GREEDY) for ids in prompts]
     for start in range(0, len(rows), PREFILL_GROUP):
         group = rows[start : start + PREFILL_GROUP]
         engine.prefill(loaded, group)
         batch.add(*group)
-    return batch
 
 
 def timed_steps(step: Any, steps: int, device: torch.device) -> list[float]:
@@ -131,28 +147,47 @@ def profile_steps(step: Any, device: torch.device) -> dict[str, Any]:
 
 
 def measure(
-    loaded: engine.LoadedModel, tokenizer: Any, rows: int, steps: int, cudnn_sdp: bool
+    loaded: engine.LoadedModel, tokenizer: Any, kind: str, rows: int, steps: int
 ) -> dict[str, Any]:
-    """Steps over shapes never seen (cold), then the same shapes again (warm)."""
+    """Steps of a new batch (cold), then of the same batch refilled (warm), then a profile."""
     device = loaded.device
-    torch.backends.cuda.enable_cudnn_sdp(cudnn_sdp)
     prompts = prompt_ids(tokenizer, rows)
-    cold = timed_steps(fusebox_batch(loaded, prompts).step, steps, device)
-    batch = fusebox_batch(loaded, prompts)
+    batch = new_batch(loaded, kind)
+    fill(batch, prompts)
+    tokens: list[list[Any]] = []
+    cold = timed_steps(lambda: tokens.append(batch.step()), steps, device)
+    if kind == "decode-batch":
+        batch = new_batch(loaded, kind)
+    fill(batch, prompts)
     warm = timed_steps(batch.step, steps, device)
-    profiled = profile_steps(batch.step, device)  # new shapes again: the cold case
-    cold_ms = statistics.median(cold) * 1000
+    profiled = profile_steps(batch.step, device)
+    warm_ms = statistics.median(warm) * 1000
+    graphs = isinstance(batch, slot_batch.SlotBatch) and batch.graphs_on
     return {
+        "batch": kind,
         "rows": rows,
-        "cudnn_sdp": cudnn_sdp,
-        "cold_ms_per_step": cold_ms,
-        "warm_ms_per_step": statistics.median(warm) * 1000,
-        "cold_tokens_per_second": rows / statistics.median(cold),
+        "cold_ms_per_step": statistics.median(cold) * 1000,
+        "cold_first_step_ms": cold[0] * 1000,
+        "warm_ms_per_step": warm_ms,
+        "warm_tokens_per_second": rows / statistics.median(warm),
+        "graphs_on": graphs,
+        "graph_count": batch.graph_count if isinstance(batch, slot_batch.SlotBatch) else 0,
+        "tokens": tokens,
         **profiled,
         "host_bound_share": (
-            1 - profiled["gpu_busy_ms_per_step"] / cold_ms if device.type == "cuda" else None
+            1 - profiled["gpu_busy_ms_per_step"] / warm_ms if device.type == "cuda" else None
         ),
     }
+
+
+def agreement(tokens: list[list[Any]], reference: list[list[Any]]) -> float:
+    """The share of (step, row) greedy tokens equal to the reference's."""
+    pairs = [
+        (mine, theirs)
+        for step, other in zip(tokens, reference, strict=True)
+        for mine, theirs in zip(step, other, strict=True)
+    ]
+    return sum(mine == theirs for mine, theirs in pairs) / max(len(pairs), 1)
 
 
 def measure_plain(loaded: engine.LoadedModel, rows: int, steps: int) -> float:
@@ -166,30 +201,34 @@ def write_markdown(path: Path, result: dict[str, Any]) -> None:
         f"# One decode step on {result['device']} ({result['model']['parameters'] / 1e9:.2f} B, "
         f"{result['dtype']})",
         "",
-        "Cold: every step's shape (rows x cached length) new to the process, as under real",
-        "traffic. Warm: the same shapes a second time.",
+        "Cold: the first steps of a new batch (graphs captured then). Warm: the same",
+        "steps again, the batch refilled with new rows (graphs reused). Tokens: the share",
+        "of greedy tokens equal to `decode-batch`'s, and for graphs to `slots-eager`'s.",
         "",
-        "| rows | cuDNN attention | cold ms/step | warm ms/step | GPU busy ms/step "
-        "| kernel launches/step | host-bound share (cold) |",
-        "|---|---|---|---|---|---|---|",
+        "| batch | rows | cold ms/step | first step ms | warm ms/step | warm tok/s "
+        "| GPU busy ms/step | launches/step | host-bound share | graphs | tokens agree |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in result["runs"]:
         share = run["host_bound_share"]
+        agree = run.get("agreement", {})
         lines.append(
-            f"| {run['rows']} | {'on' if run['cudnn_sdp'] else 'off'} "
-            f"| {run['cold_ms_per_step']:.2f} | {run['warm_ms_per_step']:.2f} "
-            f"| {run['gpu_busy_ms_per_step']:.2f} | {run['kernel_launches_per_step']:.0f} "
-            f"| {'-' if share is None else f'{share:.2f}'} |"
+            f"| {run['batch']} | {run['rows']} | {run['cold_ms_per_step']:.2f} "
+            f"| {run['cold_first_step_ms']:.1f} | {run['warm_ms_per_step']:.2f} "
+            f"| {run['warm_tokens_per_second']:.0f} | {run['gpu_busy_ms_per_step']:.2f} "
+            f"| {run['kernel_launches_per_step']:.0f} "
+            f"| {'-' if share is None else f'{share:.2f}'} "
+            f"| {run['graph_count'] if run['graphs_on'] else 'off'} "
+            f"| {', '.join(f'{k} {v:.3f}' for k, v in agree.items()) or '-'} |"
         )
-    lines += ["", "Plain transformers decode step, cuDNN attention off:", ""]
+    lines += ["", "Plain transformers decode step (DynamicCache, eager):", ""]
     lines += [f"- {rows} rows: {ms:.2f} ms" for rows, ms in result["plain_ms_per_step"].items()]
     for run in result["runs"]:
-        setting = "on" if run["cudnn_sdp"] else "off"
-        lines += ["", f"## Host time per step, {run['rows']} rows, cuDNN attention {setting}", ""]
+        lines += ["", f"## Host time per warm step: {run['batch']}, {run['rows']} rows", ""]
         lines += ["| op | calls/step | self CPU ms/step |", "|---|---|---|"]
         lines += [
             f"| `{op['op']}` | {op['calls_per_step']:.0f} | {op['self_cpu_ms_per_step']:.3f} |"
-            for op in run["top_host_ops"][:8]
+            for op in run["top_host_ops"][:6]
         ]
     path.write_text("\n".join(lines) + "\n")
 
@@ -198,13 +237,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/gpu-bench"))
-    parser.add_argument("--rows", type=int, action="append", help="batch sizes (32, 64)")
+    parser.add_argument("--rows", type=int, action="append", help="batch sizes (1, 32, 64)")
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--dry-run", action="store_true", help="CPU, the small model")
     arguments = parser.parse_args()
     device = torch.device("cpu" if arguments.dry_run else "cuda")
     size, dtype = ("small", "float32") if arguments.dry_run else ("1b", "bfloat16")
-    rows = arguments.rows or ([4] if arguments.dry_run else [32, 64])
+    rows = arguments.rows or ([1, 4] if arguments.dry_run else [1, 32, 64])
     arguments.out.mkdir(parents=True, exist_ok=True)
     model_dir = ensure_bench_model(arguments.work_dir, size, dtype, device.type)
     from transformers import AutoTokenizer
@@ -213,17 +252,27 @@ def main() -> int:
     loaded = engine.load_model(
         "primary", model_dir, Quantization.NONE, device, tokenizer, Dtype(dtype)
     )
+    kinds = [kind for kind in BATCHES if device.type == "cuda" or kind != "slots-graphs"]
+    runs = []
+    for count in rows:
+        by_kind = {kind: measure(loaded, tokenizer, kind, count, arguments.steps) for kind in kinds}
+        for kind, run in by_kind.items():
+            references = ["decode-batch"] + (["slots-eager"] if kind == "slots-graphs" else [])
+            run["agreement"] = {
+                other: agreement(run["tokens"], by_kind[other]["tokens"])
+                for other in references
+                if other != kind
+            }
+        runs += by_kind.values()
+    for run in runs:
+        del run["tokens"]
     result: dict[str, Any] = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "dtype": dtype,
         "model": json.loads((model_dir / "bench-model.json").read_text()),
         "steps": arguments.steps,
-        "runs": [
-            measure(loaded, tokenizer, count, arguments.steps, cudnn_sdp)
-            for cudnn_sdp in (True, False)
-            for count in rows
-        ],
+        "runs": runs,
         "plain_ms_per_step": {
             count: measure_plain(loaded, count, arguments.steps) for count in rows
         },

@@ -21,6 +21,8 @@
 #    beside run.log and nvidia-smi.txt: the device returns at most 8 files.
 #    Unpack with: tar -xzf results.tar.gz -C bench/results
 #    Arguments after `device` go to gpu_bench.py (e.g. --concurrency 32).
+#    GPU_STEPS picks the scripts (default "check profile bench"): a session
+#    short of device time can run `GPU_STEPS="profile bench" bash bench/gpu_run.sh device`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,21 +60,28 @@ print("imports ok: transformers", transformers.__version__, "torch", torch.__ver
       "torchao", torchao.__version__)' 2>&1 | tee "$OUT/run.log"
   pack() { tar -czf "$OUT/results.tar.gz" -C "$results" gpu-check gpu profile; }
   trap pack EXIT
+  steps=" ${GPU_STEPS:-check profile bench} "
   # Each script keeps to its budget and writes its files as it goes; the
   # timeouts only stop a hung server from eating the other's device time.
-  echo "== gpu_check ==" | tee -a "$OUT/run.log"
-  timeout -k 10 230 python3 bench/gpu_check.py --out "$results/gpu-check" \
-    --budget-seconds 200 2>&1 | tee -a "$OUT/run.log" || echo "gpu_check: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
-  pack
-  echo "== gpu_profile ==" | tee -a "$OUT/run.log"
-  timeout -k 5 90 python3 bench/gpu_profile.py --out "$results/profile" 2>&1 \
-    | tee -a "$OUT/run.log" || echo "gpu_profile: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
-  pack
-  echo "== gpu_bench ==" | tee -a "$OUT/run.log"
-  bench_seconds=${GPU_BENCH_SECONDS:-220}
-  timeout -k 10 $((bench_seconds + 25)) python3 bench/gpu_bench.py --work-dir /tmp/gpu-bench \
-    --out "$results/gpu" --budget-seconds "$bench_seconds" "${@:2}" 2>&1 | tee -a "$OUT/run.log" \
-    || echo "gpu_bench: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
+  if [[ $steps == *" check "* ]]; then
+    echo "== gpu_check ==" | tee -a "$OUT/run.log"
+    timeout -k 10 230 python3 bench/gpu_check.py --out "$results/gpu-check" \
+      --budget-seconds 200 2>&1 | tee -a "$OUT/run.log" || echo "gpu_check: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
+    pack
+  fi
+  if [[ $steps == *" profile "* ]]; then
+    echo "== gpu_profile ==" | tee -a "$OUT/run.log"
+    timeout -k 5 120 python3 bench/gpu_profile.py --out "$results/profile" 2>&1 \
+      | tee -a "$OUT/run.log" || echo "gpu_profile: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
+    pack
+  fi
+  if [[ $steps == *" bench "* ]]; then
+    echo "== gpu_bench ==" | tee -a "$OUT/run.log"
+    bench_seconds=${GPU_BENCH_SECONDS:-220}
+    timeout -k 10 $((bench_seconds + 25)) python3 bench/gpu_bench.py --work-dir /tmp/gpu-bench \
+      --out "$results/gpu" --budget-seconds "$bench_seconds" "${@:2}" 2>&1 | tee -a "$OUT/run.log" \
+      || echo "gpu_bench: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
+  fi
   ;;
 *)
   echo "usage: $0 wheels|device" >&2

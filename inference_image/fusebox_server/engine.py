@@ -241,7 +241,10 @@ class Decoding:
         self.sampling = sampling
         self._pending = torch.tensor([list(prompt_ids)], dtype=torch.long, device=loaded.device)
         self.cache: Any = DynamicCache(config=loaded.model.config)
-        self.padding = 0  # left-padding columns in `cache` (a row prefilled in a group has some)
+        # A row prefilled in a group shares the group's cache: its row there, and its left
+        # padding columns (the group's prompts are left-padded to the longest).
+        self.cache_row = 0
+        self.padding = 0
         self.position = len(prompt_ids)  # the position of the next token fed to the model
         self.last_token = -1
         self.generator: torch.Generator | None = None
@@ -282,9 +285,9 @@ def prefill(loaded: LoadedModel, rows: Sequence[Decoding]) -> list[int | Excepti
 
     The prompts are left-padded to the longest; the attention mask hides the
     padding and explicit position ids keep each row's own positions, as in
-    `DecodeBatch`. Each row then holds its own slice of the cache (with
-    `padding` columns of padding), ready for `DecodeBatch.add`. A single row
-    runs as `Decoding.step` does.
+    `DecodeBatch`. Every row then refers to the group's cache (its row there,
+    `cache_row`, with `padding` columns of padding), ready for a batch's `add`,
+    which copies the group once. A single row runs as `Decoding.step` does.
     """
     if len(rows) == 1:
         return [rows[0].step()]
@@ -312,11 +315,8 @@ def prefill(loaded: LoadedModel, rows: Sequence[Decoding]) -> list[int | Excepti
             **loaded.prompt_arguments,
         )
         tokens = choose_tokens(output.logits[:, -1], rows)
-        for index, (row, prompt) in enumerate(zip(rows, prompts, strict=True)):
-            own: Any = DynamicCache(config=loaded.model.config)
-            for layer, shared in zip(own.layers, joint.layers, strict=True):
-                layer.update(shared.keys[index : index + 1], shared.values[index : index + 1])
-            row.cache, row.padding = own, width - len(prompt)
+    for index, (row, prompt) in enumerate(zip(rows, prompts, strict=True)):
+        row.cache, row.cache_row, row.padding = joint, index, width - len(prompt)
     for row, token in zip(rows, tokens, strict=True):
         if not isinstance(token, Exception):
             row.started(token)
@@ -338,6 +338,45 @@ def prefill_groups(lengths: Sequence[int], token_budget: int) -> list[list[int]]
             group.append(index)
         else:
             groups.append([index])
+    return groups
+
+
+@dataclass
+class PrefilledGroup:
+    """Rows joining a batch that were prefilled together, with their part of the group's cache.
+
+    `layers` holds each layer's keys and values, (rows, heads, width, dim), in
+    the order of `rows`; row i's prompt is in its last `width - paddings[i]`
+    columns.
+    """
+
+    rows: list[Decoding]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    paddings: list[int]
+
+
+def prefilled_groups(joiners: Sequence[Decoding]) -> list[PrefilledGroup]:
+    """The joiners by the prefill cache they share: one copy per group, not one per row.
+
+    A group's rows normally all join at once, in their cache's order, and the
+    cache is taken as it is; rows missing or reordered are selected.
+    """
+    by_cache: dict[int, list[Decoding]] = {}
+    for row in joiners:
+        by_cache.setdefault(id(row.cache), []).append(row)
+    groups = []
+    for rows in by_cache.values():
+        layers = rows[0].cache.layers
+        order = [row.cache_row for row in rows]
+        if order == list(range(layers[0].keys.shape[0])):
+            parts = [(layer.keys, layer.values) for layer in layers]
+        else:
+            index = torch.tensor(order, dtype=torch.long, device=layers[0].keys.device)
+            parts = [
+                (layer.keys.index_select(0, index), layer.values.index_select(0, index))
+                for layer in layers
+            ]
+        groups.append(PrefilledGroup(rows, parts, [row.padding for row in rows]))
     return groups
 
 
@@ -440,14 +479,16 @@ class DecodeBatch:
         CacheLayerMixin.register(_BufferedLayer)  # what the cache checks a layer is; idempotent
         self._compact()
         device = self.loaded.device
-        parts: list[tuple[list[Any], torch.Tensor]] = []
+        parts: list[tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]] = []
         if self._cache is not None and self._mask is not None:
-            parts.append((list(self._cache.layers), self._mask))
-        for row in joiners:
-            length = row.cache.layers[0].keys.shape[-2]
-            mask = torch.ones((1, length), dtype=torch.long, device=device)
-            mask[:, : row.padding] = 0
-            parts.append((list(row.cache.layers), mask))
+            parts.append(([(layer.keys, layer.values) for layer in self._cache.layers], self._mask))
+        groups = prefilled_groups(joiners)
+        for group in groups:
+            length = group.layers[0][0].shape[-2]
+            mask = torch.ones((len(group.rows), length), dtype=torch.long, device=device)
+            for index, padding in enumerate(group.paddings):
+                mask[index, :padding] = 0
+            parts.append((group.layers, mask))
         layer_count = len(parts[0][0])
         if any(len(layers) != layer_count for layers, _ in parts):
             raise ValueError("rows with different layer counts cannot share a batch")
@@ -456,14 +497,14 @@ class DecodeBatch:
         merged_mask = torch.zeros((height, width), dtype=torch.long, device=device)
         layers = []
         for index in range(layer_count):
-            first = parts[0][0][index].keys
+            first = parts[0][0][index][0]
             shape = (height, first.shape[1], width + SPARE_COLUMNS, first.shape[-1])
             keys, values = first.new_zeros(shape), first.new_zeros(shape)
             top = 0
             for part_layers, mask in parts:
                 rows, length = mask.shape
-                keys[top : top + rows, :, width - length : width] = part_layers[index].keys
-                values[top : top + rows, :, width - length : width] = part_layers[index].values
+                keys[top : top + rows, :, width - length : width] = part_layers[index][0]
+                values[top : top + rows, :, width - length : width] = part_layers[index][1]
                 top += rows
             layers.append(_BufferedLayer(keys, values, width))
         top = 0
@@ -473,9 +514,10 @@ class DecodeBatch:
         cache: Any = DynamicCache(config=self.loaded.model.config)
         cache.layers = layers
         self._cache, self._mask = cache, merged_mask
-        self.rows = [*self.rows, *joiners]
-        self._slots = [*self._slots, *joiners]
-        for row in joiners:
+        joined = [row for group in groups for row in group.rows]
+        self.rows = [*self.rows, *joined]
+        self._slots = [*self._slots, *joined]
+        for row in joined:
             row.cache = None
 
     def remove(self, row: Decoding) -> None:

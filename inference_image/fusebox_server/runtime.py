@@ -358,6 +358,8 @@ class Runtime:
             self._release_memory()
 
     def _release_memory(self) -> None:
+        if self.worker is not None:
+            self.worker.release_idle_batch()
         self.faults.leaks.release_caches()
         engine.release_memory(self.device)
         malloc_trim()

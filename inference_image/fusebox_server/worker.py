@@ -41,6 +41,7 @@ from fusebox_server.errors import (
 from fusebox_server.faults import Faults
 from fusebox_server.memory import cuda_memory
 from fusebox_server.openai_schema import Sampling
+from fusebox_server.slot_batch import SlotBatch, new_batch
 from fusebox_server.tokenization import IncrementalDecoder
 
 IDLE_WAIT_SECONDS = 0.2
@@ -151,7 +152,8 @@ class InferenceWorker(threading.Thread):
         self.control_started_at: float | None = None
         self._torch_threads = torch_threads
         self.torch_threads: int | None = None
-        self._batch: DecodeBatch | None = None
+        self._batch: DecodeBatch | SlotBatch | None = None
+        self._release_idle_batch = threading.Event()
 
     # ----- called from the event loop -----
     def submit(self, job: GenerationJob | ControlJob) -> None:
@@ -173,6 +175,26 @@ class InferenceWorker(threading.Thread):
     @property
     def inbox_length(self) -> int:
         return self._inbox.qsize()
+
+    def release_idle_batch(self) -> None:
+        """Ask for the decode batch's cache to be dropped while no request decodes.
+
+        A CUDA `SlotBatch` keeps its slot cache and graphs between bursts;
+        memory release (the `empty_cache` action, the memory guard) asks for
+        them back. On this thread (an admin action) it happens at once, from
+        another at the start of the worker's next turn.
+        """
+        self._release_idle_batch.set()
+        if threading.current_thread() is self:
+            self._drop_idle_batch()
+
+    def _drop_idle_batch(self) -> None:
+        if not self._release_idle_batch.is_set():
+            return
+        self._release_idle_batch.clear()
+        batch = self._batch
+        if isinstance(batch, SlotBatch):
+            batch.release()
 
     # ----- the thread -----
     def run(self) -> None:
@@ -202,6 +224,7 @@ class InferenceWorker(threading.Thread):
         time.sleep(IDLE_WAIT_SECONDS)
 
     def _turn(self) -> None:
+        self._drop_idle_batch()
         self._take_inbox(block=not self._active)
         for job in list(self._active):
             self._guarded(job, partial(self._check_alive, job))
@@ -268,7 +291,7 @@ class InferenceWorker(threading.Thread):
         loaded = decodings[0].loaded
         batch = self._batch
         if batch is None or batch.loaded is not loaded:
-            batch = self._batch = DecodeBatch(loaded)
+            batch = self._batch = new_batch(loaded)
         try:
             batch.add(*decodings)
         except Exception as error:  # e.g. the merge's allocation failed: the batch is unchanged

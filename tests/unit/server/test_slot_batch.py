@@ -1,0 +1,202 @@
+"""The CUDA decode path's slot cache, run eagerly on the CPU: rows decode as they would alone.
+
+The graphs themselves need CUDA; bench/gpu_profile.py holds them to the eager
+step on the H200. What the graphs replay is `SlotBatch._forward`, which these
+tests run: the slots, the per-row scatter, the mask, joining, leaving, growth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fusebox_server import slot_batch
+from fusebox_server.engine import DecodeBatch, Decoding, load_model, prefill
+from fusebox_server.faults import Faults
+from fusebox_server.openai_schema import Sampling
+from fusebox_server.slot_batch import MIN_COLUMNS, SlotBatch, bucket, new_batch
+from fusebox_server.worker import Finished, GenerationJob, InferenceWorker, Piece
+
+GREEDY = Sampling(max_tokens=8, temperature=0.0, top_p=1.0, seed=None, stop=())
+TEXTS = ["Hello", "The quick brown fox jumps over", "你好，今天天气很好", "a", "Once upon"]
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir: Path, tiny_tokenizer: Any) -> Any:
+    return load_model("primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer)
+
+
+def _prompts(tokenizer: Any) -> list[tuple[int, ...]]:
+    return [tuple(tokenizer.backend_tokenizer.encode(text).ids) for text in TEXTS]
+
+
+def _alone(loaded: Any, prompt: tuple[int, ...], count: int) -> list[int]:
+    decoding = Decoding(loaded, prompt, GREEDY)
+    return [decoding.step() for _ in range(count)]
+
+
+def _step(batch: SlotBatch, outputs: dict[int, list[int]]) -> None:
+    for member, token in zip(list(batch.rows), batch.step(), strict=True):
+        assert isinstance(token, int)
+        outputs[id(member)].append(token)
+
+
+def test_bucket_rounds_up_to_a_power_of_two_from_a_floor() -> None:
+    assert [bucket(n) for n in (1, 2, 3, 5, 33, 64)] == [1, 2, 4, 8, 64, 64]
+    assert bucket(3, MIN_COLUMNS) == MIN_COLUMNS and bucket(65, MIN_COLUMNS) == 128
+
+
+def test_rows_joining_and_leaving_the_slots_decode_as_each_would_alone(
+    loaded: Any, tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Four columns: the cache doubles its columns three times in this test (prompts of 1-6
+    # tokens, 30 more each), and its slots once (3 rows, then 5), each growth keeping what
+    # the rows already hold.
+    monkeypatch.setattr(slot_batch, "MIN_COLUMNS", 4)
+    prompts = _prompts(tiny_tokenizer)
+    alone = [_alone(loaded, prompt, 30) for prompt in prompts]
+    batch = SlotBatch(loaded, graphs=False)
+    first = [Decoding(loaded, prompt, GREEDY) for prompt in prompts[:3]]  # different lengths
+    outputs = {id(row): [token] for row, token in zip(first, prefill(loaded, first), strict=True)}
+    batch.add(*first)
+    assert batch.capacity == (4, 8)
+    for _ in range(3):
+        _step(batch, outputs)
+    later = [Decoding(loaded, prompt, GREEDY) for prompt in prompts[3:]]  # join a running batch
+    outputs |= {id(row): [token] for row, token in zip(later, prefill(loaded, later), strict=True)}
+    batch.add(*later)
+    assert batch.capacity[0] == 8
+    while len(batch):
+        _step(batch, outputs)
+        for member in list(batch.rows):
+            if len(outputs[id(member)]) == 30:
+                batch.remove(member)
+    assert batch.capacity == (8, 64)
+    assert [outputs[id(row)] for row in [*first, *later]] == alone
+
+
+def test_the_last_rows_fill_the_slots_of_rows_that_left(loaded: Any, tiny_tokenizer: Any) -> None:
+    prompts = _prompts(tiny_tokenizer)
+    rows = [Decoding(loaded, prompt, GREEDY) for prompt in prompts]
+    outputs = {id(row): [token] for row, token in zip(rows, prefill(loaded, rows), strict=True)}
+    batch = SlotBatch(loaded, graphs=False)
+    batch.add(*rows)
+    _step(batch, outputs)
+    batch.remove(rows[0])
+    batch.remove(rows[2])
+    _step(batch, outputs)
+    # Slots 0 and 2 were refilled by the rows of slots 3 and 4; the rows keep their order.
+    assert batch.rows == [rows[1], rows[3], rows[4]]
+    assert batch._slots == [rows[3], rows[1], rows[4]]
+    while len(outputs[id(rows[1])]) < 10:
+        _step(batch, outputs)
+    for index in (1, 3, 4):
+        assert outputs[id(rows[index])] == _alone(loaded, prompts[index], 10)
+
+
+def test_the_slot_batch_decodes_what_the_cpu_batch_decodes(
+    loaded: Any, tiny_tokenizer: Any
+) -> None:
+    prompts = _prompts(tiny_tokenizer)
+    results = []
+    for batch in (DecodeBatch(loaded), SlotBatch(loaded, graphs=False)):
+        rows = [Decoding(loaded, prompt, GREEDY) for prompt in prompts]
+        tokens = [[token] for token in prefill(loaded, rows)]
+        batch.add(*rows)
+        for _ in range(12):
+            stepped = dict(zip(map(id, batch.rows), batch.step(), strict=True))
+            for row, row_tokens in zip(rows, tokens, strict=True):
+                row_tokens.append(stepped[id(row)])
+        results.append(tokens)
+    assert results[0] == results[1]
+
+
+def test_a_row_whose_sampling_fails_gets_its_error_and_the_slots_decode_on(
+    loaded: Any,
+) -> None:
+    sampled = Sampling(max_tokens=6, temperature=0.8, top_p=0.9, seed=1, stop=())
+    rows = [Decoding(loaded, (5, 6, 7), sampling) for sampling in (GREEDY, sampled, GREEDY)]
+    prefill(loaded, rows)
+    batch = SlotBatch(loaded, graphs=False)
+    batch.add(*rows)
+    rows[1].sampling = Sampling(max_tokens=6, temperature=float("nan"), top_p=0.9, seed=1, stop=())
+    first, failed, last = batch.step()
+    assert isinstance(failed, RuntimeError)
+    assert isinstance(first, int) and first == last  # same prompt, greedy: same token
+    batch.remove(rows[1])
+    assert all(isinstance(token, int) for token in batch.step())
+
+
+def test_release_drops_the_cache_only_when_no_row_decodes(loaded: Any) -> None:
+    rows = [Decoding(loaded, (5, 6, 7), GREEDY)]
+    prefill(loaded, rows)
+    batch = SlotBatch(loaded, graphs=False)
+    batch.add(*rows)
+    batch.step()
+    batch.release()
+    assert batch.cache_bytes() > 0 and batch.capacity == (1, MIN_COLUMNS)
+    batch.remove(rows[0])
+    batch.step() if len(batch) else None
+    batch.release()
+    assert batch.cache_bytes() == 0 and batch.capacity == (0, 0)
+
+
+def test_cpu_models_keep_the_cpu_batch(loaded: Any) -> None:
+    assert isinstance(new_batch(loaded), DecodeBatch)
+
+
+def test_the_worker_releases_an_idle_slot_cache_when_memory_is_released(
+    tiny_model_dir: Path, tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decode through the worker on slots (as on CUDA), then release: the cache goes."""
+    from fusebox_server import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "new_batch", lambda loaded: SlotBatch(loaded, graphs=False))
+
+    async def scenario() -> tuple[Any, str, int, int]:
+        loop = asyncio.get_running_loop()
+        worker = InferenceWorker(loop, Faults({}), inbox_size=8)
+        worker.loaded = load_model(
+            "primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer
+        )
+        done: asyncio.Future[Any] = loop.create_future()
+        pieces: list[str] = []
+
+        def deliver(event: Any) -> None:
+            if isinstance(event, Piece):
+                pieces.append(event.text)
+            elif not done.done():
+                done.set_result(event)
+
+        worker.submit(
+            GenerationJob(
+                request_id="slots",
+                variant="primary",
+                prompt_ids=(5, 6, 7),
+                sampling=GREEDY,
+                max_tokens=6,
+                deadline_monotonic=loop.time() + 60,
+                tokenizer=tiny_tokenizer,
+                deliver=deliver,
+            )
+        )
+        worker.start()
+        end = await done
+        batch = worker._batch
+        assert isinstance(batch, SlotBatch)
+        held = batch.cache_bytes()
+        worker.release_idle_batch()  # from this thread: at the worker's next turn
+        for _ in range(100):
+            if batch.cache_bytes() == 0:
+                break
+            await asyncio.sleep(0.05)
+        worker.stop()
+        return end, "".join(pieces), held, batch.cache_bytes()
+
+    end, text, held, after = asyncio.run(scenario())
+    assert isinstance(end, Finished) and end.reason == "length" and text
+    assert held > 0 and after == 0
