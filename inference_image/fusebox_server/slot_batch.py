@@ -2,7 +2,7 @@
 
 Why: on the H200 a 32-row decode step through transformers' forward took
 15.5 ms while the GPU was busy 5.9 ms; the rest was Python launching 959
-kernels one by one (bench/results/gpu/profile.md). A CUDA graph records a
+kernels one by one (bench/results/gpu/profile-eager.md). A CUDA graph records a
 step's kernels once and replays them with one launch, but every tensor it
 touches must keep its address and shape. So here:
 

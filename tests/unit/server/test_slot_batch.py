@@ -19,7 +19,7 @@ from fusebox_server.engine import DecodeBatch, Decoding, load_model, prefill
 from fusebox_server.faults import Faults
 from fusebox_server.openai_schema import Sampling
 from fusebox_server.slot_batch import MIN_COLUMNS, SlotBatch, bucket, new_batch
-from fusebox_server.worker import Finished, GenerationJob, InferenceWorker, Piece
+from fusebox_server.worker import ControlJob, Finished, GenerationJob, InferenceWorker, Piece
 
 GREEDY = Sampling(max_tokens=8, temperature=0.0, top_p=1.0, seed=None, stop=())
 TEXTS = ["Hello", "The quick brown fox jumps over", "你好，今天天气很好", "a", "Once upon"]
@@ -194,9 +194,42 @@ def test_the_worker_releases_an_idle_slot_cache_when_memory_is_released(
             if batch.cache_bytes() == 0:
                 break
             await asyncio.sleep(0.05)
+        released = batch.cache_bytes()
         worker.stop()
-        return end, "".join(pieces), held, batch.cache_bytes()
+        return end, "".join(pieces), held, released
 
-    end, text, held, after = asyncio.run(scenario())
+    end, text, held, released = asyncio.run(scenario())
     assert isinstance(end, Finished) and end.reason == "length" and text
+    assert held > 0 and released == 0
+
+
+def test_an_action_on_the_worker_releases_the_idle_slot_cache_before_it_returns(
+    tiny_model_dir: Path, tiny_tokenizer: Any
+) -> None:
+    """The `empty_cache` action runs on the worker: the cache must be gone when it frees."""
+
+    async def scenario() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        worker = InferenceWorker(loop, Faults({}), inbox_size=8)
+        loaded = load_model("primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer)
+        rows = [Decoding(loaded, (5, 6, 7), GREEDY)]
+        prefill(loaded, rows)
+        batch = SlotBatch(loaded, graphs=False)
+        batch.add(*rows)
+        batch.remove(rows[0])
+        worker._batch = batch
+        held = batch.cache_bytes()
+        answer: asyncio.Future[int] = loop.create_future()
+
+        def release_then_measure() -> int:
+            worker.release_idle_batch()
+            return batch.cache_bytes()
+
+        worker.submit(ControlJob(release_then_measure, lambda result, _: answer.set_result(result)))
+        worker.start()
+        after = await answer
+        worker.stop()
+        return held, after
+
+    held, after = asyncio.run(scenario())
     assert held > 0 and after == 0
