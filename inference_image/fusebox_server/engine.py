@@ -380,6 +380,14 @@ def prefilled_groups(joiners: Sequence[Decoding]) -> list[PrefilledGroup]:
     return groups
 
 
+def handed_over(groups: Sequence[PrefilledGroup]) -> list[Decoding]:
+    """The groups' rows, in order, let go of their prefill cache: a batch now holds a copy."""
+    rows = [row for group in groups for row in group.rows]
+    for row in rows:
+        row.cache = None
+    return rows
+
+
 # Spare columns a batch's cache keeps past its longest row: decoding that many
 # tokens writes in place before the buffers have to grow (and be copied) again.
 SPARE_COLUMNS = 64
@@ -514,11 +522,9 @@ class DecodeBatch:
         cache: Any = DynamicCache(config=self.loaded.model.config)
         cache.layers = layers
         self._cache, self._mask = cache, merged_mask
-        joined = [row for group in groups for row in group.rows]
+        joined = handed_over(groups)
         self.rows = [*self.rows, *joined]
         self._slots = [*self._slots, *joined]
-        for row in joined:
-            row.cache = None
 
     def remove(self, row: Decoding) -> None:
         """The row leaves now; its cache row is dropped before the next step (no allocation)."""

@@ -43,6 +43,7 @@ from fusebox_server.engine import (
     Decoding,
     LoadedModel,
     choose_token,
+    handed_over,
     is_greedy,
     prefilled_groups,
 )
@@ -169,11 +170,9 @@ class SlotBatch:
                 slot_keys[top : top + rows, :, :length] = _gather_columns(keys, shift)
                 slot_values[top : top + rows, :, :length] = _gather_columns(values, shift)
             top += rows
-        joined = [row for group in groups for row in group.rows]
+        joined = handed_over(groups)
         self.rows = [*self.rows, *joined]
         self._slots = [*self._slots, *joined]
-        for row in joined:
-            row.cache = None
 
     def remove(self, row: Decoding) -> None:
         """The row leaves now; its slot is refilled before the next step (no allocation)."""

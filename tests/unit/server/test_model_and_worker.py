@@ -20,50 +20,9 @@ from fusebox_server.errors import GenerationFailed, ModelUnavailable
 from fusebox_server.faults import Faults
 from fusebox_server.openai_schema import Sampling
 from fusebox_server.tiny_model import write_model
-from fusebox_server.worker import Failed, Finished, GenerationJob, InferenceWorker, Piece
+from fusebox_server.worker import Failed, Finished, GenerationJob, InferenceWorker
 
-GREEDY = Sampling(max_tokens=8, temperature=0.0, top_p=1.0, seed=None, stop=())
-
-
-def _worker(loop: asyncio.AbstractEventLoop, model_dir: Path, tokenizer: Any) -> InferenceWorker:
-    """A worker holding the primary model, its thread not yet started."""
-    worker = InferenceWorker(loop, Faults({}), inbox_size=8)
-    worker.loaded = load_model("primary", model_dir, "none", torch.device("cpu"), tokenizer)
-    return worker
-
-
-def _submit(
-    worker: InferenceWorker,
-    tokenizer: Any,
-    prompt_ids: tuple[int, ...],
-    *,
-    sampling: Sampling = GREEDY,
-    max_tokens: int = 4,
-    variant: str = "primary",
-) -> tuple[asyncio.Future[Any], list[str]]:
-    """Queue one job: the future gets its final event, the list its text pieces."""
-    done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    pieces: list[str] = []
-
-    def deliver(event: Any) -> None:
-        if isinstance(event, Piece):
-            pieces.append(event.text)
-        elif not done.done():
-            done.set_result(event)
-
-    worker.submit(
-        GenerationJob(
-            request_id="t",
-            variant=variant,
-            prompt_ids=prompt_ids,
-            sampling=sampling,
-            max_tokens=max_tokens,
-            deadline_monotonic=time.monotonic() + 60,
-            tokenizer=tokenizer,
-            deliver=deliver,
-        )
-    )
-    return done, pieces
+from .worker_jobs import GREEDY, cpu_worker, submit_job
 
 
 def test_the_generator_writes_the_same_files_byte_for_byte(
@@ -96,12 +55,12 @@ def test_a_failing_request_reaches_its_caller_and_the_worker_carries_on(
     tiny_model_dir: Path, tiny_tokenizer: Any
 ) -> None:
     async def scenario() -> list[Any]:
-        worker = _worker(asyncio.get_running_loop(), tiny_model_dir, tiny_tokenizer)
+        worker = cpu_worker(asyncio.get_running_loop(), tiny_model_dir, tiny_tokenizer)
         worker.start()
         outcomes: list[Any] = []
 
         async def run(prompt_ids: tuple[int, ...], variant: str = "primary") -> Any:
-            done, pieces = _submit(worker, tiny_tokenizer, prompt_ids, variant=variant)
+            done, pieces = submit_job(worker, tiny_tokenizer, prompt_ids, variant=variant)
             event = await done
             return event, "".join(pieces)
 
@@ -241,10 +200,10 @@ def test_a_prompt_that_fails_in_a_group_fails_alone_and_the_others_start(
     tiny_model_dir: Path, tiny_tokenizer: Any
 ) -> None:
     async def scenario() -> list[Any]:
-        worker = _worker(asyncio.get_running_loop(), tiny_model_dir, tiny_tokenizer)
+        worker = cpu_worker(asyncio.get_running_loop(), tiny_model_dir, tiny_tokenizer)
         # All three wait in the inbox before the thread starts: one turn, one prefill group.
         futures = [
-            _submit(worker, tiny_tokenizer, prompt_ids)[0]
+            submit_job(worker, tiny_tokenizer, prompt_ids)[0]
             for prompt_ids in ((5, 6, 7), (10**9, 5), (8, 9))
         ]
         worker.start()
@@ -265,10 +224,10 @@ def _run_together(
     """Run one job per sampling on a fresh worker, all in one batch; each job's end and text."""
 
     async def scenario() -> list[tuple[Any, str]]:
-        worker = _worker(asyncio.get_running_loop(), tiny_model_dir, tiny_tokenizer)
+        worker = cpu_worker(asyncio.get_running_loop(), tiny_model_dir, tiny_tokenizer)
         # All wait in the inbox before the thread starts: one prefill group, one batch.
         jobs = [
-            _submit(worker, tiny_tokenizer, (5, 6, 7), sampling=sampling, max_tokens=max_tokens)
+            submit_job(worker, tiny_tokenizer, (5, 6, 7), sampling=sampling, max_tokens=max_tokens)
             for sampling in samplings
         ]
         futures = [future for future, _ in jobs]
@@ -385,7 +344,7 @@ def test_a_final_event_lost_to_failed_allocations_frees_its_slot_when_the_caller
             raise MemoryError
 
     monkeypatch.setattr(worker_module, "POST_ATTEMPTS", 2)
-    worker = _worker(LoopWithoutMemory(), tiny_model_dir, tiny_tokenizer)  # type: ignore[arg-type]
+    worker = cpu_worker(LoopWithoutMemory(), tiny_model_dir, tiny_tokenizer)  # type: ignore[arg-type]
     releases: list[str] = []
 
     def generation(request_id: str) -> Generation:

@@ -19,9 +19,10 @@ from fusebox_server.engine import DecodeBatch, Decoding, load_model, prefill
 from fusebox_server.faults import Faults
 from fusebox_server.openai_schema import Sampling
 from fusebox_server.slot_batch import MIN_COLUMNS, SlotBatch, bucket, new_batch
-from fusebox_server.worker import ControlJob, Finished, GenerationJob, InferenceWorker, Piece
+from fusebox_server.worker import ControlJob, Finished, InferenceWorker
 
-GREEDY = Sampling(max_tokens=8, temperature=0.0, top_p=1.0, seed=None, stop=())
+from .worker_jobs import GREEDY, cpu_worker, submit_job
+
 TEXTS = ["Hello", "The quick brown fox jumps over", "你好，今天天气很好", "a", "Once upon"]
 
 
@@ -158,32 +159,8 @@ def test_the_worker_releases_an_idle_slot_cache_when_memory_is_released(
     monkeypatch.setattr(worker_module, "new_batch", lambda loaded: SlotBatch(loaded, graphs=False))
 
     async def scenario() -> tuple[Any, str, int, int]:
-        loop = asyncio.get_running_loop()
-        worker = InferenceWorker(loop, Faults({}), inbox_size=8)
-        worker.loaded = load_model(
-            "primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer
-        )
-        done: asyncio.Future[Any] = loop.create_future()
-        pieces: list[str] = []
-
-        def deliver(event: Any) -> None:
-            if isinstance(event, Piece):
-                pieces.append(event.text)
-            elif not done.done():
-                done.set_result(event)
-
-        worker.submit(
-            GenerationJob(
-                request_id="slots",
-                variant="primary",
-                prompt_ids=(5, 6, 7),
-                sampling=GREEDY,
-                max_tokens=6,
-                deadline_monotonic=loop.time() + 60,
-                tokenizer=tiny_tokenizer,
-                deliver=deliver,
-            )
-        )
+        worker = cpu_worker(asyncio.get_running_loop(), tiny_model_dir, tiny_tokenizer)
+        done, pieces = submit_job(worker, tiny_tokenizer, (5, 6, 7), max_tokens=6)
         worker.start()
         end = await done
         batch = worker._batch
