@@ -526,6 +526,9 @@ class DecodeBatch:
         self.rows = [*self.rows, *joined]
         self._slots = [*self._slots, *joined]
 
+    def release(self) -> None:
+        """Nothing to drop: the cache goes with the last row (`remove`)."""
+
     def remove(self, row: Decoding) -> None:
         """The row leaves now; its cache row is dropped before the next step (no allocation)."""
         if row not in self.rows:

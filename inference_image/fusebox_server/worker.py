@@ -192,9 +192,8 @@ class InferenceWorker(threading.Thread):
         if not self._release_idle_batch.is_set():
             return
         self._release_idle_batch.clear()
-        batch = self._batch
-        if isinstance(batch, SlotBatch):
-            batch.release()
+        if self._batch is not None:
+            self._batch.release()
 
     # ----- the thread -----
     def run(self) -> None:
