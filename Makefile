@@ -68,7 +68,7 @@ snapshots: setup-python ## Refresh the operator's golden YAML snapshots (tests/u
 	@FUSEBOX_UPDATE_SNAPSHOTS=1 $(PYTEST) tests/unit/operator -q
 
 models: setup-python ## Generate the tiny and small models into the cache (keyed by the generator's fingerprint), as the tests and benchmarks do
-	@$(PY) -c 'from fusebox_server.tiny_model import ensure_model; print(ensure_model("tiny")); print(ensure_model("small"))'
+	@$(PY) -c 'from fusebox_server.model.tiny_model import ensure_model; print(ensure_model("tiny")); print(ensure_model("small"))'
 
 bench: setup-python models ## Run every benchmark in bench/suite.py (server, sidecar, operator), writing figures to bench/results/; one whose prerequisite (a cluster) is absent is skipped with the reason; BENCH_ARGS="--list" shows the plan
 	@$(PY) -m bench $(BENCH_ARGS)

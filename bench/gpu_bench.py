@@ -75,7 +75,7 @@ from bench.server_bench import (  # noqa: E402  (the repository root is on the p
     summarize,
     throughput_over_http,
 )
-from fusebox_server.tiny_model import SIZES, ModelSize  # noqa: E402
+from fusebox_server.model.tiny_model import SIZES, ModelSize  # noqa: E402
 
 FUSEBOX = "fusebox"
 STATIC_BATCH = "static_batch_generate"
@@ -297,7 +297,7 @@ def ensure_bench_model(work_dir: Path, size: str, dtype: str, device: str) -> Pa
     """The generated Llama of `size`, saved in `dtype`, under work_dir; made once.
 
     The tokenizer, chat template and special-token ids are the project's
-    (fusebox_server.tiny_model), taken from its tiny model; only the shape
+    (fusebox_server.model.tiny_model), taken from its tiny model; only the shape
     changes. As there, the special tokens' output rows are zeroed so greedy
     decoding never stops early. Weights are initialised on `device` (a 1 B
     model initialises in seconds on a GPU, minutes on a CPU).
@@ -305,7 +305,7 @@ def ensure_bench_model(work_dir: Path, size: str, dtype: str, device: str) -> Pa
     import torch
     import transformers
 
-    from fusebox_server.tiny_model import (
+    from fusebox_server.model.tiny_model import (
         SEED,
         ensure_model,
         generator_fingerprint,

@@ -57,11 +57,23 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from fusebox_contract.admin import (
+    ActionRequest,
+    ActionResult,
+    AdminPath,
+    AdminRequest,
+    FaultsRequest,
+    MemoryFigures,
+    ServerState,
+)
+from fusebox_contract.names import ActionType, Fault, Variant
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -82,7 +94,12 @@ COLUMNS = (
     "process_resident_memory_bytes",
     "server_stats_age_seconds",
 )
-ACTIONS = (("gc", None), ("empty_cache", None), ("unload", None), ("load", "primary"))
+ACTIONS = (
+    (ActionType.GC, None),
+    (ActionType.EMPTY_CACHE, None),
+    (ActionType.UNLOAD, None),
+    (ActionType.LOAD, Variant.PRIMARY),
+)
 LADDER_STEPS = ("gc", "empty_cache", "reload")
 CURES = {  # leak kind -> the lowest ladder step that frees it (docs/server.md)
     "leak_cycles": "gc",
@@ -92,7 +109,7 @@ CURES = {  # leak kind -> the lowest ladder step that frees it (docs/server.md)
     "leak": "reload",
 }
 CUDA_ONLY_KINDS = frozenset({"leak_pinned"})
-SWAP = ("swap", "fallback")
+SWAP = (ActionType.SWAP, Variant.FALLBACK)
 
 
 class CheckAborted(RuntimeError):
@@ -314,21 +331,35 @@ def _delta(before: float | None, after: float | None) -> float | None:
     return None if before is None or after is None else before - after
 
 
+def _admin(stack: Stack, request: AdminRequest, timeout: float = 30) -> tuple[int, Any]:
+    """One admin call in the contract's wire form; the status and the decoded answer."""
+    path = request.path
+    return _http_json(
+        stack.admin_url + path, path.method, request.encode(), stack.token, timeout=timeout
+    )
+
+
+def _action_id(action_type: ActionType) -> str:
+    return f"gpu-check-{action_type}-{secrets.token_hex(4)}"
+
+
+def _freed(before: MemoryFigures, after: MemoryFigures) -> dict[str, float | None]:
+    """Each server memory figure, before minus after."""
+    return {
+        figure.name: _delta(getattr(before, figure.name), getattr(after, figure.name))
+        for figure in fields(MemoryFigures)
+    }
+
+
 def run_actions(stack: Stack, sampler: Sampler, settle_seconds: float) -> list[dict[str, Any]]:
     records = []
     for action_type, variant in (*ACTIONS, SWAP):
         sampler.phase = action_type if variant is None else f"{action_type}:{variant}"
         seen_before = sampler.sample_now()
-        body: dict[str, Any] = {
-            "id": f"gpu-check-{action_type}-{secrets.token_hex(4)}",
-            "type": action_type,
-        }
-        if variant is not None:
-            body["variant"] = variant
         started = time.monotonic()
-        status, result = _http_json(
-            stack.admin_url + "/admin/v1/actions", "POST", body, stack.token, timeout=300
-        )
+        request = ActionRequest(_action_id(action_type), action_type, variant)
+        status, answer = _admin(stack, request, timeout=300)
+        result = ActionResult.parse(answer) if status == 200 else None
         elapsed = time.monotonic() - started
         time.sleep(settle_seconds)
         seen_after = sampler.sample_now()
@@ -337,8 +368,8 @@ def run_actions(stack: Stack, sampler: Sampler, settle_seconds: float) -> list[d
             "variant": variant,
             "http_status": status,
             "seconds": round(elapsed, 3),
-            "server_reported": result if status == 200 else None,
-            "error": None if status == 200 else result,
+            "server_reported": None if result is None else result.encode(),
+            "error": answer if result is None else None,
             "sidecar_before": seen_before,
             "sidecar_after": seen_after,
             "freed_bytes": {
@@ -352,11 +383,8 @@ def run_actions(stack: Stack, sampler: Sampler, settle_seconds: float) -> list[d
                 )
             },
         }
-        if status == 200:
-            before, after = result["memory_before"], result["memory_after"]
-            record["server_freed_bytes"] = {
-                key: _delta(before.get(key), after.get(key)) for key in before
-            }
+        if result is not None:
+            record["server_freed_bytes"] = _freed(result.memory_before, result.memory_after)
         records.append(record)
         print(f"gpu_check: {sampler.phase}: HTTP {status} in {elapsed:.1f} s", flush=True)
     return records
@@ -649,34 +677,31 @@ def greedy_text(stack: Stack) -> str | None:
 
 
 def variant_figures(stack: Stack) -> dict[str, Any]:
-    _, state = _http_json(stack.admin_url + "/admin/v1/state", token=stack.token)
+    _, answer = _http_json(stack.admin_url + AdminPath.STATE, token=stack.token)
+    state = ServerState.parse(answer)
     return {
-        "variant": state.get("variant"),
-        "quantization": state.get("quantization"),
-        "dtype": state.get("dtype"),
-        "parameter_bytes": state.get("parameter_bytes"),
+        "variant": state.variant,
+        "quantization": state.quantization,
+        "dtype": state.dtype,
+        "parameter_bytes": state.parameter_bytes,
         "greedy_text": greedy_text(stack),
     }
 
 
-def swap(stack: Stack, variant: str) -> dict[str, Any]:
-    body = {"id": f"quant-{variant}-{secrets.token_hex(4)}", "type": "swap", "variant": variant}
+def swap(stack: Stack, variant: Variant) -> dict[str, Any]:
+    request = ActionRequest(f"quant-{variant}-{secrets.token_hex(4)}", ActionType.SWAP, variant)
     started = time.monotonic()
-    status, result = _http_json(
-        stack.admin_url + "/admin/v1/actions", "POST", body, stack.token, timeout=600
-    )
+    status, answer = _admin(stack, request, timeout=600)
     record: dict[str, Any] = {
         "http_status": status,
         "seconds": round(time.monotonic() - started, 3),
     }
     if status == 200:
-        for when in ("memory_before", "memory_after"):
-            record[when] = {
-                key: result[when].get(key)
-                for key in ("cuda_allocated_bytes", "cuda_reserved_bytes", "rss_bytes")
-            }
+        result = ActionResult.parse(answer)
+        record["memory_before"] = result.memory_before.encode()
+        record["memory_after"] = result.memory_after.encode()
     else:
-        record["error"] = result
+        record["error"] = answer
     return record
 
 
@@ -704,9 +729,9 @@ def quantization_run(
             traffic = SteadyTraffic(stack.api_url)
             traffic.start()
             time.sleep(1)
-            to_fallback = swap(stack, "fallback")
+            to_fallback = swap(stack, Variant.FALLBACK)
             fallback = variant_figures(stack)
-            back = swap(stack, "primary")
+            back = swap(stack, Variant.PRIMARY)
             restored = variant_figures(stack)
             time.sleep(1)
         finally:
@@ -784,12 +809,13 @@ def write_quantization_summary(path: Path, runs: list[dict[str, Any]]) -> None:
         if not run["supported"]:
             lines.append(f"| {run['quantization']} | refused: {run['reason']} | | | | | |")
             continue
-        after = run["swap_to_fallback"].get("memory_after") or {}
+        swapped = run["swap_to_fallback"]
+        after = MemoryFigures.parse(swapped["memory_after"]) if "error" not in swapped else None
         lines.append(
             f"| {run['quantization']} "
             f"| {(run['primary']['parameter_bytes'] or 0) / MiB:.1f} "
             f"| {(run['fallback']['parameter_bytes'] or 0) / MiB:.1f} "
-            f"| {_gib(after.get('cuda_allocated_bytes'))} "
+            f"| {_gib(after.cuda_allocated_bytes if after else None)} "
             f"| {run['fallback_output_equals_primary']} "
             f"| {run['traffic_statuses']} | {len(run['traffic_failures'])} |"
         )
@@ -976,27 +1002,25 @@ def _kind_figure(kind: str, device: str) -> str:
     return "rss_bytes"
 
 
-def _ladder_step(stack: Stack, step: str) -> dict[str, Any]:
+def _ladder_step(stack: Stack, step: str) -> ActionResult:
     """One ladder step through the admin API; a reload is unload then load, as the operator's."""
 
-    def post(body: dict[str, Any]) -> dict[str, Any]:
-        body["id"] = f"gpu-check-{body['type']}-{secrets.token_hex(4)}"
-        status, result = _http_json(
-            stack.admin_url + "/admin/v1/actions", "POST", body, stack.token, timeout=300
-        )
+    def post(action_type: ActionType, variant: Variant | None = None) -> ActionResult:
+        request = ActionRequest(_action_id(action_type), action_type, variant)
+        status, answer = _admin(stack, request, timeout=300)
         if status != 200:
-            raise CheckAborted(f"{body['type']} answered {status}: {result}")
-        return dict(result)
+            raise CheckAborted(f"{action_type} answered {status}: {answer}")
+        return ActionResult.parse(answer)
 
     if step != "reload":
-        return post({"type": step})
-    unload = post({"type": "unload"})
-    load = post({"type": "load", "variant": "primary"})
-    return {
-        **load,
-        "memory_before": unload["memory_before"],
-        "leaks_before": unload.get("leaks_before"),
-    }
+        return post(ActionType(step))
+    unload = post(ActionType.UNLOAD)
+    load = post(ActionType.LOAD, Variant.PRIMARY)
+    return replace(load, memory_before=unload.memory_before, leaks_before=unload.leaks_before)
+
+
+def _by_kind(figures: Mapping[Fault, int | None] | None) -> dict[str, int | None] | None:
+    return None if figures is None else {kind.value: held for kind, held in figures.items()}
 
 
 def leak_kind_run(
@@ -1005,29 +1029,27 @@ def leak_kind_run(
     """Grow one kind, then climb the ladder until a step frees most of what it grew."""
     figure = _kind_figure(kind, device)
     _ladder_step(stack, "empty_cache")  # start from emptied caches
-    status, body = _http_json(
-        stack.admin_url + "/admin/v1/faults", "PUT", {kind: leak_mib}, stack.token
-    )
+    status, body = _admin(stack, FaultsRequest({Fault(kind): leak_mib}))
     if status != 200:
         raise CheckAborted(f"arming {kind} answered {status}: {body}")
     try:
         drive_leak(stack, requests, time.monotonic() + 300)
     finally:
-        _http_json(stack.admin_url + "/admin/v1/faults", "PUT", {kind: 0}, stack.token)
+        _admin(stack, FaultsRequest({Fault(kind): 0}))
     leaked = leak_mib * requests * MiB
     steps = []
     cured_by = None
     for step in LADDER_STEPS:
         result = _ladder_step(stack, step)
-        freed = _delta(result["memory_before"].get(figure), result["memory_after"].get(figure))
+        freed = _freed(result.memory_before, result.memory_after)[figure]
         steps.append(
             {
                 "step": step,
                 "figure": figure,
                 "freed_bytes": freed,
-                "leaks_before": result.get("leaks_before"),
-                "leaks_after": result.get("leaks_after"),
-                "seconds": result.get("duration_seconds"),
+                "leaks_before": _by_kind(result.leaks_before),
+                "leaks_after": _by_kind(result.leaks_after),
+                "seconds": result.duration_seconds,
             }
         )
         if freed is not None and freed >= 0.7 * leaked:

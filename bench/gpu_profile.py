@@ -46,8 +46,8 @@ if str(REPO) not in sys.path:
 from bench.gpu_bench import ensure_bench_model  # noqa: E402
 from bench.server_bench import PROMPTS  # noqa: E402
 from fusebox_contract.names import Dtype, Quantization  # noqa: E402
-from fusebox_server import engine, slot_batch  # noqa: E402
-from fusebox_server.openai_schema import Sampling  # noqa: E402
+from fusebox_server.model import engine, slot_batch  # noqa: E402
+from fusebox_server.model.decode_settings import DecodeSettings  # noqa: E402
 
 PREFILL_GROUP = 8
 PROFILED_STEPS = 4
@@ -65,7 +65,7 @@ def prompt_ids(tokenizer: Any, rows: int) -> list[tuple[int, ...]]:
 
 
 BATCHES = ("decode-batch", "slots-eager", "slots-graphs")
-GREEDY = Sampling(4096, 0.0, 1.0, None, ())
+GREEDY = DecodeSettings(4096, 0.0, 1.0, None, ())
 
 
 def new_batch(loaded: engine.LoadedModel, kind: str) -> Any:

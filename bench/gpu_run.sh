@@ -54,7 +54,7 @@ device)
   results=/tmp/gpu-results
   mkdir -p "$results/gpu-check" "$results/gpu" "$results/profile"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/nvidia-smi.txt"
-  python3 -c 'import fusebox_server.app, fusebox_sidecar.__main__, torchao.quantization
+  python3 -c 'import fusebox_server.http.app, fusebox_sidecar.__main__, torchao.quantization
 import transformers.cli.serving.server, transformers, torch, torchao
 print("imports ok: transformers", transformers.__version__, "torch", torch.__version__,
       "torchao", torchao.__version__)' 2>&1 | tee "$OUT/run.log"

@@ -11,7 +11,7 @@ turn, so a change in the machine's load hits all alike; the figure is each
 setting's median step time and its ratio to transformers' kernels. Every
 setting's greedy tokens are checked against transformers' own: a fast path
 that changed the output would be a defect, not a speed-up. Figures from
-`fusebox_server.cpu_kernels` (docs/decisions/speed.md).
+`fusebox_server.model.cpu_kernels` (docs/decisions/speed.md).
 
 Writes bench/results/kernels.json.
 
@@ -44,7 +44,7 @@ Setting = Callable[[Any], None]
 
 def without_row_padding(model: Any) -> None:
     """Packed layers as oneDNN takes them for one to three rows (not padded to four)."""
-    from fusebox_server.cpu_kernels import PackedLinear, ProjectionSlice
+    from fusebox_server.model.cpu_kernels import PackedLinear, ProjectionSlice
 
     for module in model.modules():
         packed = module.shared.product if isinstance(module, ProjectionSlice) else module
@@ -53,7 +53,7 @@ def without_row_padding(model: Any) -> None:
 
 
 def settings() -> dict[str, Setting]:
-    from fusebox_server import cpu_kernels
+    from fusebox_server.model import cpu_kernels
 
     def packed_without_row_padding(model: Any) -> None:
         cpu_kernels.pack_linear_layers(model)
@@ -83,7 +83,7 @@ def load(model_dir: Path, tokenizer: Any, setting: Setting) -> Any:
     from transformers import AutoModelForCausalLM
 
     from fusebox_contract.names import Quantization
-    from fusebox_server.engine import LoadedModel, load_model
+    from fusebox_server.model.engine import LoadedModel, load_model
 
     template: LoadedModel = load_model(
         "primary", model_dir, Quantization.NONE, torch.device("cpu"), tokenizer
@@ -109,10 +109,12 @@ def measure(loaded: Any, prompts: list[tuple[int, ...]], steps: int) -> dict[str
     """One round: prefill the 16 prompts together, then `steps` decode steps of all 16."""
     import torch
 
-    from fusebox_server.engine import DecodeBatch, Decoding, prefill
-    from fusebox_server.openai_schema import Sampling
+    from fusebox_server.model.decode_settings import DecodeSettings
+    from fusebox_server.model.engine import DecodeBatch, Decoding, prefill
 
-    greedy = Sampling(max_tokens=steps + 1, temperature=0.0, top_p=1.0, seed=None, stop=())
+    greedy = DecodeSettings(
+        max_new_tokens=steps + 1, temperature=0.0, top_p=1.0, seed=None, stop=()
+    )
     with torch.inference_mode():
         rows = [Decoding(loaded, prompt, greedy) for prompt in prompts]
         started = time.perf_counter()
@@ -134,8 +136,8 @@ def measure(loaded: Any, prompts: list[tuple[int, ...]], steps: int) -> dict[str
 def run(rounds: int, steps: int, threads: int, out: Path) -> dict[str, Any]:
     import torch
 
-    from fusebox_server.tiny_model import ensure_model
-    from fusebox_server.tokenization import load_tokenizer
+    from fusebox_server.model.tiny_model import ensure_model
+    from fusebox_server.model.tokenization import load_tokenizer
 
     torch.set_num_threads(threads)
     model_dir = ensure_model("small")

@@ -131,7 +131,7 @@ def stop(process: subprocess.Popen[bytes], grace_seconds: float = 10) -> None:
 
 
 def generated_model(size: str, model_dir: Path | None = None, *, quiet: bool = False) -> Path:
-    """The generated model of `size` (fusebox_server.tiny_model), made once.
+    """The generated model of `size` (fusebox_server.model.tiny_model), made once.
 
     By default under the cache (FUSEBOX_CACHE/models/SIZE). It is generated in
     a child process, so the caller never imports torch.
@@ -143,7 +143,14 @@ def generated_model(size: str, model_dir: Path | None = None, *, quiet: bool = F
         if not quiet:
             print(f"generating the {size} model into {model_dir}", flush=True)
         subprocess.run(
-            [sys.executable, "-m", "fusebox_server.tiny_model", str(model_dir), "--size", size],
+            [
+                sys.executable,
+                "-m",
+                "fusebox_server.model.tiny_model",
+                str(model_dir),
+                "--size",
+                size,
+            ],
             check=True,
             capture_output=quiet,
             timeout=900,

@@ -61,7 +61,9 @@ def model_dir() -> Path:
     cache = Path(os.environ.get("FUSEBOX_CACHE", Path.home() / ".cache" / "fusebox"))
     path = cache / "models" / "tiny"
     if not (path / "config.json").exists():
-        subprocess.run([sys.executable, "-m", "fusebox_server.tiny_model", str(path)], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "fusebox_server.model.tiny_model", str(path)], check=True
+        )
     return path
 
 

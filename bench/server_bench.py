@@ -364,7 +364,7 @@ def run(
     out: Path,
     dtype: str = "float32",
 ) -> dict[str, Any]:
-    from fusebox_server.tiny_model import ensure_model
+    from fusebox_server.model.tiny_model import ensure_model
 
     small = ensure_model("small")
     tiny = ensure_model("tiny")

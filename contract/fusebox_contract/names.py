@@ -86,7 +86,9 @@ class Quantization(enum.StrEnum):
     """How the fallback variant is quantized on load.
 
     int8 is weight-only and runs on CPU and GPU; int4 (weight-only) and fp8
-    need a CUDA device (fp8 a Hopper-class one, compute capability >= 8.9).
+    need a CUDA device of the compute capability `min_compute_capability`
+    names: the operator refuses them on a GPU product below it, the server
+    on a device below it.
     """
 
     NONE = "none"
@@ -95,8 +97,17 @@ class Quantization(enum.StrEnum):
     FP8 = "fp8"
 
     @property
+    def min_compute_capability(self) -> tuple[int, int] | None:
+        """The least CUDA compute capability that runs it; None: any device, CPU included.
+
+        int4 is torchao's tinygemm kernel, built for Ampere (8.0) and newer;
+        fp8 needs the fp8 tensor cores of Ada, Hopper and Blackwell (8.9).
+        """
+        return {Quantization.INT4: (8, 0), Quantization.FP8: (8, 9)}.get(self)
+
+    @property
     def needs_gpu(self) -> bool:
-        return self in (Quantization.INT4, Quantization.FP8)
+        return self.min_compute_capability is not None
 
 
 class Dtype(enum.StrEnum):
@@ -180,6 +191,7 @@ class EventReason(enum.StrEnum):
     RESTORED_PRIMARY = "RestoredPrimary"
     POD_RESTARTED = "PodRestarted"
     TELEMETRY_STALE = "TelemetryStale"
+    ADMIN_UNREACHABLE = "AdminUnreachable"  # the operator's admin calls to a pod fail
     MEMORY_SIZED = "MemorySized"
     INVALID_SPEC = "InvalidSpec"
     DEGRADED = "Degraded"

@@ -60,8 +60,20 @@ DEVICE = _s("device", str, "auto", "auto|cpu|cuda|cuda:N")
 TORCH_THREADS = _s("torch-threads", int, 0, "torch intra-op CPU threads; 0 keeps torch's default")
 MAX_CONCURRENCY = _s("max-concurrency", int, 8, "generations running at once")
 MAX_QUEUE = _s("max-queue", int, 64, "requests waiting; beyond it 429")
-MAX_INPUT_TOKENS = _s("max-input-tokens", int, 4096, "prompt length limit in tokens")
-MAX_NEW_TOKENS = _s("max-new-tokens", int, 1024, "limit and default for max_tokens")
+MAX_INPUT_TOKENS = _s(
+    "max-input-tokens",
+    int,
+    4096,
+    "prompt length limit in tokens; at its default it shrinks to fit the model's context "
+    "window, any other value must fit it with max-new-tokens (else exit 2)",
+)
+MAX_NEW_TOKENS = _s(
+    "max-new-tokens",
+    int,
+    1024,
+    "limit and default for max_tokens; at its default it shrinks to fit the model's context "
+    "window, any other value must fit it with max-input-tokens (else exit 2)",
+)
 MAX_BODY_BYTES = _s(
     "max-body-bytes",
     int,

@@ -23,7 +23,6 @@ from fusebox_contract import settings as contract
 from fusebox_contract.names import Dtype, Quantization
 from fusebox_contract.settings import SERVER_SETTINGS, Setting
 from fusebox_contract.wiring import STATS_FILE, Port, QualityKey
-from fusebox_server.quality import QualitySettings
 
 CHECK_CONFIG_FLAG: Final = "check-config"
 
@@ -75,6 +74,17 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class QualitySettings:
+    """What the quality check (`quality.py`) applies, from `--quality-file`; replaced whole
+    when the file changes. Declared here, with the other settings, so that the config
+    needs nothing from the modules that use it."""
+
+    sample_rate: float = 0.1
+    max_output_input_ratio: float = 100.0
+    blocked_terms: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """Typed view of `SERVER_SETTINGS` (a test keeps the two in step) plus the files' content."""
 
@@ -109,6 +119,9 @@ class ServerConfig:
     templates: tuple[str, ...] = ()
     canned_answers: Mapping[str, str] = field(default_factory=dict)
     quality: QualitySettings = QualitySettings()
+    # The models' context window in tokens, read from their config.json at start
+    # (`preflight.fit_to_context_window`); None when they name none.
+    context_window_tokens: int | None = None
 
     @property
     def fallback_configured(self) -> bool:

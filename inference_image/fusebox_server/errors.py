@@ -57,6 +57,12 @@ class InputTooLong(InvalidRequest):
     code = "context_length_exceeded"
 
 
+class ContextLengthExceeded(InvalidRequest):
+    """400: the prompt plus the tokens asked for exceed the model's context window."""
+
+    code = "context_length_exceeded"
+
+
 class ModelNotFound(ServerError):
     """404: the `model` field names a model this server does not serve."""
 

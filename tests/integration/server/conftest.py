@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fusebox_server_harness import ServerProcess  # noqa: E402
 
-from fusebox_server.tiny_model import ensure_model  # noqa: E402
+from fusebox_server.model.tiny_model import ensure_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -14,12 +14,27 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-CORPUS = Path(__file__).resolve().parents[3] / "inference_image" / "fusebox_server" / "corpus"
+from fusebox_contract.admin import (
+    ActionRequest,
+    ActionResult,
+    AdminPath,
+    AdminRequest,
+    BreakerRequest,
+    DegradationRequest,
+    FaultsRequest,
+    ServerState,
+)
+from fusebox_contract.names import ActionType, BreakerState, DegradationLevel, Fault, Variant
+
+CORPUS = (
+    Path(__file__).resolve().parents[3] / "inference_image" / "fusebox_server" / "model" / "corpus"
+)
 TEMPLATES_FILE = CORPUS / "templates.json"
 CANNED_FILE = CORPUS / "canned_answers.json"
 MODEL_NAME = "tiny"
@@ -109,14 +124,28 @@ class ServerProcess:
             time.sleep(0.2)
         raise RuntimeError(f"server not ready in time:\n{self.log_text()[-4000:]}")
 
-    def state(self) -> dict[str, Any]:
-        response = self.admin.get("/admin/v1/state")
+    def state(self) -> ServerState:
+        response = self.admin.get(AdminPath.STATE)
         response.raise_for_status()
-        return dict(response.json())
+        return ServerState.parse(response.json())
+
+    def send(self, request: AdminRequest, timeout: float = 60) -> httpx.Response:
+        """One admin request, to its path, in the contract's wire form."""
+        path = request.path
+        return self.admin.request(path.method, path, json=request.encode(), timeout=timeout)
+
+    def act(
+        self, action_type: ActionType, variant: Variant | None = None, action_id: str | None = None
+    ) -> ActionResult:
+        """Run an admin action (a fresh id unless given); it must succeed."""
+        request = ActionRequest(action_id or uuid.uuid4().hex, action_type, variant)
+        response = self.send(request)
+        assert response.status_code == 200, response.text
+        return ActionResult.parse(response.json())
 
     def set_faults(self, **values: int) -> None:
-        """Switch armed faults at run time (`PUT /admin/v1/faults`)."""
-        response = self.admin.put("/admin/v1/faults", json=values)
+        """Switch armed faults at run time."""
+        response = self.send(FaultsRequest({Fault(name): mib for name, mib in values.items()}))
         assert response.status_code == 200, response.text
 
     def stats(self) -> dict[str, Any]:
@@ -145,20 +174,19 @@ class ServerProcess:
 
     def reset_runtime(self) -> None:
         """Put the runtime state back to the defaults other tests expect."""
-        self.admin.put("/admin/v1/breaker", json={"state": "closed"}).raise_for_status()
-        self.admin.put("/admin/v1/degradation", json={"level": 0}).raise_for_status()
+        self.send(BreakerRequest(BreakerState.CLOSED)).raise_for_status()
+        self.send(DegradationRequest(DegradationLevel.NONE)).raise_for_status()
 
         # A level left by the test may still be converging in the background (a fallback
         # load under way): a swap after the reset would change the serving variant, and
         # with it the prompt cache, in the middle of the next test.
-        def settled() -> dict[str, Any] | None:
+        def settled() -> ServerState | None:
             state = self.state()
-            return None if state["converging"] else state
+            return None if state.converging else state
 
         state = self.wait_for(settled, timeout=120, what="the degradation to settle")
-        if not state["model_loaded"] or state["variant"] != "primary":
-            action = {"id": f"reset-{time.time_ns()}", "type": "load", "variant": "primary"}
-            self.admin.post("/admin/v1/actions", json=action).raise_for_status()
+        if not state.model_loaded or state.variant != Variant.PRIMARY:
+            self.act(ActionType.LOAD, Variant.PRIMARY, action_id=f"reset-{time.time_ns()}")
 
     def stop(self, graceful: bool = True) -> None:
         self.client.close()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fusebox_server_harness import ServerProcess
 
-from fusebox_server.kernel_caches import KERNEL_CACHE_ENTRIES, KERNEL_CACHE_ENVS
+from fusebox_server.model.kernel_caches import KERNEL_CACHE_ENTRIES, KERNEL_CACHE_ENVS
 
 
 def test_the_server_process_loads_with_packed_layers_and_bounded_kernel_caches(

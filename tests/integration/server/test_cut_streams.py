@@ -17,6 +17,9 @@ import openai
 import pytest
 from fusebox_server_harness import MODEL_NAME, ServerProcess
 
+from fusebox_contract.admin import ServerState
+from fusebox_contract.names import RequestOutcome
+
 STREAMS = 1000
 WARM_UP_STREAMS = 100
 CONCURRENCY = 16
@@ -78,13 +81,13 @@ async def _cut_streams(url: str, count: int, first: int) -> list[int]:
         return await asyncio.gather(*(bounded(first + n) for n in range(count)))
 
 
-def _settled(server: ServerProcess, idle_tasks: int) -> dict[str, Any] | None:
+def _settled(server: ServerProcess, idle_tasks: int) -> ServerState | None:
     state = server.state()
     quiet = (
-        state["running"] == 0
-        and state["queue_length"] == 0
-        and state["worker_active"] == 0
-        and state["asyncio_tasks"] <= idle_tasks
+        state.running == 0
+        and state.queue_length == 0
+        and state.worker_active == 0
+        and state.asyncio_tasks <= idle_tasks
     )
     return state if quiet else None
 
@@ -94,32 +97,32 @@ def test_a_thousand_streams_cut_mid_generation_leak_nothing(
 ) -> None:
     server = stream_server
     idle = server.state()
-    assert idle["running"] == 0 and idle["asyncio_tasks"] > 0
+    assert idle.running == 0 and idle.asyncio_tasks > 0
 
     # Warm-up: the allocator, the tokenizer cache and the latency windows reach their size.
     asyncio.run(_cut_streams(server.url, WARM_UP_STREAMS, 0))
-    server.wait_for(lambda: _settled(server, idle["asyncio_tasks"]), what="idle after warm-up")
+    server.wait_for(lambda: _settled(server, idle.asyncio_tasks), what="idle after warm-up")
     rss_before = rss_bytes(server.pid)
 
     chunks = asyncio.run(_cut_streams(server.url, STREAMS, WARM_UP_STREAMS))
     assert chunks == [CHUNKS_READ] * STREAMS  # every stream was cut after its first chunks
 
     state = server.wait_for(
-        lambda: _settled(server, idle["asyncio_tasks"]),
+        lambda: _settled(server, idle.asyncio_tasks),
         timeout=60,
         what="no request running, queued or decoding, and the idle task count",
     )
-    assert state["threads"] <= idle["threads"]
-    assert state["debug"]["batch_rows"] == 0
-    assert state["debug"]["inbox"] == 0
+    assert state.threads <= idle.threads
+    assert state.debug.batch_rows == 0
+    assert state.debug.inbox == 0
     rss_after = rss_bytes(server.pid)
     print(f"\nRSS before {rss_before / 2**20:.1f} MiB, after {rss_after / 2**20:.1f} MiB")
     assert rss_after - rss_before < RSS_GROWTH_LIMIT_BYTES
 
     # Every cut stream was counted once, as cancelled, its generation stopped far short
     # of its length.
-    assert state["requests"]["cancelled"] == STREAMS + WARM_UP_STREAMS, state["requests"]
-    assert state["requests"]["failed"] == 0
+    assert state.requests[RequestOutcome.CANCELLED] == STREAMS + WARM_UP_STREAMS, state.requests
+    assert state.requests[RequestOutcome.FAILED] == 0
     lines = [json.loads(line) for line in server.log_text().splitlines() if '"cut-' in line]
     requests = [line for line in lines if line.get("event") == "request"]
     assert len(requests) == STREAMS + WARM_UP_STREAMS

@@ -21,8 +21,8 @@ from fusebox_server_harness import MODEL_NAME, ServerProcess
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fusebox_server.openai_parameters import body_parameters
-from fusebox_server.rendering import Kind
+from fusebox_server.http.openai_parameters import body_parameters
+from fusebox_server.http.rendering import Kind
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

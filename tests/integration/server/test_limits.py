@@ -20,6 +20,21 @@ import httpx
 import pytest
 from fusebox_server_harness import MODEL_NAME, ServerProcess
 
+from fusebox_contract.admin import (
+    ActionRequest,
+    BreakerRequest,
+    DegradationRequest,
+    DegradationResult,
+    ErrorAnswer,
+)
+from fusebox_contract.names import (
+    ActionType,
+    BreakerState,
+    DegradationLevel,
+    RequestOutcome,
+    Variant,
+)
+
 MIB = 1 << 20
 PLAIN_PROMPT = "Hello, world."
 FLAGGED_PROMPT = "Translate the following text into French."
@@ -69,7 +84,7 @@ def faults_off(limited: ServerProcess) -> Iterator[ServerProcess]:
     yield limited
     limited.set_faults(leak=0, slow=0)
     limited.wait_for(
-        lambda: limited.state()["running"] == 0 and limited.state()["queue_length"] == 0,
+        lambda: limited.state().running == 0 and limited.state().queue_length == 0,
         what="an idle server",
     )
 
@@ -79,7 +94,7 @@ def test_overload_gets_429_beyond_running_plus_queue(faults_off: ServerProcess) 
     # Each request holds its slot for about a second: all ten arrive while the first three
     # are still in the server, and the third still finishes well inside the deadline.
     server.set_faults(slow=250)
-    before = server.state()["requests"]
+    before = server.state().requests
 
     async def burst() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
@@ -101,16 +116,14 @@ def test_overload_gets_429_beyond_running_plus_queue(faults_off: ServerProcess) 
             assert int(response.headers["retry-after"]) >= 1
             assert response.json()["error"]["type"] == "rate_limit_error"
     state = server.wait_for(
-        lambda: (lambda s: s if s["running"] == 0 and s["queue_length"] == 0 else None)(
-            server.state()
-        ),
+        lambda: (lambda s: s if s.running == 0 and s.queue_length == 0 else None)(server.state()),
         what="running and queue back to 0",
     )
-    assert state["worker_active"] == 0
+    assert state.worker_active == 0
     # Each request counted once: 7 rejected, 3 succeeded, nothing else.
-    after = state["requests"]
-    assert after["rejected"] - before["rejected"] == 7
-    assert after["succeeded"] - before["succeeded"] == 3
+    after = state.requests
+    assert after[RequestOutcome.REJECTED] - before[RequestOutcome.REJECTED] == 7
+    assert after[RequestOutcome.SUCCEEDED] - before[RequestOutcome.SUCCEEDED] == 3
     for outcome in ("failed", "timed_out", "cancelled", "invalid"):
         assert after[outcome] == before[outcome]
 
@@ -120,12 +133,12 @@ def test_generation_past_the_deadline_gets_504_and_frees_the_slot(
 ) -> None:
     server = faults_off
     server.set_faults(slow=300)
-    before = server.state()["requests"]
+    before = server.state().requests
     response = server.chat("hi", max_tokens=40)
     assert response.status_code == 504
     assert response.json()["error"]["code"] == "timeout"
-    server.wait_for(lambda: server.state()["running"] == 0, what="the slot to be freed")
-    assert server.state()["requests"]["timed_out"] - before["timed_out"] == 1
+    server.wait_for(lambda: server.state().running == 0, what="the slot to be freed")
+    assert server.state().requests[RequestOutcome.TIMED_OUT] - before[RequestOutcome.TIMED_OUT] == 1
     server.set_faults(slow=0)
     assert server.chat("hi").status_code == 200
 
@@ -151,7 +164,7 @@ def test_stream_past_the_deadline_ends_with_an_error_event(faults_off: ServerPro
     last = json.loads(events[-1][len("data: ") :])
     assert last["error"]["code"] == "timeout"
     assert "data: [DONE]" not in events
-    server.wait_for(lambda: server.state()["running"] == 0, what="the slot to be freed")
+    server.wait_for(lambda: server.state().running == 0, what="the slot to be freed")
 
 
 def test_quality_failures_raise_the_failure_ratio(faults_off: ServerProcess) -> None:
@@ -247,29 +260,25 @@ def test_an_edited_quality_file_applies_to_the_next_responses_without_a_restart(
 
 def test_leak_fault_grows_rss_until_unload_drops_it(faults_off: ServerProcess) -> None:
     server = faults_off
-    before = server.state()["leaked_bytes"]
+    before = server.state().leaked_bytes
     rss_before = server.stats()["rss_bytes"]
     server.set_faults(leak=64)
     for _ in range(3):
         assert server.chat("hi", max_tokens=1).status_code == 200
     server.set_faults(leak=0)
-    assert server.state()["leaked_bytes"] == before + 3 * 64 * MIB
+    assert server.state().leaked_bytes == before + 3 * 64 * MIB
     grown = server.wait_for(
         lambda: (lambda s: s if s["rss_bytes"] >= rss_before + 150 * MIB else None)(server.stats()),
         what="RSS to grow by the leaked blocks",
     )
 
-    gc = server.admin.post("/admin/v1/actions", json={"id": uuid.uuid4().hex, "type": "gc"})
-    assert gc.json()["memory_after"]["rss_bytes"] >= grown["rss_bytes"] - 64 * MIB
+    gc = server.act(ActionType.GC)
+    assert (gc.memory_after.rss_bytes or 0) >= grown["rss_bytes"] - 64 * MIB
 
-    unload = server.admin.post(
-        "/admin/v1/actions", json={"id": uuid.uuid4().hex, "type": "unload"}
-    ).json()
-    assert unload["memory_after"]["rss_bytes"] <= unload["memory_before"]["rss_bytes"] - 150 * MIB
-    load = server.admin.post(
-        "/admin/v1/actions", json={"id": uuid.uuid4().hex, "type": "load", "variant": "primary"}
-    )
-    assert load.status_code == 200
+    unload = server.act(ActionType.UNLOAD)
+    freed = (unload.memory_before.rss_bytes or 0) - (unload.memory_after.rss_bytes or 0)
+    assert freed >= 150 * MIB
+    server.act(ActionType.LOAD, Variant.PRIMARY)
     assert server.chat("hi").status_code == 200
 
 
@@ -297,16 +306,16 @@ def test_a_stuck_worker_fails_healthz_while_the_loop_answers(faults_off: ServerP
 def test_each_outcome_is_counted_exactly_once(faults_off: ServerProcess) -> None:
     server = faults_off
     n = 3
-    before = server.state()["requests"]
+    before = server.state().requests
 
     for _ in range(n):  # succeeded
         assert server.chat("hi", max_tokens=1).status_code == 200
     for _ in range(n):  # invalid: a model this server does not serve
         assert server.chat("hi", model="no-such-model").status_code == 404
-    server.admin.put("/admin/v1/breaker", json={"state": "open"}).raise_for_status()
+    server.send(BreakerRequest(BreakerState.OPEN)).raise_for_status()
     for _ in range(n):  # rejected
         assert server.chat("hi").status_code == 503
-    server.admin.put("/admin/v1/breaker", json={"state": "closed"}).raise_for_status()
+    server.send(BreakerRequest(BreakerState.CLOSED)).raise_for_status()
 
     server.set_faults(slow=250)
     for _ in range(n):  # cancelled: the client leaves after the first piece
@@ -322,7 +331,7 @@ def test_each_outcome_is_counted_exactly_once(faults_off: ServerProcess) -> None
         ) as response:
             assert response.status_code == 200
             next(line for line in response.iter_lines() if line.startswith("data: "))
-        server.wait_for(lambda: server.state()["running"] == 0, what="the cancel to land")
+        server.wait_for(lambda: server.state().running == 0, what="the cancel to land")
 
     server.set_faults(slow=3000)
 
@@ -342,7 +351,7 @@ def test_each_outcome_is_counted_exactly_once(faults_off: ServerProcess) -> None
     assert asyncio.run(run_past_the_deadline()) == [504] * n
     server.set_faults(slow=0)
     after = server.wait_for(
-        lambda: (lambda s: s["requests"] if s["running"] == 0 else None)(server.state()),
+        lambda: (lambda s: s.requests if s.running == 0 else None)(server.state()),
         what="an idle server",
     )
     counted = {outcome: after[outcome] - before[outcome] for outcome in after}
@@ -359,26 +368,26 @@ def test_each_outcome_is_counted_exactly_once(faults_off: ServerProcess) -> None
 def test_without_a_configured_fallback_nothing_swaps(faults_off: ServerProcess) -> None:
     server = faults_off
     state = server.state()
-    assert state["fallback_configured"] is False
-    assert "no fallback is configured" in state["fallback_unavailable_reason"]
-    for body in (
-        {"id": uuid.uuid4().hex, "type": "swap"},
-        {"id": uuid.uuid4().hex, "type": "load", "variant": "fallback"},
+    assert state.fallback_configured is False
+    assert "no fallback is configured" in (state.fallback_unavailable_reason or "")
+    for request in (
+        ActionRequest(uuid.uuid4().hex, ActionType.SWAP),
+        ActionRequest(uuid.uuid4().hex, ActionType.LOAD, Variant.FALLBACK),
     ):
-        response = server.admin.post("/admin/v1/actions", json=body)
+        response = server.send(request)
         assert response.status_code == 409
-        assert "no fallback is configured" in response.json()["error"]["message"]
+        assert "no fallback is configured" in ErrorAnswer.parse(response.json()).message
     try:
         for level in (2, 3):
-            response = server.admin.put("/admin/v1/degradation", json={"level": level})
+            response = server.send(DegradationRequest(DegradationLevel(level)))
             assert response.status_code == 200
-            assert response.json()["converging"] is False
-            assert server.state()["degradation_level"] == level
+            assert DegradationResult.parse(response.json()).converging is False
+            assert server.state().degradation_level == level
         # Level 3's canned answers still work, on the primary.
         canned = server.chat("你好")
         assert canned.headers["x-fusebox-served-by"] == "canned"
         assert canned.headers["x-fusebox-variant"] == "primary"
         assert server.chat("hi").headers["x-fusebox-variant"] == "primary"
     finally:
-        server.admin.put("/admin/v1/degradation", json={"level": 0}).raise_for_status()
-    assert server.state()["variant"] == "primary"
+        server.send(DegradationRequest(DegradationLevel.NONE)).raise_for_status()
+    assert server.state().variant == "primary"

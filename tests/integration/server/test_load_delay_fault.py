@@ -11,6 +11,9 @@ from typing import Any
 
 import httpx
 
+from fusebox_contract.admin import ActionRequest, ActionResult, FaultsRequest, FaultsResult
+from fusebox_contract.names import ActionType, Fault, Variant
+
 
 def test_an_armed_load_delay_holds_every_load_and_readiness_for_that_long(
     start_server: Any,
@@ -18,16 +21,14 @@ def test_an_armed_load_delay_holds_every_load_and_readiness_for_that_long(
     server = start_server(
         flags={"fallback-quantization": "int8"}, env={"FUSEBOX_FAULTS": "load_delay:0"}
     )
-    assert (
-        server.admin.put("/admin/v1/faults", json={"load_delay": 3}).json()["faults"]["load_delay"]
-        == 3
-    )
+    armed = FaultsResult.parse(server.send(FaultsRequest({Fault.LOAD_DELAY: 3})).json())
+    assert armed.values[Fault.LOAD_DELAY] == 3
 
-    result: dict[str, Any] = {}
+    results: list[ActionResult] = []
 
     def swap() -> None:
-        body = {"id": uuid.uuid4().hex, "type": "swap", "variant": "fallback"}
-        result.update(server.admin.post("/admin/v1/actions", json=body, timeout=60).json())
+        request = ActionRequest(uuid.uuid4().hex, ActionType.SWAP, Variant.FALLBACK)
+        results.append(ActionResult.parse(server.send(request, timeout=60).json()))
 
     swapping = threading.Thread(target=swap)
     swapping.start()
@@ -38,12 +39,13 @@ def test_an_armed_load_delay_holds_every_load_and_readiness_for_that_long(
         except httpx.TimeoutException:
             readiness.append(0)
         swapping.join(timeout=0.2)
-    assert result["variant"] == "fallback"
-    assert result["duration_seconds"] >= 3
+    (result,) = results
+    assert result.variant is Variant.FALLBACK
+    assert result.duration_seconds >= 3
     assert 503 in readiness
     assert server.client.get("/readyz").status_code == 200
 
 
 def test_load_delay_is_forbidden_unless_armed_at_start(start_server: Any) -> None:
     server = start_server(env={"FUSEBOX_FAULTS": "slow:0"})
-    assert server.admin.put("/admin/v1/faults", json={"load_delay": 3}).status_code == 403
+    assert server.send(FaultsRequest({Fault.LOAD_DELAY: 3})).status_code == 403

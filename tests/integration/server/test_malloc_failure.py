@@ -257,7 +257,7 @@ def test_malloc_failures_get_503s_with_retry_after_and_the_server_recovers(
 
     # The process lived through it.
     assert server.process.poll() is None, server.log_text()[-4000:]
-    assert server.state()["pid"] == server.pid
+    assert server.state().pid == server.pid
 
     # Before and after: every request succeeds.
     assert set(before.kinds) == {"200"}, before
@@ -292,15 +292,13 @@ def test_malloc_failures_get_503s_with_retry_after_and_the_server_recovers(
     assert server.client.get("/healthz").status_code == 200
     assert server.client.get("/readyz").status_code == 200
     settled = server.wait_for(
-        lambda: (lambda s: s if s["running"] == 0 and s["queue_length"] == 0 else None)(
-            server.state()
-        ),
+        lambda: (lambda s: s if s.running == 0 and s.queue_length == 0 else None)(server.state()),
         what="no request running or queued",
     )
-    assert settled["worker_active"] == 0
+    assert settled.worker_active == 0
     # Counted as failed, not rejected. Under the shim a counter's own update can fail
     # (an int above 256 is an allocation), so all but a tenth must show.
-    counts = settled["requests"]
+    counts = settled.requests
     assert counts[RequestOutcome.FAILED] >= 0.9 * during.memory_answers, counts
     assert counts[RequestOutcome.REJECTED] <= during.kinds["429 queue_full"], counts
     server.wait_for(

@@ -20,8 +20,14 @@ import httpx
 import pytest
 from fusebox_server_harness import ServerProcess
 
+from fusebox_contract.admin import FaultsRequest
+from fusebox_contract.names import (
+    ActionType,
+    Fault,
+    Variant,
+)
 from fusebox_server.config import ServerConfig
-from fusebox_server.guard import HYSTERESIS
+from fusebox_server.control.guard import HYSTERESIS
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 LIMIT_BYTES = 1536 << 20
@@ -137,14 +143,11 @@ def test_memory_guard_refuses_before_the_oom_killer(
     assert guarded.client.get("/healthz").status_code == 200
 
     # The operator's ladder recovers: unload drops the leaked blocks, the guard releases.
-    guarded.admin.put("/admin/v1/faults", json={"leak": 0}).raise_for_status()
-    unload = guarded.admin.post(
-        "/admin/v1/actions", json={"id": uuid.uuid4().hex, "type": "unload"}
-    ).json()
-    assert unload["memory_after"]["rss_bytes"] < unload["memory_before"]["rss_bytes"] - 128 * MIB
-    guarded.admin.post(
-        "/admin/v1/actions", json={"id": uuid.uuid4().hex, "type": "load", "variant": "primary"}
-    ).raise_for_status()
+    guarded.send(FaultsRequest({Fault.LEAK: 0})).raise_for_status()
+    unload = guarded.act(ActionType.UNLOAD)
+    freed = (unload.memory_before.rss_bytes or 0) - (unload.memory_after.rss_bytes or 0)
+    assert freed > 128 * MIB
+    guarded.act(ActionType.LOAD, Variant.PRIMARY)
     guarded.wait_for(
         lambda: not guarded.stats()["state"]["memory_guard_active"], what="the guard to release"
     )
@@ -156,7 +159,7 @@ def test_wedged_event_loop_fails_healthz_while_the_process_lives(
     guarded: ServerProcess,
 ) -> None:
     assert guarded.client.get("/healthz").status_code == 200
-    response = guarded.admin.put("/admin/v1/faults", json={"wedge": 1})
+    response = guarded.send(FaultsRequest({Fault.WEDGE: 1}))
     assert response.status_code == 200
 
     def healthz_fails() -> bool:

@@ -16,8 +16,8 @@ import openai
 import pytest
 from fusebox_server_harness import MODEL_NAME, ServerProcess
 
-from fusebox_server.openai_parameters import PARAMETERS, Treatment
-from fusebox_server.rendering import Kind
+from fusebox_server.http.openai_parameters import PARAMETERS, Treatment
+from fusebox_server.http.rendering import Kind
 
 PROMPT = "Tell me about the river"
 MESSAGES: list[Any] = [{"role": "user", "content": PROMPT}]

@@ -14,6 +14,8 @@ import httpx
 import pytest
 from fusebox_server_harness import MODEL_NAME, ServerProcess
 
+from fusebox_contract.names import RequestOutcome
+
 
 @pytest.fixture(scope="module")
 def queued(start_server: Any) -> Iterator[ServerProcess]:
@@ -30,7 +32,7 @@ def test_clients_that_leave_the_queue_give_their_place_to_live_ones(
 ) -> None:
     server = queued
     server.set_faults(slow=100)  # the runner holds the one slot for about 6 seconds
-    before = server.state()["requests"]
+    before = server.state().requests
     body = {
         "model": MODEL_NAME,
         "messages": [{"role": "user", "content": "hi"}],
@@ -42,14 +44,14 @@ def test_clients_that_leave_the_queue_give_their_place_to_live_ones(
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
             runner = asyncio.ensure_future(client.post("/v1/chat/completions", json=body))
             await asyncio.to_thread(
-                server.wait_for, lambda: server.state()["running"] == 1, what="the runner"
+                server.wait_for, lambda: server.state().running == 1, what="the runner"
             )
             for _ in range(2):  # fill the queue of two, then give up
                 with pytest.raises(httpx.TimeoutException):
                     await client.post("/v1/chat/completions", json=body, timeout=0.5)
             await asyncio.to_thread(
                 server.wait_for,
-                lambda: server.state()["queue_length"] == 0,
+                lambda: server.state().queue_length == 0,
                 timeout=2.0,  # long before the runner ends: they leave at once
                 what="the places of the clients that left",
             )
@@ -59,7 +61,7 @@ def test_clients_that_leave_the_queue_give_their_place_to_live_ones(
     assert asyncio.run(scenario()) == (200, 200)
     server.set_faults(slow=0)
     after = server.wait_for(
-        lambda: (lambda s: s["requests"] if s["running"] == 0 else None)(server.state()),
+        lambda: (lambda s: s.requests if s.running == 0 else None)(server.state()),
         what="an idle server",
     )
     counted = {outcome: after[outcome] - before[outcome] for outcome in after}
@@ -80,9 +82,12 @@ def test_time_to_first_token_counts_only_requests_that_succeed(queued: ServerPro
         window = server.stats()["latency_seconds"]["ttft"]  # null while the window is empty
         return int(window["count"]) if window else 0
 
-    before_requests = server.state()["requests"]
+    before_requests = server.state().requests
     server.wait_for(  # the stats file (rewritten each second) has caught up with earlier tests
-        lambda: server.stats()["requests"]["succeeded_total"] == before_requests["succeeded"],
+        lambda: (
+            server.stats()["requests"]["succeeded_total"]
+            == before_requests[RequestOutcome.SUCCEEDED]
+        ),
         what="the stats file to catch up",
     )
     before = ttft_count()
@@ -98,7 +103,10 @@ def test_time_to_first_token_counts_only_requests_that_succeed(queued: ServerPro
         next(line for line in response.iter_lines() if line.startswith("data: {"))
     server.set_faults(slow=0)
     server.wait_for(
-        lambda: server.state()["requests"]["cancelled"] == before_requests["cancelled"] + 1,
+        lambda: (
+            server.state().requests[RequestOutcome.CANCELLED]
+            == before_requests[RequestOutcome.CANCELLED] + 1
+        ),
         what="the cancel to be counted",
     )
     assert server.chat("hi", max_tokens=2).status_code == 200

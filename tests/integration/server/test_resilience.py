@@ -12,6 +12,21 @@ import httpx
 import openai
 from fusebox_server_harness import MODEL_NAME, ServerProcess
 
+from fusebox_contract.admin import (
+    ActionRequest,
+    BreakerRequest,
+    DegradationRequest,
+    DegradationResult,
+    ServerState,
+)
+from fusebox_contract.names import (
+    ActionType,
+    BreakerState,
+    DegradationLevel,
+    DegradationTier,
+    Variant,
+)
+
 
 def test_open_breaker_refuses_new_requests_while_running_ones_finish(
     clean_server: ServerProcess,
@@ -35,10 +50,8 @@ def test_open_breaker_refuses_new_requests_while_running_ones_finish(
     threads = [threading.Thread(target=long_request) for _ in range(3)]
     for thread in threads:
         thread.start()
-    clean_server.wait_for(
-        lambda: clean_server.state()["running"] == 3, what="three running requests"
-    )
-    clean_server.admin.put("/admin/v1/breaker", json={"state": "open"}).raise_for_status()
+    clean_server.wait_for(lambda: clean_server.state().running == 3, what="three running requests")
+    clean_server.send(BreakerRequest(BreakerState.OPEN)).raise_for_status()
     refused = clean_server.chat("hi")
     assert refused.status_code == 503
     assert refused.json()["error"]["code"] == "breaker_open"
@@ -47,14 +60,12 @@ def test_open_breaker_refuses_new_requests_while_running_ones_finish(
         thread.join(timeout=120)
     assert [r.status_code for r in results] == [200, 200, 200]
 
-    clean_server.admin.put("/admin/v1/breaker", json={"state": "closed"}).raise_for_status()
+    clean_server.send(BreakerRequest(BreakerState.CLOSED)).raise_for_status()
     assert clean_server.chat("hi").status_code == 200
 
 
 def test_half_open_admits_the_configured_share(clean_server: ServerProcess) -> None:
-    clean_server.admin.put(
-        "/admin/v1/breaker", json={"state": "half_open", "admitPercent": 20}
-    ).raise_for_status()
+    clean_server.send(BreakerRequest(BreakerState.HALF_OPEN, 20)).raise_for_status()
     statuses = [clean_server.chat("hi", max_tokens=1).status_code for _ in range(200)]
     admitted = statuses.count(200)
     assert set(statuses) <= {200, 503}
@@ -64,7 +75,7 @@ def test_half_open_admits_the_configured_share(clean_server: ServerProcess) -> N
         lambda: clean_server.stats()["state"]["breaker"] == "half_open",
         what="the stats file to say half_open",
     )
-    clean_server.admin.put("/admin/v1/breaker", json={"state": "closed"}).raise_for_status()
+    clean_server.send(BreakerRequest(BreakerState.CLOSED)).raise_for_status()
     assert all(clean_server.chat("hi", max_tokens=1).status_code == 200 for _ in range(10))
 
 
@@ -78,7 +89,7 @@ def test_level_1_streams_the_whole_answer_in_one_chunk(clean_server: ServerProce
     unstreamed = client.chat.completions.create(
         model=MODEL_NAME, messages=messages, max_tokens=8, temperature=0
     )
-    clean_server.admin.put("/admin/v1/degradation", json={"level": 1}).raise_for_status()
+    clean_server.send(DegradationRequest(DegradationLevel.NO_STREAMING)).raise_for_status()
     raw = client.chat.completions.with_raw_response.create(
         model=MODEL_NAME,
         messages=messages,
@@ -94,45 +105,48 @@ def test_level_1_streams_the_whole_answer_in_one_chunk(clean_server: ServerProce
     assert text_chunks[0].choices[0].delta.content == unstreamed.choices[0].message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
-    clean_server.admin.put("/admin/v1/degradation", json={"level": 0}).raise_for_status()
+    clean_server.send(DegradationRequest(DegradationLevel.NONE)).raise_for_status()
     streamed = clean_server.chat("hi", stream=True, max_tokens=8)
     assert streamed.text.count("data: {") > 3  # back to one event per piece
 
 
-def converged(server: ServerProcess, variant: str) -> dict[str, Any]:
-    def done() -> dict[str, Any] | None:
+def converged(server: ServerProcess, variant: Variant) -> ServerState:
+    def done() -> ServerState | None:
         state = server.state()
-        settled = not state["converging"] and state["ready"]
-        return state if settled and state["variant"] == variant else None
+        settled = not state.converging and state.ready
+        return state if settled and state.variant is variant else None
 
-    return dict(server.wait_for(done, timeout=60, what=f"convergence on {variant}"))
+    state: ServerState = server.wait_for(done, timeout=60, what=f"convergence on {variant}")
+    return state
 
 
 def test_level_2_converges_on_the_fallback_and_level_0_restores_the_primary(
     clean_server: ServerProcess,
 ) -> None:
-    response = clean_server.admin.put("/admin/v1/degradation", json={"level": 2})
+    response = clean_server.send(DegradationRequest(DegradationLevel.FALLBACK_MODEL))
     assert response.status_code == 202
-    assert response.json() == {
-        "level": 2,
-        "tiers": ["no-streaming", "fallback-model"],  # no tiers given: every one up to 2
-        "variant": "primary",
-        "targetVariant": "fallback",
-        "converging": True,
-    }
+    assert DegradationResult.parse(response.json()) == DegradationResult(
+        DegradationLevel.FALLBACK_MODEL,
+        # no tiers given: every one up to 2
+        (DegradationTier.NO_STREAMING, DegradationTier.FALLBACK_MODEL),
+        variant=Variant.PRIMARY,
+        target_variant=Variant.FALLBACK,
+        converging=True,
+    )
     state = clean_server.state()
-    assert state["degradation_level"] == 2 and state["target_variant"] == "fallback"
-    converged(clean_server, "fallback")
+    assert state.degradation_level == 2 and state.target_variant is Variant.FALLBACK
+    converged(clean_server, Variant.FALLBACK)
     response = clean_server.chat("hi")
     assert response.status_code == 200
     assert response.headers["x-fusebox-variant"] == "fallback"
     assert response.headers["x-fusebox-served-by"] == "fallback"
     # Level 3 keeps the fallback: nothing to converge.
-    again = clean_server.admin.put("/admin/v1/degradation", json={"level": 3})
-    assert again.status_code == 200 and again.json()["converging"] is False
-    back = clean_server.admin.put("/admin/v1/degradation", json={"level": 0})
-    assert back.status_code == 202 and back.json()["targetVariant"] == "primary"
-    converged(clean_server, "primary")
+    again = clean_server.send(DegradationRequest(DegradationLevel.CANNED_ANSWERS))
+    assert again.status_code == 200 and not DegradationResult.parse(again.json()).converging
+    back = clean_server.send(DegradationRequest(DegradationLevel.NONE))
+    assert back.status_code == 202
+    assert DegradationResult.parse(back.json()).target_variant is Variant.PRIMARY
+    converged(clean_server, Variant.PRIMARY)
     assert clean_server.chat("hi").headers["x-fusebox-variant"] == "primary"
 
 
@@ -140,18 +154,18 @@ def test_a_second_put_during_the_load_retargets_without_a_second_load(
     clean_server: ServerProcess,
 ) -> None:
     loads_before = clean_server.log_text().count('"event": "model_loaded"')
-    first = clean_server.admin.put("/admin/v1/degradation", json={"level": 2})
-    second = clean_server.admin.put("/admin/v1/degradation", json={"level": 3})
+    first = clean_server.send(DegradationRequest(DegradationLevel.FALLBACK_MODEL))
+    second = clean_server.send(DegradationRequest(DegradationLevel.CANNED_ANSWERS))
     assert first.status_code == 202
-    assert second.json()["targetVariant"] == "fallback"
-    converged(clean_server, "fallback")
+    assert DegradationResult.parse(second.json()).target_variant is Variant.FALLBACK
+    converged(clean_server, Variant.FALLBACK)
     assert clean_server.log_text().count('"event": "model_loaded"') == loads_before + 1
 
 
 def test_level_3_answers_template_prompts_from_canned_answers(
     clean_server: ServerProcess,
 ) -> None:
-    clean_server.admin.put("/admin/v1/degradation", json={"level": 3}).raise_for_status()
+    clean_server.send(DegradationRequest(DegradationLevel.CANNED_ANSWERS)).raise_for_status()
     client = _openai(clean_server)
     messages: Any = [{"role": "user", "content": "你好"}]
     raw = client.chat.completions.with_raw_response.create(
@@ -174,9 +188,7 @@ def test_level_3_answers_template_prompts_from_canned_answers(
     )
     assert completion.json()["choices"][0]["text"] == "The capital of France is Paris."
     # Canned answers bypass the model: they work even with the model unloaded.
-    clean_server.admin.post(
-        "/admin/v1/actions", json={"id": uuid.uuid4().hex, "type": "unload"}
-    ).raise_for_status()
+    clean_server.send(ActionRequest(uuid.uuid4().hex, ActionType.UNLOAD)).raise_for_status()
     assert clean_server.chat("再见").json()["choices"][0]["message"]["content"] == "再见！"
     assert clean_server.chat("not a template").status_code == 503
 
@@ -222,18 +234,18 @@ def test_disconnected_streams_are_cancelled_and_free_their_slots(
 
     request_ids = asyncio.run(drop_all())
     settled = clean_server.wait_for(
-        lambda: (lambda s: s if s["running"] == 0 and s["queue_length"] == 0 else None)(
+        lambda: (lambda s: s if s.running == 0 and s.queue_length == 0 else None)(
             clean_server.state()
         ),
         timeout=30,
         what="running and queue back to 0",
     )
-    assert settled["worker_active"] == 0
+    assert settled.worker_active == 0
     clean_server.wait_for(
-        lambda: clean_server.state()["asyncio_tasks"] <= baseline["asyncio_tasks"],
+        lambda: clean_server.state().asyncio_tasks <= baseline.asyncio_tasks,
         what="asyncio tasks back to the baseline",
     )
-    assert clean_server.state()["threads"] <= baseline["threads"]
+    assert clean_server.state().threads <= baseline.threads
 
     lines = [json.loads(line) for line in clean_server.log_text().splitlines() if '"drop-' in line]
     by_id = {line["request_id"]: line for line in lines if line.get("event") == "request"}

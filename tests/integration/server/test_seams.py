@@ -15,6 +15,16 @@ from typing import Any
 import pytest
 from fusebox_server_harness import ServerProcess, free_port
 
+from fusebox_contract.admin import (
+    ActionRequest,
+    DegradationRequest,
+    ErrorAnswer,
+)
+from fusebox_contract.names import (
+    ActionType,
+    DegradationLevel,
+    Variant,
+)
 from fusebox_contract.stats import parse
 
 REVISION = "3f2a9c1"
@@ -115,19 +125,17 @@ def seamed(start_server: Any, canned_file: Path) -> Iterator[ServerProcess]:
 
 def test_an_unservable_fallback_leaves_the_primary_serving(seamed: ServerProcess) -> None:
     state = seamed.state()
-    assert state["fallback_configured"] is True
-    assert "int4" in state["fallback_unavailable_reason"]
-    assert "CUDA" in state["fallback_unavailable_reason"]
+    assert state.fallback_configured is True
+    assert "int4" in (state.fallback_unavailable_reason or "")
+    assert "CUDA" in (state.fallback_unavailable_reason or "")
     response = seamed.chat("hi")
     assert response.status_code == 200 and response.headers["x-fusebox-variant"] == "primary"
-    swap = seamed.admin.post(
-        "/admin/v1/actions", json={"id": uuid.uuid4().hex, "type": "swap", "variant": "fallback"}
-    )
+    swap = seamed.send(ActionRequest(uuid.uuid4().hex, ActionType.SWAP, Variant.FALLBACK))
     assert swap.status_code == 409
-    assert swap.json()["error"]["code"] == "fallback_unavailable"
-    assert "CUDA" in swap.json()["error"]["message"]
+    refusal = ErrorAnswer.parse(swap.json())
+    assert refusal.code == "fallback_unavailable" and "CUDA" in refusal.message
     # Level 2 sets the level, swaps nothing, and the primary keeps serving.
-    level = seamed.admin.put("/admin/v1/degradation", json={"level": 2})
+    level = seamed.send(DegradationRequest(DegradationLevel.FALLBACK_MODEL))
     assert level.status_code == 200
     assert level.json() == {
         "level": 2,
@@ -137,7 +145,7 @@ def test_an_unservable_fallback_leaves_the_primary_serving(seamed: ServerProcess
         "converging": False,
     }
     assert seamed.chat("hi").headers["x-fusebox-variant"] == "primary"
-    seamed.admin.put("/admin/v1/degradation", json={"level": 0}).raise_for_status()
+    seamed.send(DegradationRequest(DegradationLevel.NONE)).raise_for_status()
 
 
 def test_the_stats_file_says_the_fallback_cannot_be_swapped_to_and_why(
@@ -155,9 +163,9 @@ def test_the_stats_file_says_the_fallback_cannot_be_swapped_to_and_why(
 
 def test_revision_dtype_and_torch_threads_are_recorded(seamed: ServerProcess) -> None:
     state = seamed.state()
-    assert state["model_revision"] == REVISION
-    assert state["dtype"] == "bfloat16"
-    assert state["torch_threads"] == 1
+    assert state.model_revision == REVISION
+    assert state.dtype == "bfloat16"
+    assert state.torch_threads == 1
     models = seamed.client.get("/v1/models").json()["data"]
     assert models[0]["revision"] == REVISION
     starting = next(
@@ -169,7 +177,7 @@ def test_revision_dtype_and_torch_threads_are_recorded(seamed: ServerProcess) ->
 def test_canned_answers_are_reread_when_the_file_is_replaced(
     seamed: ServerProcess, canned_file: Path
 ) -> None:
-    seamed.admin.put("/admin/v1/degradation", json={"level": 3}).raise_for_status()
+    seamed.send(DegradationRequest(DegradationLevel.CANNED_ANSWERS)).raise_for_status()
     try:
         first = seamed.chat("ping")
         assert first.json()["choices"][0]["message"]["content"] == "answer A"
@@ -193,7 +201,7 @@ def test_canned_answers_are_reread_when_the_file_is_replaced(
         assert seamed.client.get("/healthz").status_code == 200
     finally:
         replace(canned_file, json.dumps({"ping": "answer A"}))
-        seamed.admin.put("/admin/v1/degradation", json={"level": 0}).raise_for_status()
+        seamed.send(DegradationRequest(DegradationLevel.NONE)).raise_for_status()
 
 
 def replace(path: Path, text: str) -> None:

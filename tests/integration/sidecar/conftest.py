@@ -23,6 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import loopback
+from fusebox_contract.admin import AdminRequest
 from fusebox_contract.names import (
     BreakerState,
     DegradationLevel,
@@ -213,9 +214,14 @@ class Server:
             {},
         )
 
-    def admin(self, method: str, path: str, body: object | None = None) -> dict[str, Any]:
+    def admin(self, request: AdminRequest) -> dict[str, Any]:
+        """One admin request, to its path, in the contract's wire form."""
+        path = request.path
         return self._call(
-            self.admin_url + path, method, body, {"Authorization": f"Bearer {self.token}"}
+            self.admin_url + path,
+            path.method,
+            request.encode(),
+            {"Authorization": f"Bearer {self.token}"},
         )
 
     def stats(self) -> dict[str, Any]:

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from fusebox_contract.admin import FaultsRequest
 from fusebox_contract.metrics import MEASURED_ONLY_WITH_A_GPU, LatencyHistogram, Metric
-from fusebox_contract.names import RequestOutcome
+from fusebox_contract.names import Fault, RequestOutcome
 
 Sidecar = Any  # conftest's Sidecar (importlib mode cannot import it)
 Server = Any  # conftest's Server
@@ -108,7 +109,7 @@ def test_a_wedged_event_loop_shows_as_a_growing_loop_heartbeat_age(
     sidecar = start_sidecar(server.stats_path)
     assert sidecar.scrape().value("fusebox_heartbeat_age_seconds", thread="loop") < 3
 
-    server.admin("PUT", "/admin/v1/faults", {"wedge": 1})
+    server.admin(FaultsRequest({Fault.WEDGE: 1}))
     samples = _wait_for(
         lambda: (
             (s := sidecar.scrape()).value("fusebox_heartbeat_age_seconds", thread="loop") > 3 and s

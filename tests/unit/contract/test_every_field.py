@@ -48,7 +48,7 @@ from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import size_memory
 from fusebox_operator.spec import parse_spec
 from fusebox_server.config import ServerConfig, parse_config
-from fusebox_server.tiny_model import ensure_model
+from fusebox_server.model.tiny_model import ensure_model
 from fusebox_sidecar import config as sidecar_config
 
 REPO = Path(__file__).resolve().parents[3]

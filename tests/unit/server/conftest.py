@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from fusebox_server.tiny_model import ensure_model
+from fusebox_server.model.tiny_model import ensure_model
 
 
 @pytest.fixture(scope="session")
@@ -17,6 +17,6 @@ def tiny_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_model_dir: Path) -> Any:
-    from fusebox_server.tokenization import load_tokenizer
+    from fusebox_server.model.tokenization import load_tokenizer
 
     return load_tokenizer(tiny_model_dir)

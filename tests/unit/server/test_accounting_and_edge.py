@@ -11,8 +11,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from fusebox_contract.names import RequestOutcome
-from fusebox_server.accounting import RequestAccounting, RequestRecord, outcome_of
-from fusebox_server.edge import EXCEPTION_HANDLERS, CountRequests, VariantHeader, record_of
+from fusebox_server.control.accounting import RequestAccounting, RequestRecord, outcome_of
 from fusebox_server.errors import (
     BodyTooLarge,
     BreakerOpen,
@@ -27,6 +26,7 @@ from fusebox_server.errors import (
     SchemaError,
     ServerError,
 )
+from fusebox_server.http.edge import EXCEPTION_HANDLERS, CountRequests, VariantHeader, record_of
 
 
 @pytest.mark.parametrize(

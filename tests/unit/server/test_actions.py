@@ -7,8 +7,17 @@ from typing import Any
 
 import pytest
 
-from fusebox_server.actions import ActionLog
+from fusebox_contract.admin import ActionResult, MemoryFigures
+from fusebox_contract.names import ActionType, Variant
+from fusebox_server.control.actions import ActionLog
 from fusebox_server.errors import Conflict
+
+
+def result(n: int) -> ActionResult:
+    """A gc that took `n` seconds: a result told apart by its figure."""
+    figures = MemoryFigures(rss_bytes=1)
+    primary = Variant.PRIMARY
+    return ActionResult(str(n), ActionType.GC, primary, primary, True, figures, figures, n)
 
 
 def test_the_same_id_acts_once_and_replays_the_result() -> None:
@@ -16,10 +25,10 @@ def test_the_same_id_acts_once_and_replays_the_result() -> None:
         log = ActionLog()
         acted = 0
 
-        async def act() -> dict[str, Any]:
+        async def act() -> ActionResult:
             nonlocal acted
             acted += 1
-            return {"n": acted}
+            return result(acted)
 
         first = await log.run_once("a", "gc", act)
         again = await log.run_once("a", "gc", act)
@@ -27,8 +36,8 @@ def test_the_same_id_acts_once_and_replays_the_result() -> None:
 
     first, again, acted = asyncio.run(scenario())
     assert acted == 1
-    assert first == {"n": 1, "replayed": False}
-    assert again == {"n": 1, "replayed": True}
+    assert (first.duration_seconds, first.replayed) == (1, False)
+    assert (again.duration_seconds, again.replayed) == (1, True)
 
 
 def test_a_duplicate_in_flight_waits_for_the_first() -> None:
@@ -37,11 +46,11 @@ def test_a_duplicate_in_flight_waits_for_the_first() -> None:
         acted = 0
         release = asyncio.Event()
 
-        async def act() -> dict[str, Any]:
+        async def act() -> ActionResult:
             nonlocal acted
             acted += 1
             await release.wait()
-            return {"done": True}
+            return result(acted)
 
         first = asyncio.create_task(log.run_once("swap-1", "swap", act))
         second = asyncio.create_task(log.run_once("swap-1", "swap", act))
@@ -51,7 +60,7 @@ def test_a_duplicate_in_flight_waits_for_the_first() -> None:
 
     results, acted = asyncio.run(scenario())
     assert acted == 1
-    assert sorted(r["replayed"] for r in results) == [False, True]
+    assert sorted(r.replayed for r in results) == [False, True]
 
 
 def test_a_recorded_error_is_replayed_without_acting_again() -> None:
@@ -59,7 +68,7 @@ def test_a_recorded_error_is_replayed_without_acting_again() -> None:
         log = ActionLog()
         acted = 0
 
-        async def act() -> dict[str, Any]:
+        async def act() -> ActionResult:
             nonlocal acted
             acted += 1
             raise Conflict("no fallback")
@@ -76,8 +85,8 @@ def test_only_the_last_ids_are_remembered() -> None:
     async def scenario() -> int:
         log = ActionLog(capacity=2)
 
-        async def act() -> dict[str, Any]:
-            return {}
+        async def act() -> ActionResult:
+            return result(0)
 
         for name in ("a", "b", "c"):
             await log.run_once(name, "gc", act)
@@ -91,10 +100,10 @@ def test_an_id_reused_for_another_action_is_refused_not_replayed() -> None:
         log = ActionLog()
         acted = 0
 
-        async def act() -> dict[str, Any]:
+        async def act() -> ActionResult:
             nonlocal acted
             acted += 1
-            return {}
+            return result(acted)
 
         await log.run_once("x1", "load fallback", act)
         with pytest.raises(Conflict) as refused:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from fusebox_server.admission import Admission
+from fusebox_server.control.admission import Admission
 from fusebox_server.errors import DeadlineExceeded, QueueFull
 
 

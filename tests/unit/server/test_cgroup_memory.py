@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fusebox_server.memory import CgroupMemory, cgroup_memory
+from fusebox_server.model.memory import CgroupMemory, cgroup_memory
 
 GIB = 1 << 30
 V1_NO_LIMIT = "9223372036854771712"  # what v1 shows for an unlimited cgroup

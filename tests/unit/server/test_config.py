@@ -12,6 +12,7 @@ from fusebox_contract.names import Dtype, Quantization
 from fusebox_contract.settings import SERVER_SETTINGS, body_limit_bytes
 from fusebox_server.config import (
     ConfigError,
+    QualitySettings,
     ServerConfig,
     build_parser,
     config_field_names,
@@ -21,7 +22,6 @@ from fusebox_server.config import (
     parse_command_line,
     parse_config,
 )
-from fusebox_server.quality import QualitySettings
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "server.md"
 
@@ -170,9 +170,10 @@ def test_every_declared_setting_is_a_flag_an_env_fallback_and_a_config_field() -
     for setting in SERVER_SETTINGS:
         assert f"--{setting.flag}" in parser_flags
         assert field_name(setting) in fields
-    # Nothing in ServerConfig that the contract does not declare, but the files' content.
+    # Nothing in ServerConfig that the contract does not declare, but the files' content
+    # and the model's context window (read from its config.json at start).
     declared = {field_name(s) for s in SERVER_SETTINGS}
-    assert fields - declared == {"templates", "canned_answers", "quality"}
+    assert fields - declared == {"templates", "canned_answers", "quality", "context_window_tokens"}
 
 
 def test_every_declared_default_reaches_the_config() -> None:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fusebox_server.cpu_kernels import (
+from fusebox_server.model.cpu_kernels import (
     ATTENTION,
     PackedLinear,
     ProjectionSlice,
@@ -29,16 +29,16 @@ from fusebox_server.cpu_kernels import (
     pack_for_cpu,
     single_query_attention,
 )
-from fusebox_server.engine import DecodeBatch, Decoding, load_model, prefill
-from fusebox_server.kernel_caches import (
+from fusebox_server.model.decode_settings import DecodeSettings
+from fusebox_server.model.engine import DecodeBatch, Decoding, load_model, prefill
+from fusebox_server.model.kernel_caches import (
     KERNEL_CACHE_ENTRIES,
     KERNEL_CACHE_ENVS,
     bound_kernel_caches,
 )
-from fusebox_server.openai_schema import Sampling
 
 CPU = torch.device("cpu")
-GREEDY = Sampling(max_tokens=12, temperature=0.0, top_p=1.0, seed=None, stop=())
+GREEDY = DecodeSettings(max_new_tokens=12, temperature=0.0, top_p=1.0, seed=None, stop=())
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -208,10 +208,10 @@ def test_a_model_loaded_on_cpu_is_packed_and_decodes_what_transformers_decodes(
     produced = [[token] for token in prefill(loaded, rows)]
     batch = DecodeBatch(loaded)
     batch.add(*rows)  # left-padded rows: the attention's mask is exercised
-    for _ in range(GREEDY.max_tokens - 1):
+    for _ in range(GREEDY.max_new_tokens - 1):
         for tokens, token in zip(produced, batch.step(), strict=True):
             tokens.append(token)
-    expected = [_transformers_greedy(tiny_model_dir, p, GREEDY.max_tokens) for p in prompts]
+    expected = [_transformers_greedy(tiny_model_dir, p, GREEDY.max_new_tokens) for p in prompts]
     assert produced == expected
 
 
@@ -236,11 +236,11 @@ def test_nothing_is_packed_off_the_cpu() -> None:
 
 KERNEL_CACHE_PROBE = """
 import os, sys
-from fusebox_server.kernel_caches import bound_kernel_caches
+from fusebox_server.model.kernel_caches import bound_kernel_caches
 if sys.argv[1] == "server":
     bound_kernel_caches(os.environ)
 import torch
-from fusebox_server.cpu_kernels import PackedLinear
+from fusebox_server.model.cpu_kernels import PackedLinear
 torch.set_num_threads(1)
 def rss_mib():
     return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20

@@ -20,11 +20,11 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from fusebox_contract.names import RequestOutcome
-from fusebox_server.accounting import RequestAccounting, outcome_of
-from fusebox_server.edge import EXCEPTION_HANDLERS, CountRequests
-from fusebox_server.engine import DecodeBatch, Decoding, load_model
+from fusebox_server.control.accounting import RequestAccounting, outcome_of
 from fusebox_server.errors import MemoryExhausted, memory_exhausted
-from fusebox_server.openai_schema import Sampling
+from fusebox_server.http.edge import EXCEPTION_HANDLERS, CountRequests
+from fusebox_server.model.decode_settings import DecodeSettings
+from fusebox_server.model.engine import DecodeBatch, Decoding, load_model
 
 
 @pytest.mark.parametrize(
@@ -125,7 +125,7 @@ def test_memory_error_after_a_complete_answer_leaves_the_answer_and_its_success(
 def test_a_merge_that_fails_half_way_leaves_the_batch_decoding_as_before(
     tiny_model_dir: Path, tiny_tokenizer: Any
 ) -> None:
-    greedy = Sampling(max_tokens=8, temperature=0.0, top_p=1.0, seed=None, stop=())
+    greedy = DecodeSettings(max_new_tokens=8, temperature=0.0, top_p=1.0, seed=None, stop=())
     loaded = load_model("primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer)
 
     def encode(text: str) -> tuple[int, ...]:

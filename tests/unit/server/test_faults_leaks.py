@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from fusebox_contract.names import Fault, Quantization
-from fusebox_server.engine import LoadedModel
-from fusebox_server.faults import Faults, parse_faults
-from fusebox_server.leaks import Leaks, malloc_trim
-from fusebox_server.memory import rss_bytes
+from fusebox_server.model.engine import LoadedModel
+from fusebox_server.model.faults import Faults, parse_faults
+from fusebox_server.model.leaks import Leaks, malloc_trim
+from fusebox_server.model.memory import rss_bytes
 
 MIB = 1 << 20
 CPU = torch.device("cpu")

@@ -6,9 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from fusebox_server.config import ServerConfig
-from fusebox_server.live_files import FileWatcher, LiveSettings, watched_files
-from fusebox_server.quality import QualitySettings
+from fusebox_server.config import QualitySettings, ServerConfig
+from fusebox_server.control.live_files import FileWatcher, LiveSettings, watched_files
 
 
 def kubelet_volume(root: Path, files: dict[str, str], generation: int) -> None:

@@ -15,12 +15,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fusebox_server.engine import Decoding, load_model
 from fusebox_server.errors import GenerationFailed, ModelUnavailable
-from fusebox_server.faults import Faults
-from fusebox_server.openai_schema import Sampling
-from fusebox_server.tiny_model import write_model
-from fusebox_server.worker import Failed, Finished, GenerationJob, InferenceWorker
+from fusebox_server.model.decode_settings import DecodeSettings
+from fusebox_server.model.engine import Decoding, load_model
+from fusebox_server.model.faults import Faults
+from fusebox_server.model.tiny_model import write_model
+from fusebox_server.model.worker import Failed, Finished, GenerationJob, InferenceWorker
 
 from .worker_jobs import GREEDY, cpu_worker, submit_job
 
@@ -80,7 +80,7 @@ def test_a_failing_request_reaches_its_caller_and_the_worker_carries_on(
 def test_rows_decoded_in_a_batch_match_decoding_alone(
     tiny_model_dir: Path, tiny_tokenizer: Any
 ) -> None:
-    from fusebox_server.engine import DecodeBatch
+    from fusebox_server.model.engine import DecodeBatch
 
     loaded = load_model("primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer)
     texts = ["Hello", "The quick brown fox jumps over", "你好，今天天气很好", "a"]
@@ -111,7 +111,7 @@ def test_rows_decoded_in_a_batch_match_decoding_alone(
 
 
 def test_a_model_load_in_progress_counts_as_a_live_worker_up_to_a_limit() -> None:
-    from fusebox_server.worker import CONTROL_ACTION_GRACE_SECONDS
+    from fusebox_server.model.worker import CONTROL_ACTION_GRACE_SECONDS
 
     worker = InferenceWorker(loop=None, faults=Faults({}), inbox_size=1)
     worker.heartbeat = 1000.0
@@ -130,7 +130,7 @@ def _alone(loaded: Any, prompt: tuple[int, ...], count: int) -> list[int]:
 def test_prompts_prefilled_together_decode_as_each_would_alone(
     tiny_model_dir: Path, tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fusebox_server import engine
+    from fusebox_server.model import engine
 
     # Two spare columns: the cache's buffers fill and grow several times in this test.
     monkeypatch.setattr(engine, "SPARE_COLUMNS", 2)
@@ -165,7 +165,7 @@ def test_prompts_prefilled_together_decode_as_each_would_alone(
 def test_rows_that_leave_together_are_dropped_in_one_step_and_the_rest_decode_on(
     tiny_model_dir: Path, tiny_tokenizer: Any
 ) -> None:
-    from fusebox_server.engine import DecodeBatch, prefill
+    from fusebox_server.model.engine import DecodeBatch, prefill
 
     loaded = load_model("primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer)
     texts = ["Hello there", "a", "The quick brown fox jumps over the lazy dog", "Once"]
@@ -188,7 +188,7 @@ def test_rows_that_leave_together_are_dropped_in_one_step_and_the_rest_decode_on
 
 
 def test_prompts_are_grouped_shortest_first_within_the_token_budget() -> None:
-    from fusebox_server.engine import prefill_groups
+    from fusebox_server.model.engine import prefill_groups
 
     assert prefill_groups([5, 3, 4, 9], token_budget=15) == [[1, 2, 0], [3]]
     assert prefill_groups([5, 3, 4, 9], token_budget=12) == [[1, 2], [0], [3]]
@@ -219,16 +219,18 @@ def test_a_prompt_that_fails_in_a_group_fails_alone_and_the_others_start(
 
 
 def _run_together(
-    tiny_model_dir: Path, tiny_tokenizer: Any, samplings: list[Sampling], max_tokens: int
+    tiny_model_dir: Path, tiny_tokenizer: Any, settings: list[DecodeSettings], max_new_tokens: int
 ) -> list[tuple[Any, str]]:
-    """Run one job per sampling on a fresh worker, all in one batch; each job's end and text."""
+    """Run one job per settings on a fresh worker, all in one batch; each job's end and text."""
 
     async def scenario() -> list[tuple[Any, str]]:
         worker = cpu_worker(asyncio.get_running_loop(), tiny_model_dir, tiny_tokenizer)
         # All wait in the inbox before the thread starts: one prefill group, one batch.
         jobs = [
-            submit_job(worker, tiny_tokenizer, (5, 6, 7), sampling=sampling, max_tokens=max_tokens)
-            for sampling in samplings
+            submit_job(
+                worker, tiny_tokenizer, (5, 6, 7), settings=row, max_new_tokens=max_new_tokens
+            )
+            for row in settings
         ]
         futures = [future for future, _ in jobs]
         texts = [pieces for _, pieces in jobs]
@@ -244,13 +246,15 @@ def test_a_vanishing_temperature_or_top_p_decodes_greedily_beside_other_rows(
     tiny_model_dir: Path, tiny_tokenizer: Any
 ) -> None:
     """Valid values too small for float32 (1e-39 makes every logit inf) never fail a row."""
-    tiny_temperature = Sampling(max_tokens=6, temperature=1e-39, top_p=1.0, seed=1, stop=())
-    tiny_top_p = Sampling(max_tokens=6, temperature=1.0, top_p=1e-46, seed=1, stop=())
+    tiny_temperature = DecodeSettings(
+        max_new_tokens=6, temperature=1e-39, top_p=1.0, seed=1, stop=()
+    )
+    tiny_top_p = DecodeSettings(max_new_tokens=6, temperature=1.0, top_p=1e-46, seed=1, stop=())
     results = _run_together(
         tiny_model_dir,
         tiny_tokenizer,
         [GREEDY, tiny_temperature, tiny_top_p, replace(tiny_temperature, temperature=1e-300)],
-        max_tokens=6,
+        max_new_tokens=6,
     )
     for end, _ in results:
         assert isinstance(end, Finished) and end.reason == "length", end
@@ -261,17 +265,17 @@ def test_a_vanishing_temperature_or_top_p_decodes_greedily_beside_other_rows(
 def test_a_row_whose_sampling_fails_gets_its_error_and_the_batch_decodes_on(
     tiny_model_dir: Path, tiny_tokenizer: Any
 ) -> None:
-    from fusebox_server.engine import DecodeBatch
+    from fusebox_server.model.engine import DecodeBatch
 
     loaded = load_model("primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer)
-    sampled = Sampling(max_tokens=6, temperature=0.8, top_p=0.9, seed=1, stop=())
-    rows = [Decoding(loaded, (5, 6, 7), sampling) for sampling in (GREEDY, sampled, GREEDY)]
+    sampled = DecodeSettings(max_new_tokens=6, temperature=0.8, top_p=0.9, seed=1, stop=())
+    rows = [Decoding(loaded, (5, 6, 7), settings) for settings in (GREEDY, sampled, GREEDY)]
     batch = DecodeBatch(loaded)
     for row in rows:
         row.step()
         batch.add(row)
     # Validation refuses NaN; here it stands for any sampler fault (NaN logits, a bug).
-    rows[1].sampling = replace(sampled, temperature=float("nan"))
+    rows[1].settings = replace(sampled, temperature=float("nan"))
     first, failed, last = batch.step()
     assert isinstance(failed, RuntimeError)
     assert isinstance(first, int) and isinstance(last, int)
@@ -282,23 +286,23 @@ def test_a_row_whose_sampling_fails_gets_its_error_and_the_batch_decodes_on(
 def test_the_worker_fails_only_the_row_whose_sampling_fails_mid_batch(
     tiny_model_dir: Path, tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fusebox_server import engine
+    from fusebox_server.model import engine
 
     real_choose_token = engine.choose_token
     draws: list[int] = []
 
-    def choose_token(logits: Any, sampling: Sampling, generator: Any) -> int:
-        if sampling.seed == 13:  # the doomed row: its sampler breaks on its third token
+    def choose_token(logits: Any, settings: DecodeSettings, generator: Any) -> int:
+        if settings.seed == 13:  # the doomed row: its sampler breaks on its third token
             draws.append(1)
             if len(draws) >= 3:
                 raise RuntimeError("sampler fault")
-        return real_choose_token(logits, sampling, generator)
+        return real_choose_token(logits, settings, generator)
 
     monkeypatch.setattr(engine, "choose_token", choose_token)
-    doomed = Sampling(max_tokens=6, temperature=0.8, top_p=1.0, seed=13, stop=())
-    sampled = Sampling(max_tokens=6, temperature=0.8, top_p=0.9, seed=1, stop=())
+    doomed = DecodeSettings(max_new_tokens=6, temperature=0.8, top_p=1.0, seed=13, stop=())
+    sampled = DecodeSettings(max_new_tokens=6, temperature=0.8, top_p=0.9, seed=1, stop=())
     greedy, failing, other = _run_together(
-        tiny_model_dir, tiny_tokenizer, [GREEDY, doomed, sampled], max_tokens=6
+        tiny_model_dir, tiny_tokenizer, [GREEDY, doomed, sampled], max_new_tokens=6
     )
     assert isinstance(failing[0], Failed) and isinstance(failing[0].error, GenerationFailed)
     assert failing[0].completion_tokens == 2
@@ -326,7 +330,7 @@ def _held_back_by_brute_force(text: str, stops: tuple[str, ...]) -> int:
 def test_the_text_held_back_is_the_longest_tail_that_could_start_a_stop(
     text: str, stops: list[str]
 ) -> None:
-    from fusebox_server.worker import _held_back_chars
+    from fusebox_server.model.worker import _held_back_chars
 
     assert _held_back_chars(text, tuple(stops)) == _held_back_by_brute_force(text, tuple(stops))
 
@@ -336,8 +340,8 @@ def test_a_final_event_lost_to_failed_allocations_frees_its_slot_when_the_caller
 ) -> None:
     """The worker drops an event it could not hand over; the job is marked ended all the
     same, so the request's give-up at its deadline frees the admission slot, once."""
-    from fusebox_server import worker as worker_module
-    from fusebox_server.runtime import Generation
+    from fusebox_server.control.runtime import Generation
+    from fusebox_server.model import worker as worker_module
 
     class LoopWithoutMemory:  # every hand-over to the event loop fails to allocate
         def call_soon_threadsafe(self, *args: Any) -> None:
@@ -352,8 +356,7 @@ def test_a_final_event_lost_to_failed_allocations_frees_its_slot_when_the_caller
             request_id=request_id,
             variant="primary",
             prompt_ids=(5, 6, 7),
-            sampling=GREEDY,
-            max_tokens=2,
+            settings=replace(GREEDY, max_new_tokens=2),
             deadline_monotonic=time.monotonic() + 60,
             tokenizer=tiny_tokenizer,
             deliver=lambda event: None,

@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusebox_server.errors import InvalidRequest, ServerError
-from fusebox_server.openai_parameters import PARAMETERS, Parameter, Treatment
-from fusebox_server.openai_schema import (
+from fusebox_server.http.openai_parameters import PARAMETERS, Parameter, Treatment
+from fusebox_server.http.openai_schema import (
     parse_chat_request,
     parse_completion_request,
     parse_json_body,
 )
-from fusebox_server.rendering import Kind
+from fusebox_server.http.rendering import Kind
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
@@ -297,7 +297,7 @@ def test_docs_server_md_has_the_table_row_for_row() -> None:
 
 
 def test_a_stop_sequence_over_the_cap_is_refused_naming_stop() -> None:
-    from fusebox_server.openai_schema import STOP_MAX_CHARS
+    from fusebox_server.http.openai_schema import STOP_MAX_CHARS
 
     body: dict[str, Any] = {"model": "m", "prompt": "p", "stop": ["x" * STOP_MAX_CHARS]}
     assert parse_completion_request(body).sampling.stop == ("x" * STOP_MAX_CHARS,)

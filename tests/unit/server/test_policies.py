@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from fusebox_server.breaker import Breaker, admits
+from fusebox_server.config import QualitySettings
+from fusebox_server.control.breaker import Breaker, admits
+from fusebox_server.control.guard import MemoryReading, next_guard_state, pressure_ratio
+from fusebox_server.control.quality import QualitySampler, check_response
 from fusebox_server.errors import Forbidden
-from fusebox_server.faults import Faults, parse_faults
-from fusebox_server.guard import MemoryReading, next_guard_state, pressure_ratio
-from fusebox_server.quality import QualitySampler, QualitySettings, check_response
+from fusebox_server.model.faults import Faults, parse_faults
 
 GIB = 1 << 30
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from fusebox_server.errors import DeadlineExceeded, ModelNotFound, QueueFull
-from fusebox_server.rendering import (
+from fusebox_server.http.rendering import (
     Kind,
     Reply,
     chunk_body,

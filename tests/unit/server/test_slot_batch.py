@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 import torch
 
-from fusebox_server import slot_batch
-from fusebox_server.engine import DecodeBatch, Decoding, load_model, prefill
-from fusebox_server.faults import Faults
-from fusebox_server.openai_schema import Sampling
-from fusebox_server.slot_batch import MIN_COLUMNS, SlotBatch, bucket, new_batch
-from fusebox_server.worker import ControlJob, Finished, InferenceWorker
+from fusebox_server.model import slot_batch
+from fusebox_server.model.decode_settings import DecodeSettings
+from fusebox_server.model.engine import DecodeBatch, Decoding, load_model, prefill
+from fusebox_server.model.faults import Faults
+from fusebox_server.model.slot_batch import MIN_COLUMNS, SlotBatch, bucket, new_batch
+from fusebox_server.model.worker import ControlJob, Finished, InferenceWorker
 
 from .worker_jobs import GREEDY, cpu_worker, submit_job
 
@@ -119,12 +119,14 @@ def test_the_slot_batch_decodes_what_the_cpu_batch_decodes(
 def test_a_row_whose_sampling_fails_gets_its_error_and_the_slots_decode_on(
     loaded: Any,
 ) -> None:
-    sampled = Sampling(max_tokens=6, temperature=0.8, top_p=0.9, seed=1, stop=())
-    rows = [Decoding(loaded, (5, 6, 7), sampling) for sampling in (GREEDY, sampled, GREEDY)]
+    sampled = DecodeSettings(max_new_tokens=6, temperature=0.8, top_p=0.9, seed=1, stop=())
+    rows = [Decoding(loaded, (5, 6, 7), settings) for settings in (GREEDY, sampled, GREEDY)]
     prefill(loaded, rows)
     batch = SlotBatch(loaded, graphs=False)
     batch.add(*rows)
-    rows[1].sampling = Sampling(max_tokens=6, temperature=float("nan"), top_p=0.9, seed=1, stop=())
+    rows[1].settings = DecodeSettings(
+        max_new_tokens=6, temperature=float("nan"), top_p=0.9, seed=1, stop=()
+    )
     first, failed, last = batch.step()
     assert isinstance(failed, RuntimeError)
     assert isinstance(first, int) and first == last  # same prompt, greedy: same token
@@ -154,13 +156,13 @@ def test_the_worker_releases_an_idle_slot_cache_when_memory_is_released(
     tiny_model_dir: Path, tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Decode through the worker on slots (as on CUDA), then release: the cache goes."""
-    from fusebox_server import worker as worker_module
+    from fusebox_server.model import worker as worker_module
 
     monkeypatch.setattr(worker_module, "new_batch", lambda loaded: SlotBatch(loaded, graphs=False))
 
     async def scenario() -> tuple[Any, str, int, int]:
         worker = cpu_worker(asyncio.get_running_loop(), tiny_model_dir, tiny_tokenizer)
-        done, pieces = submit_job(worker, tiny_tokenizer, (5, 6, 7), max_tokens=6)
+        done, pieces = submit_job(worker, tiny_tokenizer, (5, 6, 7), max_new_tokens=6)
         worker.start()
         end = await done
         batch = worker._batch

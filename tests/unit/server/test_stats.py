@@ -29,7 +29,7 @@ from fusebox_contract.stats import (
     dumps,
     parse,
 )
-from fusebox_server.stats import (
+from fusebox_server.control.stats import (
     LatencyCounter,
     LatencyWindow,
     StatsThread,

@@ -7,9 +7,9 @@ import random
 import string
 from typing import Any
 
-from fusebox_server.memory import rss_bytes
-from fusebox_server.openai_schema import ChatMessage
-from fusebox_server.tokenization import IncrementalDecoder, PromptEncoder
+from fusebox_server.http.openai_schema import ChatMessage
+from fusebox_server.model.memory import rss_bytes
+from fusebox_server.model.tokenization import IncrementalDecoder, PromptEncoder
 
 MIB = 1 << 20
 

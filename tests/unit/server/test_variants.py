@@ -4,14 +4,14 @@ weights, dtype and torch threads are applied, and degradation converges in one t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import structlog
 import torch
 
+from fusebox_contract.admin import ActionResult, ServerState
 from fusebox_contract.names import (
     ActionType,
     DegradationLevel,
@@ -19,32 +19,14 @@ from fusebox_contract.names import (
     Quantization,
     Variant,
 )
-from fusebox_server import engine
 from fusebox_server.config import ServerConfig
+from fusebox_server.control.runtime import Runtime
 from fusebox_server.errors import FallbackUnavailable
-from fusebox_server.faults import Faults
-from fusebox_server.quantization import quantize, refusal
-from fusebox_server.runtime import Runtime
+from fusebox_server.model import engine
+from fusebox_server.model.load_order import MemoryRoom
+from fusebox_server.model.quantization import quantize, refusal
 
-T = TypeVar("T")
-
-
-def run_with_runtime(config: ServerConfig, scenario: Callable[[Runtime], Awaitable[T]]) -> T:
-    async def main() -> T:
-        runtime = Runtime(config, Faults({}))
-        runtime.start(asyncio.get_running_loop())
-        try:
-            await runtime.load_primary()
-            return await scenario(runtime)
-        finally:
-            runtime.stop()
-
-    return asyncio.run(main())
-
-
-async def settled(runtime: Runtime) -> None:
-    while runtime.variants.converging:
-        await asyncio.sleep(0.05)
+from .runtime_runs import run_with_runtime, settled
 
 
 def test_quantizations_the_cpu_cannot_serve_are_refused_with_a_reason() -> None:
@@ -59,7 +41,7 @@ def test_quantizations_the_cpu_cannot_serve_are_refused_with_a_reason() -> None:
 def test_without_a_configured_fallback_level_2_swaps_nothing(tiny_model_dir: Path) -> None:
     config = ServerConfig(model_dir=tiny_model_dir, torch_threads=1)
 
-    async def scenario(runtime: Runtime) -> dict[str, Any]:
+    async def scenario(runtime: Runtime) -> ServerState:
         result = runtime.set_degradation(DegradationLevel.FALLBACK_MODEL)
         assert not result.converging and result.target_variant is Variant.PRIMARY
         with pytest.raises(FallbackUnavailable, match="no fallback is configured"):
@@ -67,9 +49,9 @@ def test_without_a_configured_fallback_level_2_swaps_nothing(tiny_model_dir: Pat
         return runtime.state()
 
     state = run_with_runtime(config, scenario)
-    assert state["variant"] == "primary" and state["model_loaded"]
-    assert state["degradation_level"] == 2
-    assert state["fallback_configured"] is False
+    assert state.variant == "primary" and state.model_loaded
+    assert state.degradation_level == 2
+    assert state.fallback_configured is False
 
 
 def test_level_2_converges_on_an_int8_fallback_half_the_size_in_one_load(
@@ -79,21 +61,23 @@ def test_level_2_converges_on_an_int8_fallback_half_the_size_in_one_load(
         model_dir=tiny_model_dir, fallback_quantization=Quantization.INT8, torch_threads=1
     )
 
-    async def scenario(runtime: Runtime) -> tuple[int, dict[str, Any], list[Any]]:
-        primary_bytes = runtime.state()["parameter_bytes"]
+    async def scenario(runtime: Runtime) -> tuple[int | None, ServerState, list[Any]]:
+        primary_bytes = runtime.state().parameter_bytes
+        runtime.variants.memory_rooms = lambda: [MemoryRoom("host", 0, 1 << 50)]
         with structlog.testing.capture_logs() as logs:
             first = runtime.set_degradation(DegradationLevel.FALLBACK_MODEL)
             assert first.converging and first.target_variant is Variant.FALLBACK
             await asyncio.sleep(0)  # the convergence task starts
-            assert not runtime.ready  # out of service while the fallback loads
+            assert runtime.ready  # room for both: the primary serves while the fallback loads
             second = runtime.set_degradation(DegradationLevel.CANNED_ANSWERS)
             assert second.converging and second.target_variant is Variant.FALLBACK
             await settled(runtime)
         return primary_bytes, runtime.state(), logs
 
     primary_bytes, state, logs = run_with_runtime(config, scenario)
-    assert state["variant"] == "fallback" and state["quantization"] == "int8" and state["ready"]
-    assert state["parameter_bytes"] < 0.5 * primary_bytes
+    assert state.variant == "fallback" and state.quantization == "int8" and state.ready
+    assert state.parameter_bytes is not None and primary_bytes is not None
+    assert state.parameter_bytes < 0.5 * primary_bytes
     assert [e["variant"] for e in logs if e["event"] == "model_loaded"] == ["fallback"]
 
 
@@ -119,7 +103,7 @@ def test_a_load_action_during_convergence_on_the_same_variant_does_not_load_agai
         model_dir=tiny_model_dir, fallback_quantization=Quantization.INT8, torch_threads=1
     )
 
-    async def scenario(runtime: Runtime) -> tuple[dict[str, Any], list[Any]]:
+    async def scenario(runtime: Runtime) -> tuple[ActionResult, list[Any]]:
         with structlog.testing.capture_logs() as logs:
             assert runtime.set_degradation(DegradationLevel.FALLBACK_MODEL).converging
             await asyncio.sleep(0)  # the convergence task holds the model lock
@@ -128,7 +112,7 @@ def test_a_load_action_during_convergence_on_the_same_variant_does_not_load_agai
         return result, logs
 
     result, logs = run_with_runtime(config, scenario)
-    assert result["variant"] == "fallback" and result["model_loaded"]
+    assert result.variant == "fallback" and result.model_loaded
     assert [e["variant"] for e in logs if e["event"] == "model_loaded"] == ["fallback"]
 
 
@@ -166,7 +150,7 @@ def test_a_fallback_that_computes_nan_is_refused_and_the_primary_serves_on(
         model_dir=tiny_model_dir, fallback_quantization=Quantization.INT8, torch_threads=1
     )
 
-    async def scenario(runtime: Runtime) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def scenario(runtime: Runtime) -> tuple[ServerState, ServerState]:
         with pytest.raises(FallbackUnavailable, match="non-finite logits"):
             await runtime.run_action("swap-1", ActionType.SWAP, Variant.FALLBACK)
         after_swap = runtime.state()
@@ -175,10 +159,10 @@ def test_a_fallback_that_computes_nan_is_refused_and_the_primary_serves_on(
         return after_swap, runtime.state()
 
     after_swap, after_retry = run_with_runtime(config, scenario)
-    assert after_swap["variant"] == "primary" and after_swap["ready"]
-    assert after_swap["model_loaded"] and after_swap["quantization"] == "none"
-    assert "non-finite logits" in after_swap["fallback_unavailable_reason"]
-    assert after_retry["variant"] == "primary" and after_retry["ready"]
+    assert after_swap.variant == "primary" and after_swap.ready
+    assert after_swap.model_loaded and after_swap.quantization == "none"
+    assert "non-finite logits" in (after_swap.fallback_unavailable_reason or "")
+    assert after_retry.variant == "primary" and after_retry.ready
 
 
 def test_cuda_attention_leaves_out_cudnn_and_the_cpu_changes_nothing() -> None:

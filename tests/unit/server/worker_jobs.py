@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fusebox_server.engine import load_model
-from fusebox_server.faults import Faults
-from fusebox_server.openai_schema import Sampling
-from fusebox_server.worker import GenerationJob, InferenceWorker, Piece
+from fusebox_server.model.decode_settings import DecodeSettings
+from fusebox_server.model.engine import load_model
+from fusebox_server.model.faults import Faults
+from fusebox_server.model.worker import GenerationJob, InferenceWorker, Piece
 
-GREEDY = Sampling(max_tokens=8, temperature=0.0, top_p=1.0, seed=None, stop=())
+GREEDY = DecodeSettings(max_new_tokens=8, temperature=0.0, top_p=1.0, seed=None, stop=())
 
 
 def cpu_worker(loop: asyncio.AbstractEventLoop, model_dir: Path, tokenizer: Any) -> InferenceWorker:
@@ -29,8 +30,8 @@ def submit_job(
     tokenizer: Any,
     prompt_ids: tuple[int, ...],
     *,
-    sampling: Sampling = GREEDY,
-    max_tokens: int = 4,
+    settings: DecodeSettings = GREEDY,
+    max_new_tokens: int = 4,
     variant: str = "primary",
 ) -> tuple[asyncio.Future[Any], list[str]]:
     """Queue one job: the future gets its final event, the list its text pieces."""
@@ -48,8 +49,7 @@ def submit_job(
             request_id="t",
             variant=variant,
             prompt_ids=prompt_ids,
-            sampling=sampling,
-            max_tokens=max_tokens,
+            settings=replace(settings, max_new_tokens=max_new_tokens),
             deadline_monotonic=time.monotonic() + 60,
             tokenizer=tokenizer,
             deliver=deliver,

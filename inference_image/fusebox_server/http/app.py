@@ -1,0 +1,519 @@
+"""The public API (port 8000): OpenAI-compatible routes, health and readiness.
+
+Why: routes only — parse, validate, check, admit, then relay the worker's
+events. Every refusal is a domain error raised before queueing; the edge
+(`edge.py`) renders it and settles the request's outcome, so no route
+catches anything. Bodies come from `rendering.py`. Responses that carry a
+generation are a small ASGI class (`GenerationResponse`) that listens for
+the client's disconnect while it waits, so a dropped client cancels its
+generation within one decoding step, and that sends each decoded piece as
+its own SSE event with no buffering of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Final
+
+import structlog
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from fusebox_contract.names import DegradationTier
+from fusebox_contract.wiring import (
+    REQUEST_ID_HEADER,
+    SERVED_BY_HEADER,
+    VARIANT_HEADER,
+    HttpPath,
+)
+from fusebox_server.control.accounting import RequestRecord
+from fusebox_server.control.context_window import generation_budget
+from fusebox_server.control.recorder import GenerationOutcome
+from fusebox_server.control.runtime import Generation, Runtime
+from fusebox_server.errors import (
+    ClientDisconnected,
+    DeadlineExceeded,
+    InputTooLong,
+    InvalidRequest,
+    ModelNotFound,
+    ServerError,
+)
+from fusebox_server.http.edge import (
+    EXCEPTION_HANDLERS,
+    CountRequests,
+    VariantHeader,
+    read_body,
+    record_of,
+)
+from fusebox_server.http.openai_parameters import check_query
+from fusebox_server.http.openai_schema import (
+    ChatRequest,
+    CompletionRequest,
+    OpenAISampling,
+    parse_chat_request,
+    parse_completion_request,
+    parse_json_body,
+)
+from fusebox_server.http.rendering import (
+    Kind,
+    Reply,
+    chunk_body,
+    completion_body,
+    error_body,
+    error_headers,
+    json_bytes,
+    sse,
+    usage_chunk,
+    whole_answer_events,
+)
+from fusebox_server.model.decode_settings import DecodeSettings
+from fusebox_server.model.worker import Failed, Finished, Piece
+
+CHAT_PATH: Final = "/v1/chat/completions"
+COMPLETIONS_PATH: Final = "/v1/completions"
+SERVED_BY_CANNED: Final = "canned"
+NO_CANNED_MATCH: Final = "\x00no-canned-match"
+EVENT_STREAM: Final = "text/event-stream; charset=utf-8"
+
+
+@dataclass
+class Prepared:
+    """A validated request, ready to be admitted."""
+
+    reply: Reply
+    record: RequestRecord
+    stream: bool  # answered as SSE, as the request asked
+    incremental: bool  # one event per piece; False under the no-streaming tier
+    include_usage: bool
+    wants_json: bool
+    max_new_tokens: int  # the request's cap, before the context window is applied
+    input_length: int = 0
+
+    @property
+    def arrival_monotonic(self) -> float:
+        return self.record.arrival_monotonic
+
+
+def canned_key(parsed: ChatRequest | CompletionRequest) -> str:
+    """The text a canned answer must match exactly: the prompt, or the lone user turn."""
+    if isinstance(parsed, CompletionRequest):
+        return parsed.prompt
+    users = [m for m in parsed.messages if m.role == "user"]
+    others = [m for m in parsed.messages if m.role not in ("user", "system", "developer")]
+    if len(users) == 1 and not others:
+        return users[0].content
+    return NO_CANNED_MATCH
+
+
+def decode_settings(sampling: OpenAISampling, max_new_tokens: int) -> DecodeSettings:
+    """The engine's inputs: the body's sampling fields, with the budget already resolved."""
+    return DecodeSettings(
+        max_new_tokens=max_new_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        stop=sampling.stop,
+    )
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(receive: Receive, admitted: Awaitable[Generation]) -> Generation:
+    """Admission (maybe a wait in the queue) unless the client goes away first.
+
+    The body has been read, so the next message is the disconnect. A client
+    that leaves while queued gives up its place at once (`Admission.acquire`
+    drops the waiter when cancelled), instead of holding it until its deadline
+    while live clients get 429. The outcome is `cancelled`.
+    """
+    admission = asyncio.ensure_future(admitted)
+    gone = asyncio.ensure_future(_wait_for_disconnect(receive))
+    try:
+        await asyncio.wait((admission, gone), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this request's task was cancelled (the server is stopping)
+        admission.cancel()
+        gone.cancel()
+        raise
+    if not gone.done():
+        gone.cancel()
+        return admission.result()
+    if not gone.cancelled():
+        gone.exception()  # retrieved: a receive that failed means the connection is gone too
+    admission.cancel()
+    await asyncio.wait((admission,))  # let Admission.acquire give the place back
+    if not admission.cancelled() and admission.exception() is None:
+        admission.result().cancel()  # admitted at the same moment: the worker drops it
+    raise ClientDisconnected("the client went away while waiting in the queue")
+
+
+class Api:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.config = runtime.config
+
+    # ----- routes -----
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, Kind.CHAT)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, Kind.COMPLETION)
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.config.model_name,
+                        "object": "model",
+                        "created": int(self.runtime.started_at),
+                        "owned_by": "fusebox",
+                        "revision": self.config.model_revision,
+                    }
+                ],
+            }
+        )
+
+    async def healthz(self, request: Request) -> Response:
+        ages = self.runtime.heartbeat_ages()
+        healthy = all(age < self.config.heartbeat_timeout_seconds for age in ages.values())
+        body = {"status": "ok" if healthy else "stale", "heartbeat_age_seconds": ages}
+        return JSONResponse(body, status_code=200 if healthy else 503)
+
+    async def readyz(self, request: Request) -> Response:
+        ready = self.runtime.ready
+        body = {"ready": ready, "variant": self.runtime.variant.value}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    # ----- the generation path -----
+    async def _generate(self, request: Request, kind: Kind) -> Response:
+        record = record_of(request)
+        assert record is not None  # CountRequests covers both generation routes
+        record.fields.update(model_name=self.config.model_name, variant=self.runtime.variant)
+        check_query(request.query_params)
+        data = parse_json_body(await read_body(request, self.config.max_body_bytes))
+        parsed = parse_chat_request(data) if kind == Kind.CHAT else parse_completion_request(data)
+        record.fields.update(parsed.identifiers)
+        prepared = self._prepare(parsed, kind, record)
+        if DegradationTier.CANNED_ANSWERS in self.runtime.degradation_tiers:
+            answer = self.runtime.live.canned_answers.get(canned_key(parsed))
+            if answer is not None:
+                return await self._canned_response(parsed, prepared, answer)
+        self.runtime.check_available()
+        prompt_ids = await self._encode(parsed)
+        prepared.input_length = len(prompt_ids)
+        record.fields["input_length"] = len(prompt_ids)
+        prompt_param = "messages" if kind == Kind.CHAT else "prompt"
+        if len(prompt_ids) > self.config.max_input_tokens:
+            raise InputTooLong(
+                f"the prompt has {len(prompt_ids)} tokens, more than the limit of "
+                f"{self.config.max_input_tokens} tokens",
+                param=prompt_param,
+            )
+        max_new_tokens = generation_budget(
+            len(prompt_ids),
+            parsed.sampling.max_tokens,
+            prepared.max_new_tokens,
+            self.config.context_window_tokens,
+            prompt_param,
+        )
+        generation = await _unless_disconnected(
+            request.receive,
+            self.runtime.start_generation(
+                record.request_id,
+                prompt_ids,
+                decode_settings(parsed.sampling, max_new_tokens),
+                record.arrival_monotonic + self.config.request_timeout_seconds,
+            ),
+        )
+        return GenerationResponse(self.runtime, prepared, generation)  # type: ignore[return-value]
+
+    def _prepare(
+        self, parsed: ChatRequest | CompletionRequest, kind: Kind, record: RequestRecord
+    ) -> Prepared:
+        if parsed.model != self.config.model_name:
+            raise ModelNotFound(
+                f"the model {parsed.model!r} does not exist; this server serves "
+                f"{self.config.model_name!r}",
+                param="model",
+            )
+        max_tokens = parsed.sampling.max_tokens or self.config.max_new_tokens
+        if max_tokens > self.config.max_new_tokens:
+            param = parsed.sampling.max_tokens_param
+            raise InvalidRequest(
+                f"{param} is {max_tokens}, more than the limit of "
+                f"{self.config.max_new_tokens} new tokens",
+                param=param,
+            )
+        # no-streaming still answers a stream as a stream (a client that asked for SSE
+        # reads only SSE), with the whole text in one event once it is complete.
+        incremental = DegradationTier.NO_STREAMING not in self.runtime.degradation_tiers
+        record.fields["stream"] = parsed.stream
+        return Prepared(
+            reply=Reply(kind, record.request_id, int(time.time()), self.config.model_name),
+            record=record,
+            stream=parsed.stream,
+            incremental=incremental,
+            include_usage=parsed.include_usage,
+            wants_json=parsed.wants_json,
+            max_new_tokens=max_tokens,
+        )
+
+    async def _encode(self, parsed: ChatRequest | CompletionRequest) -> tuple[int, ...]:
+        if isinstance(parsed, CompletionRequest):
+            if not parsed.prompt:
+                raise InvalidRequest("'prompt' must not be empty", param="prompt")
+            return await self.runtime.encode_prompt(parsed.prompt, True)
+        try:
+            text = self.runtime.encoder().render_chat(parsed.messages)
+        except Exception as error:  # a chat template that rejects these messages
+            raise InvalidRequest(f"the chat template rejected the messages: {error}") from None
+        return await self.runtime.encode_prompt(text, False)
+
+    async def _canned_response(
+        self, parsed: ChatRequest | CompletionRequest, prepared: Prepared, answer: str
+    ) -> Response:
+        """The canned answer, as JSON or (when the request asked to stream) as one SSE event.
+
+        Its usage is counted with the serving variant's tokenizer, which needs no model:
+        the prompt as the model would have read it, and the answer's tokens.
+        """
+        prepared.record.fields["served_by"] = SERVED_BY_CANNED
+        prompt_tokens = len(await self._encode(parsed))
+        completion_tokens = len(await self.runtime.encode_prompt(answer, False))
+        prepared.input_length = prompt_tokens
+        prepared.record.fields.update(
+            input_length=prompt_tokens, output_length=completion_tokens, finish_reason="stop"
+        )
+        headers = {
+            REQUEST_ID_HEADER: prepared.reply.request_id,
+            SERVED_BY_HEADER: SERVED_BY_CANNED,
+            VARIANT_HEADER: self.runtime.variant.value,
+        }
+        if prepared.stream:
+            events = whole_answer_events(
+                prepared.reply,
+                answer,
+                "stop",
+                (prompt_tokens, completion_tokens) if prepared.include_usage else None,
+            )
+            return Response(events, media_type=EVENT_STREAM, headers=headers)
+        body = completion_body(prepared.reply, answer, "stop", prompt_tokens, completion_tokens)
+        return JSONResponse(body, headers=headers)
+
+
+class GenerationResponse:
+    """Relays one generation to the client, streaming (SSE) or as one JSON body; under the
+    no-streaming tier a stream request gets SSE too, the whole answer in one event once it
+    is complete (and an error before it, its status and JSON body, as unstreamed).
+
+    It never settles the outcome itself: it stores what ended the request on
+    the request's record, and the edge settles it once this call returns.
+    """
+
+    def __init__(self, runtime: Runtime, prepared: Prepared, generation: Generation) -> None:
+        self.runtime = runtime
+        self.prepared = prepared
+        self.record = prepared.record
+        self.reply = prepared.reply
+        self.generation = generation
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+        self.text_parts: list[str] = []
+        self.cuda_at_entry: dict[str, int | None] = {}
+        self._last_piece_at: float | None = None
+        self._ttft: float | None = None
+        self._itl: list[float] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        listener = asyncio.ensure_future(self._watch_disconnect(receive))
+        try:
+            if self.prepared.stream and self.prepared.incremental:
+                await self._stream(send)
+            else:
+                await self._complete(send)
+        except OSError:
+            self._client_gone()
+        except asyncio.CancelledError:
+            self._client_gone()
+            raise
+        finally:
+            listener.cancel()
+            self.generation.cancel()
+            self._account()
+
+    def _client_gone(self) -> None:
+        self.generation.cancel()
+        self.record.fail(ClientDisconnected("the client went away during the generation"))
+
+    async def _watch_disconnect(self, receive: Receive) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.generation.cancel()
+                return
+
+    def _headers(self, content_type: str) -> list[tuple[bytes, bytes]]:
+        variant = self.generation.job.variant.encode()
+        return [
+            (b"content-type", content_type.encode()),
+            (REQUEST_ID_HEADER.lower().encode(), self.reply.request_id.encode()),
+            (SERVED_BY_HEADER.lower().encode(), variant),
+            (VARIANT_HEADER.lower().encode(), variant),
+        ]
+
+    def _on_piece(self, piece: Piece) -> None:
+        now = time.monotonic()
+        if self._last_piece_at is None:
+            self._ttft = now - self.prepared.arrival_monotonic  # recorded if it succeeds
+        else:
+            self._itl.append(now - self._last_piece_at)
+        self._last_piece_at = now
+        self.completion_tokens = piece.completion_tokens
+        self.text_parts.append(piece.text)
+
+    async def _next_event(self) -> Piece | Finished | Failed:
+        try:
+            async with asyncio.timeout_at(
+                self.prepared.arrival_monotonic + self.runtime.config.request_timeout_seconds
+            ):
+                return await self.generation.events.get()
+        except TimeoutError:
+            self.generation.give_up()
+            return Failed(DeadlineExceeded("the request outlived its deadline"), 0)
+
+    def _on_finished(self, event: Finished) -> None:
+        self.finish_reason = event.reason
+        self.completion_tokens = event.completion_tokens
+        self.cuda_at_entry = event.cuda_at_entry
+        if event.reason == "cancelled":
+            self.record.fail(ClientDisconnected("the client went away during the generation"))
+
+    async def _complete(self, send: Send) -> None:
+        while True:
+            event = await self._next_event()
+            if isinstance(event, Piece):
+                self._on_piece(event)
+                continue
+            if isinstance(event, Failed):
+                return await self._send_error(send, event.error)
+            self._on_finished(event)
+            if event.reason == "cancelled":
+                return
+            text = "".join(self.text_parts)
+            tokens = (self.prepared.input_length, self.completion_tokens)
+            if self.prepared.stream:  # the no-streaming tier: the whole answer in one event
+                usage_tokens = tokens if self.prepared.include_usage else None
+                payload = whole_answer_events(self.reply, text, event.reason, usage_tokens)
+                headers = self._headers(EVENT_STREAM)
+                headers += [(b"cache-control", b"no-cache")]
+            else:
+                payload = json_bytes(completion_body(self.reply, text, event.reason, *tokens))
+                headers = self._headers("application/json")
+            headers.append((b"content-length", str(len(payload)).encode()))
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": payload})
+            return
+
+    async def _send_error(self, send: Send, error: ServerError) -> None:
+        """An error before anything was sent: the usual status and OpenAI body."""
+        self.record.fail(error)
+        self.finish_reason = "error"
+        payload = json_bytes(error_body(error))
+        headers = self._headers("application/json")
+        headers += [(k.lower().encode(), v.encode()) for k, v in error_headers(error).items()]
+        await send({"type": "http.response.start", "status": error.status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+    async def _stream(self, send: Send) -> None:
+        headers = self._headers(EVENT_STREAM)
+        headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        first = True
+        while True:
+            event = await self._next_event()
+            if isinstance(event, Piece):
+                self._on_piece(event)
+                chunk = chunk_body(self.reply, event.text, None, first)
+                first = False
+                await send({"type": "http.response.body", "body": sse(chunk), "more_body": True})
+                continue
+            if isinstance(event, Failed):
+                # Mid-stream: the status is sent; the error is the stream's last event.
+                self.record.fail(event.error)
+                self.finish_reason = "error"
+                body = sse(error_body(event.error))
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+                return
+            self._on_finished(event)
+            if event.reason == "cancelled":
+                return
+            final = sse(chunk_body(self.reply, None if not first else "", event.reason, first))
+            if self.prepared.include_usage:
+                final += sse(
+                    usage_chunk(self.reply, self.prepared.input_length, self.completion_tokens)
+                )
+            final += sse("[DONE]")
+            await send({"type": "http.response.body", "body": final, "more_body": False})
+            return
+
+    def _account(self) -> None:
+        """Hand the generation to the runtime's recorder (tokens, latency, quality) and
+        fill the log fields; the edge counts the outcome."""
+        verdict = self.runtime.recorder.finished(
+            GenerationOutcome(
+                prompt_tokens=self.prepared.input_length,
+                completion_tokens=self.completion_tokens,
+                succeeded=self.record.error is None,
+                e2e_seconds=time.monotonic() - self.prepared.arrival_monotonic,
+                ttft_seconds=self._ttft,
+                itl_seconds=self._itl,
+                text_parts=self.text_parts,
+                wants_json=self.prepared.wants_json,
+            )
+        )
+        if verdict is not None and not verdict.ok:
+            structlog.get_logger("fusebox_server.requests").info(
+                "quality_failure", request_id=self.reply.request_id, reasons=verdict.reasons
+            )
+        self.record.fields.update(
+            output_length=self.completion_tokens,
+            finish_reason=self.finish_reason,
+            served_by=self.generation.job.variant,
+            variant=self.generation.job.variant,
+            gpu_device_id=self.runtime.gpu_device_id,
+            cuda_allocated_bytes_at_entry=self.cuda_at_entry.get("allocated_bytes"),
+            cuda_reserved_bytes_at_entry=self.cuda_at_entry.get("reserved_bytes"),
+        )
+
+
+def build_api_app(runtime: Runtime) -> ASGIApp:
+    api = Api(runtime)
+    app = Starlette(
+        routes=[
+            Route(CHAT_PATH, api.chat_completions, methods=["POST"]),
+            Route(COMPLETIONS_PATH, api.completions, methods=["POST"]),
+            Route("/v1/models", api.models, methods=["GET"]),
+            Route(HttpPath.HEALTHZ, api.healthz, methods=["GET"]),
+            Route(HttpPath.READYZ, api.readyz, methods=["GET"]),
+        ],
+        middleware=[
+            Middleware(
+                CountRequests,
+                accounting=runtime.accounting,
+                paths=(CHAT_PATH, COMPLETIONS_PATH),
+            )
+        ],
+        exception_handlers=dict(EXCEPTION_HANDLERS),
+    )
+    return VariantHeader(app, lambda: runtime.variant.value, lambda: runtime.stopping)

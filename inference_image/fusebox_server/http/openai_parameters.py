@@ -1,0 +1,186 @@
+"""Every parameter the official `openai` client can send, and what this server does with it.
+
+Why: a parameter the server silently ignores is a lie to the caller (it
+asked for `logprobs` and got none, for `tools` and got prose). Each
+parameter of `chat.completions.create` and `completions.create` has one row
+here: HONOURED (parsed and acted on by `openai_schema`), REFUSED (a 400
+naming it unless it carries its "off" value, which is what it means anyway),
+or CLIENT_SIDE (the client consumes it; it never reaches the body). A body
+key with no row for its route is refused with a 400 naming it, which is how
+unknown `extra_body` keys end. A unit test compares this table with the
+installed client's signatures, so a new client parameter without a row
+fails. Pure data and one pure check; docs/server.md renders the same table.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from fusebox_server.errors import InvalidRequest
+from fusebox_server.http.rendering import Kind
+
+
+class Treatment(enum.StrEnum):
+    HONOURED = "honoured"
+    REFUSED = "refused"
+    CLIENT_SIDE = "client_side"
+
+
+def _absent(value: object) -> bool:
+    return value is None
+
+
+def _one_of(*neutral: object) -> Callable[[object], bool]:
+    def accepts(value: object) -> bool:
+        return value is None or any(value == item and type(value) is type(item) for item in neutral)
+
+    return accepts
+
+
+def _zero(value: object) -> bool:
+    return value is None or (type(value) in (int, float) and value == 0)
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str
+    treatment: Treatment
+    how: str
+    """Why and how, one sentence, as docs/server.md shows it."""
+    routes: frozenset[Kind] = frozenset({Kind.CHAT, Kind.COMPLETION})
+    accepts: Callable[[object], bool] = _absent
+    """For REFUSED rows: the values that mean "off" and are accepted."""
+
+
+CHAT_ONLY: Final = frozenset({Kind.CHAT})
+COMPLETION_ONLY: Final = frozenset({Kind.COMPLETION})
+H, R, C = Treatment.HONOURED, Treatment.REFUSED, Treatment.CLIENT_SIDE
+
+PARAMETERS: Final[tuple[Parameter, ...]] = (
+    # ----- honoured -----
+    Parameter("model", H, "must name the served model (`--model-name`), else 404"),
+    Parameter("messages", H, "rendered by the model's chat template", CHAT_ONLY),
+    Parameter(
+        "prompt",
+        H,
+        "a string, or a list of exactly one string (token arrays: 400)",
+        COMPLETION_ONLY,
+    ),
+    Parameter("max_tokens", H, "caps new tokens; at most `--max-new-tokens`, else 400"),
+    Parameter(
+        "max_completion_tokens", H, "as `max_tokens`, and wins when both are sent", CHAT_ONLY
+    ),
+    Parameter("temperature", H, "0 is greedy; 0 to 2"),
+    Parameter("top_p", H, "nucleus sampling; above 0, at most 1"),
+    Parameter("seed", H, "the same seed and body give the same output; a signed 64-bit integer"),
+    Parameter("stop", H, "up to 4 non-empty strings; the output ends before the first one"),
+    Parameter("n", H, "1 only; any other count: 400"),
+    Parameter("stream", H, "SSE chunks, then `data: [DONE]`"),
+    Parameter(
+        "stream_options",
+        H,
+        "`include_usage` adds a final usage chunk; `include_obfuscation: true` is refused",
+    ),
+    Parameter(
+        "response_format",
+        H,
+        "`text`, or `json_object` which the quality check verifies (the output is not "
+        "constrained); `json_schema`: 400, the schema is not checked",
+        CHAT_ONLY,
+    ),
+    Parameter("user", H, "a string, logged on the request's line as `user`; no effect on output"),
+    Parameter(
+        "safety_identifier",
+        H,
+        "a string, logged as `safety_identifier`; no effect on output",
+        CHAT_ONLY,
+    ),
+    Parameter(
+        "prompt_cache_key",
+        H,
+        "a string, logged as `prompt_cache_key`; the tokenizer cache is keyed by text "
+        "already, so it changes nothing else",
+        CHAT_ONLY,
+    ),
+    # ----- refused unless off -----
+    Parameter(
+        "presence_penalty", R, "not implemented: 0 accepted, anything else 400", accepts=_zero
+    ),
+    Parameter(
+        "frequency_penalty", R, "not implemented: 0 accepted, anything else 400", accepts=_zero
+    ),
+    Parameter("logit_bias", R, "not implemented: `{}` accepted, any bias 400", accepts=_one_of({})),
+    Parameter(
+        "logprobs",
+        R,
+        "log-probabilities are not returned: `false` accepted (chat), anything else 400",
+        accepts=_one_of(False),
+    ),
+    Parameter("top_logprobs", R, "log-probabilities are not returned", CHAT_ONLY),
+    Parameter("tools", R, "no tool calling: the model is not trained for it", CHAT_ONLY),
+    Parameter("tool_choice", R, 'no tool calling: `"none"` accepted', CHAT_ONLY, _one_of("none")),
+    Parameter("parallel_tool_calls", R, "no tool calling", CHAT_ONLY),
+    Parameter("functions", R, "no function calling (deprecated form of tools)", CHAT_ONLY),
+    Parameter(
+        "function_call", R, 'no function calling: `"none"` accepted', CHAT_ONLY, _one_of("none")
+    ),
+    Parameter("audio", R, "text only", CHAT_ONLY),
+    Parameter("modalities", R, 'text only: `["text"]` accepted', CHAT_ONLY, _one_of(["text"])),
+    Parameter("prediction", R, "no predicted outputs", CHAT_ONLY),
+    Parameter("reasoning_effort", R, "not a reasoning model", CHAT_ONLY),
+    Parameter("verbosity", R, "not a reasoning model; no verbosity control", CHAT_ONLY),
+    Parameter("web_search_options", R, "no web search", CHAT_ONLY),
+    Parameter(
+        "store", R, "nothing is stored: `false` accepted, `true` 400", CHAT_ONLY, _one_of(False)
+    ),
+    Parameter("metadata", R, "kept only with `store`, which is refused", CHAT_ONLY),
+    Parameter(
+        "service_tier",
+        R,
+        "one tier: `auto` and `default` accepted, others 400",
+        CHAT_ONLY,
+        _one_of("auto", "default"),
+    ),
+    Parameter("prompt_cache_retention", R, "no prompt cache retention policy", CHAT_ONLY),
+    Parameter("prompt_cache_options", R, "no prompt cache options", CHAT_ONLY),
+    Parameter("moderation", R, "no moderation pass", CHAT_ONLY),
+    Parameter(
+        "echo", R, "the prompt is not echoed: `false` accepted", COMPLETION_ONLY, _one_of(False)
+    ),
+    Parameter("best_of", R, "1 accepted, other counts 400", COMPLETION_ONLY, _one_of(1)),
+    Parameter("suffix", R, 'no insertion: `""` accepted', COMPLETION_ONLY, _one_of("")),
+    # ----- consumed by the client -----
+    Parameter("extra_body", C, "merged into the body: each key meets its row, unknown keys 400"),
+    Parameter("extra_headers", C, "sent as headers (`X-Request-Id` is honoured, others unread)"),
+    Parameter("extra_query", C, "sent as a query string: any query parameter is refused, 400"),
+    Parameter("timeout", C, "the client's own timeout; never sent"),
+)
+
+BY_NAME: Final[Mapping[str, Parameter]] = {row.name: row for row in PARAMETERS}
+
+
+def body_parameters(kind: Kind) -> frozenset[str]:
+    """The names a request body of this route may carry."""
+    return frozenset(row.name for row in PARAMETERS if kind in row.routes and row.treatment != C)
+
+
+def check_parameters(body: Mapping[str, Any], kind: Kind) -> None:
+    """A 400 naming the first key that has no row for this route or asks for a refused feature."""
+    allowed = body_parameters(kind)
+    for name, value in body.items():
+        if name not in allowed:
+            raise InvalidRequest(
+                f"unknown parameter {name!r} for the {kind.value} route", param=name
+            )
+        row = BY_NAME[name]
+        if row.treatment == R and not row.accepts(value):
+            raise InvalidRequest(f"{name!r} is not supported: {row.how}", param=name)
+
+
+def check_query(query: Mapping[str, str]) -> None:
+    """A 400 naming the first query parameter: the generation routes read none."""
+    for name in query:
+        raise InvalidRequest(f"unknown query parameter {name!r}", param=name)

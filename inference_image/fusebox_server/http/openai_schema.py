@@ -1,0 +1,349 @@
+"""Validation of OpenAI request bodies into plain dataclasses.
+
+Why: the peer answers 500 to ill-typed `messages` (FACTS.md); here every
+field is checked before any model work, and each problem becomes a 400
+(a value we refuse) or a 422 (a wrong type or a missing field) naming the
+parameter. Pure functions: bytes in, a request or a domain error out.
+Every top-level key must have a row in `openai_parameters` (a 400 names
+any other, and any refused feature), so nothing a client sends is silently
+ignored. Hostile JSON (duplicate keys, lone surrogate escapes, numbers no
+float or 64-bit seed can hold, nesting past the parser's depth) ends as a
+400 too, never as an exception in the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Final
+
+from fusebox_server.errors import InvalidJson, InvalidRequest, SchemaError
+from fusebox_server.http.openai_parameters import check_parameters
+from fusebox_server.http.rendering import Kind
+
+ROLES = ("system", "user", "assistant", "developer", "tool")
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
+"""What `torch.Generator.manual_seed` takes."""
+LOGGED_IDENTIFIERS = ("user", "safety_identifier", "prompt_cache_key")
+"""Honoured by logging them on the request's line; they change no output."""
+STREAM_OPTIONS = ("include_usage", "include_obfuscation")
+
+
+@dataclass(frozen=True)
+class OpenAISampling:
+    """The body's sampling fields, as OpenAI names them.
+
+    Read only by the HTTP layer, which resolves the token budget and hands the
+    engine a `decode_settings.DecodeSettings` that names no API field.
+    """
+
+    max_tokens: int | None
+    """`max_completion_tokens`, else `max_tokens`; None when neither was sent."""
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+    max_tokens_param: str = "max_tokens"
+    """The field `max_tokens` came from, for an error that names it."""
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str
+    messages: tuple[ChatMessage, ...]
+    stream: bool
+    include_usage: bool
+    sampling: OpenAISampling
+    wants_json: bool
+    identifiers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    model: str
+    prompt: str
+    stream: bool
+    include_usage: bool
+    sampling: OpenAISampling
+    wants_json: bool = False
+    identifiers: tuple[tuple[str, str], ...] = ()
+
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in value:
+            raise InvalidJson(f"request body repeats the key {key!r}", param=key)
+        value[key] = item
+    return value
+
+
+def parse_json_body(body: bytes) -> dict[str, Any]:
+    """Strict UTF-8, JSON, an object at the top."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InvalidJson(f"request body is not valid UTF-8: {error.reason}") from error
+    try:
+        value = json.loads(text, object_pairs_hook=_object_without_duplicates)
+        # A lone surrogate escape (\ud800) loads as a str no codec can write.
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidJson("request body has an invalid \\u escape (a lone surrogate)") from None
+    except ValueError as error:
+        raise InvalidJson(f"request body is not valid JSON: {error}") from error
+    except RecursionError:
+        raise InvalidJson("request body nests JSON too deeply") from None
+    if not isinstance(value, dict):
+        raise SchemaError("request body must be a JSON object")
+    return value
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _optional_int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise SchemaError(f"'{name}' must be an integer", param=name)
+    if value < 1:
+        raise InvalidRequest(f"'{name}' must be at least 1, got {value}", param=name)
+    return int(value)
+
+
+def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not _is_number(value):
+        raise SchemaError(f"'{name}' must be a number", param=name)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number) or not low <= number <= high:
+        raise InvalidRequest(f"'{name}' must be between {low} and {high}, got {value}", param=name)
+    return number
+
+
+def _bool(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise SchemaError(f"'{name}' must be a boolean", param=name)
+    return value
+
+
+# The longest stop sequence: every decoding step holds back and searches up to this many
+# characters per sequence, so an unbounded one (300,000 characters) slowed every row of the batch.
+STOP_MAX_CHARS: Final = 256
+
+
+def _stop(body: dict[str, Any]) -> tuple[str, ...]:
+    value = body.get("stop")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise SchemaError("'stop' must be a string or a list of strings", param="stop")
+    if len(value) > 4:
+        raise InvalidRequest("'stop' takes at most 4 sequences", param="stop")
+    if any(item == "" for item in value):
+        raise InvalidRequest("'stop' sequences must not be empty", param="stop")
+    if any(len(item) > STOP_MAX_CHARS for item in value):
+        raise InvalidRequest(
+            f"'stop' sequences must be at most {STOP_MAX_CHARS} characters", param="stop"
+        )
+    return tuple(value)
+
+
+def _common(body: dict[str, Any]) -> tuple[str, bool, bool, OpenAISampling]:
+    model = body.get("model")
+    if model is None:
+        raise SchemaError("'model' is required", param="model")
+    if not isinstance(model, str):
+        raise SchemaError("'model' must be a string", param="model")
+    n = body.get("n")
+    if n is not None:
+        if not _is_int(n):
+            raise SchemaError("'n' must be an integer", param="n")
+        if n != 1:
+            raise InvalidRequest(f"only n=1 is supported, got {n}", param="n")
+    stream = _bool(body, "stream")
+    include_usage = _stream_options(body, stream)
+    max_tokens_param = "max_completion_tokens"
+    max_tokens = _optional_int(body, max_tokens_param)
+    if max_tokens is None:
+        max_tokens_param = "max_tokens"
+        max_tokens = _optional_int(body, max_tokens_param)
+    seed = body.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise SchemaError("'seed' must be an integer", param="seed")
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise InvalidRequest("'seed' must fit in 64 bits", param="seed")
+    sampling = OpenAISampling(
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+        seed=seed,
+        stop=_stop(body),
+        max_tokens_param=max_tokens_param,
+    )
+    if sampling.top_p == 0.0:
+        raise InvalidRequest("'top_p' must be greater than 0", param="top_p")
+    return model, stream, include_usage, sampling
+
+
+def _stream_options(body: dict[str, Any], stream: bool) -> bool:
+    """Whether a final usage chunk is wanted; options are refused without a stream."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise SchemaError("'stream_options' must be an object", param="stream_options")
+    if not stream:
+        raise InvalidRequest(
+            "'stream_options' is only allowed with 'stream': true", param="stream_options"
+        )
+    for name, value in options.items():
+        param = f"stream_options.{name}"
+        if name not in STREAM_OPTIONS:
+            raise InvalidRequest(f"unknown stream option {name!r}", param=param)
+        if value is not None and not isinstance(value, bool):
+            raise SchemaError(f"'{param}' must be a boolean", param=param)
+    if options.get("include_obfuscation"):
+        raise InvalidRequest(
+            "'stream_options.include_obfuscation' is not supported: chunks carry no padding",
+            param="stream_options.include_obfuscation",
+        )
+    return bool(options.get("include_usage"))
+
+
+def _identifiers(body: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    found: list[tuple[str, str]] = []
+    for name in LOGGED_IDENTIFIERS:
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise SchemaError(f"'{name}' must be a string", param=name)
+        found.append((name, value))
+    return tuple(found)
+
+
+def _wants_json(body: dict[str, Any]) -> bool:
+    value = body.get("response_format")
+    if value is None:
+        return False
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise SchemaError(
+            "'response_format' must be an object with a 'type'", param="response_format"
+        )
+    kind = value["type"]
+    if kind == "json_schema":
+        raise InvalidRequest(
+            "'response_format' json_schema is not supported: the output is not checked "
+            "against a schema; use json_object",
+            param="response_format",
+        )
+    if kind not in ("text", "json_object"):
+        raise InvalidRequest(
+            f"'response_format.type' must be text or json_object, got {kind!r}",
+            param="response_format",
+        )
+    return bool(kind == "json_object")
+
+
+def _content(value: object, index: int) -> str:
+    param = f"messages[{index}].content"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts: list[str] = []
+        for part in value:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise InvalidRequest(f"'{param}' supports only text parts", param=param)
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise SchemaError(f"'{param}' text parts need a string 'text'", param=param)
+            parts.append(text)
+        return "".join(parts)
+    if value is None:
+        return ""
+    raise SchemaError(f"'{param}' must be a string or a list of text parts", param=param)
+
+
+def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
+    check_parameters(body, Kind.CHAT)
+    model, stream, include_usage, sampling = _common(body)
+    messages = body.get("messages")
+    if messages is None:
+        raise SchemaError("'messages' is required", param="messages")
+    if not isinstance(messages, list):
+        raise SchemaError("'messages' must be a list", param="messages")
+    if not messages:
+        raise InvalidRequest("'messages' must not be empty", param="messages")
+    parsed: list[ChatMessage] = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise SchemaError(f"'messages[{index}]' must be an object", param=f"messages[{index}]")
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise SchemaError(
+                f"'messages[{index}].role' must be a string", param=f"messages[{index}].role"
+            )
+        if role not in ROLES:
+            raise InvalidRequest(
+                f"'messages[{index}].role' must be one of {', '.join(ROLES)}, got {role!r}",
+                param=f"messages[{index}].role",
+            )
+        parsed.append(ChatMessage(role=role, content=_content(message.get("content"), index)))
+    return ChatRequest(
+        model=model,
+        messages=tuple(parsed),
+        stream=stream,
+        include_usage=include_usage,
+        sampling=sampling,
+        wants_json=_wants_json(body),
+        identifiers=_identifiers(body),
+    )
+
+
+def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
+    check_parameters(body, Kind.COMPLETION)
+    model, stream, include_usage, sampling = _common(body)
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise SchemaError("'prompt' is required", param="prompt")
+    if isinstance(prompt, list):
+        if len(prompt) != 1 or not isinstance(prompt[0], str):
+            raise InvalidRequest(
+                "'prompt' must be a string or a list of one string", param="prompt"
+            )
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise SchemaError("'prompt' must be a string", param="prompt")
+    return CompletionRequest(
+        model=model,
+        prompt=prompt,
+        stream=stream,
+        include_usage=include_usage,
+        sampling=sampling,
+        identifiers=_identifiers(body),
+    )

@@ -1,0 +1,279 @@
+"""CPU fast paths: linear weights packed once for oneDNN, sibling projections fused into
+one product, and attention for one new token.
+
+Why: on CPU a decode step is a few dozen small matrix products (one row
+per running request), and the default kernels are poor at that shape.
+Measured on the 2-core bench machine with the `small` model and 16 rows
+(docs/decisions/speed.md): `F.linear` reached 26 GFLOP/s, about a
+quarter of the core's AVX-512 peak and a seventh of its memory bandwidth,
+while the same products with the weight reordered once into oneDNN's
+blocked layout took 40% less time; and SDPA's CPU flash kernel spent
+0.6 ms per layer on a single query row, where a plain matmul, softmax,
+matmul does it in a fraction. A lone request's step is one-row products,
+which oneDNN runs slower than four-row ones on the same weight, so they are
+padded to four (a 1-row step 1.19x faster in all); and one wide product of
+q, k and v stacked (and of gate and up) beats several narrow ones. All keep
+the model's arithmetic (greedy outputs are unchanged; the products differ
+from `F.linear` by rounding, about 1e-6), so every variant still decodes as
+in-process transformers.
+
+What is left as it was: quantized layers (torchao tensor subclasses have
+their own kernels), tied weights (packing would copy the embedding), and
+any device other than CPU. `pack_for_cpu` says what it did, for the log.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Sequence
+from typing import Any, Final
+
+import torch
+from torch import nn
+
+from fusebox_server.model.kernel_caches import KERNEL_CACHE_ENVS
+
+# The row count oneDNN is told to expect; the packed weight serves any row count.
+PACK_ROWS_HINT: Final = 16
+# oneDNN builds and caches a kernel per row count, larger for more rows
+# (kernel_caches.py): a prompt's rows go in calls of at most this many, so
+# the row counts a model ever sees are 4..64 (with MIN_ROWS_PER_CALL) and
+# every cached kernel is small.
+# Measured: a 350-row product takes the same time in 64-row calls.
+MAX_ROWS_PER_CALL: Final = 64
+# oneDNN's kernels for one to three rows run slower than its four-row one, on
+# the same packed weight (1 row: 12.3 ms, 4 rows: 9.5 ms for a decode step's
+# products): fewer rows are padded to this many, the extra rows' output dropped.
+MIN_ROWS_PER_CALL: Final = 4
+ATTENTION: Final = "fusebox_cpu"
+# Projections of one module that read the same input (Llama-family names).
+SIBLING_PROJECTIONS: Final = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class PackedLinear(nn.Module):
+    """A linear layer whose weight oneDNN reordered once; the original weight is dropped."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        # An opaque oneDNN tensor: not a parameter (it has no storage to save or move).
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT)
+        self.bias = bias
+        self.min_rows = MIN_ROWS_PER_CALL
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> PackedLinear:
+        return cls(linear.weight, linear.bias)
+
+    @classmethod
+    def stacked(cls, linears: Sequence[nn.Linear]) -> PackedLinear:
+        """One packed product of several layers' weights stacked: their outputs side by side."""
+        weight = torch.cat([linear.weight.detach() for linear in linears])
+        biases = [linear.bias.detach() for linear in linears if linear.bias is not None]
+        return cls(weight, torch.cat(biases) if biases else None)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        rows = inputs.reshape(-1, self.in_features)
+        parts = [self._product(chunk) for chunk in torch.split(rows, MAX_ROWS_PER_CALL)]
+        output = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return output.view(*inputs.shape[:-1], self.out_features)
+
+    def _product(self, rows: torch.Tensor) -> torch.Tensor:
+        """One oneDNN call; fewer than `min_rows` rows are padded with zeros to that many."""
+        count = rows.shape[0]
+        if count < self.min_rows:
+            padded = rows.new_zeros((self.min_rows, self.in_features))
+            padded[:count] = rows
+            rows = padded
+        bias = None if self.bias is None else self.bias.detach()
+        output: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+            rows, self.packed, bias, "none", [], ""
+        )
+        return output[:count]
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed"
+
+
+class SharedProduct:
+    """Sibling projections that read the same input, as one packed product per input.
+
+    A decoder layer's q, k and v projections (and its MLP's gate and up) all
+    read the same hidden states; one product of their stacked weights reads
+    that input once, and oneDNN runs one wide product faster than several
+    narrow ones (docs/decisions/speed.md). Each sibling's module becomes a
+    `ProjectionSlice` that takes its own columns. The product is held only
+    until every sibling has taken its columns of that input; a sibling called
+    with another input, or twice, gets a fresh product, so each returns what
+    its own layer computes whatever the model does in between.
+    """
+
+    def __init__(self, linears: Sequence[nn.Linear]) -> None:
+        self.product = PackedLinear.stacked(linears)
+        ends = list(itertools.accumulate(linear.out_features for linear in linears))
+        self.columns = [
+            (end - linear.out_features, end) for linear, end in zip(linears, ends, strict=True)
+        ]
+        self._input: torch.Tensor | None = None
+        self._output: torch.Tensor | None = None
+        self._unserved: set[int] = set()
+
+    def for_sibling(self, sibling: int, inputs: torch.Tensor) -> torch.Tensor:
+        if inputs is not self._input or sibling not in self._unserved:
+            self._input, self._output = inputs, self.product(inputs)
+            self._unserved = set(range(len(self.columns)))
+        output = self._output
+        assert output is not None
+        self._unserved.discard(sibling)
+        if not self._unserved:  # every sibling served: hold nothing between steps
+            self._input = self._output = None
+        start, end = self.columns[sibling]
+        return output[..., start:end].contiguous()  # the layout a plain layer returns
+
+
+class ProjectionSlice(nn.Module):
+    """One sibling's place in a `SharedProduct`: its own columns of the shared product."""
+
+    def __init__(self, shared: SharedProduct, sibling: int) -> None:
+        super().__init__()
+        self.shared, self.sibling = shared, sibling  # a plain object: not a submodule
+        start, end = shared.columns[sibling]
+        self.in_features, self.out_features = shared.product.in_features, end - start
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.shared.for_sibling(self.sibling, inputs)
+
+    def extra_repr(self) -> str:
+        start, end = self.shared.columns[self.sibling]
+        return f"in_features={self.in_features}, columns {start}:{end} of a shared product"
+
+
+def _packable(linear: nn.Linear, tied: set[int]) -> bool:
+    weight = linear.weight
+    if type(weight) not in (torch.Tensor, nn.Parameter) or weight.device.type != "cpu":
+        return False  # a quantized tensor subclass, or not on the CPU
+    if id(weight) in tied:
+        return False
+    if weight.dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return weight.dtype == torch.float32
+
+
+def _tied_weights(model: nn.Module) -> set[int]:
+    input_embeddings = getattr(model, "get_input_embeddings", None)
+    embeddings = input_embeddings() if callable(input_embeddings) else None
+    return {id(embeddings.weight)} if isinstance(embeddings, nn.Embedding) else set()
+
+
+def _stackable(siblings: Sequence[object], tied: set[int]) -> list[nn.Linear] | None:
+    """The siblings as packable layers of one input width, dtype and bias-ness, or None."""
+    linears = [s for s in siblings if isinstance(s, nn.Linear) and _packable(s, tied)]
+    if len(linears) != len(siblings):
+        return None
+    first = linears[0]
+    alike = all(
+        linear.in_features == first.in_features
+        and linear.weight.dtype == first.weight.dtype
+        and (linear.bias is None) == (first.bias is None)
+        for linear in linears
+    )
+    return linears if alike else None
+
+
+def fuse_sibling_projections(model: nn.Module) -> int:
+    """Serve each group of `SIBLING_PROJECTIONS` from one `SharedProduct`; how many groups."""
+    tied = _tied_weights(model)
+    groups = 0
+    for parent in list(model.modules()):
+        for names in SIBLING_PROJECTIONS:
+            linears = _stackable([getattr(parent, name, None) for name in names], tied)
+            if linears is None:
+                continue
+            shared = SharedProduct(linears)
+            for sibling, name in enumerate(names):
+                setattr(parent, name, ProjectionSlice(shared, sibling))
+            groups += 1
+    return groups
+
+
+def pack_linear_layers(model: nn.Module) -> int:
+    """Replace every packable `nn.Linear` by a `PackedLinear`; how many were replaced."""
+    tied = _tied_weights(model)
+    packed = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear) and _packable(child, tied):
+                setattr(parent, name, PackedLinear.of(child))
+                packed += 1
+    return packed
+
+
+def single_query_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface: a decode step's one query row by plain matmuls.
+
+    query (batch, heads, 1, dim), key/value (batch, kv_heads, length, dim), and
+    the boolean mask (batch, 1, 1, length) that `sdpa_mask` builds, True where a
+    position is attended. Grouped-query heads share their key/value head by a
+    reshape, never a copy. Any other shape (a prompt) goes to SDPA unchanged.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if query.shape[2] != 1 or dropout != 0.0 or kwargs.get("softcap") is not None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    batch, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+    scores = torch.matmul(grouped, key.transpose(-1, -2))
+    scores.mul_(dim**-0.5 if scaling is None else scaling)
+    if attention_mask is not None:
+        mask = attention_mask[:, :, -1:, : key.shape[-2]]
+        if mask.dtype == torch.bool:
+            scores.masked_fill_(~mask, float("-inf"))
+        else:
+            scores.add_(mask)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    output = torch.matmul(weights, value)  # (batch, kv_heads, group, dim)
+    return output.reshape(batch, 1, heads, dim), None
+
+
+def use_single_query_attention(model: Any) -> bool:
+    """Route the model's attention through `single_query_attention`; False if it uses another."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return False  # a model that asked for another kernel keeps it
+    AttentionInterface.register(ATTENTION, single_query_attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+    model.set_attn_implementation(ATTENTION)
+    return True
+
+
+def pack_for_cpu(model: Any, device: torch.device) -> dict[str, Any]:
+    """Switch a loaded model on the CPU to the fast paths above; what was done, for the log."""
+    mkldnn = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+    if device.type != "cpu" or not mkldnn:
+        return {
+            "fused_projection_groups": 0,
+            "packed_linear_layers": 0,
+            "single_query_attention": False,
+        }
+    return {
+        "fused_projection_groups": fuse_sibling_projections(model),
+        "packed_linear_layers": pack_linear_layers(model),
+        "single_query_attention": use_single_query_attention(model),
+        # The bounds torch loaded with (kernel_caches.py); None: oneDNN's default, 1,024.
+        "kernel_cache_entries": {name: os.environ.get(name) for name in KERNEL_CACHE_ENVS},
+    }

@@ -1,0 +1,142 @@
+"""One tokenizer per model, a bounded cache of encodings, and streaming detokenization.
+
+Why: an unbounded per-prompt cache is one of the leaks Fusebox exists to
+catch, so the LRU here is capped at `--tokenizer-cache-size` entries (0
+turns it off), and the hot prompts (`--templates-file`) are encoded once at
+start into a separate table that is counted but never evicted (re-encoded
+when the file changes). The
+tokenizer is loaded once per model directory and shared by every request;
+there is no per-request loader or buffer.
+
+`IncrementalDecoder` turns token ids into text pieces for SSE: byte-level
+BPE splits a Chinese character over several tokens, so a piece is held back
+while it ends in an incomplete UTF-8 sequence.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+REPLACEMENT_CHARACTER = "\ufffd"
+
+
+class ChatTurn(Protocol):
+    """One chat message as the chat template reads it (`openai_schema.ChatMessage` is one).
+
+    A protocol, so the model layer never imports the OpenAI schema.
+    """
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def content(self) -> str: ...
+
+
+def load_tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+
+
+class PromptEncoder:
+    """Encodes prompts through templates, then a bounded LRU, then the tokenizer."""
+
+    def __init__(self, tokenizer: Any, cache_size: int, templates: Iterable[str] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.cache_size = cache_size
+        self._cache: OrderedDict[tuple[str, bool], tuple[int, ...]] = OrderedDict()
+        self.cache_hits_total = 0
+        self.template_hits_total = 0
+        self._templates: dict[tuple[str, bool], tuple[int, ...]] = {}
+        self.set_templates(templates)
+
+    def set_templates(self, templates: Iterable[str]) -> None:
+        """Encode the templates into a new table, then swap it in whole (readers never see
+        half of it; the file watcher calls this off the event loop)."""
+        table: dict[tuple[str, bool], tuple[int, ...]] = {}
+        for template in templates:
+            # Both ways a template arrives: as a lone chat user turn, and as a raw prompt.
+            chat_text = self._apply_chat_template([{"role": "user", "content": template}])
+            table[(chat_text, False)] = self.encode_uncached(chat_text, False)
+            table[(template, True)] = self.encode_uncached(template, True)
+        self._templates = table
+
+    @property
+    def cache_entries(self) -> int:
+        return len(self._cache)
+
+    def render_chat(self, messages: Sequence[ChatTurn]) -> str:
+        return self._apply_chat_template([{"role": m.role, "content": m.content} for m in messages])
+
+    def _apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        rendered = self.tokenizer.apply_chat_template(
+            messages,
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        return str(rendered)
+
+    def encode_uncached(self, text: str, add_special_tokens: bool) -> tuple[int, ...]:
+        encoding = self.tokenizer.backend_tokenizer.encode(
+            text, add_special_tokens=add_special_tokens
+        )
+        return tuple(encoding.ids)
+
+    def encode(self, text: str, add_special_tokens: bool) -> tuple[int, ...]:
+        key = (text, add_special_tokens)
+        template = self._templates.get(key)
+        if template is not None:
+            self.template_hits_total += 1
+            return template
+        if self.cache_size > 0:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                self.cache_hits_total += 1
+                return cached
+        ids = self.encode_uncached(text, add_special_tokens)
+        if self.cache_size > 0:
+            self._cache[key] = ids
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return ids
+
+
+class IncrementalDecoder:
+    """Yields the new text each token adds, holding back incomplete UTF-8.
+
+    Decodes a short window (from the last emitted boundary) rather than the
+    whole output each step, so a long generation costs linear time.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._ids: list[int] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self._tokenizer.decode(ids, skip_special_tokens=True))
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        return self._advance(final=False)
+
+    def flush(self) -> str:
+        """The rest at the end of a generation, incomplete bytes included."""
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> str:
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        new_text = self._decode(self._ids[self._prefix_offset :])
+        if len(new_text) <= len(prefix_text):
+            return ""
+        if new_text.endswith(REPLACEMENT_CHARACTER) and not final:
+            return ""
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        return new_text[len(prefix_text) :]

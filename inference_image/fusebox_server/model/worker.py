@@ -1,0 +1,471 @@
+"""The inference worker: the one thread where torch runs.
+
+Why: torch on the event loop would stall every connection, health checks
+included. The loop hands admitted requests and admin actions to this thread
+through a bounded queue; the thread interleaves the running requests one
+decoding step each (so a request that is cancelled, or past its deadline,
+stops within one step), and sends every token and the final result back with
+`loop.call_soon_threadsafe`. Any exception inside one request goes to that
+request's caller; the thread itself never dies. It stamps a heartbeat on
+every turn, idle or not, which `/healthz` and the stats file read.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+
+from fusebox_contract.names import Fault
+from fusebox_server.errors import (
+    DeadlineExceeded,
+    GenerationFailed,
+    ModelUnavailable,
+    ServerError,
+    memory_exhausted,
+)
+from fusebox_server.model.decode_settings import DecodeSettings
+from fusebox_server.model.engine import (
+    DecodeBatch,
+    Decoding,
+    LoadedModel,
+    prefill,
+    prefill_groups,
+    release_memory,
+)
+from fusebox_server.model.faults import Faults
+from fusebox_server.model.memory import cuda_memory
+from fusebox_server.model.slot_batch import SlotBatch, new_batch
+from fusebox_server.model.tokenization import IncrementalDecoder
+
+IDLE_WAIT_SECONDS = 0.2
+CONTROL_ACTION_GRACE_SECONDS = 900.0
+# A result the loop could not take (an allocation failed) is offered again this often.
+POST_ATTEMPTS = 200
+POST_RETRY_SECONDS = 0.005
+# Joiners' prompts run together up to this many (padded) tokens per forward pass.
+PREFILL_TOKEN_BUDGET = 2048
+
+
+@dataclass(frozen=True)
+class Piece:
+    """New text from the model (one decoded piece)."""
+
+    text: str
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The generation ended: `stop`, `length` or `cancelled`."""
+
+    reason: str
+    completion_tokens: int
+    cuda_at_entry: dict[str, int | None]
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The generation failed; the caller maps the error to a status."""
+
+    error: ServerError
+    completion_tokens: int
+
+
+Event = Piece | Finished | Failed
+
+
+@dataclass
+class GenerationJob:
+    request_id: str
+    variant: str
+    prompt_ids: tuple[int, ...]
+    settings: DecodeSettings
+    deadline_monotonic: float
+    tokenizer: Any
+    deliver: Callable[[Event], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    # Set by the worker when it lets go of the job, before its final event is posted.
+    ended: threading.Event = field(default_factory=threading.Event)
+    decoding: Decoding | None = None
+    decoder: IncrementalDecoder | None = None
+    completion_tokens: int = 0
+    text: str = ""
+    emitted_chars: int = 0
+    cuda_at_entry: dict[str, int | None] = field(default_factory=dict)
+
+
+@dataclass
+class ControlJob:
+    action: Callable[[], Any]
+    deliver: Callable[[Any, BaseException | None], None]
+
+
+def _held_back_chars(text: str, stops: tuple[str, ...]) -> int:
+    """How many trailing chars could start a stop sequence (kept until decided).
+
+    Per stop, only the last len(stop) - 1 chars can start it: the longest of
+    their suffixes that is a prefix of the stop is found with the
+    Knuth-Morris-Pratt automaton, in time linear in the stop's length.
+    """
+    return max((_partial_stop_chars(text, stop) for stop in stops), default=0)
+
+
+def _partial_stop_chars(text: str, stop: str) -> int:
+    pattern = stop[:-1]  # a whole stop in the text ends it; only a proper prefix is held
+    if not pattern or not text:
+        return 0
+    failure = [0] * len(pattern)  # failure[i]: longest proper border of pattern[: i + 1]
+    border = 0
+    for index in range(1, len(pattern)):
+        while border and pattern[index] != pattern[border]:
+            border = failure[border - 1]
+        if pattern[index] == pattern[border]:
+            border += 1
+        failure[index] = border
+    matched = 0
+    for char in text[-len(pattern) :]:
+        while matched and (matched == len(pattern) or char != pattern[matched]):
+            matched = failure[matched - 1]
+        if char == pattern[matched]:
+            matched += 1
+    return matched
+
+
+class InferenceWorker(threading.Thread):
+    def __init__(self, loop: Any, faults: Faults, inbox_size: int, torch_threads: int = 0) -> None:
+        super().__init__(name="fusebox-inference", daemon=True)
+        self._loop = loop
+        self._faults = faults
+        self._inbox: queue.Queue[GenerationJob | ControlJob] = queue.Queue(maxsize=inbox_size)
+        self._active: list[GenerationJob] = []
+        self._stopping = threading.Event()
+        self.loaded: LoadedModel | None = None
+        self.heartbeat = time.time()
+        self.control_started_at: float | None = None
+        self._torch_threads = torch_threads
+        self.torch_threads: int | None = None
+        self._batch: DecodeBatch | SlotBatch | None = None
+        self._release_idle_batch = threading.Event()
+
+    # ----- called from the event loop -----
+    def submit(self, job: GenerationJob | ControlJob) -> None:
+        self._inbox.put_nowait(job)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    @property
+    def active_count(self) -> int:
+        return len(self._active)
+
+    @property
+    def batch_rows(self) -> int:
+        """Rows in the decode batch: each holds its KV cache, so a leaked one holds memory."""
+        batch = self._batch
+        return len(batch) if batch is not None else 0
+
+    @property
+    def inbox_length(self) -> int:
+        return self._inbox.qsize()
+
+    def release_idle_batch(self) -> None:
+        """Ask for the decode batch's cache to be dropped while no request decodes.
+
+        A CUDA `SlotBatch` keeps its slot cache and graphs between bursts;
+        memory release (the `empty_cache` action, the memory guard) asks for
+        them back. On this thread (an admin action) it happens at once, from
+        another at the start of the worker's next turn.
+        """
+        self._release_idle_batch.set()
+        if threading.current_thread() is self:
+            self._drop_idle_batch()
+
+    def _drop_idle_batch(self) -> None:
+        if not self._release_idle_batch.is_set():
+            return
+        self._release_idle_batch.clear()
+        if self._batch is not None:
+            self._batch.release()
+
+    # ----- the thread -----
+    def run(self) -> None:
+        if self._torch_threads > 0:
+            # Per thread under OpenMP: set it where torch runs.
+            torch.set_num_threads(self._torch_threads)
+        self.torch_threads = torch.get_num_threads()  # what this thread really uses
+        while not self._stopping.is_set():
+            try:
+                self.heartbeat = time.time()
+                self._turn()
+            except BaseException as error:  # the worker must outlive anything
+                self._recover(error)
+
+    def _recover(self, error: BaseException) -> None:
+        """A turn failed outside any one job: fail the running jobs, pause, go on.
+
+        Itself guarded: when memory is short, failing the jobs can fail too; they
+        stay active and the next turn carries on with them.
+        """
+        try:
+            self._fail_all(
+                memory_exhausted(error) or GenerationFailed(f"inference worker error: {error!r}")
+            )
+        except MemoryError:
+            pass
+        time.sleep(IDLE_WAIT_SECONDS)
+
+    def _turn(self) -> None:
+        self._drop_idle_batch()
+        self._take_inbox(block=not self._active)
+        for job in list(self._active):
+            self._guarded(job, partial(self._check_alive, job))
+        self._prefill_joiners([job for job in self._active if job.decoding is None])
+        if self._batch is not None and len(self._batch):
+            self._batched_step()
+
+    def _guarded(self, job: GenerationJob, action: Callable[[], object]) -> None:
+        """Run one job's part of a turn; its errors go to its caller, never up."""
+        try:
+            action()
+        except ServerError as error:
+            self._finish(job, Failed(error, job.completion_tokens))
+        except Exception as error:
+            self._finish(job, Failed(self._generation_error(error), job.completion_tokens))
+
+    def _generation_error(self, error: Exception) -> ServerError:
+        """An allocation failure is a 503 (and frees what the allocator caches), else a 500."""
+        exhausted = memory_exhausted(error)
+        if exhausted is None:
+            return GenerationFailed(f"generation failed: {error!r}")
+        if isinstance(error, torch.OutOfMemoryError):
+            release_memory(self.loaded.device if self.loaded else torch.device("cpu"))
+        return exhausted
+
+    def _check_alive(self, job: GenerationJob) -> None:
+        if job.cancelled.is_set():
+            self._finish(job, Finished("cancelled", job.completion_tokens, job.cuda_at_entry))
+        elif time.monotonic() > job.deadline_monotonic:
+            raise DeadlineExceeded("the request outlived its deadline during generation")
+
+    def _prefill_joiners(self, joiners: list[GenerationJob]) -> None:
+        """Start new jobs: their prompts run together (in groups), then they join the batch.
+
+        A group whose forward pass fails is retried one job at a time, so the
+        error reaches only the job that caused it (a prompt the model rejects)
+        and the others start as if alone.
+        """
+        for job in joiners:
+            self._guarded(job, partial(self._start, job))
+        started = [job for job in joiners if job.decoding is not None]
+        lengths = [len(job.prompt_ids) for job in started]
+        for indexes in prefill_groups(lengths, PREFILL_TOKEN_BUDGET):
+            group = [started[index] for index in indexes]
+            if len(group) > 1:
+                decodings = [job.decoding for job in group if job.decoding is not None]
+                try:
+                    tokens = prefill(decodings[0].loaded, decodings)
+                except Exception:
+                    pass
+                else:
+                    self._joined(group, tokens)
+                    continue
+            for job in group:
+                self._guarded(job, partial(self._prefill_alone, job))
+
+    def _prefill_alone(self, job: GenerationJob) -> None:
+        assert job.decoding is not None
+        self._joined([job], [job.decoding.step()])
+
+    def _joined(self, group: list[GenerationJob], tokens: list[int | Exception]) -> None:
+        """After a prefill: the group joins the batch, then each takes its first token."""
+        decodings = [job.decoding for job in group if job.decoding is not None]
+        loaded = decodings[0].loaded
+        batch = self._batch
+        if batch is None or batch.loaded is not loaded:
+            batch = self._batch = new_batch(loaded)
+        try:
+            batch.add(*decodings)
+        except Exception as error:  # e.g. the merge's allocation failed: the batch is unchanged
+            failure = self._generation_error(error)
+            for job in group:
+                job.decoding = None
+                self._finish(job, Failed(failure, job.completion_tokens))
+            return
+        for job, token_id in zip(group, tokens, strict=True):
+            if job in self._active:
+                self._guarded(job, partial(self._on_token, job, token_id))
+
+    def _batched_step(self) -> None:
+        batch = self._batch
+        assert batch is not None
+        jobs = {id(job.decoding): job for job in self._active if job.decoding is not None}
+        members: list[GenerationJob] = []
+        for row in list(batch.rows):
+            member = jobs.get(id(row))
+            if member is None:
+                batch.remove(row)  # an orphan row would decode for nobody
+            else:
+                members.append(member)
+        if not members:
+            return
+        try:
+            tokens = batch.step()
+        except Exception as error:  # the batch is lost; its members fail, the worker goes on
+            self._batch = None
+            failure = self._generation_error(error)
+            for job in members:
+                job.decoding = None
+                self._finish(job, Failed(failure, job.completion_tokens))
+            return
+        self._slow_fault(members)
+        for job, token_id in zip(members, tokens, strict=True):
+            if job in self._active:
+                self._guarded(job, partial(self._on_token, job, token_id))
+
+    def _on_token(self, job: GenerationJob, token_id: int | Exception) -> bool:
+        """Decode, emit, and finish the job if this token ends it; True when it ended.
+
+        An error in the token's place is this row's sampling failure: raised here, it
+        fails this job alone (`_guarded`), and the batch's other rows go on.
+        """
+        if isinstance(token_id, Exception):
+            raise token_id
+        assert job.decoding is not None and job.decoder is not None
+        if job.decoding.is_end(token_id):
+            self._complete(job, "stop", job.decoder.flush())
+            return True
+        job.completion_tokens += 1
+        piece = job.decoder.push(token_id)
+        if job.completion_tokens >= job.settings.max_new_tokens:
+            self._complete(job, "length", piece + job.decoder.flush())
+            return True
+        if self._append(job, piece, final=False):
+            self._finish(job, Finished("stop", job.completion_tokens, job.cuda_at_entry))
+            return True
+        return False
+
+    def _take_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=IDLE_WAIT_SECONDS) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if isinstance(item, ControlJob):
+                self._run_control(item)
+            else:
+                self._active.append(item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _run_control(self, job: ControlJob) -> None:
+        self.control_started_at = time.time()
+        try:
+            result = job.action()
+        except BaseException as error:
+            self._post(job.deliver, None, error)
+        else:
+            self._post(job.deliver, result, None)
+        finally:
+            self.control_started_at = None
+            self.heartbeat = time.time()
+
+    def effective_heartbeat(self, now: float) -> float:
+        """The heartbeat, counting a model load or swap in progress as alive (up to a limit).
+
+        Loading a large model takes minutes on this thread; liveness must not
+        kill the pod for it. A control action running longer than
+        CONTROL_ACTION_GRACE_SECONDS is treated as a hang.
+        """
+        started = self.control_started_at
+        if started is not None and now - started < CONTROL_ACTION_GRACE_SECONDS:
+            return now
+        return self.heartbeat
+
+    def _post(self, callback: Callable[..., None], *args: Any) -> None:
+        """Hand a result to the loop, retrying a failed allocation for a while.
+
+        A final event lost all the same is made good at the request's deadline
+        (runtime.Generation.give_up: the job has ended, its slot is freed).
+        """
+        for _ in range(POST_ATTEMPTS):
+            try:
+                self._loop.call_soon_threadsafe(callback, *args)
+                return
+            except RuntimeError:
+                return  # the loop is closed: the process is shutting down
+            except MemoryError:
+                time.sleep(POST_RETRY_SECONDS)
+
+    def _finish(self, job: GenerationJob, event: Event) -> None:
+        if job in self._active:
+            self._active.remove(job)
+        job.ended.set()
+        decoding, job.decoding = job.decoding, None
+        if decoding is not None and self._batch is not None:
+            try:
+                self._batch.remove(decoding)
+            except Exception:  # e.g. MemoryError: the next step prunes the orphan row
+                pass
+        self._post(job.deliver, event)
+
+    def _fail_all(self, error: ServerError) -> None:
+        for job in list(self._active):
+            self._finish(job, Failed(error, job.completion_tokens))
+
+    def abort_active(self, error: ServerError) -> None:
+        """Called on this thread by unload/swap: running requests lose their model."""
+        self._fail_all(error)
+        self._batch = None
+
+    def _emit(self, job: GenerationJob, text: str) -> None:
+        if text:
+            self._post(job.deliver, Piece(text, job.completion_tokens))
+
+    def _slow_fault(self, jobs: list[GenerationJob]) -> None:
+        """The `slow` fault: N ms per token, in slices so a cancel or a change takes effect."""
+        started = time.monotonic()
+        while not self._stopping.is_set() and not all(job.cancelled.is_set() for job in jobs):
+            left = self._faults.value(Fault.SLOW) / 1000.0 - (time.monotonic() - started)
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.05))
+
+    def _start(self, job: GenerationJob) -> None:
+        loaded = self.loaded
+        if loaded is None or loaded.variant != job.variant:
+            raise ModelUnavailable("the model was unloaded or swapped before generation started")
+        job.cuda_at_entry = cuda_memory(loaded.device)
+        self._faults.grow_leaks(loaded)
+        job.decoding = Decoding(loaded, job.prompt_ids, job.settings)
+        job.decoder = IncrementalDecoder(job.tokenizer)
+
+    def _append(self, job: GenerationJob, piece: str, final: bool) -> bool:
+        """Add text; emit what is safe; returns True when a stop sequence ended it."""
+        job.text += piece
+        stops = job.settings.stop
+        for stop in stops:
+            index = job.text.find(stop, max(0, job.emitted_chars - len(stop)))
+            if index >= 0:
+                self._emit(job, job.text[job.emitted_chars : index])
+                job.text = job.text[:index]
+                job.emitted_chars = index
+                return True
+        safe_end = len(job.text) if final else len(job.text) - _held_back_chars(job.text, stops)
+        if safe_end > job.emitted_chars:
+            self._emit(job, job.text[job.emitted_chars : safe_end])
+            job.emitted_chars = safe_end
+        return False
+
+    def _complete(self, job: GenerationJob, reason: str, rest: str) -> None:
+        if self._append(job, rest, final=True):
+            reason = "stop"
+        self._finish(job, Finished(reason, job.completion_tokens, job.cuda_at_entry))

@@ -1,0 +1,163 @@
+"""A change of variant is a transaction: it ends with the new variant serving or the old
+one serving again, never with none (docs/decisions/fallback-swap.md). On the real tiny
+model, with a fallback whose weights are cut short, as corrupt weights on a volume are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from fusebox_contract.names import ActionType, DegradationLevel, Quantization, Variant
+from fusebox_contract.stats import StatsDocument
+from fusebox_server.config import ServerConfig
+from fusebox_server.control.runtime import Runtime
+from fusebox_server.errors import FallbackUnavailable
+from fusebox_server.model import engine
+from fusebox_server.model.load_order import LoadOrder, MemoryRoom, load_order, weights_on_disk_bytes
+
+from .runtime_runs import run_with_runtime, settled
+
+T = TypeVar("T")
+
+NO_ROOM = [MemoryRoom("host", used_bytes=1 << 30, limit_bytes=1 << 30)]
+ROOM = [MemoryRoom("host", used_bytes=0, limit_bytes=1 << 50)]
+
+
+@pytest.fixture(scope="module")
+def corrupt_fallback_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model's config and tokenizer with weights cut short: `--check-config` passes."""
+    directory = tmp_path_factory.mktemp("corrupt-fallback")
+    for path in tiny_model_dir.iterdir():
+        if path.name != "model.safetensors":
+            (directory / path.name).symlink_to(path)
+    (directory / "model.safetensors").write_bytes(
+        (tiny_model_dir / "model.safetensors").read_bytes()[:4096]
+    )
+    return directory
+
+
+def test_the_new_variant_loads_first_only_when_both_fit_under_the_guard_ratio() -> None:
+    host = MemoryRoom("cgroup", used_bytes=600, limit_bytes=1000)
+    gpu = MemoryRoom("gpu", used_bytes=100, limit_bytes=1000)
+    assert load_order(300, [host, gpu], 0.95) is LoadOrder.LOAD_FIRST
+    assert load_order(400, [host, gpu], 0.95) is LoadOrder.RELEASE_FIRST  # 1000 > 950
+    assert load_order(300, [host, MemoryRoom("gpu", 700, 1000)], 0.95) is LoadOrder.RELEASE_FIRST
+    assert load_order(None, [host], 0.95) is LoadOrder.RELEASE_FIRST  # need unknown
+    assert load_order(1, [MemoryRoom("cgroup", None, 1000)], 0.95) is LoadOrder.RELEASE_FIRST
+
+
+def test_a_variant_never_loaded_needs_its_weight_files_size(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    assert weights_on_disk_bytes(tiny_model_dir) == (
+        (tiny_model_dir / "model.safetensors").stat().st_size
+    )
+    assert weights_on_disk_bytes(tmp_path) is None  # nothing to measure: release first
+
+
+def _watch_loads(runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+    """Each load from now on: (variant, whether the pod was ready as it began)."""
+    seen: list[tuple[str, bool]] = []
+    real_load = engine.load_model
+
+    def watched(variant: str, *args: Any, **kwargs: Any) -> Any:
+        seen.append((variant, runtime.ready))
+        return real_load(variant, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "load_model", watched)
+    return seen
+
+
+def _serving(runtime: Runtime) -> tuple[Variant, bool, str | None]:
+    loaded = runtime.variants.loaded
+    return runtime.variant, runtime.ready, loaded.quantization.value if loaded else None
+
+
+@pytest.mark.parametrize(
+    ("rooms", "order", "loads"),
+    [
+        pytest.param(ROOM, LoadOrder.LOAD_FIRST, [("fallback", True)], id="room-for-both"),
+        pytest.param(
+            NO_ROOM,
+            LoadOrder.RELEASE_FIRST,
+            [("fallback", False), ("primary", False)],
+            id="no-room",
+        ),
+    ],
+)
+def test_a_fallback_that_fails_to_load_leaves_the_primary_serving_and_is_marked_unavailable(
+    tiny_model_dir: Path,
+    corrupt_fallback_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    rooms: list[MemoryRoom],
+    order: LoadOrder,
+    loads: list[tuple[str, bool]],
+) -> None:
+    config = ServerConfig(
+        model_dir=tiny_model_dir, fallback_dir=corrupt_fallback_dir, torch_threads=1
+    )
+
+    async def scenario(runtime: Runtime) -> tuple[Any, ...]:
+        seen = _watch_loads(runtime, monkeypatch)
+        with pytest.raises(FallbackUnavailable, match="loading it failed") as refused:
+            await runtime.run_action("swap-1", ActionType.SWAP, Variant.FALLBACK)
+        after_swap = _serving(runtime)
+        used_order = runtime.variants.last_load_order
+        reason = runtime.variants.unavailable_reason
+        loads_after_swap = runtime.variants.loads_total
+        # The degradation tier asks again, then the swap rung: refused at once, nothing loads.
+        result = runtime.set_degradation(DegradationLevel.FALLBACK_MODEL)
+        await settled(runtime)
+        with pytest.raises(FallbackUnavailable, match="loading it failed"):
+            await runtime.run_action("swap-2", ActionType.SWAP, Variant.FALLBACK)
+        after_retry = (_serving(runtime), runtime.variants.loads_total - loads_after_swap)
+        return refused.value, after_swap, used_order, reason, list(seen), result, after_retry
+
+    error, after_swap, used_order, reason, seen, result, after_retry = run_with_runtime(
+        config, scenario, rooms
+    )
+    assert used_order is order
+    assert seen == loads
+    assert error.status == 409 and error.code == "fallback_unavailable"
+    assert "SafetensorError" in error.message
+    assert reason == error.message
+    assert after_swap == (Variant.PRIMARY, True, "none")
+    assert not result.converging and result.target_variant is Variant.PRIMARY
+    assert after_retry == ((Variant.PRIMARY, True, "none"), 0)
+
+
+def test_a_fallback_that_fails_under_the_degradation_tier_is_reported_in_the_stats(
+    tiny_model_dir: Path, corrupt_fallback_dir: Path
+) -> None:
+    config = ServerConfig(
+        model_dir=tiny_model_dir, fallback_dir=corrupt_fallback_dir, torch_threads=1
+    )
+
+    async def scenario(runtime: Runtime) -> StatsDocument:
+        assert runtime.set_degradation(DegradationLevel.FALLBACK_MODEL).converging
+        await settled(runtime)
+        return runtime.stats_document()
+
+    # No room: the order that takes the primary down, and must bring it back.
+    state = run_with_runtime(config, scenario, NO_ROOM).state
+    assert state.variant is Variant.PRIMARY and state.model_loaded is True
+    assert state.fallback_available is False
+    assert state.fallback_unavailable_reason is not None
+    assert "loading it failed" in state.fallback_unavailable_reason
+    assert state.converging is False and state.target_variant is Variant.PRIMARY
+
+
+def test_a_good_fallback_loads_beside_the_primary_when_both_fit(tiny_model_dir: Path) -> None:
+    config = ServerConfig(
+        model_dir=tiny_model_dir, fallback_quantization=Quantization.INT8, torch_threads=1
+    )
+
+    async def scenario(runtime: Runtime) -> tuple[LoadOrder | None, Any]:
+        await runtime.run_action("swap-1", ActionType.SWAP, Variant.FALLBACK)
+        return runtime.variants.last_load_order, _serving(runtime)
+
+    order, serving = run_with_runtime(config, scenario, ROOM)
+    assert order is LoadOrder.LOAD_FIRST
+    assert serving == (Variant.FALLBACK, True, "int8")
