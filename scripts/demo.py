@@ -35,6 +35,8 @@ from typing import Any
 
 import yaml
 
+from fusebox_contract.admin import AdminRequest, FaultsRequest
+from fusebox_contract.names import Fault
 from fusebox_contract.wiring import Port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -325,7 +327,7 @@ def prepare_model(cluster: Cluster) -> None:
     else:
         say(f"generating the tiny model into {target} ...")
         subprocess.run(
-            [PYTHON, "-m", "fusebox_server.tiny_model", str(target), "--size", "tiny"],
+            [PYTHON, "-m", "fusebox_server.model.tiny_model", str(target), "--size", "tiny"],
             cwd=REPO,
             check=True,
             timeout=600,
@@ -501,9 +503,12 @@ def stream_chat(base_url: str) -> None:
     say("(the tiny model is random-weighted: the words are noise, the streaming is real)")
 
 
-def admin_put(admin_url: str, token: str, path: str, body: dict[str, Any]) -> tuple[int, str]:
+def admin_call(admin_url: str, token: str, body: AdminRequest) -> tuple[int, str]:
+    """One admin request, to its path, in the contract's wire form; the status and answer."""
     request = urllib.request.Request(
-        f"{admin_url}{path}", data=json.dumps(body).encode(), method="PUT"
+        f"{admin_url}{body.path}",
+        data=json.dumps(body.encode()).encode(),
+        method=body.path.method,
     )
     request.add_header("Content-Type", "application/json")
     request.add_header("Authorization", f"Bearer {token}")
@@ -622,13 +627,12 @@ def leak_with(
     timeout: float,
 ) -> None:
     seen = {event_key(e) for e in service_events(cluster, name)}
-    code, body = admin_put(admin_url, token, "/admin/v1/faults", {"leak": LEAK_MIB_PER_REQUEST})
+    leak = FaultsRequest({Fault.LEAK: LEAK_MIB_PER_REQUEST})
+    code, body = admin_call(admin_url, token, leak)
+    call = f"{leak.path.method} {leak.path} {json.dumps(leak.encode())}"
     if code != 200:
-        raise DemoError(f"PUT /admin/v1/faults on {pod_name} answered {code}: {body}")
-    say(
-        f'PUT /admin/v1/faults {{"leak": {LEAK_MIB_PER_REQUEST}}} on {pod_name}'
-        f" -> {code} {body.strip()}"
-    )
+        raise DemoError(f"{call} on {pod_name} answered {code}: {body}")
+    say(f"{call} on {pod_name} -> {code} {body.strip()}")
     say(
         f"now every request to {pod_name} holds {LEAK_MIB_PER_REQUEST} MiB more;"
         " driving requests ..."
@@ -672,7 +676,7 @@ def leak_with(
     if refused:
         say(f"{refused} request(s) got 503 + Retry-After while the model was out")
     # Stop the fault whatever happened (a restarted pod starts with leak:0 anyway).
-    code, _ = admin_put(admin_url, token, "/admin/v1/faults", {"leak": 0})
+    code, _ = admin_call(admin_url, token, FaultsRequest({Fault.LEAK: 0}))
     say(f"leak switched off on {pod_name}: {code or 'pod gone (restarted)'}")
     time.sleep(6)
     status = service_status(cluster, name)

@@ -1,15 +1,16 @@
-"""Regenerate what derives from the canonical CRD: docs/api.md and the chart's copy.
+"""Regenerate what derives from the canonical CRD: docs/api.md and the two copies.
 
 Why generated: crds/inferenceservice.yaml is the one source of types,
 defaults, bounds and descriptions (`kubectl explain` reads the same text).
 A hand-written reference would drift, and so would the Helm chart's crds/
-copy; both are rebuilt from the CRD here, and unit tests fail when either
-is stale. The one part of the CRD that is itself generated is the CEL list
-of reserved `server.env` names: it comes from
-`fusebox_contract.settings.RESERVED_ENV_NAMES`, so the API server refuses
-exactly the names the operator renders.
+copy and the operator package's (operator/fusebox_operator/crds/, where the
+parser reads each field's default and bounds); all are rebuilt from the CRD
+here, and unit tests fail when any is stale. The one part of the CRD that is
+itself generated is the CEL list of reserved `server.env` names: it comes
+from `fusebox_contract.settings.RESERVED_ENV_NAMES`, so the API server
+refuses exactly the names the operator renders.
 
-    python scripts/gen_api_docs.py           # rewrite the CRD list, docs/api.md, chart CRD
+    python scripts/gen_api_docs.py           # rewrite the CRD list, docs/api.md, CRD copies
     python scripts/gen_api_docs.py --check   # exit 1 if any is stale
 """
 
@@ -25,12 +26,15 @@ from typing import Any
 
 import yaml
 
+from fusebox_contract.admin import AdminPath
 from fusebox_contract.settings import RESERVED_ENV_NAMES
 
 REPO = Path(__file__).resolve().parents[1]
 CRD = REPO / "crds" / "inferenceservice.yaml"
 OUTPUT = REPO / "docs" / "api.md"
 CHART_CRD = REPO / "helm" / "fusebox" / "crds" / "inferenceservice.yaml"
+OPERATOR_CRD = REPO / "operator" / "fusebox_operator" / "crds" / "inferenceservice.yaml"
+"""The copy the operator image carries: spec.py reads its defaults and bounds from it."""
 
 Schema = dict[str, Any]
 
@@ -76,7 +80,8 @@ CHANGES = [
     " tiers at or below it. `[no-streaming, canned-answers]` with a fallback reaches canned"
     " answers without swapping the model, `[canned-answers]` keeps streaming, and an edit"
     " that drops `fallback-model` while pods serve the fallback swaps them back one at a time"
-    " (the admin API's `PUT /admin/v1/degradation` takes the service's `tiers`).",
+    f" (the admin API's `{AdminPath.DEGRADATION.method} {AdminPath.DEGRADATION}` takes the"
+    " service's `tiers`).",
 ]
 """What changed in the API with issue 10 ("the seams"), stated in docs/api.md."""
 
@@ -325,14 +330,15 @@ def render_api_docs(crd: Schema) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Regenerate docs/api.md and the chart's CRD.")
-    parser.add_argument("--check", action="store_true", help="exit 1 if either is stale")
+    parser = argparse.ArgumentParser(description="Regenerate docs/api.md and the CRD copies.")
+    parser.add_argument("--check", action="store_true", help="exit 1 if any is stale")
     args = parser.parse_args(argv)
     crd_bytes = render_crd(CRD.read_text(encoding="utf-8")).encode()
     wanted = {
         CRD: crd_bytes,
         OUTPUT: render_api_docs(yaml.safe_load(crd_bytes)).encode(),
         CHART_CRD: crd_bytes,
+        OPERATOR_CRD: crd_bytes,
     }
     stale = [
         path for path, data in wanted.items() if not path.exists() or path.read_bytes() != data

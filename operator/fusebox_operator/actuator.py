@@ -9,18 +9,21 @@ A call whose outcome is unknown (it timed out, the connection broke) is
 reported unsettled: the tick retries it later with the same id, so a model
 load slower than the timeout is waited for, never requested twice.
 The admin token is passed in, used in one header, and never logged.
+Paths and bodies are the contract's (`fusebox_contract.admin`): requests are
+encoded there, and an answer it cannot parse is a failed call.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import MutableMapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import aiohttp
 
-from fusebox_contract.names import ActionType, BreakerState, Variant
+from fusebox_contract import admin
+from fusebox_contract.names import ActionType, BreakerState, DegradationLevel, Variant
 from fusebox_contract.wiring import Port
 from fusebox_operator.kube import Kube, KubeError
 from fusebox_operator.observations import PodSample, PodView
@@ -38,7 +41,23 @@ MODEL_ACTIONS = frozenset({ActionType.UNLOAD, ActionType.LOAD, ActionType.SWAP})
 ACCEPTED = frozenset({200, 202})  # 202: the server converges in the background
 log = logging.getLogger(__name__)
 
-RuntimeTarget = tuple[BreakerState, int, Degradation]  # (breaker, admitPercent, degradation)
+RuntimeTarget = tuple[BreakerState, int, Degradation]  # (breaker, admit percent, degradation)
+_Answer = TypeVar("_Answer")
+
+
+@dataclass(frozen=True)
+class RuntimeCall:
+    """One pod's runtime reconcile: whether it was told anything; why it failed ("" if not)."""
+
+    changed: bool = False
+    error: str = ""
+
+    @property
+    def reached(self) -> bool | None:
+        """True: the admin API took a call; False: it did not; None: none was needed."""
+        if self.error:
+            return False
+        return True if self.changed else None
 
 
 class AdminError(RuntimeError):
@@ -60,23 +79,9 @@ class ActionResult:
     replayed: bool = False
 
 
-def describe_result(result: dict[str, Any]) -> str:
-    """The server's before/after memory as one line for status and events."""
-    before = result.get("memory_before") or {}
-    after = result.get("memory_after") or {}
-    parts = []
-    for key, label in (("rss_bytes", "RSS"), ("cuda_reserved_bytes", "CUDA reserved")):
-        if before.get(key) is not None and after.get(key) is not None:
-            freed = before[key] - after[key]
-            parts.append(
-                f"{label} {human_bytes(before[key])} -> {human_bytes(after[key])} "
-                f"({'freed' if freed >= 0 else 'grew'} {human_bytes(abs(freed))})"
-            )
-    if result.get("variant"):
-        parts.append(f"variant {result['variant']}")
-    if result.get("replayed"):
-        parts.append("replayed")
-    return "; ".join(parts) or "done"
+def outcome(result: admin.ActionResult) -> ActionResult:
+    """What the server answered, as the line status and events show."""
+    return ActionResult(result.describe(human_bytes), replayed=result.replayed)
 
 
 class Actuator:
@@ -91,27 +96,30 @@ class Actuator:
         self,
         pod: PodView,
         token: str,
-        method: str,
-        path: str,
-        body: dict[str, Any],
+        request: admin.AdminRequest,
+        parse: Callable[[object], _Answer],
         timeout_seconds: float = ADMIN_TIMEOUT_SECONDS,
-    ) -> dict[str, Any]:
+    ) -> _Answer:
+        """One request, to its path; the answer as the contract's class. An answer that
+        is not JSON or does not parse is a failed call (settled: the server did answer)."""
+        path = request.path
+        method = path.method
         url = f"http://{pod.ip}:{self.admin_port}{path}"
         headers = {"Authorization": f"Bearer {token}"}
         try:
             async with self.session.request(
                 method,
                 url,
-                json=body,
+                json=request.encode(),
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout_seconds),
             ) as response:
                 payload = await response.json(content_type=None)
                 if response.status not in ACCEPTED:
-                    message = (payload or {}).get("error", {}).get("message", "")
+                    message = admin.ErrorAnswer.message_of(payload)
                     raise AdminError(f"{method} {path} -> HTTP {response.status} {message}")
-                return dict(payload)
-        except ValueError as error:
+                return parse(payload)
+        except ValueError as error:  # not JSON, or not the contract's body (AdminBodyError)
             raise AdminError(f"{method} {path}: {type(error).__name__} {error}") from error
         except (aiohttp.ClientError, TimeoutError) as error:
             # Sent or not, done or not: unknown. A retry with the same id is safe.
@@ -126,12 +134,10 @@ class Actuator:
         action_id: str,
         type_: ActionType,
         variant: Variant | None = None,
-    ) -> dict[str, Any]:
-        body: dict[str, Any] = {"id": action_id, "type": type_.value}
-        if variant is not None:
-            body["variant"] = variant.value
+    ) -> admin.ActionResult:
+        request = admin.ActionRequest(action_id, type_, variant)
         timeout = LOAD_TIMEOUT_SECONDS if type_ in MODEL_ACTIONS else ADMIN_TIMEOUT_SECONDS
-        return await self._admin(pod, token, "POST", "/admin/v1/actions", body, timeout)
+        return await self._admin(pod, token, request, admin.ActionResult.parse, timeout)
 
     async def _grow_limit(self, namespace: str, action: Action) -> ActionResult:
         """Resize the server's memory limit in place; the pod keeps serving."""
@@ -173,16 +179,20 @@ class Actuator:
                 load = await self._post_action(
                     pod, token, f"{action.id}-load", ActionType.LOAD, action.variant
                 )
-                merged = {**load, "memory_before": unload.get("memory_before")}
-                both = bool(unload.get("replayed")) and bool(load.get("replayed"))
-                return ActionResult(describe_result(merged), replayed=both)
-            if action.kind in (ActionKind.SWAP_FALLBACK, ActionKind.RESTORE_PRIMARY):
-                result = await self._post_action(
-                    pod, token, action.id, ActionType.SWAP, action.variant
+                # Replayed only if both calls were: the reload then happened once, before.
+                both = replace(
+                    load,
+                    memory_before=unload.memory_before,
+                    replayed=unload.replayed and load.replayed,
                 )
-                return ActionResult(describe_result(result), replayed=bool(result.get("replayed")))
-            result = await self._post_action(pod, token, action.id, ActionType(action.kind.value))
-            return ActionResult(describe_result(result), replayed=bool(result.get("replayed")))
+                return outcome(both)
+            if action.kind in (ActionKind.SWAP_FALLBACK, ActionKind.RESTORE_PRIMARY):
+                return outcome(
+                    await self._post_action(pod, token, action.id, ActionType.SWAP, action.variant)
+                )
+            return outcome(
+                await self._post_action(pod, token, action.id, ActionType(action.kind.value))
+            )
         except AdminError as error:
             log.warning("action %s on %s: %s", action.id, action.pod, error)
             if not error.settled:
@@ -199,8 +209,9 @@ class Actuator:
         target: RuntimeTarget,
         sample: PodSample | None,
         applied: MutableMapping[str, RuntimeTarget],
-    ) -> bool:
-        """Bring one pod's breaker and degradation level to the target; True if it changed."""
+    ) -> RuntimeCall:
+        """Bring one pod's breaker and degradation level to the target: whether it was
+        told anything, and the error when the pod's admin API did not take it."""
         key = pod.instance
         breaker, admit, degradation = target
         observed_ok = (
@@ -212,22 +223,20 @@ class Actuator:
             )
         )
         if applied.get(key) == target and observed_ok:
-            return False
+            return RuntimeCall()
         try:
             await self._admin(
                 pod,
                 token,
-                "PUT",
-                "/admin/v1/breaker",
-                {"state": breaker.value, "admitPercent": admit},
+                admin.BreakerRequest(breaker, admit),
+                admin.ServerState.parse,
                 STATE_TIMEOUT_SECONDS,
             )
             await self._admin(
                 pod,
                 token,
-                "PUT",
-                "/admin/v1/degradation",
-                {"level": degradation.level, "tiers": [t.value for t in degradation.tiers]},
+                admin.DegradationRequest(DegradationLevel(degradation.level), degradation.tiers),
+                admin.DegradationResult.parse,
                 # 202: the server swaps in the background; an older server
                 # answers when loaded, and a repeat never starts a second load.
                 ADMIN_TIMEOUT_SECONDS,
@@ -237,6 +246,6 @@ class Actuator:
             # that already answers: expected, retried next tick, not worth a WARNING.
             level = logging.WARNING if pod.ready else logging.INFO
             log.log(level, "runtime state of %s not set: %s", pod.name, error)
-            return False
+            return RuntimeCall(error=str(error))
         applied[key] = target
-        return True
+        return RuntimeCall(changed=True)

@@ -17,6 +17,13 @@ the target when the load would scale down, idle when it would scale up. Every
 change is a decision with a reason and a message, which the tick turns into
 an event.
 
+Beyond the HPA: a saturated service is never scaled down. A pod's queue
+cannot exceed server.maxQueue, so its load reads low exactly when it is full;
+while every pod's queue and slots are full, or any pod refused a request
+(429) since the last tick, the recommendation is at least the current count.
+(The spec check makes the metric able to pass the target, so the load itself
+asks for the scale-up.)
+
 Pure: a function of the spec, this tick's samples, the pods and the
 recommendations remembered from earlier ticks.
 """
@@ -30,19 +37,21 @@ from dataclasses import dataclass
 from fusebox_contract.names import EventReason
 from fusebox_contract.wiring import GPU_RESOURCE
 from fusebox_operator.observations import PodSample
-from fusebox_operator.spec import AutoscalingMetric, AutoscalingSpec
+from fusebox_operator.spec import AUTOSCALING_TOLERANCE, AutoscalingMetric, AutoscalingSpec
 
-# |load / target - 1| within this: hold (the HPA's default tolerance).
 # What the scheduler says of a pod it cannot place for want of a GPU: through
 # the device plugin, and through a ResourceClaim (spec.gpu.deviceClassName).
 GPU_SHORTAGE_MESSAGES = (f"Insufficient {GPU_RESOURCE}", "cannot allocate all claims")
-TOLERANCE = 0.1
+TOLERANCE = AUTOSCALING_TOLERANCE  # |load / target - 1| within this: hold
 
 
 @dataclass(frozen=True)
 class Recommendation:
     at: float
     replicas: int
+    # Each pod's count of refused requests (429) as that tick saw it: the next tick
+    # tells a pod refusing work by its count going up.
+    rejected: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,41 @@ def pod_load(sample: PodSample, metric: AutoscalingMetric) -> float | None:
     if sample.requests_running is None:
         return None
     return sample.queue_length + sample.requests_running
+
+
+def rejected_counts(samples: Sequence[PodSample]) -> tuple[tuple[str, float], ...]:
+    """Each measured pod's cumulative count of refused requests."""
+    return tuple((s.pod, s.requests.rejected) for s in samples if s.ok and s.requests is not None)
+
+
+def refusing_pods(samples: Sequence[PodSample], last: Recommendation | None) -> list[str]:
+    """The pods that refused a request (429) since the last tick saw them."""
+    if last is None:
+        return []
+    before = dict(last.rejected)
+    refusing = []
+    for pod, now_count in rejected_counts(samples):
+        then = before.get(pod)
+        # A count that went down means the server restarted: it counts from zero.
+        if then is not None and (now_count > then or (now_count < then and now_count > 0)):
+            refusing.append(pod)
+    return sorted(refusing)
+
+
+def queues_full(samples: Sequence[PodSample], spec: AutoscalingSpec) -> bool:
+    """Whether every measured pod's queue and slots are full: its next request gets a 429."""
+    if spec.pod_max_queue is None or spec.pod_max_concurrency is None:
+        return False
+    measured = [
+        s for s in samples if s.ok and s.queue_length is not None and s.requests_running is not None
+    ]
+    return bool(measured) and all(
+        s.queue_length is not None
+        and s.requests_running is not None
+        and s.queue_length >= spec.pod_max_queue
+        and s.requests_running >= spec.pod_max_concurrency
+        for s in measured
+    )
 
 
 def recommend(current: int, loads: Sequence[float], spec: AutoscalingSpec) -> int:
@@ -105,10 +149,14 @@ def decide_scale(
     """The count for this tick: the recommendation through the stabilization windows."""
     measured = [load for s in samples if (load := pod_load(s, spec.metric)) is not None]
     recommended = recommend(current, measured, spec)
+    if recommended < current and (
+        queues_full(samples, spec) or refusing_pods(samples, history[-1] if history else None)
+    ):
+        recommended = current  # saturated: the load reads low because requests are refused
     keep = max(spec.scale_up_stabilization_seconds, spec.scale_down_stabilization_seconds)
     remembered = (
         *(r for r in history if now - r.at <= keep),
-        Recommendation(now, recommended),
+        Recommendation(now, recommended, rejected_counts(samples)),
     )
     load = sum(measured) if measured else None
     unit = spec.metric.value

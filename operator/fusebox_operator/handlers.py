@@ -8,7 +8,6 @@ kopf's `patch`, and kopf sends one patch per handler run.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import secrets
@@ -19,7 +18,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from fusebox_contract.names import ConditionType, EventReason
+from fusebox_contract.names import EventReason
 from fusebox_operator import manifests
 from fusebox_operator.actuator import Actuator
 from fusebox_operator.drift import Applied, restored_message, secret_restored_message
@@ -32,31 +31,40 @@ from fusebox_operator.kube import (
     KubeError,
     load_config,
 )
+from fusebox_operator.memo import (
+    CONTEXT_KEY,
+    OperatorContext,
+    ServiceMemo,
+    operator_context,
+    service_memo,
+)
 from fusebox_operator.observations import PodSample, PodView
+from fusebox_operator.reconcile_status import (
+    GPU_NODES_RETRY_SECONDS,
+    applied_status,
+    invalid_status,
+    memory_sized_message,
+    waiting_for_gpu_nodes,
+)
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import GpuMemoryUnknown, recorded_sizing, size_memory
 from fusebox_operator.spec import (
     InferenceServiceSpec,
     SpecError,
-    applied_spec_text,
     check_service_name,
     parse_spec,
     watched_spec,
 )
 from fusebox_operator.status import (
-    SPEC_VALID,
     iso,
     rebase_conditions,
-    set_condition,
     undone_wait,
 )
 from fusebox_operator.telemetry import scrape_all
-from fusebox_operator.tick import TickInputs, TickMemory, current_replicas, run_tick
+from fusebox_operator.tick import TickInputs, current_replicas, run_tick
 
 GROUP, VERSION, PLURAL = SERVICE_GROUP, SERVICE_VERSION, SERVICE_PLURAL
 TICK_SECONDS = 1.0  # the timer ticks often; each object scrapes at its own interval
-GPU_NODES_RETRY_SECONDS = 60
-"""How often a reconcile waiting for labelled GPU nodes looks again."""
 log = logging.getLogger(__name__)
 
 
@@ -85,65 +93,37 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     ours = OperatorSettings.from_env(os.environ)
     configure(settings, ours)
     load_config()
-    memo.settings = ours
-    memo.kube = Kube()
-    memo.kube.watch_pods(ours)
-    memo.session = aiohttp.ClientSession()
-    memo.actuator = Actuator(memo.session, memo.kube)
+    kube = Kube()
+    kube.watch_pods(ours)
+    session = aiohttp.ClientSession()
+    memo[CONTEXT_KEY] = OperatorContext(ours, kube, session, Actuator(session, kube))
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    memo.kube.stop_watching()
-    await memo.session.close()
+    context = operator_context(memo)
+    context.kube.stop_watching()
+    await context.session.close()
 
 
 def _invalid(
     body: kopf.Body, status: kopf.Status, patch: kopf.Patch, generation: int, message: str
 ) -> kopf.PermanentError:
-    now = time.time()
-    conditions = list(status.get("conditions") or [])
-    invalid = EventReason.INVALID_SPEC
-    conditions = set_condition(
-        conditions, ConditionType.INVALID_SPEC, True, invalid, message, generation, now
-    )
-    conditions = set_condition(
-        conditions, ConditionType.READY, False, invalid, message, generation, now
-    )
-    patch.status["conditions"] = conditions
-    patch.status["observedGeneration"] = generation
-    kopf.event(body, type="Warning", reason=invalid, message=message)
+    for key, value in invalid_status(status, message, generation, time.time()).items():
+        patch.status[key] = value
+    kopf.event(body, type="Warning", reason=EventReason.INVALID_SPEC, message=message)
     return kopf.PermanentError(message)
 
 
 def _waiting_for_gpu_nodes(
     body: kopf.Body, status: kopf.Status, patch: kopf.Patch, generation: int, message: str
 ) -> kopf.TemporaryError:
-    """The spec may be right and the cluster not there yet: say so, look again later.
-
-    InvalidSpec False carries the reason (the telemetry loop never writes it);
-    Ready too while no spec was ever applied. Once pods of an applied spec run,
-    Ready is theirs: the tick reports them, and two writers would flap it.
-    """
-    now = time.time()
-    conditions = list(status.get("conditions") or [])
-    waiting = EventReason.WAITING_FOR_GPU_NODES
-    already = any(
-        c.get("type") == ConditionType.INVALID_SPEC and c.get("reason") == waiting
-        for c in conditions
-    )
-    text = f"{message}; looking again every {GPU_NODES_RETRY_SECONDS} s"
-    conditions = set_condition(
-        conditions, ConditionType.INVALID_SPEC, False, waiting, text, generation, now
-    )
-    if "memory" not in status:  # nothing applied yet, so no pods of ours
-        conditions = set_condition(
-            conditions, ConditionType.READY, False, waiting, text, generation, now
-        )
-    patch.status["conditions"] = conditions
-    patch.status["observedGeneration"] = generation
-    if not already:  # once per spell, not once per retry
-        kopf.event(body, type="Warning", reason=waiting, message=text)
+    """The spec may be right and the cluster not there yet: say so, look again later."""
+    keys, text, new = waiting_for_gpu_nodes(status, message, generation, time.time())
+    for key, value in keys.items():
+        patch.status[key] = value
+    if new:  # once per spell, not once per retry
+        kopf.event(body, type="Warning", reason=EventReason.WAITING_FOR_GPU_NODES, message=text)
     return kopf.TemporaryError(text, delay=GPU_NODES_RETRY_SECONDS)
 
 
@@ -158,7 +138,7 @@ async def reconcile(
     status: kopf.Status,
     meta: kopf.Meta,
     patch: kopf.Patch,
-    memo: Any,
+    memo: kopf.Memo,
     old: Any = None,
     **_: Any,
 ) -> None:
@@ -169,8 +149,9 @@ async def reconcile(
     """
     assert namespace is not None  # the CRD is namespaced
     generation = int(meta.get("generation") or 0)
-    kube: Kube = memo.kube
-    ours: OperatorSettings = memo.settings
+    context = operator_context(memo)
+    kube, ours = context.kube, context.settings
+    service = service_memo(memo)
     try:
         check_service_name(name)
         parsed = parse_spec(spec)
@@ -204,66 +185,25 @@ async def reconcile(
         else None
     )
     try:
-        async with _children_lock(memo):
+        async with service.children_lock:
             await _apply_children(kube, body, rendered)
-            memo.applied_generation = generation
+            service.applied_generation = generation
     except KubeError as error:
         raise kopf.TemporaryError(str(error), delay=10) from error
     if edited is not None:
         kopf.event(body, type="Normal", reason=EventReason.SPEC_APPLIED, message=edited)
 
-    memory = {
-        "limitBytes": sizing.limit_bytes,
-        "requestBytes": sizing.request_bytes,
-        "vramBytes": sizing.vram_bytes,
-        "source": sizing.vram_source,
-        "qosClass": sizing.qos_class,
-    }
-    if status.get("memory") != memory:
+    applied = applied_status(status, spec, sizing, name, generation, time.time())
+    if status.get("memory") != applied["memory"]:
         # kopf.event, not kopf.info: posting.level (WARNING) filters kopf.info.
         kopf.event(
             body,
             type="Normal",
             reason=EventReason.MEMORY_SIZED,
-            message=(
-                f"memory limit {manifests.memory_quantity(sizing.limit_bytes)}, request "
-                f"{manifests.memory_quantity(sizing.request_bytes)} ({sizing.qos_class}); VRAM "
-                f"{sizing.vram_bytes / 1024**3:.2f} GiB x {parsed.gpu.count} from "
-                f"{sizing.vram_source}, headroom {parsed.memory.headroom_ratio:g}"
-            ),
+            message=memory_sized_message(sizing, parsed),
         )
-    now = time.time()
-    conditions = list(status.get("conditions") or [])
-    conditions = set_condition(
-        conditions, ConditionType.INVALID_SPEC, False, SPEC_VALID, "spec accepted", generation, now
-    )
-    held_back = (EventReason.INVALID_SPEC, EventReason.WAITING_FOR_GPU_NODES)
-    if not any(c.get("type") == ConditionType.READY for c in conditions) or any(
-        c.get("type") == ConditionType.READY and c.get("reason") in held_back for c in conditions
-    ):
-        conditions = set_condition(
-            conditions,
-            ConditionType.READY,
-            False,
-            "Reconciling",
-            "children applied",
-            generation,
-            now,
-        )
-    patch.status["conditions"] = conditions
-    patch.status["memory"] = memory
-    patch.status["selector"] = manifests.selector_text(name)
-    patch.status["observedGeneration"] = generation
-    # What the telemetry loop protects the pods with until the next spec is applied;
-    # in status, so a restarted operator knows it while a later edit is refused.
-    patch.status["appliedSpec"] = applied_spec_text(spec)
-    patch.status["appliedGeneration"] = generation
-
-
-def _children_lock(memo: Any) -> asyncio.Lock:
-    """One writer of a service's children at a time: the reconcile or the resync."""
-    lock: asyncio.Lock = memo.setdefault("children_lock", asyncio.Lock())
-    return lock
+    for key, value in applied.items():
+        patch.status[key] = value
 
 
 async def _apply_children(
@@ -281,7 +221,8 @@ async def _resync(
     spec: InferenceServiceSpec,
     status: Mapping[str, Any],
     meta: kopf.Meta,
-    memo: Any,
+    context: OperatorContext,
+    service: ServiceMemo,
 ) -> None:
     """Put back a child deleted or edited outside Fusebox, with a Warning naming it.
 
@@ -292,24 +233,24 @@ async def _resync(
     """
     name, namespace = str(meta["name"]), str(meta["namespace"])
     sizing = recorded_sizing(status.get("memory") or {})
-    known_token = memo.get("admin_token")
-    async with _children_lock(memo):
+    known_token = service.admin_token
+    async with service.children_lock:
         # Only children this process applied for this very generation: a newer
         # spec (or one a reconcile still retries) is the reconcile's to apply.
-        if sizing is None or memo.get("applied_generation") != meta.get("generation"):
+        if sizing is None or service.applied_generation != meta.get("generation"):
             return
         rendered = manifests.build_children(
             spec,
             name,
             namespace,
             sizing,
-            memo.settings,
+            context.settings,
             known_token or secrets.token_urlsafe(32),
             replicas=current_replicas(spec, status),
         )
         try:
             secret_created, applied = await _apply_children(
-                memo.kube, body, rendered, scale=spec.autoscaling is None
+                context.kube, body, rendered, scale=spec.autoscaling is None
             )
         except KubeError as error:
             log.warning("%s/%s: resync: %s", namespace, name, error)
@@ -325,12 +266,11 @@ def _service_id(uid: str) -> str:
     return uid.replace("-", "")[:8]
 
 
-async def _token(memo: kopf.Memo, kube: Kube, namespace: str, name: str) -> str:
-    token = memo.get("admin_token")
-    if not token:
-        token = await kube.read_secret_value(namespace, manifests.admin_secret_name(name))
-        memo.admin_token = token
-    return str(token)
+async def _token(service: ServiceMemo, kube: Kube, namespace: str, name: str) -> str:
+    if not service.admin_token:
+        secret = manifests.admin_secret_name(name)
+        service.admin_token = await kube.read_secret_value(namespace, secret)
+    return service.admin_token
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=TICK_SECONDS, initial_delay=2.0)
@@ -343,13 +283,14 @@ async def telemetry(
     status: kopf.Status,
     meta: kopf.Meta,
     patch: kopf.Patch,
-    memo: Any,
+    memo: kopf.Memo,
     **_: Any,
 ) -> None:
     """Gather the tick's inputs, run it (tick.run_tick), apply its status patch and events."""
     assert namespace is not None
     now = time.time()
-    if now < memo.get("next_scrape_at", 0.0):
+    context, service = operator_context(memo), service_memo(memo)
+    if not service.scrape_due(now):
         return
     # The last applied spec, not .spec: an edit the reconcile refused (InvalidSpec) or
     # still waits on leaves the pods of the previous one running, and they stay watched.
@@ -358,7 +299,7 @@ async def telemetry(
     if watched is None:
         return  # nothing applied yet: no pods of ours to watch
     parsed, applied_generation = watched
-    memo.next_scrape_at = now + parsed.telemetry.scrape_interval_seconds
+    service.scraped(now, parsed.telemetry.scrape_interval_seconds)
     tick_status: Mapping[str, Any] = status
     accepted_again = undone_wait(spec, status, generation, now)
     if accepted_again is not None:
@@ -366,27 +307,25 @@ async def telemetry(
             patch.status[key] = value
         tick_status = {**status, **accepted_again}  # the tick builds its conditions on these
         applied_generation = generation
-        memo.applied_generation = generation  # the children are this spec's: resync again
-    if now >= memo.setdefault("next_resync_at", now + memo.settings.resync_seconds):
-        memo.next_resync_at = now + memo.settings.resync_seconds
-        await _resync(body, parsed, status, meta, memo)
-    kube: Kube = memo.kube
+        service.applied_generation = generation  # the children are this spec's: resync again
+    if service.resync_due(now, context.settings.resync_seconds):
+        await _resync(body, parsed, status, meta, context, service)
+    kube = context.kube
     try:
         pods = await kube.list_pods(namespace, manifests.selector_labels(name))
-        token = await _token(memo, kube, namespace, name)
+        token = await _token(service, kube, namespace, name)
     except KubeError as error:
         log.warning("%s/%s: %s", namespace, name, error)
         return
 
     async def scrape(targets: Sequence[PodView]) -> list[PodSample]:
         return await scrape_all(
-            memo.session,
+            context.session,
             targets,
             parsed.telemetry.scrape_timeout_seconds,
             parsed.breaker.latency.metric,
         )
 
-    memory: TickMemory = memo.setdefault("tick", TickMemory())
     inputs = TickInputs(
         namespace=namespace,
         service_id=_service_id(uid),
@@ -397,7 +336,7 @@ async def telemetry(
         # The tick's conditions are about the applied generation's pods.
         generation=applied_generation,
     )
-    outcome = await run_tick(inputs, memory, scrape, memo.actuator, time.time)
+    outcome = await run_tick(inputs, service.tick, scrape, context.actuator, time.time)
     for event in outcome.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     for key, value in outcome.status_patch.items():

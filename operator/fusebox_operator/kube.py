@@ -613,10 +613,6 @@ def _unhealthy_gpus(server: Any) -> tuple[str, ...]:
     )
 
 
-def ready_count(pods: Sequence[PodView]) -> int:
-    return sum(1 for pod in pods if pod.ready and not pod.terminating)
-
-
 def current_count(pods: Sequence[PodView]) -> int:
     """Pods that exist and are not on their way out, ready or not (a Deployment's
     status.replicas): an evicted or finished pod no longer counts."""

@@ -122,6 +122,7 @@ class PodSample:
     breaker_state: BreakerState | None = None
     degradation_level: int | None = None
     model_loaded: bool | None = None
+    memory_guard_active: bool | None = None  # the server's last-resort guard refuses work
     variant: Variant | None = None  # the variant the server reports serving
     converging: bool | None = None  # the server is still moving to its target variant
     queue_length: float | None = None

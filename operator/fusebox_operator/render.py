@@ -20,9 +20,10 @@ from typing import Any, TextIO
 
 import yaml
 
+from fusebox_operator.gpu_products import product_vram_gib
 from fusebox_operator.manifests import ADMIN_TOKEN_PLACEHOLDER, Manifest, build_children
 from fusebox_operator.settings import OperatorSettings
-from fusebox_operator.sizing import product_vram_gib, size_memory
+from fusebox_operator.sizing import size_memory
 from fusebox_operator.spec import (
     SpecError,
     check_quantization_device,
@@ -63,7 +64,7 @@ def render_service(
 ) -> list[Manifest]:
     """One InferenceService document -> its children; raises SpecError like the handler."""
     metadata = document.get("metadata") or {}
-    name = metadata.get("name")
+    name = metadata.get("name") if isinstance(metadata, dict) else None
     if not isinstance(name, str) or not name:
         raise RenderError("an InferenceService needs metadata.name")
     try:

@@ -12,11 +12,11 @@ Pure: node labels arrive as plain numbers from kube.py.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fusebox_operator.gpu_products import product_vram_gib
 from fusebox_operator.spec import GIB, InferenceServiceSpec, SpecError
 
 MIB = 1024**2
@@ -25,20 +25,6 @@ BASE_OVERHEAD_BYTES = 2 * GIB
 
 NODE_VRAM_LABEL = "nvidia.com/gpu.memory"
 NODE_PRODUCT_LABEL = "nvidia.com/gpu.product"
-
-# GPU family -> (default VRAM GiB, sizes a product name may state explicitly).
-_PRODUCT_VRAM_GIB: dict[str, tuple[int, tuple[int, ...]]] = {
-    "T4": (16, (16,)),
-    "V100": (16, (16, 32)),
-    "A10": (24, (24,)),
-    "L4": (24, (24,)),
-    "A100": (40, (40, 80)),
-    "H100": (80, (80, 94)),
-    "H200": (141, (141,)),
-    "B200": (180, (180, 192)),
-}
-_FAMILY = re.compile(r"(?:^|[^A-Z0-9])(T4|V100|A100|A10|L4|H100|H200|B200)(?![0-9])")
-_STATED_GB = re.compile(r"(\d+)\s*GB")
 
 
 class GpuMemoryUnknown(SpecError):
@@ -72,18 +58,6 @@ def recorded_sizing(memory: Mapping[str, Any]) -> MemorySizing | None:
         )
     except (KeyError, TypeError, ValueError):
         return None
-
-
-def product_vram_gib(product: str) -> int | None:
-    """VRAM of a GPU product name as GPU Feature Discovery labels it, or None."""
-    family = _FAMILY.search(product.upper())
-    if family is None:
-        return None
-    default_gib, sizes = _PRODUCT_VRAM_GIB[family.group(1)]
-    for stated in _STATED_GB.findall(product.upper()):
-        if int(stated) in sizes:
-            return int(stated)
-    return default_gib
 
 
 def ceil_gib(size_bytes: float) -> int:

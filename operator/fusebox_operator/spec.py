@@ -3,9 +3,10 @@
 Why: the CRD schema defaults and validates on the API server, but the
 operator must not trust that (an old CRD, a hand-edited object, a unit test
 feeding a dict). Parsing once into frozen dataclasses gives the builders and
-the policy one typed view with the same defaults as crds/inferenceservice.yaml,
-and turns a bad spec into one `SpecError` with a message a user can act on.
-Pure: no Kubernetes client, no I/O.
+the policy one typed view, and turns a bad spec into one `SpecError` with a
+message a user can act on. Each field's default and bounds are the CRD's own
+(crd_schema.py reads them): the parser names a field by its path and never
+repeats a number the schema declares. Pure: no Kubernetes client, no I/O.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from fusebox_contract.names import (
     Quantization,
 )
 from fusebox_contract.settings import RESERVED_ENV_NAMES
+from fusebox_operator.crd_schema import FieldSchema, SpecSchema, crd_default, spec_schema
+from fusebox_operator.gpu_products import GPU_GENERATIONS, gpu_generation
 
 GIB = 1024**3
 
@@ -43,9 +46,11 @@ TIERS_WITHOUT_FALLBACK: tuple[DegradationTier, ...] = (
 )
 """The effective `degradation.tiers` when the spec leaves them out."""
 
-MAX_REVISION_LENGTH = 256
-MAX_GPU_COUNT = 1
-"""The server places the model on one device; more GPUs would sit idle (docs/decisions)."""
+MAX_CPU_CORES = 1024
+"""server.cpu's bound: more cores than the largest nodes offered today have (896 vCPUs),
+so a typo (100000) is refused instead of asking torch for that many threads."""
+AUTOSCALING_TOLERANCE = 0.1
+"""|load / target - 1| within this, the autoscaler holds (the HPA's default tolerance)."""
 
 
 # The same patterns are CEL rules in crds/inferenceservice.yaml (a test keeps
@@ -55,29 +60,23 @@ MEMORY_QUANTITY_PATTERN = r"^([0-9]+([.][0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
 CPU_QUANTITY_PATTERN = r"^([0-9]+([.][0-9]+)?)(m)?$"
 PVC_SOURCE_PATTERN = r"^pvc://([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)(/[^ \t\n\r\f\v]*)?$"
 FILE_SOURCE_PATTERN = r"^file://(/[^/ \t\n\r\f\v][^ \t\n\r\f\v]*)$"
+# A ".." segment anywhere in a source's path (searched, as CEL's matches() searches):
+# FUSEBOX_MODEL_DIR would leave the claim's mount, or reach anywhere in the image.
+PARENT_SEGMENT_PATTERN = r"/[.][.](/|$)"
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
 # A DeviceClass's name, a DNS subdomain of at most 253 characters; "" for none.
 DEVICE_CLASS_NAME_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$"
-DEVICE_CLASS_NAME_MAX_LENGTH = 253
+DEVICE_CLASS_NAME_MAX_LENGTH = spec_schema().field("gpu.deviceClassName").max_length
+"""The CRD's maxLength, which the parser applies to gpu.deviceClassName."""
 # metadata.name of an InferenceService: the Service is named after it (an RFC 1035
 # label) and it is the value of the fusebox.dev/service label (at most 63). The
 # longest suffix on a child's name, ResourceClaimTemplate's "-gpu-<8 hex>", still
 # leaves the name far inside the 253 of a DNS subdomain.
 SERVICE_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 SERVICE_NAME_MAX_LENGTH = 63
-FP8_GPU_PATTERN = (
-    r"(?:^|[^A-Z0-9])(L4|L40|L40S|L20|H20|H100|H200|H800|GH200|B100|B200|B300|GB200|GB300|"
-    r"RTX-[45]0[5-9]0|ADA|BLACKWELL)(?![0-9A-Z])"
-)
-"""GPU Feature Discovery product names of compute capability >= 8.9 (Ada, Hopper,
-Blackwell): the devices with fp8 tensor cores. An RTX number alone is no
-generation: Turing's Quadro RTX 4000/5000 (sm_75) share the digits, so the
-workstation cards match by their "Ada"/"Blackwell" marker and the GeForce ones
-by their model numbers, RTX 4050-4090 and 5050-5090."""
-
 _QUANTITY = re.compile(MEMORY_QUANTITY_PATTERN)
 _CPU_QUANTITY = re.compile(CPU_QUANTITY_PATTERN)
-_FP8_GPU = re.compile(FP8_GPU_PATTERN)
+_PARENT_SEGMENT = re.compile(PARENT_SEGMENT_PATTERN)
 _QUANTITY_FACTORS = {
     None: 1,
     "k": 1000,
@@ -103,6 +102,10 @@ E = TypeVar("E", bound=enum.Enum)
 
 class SpecError(ValueError):
     """The spec cannot be served as written (reported as condition InvalidSpec)."""
+
+
+def _capability_text(capability: tuple[int, int]) -> str:
+    return f"{capability[0]}.{capability[1]}"
 
 
 def check_service_name(name: str) -> None:
@@ -135,6 +138,11 @@ def parse_cpu_quantity(quantity: str) -> float:
     cores = float(number) / (1000 if milli else 1)
     if cores <= 0:
         raise SpecError(f"server.cpu {quantity!r} must be above zero")
+    if cores > MAX_CPU_CORES:
+        raise SpecError(
+            f"server.cpu {quantity!r} must be at most {MAX_CPU_CORES} cores: no node has more "
+            "(torch would start that many threads)"
+        )
     return cores
 
 
@@ -143,9 +151,12 @@ def torch_threads(cpu: str) -> int:
     return max(1, math.floor(parse_cpu_quantity(cpu)))
 
 
-def fp8_capable(product: str) -> bool:
-    """Whether a GPU product name is Ada, Hopper or Blackwell class (fp8 tensor cores)."""
-    return _FP8_GPU.search(product.upper()) is not None
+def _check_inside_mount(source: str, field: str) -> None:
+    if _PARENT_SEGMENT.search(source) is not None:
+        raise SpecError(
+            f"{field} {source!r} must not have a '..' path segment: the model directory must "
+            "stay inside the claim (or the image path) it names"
+        )
 
 
 @dataclass(frozen=True)
@@ -157,32 +168,40 @@ class ModelSource:
     path: str = ""
 
     @classmethod
-    def parse(cls, source: str) -> ModelSource:
+    def parse(cls, source: str, field: str = "model.source") -> ModelSource:
+        """`field` names the spec field in a refusal (model.source, fallback.source)."""
         if source.startswith("pvc://"):
             match = _PVC_SOURCE.fullmatch(source)
             if match is None:
                 raise SpecError(
-                    f"model source {source!r}: pvc:// needs a claim name "
+                    f"{field} {source!r}: pvc:// needs a claim name "
                     "(lowercase DNS label, at most 63 characters) and an optional /path "
                     "without whitespace"
                 )
+            _check_inside_mount(source, field)
             return cls("pvc", match.group(1), (match.group(3) or "").strip("/"))
         if source.startswith("file://"):
             match = _FILE_SOURCE.fullmatch(source)
             if match is None:
                 raise SpecError(
-                    f"model source {source!r}: file:// needs an absolute path without "
+                    f"{field} {source!r}: file:// needs an absolute path without "
                     "whitespace (file:///path)"
                 )
+            _check_inside_mount(source, field)
             return cls("file", "", "/" + match.group(1).strip("/"))
         if source.startswith("hf://"):
             # The server loads with local_files_only (no hub at run time), so
             # an hf:// source would need a pre-populated cache we do not manage.
             raise SpecError(
-                f"model source {source!r}: hf:// sources are not served in v1alpha1; "
+                f"{field} {source!r}: hf:// sources are not served in v1alpha1; "
                 "copy the model into a PVC and use pvc://CLAIM/path"
             )
-        raise SpecError(f"model source {source!r} must start with pvc:// or file:///")
+        raise SpecError(f"{field} {source!r} must start with pvc:// or file:///")
+
+
+# The sections below are what parse_spec returns; their defaults are the CRD's, applied
+# by the parser. Only GpuSpec and AutoscalingSpec keep defaults of their own (the CRD's,
+# read from it), for the tests that build them without a spec.
 
 
 @dataclass(frozen=True)
@@ -190,8 +209,8 @@ class ModelSpec:
     name: str
     source: ModelSource
     source_text: str
-    revision: str = "main"
-    dtype: Dtype = Dtype.AUTO
+    revision: str
+    dtype: Dtype
 
 
 @dataclass(frozen=True)
@@ -199,16 +218,16 @@ class FallbackSpec:
     """The swap target; `source is None` means the primary, quantized on load."""
 
     source: ModelSource | None
-    quantization: Quantization = Quantization.INT8
+    quantization: Quantization
 
 
 @dataclass(frozen=True)
 class GpuSpec:
-    count: int = 1
-    product: str = ""
+    count: int = crd_default("gpu.count")
+    product: str = crd_default("gpu.product")
     memory_gib: float | None = None
     # A DeviceClass: the GPUs come from a ResourceClaim (DRA), not nvidia.com/gpu.
-    device_class_name: str = ""
+    device_class_name: str = crd_default("gpu.deviceClassName")
 
     @property
     def through_claim(self) -> bool:
@@ -218,12 +237,12 @@ class GpuSpec:
 
 @dataclass(frozen=True)
 class MemorySpec:
-    limit_bytes: int | None = None  # None = "auto"
-    headroom_ratio: float = 1.25
-    allow_swap: bool = False
-    max_growth_ratio: float = 1.0  # the grow-limit rung's cap over the sized limit; 1 = off
+    limit_bytes: int | None  # None = "auto"
+    headroom_ratio: float
+    allow_swap: bool
+    max_growth_ratio: float  # the grow-limit rung's cap over the sized limit; 1 = off
     # Node MemAvailable below which the pods shed caches (node_pressure); None = auto.
-    node_available_floor_bytes: int | None = None
+    node_available_floor_bytes: int | None
 
     @property
     def grows_in_place(self) -> bool:
@@ -233,31 +252,31 @@ class MemorySpec:
 
 @dataclass(frozen=True)
 class ServerSpec:
-    max_concurrency: int = 8
-    max_queue: int = 64
-    max_input_tokens: int = 4096
-    max_new_tokens: int = 1024
-    request_timeout_seconds: int = 60
-    tokenizer_cache_size: int = 10000
-    templates: tuple[str, ...] = ()
-    cpu: str = "1"
-    env: tuple[tuple[str, str], ...] = ()
+    max_concurrency: int
+    max_queue: int
+    max_input_tokens: int
+    max_new_tokens: int
+    request_timeout_seconds: int
+    tokenizer_cache_size: int
+    templates: tuple[str, ...]
+    cpu: str
+    env: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
 class LatencyBreakerSpec:
-    metric: LatencyMetric = LatencyMetric.TTFT
-    p99_threshold_millis: float = 200
-    for_seconds: float = 180
-    min_requests: int = 10
+    metric: LatencyMetric
+    p99_threshold_millis: float
+    for_seconds: float
+    min_requests: int
 
 
 @dataclass(frozen=True)
 class QualityBreakerSpec:
-    sample_rate: float = 0.1
-    max_failure_rate: float = 0.15
-    max_output_input_ratio: float = 100
-    blocked_terms: tuple[str, ...] = ()
+    sample_rate: float
+    max_failure_rate: float
+    max_output_input_ratio: float
+    blocked_terms: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -268,34 +287,34 @@ class ResourceThreshold:
 
 @dataclass(frozen=True)
 class ResourceBreakerSpec:
-    rss: ResourceThreshold = ResourceThreshold(0.75, 200)
-    gpu_memory: ResourceThreshold = ResourceThreshold(0.875, 500)
-    cooldown_seconds: float = 30
-    window_seconds: float = 60
+    rss: ResourceThreshold
+    gpu_memory: ResourceThreshold
+    cooldown_seconds: float
+    window_seconds: float
 
 
 @dataclass(frozen=True)
 class HalfOpenSpec:
-    admit_percent: int = 5
-    min_requests: int = 20
-    p99_recovery_millis: float = 100
-    min_success_rate: float = 0.995
+    admit_percent: int
+    min_requests: int
+    p99_recovery_millis: float
+    min_success_rate: float
 
 
 @dataclass(frozen=True)
 class BreakerSpec:
-    latency: LatencyBreakerSpec = LatencyBreakerSpec()
-    quality: QualityBreakerSpec = QualityBreakerSpec()
-    resource: ResourceBreakerSpec = ResourceBreakerSpec()
-    open_seconds: float = 30
-    half_open: HalfOpenSpec = HalfOpenSpec()
+    latency: LatencyBreakerSpec
+    quality: QualityBreakerSpec
+    resource: ResourceBreakerSpec
+    open_seconds: float
+    half_open: HalfOpenSpec
 
 
 @dataclass(frozen=True)
 class DegradationSpec:
-    tiers: tuple[DegradationTier, ...] = TIERS_WITH_FALLBACK
-    canned_answers: tuple[tuple[str, str], ...] = ()
-    cool_off_seconds: float = 300
+    tiers: tuple[DegradationTier, ...]
+    canned_answers: tuple[tuple[str, str], ...]
+    cool_off_seconds: float
 
     @property
     def levels(self) -> tuple[int, ...]:
@@ -305,9 +324,9 @@ class DegradationSpec:
 
 @dataclass(frozen=True)
 class TelemetrySpec:
-    scrape_interval_seconds: float = 5
-    scrape_timeout_seconds: float = 2
-    wedge_after_seconds: float = 15
+    scrape_interval_seconds: float
+    scrape_timeout_seconds: float
+    wedge_after_seconds: float
 
 
 class AutoscalingMetric(enum.StrEnum):
@@ -319,12 +338,18 @@ class AutoscalingMetric(enum.StrEnum):
 
 @dataclass(frozen=True)
 class AutoscalingSpec:
-    min_replicas: int = 1
-    max_replicas: int = 1
-    metric: AutoscalingMetric = AutoscalingMetric.QUEUE_LENGTH
-    target_per_replica: float = 4
-    scale_up_stabilization_seconds: float = 0
-    scale_down_stabilization_seconds: float = 300
+    min_replicas: int = crd_default("autoscaling.minReplicas")
+    max_replicas: int = 1  # required in a spec: no CRD default
+    metric: AutoscalingMetric = AutoscalingMetric(crd_default("autoscaling.metric"))
+    target_per_replica: float = crd_default("autoscaling.targetPerReplica")
+    scale_up_stabilization_seconds: float = crd_default("autoscaling.scaleUpStabilizationSeconds")
+    scale_down_stabilization_seconds: float = crd_default(
+        "autoscaling.scaleDownStabilizationSeconds"
+    )
+    # server.maxQueue and server.maxConcurrency: a pod with its queue and its slots
+    # full is saturated (its next request gets a 429). None: not told.
+    pod_max_queue: int | None = None
+    pod_max_concurrency: int | None = None
 
     def clamp(self, replicas: int) -> int:
         return max(self.min_replicas, min(self.max_replicas, replicas))
@@ -333,15 +358,15 @@ class AutoscalingSpec:
 @dataclass(frozen=True)
 class InferenceServiceSpec:
     model: ModelSpec
-    fallback: FallbackSpec | None = None
-    replicas: int = 1
-    gpu: GpuSpec = GpuSpec()
-    memory: MemorySpec = MemorySpec()
-    server: ServerSpec = ServerSpec()
-    breaker: BreakerSpec = BreakerSpec()
-    degradation: DegradationSpec = DegradationSpec()
-    telemetry: TelemetrySpec = TelemetrySpec()
-    autoscaling: AutoscalingSpec | None = None
+    fallback: FallbackSpec | None
+    replicas: int
+    gpu: GpuSpec
+    memory: MemorySpec
+    server: ServerSpec
+    breaker: BreakerSpec
+    degradation: DegradationSpec
+    telemetry: TelemetrySpec
+    autoscaling: AutoscalingSpec | None
 
     @property
     def degrades_to_fallback(self) -> bool:
@@ -356,30 +381,133 @@ class InferenceServiceSpec:
         return self.autoscaling.clamp(self.replicas) if self.autoscaling else self.replicas
 
 
-def _section(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+# The readers below refuse what the API server's schema refuses: a value of another
+# type (a boolean is no number, though Python's True is an int), and what YAML can say
+# but JSON cannot (NaN, infinities), so `render` reports them as the InvalidSpec they are.
+
+
+def _field(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _section(raw: Mapping[str, Any], key: str, where: str = "") -> Mapping[str, Any]:
     value = raw.get(key)
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise SpecError(f"{key} must be an object")
+        raise SpecError(f"{_field(where, key)} must be an object, got {_show(value)}")
     return value
 
 
-def _number(raw: Mapping[str, Any], key: str, default: float, where: str) -> float:
-    value = raw.get(key, default)
+def _show(value: object) -> str:
+    """A value for a message; an integer too large for a float is shown by its size."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**18:
+        return f"an integer of {len(str(abs(value)))} digits"
+    if isinstance(value, float):
+        return f"{value:g}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _name(path: str) -> str:
+    """A field in a message: its path below .spec, `spec.` before a top-level one."""
+    return path if "." in path else f"spec.{path}"
+
+
+def _given(raw: Mapping[str, Any], field: FieldSchema) -> Any:
+    """The field's value in its section `raw`, else the CRD's default (None: neither)."""
+    value = raw.get(field.path.rpartition(".")[2])
+    return field.default if value is None else value
+
+
+def _required(raw: Mapping[str, Any], field: FieldSchema) -> Any:
+    value = _given(raw, field)
     if value is None:
-        return default
+        raise SpecError(f"{_name(field.path)} is required")
+    return value
+
+
+def _in_bounds(value: float, field: FieldSchema) -> None:
+    """Refuse a number outside the CRD's minimum (exclusive or not) and maximum."""
+    if field.minimum is None and field.maximum is None:
+        return
+    low = -math.inf if field.minimum is None else field.minimum
+    high = math.inf if field.maximum is None else field.maximum
+    _in_range(value, low, high, _name(field.path), field.exclusive_minimum)
+
+
+def _as_number(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SpecError(f"{where}.{key} must be a number, got {value!r}")
-    return float(value)
+        raise SpecError(f"{name} must be a number, got {_show(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float
+        number = math.inf
+    if not math.isfinite(number):
+        raise SpecError(f"{name} must be a finite number, got {_show(value)}")
+    return number
 
 
-def _integer(raw: Mapping[str, Any], key: str, default: int, where: str) -> int:
-    value = raw.get(key, default)
+def _number(raw: Mapping[str, Any], path: str, schema: SpecSchema) -> float:
+    field = schema.field(path)
+    number = _as_number(_required(raw, field), _name(path))
+    _in_bounds(number, field)
+    return number
+
+
+def _optional_number(raw: Mapping[str, Any], path: str, schema: SpecSchema) -> float | None:
+    """A number without a CRD default: None when the spec leaves it out."""
+    field = schema.field(path)
+    value = _given(raw, field)
     if value is None:
-        return default
+        return None
+    number = _as_number(value, _name(path))
+    _in_bounds(number, field)
+    return number
+
+
+def _integer(raw: Mapping[str, Any], path: str, schema: SpecSchema, *, bounded: bool = True) -> int:
+    """`bounded=False`: the caller checks the bounds, with a reason of its own first."""
+    field = schema.field(path)
+    value = _required(raw, field)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(f"{where}.{key} must be an integer, got {value!r}")
+        raise SpecError(f"{_name(path)} must be an integer, got {_show(value)}")
+    if bounded:
+        _in_bounds(value, field)
+    return value
+
+
+def _as_string(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise SpecError(f"{name} must be a string, got {_show(value)}")
+    return value
+
+
+def _optional_string(raw: Mapping[str, Any], path: str, schema: SpecSchema) -> str | None:
+    field = schema.field(path)
+    value = _given(raw, field)
+    if value is None:
+        return None
+    text = _as_string(value, _name(path))
+    if field.max_length is not None and len(text) > field.max_length:
+        raise SpecError(
+            f"{_name(path)} must be at most {field.max_length} characters, got {len(text)}"
+        )
+    return text
+
+
+def _string(raw: Mapping[str, Any], path: str, schema: SpecSchema) -> str:
+    text = _optional_string(raw, path, schema)
+    if text is None:
+        raise SpecError(f"{_name(path)} is required")
+    return text
+
+
+def _boolean(raw: Mapping[str, Any], path: str, schema: SpecSchema) -> bool:
+    value = _required(raw, schema.field(path))
+    if not isinstance(value, bool):
+        # YAML's "false" in quotes is a string, and a non-empty string is true in Python.
+        raise SpecError(f"{_name(path)} must be true or false, got {_show(value)}")
     return value
 
 
@@ -387,87 +515,77 @@ def _in_range(value: float, low: float, high: float, name: str, low_open: bool =
     too_low = value <= low if low_open else value < low
     if too_low or value > high:
         bracket = "(" if low_open else "["
-        raise SpecError(f"{name} must be in {bracket}{low:g}, {high:g}], got {value:g}")
+        raise SpecError(f"{name} must be in {bracket}{low:g}, {high:g}], got {_show(value)}")
 
 
-def _strings(raw: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
-    value = raw.get(key) or []
+def _strings(raw: Mapping[str, Any], path: str) -> tuple[str, ...]:
+    value = raw.get(path.rpartition(".")[2]) or []
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise SpecError(f"{where}.{key} must be a list of strings")
+        raise SpecError(f"{path} must be a list of strings")
     return tuple(value)
 
 
-def _choice(raw: Mapping[str, Any], key: str, default: str, kind: type[E], where: str) -> E:
-    value = raw.get(key, default)
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = ", ".join(member.value for member in kind)
-        raise SpecError(f"{where}.{key} {value!r} must be one of {allowed}") from None
+def _choice(raw: Mapping[str, Any], path: str, kind: type[E], schema: SpecSchema) -> E:
+    """One of a contract enum's values (the CRD's enum is the same list, a test keeps it)."""
+    value = _given(raw, schema.field(path))
+    if isinstance(value, str):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    allowed = ", ".join(member.value for member in kind)
+    raise SpecError(f"{path} {_show(value)} must be one of {allowed}")
 
 
-def _parse_model(raw: Mapping[str, Any]) -> ModelSpec:
+def _parse_model(raw: Mapping[str, Any], schema: SpecSchema) -> ModelSpec:
     name = raw.get("name")
     source = raw.get("source")
     if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name):
         raise SpecError(f"model.name {name!r} must be 1-63 letters, digits, '.', '_' or '-'")
     if not isinstance(source, str):
-        raise SpecError("model.source is required (pvc://CLAIM/path or file:///path)")
-    revision = raw.get("revision", "main")
-    if not isinstance(revision, str) or len(revision) > MAX_REVISION_LENGTH:
         raise SpecError(
-            f"model.revision must be a string of at most {MAX_REVISION_LENGTH} characters"
+            f"model.source is required (pvc://CLAIM/path or file:///path), got {_show(source)}"
         )
     return ModelSpec(
         name,
         ModelSource.parse(source),
         source,
-        revision,
-        _choice(raw, "dtype", Dtype.AUTO, Dtype, "model"),
+        _string(raw, "model.revision", schema),
+        _choice(raw, "model.dtype", Dtype, schema),
     )
 
 
-def _parse_fallback(raw: Mapping[str, Any] | None) -> FallbackSpec | None:
+def _parse_fallback(raw: Mapping[str, Any] | None, schema: SpecSchema) -> FallbackSpec | None:
     if raw is None:
         return None
-    quantization = _choice(raw, "quantization", Quantization.INT8, Quantization, "fallback")
-    source_text = raw.get("source") or ""
-    source = ModelSource.parse(source_text) if source_text else None
+    quantization = _choice(raw, "fallback.quantization", Quantization, schema)
+    source_text = _optional_string(raw, "fallback.source", schema) or ""
+    source = ModelSource.parse(source_text, "fallback.source") if source_text else None
     if source is None and quantization == Quantization.NONE:
         raise SpecError("fallback without its own source must be quantized (quantization != none)")
     return FallbackSpec(source, quantization)
 
 
-def _is_device_class_name(value: object) -> bool:
-    return (
-        isinstance(value, str)
-        and len(value) <= DEVICE_CLASS_NAME_MAX_LENGTH
-        and _DEVICE_CLASS_NAME.fullmatch(value) is not None
-    )
-
-
-def _parse_gpu(raw: Mapping[str, Any]) -> GpuSpec:
-    count = _integer(raw, "count", 1, "gpu")
-    _in_range(count, 0, 16, "gpu.count")
-    if count > MAX_GPU_COUNT:
+def _parse_gpu(raw: Mapping[str, Any], schema: SpecSchema) -> GpuSpec:
+    count = _integer(raw, "gpu.count", schema, bounded=False)
+    most = schema.field("gpu.count").maximum
+    if most is not None and count > most:
         raise SpecError(
-            f"gpu.count {count}: more than {MAX_GPU_COUNT} GPU per pod is not supported yet "
+            f"gpu.count {count}: more than {most:g} GPU per pod is not supported yet "
             "(the server places the model on one GPU; the others would sit idle)"
         )
-    product = raw.get("product") or ""
-    if not isinstance(product, str) or not _LABEL_VALUE.fullmatch(product):
+    _in_bounds(count, schema.field("gpu.count"))
+    product = _string(raw, "gpu.product", schema)
+    if not _LABEL_VALUE.fullmatch(product):
         raise SpecError(
             f"gpu.product {product!r} must be a label value (at most 63 letters, digits, "
             "'-', '_' or '.'), as GPU Feature Discovery writes nvidia.com/gpu.product"
         )
     if product and count == 0:
         raise SpecError("gpu.product requires gpu.count > 0")
-    memory_gib = raw.get("memoryGiB")
-    if memory_gib is not None:
-        memory_gib = _number(raw, "memoryGiB", 0, "gpu")
-        _in_range(memory_gib, 0, 4096, "gpu.memoryGiB", low_open=True)
-    device_class_name = raw.get("deviceClassName") or ""
-    if not _is_device_class_name(device_class_name):
+    memory_gib = _optional_number(raw, "gpu.memoryGiB", schema)
+    device_class_name = _string(raw, "gpu.deviceClassName", schema)
+    if _DEVICE_CLASS_NAME.fullmatch(device_class_name) is None:
         raise SpecError(
             f"gpu.deviceClassName {device_class_name!r} must be a DeviceClass name "
             "(a DNS subdomain: lower-case letters, digits, '-' and '.', at most 253)"
@@ -483,52 +601,79 @@ def check_quantization_device(fallback: FallbackSpec | None, gpu_count: int, pro
     `product` is the spec's gpu.product or, when that is empty, the product of
     the nodes the pod may land on (render's --gpu-product); "" means unknown.
     """
-    if fallback is None or not fallback.quantization.needs_gpu:
+    if fallback is None:
+        return
+    quantization = fallback.quantization
+    needed = quantization.min_compute_capability
+    if needed is None:
         return
     if gpu_count < 1:
         raise SpecError(
-            f"fallback.quantization {fallback.quantization.value} needs a GPU (gpu.count >= 1); "
+            f"fallback.quantization {quantization.value} needs a GPU (gpu.count >= 1); "
             "on CPU use int8"
         )
-    if fallback.quantization == Quantization.FP8 and product and not fp8_capable(product):
-        raise SpecError(
-            f"fallback.quantization fp8 needs an Ada, Hopper or Blackwell GPU (compute "
-            f"capability >= 8.9, e.g. L4, L40S, H100, H200, B200); {product} has no fp8 "
-            "support: use int8 or int4"
+    generation = gpu_generation(product) if product else None
+    if not product or (generation is not None and generation.compute_capability >= needed):
+        return
+    capable = ", ".join(g.examples for g in GPU_GENERATIONS if g.compute_capability >= needed)
+    instead = " or ".join(
+        q.value
+        for q in Quantization
+        if q is not Quantization.NONE
+        and (
+            q.min_compute_capability is None
+            or (
+                generation is not None and generation.compute_capability >= q.min_compute_capability
+            )
         )
+    )
+    if generation is None:
+        found = (
+            f"{product} is not a GPU whose compute capability Fusebox knows, so it has no known "
+            f"{quantization.value} support: use {instead}, or leave gpu.product empty (the "
+            "server then checks its device at start)"
+        )
+    else:
+        found = (
+            f"{product} is {generation.name} ({_capability_text(generation.compute_capability)})"
+            f" and has no {quantization.value} support: use {instead}"
+        )
+    raise SpecError(
+        f"fallback.quantization {quantization.value} needs compute capability >= "
+        f"{_capability_text(needed)} (e.g. {capable}); {found}"
+    )
 
 
-def _parse_memory(raw: Mapping[str, Any]) -> MemorySpec:
-    limit = raw.get("limit", "auto")
-    limit_bytes = None if limit in (None, "auto") else parse_quantity_bytes(str(limit))
-    headroom = _number(raw, "headroomRatio", 1.25, "memory")
-    _in_range(headroom, 1.0, 4.0, "memory.headroomRatio")
-    growth = _number(raw, "maxGrowthRatio", 1.0, "memory")
-    _in_range(growth, 1.0, 4.0, "memory.maxGrowthRatio")
-    floor = raw.get("nodeAvailableFloor", "auto")
-    floor_bytes = None if floor in (None, "auto") else parse_quantity_bytes(str(floor))
-    allow_swap = bool(raw.get("allowSwap", False))
+def _quantity(text: str, field: str) -> int:
+    try:
+        return parse_quantity_bytes(text)
+    except SpecError as error:
+        raise SpecError(f"{field}: {error}") from None
+
+
+def _parse_memory(raw: Mapping[str, Any], schema: SpecSchema) -> MemorySpec:
+    limit = _string(raw, "memory.limit", schema)
+    limit_bytes = None if limit == "auto" else _quantity(limit, "memory.limit")
+    headroom = _number(raw, "memory.headroomRatio", schema)
+    growth = _number(raw, "memory.maxGrowthRatio", schema)
+    floor = _string(raw, "memory.nodeAvailableFloor", schema)
+    floor_bytes = None if floor == "auto" else _quantity(floor, "memory.nodeAvailableFloor")
+    allow_swap = _boolean(raw, "memory.allowSwap", schema)
     return MemorySpec(limit_bytes, headroom, allow_swap, growth, floor_bytes)
 
 
-def _parse_server(raw: Mapping[str, Any]) -> ServerSpec:
+def _parse_server(raw: Mapping[str, Any], schema: SpecSchema) -> ServerSpec:
     server = ServerSpec(
-        max_concurrency=_integer(raw, "maxConcurrency", 8, "server"),
-        max_queue=_integer(raw, "maxQueue", 64, "server"),
-        max_input_tokens=_integer(raw, "maxInputTokens", 4096, "server"),
-        max_new_tokens=_integer(raw, "maxNewTokens", 1024, "server"),
-        request_timeout_seconds=_integer(raw, "requestTimeoutSeconds", 60, "server"),
-        tokenizer_cache_size=_integer(raw, "tokenizerCacheSize", 10000, "server"),
-        templates=_strings(raw, "templates", "server"),
-        cpu=str(raw.get("cpu") or "1"),
+        max_concurrency=_integer(raw, "server.maxConcurrency", schema),
+        max_queue=_integer(raw, "server.maxQueue", schema),
+        max_input_tokens=_integer(raw, "server.maxInputTokens", schema),
+        max_new_tokens=_integer(raw, "server.maxNewTokens", schema),
+        request_timeout_seconds=_integer(raw, "server.requestTimeoutSeconds", schema),
+        tokenizer_cache_size=_integer(raw, "server.tokenizerCacheSize", schema),
+        templates=_strings(raw, "server.templates"),
+        cpu=_string(raw, "server.cpu", schema),
         env=_parse_env(raw.get("env") or []),
     )
-    _in_range(server.max_concurrency, 1, 1024, "server.maxConcurrency")
-    _in_range(server.max_queue, 0, 100000, "server.maxQueue")
-    _in_range(server.max_input_tokens, 1, 1 << 20, "server.maxInputTokens")
-    _in_range(server.max_new_tokens, 1, 1 << 20, "server.maxNewTokens")
-    _in_range(server.request_timeout_seconds, 1, 3600, "server.requestTimeoutSeconds")
-    _in_range(server.tokenizer_cache_size, 0, 10_000_000, "server.tokenizerCacheSize")
     parse_cpu_quantity(server.cpu)
     return server
 
@@ -540,105 +685,93 @@ def _parse_env(raw: Any) -> tuple[tuple[str, str], ...]:
     for item in raw:
         name = item.get("name") if isinstance(item, Mapping) else None
         if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
-            raise SpecError(f"server.env entry {item!r} needs a valid variable name")
+            raise SpecError(f"server.env entry {_show(item)} needs a valid variable name")
         if name in RESERVED_ENV_NAMES:
             raise SpecError(
                 f"server.env may not set {name}: the operator wires it from the spec "
                 "(reserved names are listed in docs/api.md)"
             )
-        env.append((name, str(item.get("value", ""))))
+        if any(name == seen for seen, _ in env):
+            raise SpecError(f"server.env sets {name} twice")
+        value = item.get("value")
+        env.append((name, "" if value is None else _as_string(value, f"server.env {name}.value")))
     return tuple(env)
 
 
 def _parse_threshold(
-    raw: Mapping[str, Any], ratio_key: str, default: ResourceThreshold, where: str
+    raw: Mapping[str, Any], where: str, ratio_key: str, schema: SpecSchema
 ) -> ResourceThreshold:
-    ratio = _number(raw, ratio_key, default.ratio, where)
-    _in_range(ratio, 0, 1, f"{where}.{ratio_key}", low_open=True)
-    growth = _number(raw, "growthMiBPerMinute", default.growth_mib_per_minute, where)
-    _in_range(growth, 0, 1 << 30, f"{where}.growthMiBPerMinute")
-    return ResourceThreshold(ratio, growth)
+    return ResourceThreshold(
+        _number(raw, f"{where}.{ratio_key}", schema),
+        _number(raw, f"{where}.growthMiBPerMinute", schema),
+    )
 
 
-def _parse_breaker(raw: Mapping[str, Any]) -> BreakerSpec:
-    latency_raw = _section(raw, "latency")
+def _parse_breaker(raw: Mapping[str, Any], schema: SpecSchema) -> BreakerSpec:
+    latency_raw = _section(raw, "latency", "breaker")
     latency = LatencyBreakerSpec(
-        _choice(latency_raw, "metric", LatencyMetric.TTFT, LatencyMetric, "breaker.latency"),
-        _number(latency_raw, "p99ThresholdMillis", 200, "breaker.latency"),
-        _number(latency_raw, "forSeconds", 180, "breaker.latency"),
-        _integer(latency_raw, "minRequests", 10, "breaker.latency"),
+        _choice(latency_raw, "breaker.latency.metric", LatencyMetric, schema),
+        _number(latency_raw, "breaker.latency.p99ThresholdMillis", schema),
+        _number(latency_raw, "breaker.latency.forSeconds", schema),
+        _integer(latency_raw, "breaker.latency.minRequests", schema),
     )
-    _in_range(
-        latency.p99_threshold_millis, 0, 3_600_000, "breaker.latency.p99ThresholdMillis", True
-    )
-    _in_range(latency.for_seconds, 0, 86400, "breaker.latency.forSeconds")
-    _in_range(latency.min_requests, 1, 1_000_000, "breaker.latency.minRequests")
 
-    quality_raw = _section(raw, "quality")
+    quality_raw = _section(raw, "quality", "breaker")
     quality = QualityBreakerSpec(
-        _number(quality_raw, "sampleRate", 0.1, "breaker.quality"),
-        _number(quality_raw, "maxFailureRate", 0.15, "breaker.quality"),
-        _number(quality_raw, "maxOutputInputRatio", 100, "breaker.quality"),
-        _strings(quality_raw, "blockedTerms", "breaker.quality"),
+        _number(quality_raw, "breaker.quality.sampleRate", schema),
+        _number(quality_raw, "breaker.quality.maxFailureRate", schema),
+        _number(quality_raw, "breaker.quality.maxOutputInputRatio", schema),
+        _strings(quality_raw, "breaker.quality.blockedTerms"),
     )
-    _in_range(quality.sample_rate, 0, 1, "breaker.quality.sampleRate", low_open=True)
-    _in_range(quality.max_failure_rate, 0, 1, "breaker.quality.maxFailureRate", low_open=True)
-    _in_range(quality.max_output_input_ratio, 0, 1e9, "breaker.quality.maxOutputInputRatio", True)
 
-    resource_raw = _section(raw, "resource")
-    defaults = ResourceBreakerSpec()
+    resource_raw = _section(raw, "resource", "breaker")
     resource = ResourceBreakerSpec(
         _parse_threshold(
-            _section(resource_raw, "rss"), "ratioOfLimit", defaults.rss, "breaker.resource.rss"
+            _section(resource_raw, "rss", "breaker.resource"),
+            "breaker.resource.rss",
+            "ratioOfLimit",
+            schema,
         ),
         _parse_threshold(
-            _section(resource_raw, "gpuMemory"),
-            "ratioOfVRAM",
-            defaults.gpu_memory,
+            _section(resource_raw, "gpuMemory", "breaker.resource"),
             "breaker.resource.gpuMemory",
+            "ratioOfVRAM",
+            schema,
         ),
-        _number(resource_raw, "cooldownSeconds", 30, "breaker.resource"),
-        _number(resource_raw, "windowSeconds", 60, "breaker.resource"),
+        _number(resource_raw, "breaker.resource.cooldownSeconds", schema),
+        _number(resource_raw, "breaker.resource.windowSeconds", schema),
     )
-    _in_range(resource.cooldown_seconds, 1, 86400, "breaker.resource.cooldownSeconds")
-    _in_range(resource.window_seconds, 1, 86400, "breaker.resource.windowSeconds")
 
-    half_raw = _section(raw, "halfOpen")
+    half_raw = _section(raw, "halfOpen", "breaker")
     half_open = HalfOpenSpec(
-        _integer(half_raw, "admitPercent", 5, "breaker.halfOpen"),
-        _integer(half_raw, "minRequests", 20, "breaker.halfOpen"),
-        _number(half_raw, "p99RecoveryMillis", 100, "breaker.halfOpen"),
-        _number(half_raw, "minSuccessRate", 0.995, "breaker.halfOpen"),
-    )
-    _in_range(half_open.admit_percent, 1, 100, "breaker.halfOpen.admitPercent")
-    _in_range(half_open.min_requests, 1, 1_000_000, "breaker.halfOpen.minRequests")
-    _in_range(half_open.min_success_rate, 0, 1, "breaker.halfOpen.minSuccessRate", low_open=True)
-    _in_range(
-        half_open.p99_recovery_millis, 0, 3_599_999, "breaker.halfOpen.p99RecoveryMillis", True
+        _integer(half_raw, "breaker.halfOpen.admitPercent", schema),
+        _integer(half_raw, "breaker.halfOpen.minRequests", schema),
+        _number(half_raw, "breaker.halfOpen.p99RecoveryMillis", schema),
+        _number(half_raw, "breaker.halfOpen.minSuccessRate", schema),
     )
     if not half_open.p99_recovery_millis < latency.p99_threshold_millis:
         raise SpecError(
             f"breaker.halfOpen.p99RecoveryMillis ({half_open.p99_recovery_millis:g}) must be below "
             f"breaker.latency.p99ThresholdMillis ({latency.p99_threshold_millis:g})"
         )
-    open_seconds = _number(raw, "openSeconds", 30, "breaker")
-    _in_range(open_seconds, 1, 86400, "breaker.openSeconds")
+    open_seconds = _number(raw, "breaker.openSeconds", schema)
     return BreakerSpec(latency, quality, resource, open_seconds, half_open)
 
 
-def _parse_degradation(raw: Mapping[str, Any], has_fallback: bool) -> DegradationSpec:
+def _parse_degradation(
+    raw: Mapping[str, Any], has_fallback: bool, schema: SpecSchema
+) -> DegradationSpec:
     listed = raw.get("tiers")
     if listed is None:
         tiers = TIERS_WITH_FALLBACK if has_fallback else TIERS_WITHOUT_FALLBACK
     elif not isinstance(listed, list):
         raise SpecError("degradation.tiers must be a list")
     else:
-        try:
-            tiers = tuple(DegradationTier(tier) for tier in listed)
-        except ValueError as error:
+        bad = [t for t in listed if not isinstance(t, str) or t not in DEGRADATION_TIER_LEVELS]
+        if bad:
             allowed = ", ".join(DEGRADATION_TIER_LEVELS)
-            bad = next(t for t in listed if t not in DEGRADATION_TIER_LEVELS)
-            raise SpecError(f"degradation tier {bad!r} must be one of {allowed}") from error
+            raise SpecError(f"degradation.tiers: tier {_show(bad[0])} must be one of {allowed}")
+        tiers = tuple(DegradationTier(tier) for tier in listed)
     if len(set(tiers)) != len(tiers):
         raise SpecError("degradation.tiers must not repeat a tier")
     canned = raw.get("cannedAnswers") or {}
@@ -646,20 +779,16 @@ def _parse_degradation(raw: Mapping[str, Any], has_fallback: bool) -> Degradatio
         isinstance(k, str) and isinstance(v, str) for k, v in canned.items()
     ):
         raise SpecError("degradation.cannedAnswers must map prompt strings to answer strings")
-    cool_off = _number(raw, "coolOffSeconds", 300, "degradation")
-    _in_range(cool_off, 1, 86400, "degradation.coolOffSeconds")
+    cool_off = _number(raw, "degradation.coolOffSeconds", schema)
     return DegradationSpec(tiers, tuple(sorted(canned.items())), cool_off)
 
 
-def _parse_telemetry(raw: Mapping[str, Any]) -> TelemetrySpec:
+def _parse_telemetry(raw: Mapping[str, Any], schema: SpecSchema) -> TelemetrySpec:
     telemetry = TelemetrySpec(
-        _number(raw, "scrapeIntervalSeconds", 5, "telemetry"),
-        _number(raw, "scrapeTimeoutSeconds", 2, "telemetry"),
-        _number(raw, "wedgeAfterSeconds", 15, "telemetry"),
+        _number(raw, "telemetry.scrapeIntervalSeconds", schema),
+        _number(raw, "telemetry.scrapeTimeoutSeconds", schema),
+        _number(raw, "telemetry.wedgeAfterSeconds", schema),
     )
-    _in_range(telemetry.scrape_interval_seconds, 1, 300, "telemetry.scrapeIntervalSeconds")
-    _in_range(telemetry.scrape_timeout_seconds, 0.1, 60, "telemetry.scrapeTimeoutSeconds")
-    _in_range(telemetry.wedge_after_seconds, 2, 3600, "telemetry.wedgeAfterSeconds")
     if telemetry.scrape_timeout_seconds > telemetry.scrape_interval_seconds:
         raise SpecError("telemetry.scrapeTimeoutSeconds must not exceed scrapeIntervalSeconds")
     if telemetry.wedge_after_seconds <= telemetry.scrape_interval_seconds:
@@ -667,75 +796,114 @@ def _parse_telemetry(raw: Mapping[str, Any]) -> TelemetrySpec:
     return telemetry
 
 
-def _parse_autoscaling(raw: Mapping[str, Any] | None) -> AutoscalingSpec | None:
+def _parse_autoscaling(raw: Any, server: ServerSpec, schema: SpecSchema) -> AutoscalingSpec | None:
     if raw is None:
         return None
     if not isinstance(raw, Mapping):
-        raise SpecError("autoscaling must be an object")
-    where = "autoscaling"
-    if "maxReplicas" not in raw:
-        raise SpecError("autoscaling.maxReplicas is required")
-    autoscaling = AutoscalingSpec(
-        min_replicas=_integer(raw, "minReplicas", 1, where),
-        max_replicas=_integer(raw, "maxReplicas", 1, where),
-        metric=_choice(raw, "metric", AutoscalingMetric.QUEUE_LENGTH, AutoscalingMetric, where),
-        target_per_replica=_number(raw, "targetPerReplica", 4, where),
-        scale_up_stabilization_seconds=_number(raw, "scaleUpStabilizationSeconds", 0, where),
-        scale_down_stabilization_seconds=_number(raw, "scaleDownStabilizationSeconds", 300, where),
-    )
-    if autoscaling.min_replicas < 1:
+        raise SpecError(f"autoscaling must be an object, got {_show(raw)}")
+    max_replicas = _integer(raw, "autoscaling.maxReplicas", schema)
+    min_replicas = _integer(raw, "autoscaling.minReplicas", schema, bounded=False)
+    fewest = schema.field("autoscaling.minReplicas")
+    if fewest.minimum is not None and min_replicas < fewest.minimum:
         raise SpecError(
-            "autoscaling.minReplicas must be at least 1: scale to zero is not offered "
-            "(no request reaches a service without pods to wake it)"
+            f"autoscaling.minReplicas must be at least {fewest.minimum:g}: scale to zero is not "
+            "offered (no request reaches a service without pods to wake it)"
         )
-    _in_range(autoscaling.max_replicas, 1, 100, "autoscaling.maxReplicas")
-    if autoscaling.min_replicas > autoscaling.max_replicas:
+    _in_bounds(min_replicas, fewest)
+    if min_replicas > max_replicas:
         raise SpecError("autoscaling.minReplicas must not exceed autoscaling.maxReplicas")
-    _in_range(autoscaling.target_per_replica, 0, 10000, "autoscaling.targetPerReplica", True)
-    _in_range(
-        autoscaling.scale_up_stabilization_seconds, 0, 3600, f"{where}.scaleUpStabilizationSeconds"
+    return AutoscalingSpec(
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        metric=_choice(raw, "autoscaling.metric", AutoscalingMetric, schema),
+        target_per_replica=_number(raw, "autoscaling.targetPerReplica", schema),
+        scale_up_stabilization_seconds=_number(
+            raw, "autoscaling.scaleUpStabilizationSeconds", schema
+        ),
+        scale_down_stabilization_seconds=_number(
+            raw, "autoscaling.scaleDownStabilizationSeconds", schema
+        ),
+        pod_max_queue=server.max_queue,
+        pod_max_concurrency=server.max_concurrency,
     )
-    _in_range(
-        autoscaling.scale_down_stabilization_seconds,
-        0,
-        3600,
-        f"{where}.scaleDownStabilizationSeconds",
-    )
-    return autoscaling
 
 
-def parse_spec(raw: Mapping[str, Any]) -> InferenceServiceSpec:
+def check_load_can_pass_target(autoscaling: AutoscalingSpec, server: ServerSpec) -> None:
+    """Refuse a target the metric can never exceed by more than the tolerance.
+
+    A pod's queue never holds more than server.maxQueue (the next request gets a
+    429), and in flight it never has more than maxQueue + maxConcurrency. A target
+    at or above that (times 1 + tolerance) reads a saturated service as at or
+    under its target: it would never scale up, and could scale down.
+    """
+    most = server.max_queue
+    fields = "server.maxQueue"
+    if autoscaling.metric is AutoscalingMetric.IN_FLIGHT:
+        most += server.max_concurrency
+        fields = "server.maxQueue + server.maxConcurrency"
+    if most > autoscaling.target_per_replica * (1 + AUTOSCALING_TOLERANCE):
+        return
+    raise SpecError(
+        f"{fields} ({most}) must exceed autoscaling.targetPerReplica "
+        f"({autoscaling.target_per_replica:g}) by more than {AUTOSCALING_TOLERANCE:.0%}: a pod "
+        f"never reports more {autoscaling.metric.value} than that, so a saturated service "
+        "would never scale up; raise the server's limits or lower the target"
+    )
+
+
+def parse_spec(
+    raw: Mapping[str, Any], *, running: bool = False, schema: SpecSchema | None = None
+) -> InferenceServiceSpec:
     """Parse, default and validate `.spec` of an InferenceService.
 
     Absent `degradation.tiers` become the effective list: every tier with a
     fallback, no fallback-model tier without one. Raises SpecError with one
-    actionable message for the first problem found.
+    actionable message for the first problem found. `running`: the spec the
+    pods already run (status.appliedSpec), which skips `check_servable`.
+    `schema`: whose defaults and bounds apply; the CRD the operator ships with
+    unless a test gives another.
     """
+    schema = schema or spec_schema()
     if not isinstance(raw, Mapping):
-        raise SpecError("spec must be an object")
+        raise SpecError(f"spec must be an object, got {_show(raw)}")
     if "model" not in raw:
         raise SpecError("spec.model is required")
     fallback_raw = raw.get("fallback")
     if fallback_raw is not None and not isinstance(fallback_raw, Mapping):
-        raise SpecError("fallback must be an object")
-    fallback = _parse_fallback(fallback_raw)
+        raise SpecError(f"fallback must be an object, got {_show(fallback_raw)}")
+    fallback = _parse_fallback(fallback_raw, schema)
+    server = _parse_server(_section(raw, "server"), schema)
     parsed = InferenceServiceSpec(
-        model=_parse_model(_section(raw, "model")),
+        model=_parse_model(_section(raw, "model"), schema),
         fallback=fallback,
-        replicas=_integer(raw, "replicas", 1, "spec"),
-        gpu=_parse_gpu(_section(raw, "gpu")),
-        memory=_parse_memory(_section(raw, "memory")),
-        server=_parse_server(_section(raw, "server")),
-        breaker=_parse_breaker(_section(raw, "breaker")),
-        degradation=_parse_degradation(_section(raw, "degradation"), fallback is not None),
-        telemetry=_parse_telemetry(_section(raw, "telemetry")),
-        autoscaling=_parse_autoscaling(raw.get("autoscaling")),
+        replicas=_integer(raw, "replicas", schema),
+        gpu=_parse_gpu(_section(raw, "gpu"), schema),
+        memory=_parse_memory(_section(raw, "memory"), schema),
+        server=server,
+        breaker=_parse_breaker(_section(raw, "breaker"), schema),
+        degradation=_parse_degradation(_section(raw, "degradation"), fallback is not None, schema),
+        telemetry=_parse_telemetry(_section(raw, "telemetry"), schema),
+        autoscaling=_parse_autoscaling(raw.get("autoscaling"), server, schema),
     )
-    _in_range(parsed.replicas, 0, 100, "spec.replicas")
     if DegradationTier.FALLBACK_MODEL in parsed.degradation.tiers and parsed.fallback is None:
         raise SpecError("spec.fallback is required when degradation.tiers lists fallback-model")
-    check_quantization_device(parsed.fallback, parsed.gpu.count, parsed.gpu.product)
+    if not running:
+        check_servable(parsed)
     return parsed
+
+
+def check_servable(spec: InferenceServiceSpec) -> None:
+    """Refuse what would start pods that cannot do what the spec asks.
+
+    Not checked of a spec whose pods already run (`parse_spec(running=True)`):
+    one applied before a check was added keeps being watched (wedge restarts,
+    ladder, breaker, autoscaling) while its next edit is refused.
+    """
+    if spec.gpu.memory_gib is not None and spec.gpu.count == 0:
+        raise SpecError("gpu.memoryGiB requires gpu.count > 0 (it sizes the memory for VRAM)")
+    check_quantization_device(spec.fallback, spec.gpu.count, spec.gpu.product)
+    if spec.autoscaling is not None:
+        check_load_can_pass_target(spec.autoscaling, spec.server)
 
 
 def applied_spec_text(raw: Mapping[str, Any]) -> str:
@@ -761,7 +929,7 @@ def watched_spec(
     if isinstance(text, str):
         try:
             applied = json.loads(text)
-            return parse_spec(applied), int(status.get("appliedGeneration") or 0)
+            return parse_spec(applied, running=True), int(status.get("appliedGeneration") or 0)
         except (TypeError, ValueError):  # SpecError included
             return None  # not ours to guess: the next reconcile writes it again
     invalid = any(
@@ -771,6 +939,6 @@ def watched_spec(
     if invalid or "memory" not in status:
         return None
     try:
-        return parse_spec(raw), generation
+        return parse_spec(raw, running=True), generation
     except SpecError:
         return None

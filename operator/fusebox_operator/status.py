@@ -11,7 +11,7 @@ most every 30 s, the refreshed per-pod figures.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +26,15 @@ from fusebox_contract.names import (
 from fusebox_operator.autoscaling import ScaleDecision
 from fusebox_operator.observations import PodSample
 from fusebox_operator.policy_state import Action, ActionKind, PolicyState
+from fusebox_operator.serving import ServiceView, ServingReason, service_reason
 from fusebox_operator.spec import InferenceServiceSpec, applied_spec_text
 
 REFRESH_SECONDS = 30.0
 MAX_PODS_LISTED = 20
 MAX_RECENT_ACTIONS = 10
 MAX_TROUBLED_PODS_LISTED = 3  # stuck pods named in Ready's message
+NOT_READY = ServingReason.NOT_READY
+METRICS_UNREACHABLE = ServingReason.METRICS_UNREACHABLE
 SPEC_VALID = "SpecValid"  # InvalidSpec's reason once a spec is accepted
 SCALE_LIMIT_GPU = "PodsPendingForGPU"  # ScalingLimited's reason while scale-up is held
 NO_QUALITY_REMEDY = "NoQualityRemedy"  # Degraded's reason: quality fails, no tier helps
@@ -41,7 +44,7 @@ TIER_NAMES: dict[int, str] = {int(DegradationLevel.NONE): "none"} | {
 
 # Parts of the status that change on every scrape; refreshed at most every 30 s.
 VOLATILE_KEYS = ("pods", "policy", "updatedAt")
-VOLATILE_SUMMARY_KEYS = ("gpuMemory", "rss", "timeToOOM")
+VOLATILE_SUMMARY_KEYS = ("gpuMemory", "rss", "timeToOOM", "observedAt")
 
 ACTION_EVENT_REASONS: dict[ActionKind, tuple[EventReason, ...]] = {
     ActionKind.GC: (EventReason.GARBAGE_COLLECTED,),
@@ -95,14 +98,18 @@ def human_seconds(seconds: float | None) -> str:
 def set_condition(
     conditions: Sequence[Mapping[str, Any]],
     type_: ConditionType,
-    status: bool,
+    status: bool | None,
     reason: str,
     message: str,
     generation: int,
     now: float,
 ) -> list[dict[str, Any]]:
-    """Upsert one metav1.Condition; lastTransitionTime moves only when status flips."""
-    status_text = "True" if status else "False"
+    """Upsert one metav1.Condition; lastTransitionTime moves only when status flips.
+
+    `status` None is "Unknown": the operator could not observe what the condition
+    is about, and says so rather than repeating what it last saw.
+    """
+    status_text = "Unknown" if status is None else "True" if status else "False"
     updated: list[dict[str, Any]] = []
     found = False
     for condition in conditions:
@@ -206,7 +213,9 @@ def undone_wait(
     }
 
 
-def pod_entry(sample: PodSample, state: PolicyState) -> dict[str, Any]:
+def pod_entry(sample: PodSample, state: PolicyState, seen: ServiceView) -> dict[str, Any]:
+    """One pod's line: this tick's figures (none when its scrape failed), its verdict,
+    and when it was last seen answering."""
     variant = sample.variant if sample.variant is not None else state.pod_variant(sample.pod)
     entry: dict[str, Any] = {
         "name": sample.pod,
@@ -214,6 +223,11 @@ def pod_entry(sample: PodSample, state: PolicyState) -> dict[str, Any]:
         "scraped": sample.ok,
         "variant": variant.value,
     }
+    verdict = seen.verdict(sample.pod)
+    if verdict is not None:
+        entry["serving"] = verdict.reason.value
+    if sample.pod in seen.last_seen:
+        entry["lastSeenAt"] = iso(seen.last_seen[sample.pod])
     figures = {
         "gpuMemoryBytes": sample.gpu_memory_used_bytes,
         "rssBytes": sample.rss_bytes,
@@ -291,36 +305,120 @@ def pods_note(problems: Mapping[str, str], what: str) -> str:
     return text + (f"; and {more} more" if more > 0 else "")
 
 
+def not_serving_note(seen: ServiceView) -> str:
+    """The pods that do not serve though the kubelet calls them Ready, with the evidence."""
+    troubled = [v for v in seen.verdicts if not v.serving and v.reason is not NOT_READY]
+    listed = "; ".join(v.describe() for v in troubled[:MAX_TROUBLED_PODS_LISTED])
+    more = len(troubled) - MAX_TROUBLED_PODS_LISTED
+    return listed + (f"; and {more} more" if more > 0 else "")
+
+
 def ready_explanation(
     state: PolicyState,
-    ready_pods: int,
+    seen: ServiceView,
     desired_pods: int,
     unschedulable: Mapping[str, str],
     failing: Mapping[str, str],
-) -> tuple[str, str]:
-    """Ready's reason and message: what keeps the service from being Ready, by name.
+) -> tuple[bool | None, str, str]:
+    """Ready's status, reason and message: what keeps the service from serving, by name.
 
-    A pod the scheduler cannot place (no free GPU, a claim no device satisfies,
-    too little memory on any node) or a container the kubelet cannot run
-    (crash loop, image pull, bad config) never becomes ready by waiting, so it
-    is named with the scheduler's or the kubelet's own words rather than
-    counted as "not ready".
+    Ready means the pods serve, as observed (serving.py): a pod the kubelet calls
+    Ready but whose server refuses every request (its memory guard, no model, a
+    wedged loop) does not count, and its cause is the reason. Pods the operator
+    cannot see make Ready Unknown, never True. A pod the scheduler cannot place
+    (no free GPU, a claim no device satisfies, too little memory on any node) or
+    a container the kubelet cannot run (crash loop, image pull, bad config)
+    never becomes ready by waiting, so it is named with the scheduler's or the
+    kubelet's own words rather than counted as "not ready".
     """
-    counted = f"{ready_pods}/{desired_pods} pods ready"
+    serving = seen.serving
+    counted = f"{serving}/{desired_pods} pods serving"
     if state.breaker is BreakerState.OPEN:
-        return "BreakerOpen", state.breaker_reason
-    if ready_pods < desired_pods and unschedulable:
+        return False, "BreakerOpen", state.breaker_reason
+    if serving >= desired_pods:
+        return True, "PodsReady", counted
+    if unschedulable:
         note = pods_note(unschedulable, "unschedulable")
-        return EventReason.PODS_UNSCHEDULABLE, f"{counted}; {note}"
-    if ready_pods < desired_pods and failing:
-        return EventReason.PODS_FAILING, f"{counted}; {pods_note(failing, 'failing')}"
-    if ready_pods < desired_pods:
-        return "PodsNotReady", counted
-    return "PodsReady", counted
+        return False, EventReason.PODS_UNSCHEDULABLE, f"{counted}; {note}"
+    if failing:
+        return False, EventReason.PODS_FAILING, f"{counted}; {pods_note(failing, 'failing')}"
+    cause = service_reason([v for v in seen.verdicts if v.reason is not NOT_READY])
+    if cause is None:
+        return False, "PodsNotReady", counted
+    known = serving + seen.unobserved < desired_pods or cause is not METRICS_UNREACHABLE
+    return (False if known else None), cause.value, f"{counted}; {not_serving_note(seen)}"
+
+
+def available_explanation(state: PolicyState, seen: ServiceView) -> tuple[bool | None, str, str]:
+    """Available: at least one pod serves. Unknown while the only candidates are unseen."""
+    serving = seen.serving
+    if state.breaker is BreakerState.OPEN:
+        return False, "BreakerOpen", f"{serving} pod(s) up, the breaker refuses requests"
+    if serving > 0:
+        return True, "MinimumPodsReady", f"{serving} pod(s) serving"
+    cause = service_reason([v for v in seen.verdicts if v.reason is not NOT_READY])
+    if cause is None:
+        return False, "NoPodReady", "0 pod(s) serving"
+    unknown = cause is METRICS_UNREACHABLE
+    return (None if unknown else False), cause.value, f"0 pod(s) serving; {not_serving_note(seen)}"
+
+
+def breaker_column(state: PolicyState, seen: ServiceView) -> str:
+    """What the BREAKER column says: whether requests get through.
+
+    The latency breaker's state, except that a closed breaker is not shown over
+    pods that all refuse (Refusing) or that the operator cannot see (Unknown):
+    "Closed" would promise traffic that nothing serves.
+    """
+    if state.breaker is not BreakerState.CLOSED or seen.serving > 0:
+        return state.breaker.status_name
+    up = [v for v in seen.verdicts if v.reason is not NOT_READY]
+    if any(v.reason.refusing for v in up):
+        return "Refusing"
+    if up:
+        return "Unknown"
+    return state.breaker.status_name
+
+
+def figure(values: Sequence[float], seen: ServiceView) -> str:
+    """A summary figure (the largest of the observed pods'), marked "?" when some Ready
+    pod is not observed: its figure, maybe the largest, is missing."""
+    shown = human_bytes(max(values)) if values else ""
+    if seen.unobserved:
+        return f"{shown}?" if shown else "?"
+    return shown or "-"
 
 
 # Ready's reasons that name pods stuck for good; each gets a Warning when it starts.
 STUCK_POD_REASONS = frozenset({EventReason.PODS_UNSCHEDULABLE, EventReason.PODS_FAILING})
+
+
+def blind_events(before: Collection[tuple[str, str]], seen: ServiceView) -> list[EventRecord]:
+    """A Warning when the operator loses sight of a pod or cannot call its admin API,
+    with the cause, once per spell (`before`: the (reason, pod) pairs already told).
+
+    Memory actions on an unseen pod wait for fresh figures (the policy holds them
+    after three intervals), and no action reaches a pod whose admin API does not
+    answer: each event says both what is wrong and what follows.
+    """
+    events: list[EventRecord] = []
+    for verdicts, reason, follows in (
+        (
+            seen.blind,
+            EventReason.TELEMETRY_STALE,
+            "status shows it unobserved and memory actions on it are held",
+        ),
+        (
+            seen.unreachable,
+            EventReason.ADMIN_UNREACHABLE,
+            "the operator cannot act on it (breaker, tier, ladder) until a call gets through",
+        ),
+    ):
+        lost = [v for v in verdicts if (v.reason.value, v.pod) not in before]
+        if lost:
+            named = "; ".join(v.describe() for v in lost[:MAX_TROUBLED_PODS_LISTED])
+            events.append(EventRecord("Warning", reason, f"{named}; {follows}"))
+    return events
 
 
 def stuck_pod_events(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[EventRecord]:
@@ -345,7 +443,7 @@ def build_status(
     state: PolicyState,
     samples: Sequence[PodSample],
     executed: Sequence[tuple[Action, str]],
-    ready_pods: int,
+    seen: ServiceView,
     spec: InferenceServiceSpec,
     generation: int,
     now: float,
@@ -355,25 +453,27 @@ def build_status(
 ) -> dict[str, Any]:
     """The whole telemetry-owned status, from the policy state and this scrape.
 
+    `samples`: this tick's scrapes (failed ones included); `seen`: the verdict on
+    every pod and the figures still fresh enough to show (serving.observe).
     `desired_pods`: the autoscaler's count this tick; None means `spec.replicas`.
     `unschedulable`: pod -> the scheduler's message, for pods it cannot place;
     `failing`: pod -> the container the kubelet cannot run, and why.
     """
     desired_pods = spec.replicas if desired_pods is None else desired_pods
     conditions: list[dict[str, Any]] = list(previous.get("conditions") or [])
-    ready = ready_pods >= desired_pods and state.breaker is not BreakerState.OPEN
-    ready_reason, ready_message = ready_explanation(
-        state, ready_pods, desired_pods, unschedulable or {}, failing or {}
+    ready, ready_reason, ready_message = ready_explanation(
+        state, seen, desired_pods, unschedulable or {}, failing or {}
     )
     conditions = set_condition(
         conditions, ConditionType.READY, ready, ready_reason, ready_message, generation, now
     )
+    available, available_reason, available_message = available_explanation(state, seen)
     conditions = set_condition(
         conditions,
         ConditionType.AVAILABLE,
-        ready_pods > 0 and state.breaker is not BreakerState.OPEN,
-        "MinimumPodsReady" if ready_pods > 0 else "NoPodReady",
-        f"{ready_pods} pod(s) serving",
+        available,
+        available_reason,
+        available_message,
         generation,
         now,
     )
@@ -394,13 +494,17 @@ def build_status(
         generation,
         now,
     )
-    stale = sorted(state.stale_pods)
+    cut_off = (*seen.blind, *seen.unreachable)
+    named = [v.describe() for v in cut_off[:MAX_TROUBLED_PODS_LISTED]]
+    more = len(cut_off) - len(named)
     conditions = set_condition(
         conditions,
         ConditionType.TELEMETRY_FRESH,
-        not stale,
-        "TelemetryStale" if stale else "Scraped",
-        f"no fresh sample from {', '.join(stale)}" if stale else f"{len(samples)} pod(s) scraped",
+        not cut_off,
+        cut_off[0].reason.value if cut_off else "Scraped",
+        "; ".join(named) + (f"; and {more} more" if more > 0 else "")
+        if cut_off
+        else f"{len(seen.figures)} pod(s) scraped, every admin call answered",
         generation,
         now,
     )
@@ -420,11 +524,12 @@ def build_status(
     for action, result in executed:
         recent.append(action_entry(action, result))
     recent = recent[-MAX_RECENT_ACTIONS:]
-    pods = [pod_entry(sample, state) for sample in sorted(samples, key=lambda s: s.pod)]
+    pods = [pod_entry(sample, state, seen) for sample in sorted(samples, key=lambda s: s.pod)]
     pods = pods[:MAX_PODS_LISTED]
-    gpu_values = [s.gpu_memory_used_bytes for s in samples if s.gpu_memory_used_bytes is not None]
-    rss_values = [s.rss_bytes for s in samples if s.rss_bytes is not None]
-    soonest_oom = [state.time_to_oom[s.pod] for s in samples if s.pod in state.time_to_oom]
+    figures = seen.figures
+    gpu_values = [s.gpu_memory_used_bytes for s in figures if s.gpu_memory_used_bytes is not None]
+    rss_values = [s.rss_bytes for s in figures if s.rss_bytes is not None]
+    soonest_oom = [state.time_to_oom[s.pod] for s in figures if s.pod in state.time_to_oom]
     previous_breaker = previous.get("breaker") or {}
     since = (
         previous_breaker.get("since")
@@ -451,14 +556,25 @@ def build_status(
         "pods": pods,
         "recentActions": recent,
         "summary": {
-            "ready": f"{ready_pods}/{desired_pods}",
-            "gpuMemory": human_bytes(max(gpu_values)) if gpu_values else "-",
-            "rss": human_bytes(max(rss_values)) if rss_values else "-",
+            "ready": f"{seen.serving}/{desired_pods}",
+            "breaker": breaker_column(state, seen),
+            "gpuMemory": figure(gpu_values, seen),
+            "rss": figure(rss_values, seen),
             "timeToOOM": human_seconds(min(soonest_oom) if soonest_oom else None),
         },
         "policy": state.to_status(),
         "updatedAt": iso(now),
     }
+    # The oldest figure shown: the SEEN column is its age, counted by kubectl at
+    # display time, so it grows on its own when the operator stops writing. With no
+    # figure fresh enough to show, the last ones' time stands: their age goes on.
+    observed_at = (
+        iso(min(s.sampled_at for s in figures))
+        if figures
+        else (previous.get("summary") or {}).get("observedAt")
+    )
+    if observed_at:
+        status["summary"]["observedAt"] = observed_at
     if recent:
         status["lastAction"] = recent[-1]
     return status
@@ -626,16 +742,6 @@ def transition_events(
                 EventReason.DEGRADED,
                 f"{after.quality_unremedied}; list fallback-model (with spec.fallback) or "
                 "canned-answers in degradation.tiers for the quality breaker to act",
-            )
-        )
-    newly_stale = sorted(after.stale_pods - before.stale_pods)
-    if newly_stale:
-        events.append(
-            EventRecord(
-                "Warning",
-                EventReason.TELEMETRY_STALE,
-                f"no fresh sample for 3 intervals from {', '.join(newly_stale)}; "
-                "memory actions held",
             )
         )
     for action, result in executed:

@@ -153,6 +153,7 @@ def sample_from_metrics(pod: str, samples: Samples, sampled_at: float, metric: s
         breaker_state=_breaker(_one(samples, Metric.BREAKER_STATE)),
         degradation_level=None if level is None else int(level),
         model_loaded=None if loaded is None else loaded >= 1,
+        memory_guard_active=_flag(_one(samples, Metric.MEMORY_GUARD_ACTIVE)),
         variant=None if fallback is None else (Variant.FALLBACK if fallback else Variant.PRIMARY),
         converging=None if moving is None else moving >= 1,
         queue_length=_one(samples, Metric.REQUEST_QUEUE_LENGTH),

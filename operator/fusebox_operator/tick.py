@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fusebox_contract.names import ConditionType, DegradationTier, Variant
-from fusebox_operator.actuator import ActionResult, RuntimeTarget
+from fusebox_operator.actuator import ActionResult, RuntimeCall, RuntimeTarget
 from fusebox_operator.autoscaling import (
     Recommendation,
     ScaleDecision,
@@ -32,16 +32,24 @@ from fusebox_operator.autoscaling import (
     pending_for_gpu,
 )
 from fusebox_operator.gpu_health import drain_actions, gpu_condition
-from fusebox_operator.kube import current_count, ready_count
+from fusebox_operator.kube import current_count
 from fusebox_operator.node_pressure import NodePressure, node_condition, relieve_nodes
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.policy import admit_percent, decide
 from fusebox_operator.policy_state import DISRUPTIVE, Action, ActionKind, PolicyState
 from fusebox_operator.rollout import Degradation, PodReadiness, Rollout, pod_degradations
+from fusebox_operator.serving import (
+    Misses,
+    Sighting,
+    observe,
+    update_reach,
+    update_sightings,
+)
 from fusebox_operator.spec import InferenceServiceSpec
 from fusebox_operator.status import (
     EventRecord,
     add_autoscaling_status,
+    blind_events,
     build_status,
     drop_autoscaling_status,
     drop_condition,
@@ -73,7 +81,7 @@ class ActuatorPort(Protocol):
         target: RuntimeTarget,
         sample: PodSample | None,
         applied: MutableMapping[str, RuntimeTarget],
-    ) -> bool: ...
+    ) -> RuntimeCall: ...
 
 
 @dataclass
@@ -91,6 +99,12 @@ class TickMemory:
     scale_history: tuple[Recommendation, ...] = ()
     drained: set[str] = field(default_factory=set)  # pod UIDs drained off an Unhealthy GPU
     node_pressure: NodePressure = field(default_factory=NodePressure)  # nodes below the floor
+    # What the operator last saw of each pod's sidecar (serving.py): a restarted
+    # operator starts blind and claims nothing until it has scraped.
+    sightings: dict[str, Sighting] = field(default_factory=dict)
+    # (reason, pod) last named unobserved or unreachable: each spell is told once.
+    blind: set[tuple[str, str]] = field(default_factory=set)
+    reach: dict[str, Misses] = field(default_factory=dict)  # failed admin calls, per pod
 
 
 @dataclass(frozen=True)
@@ -399,7 +413,7 @@ async def run_tick(
     restarted = {a.pod for a, _ in executed if a.kind in POD_DELETING}
     reachable = settable([p for p in targets if p.name not in restarted], samples)
     wanted = runtime_targets(new_state, spec, reachable, samples, memory.applied, rollout)
-    await asyncio.gather(
+    told_runtime = await asyncio.gather(
         *(
             actuator.reconcile_runtime(
                 pod, inputs.token, wanted[pod.name], samples.get(pod.name), memory.applied
@@ -407,6 +421,7 @@ async def run_tick(
             for pod in reachable
         )
     )
+    calls = {pod.name: (c.reached, c.error) for pod, c in zip(reachable, told_runtime, strict=True)}
     memory.policy = new_state
     alive = {pod.instance for pod in inputs.pods}
     for instance in [key for key in memory.applied if key not in alive]:
@@ -420,13 +435,20 @@ async def run_tick(
     )
     scale = autoscale(spec, inputs.status, inputs.pods, samples, memory, now)
     written_at = clock()
+    memory.sightings = update_sightings(memory.sightings, inputs.pods, samples, now)
+    memory.reach = update_reach(memory.reach, inputs.pods, calls, now)
+    seen = observe(
+        inputs.pods, memory.sightings, spec.telemetry.wedge_after_seconds, written_at, memory.reach
+    )
+    events += blind_events(memory.blind, seen)
+    memory.blind = {(v.reason.value, v.pod) for v in (*seen.blind, *seen.unreachable)}
     sample_list = sorted(samples.values(), key=lambda s: s.pod)
     new_status = build_status(
         inputs.status,
         new_state,
         sample_list,
         executed,
-        ready_count(inputs.pods),
+        seen,
         spec,
         inputs.generation,
         written_at,

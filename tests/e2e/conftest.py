@@ -92,6 +92,20 @@ def helm(cluster: Cluster, *args: str, timeout: float = 300) -> subprocess.Compl
     return result
 
 
+def localcluster(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m localcluster ARGS` (restart a component, mark a GPU...); fails loudly."""
+    result = subprocess.run(
+        [sys.executable, "-m", "localcluster", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert result.returncode == 0, f"localcluster {' '.join(args)}: {result.stderr[-3000:]}"
+    return result
+
+
 def wait_for(
     what: str,
     probe: Callable[[], T | None],
@@ -434,7 +448,7 @@ def model_root() -> Iterator[Path]:
     A copy outside the cache: the node's PV points at a directory it may
     read, and /root is not traversable by the pods' user.
     """
-    from fusebox_server.tiny_model import ensure_model
+    from fusebox_server.model.tiny_model import ensure_model
 
     root = Path("/var/tmp") / f"fusebox-e2e-models-{uuid.uuid4().hex[:8]}"
     shutil.copytree(ensure_model("tiny"), root / "tiny")

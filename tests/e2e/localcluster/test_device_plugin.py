@@ -13,8 +13,6 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,23 +23,11 @@ from localcluster import gpu, processes
 from localcluster.components import Layout
 from localcluster.config import ClusterConfig, default_name, load_saved
 
+from ..conftest import localcluster
 from .conftest import eventually
 
 REPO = Path(__file__).resolve().parents[3]
 PRINT_VISIBLE_DEVICES = f"import os; print(os.environ.get({gpu.VISIBLE_DEVICES_ENV!r}, ''))"
-
-
-def _localcluster(*args: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "localcluster", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
-    assert result.returncode == 0, f"localcluster {' '.join(args)}: {result.stderr[-3000:]}"
-    return result
 
 
 @pytest.fixture
@@ -54,7 +40,7 @@ def local_config(cluster: Any) -> Iterator[ClusterConfig]:
     yield saved
     for device in gpu.advertised(gpu.control_for(saved)):
         if device.health != gpu.HEALTHY:
-            _localcluster("gpu", "healthy", str(device.index))
+            localcluster("gpu", "healthy", str(device.index))
 
 
 @pytest.fixture
@@ -65,11 +51,11 @@ def free_gpu(cluster: Any, local_config: ClusterConfig) -> Iterator[ClusterConfi
     if in_use < local_config.gpus:
         yield local_config
         return
-    _localcluster("up", "--gpus", str(in_use + 1))
+    localcluster("up", "--gpus", str(in_use + 1))
     try:
         yield dataclasses.replace(local_config, gpus=in_use + 1)
     finally:
-        _localcluster("up", "--gpus", str(local_config.gpus))
+        localcluster("up", "--gpus", str(local_config.gpus))
 
 
 def _node(cluster: Any, local_config: ClusterConfig) -> dict[str, Any]:
@@ -107,7 +93,7 @@ def _gpus(node: dict[str, Any], field: str) -> int:
 
 def _listed_ids() -> dict[str, int]:
     """Device id -> index, as `localcluster gpu list` prints them."""
-    lines = _localcluster("gpu", "list").stdout.splitlines()
+    lines = localcluster("gpu", "list").stdout.splitlines()
     return {line.split()[1]: int(line.split()[0]) for line in lines}
 
 
@@ -198,7 +184,7 @@ def test_unhealthy_gpu_leaves_allocatable_and_shows_on_its_pod_and_healthy_bring
     device_id = kube.exec_python("holder", PRINT_VISIBLE_DEVICES).strip()
     index = _listed_ids()[device_id]
 
-    _localcluster("gpu", "unhealthy", str(index))
+    localcluster("gpu", "unhealthy", str(index))
     kube.eventually(
         lambda: _gpus(_node(cluster, free_gpu), "allocatable") == free_gpu.gpus - 1,
         what=f"allocatable {gpu.RESOURCE} to drop to {free_gpu.gpus - 1}",
@@ -217,7 +203,7 @@ def test_unhealthy_gpu_leaves_allocatable_and_shows_on_its_pod_and_healthy_bring
         lambda: health_on_pod() == gpu.UNHEALTHY, what="the pod to show its GPU Unhealthy"
     )
 
-    _localcluster("gpu", "healthy", str(index))
+    localcluster("gpu", "healthy", str(index))
     kube.eventually(
         lambda: _gpus(_node(cluster, free_gpu), "allocatable") == free_gpu.gpus,
         what=f"allocatable {gpu.RESOURCE} back to {free_gpu.gpus}",
@@ -233,7 +219,7 @@ def test_restarted_kubelet_finds_the_plugin_again_and_allocates_through_it(
     assert kubelet is not None
     os.kill(kubelet.pid, signal.SIGKILL)
     assert processes.wait_gone([kubelet], timeout_seconds=30)
-    _localcluster("restart", "kubelet")
+    localcluster("restart", "kubelet")
     kube.eventually(
         lambda: _plugin_connections(free_gpu) > connections,
         what="the restarted kubelet to open ListAndWatch on the plugin",

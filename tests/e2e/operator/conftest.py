@@ -32,7 +32,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fusebox_contract.names import EventReason
+from fusebox_contract.admin import FaultsRequest
+from fusebox_contract.names import EventReason, Fault
 from fusebox_contract.wiring import Port
 from localcluster.config import default_name, load_saved
 
@@ -119,14 +120,17 @@ class OperatorRelease:
         ready = [p for p in self.pods() if pod_is_ready(p)]
         return ready[0] if len(ready) == 1 else None
 
-    def crash(self) -> str:
+    def crash(self, then: Callable[[], None] | None = None) -> str:
         """Delete the operator pod with no grace (a crash or an eviction: no cleanup),
-        then wait for the Deployment's replacement to be Ready; returns its name."""
+        run `then` (another fault at the same moment), then wait for the Deployment's
+        replacement to be Ready; returns its name."""
         pod = wait_for("the operator pod Ready", self.ready_pod, timeout=120)
         old = pod["metadata"]["name"]
         self.cluster.kubectl(
             "-n", self.namespace, "delete", "pod", old, "--grace-period=0", "--force"
         )
+        if then is not None:
+            then()
         new = wait_for(
             "a new operator pod Ready",
             lambda: (p := self.ready_pod()) and p["metadata"]["name"] != old and p,
@@ -366,9 +370,9 @@ class Service:
 
     def set_faults(self, pod: dict[str, Any], faults: dict[str, int]) -> None:
         """Set faults on one pod through its admin API, as an operator with the token would."""
-        reply = http_reply(
-            "PUT", f"{pod_url(pod, Port.ADMIN)}/admin/v1/faults", faults, token=self.admin_token()
-        )
+        request = FaultsRequest({Fault(name): value for name, value in faults.items()})
+        url = f"{pod_url(pod, Port.ADMIN)}{request.path}"
+        reply = http_reply(request.path.method, url, request.encode(), token=self.admin_token())
         assert reply.status == 200, reply
 
     def service_url(self) -> str:

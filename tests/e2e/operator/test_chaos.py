@@ -15,8 +15,6 @@ test_gpu_lost.py.
 from __future__ import annotations
 
 import datetime as dt
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,23 +24,19 @@ import pytest
 
 from fusebox_contract.names import ConditionType, EventReason
 
-from .conftest import REPO, Reply, Service, ServiceFactory, base_spec, chat_reply, wait_for
+from ..conftest import localcluster
+from .conftest import (
+    Reply,
+    Service,
+    ServiceFactory,
+    base_spec,
+    chat_reply,
+    wait_for,
+)
 
 pytestmark = pytest.mark.chaos
 
 ACCEPTABLE = {200, 429, 503}
-
-
-def localcluster(*args: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "localcluster", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
 
 
 @contextmanager

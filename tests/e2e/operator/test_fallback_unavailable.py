@@ -1,5 +1,6 @@
 """Issue 10, one seam end to end: a fallback the pods' device cannot serve is named and
-does not hold up the rollout.
+does not hold up the rollout. Issue 32 (N2): a fallback whose weights are corrupt, found
+only when the fallback tier loads it, leaves the service answering from the primary.
 
 On localcluster `gpu.count: 1` is a simulated GPU, so the server runs on a CPU, where
 int4 cannot load: each server serves the primary and says so in its stats file
@@ -11,7 +12,9 @@ one FallbackUnavailable Warning per pod naming it.
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from fusebox_contract.names import (
@@ -105,3 +108,62 @@ def test_an_int4_fallback_on_a_cpu_is_named_and_the_level_still_reaches_every_po
         )
         assert reply.headers.get(VARIANT_HEADER.lower()) == Variant.PRIMARY, reply.headers
     assert EventReason.SWAPPED_TO_FALLBACK not in service.event_reasons()
+
+
+def test_a_fallback_with_corrupt_weights_leaves_the_service_answering_from_the_primary(
+    inference_service: ServiceFactory, model_root: Path
+) -> None:
+    # The tiny model with its weights cut short: --check-config passes (it reads no weights),
+    # the pod starts on the primary, and the fallback fails only when the tier loads it.
+    corrupt = model_root / "tiny-corrupt-weights"
+    if not corrupt.exists():
+        shutil.copytree(model_root / "tiny", corrupt)
+        weights = corrupt / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:4096])
+    spec = quality_switch_spec(
+        fallback={"source": f"pvc://models/{corrupt.name}", "quantization": "none"},
+        degradation={"tiers": [DegradationTier.FALLBACK_MODEL.value], "coolOffSeconds": 600},
+    )
+    service = inference_service("corrupt-fallback", spec)
+    wait_serving(service, pods=1)
+    (name,) = [p["metadata"]["name"] for p in service.ready_pods()]
+
+    def fallback_refused() -> PodSample | None:
+        chat_reply(service.service_url(), max_tokens=4)  # every sampled answer fails quality
+        pods = service.ready_pods()
+        sample = scraped(pods[0]) if len(pods) == 1 else None
+        refused = sample is not None and sample.fallback_available is False
+        return sample if refused else None
+
+    sample = wait_for(
+        "the pod saying its fallback failed to load",
+        fallback_refused,
+        timeout=300,
+        every=1,
+        diagnose=service.diagnose,
+    )
+    assert sample.degradation_level == DegradationLevel.FALLBACK_MODEL, sample
+    assert sample.variant is Variant.PRIMARY and sample.model_loaded is True, sample
+    reason = sample.fallback_unavailable_reason or ""
+    assert "loading it failed" in reason and "SafetensorError" in reason, reason
+
+    def named() -> list[dict[str, Any]] | None:
+        found = [
+            e
+            for e in service.events()
+            if e["reason"] == EventReason.FALLBACK_UNAVAILABLE and name in e["message"]
+        ]
+        return found or None
+
+    (event,) = wait_for("FallbackUnavailable naming the pod", named, timeout=120)
+    assert event["type"] == "Warning" and "loading it failed" in event["message"], event
+    # The one replica never left the Service for good: it answers 200, from the primary.
+    assert [p["metadata"]["name"] for p in service.ready_pods()] == [name]
+    for _ in range(3):
+        reply = wait_for(
+            "a 200 through the Service",
+            lambda: (r := chat_reply(service.service_url(), max_tokens=4)).status == 200 and r,
+            timeout=60,
+        )
+        assert reply.headers.get(VARIANT_HEADER.lower()) == Variant.PRIMARY, reply.headers
+    assert service.status().get("activeVariant") == Variant.PRIMARY

@@ -22,6 +22,7 @@ import re
 import time
 from typing import Any
 
+from fusebox_contract.admin import AdminPath, FaultsRequest, ServerState
 from fusebox_contract.names import ConditionType, EventReason, Fault
 from fusebox_contract.wiring import FAULTS_ENV, Port
 
@@ -85,16 +86,20 @@ class Pod:
         self.name = self.raw["metadata"]["name"]
         self.token = service.admin_token()
 
-    def admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        reply = http_reply(method, f"{pod_url(self.raw, Port.ADMIN)}{path}", body, token=self.token)
+    def admin(self, path: AdminPath, body: dict[str, Any] | None = None) -> Any:
+        url = f"{pod_url(self.raw, Port.ADMIN)}{path}"
+        reply = http_reply(path.method, url, body, token=self.token)
         assert reply.status == 200, reply
         return reply.body
 
     def set_leak(self, kind: Fault, mib: int) -> None:
-        self.admin("PUT", "/admin/v1/faults", {kind.value: mib})
+        request = FaultsRequest({kind: mib})
+        self.admin(request.path, request.encode())
 
     def model_loads(self) -> int:
-        return int(self.admin("GET", "/admin/v1/state")["model_loads"])
+        loads = ServerState.parse(self.admin(AdminPath.STATE)).model_loads
+        assert loads is not None
+        return loads
 
 
 def ladder_events(service: Service) -> list[dict[str, Any]]:

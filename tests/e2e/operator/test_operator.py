@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from fusebox_contract.admin import AdminPath, ServerState
 from fusebox_contract.names import BreakerState, Variant
 from fusebox_contract.wiring import VARIANT_HEADER, Port
 
@@ -102,12 +103,13 @@ def served_variants(service: Service, count: int = 3) -> list[str | None]:
     return variants
 
 
-def admin_state(service: Service, pod: dict[str, Any]) -> dict[str, Any]:
+def admin_state(service: Service, pod: dict[str, Any]) -> ServerState:
+    path = AdminPath.STATE
     status, body = http(
-        "GET", f"{pod_url(pod, Port.ADMIN)}/admin/v1/state", token=service.admin_token()
+        path.method, f"{pod_url(pod, Port.ADMIN)}{path}", token=service.admin_token()
     )
-    assert status == 200 and isinstance(body, dict), (status, body)
-    return body
+    assert status == 200, (status, body)
+    return ServerState.parse(body)
 
 
 # --- 5: apply -> children -> Ready -> serves ----------------------------------------------
@@ -499,13 +501,13 @@ def test_slow_pod_opens_the_breaker_then_half_open_then_closed(
     # is every arrival the server sees.
     wait_for(
         "the pod told HalfOpen",
-        lambda: admin_state(service, pod)["breaker"]["state"] == BreakerState.HALF_OPEN,
+        lambda: admin_state(service, pod).breaker.state is BreakerState.HALF_OPEN,
         timeout=120,
         diagnose=service.diagnose,
     )
     burst = [chat_reply(f"{pod_url(pod, Port.API)}", max_tokens=2) for _ in range(BURST)]
-    state = admin_state(service, pod)["breaker"]
-    assert (state["state"], state["admit_percent"]) == (BreakerState.HALF_OPEN, 50), state
+    state = admin_state(service, pod).breaker
+    assert (state.state, state.admit_percent) == (BreakerState.HALF_OPEN, 50), state
     admitted = sum(1 for r in burst if r.status == 200)
     refused = [r for r in burst if r.status == 503]
     assert admitted + len(refused) == BURST, [(r.status, r.body) for r in burst]

@@ -27,6 +27,7 @@ import yaml
 from fusebox_contract.names import ConditionType, DegradationTier, EventReason, Variant
 from fusebox_contract.settings import RESERVED_ENV_NAMES
 from fusebox_contract.wiring import FAULTS_ENV, SERVED_BY_HEADER, VARIANT_HEADER, Port
+from fusebox_operator.spec import parse_spec
 
 from .conftest import (
     CRD,
@@ -45,7 +46,7 @@ from .conftest import (
 
 EXAMPLES = sorted((REPO / "crds" / "examples").glob("*.yaml"))
 TINY_SOURCE = "pvc://models/tiny"  # the model_claim fixture's claim and path
-CORPUS = REPO / "inference_image" / "fusebox_server" / "corpus"
+CORPUS = REPO / "inference_image" / "fusebox_server" / "model" / "corpus"
 
 
 def load_example(path: Path) -> dict[str, Any]:
@@ -347,6 +348,63 @@ REFUSALS: list[tuple[str, dict[str, Any], str]] = [
         refusal_spec(fallback=None, degradation={"tiers": ["fallback-model"]}),
         "fallback",
     ),
+    # Issue 32's seams: each was admitted, and rendered into something else.
+    (
+        "queue-cap-below-target",
+        refusal_spec(server={"maxQueue": 0}, autoscaling={"maxReplicas": 3}),
+        "server.maxQueue (with metric inFlight",
+    ),
+    (
+        "in-flight-cap-below-target",
+        refusal_spec(
+            server={"maxQueue": 0, "maxConcurrency": 2},
+            autoscaling={"maxReplicas": 3, "metric": "inFlight"},
+        ),
+        "must exceed autoscaling.targetPerReplica",
+    ),
+    (
+        "int4-on-t4",
+        refusal_spec(gpu={"count": 1, "product": "Tesla-T4"}, fallback={"quantization": "int4"}),
+        "int4 needs compute capability >= 8.0",
+    ),
+    (
+        "int4-on-v100",
+        refusal_spec(
+            gpu={"count": 1, "product": "Tesla-V100-SXM2-16GB"},
+            fallback={"quantization": "int4"},
+        ),
+        "int4 needs compute capability >= 8.0",
+    ),
+    (
+        "fp8-on-a100",
+        refusal_spec(
+            gpu={"count": 1, "product": "NVIDIA-A100-SXM4-80GB"},
+            fallback={"quantization": "fp8"},
+        ),
+        "fp8 needs compute capability >= 8.9",
+    ),
+    (
+        "gpu-memory-without-gpu",
+        refusal_spec(gpu={"count": 0, "memoryGiB": 80}),
+        "gpu.memoryGiB requires gpu.count > 0",
+    ),
+    (
+        "pvc-parent-segments",
+        refusal_spec(model={"source": "pvc://models/../../etc"}),
+        "model.source must not have a '..' path segment",
+    ),
+    (
+        "file-parent-segment",
+        refusal_spec(model={"source": "file:///opt/../etc"}),
+        "model.source must not have a '..' path segment",
+    ),
+    (
+        "fallback-parent-segment",
+        refusal_spec(fallback={"source": "pvc://models/../x", "quantization": "none"}),
+        "fallback.source must not have a '..' path segment",
+    ),
+    ("cpu-100000", refusal_spec(server={"cpu": "100000"}), "server.cpu must be at most 1024"),
+    ("cpu-millis-above", refusal_spec(server={"cpu": "1024001m"}), "server.cpu must be at most"),
 ]
 
 
@@ -359,6 +417,49 @@ def test_the_apiserver_refuses_what_the_operator_cannot_serve_naming_the_field(
     )
     assert result.returncode != 0, f"{name} was admitted"
     assert field in result.stderr, result.stderr
+
+
+# Beside each new refusal, what the operator still accepts: the rules are no wider.
+ADMITTED_AT_THE_SEAMS: list[tuple[str, dict[str, Any]]] = [
+    (
+        "int4-on-a100",
+        refusal_spec(
+            gpu={"count": 1, "product": "NVIDIA-A100-SXM4-80GB"},
+            fallback={"quantization": "int4"},
+        ),
+    ),
+    (
+        "fp8-on-h100",
+        refusal_spec(
+            gpu={"count": 1, "product": "NVIDIA-H100-80GB-HBM3"},
+            fallback={"quantization": "fp8"},
+        ),
+    ),
+    ("int4-product-unnamed", refusal_spec(gpu={"count": 1}, fallback={"quantization": "int4"})),
+    ("cpu-1024", refusal_spec(server={"cpu": "1024"})),
+    ("dots-in-a-name", refusal_spec(model={"source": "pvc://models/v1..v2/..x"})),
+    (
+        "queue-cap-above-target",
+        refusal_spec(server={"maxQueue": 5}, autoscaling={"maxReplicas": 3}),
+    ),
+    (
+        "in-flight-slots-above-target",
+        refusal_spec(server={"maxQueue": 0}, autoscaling={"maxReplicas": 3, "metric": "inFlight"}),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "spec"), ADMITTED_AT_THE_SEAMS, ids=[c[0] for c in ADMITTED_AT_THE_SEAMS]
+)
+def test_the_apiserver_admits_what_the_operator_accepts_beside_each_seam(
+    cluster: Any, crd: None, namespace: str, name: str, spec: dict[str, Any]
+) -> None:
+    parse_spec(spec)  # the operator accepts it
+    result = cluster.kubectl(
+        "apply", "--dry-run=server", "-f", "-", input=document(name, spec, namespace), check=False
+    )
+    assert result.returncode == 0, result.stderr
 
 
 # (case, name, admitted): a DNS subdomain (what the apiserver checks of any object)

@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from fusebox_contract.admin import AdminPath, ServerState
 from fusebox_contract.names import BreakerState, DegradationTier, EventReason, Variant
 from fusebox_operator.actuator import ActionResult, Actuator, RuntimeTarget
 from fusebox_operator.observations import PodSample, PodView
@@ -59,7 +60,9 @@ def _model_dir(tmp: Path) -> Path:
     if not (model / "config.json").exists():
         model = tmp / "tiny"
         subprocess.run(
-            [sys.executable, "-m", "fusebox_server.tiny_model", str(model)], check=True, timeout=300
+            [sys.executable, "-m", "fusebox_server.model.tiny_model", str(model)],
+            check=True,
+            timeout=300,
         )
     return model
 
@@ -221,9 +224,11 @@ def test_runtime_state_reconciled_shows_in_the_next_scrape(pair: Pair) -> None:
             actuator = Actuator(session, None, admin_port=pair.admin_port)
             applied: dict[str, RuntimeTarget] = {}
             target = (BreakerState.HALF_OPEN, 5, Degradation(1))
-            assert await actuator.reconcile_runtime(POD, TOKEN, target, None, applied)
+            told = await actuator.reconcile_runtime(POD, TOKEN, target, None, applied)
+            assert (told.changed, told.reached) == (True, True)
             # Same target, nothing observed yet: no second call.
-            assert not await actuator.reconcile_runtime(POD, TOKEN, target, None, applied)
+            again = await actuator.reconcile_runtime(POD, TOKEN, target, None, applied)
+            assert (again.changed, again.reached) == (False, None)
         for _ in range(20):
             sample = await _scrape(pair)
             if sample.breaker_state is BreakerState.HALF_OPEN:
@@ -327,13 +332,13 @@ def test_ticks_move_the_pod_to_the_fallback_and_report_what_it_serves(pair: Pair
     assert status["pods"][0]["variant"] == Variant.PRIMARY
 
 
-def _admin_state(pair: Pair) -> dict[str, Any]:
+def _admin_state(pair: Pair) -> ServerState:
     request = urllib.request.Request(
-        f"http://127.0.0.1:{pair.admin_port}/admin/v1/state",
+        f"http://127.0.0.1:{pair.admin_port}{AdminPath.STATE}",
         headers={"Authorization": f"Bearer {TOKEN}"},
     )
     with urllib.request.urlopen(request, timeout=10) as response:
-        return dict(json.load(response))
+        return ServerState.parse(json.load(response))
 
 
 def test_tiers_that_leave_out_fallback_model_reach_canned_answers_without_a_swap(
@@ -341,20 +346,20 @@ def test_tiers_that_leave_out_fallback_model_reach_canned_answers_without_a_swap
 ) -> None:
     # The pair's server has a fallback; the spec's tiers leave fallback-model out.
     spec = replace(SPEC, degradation=replace(SPEC.degradation, tiers=SKIPPED_FALLBACK_TIERS))
-    loads_before = _admin_state(pair)["model_loads"]
+    loads_before = _admin_state(pair).model_loads
 
     def at_three(status: dict[str, Any]) -> bool:
-        return bool(_admin_state(pair)["degradation_level"] == 3)
+        return _admin_state(pair).degradation_level == 3
 
     _, status = asyncio.run(_ticks(pair, _base_status(3), at_three, spec=spec))
     state = _admin_state(pair)
-    assert state["degradation_tiers"] == ["no-streaming", "canned-answers"]
-    assert (state["variant"], state["target_variant"]) == (Variant.PRIMARY, Variant.PRIMARY)
-    assert state["model_loads"] == loads_before  # no model was loaded for the tier
+    assert state.degradation_tiers == SKIPPED_FALLBACK_TIERS
+    assert (state.variant, state.target_variant) == (Variant.PRIMARY, Variant.PRIMARY)
+    assert state.model_loads == loads_before  # no model was loaded for the tier
     assert status["activeVariant"] == Variant.PRIMARY
     assert status["degradation"]["tiers"] == ["no-streaming", "canned-answers"]
     back = {**status, "degradation": {"level": 0}, "policy": {}}
-    asyncio.run(_ticks(pair, back, lambda s: _admin_state(pair)["degradation_level"] == 0,
+    asyncio.run(_ticks(pair, back, lambda s: _admin_state(pair).degradation_level == 0,
                        spec=spec))  # fmt: skip
 
 

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from fusebox_contract.names import BreakerState
-from fusebox_operator.actuator import Actuator
+from fusebox_operator.actuator import Actuator, RuntimeCall
 from fusebox_operator.observations import PodView
 from fusebox_operator.rollout import Degradation
 
@@ -32,8 +32,8 @@ def pod(ready: bool) -> PodView:
     return PodView("p", "uid-p", "127.0.0.1", "Running", ready, True, True, 0, False, False)
 
 
-def set_state(ready: bool) -> bool:
-    async def call() -> bool:
+def set_state(ready: bool) -> RuntimeCall:
+    async def call() -> RuntimeCall:
         async with aiohttp.ClientSession() as session:
             actuator = Actuator(session, None, admin_port=closed_port())
             target = (BreakerState.CLOSED, 100, Degradation(0))
@@ -47,6 +47,7 @@ def test_a_refused_runtime_call_is_a_warning_only_for_a_ready_pod(
     ready: bool, level: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="fusebox_operator.actuator")
-    assert set_state(ready) is False
+    told = set_state(ready)
+    assert told.reached is False and "Cannot connect" in told.error
     (record,) = [r for r in caplog.records if "runtime state of p not set" in r.getMessage()]
     assert record.levelno == level

@@ -14,7 +14,7 @@ from fusebox_operator.autoscaling import (
     pod_load,
     recommend,
 )
-from fusebox_operator.observations import PodSample, PodView
+from fusebox_operator.observations import PodSample, PodView, RequestCounts
 from fusebox_operator.spec import AutoscalingMetric, AutoscalingSpec, SpecError, parse_spec
 from fusebox_operator.status import (
     SCALE_LIMIT_GPU,
@@ -121,7 +121,9 @@ def base(**autoscaling: object) -> dict[str, object]:
 
 def test_the_spec_parses_autoscaling_with_its_defaults() -> None:
     spec = parse_spec(base(maxReplicas=3))
-    assert spec.autoscaling == AutoscalingSpec(max_replicas=3)
+    assert spec.autoscaling == AutoscalingSpec(
+        max_replicas=3, pod_max_queue=64, pod_max_concurrency=8
+    )
     assert parse_spec(base(maxReplicas=3, metric="inFlight")).autoscaling is not None
     assert parse_spec({"model": {"name": "m", "source": "pvc://m/x"}}).autoscaling is None
 
@@ -247,3 +249,56 @@ def test_a_pod_out_of_service_counts_idle_for_scale_up_and_busy_pods_never_scale
     assert recommend(2, [5.0], SPEC) == 3  # ceil(5 / 2)
     # Measured pods are busy but the load seen fits the pods asked for: hold, never down.
     assert recommend(4, [3.0], replace(SPEC, max_replicas=8)) == 4
+
+
+# --- a saturated service is never scaled down (issue 32, N1) -----------------------------
+
+DOWN_AT_ONCE = replace(SPEC, scale_down_stabilization_seconds=0)
+
+
+def refusing(pod: str, queue: float, rejected: float) -> PodSample:
+    return PodSample(
+        pod, 0.0, queue_length=queue, requests_running=0, requests=RequestCounts(rejected=rejected)
+    )
+
+
+def test_pods_refusing_requests_with_429_are_never_scaled_down() -> None:
+    # At the target a tick ago, 10 refusals each counted so far.
+    before = decide_scale(DOWN_AT_ONCE, 3, [refusing(p, 2, 10) for p in "abc"], [], (), now=0)
+    assert before.replicas == 3
+    # The queues read empty at this scrape, but pod a refused 15 more requests since.
+    pods = [refusing("a", 0, 25), refusing("b", 0, 10), refusing("c", 0, 10)]
+    held = decide_scale(DOWN_AT_ONCE, 3, pods, [], before.history, now=5)
+    assert held.replicas == 3 and held.recommended == 3 and held.reason is None
+    # Without a refusal since the last tick, the same empty queues scale down.
+    quiet = [refusing(p, 0, 25 if p == "a" else 10) for p in "abc"]
+    down = decide_scale(DOWN_AT_ONCE, 3, quiet, [], held.history, now=10)
+    assert down.replicas == 1 and down.reason is EventReason.SCALED_DOWN
+
+
+def test_a_restarted_server_that_refused_again_counts_as_refusing() -> None:
+    before = decide_scale(DOWN_AT_ONCE, 2, [refusing(p, 2, 40) for p in "ab"], [], (), now=0)
+    # Pod a's server restarted (its count fell from 40) and has refused 3 since.
+    restarted = [refusing("a", 0, 3), refusing("b", 0, 40)]
+    assert decide_scale(DOWN_AT_ONCE, 2, restarted, [], before.history, now=5).replicas == 2
+    # Restarted with no refusal yet: nothing holds the idle pods.
+    fresh = [refusing("a", 0, 0), refusing("b", 0, 40)]
+    assert decide_scale(DOWN_AT_ONCE, 2, fresh, [], before.history, now=5).replicas == 1
+
+
+def test_pods_whose_queue_and_slots_are_full_are_never_scaled_down() -> None:
+    # maxQueue 0 (a spec the parser now refuses with autoscaling): the queue always reads
+    # 0 and the load never shows; every slot busy is what saturation looks like.
+    capped = replace(DOWN_AT_ONCE, pod_max_queue=0, pod_max_concurrency=4)
+    full = [PodSample(p, 0.0, queue_length=0, requests_running=4) for p in "abc"]
+    held = decide_scale(capped, 3, full, [], (), now=0)
+    assert held.replicas == 3 and held.recommended == 3
+    # One pod with a free slot: the service is not saturated, and idle queues scale down.
+    some_free = [*full[:2], PodSample("c", 0.0, queue_length=0, requests_running=1)]
+    assert decide_scale(capped, 3, some_free, [], (), now=0).replicas == 1
+
+
+def test_the_parsed_spec_gives_the_autoscaler_the_servers_queue_and_slots() -> None:
+    parsed = parse_spec({**base(maxReplicas=3), "server": {"maxQueue": 16, "maxConcurrency": 2}})
+    assert parsed.autoscaling is not None
+    assert (parsed.autoscaling.pod_max_queue, parsed.autoscaling.pod_max_concurrency) == (16, 2)

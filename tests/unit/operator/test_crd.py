@@ -1,14 +1,20 @@
 """The CRD is structural, documented, and admits exactly what spec.py accepts.
 
 "Whatever the API server admits, the operator accepts": every bound, enum,
-default and pattern in the schema is checked against parse_spec here.
+default and pattern in the schema is checked against parse_spec here. The
+defaults and bounds are declared once, in the CRD: the parser reads them from
+the copy the operator package carries, so changing one there changes what
+the parser does (shown below with an edited schema).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,11 +23,14 @@ import yaml
 from fusebox_contract.names import DegradationTier, Dtype, LatencyMetric, Quantization
 from fusebox_contract.settings import RESERVED_ENV_NAMES
 from fusebox_operator import spec as spec_module
+from fusebox_operator.crd_schema import CRD_RESOURCE, SpecSchema, spec_schema
+from fusebox_operator.gpu_products import GPU_GENERATIONS
 from fusebox_operator.spec import AutoscalingMetric, SpecError, parse_spec
 
 from .conftest import REPO
 
-CRD = yaml.safe_load((REPO / "crds" / "inferenceservice.yaml").read_text(encoding="utf-8"))
+CRD_PATH = REPO / "crds" / "inferenceservice.yaml"
+CRD = yaml.safe_load(CRD_PATH.read_text(encoding="utf-8"))
 SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
@@ -107,7 +116,8 @@ def test_names_scope_and_subresources() -> None:
     }
     columns = [c["name"].upper() for c in version["additionalPrinterColumns"]]
     assert columns == [
-        "READY", "BREAKER", "TIER", "VARIANT", "GPU-MEM", "RSS", "OOM-IN", "REPLICAS", "AGE"
+        "READY", "BREAKER", "TIER", "VARIANT", "GPU-MEM", "RSS", "OOM-IN", "SEEN", "REPLICAS",
+        "AGE",
     ]  # fmt: skip
 
 
@@ -188,10 +198,14 @@ COMPANIONS: dict[str, Callable[[float], dict[str, Any]]] = {
         for field in (
             "minReplicas",
             "metric",
-            "targetPerReplica",
             "scaleUpStabilizationSeconds",
             "scaleDownStabilizationSeconds",
         )
+    },
+    # A pod's queue must be able to pass the target (server.maxQueue > target x 1.1).
+    "autoscaling.targetPerReplica": lambda v: {
+        "autoscaling": {"maxReplicas": 100},
+        "server": {"maxQueue": 100000},
     },
 }
 
@@ -239,6 +253,121 @@ def test_the_crd_bounds_of_every_number_are_the_operator_bounds(path: str) -> No
             parse_spec(spec_setting(path, refused))
 
 
+def test_the_operator_package_carries_the_canonical_crd() -> None:
+    # The parser's defaults and bounds come from this copy (scripts/gen_api_docs.py writes it).
+    packaged = REPO / "operator" / "fusebox_operator" / Path(*CRD_RESOURCE)
+    assert packaged.read_bytes() == CRD_PATH.read_bytes()
+    assert (
+        spec_schema().field("telemetry.wedgeAfterSeconds").default
+        == (SPEC_SCHEMA["properties"]["telemetry"]["properties"]["wedgeAfterSeconds"]["default"])
+    )
+
+
+def edited_schema(path: str, **keywords: Any) -> SpecSchema:
+    """The shipped CRD with `keywords` set on the schema node of spec field `path`."""
+    crd = copy.deepcopy(CRD)
+    node = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for part in path.split("."):
+        node = node["properties"][part]
+    node.update(keywords)
+    return SpecSchema(crd)
+
+
+@pytest.mark.parametrize("path", sorted(NUMERIC_FIELDS))
+def test_a_maximum_lowered_in_the_schema_is_the_parsers_maximum(path: str) -> None:
+    schema = NUMERIC_FIELDS[path]
+    low = schema["minimum"] + (step(schema) if schema.get("exclusiveMinimum") else 0)
+    lowered = (low + schema["maximum"]) / 2
+    if schema["type"] == "integer":
+        lowered = math.floor(lowered)
+    edited = edited_schema(path, maximum=lowered)
+    parse_spec(spec_setting(path, lowered), schema=edited)
+    with pytest.raises(SpecError, match=re.escape(path.rpartition(".")[2])):
+        parse_spec(spec_setting(path, schema["maximum"]), schema=edited)
+
+
+# A value above these maxima breaks a cross-field rule with its partner's own maximum.
+CAPPED_BY_ANOTHER_FIELD = {
+    "autoscaling.minReplicas",
+    "breaker.halfOpen.p99RecoveryMillis",
+    "breaker.latency.p99ThresholdMillis",
+}
+
+
+@pytest.mark.parametrize("path", sorted(set(NUMERIC_FIELDS) - CAPPED_BY_ANOTHER_FIELD))
+def test_a_maximum_raised_in_the_schema_is_the_parsers_maximum(path: str) -> None:
+    # No number left in spec.py holds the old maximum.
+    raised = NUMERIC_FIELDS[path]["maximum"] * 2
+    with pytest.raises(SpecError):
+        parse_spec(spec_setting(path, raised))
+    parse_spec(spec_setting(path, raised), schema=edited_schema(path, maximum=raised))
+
+
+def test_a_minimum_made_exclusive_in_the_schema_refuses_the_minimum() -> None:
+    edited = edited_schema("breaker.resource.cooldownSeconds", minimum=1, exclusiveMinimum=True)
+    raw = {"model": MODEL, "breaker": {"resource": {"cooldownSeconds": 1}}}
+    parse_spec(raw)
+    with pytest.raises(SpecError, match=re.escape("cooldownSeconds must be in (1, 86400], got 1")):
+        parse_spec(raw, schema=edited)
+
+
+def other_value(path: str, node: dict[str, Any]) -> Any:
+    """A valid value for the field other than its CRD default."""
+    if "enum" in node:
+        return node["enum"][-1] if node["enum"][-1] != node["default"] else node["enum"][0]
+    if node["type"] in ("integer", "number"):
+        low = node["minimum"] + (step(node) if node.get("exclusiveMinimum") else 0)
+        return low if low != node["default"] else node["maximum"]
+    if node["type"] == "boolean":
+        return not node["default"]
+    return OTHER_STRINGS[path]
+
+
+OTHER_STRINGS = {
+    "model.revision": "v2",
+    "gpu.product": "NVIDIA-L4",
+    "gpu.deviceClassName": "gpu.example.com",
+    "memory.limit": "64Gi",
+    "memory.nodeAvailableFloor": "2Gi",
+    "server.cpu": "2",
+}
+
+
+def defaulted_fields(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    for name, child in (node.get("properties") or {}).items():
+        child_path = f"{path}.{name}" if path else name
+        if "default" in child and child.get("type") != "object":
+            yield child_path, child
+        yield from defaulted_fields(child, child_path)
+
+
+DEFAULTED_FIELDS = dict(defaulted_fields(SPEC_SCHEMA, ""))
+
+
+@pytest.mark.parametrize("path", sorted(DEFAULTED_FIELDS))
+def test_a_default_changed_in_the_schema_is_the_parsers_default(path: str) -> None:
+    value = other_value(path, DEFAULTED_FIELDS[path])
+    # The field left out, with the schema's default moved to `value`: as if the spec said it.
+    left_out = spec_setting(path, value)
+    *parents, leaf = path.split(".")
+    section = left_out
+    for part in parents:
+        section = section[part]
+    del section[leaf]
+    edited = edited_schema(path, default=value)
+    assert parse_spec(left_out, schema=edited) == parse_spec(spec_setting(path, value))
+    assert parse_spec(left_out, schema=edited) != parse_spec(left_out)
+
+
+def test_the_spec_dataclasses_default_as_the_crd_does() -> None:
+    # Tests build GpuSpec and AutoscalingSpec without a spec: their defaults are the CRD's.
+    assert spec_module.GpuSpec() == parse_spec({"model": MODEL}).gpu
+    parsed = parse_spec({"model": MODEL, "autoscaling": {"maxReplicas": 1}}).autoscaling
+    assert parsed is not None
+    unsized = replace(parsed, pod_max_queue=None, pod_max_concurrency=None)
+    assert unsized == spec_module.AutoscalingSpec()
+
+
 def enum_fields(node: dict[str, Any], path: str) -> Iterator[tuple[str, list[Any]]]:
     if "enum" in node:
         yield path, node["enum"]
@@ -281,7 +410,11 @@ def matched_patterns(node: dict[str, Any]) -> set[str]:
 
 def test_cel_patterns_are_the_parser_patterns() -> None:
     props = SPEC_SCHEMA["properties"]
-    source_patterns = {spec_module.PVC_SOURCE_PATTERN, spec_module.FILE_SOURCE_PATTERN}
+    source_patterns = {
+        spec_module.PVC_SOURCE_PATTERN,
+        spec_module.FILE_SOURCE_PATTERN,
+        spec_module.PARENT_SEGMENT_PATTERN,
+    }
     assert matched_patterns(props["model"]["properties"]["source"]) == source_patterns
     assert matched_patterns(props["fallback"]["properties"]["source"]) == source_patterns
     limit = props["memory"]["properties"]["limit"]
@@ -313,16 +446,22 @@ def test_reserved_env_names_in_the_crd_are_the_contract_list() -> None:
         ("file:///opt/model", True),
         ("file://opt/model", False),
         ("file:///", False),
+        ("pvc://models/../../etc", False),
+        ("pvc://models/a/..", False),
+        ("pvc://models/a..b/...", True),
+        ("file:///opt/../etc", False),
     ],
 )
 def test_source_patterns_admit_what_the_parser_accepts(source: str, admitted: bool) -> None:
-    # Python's `re` reads these patterns as RE2 does (ASCII classes, no lookaround).
+    # Python's `re` reads these patterns as RE2 does (ASCII classes, no lookaround),
+    # and re.search finds what CEL's matches() finds.
     pattern = (
         spec_module.PVC_SOURCE_PATTERN
         if source.startswith("pvc")
         else (spec_module.FILE_SOURCE_PATTERN)
     )
-    assert (re.search(pattern, source) is not None) is admitted
+    in_mount = re.search(spec_module.PARENT_SEGMENT_PATTERN, source) is None
+    assert (re.search(pattern, source) is not None and in_mount) is admitted
     raw = {"model": {"name": "c", "source": source}}
     if admitted:
         parse_spec(raw)
@@ -351,6 +490,76 @@ def test_cross_field_rules_mirror_the_parser() -> None:
     assert "p99RecoveryMillis < self.latency.p99ThresholdMillis" in breaker_rules
     fallback_rules = " ".join(rules(SPEC_SCHEMA["properties"]["fallback"]))
     assert "self.quantization != 'none'" in fallback_rules
+
+
+def product_rules() -> dict[str, set[str]]:
+    """The GPU product patterns each quantization's CEL rule admits, by quantization."""
+    found: dict[str, set[str]] = {}
+    for rule in rules(SPEC_SCHEMA):
+        quantization = re.search(r"self\.fallback\.quantization != '([a-z0-9]+)'", rule)
+        if quantization and "gpu.product" in rule:
+            patterns = re.findall(r"upperAscii\(\)\.matches\('([^']*)'\)", rule)
+            found[quantization.group(1)] = set(patterns)
+    return found
+
+
+def test_the_product_rules_admit_the_generations_that_reach_each_quantization() -> None:
+    expected = {
+        quantization.value: {
+            g.product_pattern for g in GPU_GENERATIONS if g.compute_capability >= capability
+        }
+        for quantization in Quantization
+        if (capability := quantization.min_compute_capability) is not None
+    }
+    assert product_rules() == expected
+
+
+@pytest.mark.parametrize(
+    "product",
+    ["Tesla-T4", "Tesla-V100-SXM2-16GB", "NVIDIA-A100-SXM4-80GB", "NVIDIA-A10G",
+     "NVIDIA-L4", "NVIDIA-H100-80GB-HBM3", "NVIDIA-RTX-A6000", "Quadro-RTX-4000",
+     "NVIDIA-GeForce-RTX-3090", "NVIDIA-GeForce-RTX-2080-Ti", "Acme-X1"],
+)  # fmt: skip
+@pytest.mark.parametrize("quantization", ["int4", "fp8"])
+def test_a_product_rule_admits_what_the_parser_accepts(product: str, quantization: str) -> None:
+    # What the CEL rule computes, in Python: any of its patterns found in the product.
+    admitted = any(re.search(pattern, product.upper()) for pattern in product_rules()[quantization])
+    raw = {
+        "model": MODEL,
+        "gpu": {"product": product},
+        "fallback": {"quantization": quantization},
+    }
+    if admitted:
+        parse_spec(raw)
+    else:
+        with pytest.raises(SpecError, match=f"fallback.quantization {quantization}"):
+            parse_spec(raw)
+
+
+def test_the_autoscaling_rule_uses_the_autoscalers_tolerance_and_the_defaults() -> None:
+    (rule,) = [r for r in rules(SPEC_SCHEMA) if "autoscaling.targetPerReplica" in r]
+    assert f"* {1 + spec_module.AUTOSCALING_TOLERANCE:g}" in rule
+    server = SPEC_SCHEMA["properties"]["server"]["properties"]
+    target = SPEC_SCHEMA["properties"]["autoscaling"]["properties"]["targetPerReplica"]
+    assert f"self.server.maxQueue : {server['maxQueue']['default']})" in rule
+    assert f"self.server.maxConcurrency : {server['maxConcurrency']['default']})" in rule
+    assert f"self.autoscaling.targetPerReplica : {float(target['default'])})" in rule
+
+
+def test_the_cpu_rule_bounds_the_cores_as_the_parser_does() -> None:
+    cpu = SPEC_SCHEMA["properties"]["server"]["properties"]["cpu"]
+    bounds = re.findall(r"compareTo\(quantity\('([0-9]+)'\)\) <= 0", " ".join(rules(cpu)))
+    assert bounds == [str(spec_module.MAX_CPU_CORES)]
+
+
+def test_every_gpu_only_field_requires_a_gpu() -> None:
+    gpu = SPEC_SCHEMA["properties"]["gpu"]
+    gpu_rules = " ".join(rules(gpu)) + " ".join(rules(SPEC_SCHEMA))
+    for field in ("memoryGiB", "deviceClassName", "product"):
+        assert re.search(rf"has\(self\.(gpu\.)?{field}\)", gpu_rules), field
+        with pytest.raises(SpecError, match=f"gpu.{field} requires gpu.count > 0"):
+            value = 16 if field == "memoryGiB" else "gpu.nvidia.com"
+            parse_spec({"model": MODEL, "gpu": {"count": 0, field: value}})
 
 
 def test_gpu_count_above_one_is_refused_with_a_message() -> None:

@@ -16,6 +16,7 @@ import pytest
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator import handlers
 from fusebox_operator.drift import Applied
+from fusebox_operator.memo import CONTEXT_KEY, SERVICE_KEY, OperatorContext, ServiceMemo
 from fusebox_operator.settings import OperatorSettings
 
 NAMESPACE = "ml"
@@ -96,13 +97,10 @@ class Service:
 
     def memo(self) -> kopf.Memo:
         """A fresh memo: what a restarted operator knows (nothing but the object)."""
-        return kopf.Memo(
-            kube=self.kube,
-            settings=OperatorSettings.from_env({}),
-            actuator=None,
-            session=None,
-            next_resync_at=time.time() + 3600,
-        )
+        # No pods are listed, so the tick never scrapes nor acts: no session, no actuator.
+        context = OperatorContext(OperatorSettings.from_env({}), self.kube, None, None)  # type: ignore[arg-type]
+        service = ServiceMemo(next_resync_at=time.time() + 3600)
+        return kopf.Memo({CONTEXT_KEY: context, SERVICE_KEY: service})
 
     def _merge(self, patch: kopf.Patch) -> None:
         self.status = {**self.status, **dict(patch.get("status") or {})}

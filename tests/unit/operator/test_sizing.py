@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from fusebox_operator.sizing import product_vram_gib, size_memory
+from fusebox_operator.gpu_products import product_vram_gib
+from fusebox_operator.sizing import size_memory
 from fusebox_operator.spec import GIB, SpecError, parse_spec
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from fusebox_contract.names import DegradationTier, Dtype, Quantization
 from fusebox_contract.settings import RESERVED_ENV_NAMES
+from fusebox_operator.gpu_products import fp8_capable
 from fusebox_operator.manifests import build_children
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import size_memory
@@ -18,7 +19,6 @@ from fusebox_operator.spec import (
     SpecError,
     applied_spec_text,
     check_service_name,
-    fp8_capable,
     parse_cpu_quantity,
     parse_quantity_bytes,
     parse_spec,
@@ -94,13 +94,15 @@ def test_model_sources_parse(source: str, expected: ModelSource) -> None:
         (minimal(gpu={"count": 0}, fallback={"quantization": "fp8"}), "fp8 needs a GPU"),
         (
             minimal(gpu={"product": "NVIDIA-A100-SXM4-80GB"}, fallback={"quantization": "fp8"}),
-            "NVIDIA-A100-SXM4-80GB has no fp8 support",
+            "NVIDIA-A100-SXM4-80GB is Ampere (8.0) and has no fp8 support",
         ),
         (minimal(gpu={"count": 2}), "more than 1 GPU per pod is not supported yet"),
         (minimal(gpu={"product": "NVIDIA H100"}), "must be a label value"),
         (minimal(memory={"limit": "500m"}), "not a memory quantity"),
         (minimal(server={"cpu": "0"}), "server.cpu '0' must be above zero"),
         (minimal(server={"cpu": "two"}), "must be a CPU quantity"),
+        # The CRD's maxLength, as the API server applies it, though the quantity is 1 core.
+        (minimal(server={"cpu": "0" * 32 + "1"}), "server.cpu must be at most 32 characters"),
         (minimal(telemetry={"wedgeAfterSeconds": 4000}), "wedgeAfterSeconds must be in"),
         (
             minimal(breaker={"halfOpen": {"p99RecoveryMillis": 0}}),
@@ -122,7 +124,7 @@ def test_model_sources_parse(source: str, expected: ModelSource) -> None:
             minimal(telemetry={"scrapeIntervalSeconds": 10, "wedgeAfterSeconds": 5}),
             "wedgeAfterSeconds",
         ),
-        (minimal(degradation={"tiers": ["turbo"]}), "degradation tier 'turbo'"),
+        (minimal(degradation={"tiers": ["turbo"]}), "degradation.tiers: tier 'turbo'"),
         (minimal(replicas="two"), "spec.replicas must be an integer"),
     ],
 )

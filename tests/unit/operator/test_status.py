@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from fusebox_contract.names import BreakerState, ConditionType, EventReason, Variant
 from fusebox_operator.observations import PodSample
 from fusebox_operator.policy import decide
 from fusebox_operator.policy_state import Action, ActionKind, PolicyState
+from fusebox_operator.serving import PodServing, ServiceView, ServingReason
 from fusebox_operator.spec import InferenceServiceSpec, parse_spec
 from fusebox_operator.status import (
     build_status,
@@ -24,6 +26,12 @@ MODEL = {"name": "chat", "source": "pvc://models/tiny", "revision": "v2", "dtype
 SPEC = parse_spec({"model": MODEL, "replicas": 2, "fallback": {"quantization": "int8"}})
 ONE_POD = parse_spec({"model": MODEL, "replicas": 1, "fallback": {"quantization": "int8"}})
 NO_FALLBACK = parse_spec({"model": MODEL, "replicas": 2})
+
+
+def seen(serving: int, figures: Sequence[PodSample] = ()) -> ServiceView:
+    """`serving` pods that serve, observed with these figures."""
+    verdicts = tuple(PodServing(f"p-{i}", ServingReason.SERVING) for i in range(serving))
+    return ServiceView(verdicts, figures=tuple(figures))
 
 
 def test_last_transition_time_moves_only_when_status_flips() -> None:
@@ -44,7 +52,7 @@ def status_for(
     variant: Variant | None = None,
 ) -> dict:
     samples = [PodSample("p", now, rss_bytes=rss, gpu_memory_used_bytes=None, variant=variant)]
-    return build_status(previous or {}, state, samples, [], 2, spec, 1, now)
+    return build_status(previous or {}, state, samples, [], seen(2, samples), spec, 1, now)
 
 
 def test_status_not_rewritten_for_new_figures_within_30_seconds() -> None:
@@ -66,7 +74,14 @@ def test_status_written_at_once_when_the_breaker_changes() -> None:
 
 def test_summary_holds_printer_column_figures() -> None:
     status = status_for(PolicyState("svc", level=2), 3 * 1024**3, T0, variant=Variant.FALLBACK)
-    assert status["summary"] == {"ready": "2/2", "gpuMemory": "-", "rss": "3.0Gi", "timeToOOM": "-"}
+    assert status["summary"] == {
+        "ready": "2/2",
+        "breaker": "Closed",
+        "gpuMemory": "-",
+        "rss": "3.0Gi",
+        "timeToOOM": "-",
+        "observedAt": iso(T0),
+    }
     assert status["degradation"]["tier"] == "fallback-model"
     assert status["activeVariant"] == "fallback"
 
@@ -74,10 +89,10 @@ def test_summary_holds_printer_column_figures() -> None:
 def test_time_to_oom_is_shown_per_pod_and_the_soonest_in_the_summary() -> None:
     state = PolicyState("svc", time_to_oom={"a": 41.6, "b": 600.0})
     samples = [PodSample("a", T0, rss_bytes=1e9), PodSample("b", T0, rss_bytes=1e9)]
-    status = build_status({}, state, samples, [], 2, SPEC, 1, T0)
+    status = build_status({}, state, samples, [], seen(2, samples), SPEC, 1, T0)
     assert [p.get("timeToOOMSeconds") for p in status["pods"]] == [41.6, 600.0]
     assert status["summary"]["timeToOOM"] == "42s"
-    calm = build_status({}, PolicyState("svc"), samples, [], 2, SPEC, 1, T0)
+    calm = build_status({}, PolicyState("svc"), samples, [], seen(2, samples), SPEC, 1, T0)
     assert all("timeToOOMSeconds" not in p for p in calm["pods"])
     assert calm["summary"]["timeToOOM"] == "-"
 
@@ -96,7 +111,7 @@ def test_active_variant_is_what_the_pods_report_not_what_was_asked() -> None:
         PodSample("a", T0, variant=Variant.PRIMARY),
         PodSample("b", T0, variant=Variant.FALLBACK),
     ]
-    mixed = build_status({}, PolicyState("svc", level=2), pods, [], 2, SPEC, 1, T0)
+    mixed = build_status({}, PolicyState("svc", level=2), pods, [], seen(2, pods), SPEC, 1, T0)
     assert mixed["activeVariant"] == "fallback"  # any pod serving it
     assert [p["variant"] for p in mixed["pods"]] == ["primary", "fallback"]
 
@@ -144,10 +159,10 @@ def test_a_pod_that_cannot_swap_is_named_by_one_event_and_in_degraded() -> None:
     assert [(e.type, e.reason) for e in events] == [("Warning", "FallbackUnavailable")]
     assert events[0].message.startswith("pod-a cannot swap") and reason in events[0].message
     assert transition_events(after, after, []) == []  # once per pod, not per tick
-    status = build_status({}, after, [], [], 2, SPEC, 1, T0)
+    status = build_status({}, after, [], [], seen(2), SPEC, 1, T0)
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert "cannot swap on pod-a" in degraded["message"]
-    calm = build_status({}, replace(after, level=1), [], [], 2, SPEC, 1, T0)
+    calm = build_status({}, replace(after, level=1), [], [], seen(2), SPEC, 1, T0)
     degraded = next(c for c in calm["conditions"] if c["type"] == "Degraded")
     assert "cannot swap" not in degraded["message"]
 
@@ -157,7 +172,7 @@ def test_last_action_and_bounded_history() -> None:
     previous: dict = {}
     for i in range(15):
         action = Action(f"svc-{i:06d}-gc", ActionKind.GC, "p", "RSS high", T0 + i)
-        previous = build_status(previous, state, [], [(action, "ok")], 1, ONE_POD, 1, T0 + i)
+        previous = build_status(previous, state, [], [(action, "ok")], seen(1), ONE_POD, 1, T0 + i)
     assert len(previous["recentActions"]) == 10
     assert previous["lastAction"]["id"] == "svc-000014-gc"
 
@@ -177,22 +192,22 @@ def ready_condition(status: dict) -> dict:
 
 def test_a_pod_the_scheduler_cannot_place_is_named_in_ready_with_its_message() -> None:
     status = build_status(
-        {}, PolicyState("svc"), [], [], 0, ONE_POD, 1, T0, unschedulable={"p-1": GPU_SHORT}
+        {}, PolicyState("svc"), [], [], seen(0), ONE_POD, 1, T0, unschedulable={"p-1": GPU_SHORT}
     )
     ready = ready_condition(status)
     assert ready["status"] == "False"
     assert ready["reason"] == EventReason.PODS_UNSCHEDULABLE
-    assert ready["message"] == f"0/1 pods ready; p-1 unschedulable: {GPU_SHORT}"
+    assert ready["message"] == f"0/1 pods serving; p-1 unschedulable: {GPU_SHORT}"
 
 
 def test_pods_still_starting_are_only_not_ready() -> None:
-    status = build_status({}, PolicyState("svc"), [], [], 0, ONE_POD, 1, T0, unschedulable={})
+    status = build_status({}, PolicyState("svc"), [], [], seen(0), ONE_POD, 1, T0, unschedulable={})
     assert ready_condition(status)["reason"] == "PodsNotReady"
 
 
 def test_an_extra_unschedulable_pod_does_not_unready_a_service_with_its_pods_ready() -> None:
     status = build_status(
-        {}, PolicyState("svc"), [], [], 1, ONE_POD, 1, T0, unschedulable={"p-2": GPU_SHORT}
+        {}, PolicyState("svc"), [], [], seen(1), ONE_POD, 1, T0, unschedulable={"p-2": GPU_SHORT}
     )
     assert ready_condition(status)["reason"] == "PodsReady"
 
@@ -200,7 +215,16 @@ def test_an_extra_unschedulable_pod_does_not_unready_a_service_with_its_pods_rea
 def test_unschedulable_event_posted_once_per_spell_and_again_after_recovery() -> None:
     def tick(previous: dict, ready_pods: int, unschedulable: dict[str, str]) -> dict:
         return build_status(
-            previous, PolicyState("svc"), [], [], ready_pods, ONE_POD, 1, T0, None, unschedulable
+            previous,
+            PolicyState("svc"),
+            [],
+            [],
+            seen(ready_pods),
+            ONE_POD,
+            1,
+            T0,
+            None,
+            unschedulable,
         )
 
     starting = tick({}, 0, {})
@@ -221,14 +245,14 @@ CRASHING = "server CrashLoopBackOff (last exit 1: Error): back-off 40s restartin
 def test_a_crash_looping_pod_is_named_in_ready_and_posted_once() -> None:
     def tick(previous: dict, failing: dict[str, str]) -> dict:
         return build_status(
-            previous, PolicyState("svc"), [], [], 0, ONE_POD, 1, T0, None, {}, failing
+            previous, PolicyState("svc"), [], [], seen(0), ONE_POD, 1, T0, None, {}, failing
         )
 
     starting = tick({}, {})
     crashing = tick(starting, {"p-1": CRASHING})
     ready = ready_condition(crashing)
     assert ready["status"] == "False" and ready["reason"] == EventReason.PODS_FAILING
-    assert ready["message"] == f"0/1 pods ready; p-1 failing: {CRASHING}"
+    assert ready["message"] == f"0/1 pods serving; p-1 failing: {CRASHING}"
     (event,) = stuck_pod_events(starting, crashing)
     assert event.type == "Warning" and event.reason == EventReason.PODS_FAILING
     assert stuck_pod_events(crashing, tick(crashing, {"p-1": CRASHING})) == []
@@ -237,7 +261,7 @@ def test_a_crash_looping_pod_is_named_in_ready_and_posted_once() -> None:
 def test_unschedulable_pods_are_named_before_failing_ones_and_the_list_is_bounded() -> None:
     unschedulable = {f"p-{i}": GPU_SHORT for i in range(5)}
     status = build_status(
-        {}, PolicyState("svc"), [], [], 0, SPEC, 1, T0, None, unschedulable, {"q": CRASHING}
+        {}, PolicyState("svc"), [], [], seen(0), SPEC, 1, T0, None, unschedulable, {"q": CRASHING}
     )
     ready = ready_condition(status)
     assert ready["reason"] == EventReason.PODS_UNSCHEDULABLE
@@ -254,7 +278,7 @@ def quality_run(spec: InferenceServiceSpec, ticks: int = 6) -> tuple[list[int], 
         events += transition_events(state, new, [], spec.degrades_to_fallback)
         state = new
         levels.append(state.level)
-    return levels, events, build_status({}, state, [sample], [], 2, spec, 1, now)
+    return levels, events, build_status({}, state, [sample], [], seen(2, [sample]), spec, 1, now)
 
 
 def degraded_condition(status: dict) -> dict:

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from fusebox_contract.names import BreakerState, EventReason, Variant
-from fusebox_operator.actuator import ActionResult, RuntimeTarget
+from fusebox_operator.actuator import ActionResult, RuntimeCall, RuntimeTarget
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.policy_state import Action, ActionKind, Ladder, PolicyState
 from fusebox_operator.rollout import Degradation
@@ -298,8 +298,8 @@ class IdleActuator:
     ) -> ActionResult:
         raise AssertionError(f"no action expected, got {action}")
 
-    async def reconcile_runtime(self, *args: Any, **kwargs: Any) -> None:
-        return None
+    async def reconcile_runtime(self, *args: Any, **kwargs: Any) -> RuntimeCall:
+        return RuntimeCall()
 
 
 def tick_with(pods: list[PodView], status: dict[str, Any]) -> TickOutcome:
@@ -314,7 +314,7 @@ def test_a_rollout_on_a_full_node_posts_no_unschedulable_warning_but_a_shortage_
     leaving = replace(pod("old", terminating=True), grace_ends_at=T0 + 30)
     rolling = tick_with([pod("a"), leaving, unschedulable("new")], {})
     ready = next(c for c in rolling.status_patch["conditions"] if c["type"] == "Ready")
-    assert (ready["reason"], ready["message"]) == ("PodsNotReady", "1/2 pods ready")
+    assert (ready["reason"], ready["message"]) == ("PodsNotReady", "1/2 pods serving")
     assert EventReason.PODS_UNSCHEDULABLE not in [e.reason for e in rolling.events]
 
     short = tick_with([pod("a"), unschedulable("new")], rolling.status_patch)
@@ -350,8 +350,8 @@ class RecordingActuator:
         self.sent.append(action)
         return ActionResult("done")
 
-    async def reconcile_runtime(self, *args: Any, **kwargs: Any) -> None:
-        return None
+    async def reconcile_runtime(self, *args: Any, **kwargs: Any) -> RuntimeCall:
+        return RuntimeCall()
 
 
 def run(

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fusebox_contract.names import EventReason
-from fusebox_operator.actuator import ActionResult
+from fusebox_operator.actuator import ActionResult, RuntimeCall
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.policy_state import Action, ActionKind, PolicyState
 from fusebox_operator.spec import parse_spec
@@ -39,8 +39,8 @@ class ReplayingActuator:
         self.ids.append(action.id)
         return ActionResult("RSS 3.9 GiB -> 3.9 GiB (freed 0 B)", replayed=self.replayed)
 
-    async def reconcile_runtime(self, *args: Any, **kwargs: Any) -> None:
-        return None
+    async def reconcile_runtime(self, *args: Any, **kwargs: Any) -> RuntimeCall:
+        return RuntimeCall()
 
 
 def tick(actuator: ReplayingActuator, status: dict[str, Any]) -> TickOutcome:

@@ -1,0 +1,88 @@
+"""What the handlers keep in kopf's memo, typed: the operator's own parts and each
+service's memory between handler calls.
+
+Why: kopf's memo is a dict any handler can write any key into; six string keys
+read back with `.get` were a typo away from a silent reset (a resync every tick,
+a token read on every tick). kopf hands each object a shallow copy of the
+operator-level memo, so the `OperatorContext` set at startup is shared by every
+service while the `ServiceMemo` made on a service's first handler call is its own.
+Both are lost on an operator restart by design: status, the admin Secret and the
+pods hold what must survive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fusebox_operator.settings import OperatorSettings
+from fusebox_operator.tick import TickMemory
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from fusebox_operator.actuator import Actuator
+    from fusebox_operator.kube import Kube
+
+CONTEXT_KEY = "fusebox"
+SERVICE_KEY = "service"
+
+
+@dataclass
+class OperatorContext:
+    """Made once at startup, shared by every service's handlers."""
+
+    settings: OperatorSettings
+    kube: Kube
+    session: aiohttp.ClientSession
+    actuator: Actuator
+
+
+@dataclass
+class ServiceMemo:
+    """One InferenceService's memory between its handler calls."""
+
+    next_scrape_at: float = 0.0
+    next_resync_at: float | None = None
+    admin_token: str | None = None  # read from the Secret once, never logged
+    # The generation whose children this process applied: a resync renders only those.
+    applied_generation: int | None = None
+    # One writer of a service's children at a time: the reconcile or the resync.
+    children_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    tick: TickMemory = field(default_factory=TickMemory)
+
+    def scrape_due(self, now: float) -> bool:
+        """Whether this timer call scrapes. The kopf timer ticks every second for every
+        service; each service scrapes at its own `telemetry.scrapeIntervalSeconds`."""
+        return now >= self.next_scrape_at
+
+    def scraped(self, now: float, interval_seconds: float) -> None:
+        """A scrape starts now: the next one is an interval away."""
+        self.next_scrape_at = now + interval_seconds
+
+    def resync_due(self, now: float, resync_seconds: float) -> bool:
+        """Whether to look for drifted children now: every `resync_seconds`, the first
+        time one period after this service was first seen (a reconcile just applied
+        them)."""
+        if self.next_resync_at is None:
+            self.next_resync_at = now + resync_seconds
+        if now < self.next_resync_at:
+            return False
+        self.next_resync_at = now + resync_seconds
+        return True
+
+
+def operator_context(memo: MutableMapping[str, Any]) -> OperatorContext:
+    context = memo[CONTEXT_KEY]
+    assert isinstance(context, OperatorContext), "startup sets the operator context"
+    return context
+
+
+def service_memo(memo: MutableMapping[str, Any]) -> ServiceMemo:
+    """This service's memory, made on its first handler call."""
+    found = memo.get(SERVICE_KEY)
+    if not isinstance(found, ServiceMemo):
+        found = memo[SERVICE_KEY] = ServiceMemo()
+    return found

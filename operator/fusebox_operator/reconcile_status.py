@@ -1,0 +1,130 @@
+"""The status a reconcile writes: the spec refused, waiting for GPU nodes, or applied.
+
+Why: the reconcile handler decides which of the three happened; what each
+one says in status (the conditions, the recorded sizing, the applied spec the
+control loop watches with) is a pure function of the stored status and the
+outcome, tested without kopf. The tick owns Ready once pods of an applied spec
+run; these only write it while nothing was applied, so the two never flap it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fusebox_contract.names import ConditionType, EventReason
+from fusebox_operator.manifests import memory_quantity, selector_text
+from fusebox_operator.sizing import MemorySizing
+from fusebox_operator.spec import InferenceServiceSpec, applied_spec_text
+from fusebox_operator.status import SPEC_VALID, set_condition
+
+GPU_NODES_RETRY_SECONDS = 60
+"""How often a reconcile waiting for labelled GPU nodes looks again."""
+# Ready's reasons a reconcile wrote itself; an applied spec clears them.
+HELD_BACK = (EventReason.INVALID_SPEC, EventReason.WAITING_FOR_GPU_NODES)
+
+
+def _conditions(status: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [dict(c) for c in status.get("conditions") or []]
+
+
+def invalid_status(
+    status: Mapping[str, Any], message: str, generation: int, now: float
+) -> dict[str, Any]:
+    """InvalidSpec True with the parser's message; Ready False with it."""
+    invalid = EventReason.INVALID_SPEC
+    conditions = set_condition(
+        _conditions(status), ConditionType.INVALID_SPEC, True, invalid, message, generation, now
+    )
+    conditions = set_condition(
+        conditions, ConditionType.READY, False, invalid, message, generation, now
+    )
+    return {"conditions": conditions, "observedGeneration": generation}
+
+
+def waiting_for_gpu_nodes(
+    status: Mapping[str, Any], message: str, generation: int, now: float
+) -> tuple[dict[str, Any], str, bool]:
+    """The spec may be right and the cluster not there yet: (status keys, the text to
+    tell, whether this wait is new and deserves its one Warning).
+
+    InvalidSpec False carries the reason (the telemetry loop never writes it);
+    Ready too while no spec was ever applied. Once pods of an applied spec run,
+    Ready is theirs: the tick reports them, and two writers would flap it.
+    """
+    conditions = _conditions(status)
+    waiting = EventReason.WAITING_FOR_GPU_NODES
+    already = any(
+        c.get("type") == ConditionType.INVALID_SPEC and c.get("reason") == waiting
+        for c in conditions
+    )
+    text = f"{message}; looking again every {GPU_NODES_RETRY_SECONDS} s"
+    conditions = set_condition(
+        conditions, ConditionType.INVALID_SPEC, False, waiting, text, generation, now
+    )
+    if "memory" not in status:  # nothing applied yet, so no pods of ours
+        conditions = set_condition(
+            conditions, ConditionType.READY, False, waiting, text, generation, now
+        )
+    return {"conditions": conditions, "observedGeneration": generation}, text, not already
+
+
+def memory_entry(sizing: MemorySizing) -> dict[str, Any]:
+    """status.memory: the sizing the children were rendered with (a resync renders it again)."""
+    return {
+        "limitBytes": sizing.limit_bytes,
+        "requestBytes": sizing.request_bytes,
+        "vramBytes": sizing.vram_bytes,
+        "source": sizing.vram_source,
+        "qosClass": sizing.qos_class,
+    }
+
+
+def memory_sized_message(sizing: MemorySizing, spec: InferenceServiceSpec) -> str:
+    """The MemorySized event: the limit, where VRAM came from, and the headroom."""
+    return (
+        f"memory limit {memory_quantity(sizing.limit_bytes)}, request "
+        f"{memory_quantity(sizing.request_bytes)} ({sizing.qos_class}); VRAM "
+        f"{sizing.vram_bytes / 1024**3:.2f} GiB x {spec.gpu.count} from "
+        f"{sizing.vram_source}, headroom {spec.memory.headroom_ratio:g}"
+    )
+
+
+def applied_status(
+    status: Mapping[str, Any],
+    raw_spec: Mapping[str, Any],
+    sizing: MemorySizing,
+    name: str,
+    generation: int,
+    now: float,
+) -> dict[str, Any]:
+    """The children of this spec are applied: InvalidSpec False, the sizing, the selector,
+    and the applied spec the control loop protects the pods with until the next one.
+
+    Ready becomes "Reconciling" only where no pod has reported yet (no Ready at all,
+    or one this reconcile's refusal or wait wrote): the tick owns it after that.
+    """
+    conditions = set_condition(
+        _conditions(status),
+        ConditionType.INVALID_SPEC,
+        False,
+        SPEC_VALID,
+        "spec accepted",
+        generation,
+        now,
+    )
+    ready = next((c for c in conditions if c.get("type") == ConditionType.READY), None)
+    if ready is None or ready.get("reason") in HELD_BACK:
+        conditions = set_condition(
+            conditions, ConditionType.READY, False, "Reconciling", "children applied",
+            generation, now,
+        )  # fmt: skip
+    return {
+        "conditions": conditions,
+        "memory": memory_entry(sizing),
+        "selector": selector_text(name),
+        "observedGeneration": generation,
+        # In status, so a restarted operator knows it while a later edit is refused.
+        "appliedSpec": applied_spec_text(raw_spec),
+        "appliedGeneration": generation,
+    }

@@ -1,0 +1,269 @@
+"""Status never claims more than was observed: Ready, the columns and TelemetryFresh
+follow what the pods' servers report and whether the operator can see them at all.
+
+The ticks run the real control loop (tick.run_tick) without kopf; each scrape
+answers what a sidecar would, or fails as a NetworkPolicy that does not admit
+the operator makes it fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from fusebox_contract.names import BreakerState, ConditionType, EventReason, Variant
+from fusebox_operator.actuator import ActionResult, RuntimeCall
+from fusebox_operator.observations import PodSample, PodView
+from fusebox_operator.serving import (
+    PodServing,
+    ServingReason,
+    Sighting,
+    judge_pod,
+    observe,
+    unreachable_cause,
+    update_sightings,
+)
+from fusebox_operator.spec import parse_spec
+from fusebox_operator.status import iso
+from fusebox_operator.tick import TickInputs, TickMemory, TickOutcome, run_tick
+
+T0 = 1_800_000_000.0
+INTERVAL = 5.0
+SPEC = parse_spec({"model": {"name": "chat", "source": "pvc://models/tiny"}, "replicas": 1})
+TWO = parse_spec({"model": {"name": "chat", "source": "pvc://models/tiny"}, "replicas": 2})
+REFUSED = (
+    "ClientConnectorError: Cannot connect to host 10.0.0.1:9400 ssl:default "
+    "[Connect call failed ('10.0.0.1', 9400)]"
+)
+MIB = 1024**2
+
+
+def pod(name: str = "a", ready: bool = True) -> PodView:
+    return PodView(name, f"uid-{name}", "10.0.0.1", "Running", ready, True, True, 0, False, False)
+
+
+def answer(name: str, at: float, **extra: Any) -> PodSample:
+    values: dict[str, Any] = {
+        "model_loaded": True,
+        "degradation_level": 0,
+        "variant": Variant.PRIMARY,
+        "stats_age_seconds": 1.0,
+        "rss_bytes": 800 * MIB,
+        "memory_guard_active": False,
+    }
+    values.update(extra)
+    return PodSample(name, at, **values)
+
+
+def refused(name: str, at: float) -> PodSample:
+    return PodSample(name, at, ok=False, error=REFUSED)
+
+
+class IdleActuator:
+    async def execute(self, *_: Any) -> ActionResult:
+        return ActionResult("pod deleted; the Deployment replaces it")
+
+    async def reconcile_runtime(self, *_: Any) -> RuntimeCall:
+        return RuntimeCall()
+
+
+class UnreachableAdmin(IdleActuator):
+    """An admin port a NetworkPolicy agent has not opened to the operator yet."""
+
+    def __init__(self) -> None:
+        self.open = False
+
+    async def reconcile_runtime(self, *_: Any) -> RuntimeCall:
+        if self.open:
+            return RuntimeCall(changed=True)
+        return RuntimeCall(error=REFUSED.replace("9400", "8001"))
+
+
+class Service:
+    """One InferenceService's ticks, its status merged as the API server would."""
+
+    def __init__(
+        self, spec: Any = SPEC, pods: Sequence[PodView] = (pod(),), actuator: Any = None
+    ) -> None:
+        self.spec = spec
+        self.pods = list(pods)
+        self.actuator = actuator or IdleActuator()
+        self.memory = TickMemory()
+        self.status: dict[str, Any] = {}
+        self.events: list[Any] = []
+        self.now = T0
+
+    def tick(self, *answers: PodSample) -> TickOutcome:
+        async def scrape(targets: Sequence[PodView]) -> list[PodSample]:
+            by_pod = {a.pod: a for a in answers}
+            return [by_pod.get(t.name) or refused(t.name, self.now) for t in targets]
+
+        inputs = TickInputs("ns", "svc", self.spec, self.status, self.pods, "token", 1)
+        clock = self.now
+        outcome = asyncio.run(run_tick(inputs, self.memory, scrape, self.actuator, lambda: clock))
+        self.status = {**self.status, **outcome.status_patch}
+        self.events += outcome.events
+        self.now += INTERVAL
+        return outcome
+
+    def condition(self, kind: ConditionType) -> dict[str, Any]:
+        return next(c for c in self.status["conditions"] if c["type"] == kind)
+
+    def ready(self) -> tuple[str, str]:
+        ready = self.condition(ConditionType.READY)
+        return ready["status"], ready["reason"]
+
+
+def test_a_ready_pod_whose_memory_guard_refuses_makes_the_service_not_ready() -> None:
+    service = Service()
+    service.tick(answer("a", T0))
+    assert service.ready() == ("True", "PodsReady")
+    service.tick(answer("a", service.now, memory_guard_active=True, rss_bytes=4000 * MIB))
+    assert service.ready() == ("False", "MemoryGuard")
+    ready = service.condition(ConditionType.READY)
+    assert "a memory guard refusing" in ready["message"] and "0/1 pods serving" in ready["message"]
+    available = service.condition(ConditionType.AVAILABLE)
+    assert (available["status"], available["reason"]) == ("False", "MemoryGuard")
+    assert service.status["summary"]["breaker"] == "Refusing"
+    assert service.status["summary"]["rss"] == "3.9Gi"  # the figure as it is now
+    assert service.status["pods"][0]["serving"] == "MemoryGuard"
+    # The guard lets go: serving again.
+    service.tick(answer("a", service.now))
+    assert service.ready() == ("True", "PodsReady")
+    assert service.status["summary"]["breaker"] == "Closed"
+
+
+def test_a_pod_without_a_model_or_with_a_wedged_server_does_not_serve() -> None:
+    service = Service()
+    service.tick(answer("a", T0, model_loaded=False, converging=True))
+    assert service.ready() == ("False", "ModelUnavailable")
+    assert (
+        "no model loaded (loading or swapping)" in service.condition(ConditionType.READY)["message"]
+    )
+    restarted = service.tick(answer("a", service.now, stats_age_seconds=40.0))
+    assert service.ready() == ("False", "ServerWedged")
+    assert [e.reason for e in restarted.events] == [EventReason.POD_RESTARTED]
+
+
+def test_an_operator_that_cannot_scrape_says_unknown_within_two_intervals_and_why() -> None:
+    service = Service()
+    service.tick(answer("a", T0))
+    assert service.ready() == ("True", "PodsReady")
+    service.tick()  # one lost scrape is forgiven
+    assert service.ready() == ("True", "PodsReady")
+    assert service.condition(ConditionType.TELEMETRY_FRESH)["status"] == "True"
+    outcome = service.tick()  # the second in a row: unobserved, said at once
+    assert service.ready() == ("Unknown", "MetricsUnreachable")
+    fresh = service.condition(ConditionType.TELEMETRY_FRESH)
+    assert (fresh["status"], fresh["reason"]) == ("False", "MetricsUnreachable")
+    assert "a not scraped for 5 s (2 tries): connection refused" in fresh["message"]
+    assert "NetworkPolicy" in fresh["message"]
+    assert service.condition(ConditionType.AVAILABLE)["status"] == "Unknown"
+    summary = service.status["summary"]
+    assert (summary["breaker"], summary["rss"], summary["gpuMemory"]) == ("Unknown", "?", "?")
+    # The last figures' time stays as written: the SEEN column counts their age on.
+    assert summary["observedAt"] == iso(T0)
+    stale = [e for e in outcome.events if e.reason == EventReason.TELEMETRY_STALE]
+    assert len(stale) == 1 and "connection refused" in stale[0].message
+    assert outcome.status_patch, "a change of what is known is written at once"
+    # Still blind: no second event; seen again: Ready and fresh.
+    assert not [e for e in service.tick().events if e.reason == EventReason.TELEMETRY_STALE]
+    service.tick(answer("a", service.now))
+    assert service.ready() == ("True", "PodsReady")
+    assert service.condition(ConditionType.TELEMETRY_FRESH)["status"] == "True"
+
+
+def test_a_restarted_operator_claims_nothing_before_its_first_good_scrape() -> None:
+    service = Service()
+    service.tick(answer("a", T0))
+    restarted = Service()
+    restarted.status, restarted.now = service.status, service.now
+    restarted.tick()
+    assert restarted.ready() == ("Unknown", "MetricsUnreachable")
+    assert restarted.status["summary"]["rss"] == "?"
+
+
+def test_one_unseen_pod_of_two_marks_the_figures_incomplete_and_ready_unknown() -> None:
+    service = Service(TWO, [pod("a"), pod("b")])
+    service.tick(answer("a", T0), answer("b", T0, rss_bytes=2048 * MIB))
+    assert service.status["summary"]["rss"] == "2.0Gi"
+    service.tick(answer("a", service.now))
+    service.tick(answer("a", service.now))
+    summary = service.status["summary"]
+    assert summary["rss"] == "800.0Mi?"  # b's figure, maybe the largest, is missing
+    assert summary["breaker"] == "Closed"  # a serves: requests get through
+    assert service.ready() == ("Unknown", "MetricsUnreachable")
+    assert service.condition(ConditionType.AVAILABLE)["status"] == "True"
+
+
+def test_a_refusing_pod_beside_an_unseen_one_is_known_not_ready() -> None:
+    service = Service(TWO, [pod("a"), pod("b")])
+    service.tick(answer("a", T0), answer("b", T0))
+    service.tick(answer("a", service.now, memory_guard_active=True))
+    service.tick(answer("a", service.now, memory_guard_active=True))
+    assert service.ready() == ("False", "MemoryGuard")
+    message = service.condition(ConditionType.READY)["message"]
+    assert "a memory guard refusing" in message and "b not scraped" in message
+
+
+def test_the_seen_column_is_the_age_of_the_oldest_figure_shown() -> None:
+    service = Service(TWO, [pod("a"), pod("b")])
+    service.tick(answer("a", T0 - 3), answer("b", T0 - 1))
+    assert service.status["summary"]["observedAt"] == iso(T0 - 3)
+
+
+def test_a_breaker_the_operator_opened_shows_open_whatever_the_pods_say() -> None:
+    service = Service()
+    service.tick(answer("a", T0))
+    assert service.memory.policy is not None
+    service.memory.policy.breaker = BreakerState.OPEN
+    service.memory.policy.breaker_since = service.now
+    service.tick(answer("a", service.now, breaker_state=BreakerState.OPEN))
+    assert service.status["summary"]["breaker"] == "Open"
+    assert service.ready() == ("False", "BreakerOpen")
+
+
+def test_an_admin_port_the_operator_cannot_reach_is_named_while_the_pod_serves() -> None:
+    admin = UnreachableAdmin()
+    service = Service(actuator=admin)
+    service.tick(answer("a", T0))  # the first call fails: forgiven
+    fresh = service.condition(ConditionType.TELEMETRY_FRESH)
+    assert fresh["status"] == "True"
+    outcome = service.tick(answer("a", service.now))
+    fresh = service.condition(ConditionType.TELEMETRY_FRESH)
+    assert (fresh["status"], fresh["reason"]) == ("False", "AdminUnreachable")
+    assert "a admin API not reached for 5 s (2 calls): connection refused" in fresh["message"]
+    assert service.ready() == ("True", "PodsReady")  # it serves; it cannot be acted on
+    told = [e for e in outcome.events if e.reason == EventReason.ADMIN_UNREACHABLE]
+    assert len(told) == 1 and "cannot act on it" in told[0].message
+    assert not service.tick(answer("a", service.now)).events  # once per spell
+    admin.open = True
+    service.tick(answer("a", service.now))
+    assert service.condition(ConditionType.TELEMETRY_FRESH)["status"] == "True"
+
+
+# ----- the pure verdicts ----------------------------------------------------------------
+
+
+def test_unreachable_causes_name_the_network_policy_suspect() -> None:
+    assert unreachable_cause(REFUSED).startswith("connection refused")
+    assert "NetworkPolicy" in unreachable_cause("ClientConnectorError: [No route to host]")
+    assert "drops" in unreachable_cause("TimeoutError: ")
+    assert unreachable_cause("HTTP 503") == "the sidecar answered HTTP 503"
+
+
+def test_a_pod_the_kubelet_calls_unready_is_judged_by_the_kubelet_alone() -> None:
+    sighting = Sighting(last_ok=answer("a", T0))
+    verdict = judge_pod(pod(ready=False), sighting, 15, T0)
+    assert verdict == PodServing("a", ServingReason.NOT_READY)
+
+
+def test_an_unscraped_pod_is_a_miss_and_a_leaving_one_is_forgotten() -> None:
+    sightings = {"a": Sighting(last_ok=answer("a", T0)), "gone": Sighting()}
+    pods = [pod("a")]
+    after = update_sightings(sightings, pods, {}, T0 + 5)
+    assert set(after) == {"a"} and after["a"].misses.count == 1
+    assert after["a"].misses.last_error == "sidecar not ready"
+    seen = observe(pods, after, 15, T0 + 5)
+    assert seen.serving == 1 and [s.pod for s in seen.figures] == ["a"]
