@@ -10,6 +10,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+SEED_HIGHEST = (1 << 64) - 1
+"""The largest seed torch's generator takes (a signed 64-bit value or an unsigned one)."""
+
+
+@dataclass(frozen=True)
+class RepeatPenalties:
+    """Subtracted from a token's logit once it has been generated: `presence` once, and
+    `frequency` times the number of times it was generated (the prompt does not count)."""
+
+    presence: float = 0.0
+    frequency: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.presence != 0.0 or self.frequency != 0.0
+
 
 @dataclass(frozen=True)
 class DecodeSettings:
@@ -20,3 +36,18 @@ class DecodeSettings:
     seed: int | None
     stop: tuple[str, ...]
     """Sequences that end the text; the stop itself is not returned."""
+    top_alternatives: int | None = None
+    """None: no scores. Else every generated token is reported with its log-probability
+    and this many most likely alternatives (0 for none), all from the model's raw
+    distribution: before temperature, top_p, penalties and bias."""
+    repeat_penalties: RepeatPenalties = RepeatPenalties()
+    token_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, amount) pairs added to the logits before a token is chosen."""
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of the index-th of several generations of one request: `seed + index`
+    (as vLLM derives them), wrapped past the largest seed. Choice 0 keeps the request's
+    seed, so its text is the same with n=1 and with n=3."""
+    value = seed + index
+    return value if value <= SEED_HIGHEST else value - (1 << 64)

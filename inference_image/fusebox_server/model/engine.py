@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import gc
 import inspect
-import time
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +26,12 @@ from fusebox_contract.names import Dtype, Quantization
 from fusebox_server.model.cpu_kernels import pack_for_cpu
 from fusebox_server.model.decode_settings import DecodeSettings
 from fusebox_server.model.quantization import load_dtype, quantize
+from fusebox_server.model.token_choice import (
+    RowAdjustments,
+    TokenScore,
+    adjusts_logits,
+    score_token,
+)
 
 
 def pick_device(requested: str) -> torch.device:
@@ -202,23 +208,49 @@ def choose_token(
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 
-def choose_tokens(logits: torch.Tensor, rows: Sequence[Decoding]) -> list[int | Exception]:
+def takes_shared_argmax(settings: DecodeSettings) -> bool:
+    """Greedy, with nothing to adjust or score: the batch's one argmax is this row's token."""
+    scored = settings.top_alternatives is not None
+    return is_greedy(settings) and not adjusts_logits(settings) and not scored
+
+
+def choose_row_token(logits: torch.Tensor, row: Decoding) -> int:
+    """One row's token from its own logits: penalties and bias applied, then greedy or
+    sampled; the row's score is kept (`Decoding.last_score`) when it asked for scores."""
+    settings = row.settings
+    adjusted = row.adjustments.apply(logits) if adjusts_logits(settings) else logits
+    if is_greedy(settings):
+        token = int(torch.argmax(adjusted).item())
+    else:
+        token = choose_token(adjusted, settings, row.generator)
+    if settings.top_alternatives is not None:
+        row.last_score = score_token(logits, token, settings.top_alternatives)
+    row.adjustments.took(token, logits.shape[-1], logits.device)
+    return token
+
+
+def choose_tokens(
+    logits: torch.Tensor, rows: Sequence[Decoding], greedy: list[int] | None = None
+) -> list[int | Exception]:
     """The next token of every row from a batch's last-position logits, or that row's error.
 
-    Greedy rows share one argmax and one transfer for the whole batch (one
-    `.item()` per row was a measurable share of a CPU decode step); sampled
-    rows draw from their own generator as `choose_token` does alone. A row
-    whose sampling fails gets its error in its place, so it fails alone and
-    the batch's other rows go on.
+    Rows that take the shared argmax share one argmax and one transfer for the
+    whole batch (one `.item()` per row was a measurable share of a CPU decode
+    step); `greedy` is that argmax when the caller has it already (a CUDA
+    graph computes it). Other rows (sampled, penalised, biased or scored)
+    choose from their own logits (`choose_row_token`). A row whose choice
+    fails gets its error in its place, so it fails alone and the batch's
+    other rows go on.
     """
-    greedy: list[int] = logits.argmax(dim=-1).tolist()
+    if greedy is None:
+        greedy = logits.argmax(dim=-1).tolist()
     tokens: list[int | Exception] = []
     for index, row in enumerate(rows):
-        if is_greedy(row.settings):
+        if takes_shared_argmax(row.settings):
             tokens.append(greedy[index])
             continue
         try:
-            tokens.append(choose_token(logits[index], row.settings, row.generator))
+            tokens.append(choose_row_token(logits[index], row))
         except Exception as error:
             tokens.append(error)
     return tokens
@@ -247,10 +279,15 @@ class Decoding:
         self.padding = 0
         self.position = len(prompt_ids)  # the position of the next token fed to the model
         self.last_token = -1
+        self.adjustments = RowAdjustments(settings)
+        # The score of the token chosen last, when the settings ask for scores.
+        self.last_score: TokenScore | None = None
         self.generator: torch.Generator | None = None
         if not is_greedy(settings):
             self.generator = torch.Generator(device=loaded.device)
-            seed = settings.seed if settings.seed is not None else time.time_ns() % (1 << 62)
+            # Unseeded rows draw their seed from the OS: the n choices of one request start
+            # within a clock tick of each other, and must not share a seed.
+            seed = settings.seed if settings.seed is not None else secrets.randbits(62)
             self.generator.manual_seed(seed)
 
     def step(self) -> int:
@@ -262,7 +299,7 @@ class Decoding:
                 use_cache=True,
                 **self.loaded.prompt_arguments,
             )
-            token_id = choose_token(output.logits[0, -1], self.settings, self.generator)
+            token_id = choose_row_token(output.logits[0, -1], self)
         self.started(token_id)
         return token_id
 

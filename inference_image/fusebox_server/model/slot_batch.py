@@ -42,9 +42,8 @@ from fusebox_server.model.engine import (
     DecodeBatch,
     Decoding,
     LoadedModel,
-    choose_token,
+    choose_tokens,
     handed_over,
-    is_greedy,
     prefilled_groups,
 )
 
@@ -249,16 +248,10 @@ class SlotBatch:
         )
         self._inputs[:, :rows, 0].copy_(staged, non_blocking=True)
         logits, greedy = self._run(rows, columns)
-        chosen: list[int] = greedy[:count].tolist()
-        by_row: dict[int, int | Exception] = {}
-        for slot, row in enumerate(slots):
-            if is_greedy(row.settings):
-                by_row[id(row)] = chosen[slot]
-                continue
-            try:
-                by_row[id(row)] = choose_token(logits[slot], row.settings, row.generator)
-            except Exception as error:
-                by_row[id(row)] = error
+        # The graph's argmax serves the rows that take it; the others read their row of the
+        # graph's logits (its output buffer, valid until the next replay).
+        chosen = choose_tokens(logits[:count], slots, greedy[:count].tolist())
+        by_row = {id(row): token for row, token in zip(slots, chosen, strict=True)}
         tokens = [by_row[id(row)] for row in self.rows]  # in the rows' order, not the slots'
         for row, token in zip(self.rows, tokens, strict=True):
             if not isinstance(token, Exception):

@@ -42,6 +42,7 @@ from fusebox_server.model.engine import (
 from fusebox_server.model.faults import Faults
 from fusebox_server.model.memory import cuda_memory
 from fusebox_server.model.slot_batch import SlotBatch, new_batch
+from fusebox_server.model.token_choice import TokenScore
 from fusebox_server.model.tokenization import IncrementalDecoder
 
 IDLE_WAIT_SECONDS = 0.2
@@ -54,11 +55,28 @@ PREFILL_TOKEN_BUDGET = 2048
 
 
 @dataclass(frozen=True)
+class ScoredToken:
+    """A generated token as text, its log-probability and the most likely alternatives."""
+
+    text: str
+    logprob: float
+    alternatives: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
 class Piece:
-    """New text from the model (one decoded piece)."""
+    """New text from the model (one decoded piece).
+
+    `scores` are the tokens generated since the last piece, when the settings
+    ask for scores: a token whose text is held back (a partial character, a
+    possible stop) is scored with the piece that finally carries its text,
+    and a piece may be empty text with scores only (the last tokens' text was
+    cut by a stop sequence).
+    """
 
     text: str
     completion_tokens: int
+    scores: tuple[ScoredToken, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,6 +116,7 @@ class GenerationJob:
     completion_tokens: int = 0
     text: str = ""
     emitted_chars: int = 0
+    pending_scores: list[ScoredToken] = field(default_factory=list)
     cuda_at_entry: dict[str, int | None] = field(default_factory=dict)
 
 
@@ -105,6 +124,17 @@ class GenerationJob:
 class ControlJob:
     action: Callable[[], Any]
     deliver: Callable[[Any, BaseException | None], None]
+
+
+def scored_token(tokenizer: Any, score: TokenScore) -> ScoredToken:
+    """The score with each token id as its text (one token decoded alone)."""
+    return ScoredToken(
+        text=tokenizer.decode([score.token_id]),
+        logprob=score.logprob,
+        alternatives=tuple(
+            (tokenizer.decode([token_id]), logprob) for token_id, logprob in score.alternatives
+        ),
+    )
 
 
 def _held_back_chars(text: str, stops: tuple[str, ...]) -> int:
@@ -342,6 +372,9 @@ class InferenceWorker(threading.Thread):
             self._complete(job, "stop", job.decoder.flush())
             return True
         job.completion_tokens += 1
+        score = job.decoding.last_score
+        if job.settings.top_alternatives is not None and score is not None:
+            job.pending_scores.append(scored_token(job.tokenizer, score))
         piece = job.decoder.push(token_id)
         if job.completion_tokens >= job.settings.max_new_tokens:
             self._complete(job, "length", piece + job.decoder.flush())
@@ -427,8 +460,10 @@ class InferenceWorker(threading.Thread):
         self._batch = None
 
     def _emit(self, job: GenerationJob, text: str) -> None:
-        if text:
-            self._post(job.deliver, Piece(text, job.completion_tokens))
+        """Post new text, with the scores of the tokens since the last piece (if any)."""
+        if text or job.pending_scores:
+            scores, job.pending_scores = tuple(job.pending_scores), []
+            self._post(job.deliver, Piece(text, job.completion_tokens, scores))
 
     def _slow_fault(self, jobs: list[GenerationJob]) -> None:
         """The `slow` fault: N ms per token, in slices so a cancel or a change takes effect."""
@@ -468,4 +503,5 @@ class InferenceWorker(threading.Thread):
     def _complete(self, job: GenerationJob, reason: str, rest: str) -> None:
         if self._append(job, rest, final=True):
             reason = "stop"
+        self._emit(job, "")  # scores of tokens whose text was empty
         self._finish(job, Finished(reason, job.completion_tokens, job.cuda_at_entry))
