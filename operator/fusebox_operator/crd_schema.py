@@ -62,6 +62,15 @@ class SpecSchema:
         except KeyError:
             raise KeyError(f"the CRD declares no field spec.{path}") from None
 
+    def children(self, path: str) -> tuple[str, ...]:
+        """The names of the fields directly below `path`, in the CRD's order."""
+        prefix = f"{path}."
+        return tuple(
+            name[len(prefix) :]
+            for name in self._fields
+            if name.startswith(prefix) and "." not in name[len(prefix) :]
+        )
+
 
 def _fields(node: Mapping[str, Any], path: str) -> Iterator[tuple[str, FieldSchema]]:
     for name, child in (node.get("properties") or {}).items():

@@ -27,6 +27,9 @@ FP8_GPU_PATTERN = (
 cores. An RTX number alone is no generation: Turing's Quadro RTX 4000/5000 (sm_75)
 share the digits, so the workstation cards match by their "Ada"/"Blackwell" marker
 and the GeForce ones by their model numbers, RTX 4050-4090 and 5050-5090."""
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+"""The node label GPU Feature Discovery writes, which gpu.product selects on."""
+
 AMPERE_GPU_PATTERN = (
     r"(^|[^A-Z0-9])(A2|A10|A10G|A10M|A16|A30|A40|A100|A800|RTX-A[0-9]{4}|RTX-30[5-9]0)"
     r"([^0-9A-Z]|$)"

@@ -33,6 +33,8 @@ from fusebox_contract.wiring import (
     termination_grace_seconds,
 )
 from fusebox_operator import claims
+from fusebox_operator.gpu_products import PRODUCT_LABEL
+from fusebox_operator.pod_placement import PodPlacement, merge_placement
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import MemorySizing
 from fusebox_operator.spec import (
@@ -227,9 +229,7 @@ def _server_env(spec: InferenceServiceSpec) -> list[Manifest]:
     return [{"name": key, "value": value} for key, value in values]
 
 
-def _server_container(
-    spec: InferenceServiceSpec, sizing: MemorySizing, settings: OperatorSettings
-) -> Manifest:
+def _server_container(spec: InferenceServiceSpec, sizing: MemorySizing, image: str) -> Manifest:
     requests: dict[str, str] = {
         "cpu": spec.server.cpu,
         "memory": memory_quantity(sizing.request_bytes),
@@ -259,7 +259,7 @@ def _server_container(
     ]
     return {
         "name": SERVER_CONTAINER,
-        "image": settings.inference_image,
+        "image": image,
         "imagePullPolicy": "IfNotPresent",
         "env": _server_env(spec),
         "ports": [
@@ -298,7 +298,7 @@ def _server_container(
     }
 
 
-def _sidecar_container(settings: OperatorSettings) -> Manifest:
+def _sidecar_container(image: str) -> Manifest:
     resources = {"cpu": "100m", "memory": "160Mi"}
     return {
         "name": SIDECAR_CONTAINER,
@@ -307,7 +307,7 @@ def _sidecar_container(settings: OperatorSettings) -> Manifest:
         # server has exited, so the figures of a server's start and of its
         # graceful drain are collected too.
         "restartPolicy": "Always",
-        "image": settings.inference_image,
+        "image": image,
         "imagePullPolicy": "IfNotPresent",
         "command": [
             *SIDECAR_COMMAND,
@@ -365,9 +365,51 @@ def memory_resize_patch(limit_bytes: int, with_request: bool) -> Manifest:
     return {"spec": {"containers": [{"name": SERVER_CONTAINER, "resources": resources}]}}
 
 
+GPU_TOLERATION: Manifest = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+"""What a GPU pod tolerates whatever else it does: the device plugin's taint."""
+
+
+def effective_placement(spec: InferenceServiceSpec, settings: OperatorSettings) -> PodPlacement:
+    """The service's spec.pod over the chart's defaults (pod_placement.merge_placement)."""
+    return merge_placement(settings.pod_defaults, spec.pod)
+
+
+def _placement_fields(spec: InferenceServiceSpec, placement: PodPlacement) -> Manifest:
+    """The pod spec's fields that place and identify it: spec.pod's, and the GPU's."""
+    fields: Manifest = {}
+    tolerations = [dict(t) for t in placement.tolerations or ()]
+    if spec.gpu.count > 0 and GPU_TOLERATION not in tolerations:
+        tolerations.append(dict(GPU_TOLERATION))
+    if tolerations:
+        fields["tolerations"] = tolerations
+    # spec.py refuses a selector naming another product than gpu.product.
+    selector = dict(placement.node_selector)
+    if spec.gpu.product:
+        selector[PRODUCT_LABEL] = spec.gpu.product
+    if selector:
+        fields["nodeSelector"] = selector
+    if placement.affinity:
+        fields["affinity"] = dict(placement.affinity)
+    if placement.topology_spread_constraints:
+        fields["topologySpreadConstraints"] = [
+            dict(c) for c in placement.topology_spread_constraints
+        ]
+    if placement.image_pull_secrets:
+        fields["imagePullSecrets"] = [{"name": n} for n in placement.image_pull_secrets]
+    if placement.runtime_class_name:
+        fields["runtimeClassName"] = placement.runtime_class_name
+    if placement.priority_class_name:
+        fields["priorityClassName"] = placement.priority_class_name
+    if placement.service_account_name:
+        fields["serviceAccountName"] = placement.service_account_name
+    return fields
+
+
 def build_pod_template(
     spec: InferenceServiceSpec, name: str, sizing: MemorySizing, settings: OperatorSettings
 ) -> Manifest:
+    placement = effective_placement(spec, settings)
+    image = placement.image or settings.inference_image
     volumes: list[Manifest] = [
         {"name": "runtime", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": memory_quantity(TMP_VOLUME_BYTES)}},
@@ -397,22 +439,19 @@ def build_pod_template(
             "fsGroup": NONROOT_UID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "initContainers": [_sidecar_container(settings)],
-        "containers": [_server_container(spec, sizing, settings)],
+        "initContainers": [_sidecar_container(image)],
+        "containers": [_server_container(spec, sizing, image)],
         "volumes": volumes,
+        **_placement_fields(spec, placement),
     }
     if spec.gpu.through_claim:
         pod_spec["resourceClaims"] = claims.pod_resource_claims(spec.gpu, name)
-    if spec.gpu.count > 0:
-        pod_spec["tolerations"] = [
-            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-        ]
-    if spec.gpu.product:
-        pod_spec["nodeSelector"] = {"nvidia.com/gpu.product": spec.gpu.product}
+    # spec.pod's labels and annotations never name Fusebox's own (pod_placement refuses them).
     return {
         "metadata": {
-            "labels": common_labels(name),
-            "annotations": {
+            "labels": dict(placement.labels) | common_labels(name),
+            "annotations": dict(placement.annotations)
+            | {
                 "prometheus.io/scrape": "true",
                 "prometheus.io/port": str(int(Port.METRICS)),
                 MODEL_REVISION_ANNOTATION: spec.model.revision,

@@ -8,14 +8,56 @@ the builders pure (they take `OperatorSettings`, never `os.environ`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from fusebox_operator.gpu_products import PRODUCT_LABEL
+from fusebox_operator.pod_placement import (
+    PlacementError,
+    PodPlacement,
+    parse_placement,
+    pod_field_names,
+)
 
 DEFAULT_INFERENCE_IMAGE = "localhost/fusebox/inference:dev"
 DEFAULT_OPERATOR_NAMESPACE = "fusebox-system"
 DEFAULT_OPERATOR_POD_SELECTOR = "app.kubernetes.io/name=fusebox-operator"
 DEFAULT_MONITORING_NAMESPACE = "monitoring"
 MIN_RESYNC_SECONDS = 5  # the chart's minimum too (values.schema.json)
+POD_DEFAULTS_ENV = "FUSEBOX_POD_DEFAULTS"
+"""JSON of the chart's `inference.pod`: every service's spec.pod defaults."""
+
+
+def parse_pod_defaults(text: str) -> PodPlacement:
+    """The chart's `inference.pod` (JSON), parsed as a spec.pod is, less what is per service.
+
+    No image (the chart's inferenceImage is that default) and no
+    nvidia.com/gpu.product selector (gpu.product is each service's choice).
+    """
+    where = "inference.pod"  # the chart's name for it
+    try:
+        raw = json.loads(text) if text.strip() else None
+    except ValueError as error:
+        raise ValueError(f"{POD_DEFAULTS_ENV} is not JSON: {error}") from None
+    allowed = tuple(name for name in pod_field_names() if name != "image")
+    if isinstance(raw, Mapping):
+        # The chart lists every key, empty ("", [], {}) where it has no default.
+        raw = {k: v for k, v in raw.items() if k not in allowed or v not in ("", [], {}, None)}
+    try:
+        defaults = parse_placement(raw, where, allowed)
+    except PlacementError as error:
+        if isinstance(raw, Mapping) and "image" in raw:
+            raise ValueError(
+                f"{POD_DEFAULTS_ENV}: {where}.image: set the chart's inferenceImage instead"
+            ) from None
+        raise ValueError(f"{POD_DEFAULTS_ENV}: {error}") from None
+    if PRODUCT_LABEL in dict(defaults.node_selector):
+        raise ValueError(
+            f"{POD_DEFAULTS_ENV}: {where}.nodeSelector may not set {PRODUCT_LABEL}: each "
+            "service's gpu.product does"
+        )
+    return defaults
 
 
 def parse_label_selector(text: str) -> dict[str, str]:
@@ -50,6 +92,8 @@ class OperatorSettings:
     # How often each service's children are compared with the spec and put back
     # when deleted or edited outside Fusebox (handlers._resync).
     resync_seconds: int = 60
+    # The chart's inference.pod: what every service's spec.pod starts from.
+    pod_defaults: PodPlacement = PodPlacement()
 
     @property
     def pod_watch_scopes(self) -> tuple[str | None, ...]:
@@ -111,4 +155,5 @@ class OperatorSettings:
             watch_client_timeout_seconds=integer("FUSEBOX_WATCH_CLIENT_TIMEOUT_SECONDS", 330),
             request_timeout_seconds=integer("FUSEBOX_REQUEST_TIMEOUT_SECONDS", 30),
             resync_seconds=at_least("FUSEBOX_RESYNC_SECONDS", 60, MIN_RESYNC_SECONDS),
+            pod_defaults=parse_pod_defaults(env.get(POD_DEFAULTS_ENV, "")),
         )

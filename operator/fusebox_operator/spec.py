@@ -28,7 +28,13 @@ from fusebox_contract.names import (
 )
 from fusebox_contract.settings import RESERVED_ENV_NAMES
 from fusebox_operator.crd_schema import FieldSchema, SpecSchema, crd_default, spec_schema
-from fusebox_operator.gpu_products import GPU_GENERATIONS, gpu_generation
+from fusebox_operator.gpu_products import GPU_GENERATIONS, PRODUCT_LABEL, gpu_generation
+from fusebox_operator.pod_placement import (
+    PlacementError,
+    PodPlacement,
+    check_gpu_selector,
+    parse_placement,
+)
 
 GIB = 1024**3
 
@@ -367,6 +373,7 @@ class InferenceServiceSpec:
     degradation: DegradationSpec
     telemetry: TelemetrySpec
     autoscaling: AutoscalingSpec | None
+    pod: PodPlacement = PodPlacement()  # the service's own; the chart's defaults merge in later
 
     @property
     def degrades_to_fallback(self) -> bool:
@@ -884,12 +891,20 @@ def parse_spec(
         degradation=_parse_degradation(_section(raw, "degradation"), fallback is not None, schema),
         telemetry=_parse_telemetry(_section(raw, "telemetry"), schema),
         autoscaling=_parse_autoscaling(raw.get("autoscaling"), server, schema),
+        pod=_parse_pod(raw.get("pod")),
     )
     if DegradationTier.FALLBACK_MODEL in parsed.degradation.tiers and parsed.fallback is None:
         raise SpecError("spec.fallback is required when degradation.tiers lists fallback-model")
     if not running:
         check_servable(parsed)
     return parsed
+
+
+def _parse_pod(raw: Any) -> PodPlacement:
+    try:
+        return parse_placement(raw)
+    except PlacementError as error:
+        raise SpecError(str(error)) from None
 
 
 def check_servable(spec: InferenceServiceSpec) -> None:
@@ -902,6 +917,10 @@ def check_servable(spec: InferenceServiceSpec) -> None:
     if spec.gpu.memory_gib is not None and spec.gpu.count == 0:
         raise SpecError("gpu.memoryGiB requires gpu.count > 0 (it sizes the memory for VRAM)")
     check_quantization_device(spec.fallback, spec.gpu.count, spec.gpu.product)
+    try:
+        check_gpu_selector(spec.pod, PRODUCT_LABEL, spec.gpu.product)
+    except PlacementError as error:
+        raise SpecError(str(error)) from None
     if spec.autoscaling is not None:
         check_load_can_pass_target(spec.autoscaling, spec.server)
 

@@ -43,7 +43,7 @@ from fusebox_contract.wiring import (
     STATS_FILE,
     Port,
 )
-from fusebox_operator.manifests import Manifest, build_children
+from fusebox_operator.manifests import GPU_TOLERATION, Manifest, build_children
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import size_memory
 from fusebox_operator.spec import parse_spec
@@ -86,6 +86,42 @@ CRD_ENTRIES = [*leaf_fields(SPEC_SCHEMA, ""), *enum_values(SPEC_SCHEMA, "")]
 
 
 # --- proofs ----------------------------------------------------------------------------
+
+
+SPREAD: dict[str, Any] = {
+    "maxSkew": 1,
+    "topologyKey": "topology.kubernetes.io/zone",
+    "whenUnsatisfiable": "ScheduleAnyway",
+}
+POD_PLACEMENT: dict[str, Any] = {
+    "tolerations": [{"key": "pool", "operator": "Exists"}, GPU_TOLERATION],
+    "nodeSelector": {"pool": "gpu"},
+    "topologySpreadConstraints": [SPREAD],
+    "imagePullSecrets": [{"name": "regcred"}],
+    "runtimeClassName": "nvidia",
+    "priorityClassName": "inference-high",
+    "serviceAccountName": "chat-identity",
+}
+AFFINITY_TERM: dict[str, Any] = {"preferredDuringSchedulingIgnoredDuringExecution": []}
+TOLERATION_VALUES = [
+    *(
+        (
+            "operator",
+            op,
+            {"key": "pool", "operator": op, **({"value": "gpu"} if op == "Equal" else {})},
+        )
+        for op in ("Exists", "Equal")
+    ),
+    *(
+        ("effect", effect, {"key": "pool", "operator": "Exists", "effect": effect})
+        for effect in ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
+    ),
+]
+SPREAD_VALUES = {
+    "whenUnsatisfiable": ("DoNotSchedule", "ScheduleAnyway"),
+    "nodeAffinityPolicy": ("Honor", "Ignore"),
+    "nodeTaintsPolicy": ("Honor", "Ignore"),
+}
 
 
 class PodPath(str):
@@ -472,6 +508,76 @@ ROWS: dict[str, list[Proof]] = {
     ],
     "degradation.tiers=canned-answers": [
         Operator(f"{STATUS}::test_canned_answers_tier_without_a_fallback_stays_primary")
+    ],
+    # spec.pod: each Pod API field lands in the pod spec as written (pod_placement.py).
+    **{
+        f"pod.{field}": [
+            Pod(
+                {"pod": {field: value}},
+                f"pod spec {field}",
+                lambda c, field=field, value=value: pod_spec(c).get(field) == value,
+            )
+        ]
+        for field, value in POD_PLACEMENT.items()
+    },
+    **{
+        f"pod.affinity.{kind}": [
+            Pod(
+                {"pod": {"affinity": {kind: AFFINITY_TERM}}},
+                f"pod spec affinity.{kind}",
+                lambda c, kind=kind: pod_spec(c).get("affinity") == {kind: AFFINITY_TERM},
+            )
+        ]
+        for kind in ("nodeAffinity", "podAffinity", "podAntiAffinity")
+    },
+    **{
+        f"pod.tolerations.{key}={value}": [
+            Pod(
+                {"pod": {"tolerations": [toleration]}},
+                f"toleration {key} {value or '(empty)'} beside the GPU's",
+                lambda c, toleration=toleration: pod_spec(c)["tolerations"][0] == toleration,
+            )
+        ]
+        for key, value, toleration in TOLERATION_VALUES
+    },
+    **{
+        f"pod.topologySpreadConstraints.{key}={value}": [
+            Pod(
+                {"pod": {"topologySpreadConstraints": [{**SPREAD, key: value}]}},
+                f"spread constraint {key} {value}",
+                lambda c, key=key, value=value: (
+                    (pod_spec(c).get("topologySpreadConstraints") or [{}])[0].get(key) == value
+                ),
+            )
+        ]
+        for key, values in SPREAD_VALUES.items()
+        for value in values
+    },
+    "pod.labels": [
+        Pod(
+            {"pod": {"labels": {"team": "search"}}},
+            "pod label team beside Fusebox's",
+            lambda c: (
+                c["Deployment"]["spec"]["template"]["metadata"]["labels"].get("team") == "search"
+            ),
+        )
+    ],
+    "pod.annotations": [
+        Pod(
+            {"pod": {"annotations": {"example.com/a": "1"}}},
+            "pod annotation beside Fusebox's",
+            lambda c: (
+                c["Deployment"]["spec"]["template"]["metadata"]["annotations"].get("example.com/a")
+                == "1"
+            ),
+        )
+    ],
+    "pod.image": [
+        Pod(
+            {"pod": {"image": "registry.example.com/inference:v2"}},
+            "the server's image",
+            lambda c: server_container(c)["image"] == "registry.example.com/inference:v2",
+        )
     ],
 }
 

@@ -22,6 +22,7 @@ import yaml
 
 from fusebox_contract.names import DegradationTier, Dtype, LatencyMetric, Quantization
 from fusebox_contract.settings import RESERVED_ENV_NAMES
+from fusebox_operator import pod_placement
 from fusebox_operator import spec as spec_module
 from fusebox_operator.crd_schema import CRD_RESOURCE, SpecSchema, spec_schema
 from fusebox_operator.gpu_products import GPU_GENERATIONS
@@ -387,11 +388,25 @@ def test_enums_are_the_contract_enums() -> None:
         "breaker.latency.metric": [m.value for m in LatencyMetric],
         "degradation.tiers": [t.value for t in DegradationTier],
         "autoscaling.metric": [m.value for m in AutoscalingMetric],
+        # spec.pod's are the Pod API's (pod_placement.py checks them the same way).
+        "pod.tolerations.operator": list(pod_placement.TOLERATION_OPERATORS),
+        "pod.tolerations.effect": ["", *pod_placement.TAINT_EFFECTS],
+        "pod.topologySpreadConstraints.whenUnsatisfiable": list(
+            pod_placement.SPREAD_WHEN_UNSATISFIABLE
+        ),
+        "pod.topologySpreadConstraints.nodeAffinityPolicy": list(pod_placement.NODE_POLICIES),
+        "pod.topologySpreadConstraints.nodeTaintsPolicy": list(pod_placement.NODE_POLICIES),
     }
 
 
 @pytest.mark.parametrize(
-    ("path", "value"), [(path, value) for path, values in ENUMS.items() for value in values]
+    ("path", "value"),
+    [
+        (path, value)
+        for path, values in ENUMS.items()
+        if not path.startswith("pod.")  # in lists: test_pod_placement.py tries them
+        for value in values
+    ],
 )
 def test_every_enum_value_of_the_crd_parses(path: str, value: str) -> None:
     raw = spec_setting(path, [value] if path == "degradation.tiers" else value)
