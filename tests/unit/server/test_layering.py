@@ -10,6 +10,9 @@ transport names the HTTP stack (starlette, uvicorn), and no model module names a
 OpenAI request field. A module at the root that is not shared or the entry point,
 or a sub-package that is not a layer, fails here: whoever adds one decides where it
 belongs. Imports inside functions count too: `ast.walk` sees every one.
+
+Beside the layers, a tool package (`zoo`, the generated model families) may import
+`model` and the shared modules; nothing in the server imports a tool.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ PACKAGE = Path(__file__).resolve().parents[3] / "inference_image" / "fusebox_ser
 # The layers, top to bottom: each may import itself and those after it.
 LAYERS: Final = ("http", "control", "model", "shared")
 SUB_PACKAGES: Final = frozenset({"http", "control", "model"})
+# Tools beside the server: they may import these layers; no layer imports them.
+TOOLS: Final = {"zoo": frozenset({"model", "shared"})}
 # The package root holds the shared settings and domain errors, and the entry point.
 ROOT_MODULES: Final = {"__main__": "http", "config": "shared", "errors": "shared"}
 HTTP_STACK: Final = frozenset({"starlette", "uvicorn", "openai", "httpx", "h11"})
@@ -47,11 +52,12 @@ def layer_of(module: str) -> str | None:
     """
     package, _, name = module.rpartition(".")
     if package:
-        return package if package in SUB_PACKAGES else None
+        return package if package in SUB_PACKAGES or package in TOOLS else None
     return ROOT_MODULES.get(name)
 
 
 PLACED: Final = [module for module in MODULES if layer_of(module) is not None]
+SERVER: Final = [module for module in PLACED if layer_of(module) not in TOOLS]
 
 
 def tree_of(module: str) -> ast.Module:
@@ -97,7 +103,7 @@ def identifiers_of(module: str) -> set[str]:
 
 def test_the_sub_packages_are_the_layers() -> None:
     found = {path.name for path in PACKAGE.iterdir() if path.is_dir() and any(path.glob("*.py"))}
-    assert found == SUB_PACKAGES, "a sub-package that is not a layer, or a layer gone"
+    assert found == SUB_PACKAGES | set(TOOLS), "a sub-package that is not a layer, or one gone"
     nested = [module for module in MODULES if module.count(".") > 1]
     assert nested == [], "a layer is one level: no sub-package inside it"
 
@@ -107,7 +113,7 @@ def test_the_root_holds_only_the_shared_modules_and_the_entry_point() -> None:
     assert at_root == set(ROOT_MODULES), "move the module into the sub-package of its layer"
 
 
-@pytest.mark.parametrize("package", sorted(SUB_PACKAGES | {""}))
+@pytest.mark.parametrize("package", sorted(SUB_PACKAGES | set(TOOLS) | {""}))
 def test_a_package_init_defines_nothing(package: str) -> None:
     # One name per thing: no sub-package re-exports its modules.
     init = ast.parse((PACKAGE / package / "__init__.py").read_text(encoding="utf-8"))
@@ -115,7 +121,7 @@ def test_a_package_init_defines_nothing(package: str) -> None:
     assert body == [], f"{package or 'fusebox_server'}/__init__.py holds only its docstring"
 
 
-@pytest.mark.parametrize("module", PLACED)
+@pytest.mark.parametrize("module", SERVER)
 def test_a_module_imports_only_its_own_layer_and_the_layers_below(module: str) -> None:
     layer = layer_of(module)
     assert layer is not None
@@ -125,7 +131,7 @@ def test_a_module_imports_only_its_own_layer_and_the_layers_below(module: str) -
     assert above == set(), f"{module} ({layer}) imports from a layer above: {sorted(above)}"
 
 
-@pytest.mark.parametrize("module", [m for m in PLACED if layer_of(m) != "http"])
+@pytest.mark.parametrize("module", [m for m in SERVER if layer_of(m) != "http"])
 def test_only_the_transport_layer_names_the_http_stack(module: str) -> None:
     _, other = imports_of(module)
     assert other & HTTP_STACK == set()
@@ -134,6 +140,21 @@ def test_only_the_transport_layer_names_the_http_stack(module: str) -> None:
 @pytest.mark.parametrize("module", [m for m in PLACED if layer_of(m) == "model"])
 def test_no_model_module_names_an_openai_request_field(module: str) -> None:
     assert identifiers_of(module) & OPENAI_ONLY_FIELDS == set()
+
+
+@pytest.mark.parametrize("module", [m for m in PLACED if layer_of(m) in TOOLS])
+def test_a_tool_imports_only_itself_and_the_layers_it_may(module: str) -> None:
+    tool = layer_of(module)
+    assert tool is not None
+    imported, other = imports_of(module)
+    assert imported <= {tool} | TOOLS[tool], f"{module} imports {sorted(imported)}"
+    assert other & HTTP_STACK == set()
+
+
+@pytest.mark.parametrize("module", SERVER)
+def test_nothing_in_the_server_imports_a_tool(module: str) -> None:
+    imported, _ = imports_of(module)
+    assert imported & set(TOOLS) == set(), f"{module} imports a tool: {sorted(imported)}"
 
 
 def test_the_checks_see_imports_inside_functions() -> None:
