@@ -210,3 +210,5 @@ class EventReason(enum.StrEnum):
     CHILD_RESTORED = "ChildRestored"  # a child deleted or edited outside Fusebox, put back
     # No node tells the GPU memory yet (a pool scaling from zero): retried, not refused.
     WAITING_FOR_GPU_NODES = "WaitingForGPUNodes"
+    # spec.mode Observe: an action (or breaker, tier or scale change) decided and not taken.
+    WOULD_ACT = "WouldAct"

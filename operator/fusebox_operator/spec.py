@@ -342,6 +342,13 @@ class AutoscalingMetric(enum.StrEnum):
     IN_FLIGHT = "inFlight"  # waiting plus generating
 
 
+class Mode(enum.StrEnum):
+    """`spec.mode`: whether the operator acts on its decisions or only records them."""
+
+    OBSERVE = "Observe"  # scrape, decide, record WouldAct; never act (a trial run)
+    ENFORCE = "Enforce"
+
+
 @dataclass(frozen=True)
 class AutoscalingSpec:
     min_replicas: int = crd_default("autoscaling.minReplicas")
@@ -374,6 +381,7 @@ class InferenceServiceSpec:
     telemetry: TelemetrySpec
     autoscaling: AutoscalingSpec | None
     pod: PodPlacement = PodPlacement()  # the service's own; the chart's defaults merge in later
+    mode: Mode = Mode(crd_default("mode"))
 
     @property
     def degrades_to_fallback(self) -> bool:
@@ -892,6 +900,7 @@ def parse_spec(
         telemetry=_parse_telemetry(_section(raw, "telemetry"), schema),
         autoscaling=_parse_autoscaling(raw.get("autoscaling"), server, schema),
         pod=_parse_pod(raw.get("pod")),
+        mode=_choice(raw, "mode", Mode, schema),
     )
     if DegradationTier.FALLBACK_MODEL in parsed.degradation.tiers and parsed.fallback is None:
         raise SpecError("spec.fallback is required when degradation.tiers lists fallback-model")

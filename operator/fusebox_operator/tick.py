@@ -35,6 +35,7 @@ from fusebox_operator.gpu_health import drain_actions, gpu_condition
 from fusebox_operator.kube import current_count
 from fusebox_operator.node_pressure import NodePressure, node_condition, relieve_nodes
 from fusebox_operator.observations import PodSample, PodView
+from fusebox_operator.observe_mode import observed
 from fusebox_operator.policy import admit_percent, decide
 from fusebox_operator.policy_state import DISRUPTIVE, Action, ActionKind, PolicyState
 from fusebox_operator.rollout import Degradation, PodReadiness, Rollout, pod_degradations
@@ -45,7 +46,7 @@ from fusebox_operator.serving import (
     update_reach,
     update_sightings,
 )
-from fusebox_operator.spec import InferenceServiceSpec
+from fusebox_operator.spec import InferenceServiceSpec, Mode
 from fusebox_operator.status import (
     EventRecord,
     add_autoscaling_status,
@@ -387,7 +388,16 @@ async def run_tick(
     # Actions whose outcome was unknown go again first, with their own ids.
     retries = [a for a in new_state.in_flight.values() if a.pod in by_name]
     retried = {a.id for a in retries}
-    results = await execute_per_pod([*retries, *actions], inputs, by_name, actuator)
+    # The one place decisions become calls. In Observe none is made: each action is
+    # settled as not taken (the ladder moves on as if it had not helped) and told
+    # as WouldAct; the runtime state below is not sent either.
+    observing = spec.mode is Mode.OBSERVE
+    would_act = [*retries, *actions] if observing else []
+    for action in would_act:
+        new_state.settle(action, settled=True)
+    results = (
+        [] if observing else await execute_per_pod([*retries, *actions], inputs, by_name, actuator)
+    )
     executed: list[tuple[Action, str]] = []
     # Fresh decisions the server had already run under the same id: an operator that
     # died after acting and posting its event, before its status was written,
@@ -411,7 +421,9 @@ async def run_tick(
             new_state.time_to_oom.pop(name, None)
 
     restarted = {a.pod for a, _ in executed if a.kind in POD_DELETING}
-    reachable = settable([p for p in targets if p.name not in restarted], samples)
+    reachable = (
+        [] if observing else settable([p for p in targets if p.name not in restarted], samples)
+    )
     wanted = runtime_targets(new_state, spec, reachable, samples, memory.applied, rollout)
     told_runtime = await asyncio.gather(
         *(
@@ -470,13 +482,19 @@ async def run_tick(
     new_status["conditions"] = node_condition(
         new_status.get("conditions") or [], memory.node_pressure, inputs.generation, written_at
     )
-    if scale is not None:
+    if observing:
+        # The Deployment keeps its count, and status.autoscaling the count it runs
+        # (reconcile applies that count): the scale is told as WouldAct only.
+        events, would = observed(would_act, events, scale, inputs.status, written_at)
+        if would is not None:
+            new_status["lastWouldAct"] = would
+    elif scale is not None:
         events += scaling_events(inputs.status, scale)
         add_autoscaling_status(
             new_status, inputs.status, scale, spec, inputs.generation, written_at
         )
-    else:
+    if scale is None:
         drop_autoscaling_status(new_status, inputs.status)
-    write = bool(executed) or should_write(inputs.status, new_status, written_at)
-    replicas = scale.replicas if scale else None
+    write = bool(executed or would_act) or should_write(inputs.status, new_status, written_at)
+    replicas = scale.replicas if scale and not observing else None
     return TickOutcome(new_status if write else {}, events, new_state, sample_list, replicas)

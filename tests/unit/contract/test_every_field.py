@@ -195,6 +195,7 @@ POLICY = "tests/unit/operator/test_policy.py"
 STATUS = "tests/unit/operator/test_status.py"
 TELEMETRY = "tests/unit/operator/test_telemetry_parse.py"
 AUTOSCALING = "tests/unit/operator/test_autoscaling.py"
+OBSERVE = "tests/unit/operator/test_observe_mode.py"
 GROW = "tests/unit/operator/test_grow_limit.py"
 NODE_PRESSURE = "tests/unit/operator/test_node_pressure.py"
 OTHER_SOURCE = {"source": "pvc://weights/chat-int8", "quantization": "none"}
@@ -509,6 +510,13 @@ ROWS: dict[str, list[Proof]] = {
     "degradation.tiers=canned-answers": [
         Operator(f"{STATUS}::test_canned_answers_tier_without_a_fallback_stays_primary")
     ],
+    "mode": [Operator(f"{OBSERVE}::test_the_default_mode_is_enforce")],
+    "mode=Observe": [
+        Operator(
+            f"{OBSERVE}::test_a_ladder_rung_in_observe_is_a_would_act_with_its_figures_and_no_call"
+        )
+    ],
+    "mode=Enforce": [Operator(f"{OBSERVE}::test_the_same_leak_in_enforce_acts")],
     # spec.pod: each Pod API field lands in the pod spec as written (pod_placement.py).
     **{
         f"pod.{field}": [

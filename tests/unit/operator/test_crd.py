@@ -26,7 +26,7 @@ from fusebox_operator import pod_placement
 from fusebox_operator import spec as spec_module
 from fusebox_operator.crd_schema import CRD_RESOURCE, SpecSchema, spec_schema
 from fusebox_operator.gpu_products import GPU_GENERATIONS
-from fusebox_operator.spec import AutoscalingMetric, SpecError, parse_spec
+from fusebox_operator.spec import AutoscalingMetric, Mode, SpecError, parse_spec
 
 from .conftest import REPO
 
@@ -388,6 +388,7 @@ def test_enums_are_the_contract_enums() -> None:
         "breaker.latency.metric": [m.value for m in LatencyMetric],
         "degradation.tiers": [t.value for t in DegradationTier],
         "autoscaling.metric": [m.value for m in AutoscalingMetric],
+        "mode": [m.value for m in Mode],
         # spec.pod's are the Pod API's (pod_placement.py checks them the same way).
         "pod.tolerations.operator": list(pod_placement.TOLERATION_OPERATORS),
         "pod.tolerations.effect": ["", *pod_placement.TAINT_EFFECTS],

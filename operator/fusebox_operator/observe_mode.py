@@ -1,0 +1,104 @@
+"""`spec.mode: Observe`: what a tick records in place of the actions it does not take.
+
+Why: a team adopting Fusebox first wants to see what it would do to their
+pods, with the figures, before it does anything. The tick decides exactly as
+in Enforce; at the one place where decisions become calls (tick.run_tick) it
+takes none of them and hands them here instead, to become WouldAct events and
+`status.lastWouldAct`. Breaker, tier and scale changes are decisions too (the
+pods would be told, the Deployment scaled), so their events are reworded the
+same way. Pure: no client, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fusebox_contract.names import EventReason
+from fusebox_operator.autoscaling import ScaleDecision
+from fusebox_operator.policy_state import Action
+from fusebox_operator.status import EventRecord, action_entry, iso
+
+NOT_ACTED = "not acted: spec.mode is Observe"
+"""The result a would-be action records (status.lastWouldAct.result)."""
+
+ACTING_REASONS: frozenset[EventReason] = frozenset(
+    {
+        EventReason.BREAKER_OPENED,
+        EventReason.BREAKER_HALF_OPEN,
+        EventReason.BREAKER_CLOSED,
+        EventReason.DEGRADED,
+        EventReason.RECOVERED,
+        EventReason.SWAPPED_TO_FALLBACK,
+        EventReason.RESTORED_PRIMARY,
+        EventReason.SCALED_UP,
+        EventReason.SCALED_DOWN,
+    }
+)
+"""Events that tell of a change the operator makes to the pods or the Deployment:
+in Observe each is a change it would make, posted as WouldAct."""
+
+
+def observed(
+    actions: Sequence[Action],
+    events: Sequence[EventRecord],
+    scale: ScaleDecision | None,
+    previous: Mapping[str, Any],
+    now: float,
+) -> tuple[list[EventRecord], dict[str, Any] | None]:
+    """The tick's events as Observe posts them, and `status.lastWouldAct` (None: the
+    tick would have done nothing).
+
+    `actions`: what the policy decided and the tick did not run; `events`: the
+    tick's own (breaker, tier and observation events); `scale`: the autoscaler's
+    decision, which the Deployment does not get. A scale is told once per target
+    count: the count never moves in Observe, so the autoscaler asks every tick.
+    """
+    changes = [(event, "") for event in events if event.reason in ACTING_REASONS]
+    kept = [event for event in events if event.reason not in ACTING_REASONS]
+    if scale is not None and _new_scale(scale, previous):
+        assert scale.reason is not None  # _new_scale: a scale up or down
+        changes.append((EventRecord("Normal", scale.reason, scale.message), scale_id(scale)))
+    posted = [*kept, *(_would(event) for event, _ in changes), *action_events(actions)]
+    if actions:
+        return posted, action_entry(actions[-1], NOT_ACTED)
+    if changes:
+        event, change_id = changes[-1]
+        entry = {
+            "id": change_id,
+            "type": event.reason.value,
+            "pod": "",
+            "at": iso(now),
+            "reason": event.message,
+            "result": NOT_ACTED,
+        }
+        return posted, entry
+    return posted, None
+
+
+def action_events(actions: Sequence[Action]) -> list[EventRecord]:
+    """One WouldAct per action, naming the rung (the action's kind) and its figures."""
+    return [
+        EventRecord(
+            "Normal",
+            EventReason.WOULD_ACT,
+            f"would {action.kind.value} {action.pod}: {action.reason} ({NOT_ACTED}) [{action.id}]",
+        )
+        for action in actions
+    ]
+
+
+def _would(event: EventRecord) -> EventRecord:
+    return EventRecord(
+        "Normal", EventReason.WOULD_ACT, f"would {event.reason.value}: {event.message}"
+    )
+
+
+def scale_id(scale: ScaleDecision) -> str:
+    return f"scale-to-{scale.replicas}"
+
+
+def _new_scale(scale: ScaleDecision, previous: Mapping[str, Any]) -> bool:
+    if scale.reason not in (EventReason.SCALED_UP, EventReason.SCALED_DOWN) or scale.blocked:
+        return False
+    return bool((previous.get("lastWouldAct") or {}).get("id") != scale_id(scale))

@@ -1,0 +1,174 @@
+"""spec.mode Observe: every decision is told as WouldAct, and no call reaches a pod.
+
+Whole ticks (tick.run_tick) with a recording actuator: in Observe it must see no
+action and no runtime call, whatever the policy decided; the same tick in
+Enforce makes the call, so each test would fail without the gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from fusebox_contract.names import EventReason
+from fusebox_operator.actuator import ActionResult, RuntimeCall
+from fusebox_operator.observations import PodSample, PodView
+from fusebox_operator.observe_mode import NOT_ACTED
+from fusebox_operator.policy_state import Action, ActionKind, PolicyState
+from fusebox_operator.spec import InferenceServiceSpec, Mode, parse_spec
+from fusebox_operator.tick import TickInputs, TickMemory, TickOutcome, run_tick
+
+T0 = 1_800_000_000.0
+LIMIT = 4 * 1024**3
+MODEL = {"name": "chat", "source": "pvc://models/tiny"}
+POD = PodView("p", "uid-p", "10.0.0.1", "Running", True, True, True, 0, False, False)
+
+
+class RecordingActuator:
+    """Records every call the tick makes on a pod; answers as a healthy server would."""
+
+    def __init__(self) -> None:
+        self.actions: list[Action] = []
+        self.runtime_calls = 0
+
+    async def execute(
+        self, namespace: str, pod: PodView | None, token: str, action: Action
+    ) -> ActionResult:
+        self.actions.append(action)
+        return ActionResult("done")
+
+    async def reconcile_runtime(self, *args: Any, **kwargs: Any) -> RuntimeCall:
+        self.runtime_calls += 1
+        return RuntimeCall(changed=True)
+
+
+def spec_in(mode: str, **extra: Any) -> InferenceServiceSpec:
+    return parse_spec({"model": MODEL, "mode": mode, **extra})
+
+
+def sample(at: float = T0, **figures: Any) -> PodSample:
+    return PodSample("p", at, stats_age_seconds=1.0, heartbeat_age_seconds=0.5, **figures)
+
+
+def tick(
+    spec: InferenceServiceSpec,
+    status: dict[str, Any],
+    actuator: RecordingActuator,
+    scraped: PodSample,
+    memory: TickMemory | None = None,
+    now: float = T0,
+) -> TickOutcome:
+    async def scrape(pods: Sequence[PodView]) -> list[PodSample]:
+        return [scraped]
+
+    inputs = TickInputs("ns", "svc", spec, status, [POD], "token", 1)
+    return asyncio.run(run_tick(inputs, memory or TickMemory(), scrape, actuator, lambda: now))
+
+
+def would_act(outcome: TickOutcome) -> list[str]:
+    return [e.message for e in outcome.events if e.reason is EventReason.WOULD_ACT]
+
+
+def test_the_default_mode_is_enforce() -> None:
+    assert parse_spec({"model": MODEL}).mode is Mode.ENFORCE
+
+
+def test_a_ladder_rung_in_observe_is_a_would_act_with_its_figures_and_no_call() -> None:
+    actuator = RecordingActuator()
+    # 97 % of the limit: the ladder's first rung at once, no trend needed.
+    leaking = sample(rss_bytes=0.97 * LIMIT, memory_limit_bytes=LIMIT)
+    outcome = tick(spec_in("Observe"), {"memory": {"limitBytes": LIMIT}}, actuator, leaking)
+    assert actuator.actions == [] and actuator.runtime_calls == 0
+    [message] = would_act(outcome)
+    assert message.startswith("would gc p: ") and "97" in message
+    last = outcome.status_patch["lastWouldAct"]
+    assert (last["type"], last["pod"], last["result"]) == ("gc", "p", NOT_ACTED)
+    assert "lastAction" not in outcome.status_patch
+    assert EventReason.GARBAGE_COLLECTED not in [e.reason for e in outcome.events]
+
+
+def test_the_same_leak_in_enforce_acts() -> None:
+    actuator = RecordingActuator()
+    leaking = sample(rss_bytes=0.97 * LIMIT, memory_limit_bytes=LIMIT)
+    outcome = tick(spec_in("Enforce"), {"memory": {"limitBytes": LIMIT}}, actuator, leaking)
+    assert [a.kind for a in actuator.actions] == [ActionKind.GC]
+    assert actuator.runtime_calls == 1
+    assert would_act(outcome) == []
+    assert "lastWouldAct" not in outcome.status_patch
+
+
+def test_the_ladder_climbs_in_observe_as_if_nothing_helped() -> None:
+    # Each rung is settled as not taken, so the next tick decides the next rung:
+    # what Enforce would do to a leak the first rungs do not fix.
+    actuator = RecordingActuator()
+    memory = TickMemory()
+    status: dict[str, Any] = {"memory": {"limitBytes": LIMIT}}
+    kinds: list[str] = []
+    spec = spec_in("Observe", breaker={"resource": {"cooldownSeconds": 1}})
+    for step in range(6):
+        now = T0 + 120 * step  # past each rung's cooldown
+        leaking = sample(now, rss_bytes=0.97 * LIMIT, memory_limit_bytes=LIMIT)
+        outcome = tick(spec, status, actuator, leaking, memory, now)
+        status = {**status, **outcome.status_patch}
+        if "lastWouldAct" in outcome.status_patch:
+            kinds.append(outcome.status_patch["lastWouldAct"]["type"])
+    assert actuator.actions == [] and actuator.runtime_calls == 0
+    assert kinds[0] == "gc" and len(set(kinds)) > 1, kinds
+
+
+@pytest.mark.parametrize("kind", list(ActionKind))
+def test_every_action_kind_is_held_in_observe_and_run_in_enforce(kind: ActionKind) -> None:
+    # An action of each kind waiting for its retry (its outcome unknown): the tick
+    # sends it again first, through the same gate as a fresh decision.
+    state = PolicyState("svc")
+    pending = Action(f"svc-000009-{kind.value}", kind, "p", "RSS high", T0 - 30)
+    state.settle(pending, settled=False)
+    status = {"memory": {"limitBytes": LIMIT}, "policy": state.to_status()}
+    calm = sample(rss_bytes=0.2 * LIMIT, memory_limit_bytes=LIMIT)
+
+    held = RecordingActuator()
+    outcome = tick(spec_in("Observe"), status, held, calm)
+    assert held.actions == [] and held.runtime_calls == 0
+    assert any(f"would {kind.value} p" in m for m in would_act(outcome))
+    assert outcome.status_patch["policy"]["inFlight"] == []  # not retried forever
+
+    run = RecordingActuator()
+    tick(spec_in("Enforce"), status, run, calm)
+    assert [a.id for a in run.actions] == [pending.id]
+
+
+def test_a_wedged_pod_is_not_restarted_in_observe() -> None:
+    actuator = RecordingActuator()
+    wedged = PodSample(
+        "p", T0, stats_age_seconds=600.0, heartbeat_age_seconds=600.0, model_loaded=True
+    )
+    outcome = tick(spec_in("Observe"), {"memory": {"limitBytes": LIMIT}}, actuator, wedged)
+    assert actuator.actions == []
+    assert any(m.startswith("would restart p: ") for m in would_act(outcome))
+    assert EventReason.POD_RESTARTED not in [e.reason for e in outcome.events]
+
+
+AUTOSCALED = {"autoscaling": {"minReplicas": 1, "maxReplicas": 4}}
+
+
+def test_a_scale_in_observe_is_told_once_and_the_deployment_keeps_its_count() -> None:
+    actuator = RecordingActuator()
+    busy = sample(queue_length=40.0, requests_running=8.0)
+    status: dict[str, Any] = {"memory": {"limitBytes": LIMIT}}
+    memory = TickMemory()
+    first = tick(spec_in("Observe", **AUTOSCALED), status, actuator, busy, memory)
+    assert first.replicas is None
+    assert "autoscaling" not in first.status_patch  # reconcile applies that count
+    [message] = would_act(first)
+    assert message.startswith(f"would {EventReason.SCALED_UP.value}: ")
+    assert first.status_patch["lastWouldAct"]["type"] == EventReason.SCALED_UP.value
+
+    second = tick(spec_in("Observe", **AUTOSCALED), {**status, **first.status_patch}, actuator,
+                  busy, memory)  # fmt: skip
+    assert would_act(second) == []
+
+    enforced = tick(spec_in("Enforce", **AUTOSCALED), status, RecordingActuator(), busy)
+    assert enforced.replicas == 4
