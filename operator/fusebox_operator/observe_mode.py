@@ -16,7 +16,7 @@ from typing import Any
 
 from fusebox_contract.names import EventReason
 from fusebox_operator.autoscaling import ScaleDecision
-from fusebox_operator.policy_state import Action
+from fusebox_operator.policy_state import Action, PolicyState
 from fusebox_operator.status import EventRecord, action_entry, iso
 
 NOT_ACTED = "not acted: spec.mode is Observe"
@@ -74,6 +74,28 @@ def observed(
         }
         return posted, entry
     return posted, None
+
+
+def after_observing(state: PolicyState) -> PolicyState:
+    """The policy the first Enforce tick after Observe starts from.
+
+    Nothing decided in Observe was done: the pods hold no rung, breaker state,
+    tier or swap of it, and its cooldowns timed actions never taken. So the
+    ladders, breaker and tier start over (the first rung can act at once),
+    while what was measured (memory and latency history, the pods seen) and
+    the action id sequence carry over: an id is never issued twice.
+    """
+    return PolicyState(
+        state.service_id,
+        memory_limit_bytes=state.memory_limit_bytes,
+        sequence=state.sequence,
+        last_counts=state.last_counts,
+        history=state.history,
+        latency_history=state.latency_history,
+        first_seen=state.first_seen,
+        last_fresh=state.last_fresh,
+        served_once=state.served_once,
+    )
 
 
 def action_events(actions: Sequence[Action]) -> list[EventRecord]:

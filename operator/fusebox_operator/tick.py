@@ -35,7 +35,7 @@ from fusebox_operator.gpu_health import drain_actions, gpu_condition
 from fusebox_operator.kube import current_count
 from fusebox_operator.node_pressure import NodePressure, node_condition, relieve_nodes
 from fusebox_operator.observations import PodSample, PodView
-from fusebox_operator.observe_mode import observed
+from fusebox_operator.observe_mode import after_observing, observed
 from fusebox_operator.policy import admit_percent, decide
 from fusebox_operator.policy_state import DISRUPTIVE, Action, ActionKind, PolicyState
 from fusebox_operator.rollout import Degradation, PodReadiness, Rollout, pod_degradations
@@ -364,6 +364,8 @@ async def run_tick(
     if state is None:
         # First tick after a start or an operator restart: resume from status.
         state = PolicyState.from_status(inputs.service_id, inputs.status)
+    if spec.mode is Mode.ENFORCE and inputs.status.get("mode") == Mode.OBSERVE:
+        state = after_observing(state)  # the first tick since Observe: nothing was done
     # Reconcile re-sizes the limit on a spec edit (status.memory): the ladder's
     # grow-limit target is a multiple of today's sized limit, never of an old one.
     state.memory_limit_bytes = sized_limit_bytes(inputs.status)
@@ -469,6 +471,7 @@ async def run_tick(
         failing={p.name: p.failing for p in inputs.pods if p.failing and not p.terminating},
     )
     events += stuck_pod_events(inputs.status, new_status)
+    new_status["mode"] = spec.mode.value  # the mode this tick ran in
     new_status["replicas"] = current_count(inputs.pods)  # the scale subresource's
     if spec.gpu.count > 0:
         new_status["conditions"] = gpu_condition(

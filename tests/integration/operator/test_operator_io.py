@@ -29,11 +29,11 @@ import pytest
 
 from fusebox_contract.admin import AdminPath, ServerState
 from fusebox_contract.names import BreakerState, DegradationTier, EventReason, Variant
-from fusebox_operator.actuator import ActionResult, Actuator, RuntimeTarget
+from fusebox_operator.actuator import ActionResult, Actuator, RuntimeCall, RuntimeTarget
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.policy_state import Action, ActionKind, PolicyState
 from fusebox_operator.rollout import Degradation
-from fusebox_operator.spec import InferenceServiceSpec, parse_spec
+from fusebox_operator.spec import InferenceServiceSpec, Mode, parse_spec
 from fusebox_operator.telemetry import scrape_all
 from fusebox_operator.tick import TickInputs, TickMemory, TickOutcome, converging, run_tick
 
@@ -438,3 +438,67 @@ def test_a_pod_that_cannot_load_its_fallback_takes_the_level_is_named_once_and_n
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert "cannot swap on pod-a" in degraded["message"]
     assert status["activeVariant"] == Variant.PRIMARY
+
+
+# --- spec.mode Observe, then Enforce -----------------------------------------------------------
+
+
+class CountingActuator(Actuator):
+    """The real actuator, noting every call it is asked to make on a pod."""
+
+    calls: list[str]
+
+    async def execute(
+        self, namespace: str, pod: PodView | None, token: str, action: Action
+    ) -> ActionResult:
+        self.calls.append(action.id)
+        return await super().execute(namespace, pod, token, action)
+
+    async def reconcile_runtime(self, *args: Any, **kwargs: Any) -> RuntimeCall:
+        self.calls.append("runtime")
+        return await super().reconcile_runtime(*args, **kwargs)
+
+
+def test_observe_posts_would_act_and_calls_nothing_then_enforce_acts(pair: Pair) -> None:
+    observe = replace(SPEC, mode=Mode.OBSERVE)
+
+    async def ticks(
+        spec: InferenceServiceSpec, status: dict[str, Any], count: int
+    ) -> tuple[list[TickOutcome], dict[str, Any], list[str]]:
+        memory = TickMemory()
+        outcomes: list[TickOutcome] = []
+        async with aiohttp.ClientSession() as session:
+            actuator = CountingActuator(session, None, admin_port=pair.admin_port)
+            actuator.calls = []
+
+            async def scrape(pods: Sequence[PodView]) -> list[PodSample]:
+                # The real sidecar's figures, with the limit set so that the server's
+                # RSS is at 97 % of it: the ladder's first rung is due at once.
+                samples = await scrape_all(session, pods, 2.0, "ttft", port=pair.metrics_port)
+                return [
+                    replace(s, memory_limit_bytes=s.rss_bytes / 0.97) if s.rss_bytes else s
+                    for s in samples
+                ]
+
+            for _ in range(count):
+                inputs = TickInputs("ns", "itobserve", spec, status, [POD], TOKEN, 1)
+                outcome = await run_tick(inputs, memory, scrape, actuator, time.time)
+                outcomes.append(outcome)
+                status = {**status, **outcome.status_patch}
+                await asyncio.sleep(1.0)
+        return outcomes, status, actuator.calls
+
+    outcomes, status, calls = asyncio.run(ticks(observe, _base_status(0), 3))
+    assert calls == []  # no action and no runtime state reached the server
+    would = [e.message for o in outcomes for e in o.events if e.reason is EventReason.WOULD_ACT]
+    assert would and would[0].startswith("would gc pod-a: RSS "), would
+    assert status["lastWouldAct"]["type"] == "gc" and status["mode"] == "Observe"
+    assert "lastAction" not in status
+
+    outcomes, status, calls = asyncio.run(ticks(SPEC, status, 1))
+    [first] = outcomes
+    assert first.status_patch["lastAction"]["type"] == "gc"  # the first Enforce tick acted
+    result = first.status_patch["lastAction"]["result"]
+    assert result.startswith("RSS ") and "replayed" not in result  # the server ran it now
+    assert EventReason.GARBAGE_COLLECTED in [e.reason for e in first.events]
+    assert status["mode"] == "Enforce"

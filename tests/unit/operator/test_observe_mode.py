@@ -172,3 +172,38 @@ def test_a_scale_in_observe_is_told_once_and_the_deployment_keeps_its_count() ->
 
     enforced = tick(spec_in("Enforce", **AUTOSCALED), status, RecordingActuator(), busy)
     assert enforced.replicas == 4
+
+
+def test_enforce_after_observe_acts_at_once_from_the_first_rung_with_fresh_ids() -> None:
+    memory = TickMemory()
+    status: dict[str, Any] = {"memory": {"limitBytes": LIMIT}}
+    leaking = sample(rss_bytes=0.97 * LIMIT, memory_limit_bytes=LIMIT)
+    observed = tick(spec_in("Observe"), status, RecordingActuator(), leaking, memory)
+    status = {**status, **observed.status_patch}
+    assert status["mode"] == "Observe"
+    would_id = status["lastWouldAct"]["id"]
+
+    # The next tick, seconds later: inside the would-be gc's cooldown, yet Enforce
+    # acts, because that gc never happened.
+    actuator = RecordingActuator()
+    later = T0 + 5
+    leaking = sample(later, rss_bytes=0.97 * LIMIT, memory_limit_bytes=LIMIT)
+    enforced = tick(spec_in("Enforce"), status, actuator, leaking, memory, later)
+    assert [a.kind for a in actuator.actions] == [ActionKind.GC]
+    assert actuator.actions[0].id != would_id  # the id sequence carried over
+    assert enforced.status_patch["mode"] == "Enforce"
+    assert enforced.status_patch["lastAction"]["type"] == "gc"
+
+
+def test_without_the_switch_a_second_enforce_tick_waits_its_cooldown() -> None:
+    # The control for the test above: in Enforce throughout, the same two ticks act once.
+    memory = TickMemory()
+    status: dict[str, Any] = {"memory": {"limitBytes": LIMIT}}
+    actuator = RecordingActuator()
+    leaking = sample(rss_bytes=0.97 * LIMIT, memory_limit_bytes=LIMIT)
+    first = tick(spec_in("Enforce"), status, actuator, leaking, memory)
+    status = {**status, **first.status_patch}
+    later = T0 + 5
+    leaking = sample(later, rss_bytes=0.97 * LIMIT, memory_limit_bytes=LIMIT)
+    tick(spec_in("Enforce"), status, actuator, leaking, memory, later)
+    assert [a.kind for a in actuator.actions] == [ActionKind.GC]
