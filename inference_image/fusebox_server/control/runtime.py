@@ -18,8 +18,9 @@ import gc
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Final
 
 import structlog
@@ -93,11 +94,12 @@ def malloc_trim() -> None:
 
 @dataclass
 class Generation:
-    """The loop side of one running generation: events arrive on `events`."""
+    """The loop side of one running generation: its events arrive on `events`, tagged with
+    its choice's index (the n generations of one request share one queue)."""
 
     job: GenerationJob
     release_slot: Callable[[], None]
-    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    events: asyncio.Queue[tuple[int, Event]] = field(default_factory=asyncio.Queue)
     finished: bool = False
 
     def cancel(self) -> None:
@@ -117,6 +119,33 @@ class Generation:
         self.cancel()
         if self.job.ended.is_set():
             self.end()
+
+
+@dataclass
+class Choices:
+    """The generations of one request (`n` of them), in choice order, and their one queue."""
+
+    generations: list[Generation]
+    events: asyncio.Queue[tuple[int, Event]]
+
+    @property
+    def variant(self) -> str:
+        return self.generations[0].job.variant
+
+    def cancel(self) -> None:
+        for generation in self.generations:
+            generation.cancel()
+
+    def give_up(self) -> None:
+        for generation in self.generations:
+            generation.give_up()
+
+
+def _delivered(generation: Generation, index: int, event: Event) -> None:
+    """A worker event, on the loop: tagged with its choice; a final one frees the slot."""
+    if isinstance(event, Finished | Failed):
+        generation.end()
+    generation.events.put_nowait((index, event))
 
 
 class Runtime:
@@ -221,6 +250,13 @@ class Runtime:
     def encoder(self) -> PromptEncoder:
         return self.encoders[self.variant]
 
+    def vocabulary_size(self) -> int:
+        """Token ids below this are ones the serving tokenizer has and the model scores."""
+        known = len(self.encoder().tokenizer)
+        loaded = self.variants.loaded
+        scored = loaded.model.config.vocab_size if loaded is not None else known
+        return min(known, int(scored))
+
     # ----- the worker as an awaitable -----
     async def on_worker(self, action: Callable[[], Any]) -> Any:
         assert self.worker is not None and self._loop is not None
@@ -256,44 +292,43 @@ class Runtime:
             return await asyncio.to_thread(encoder.encode_uncached, text, add_special_tokens)
         return encoder.encode(text, add_special_tokens)
 
-    async def start_generation(
+    async def start_generations(
         self,
         request_id: str,
         prompt_ids: tuple[int, ...],
-        settings: DecodeSettings,
+        choices: Sequence[DecodeSettings],
         deadline_monotonic: float,
-    ) -> Generation:
-        """Admit (maybe wait) and hand a generation to the worker."""
+    ) -> Choices:
+        """Admit (maybe wait) one running slot per choice, all at once, and hand the
+        generations to the worker; each frees its own slot when the worker is done."""
         queued_at = time.monotonic()
-        await self.admission.acquire(deadline_monotonic - queued_at)
-        try:  # until the worker has the job, an error (a failed allocation too) frees the slot
+        await self.admission.acquire(deadline_monotonic - queued_at, len(choices))
+        events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        generations: list[Generation] = []
+        try:  # until the worker has a job, an error (a failed allocation too) frees its slot
             self.latency_counters[LatencyHistogram.QUEUE].observe([time.monotonic() - queued_at])
             assert self.worker is not None
             variant = self.variant
-            holder: list[Generation] = []
-
-            def deliver(event: Event) -> None:
-                generation = holder[0]
-                if isinstance(event, Finished | Failed):
-                    generation.end()
-                generation.events.put_nowait(event)
-
-            job = GenerationJob(
-                request_id=request_id,
-                variant=variant,
-                prompt_ids=prompt_ids,
-                settings=settings,
-                deadline_monotonic=deadline_monotonic,
-                tokenizer=self.encoders[variant].tokenizer,
-                deliver=deliver,
-            )
-            generation = Generation(job=job, release_slot=self.admission.release)
-            holder.append(generation)
-            self.worker.submit(job)
+            for index, settings in enumerate(choices):
+                job = GenerationJob(
+                    request_id=request_id,
+                    variant=variant,
+                    prompt_ids=prompt_ids,
+                    settings=settings,
+                    deadline_monotonic=deadline_monotonic,
+                    tokenizer=self.encoders[variant].tokenizer,
+                    deliver=lambda event: None,
+                )
+                generation = Generation(job, self.admission.release, events)
+                job.deliver = partial(_delivered, generation, index)
+                self.worker.submit(job)
+                generations.append(generation)
         except BaseException:
-            self.admission.release()
+            self.admission.release(len(choices) - len(generations))
+            for generation in generations:
+                generation.cancel()
             raise
-        return generation
+        return Choices(generations, events)
 
     # ----- heartbeats -----
     async def beat_loop(self) -> None:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
-from dataclasses import dataclass
-from typing import Final
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 import structlog
 from starlette.applications import Starlette
@@ -36,14 +36,13 @@ from fusebox_contract.wiring import (
 from fusebox_server.control.accounting import RequestRecord
 from fusebox_server.control.context_window import generation_budget
 from fusebox_server.control.recorder import GenerationOutcome
-from fusebox_server.control.runtime import Generation, Runtime
+from fusebox_server.control.runtime import Choices, Runtime
 from fusebox_server.errors import (
     ClientDisconnected,
     DeadlineExceeded,
     InputTooLong,
     InvalidRequest,
     ModelNotFound,
-    ServerError,
 )
 from fusebox_server.http.edge import (
     EXCEPTION_HANDLERS,
@@ -57,24 +56,30 @@ from fusebox_server.http.openai_schema import (
     ChatRequest,
     CompletionRequest,
     OpenAISampling,
+    check_logit_bias,
     parse_chat_request,
     parse_completion_request,
     parse_json_body,
 )
 from fusebox_server.http.rendering import (
+    Choice,
     Kind,
     Reply,
+    chat_logprobs,
+    choices_body,
     chunk_body,
     completion_body,
+    completion_logprobs,
     error_body,
     error_headers,
     json_bytes,
     sse,
     usage_chunk,
     whole_answer_events,
+    whole_choices_events,
 )
-from fusebox_server.model.decode_settings import DecodeSettings
-from fusebox_server.model.worker import Failed, Finished, Piece
+from fusebox_server.model.decode_settings import DecodeSettings, RepeatPenalties, choice_seed
+from fusebox_server.model.worker import Failed, Finished, Piece, ScoredToken
 
 CHAT_PATH: Final = "/v1/chat/completions"
 COMPLETIONS_PATH: Final = "/v1/completions"
@@ -94,6 +99,8 @@ class Prepared:
     include_usage: bool
     wants_json: bool
     max_new_tokens: int  # the request's cap, before the context window is applied
+    choices: int = 1  # `n`
+    logprobs: bool = False  # whether each choice reports its tokens' log-probabilities
     input_length: int = 0
 
     @property
@@ -112,15 +119,22 @@ def canned_key(parsed: ChatRequest | CompletionRequest) -> str:
     return NO_CANNED_MATCH
 
 
-def decode_settings(sampling: OpenAISampling, max_new_tokens: int) -> DecodeSettings:
-    """The engine's inputs: the body's sampling fields, with the budget already resolved."""
-    return DecodeSettings(
-        max_new_tokens=max_new_tokens,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        seed=sampling.seed,
-        stop=sampling.stop,
-    )
+def choice_settings(sampling: OpenAISampling, max_new_tokens: int) -> list[DecodeSettings]:
+    """The engine's inputs, one per choice: the body's sampling fields, with the budget
+    already resolved; choice i of a seeded request samples with `choice_seed(seed, i)`."""
+    return [
+        DecodeSettings(
+            max_new_tokens=max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=None if sampling.seed is None else choice_seed(sampling.seed, index),
+            stop=sampling.stop,
+            top_alternatives=sampling.logprobs,
+            repeat_penalties=RepeatPenalties(sampling.presence_penalty, sampling.frequency_penalty),
+            token_bias=sampling.logit_bias,
+        )
+        for index in range(sampling.n)
+    ]
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:
@@ -128,7 +142,7 @@ async def _wait_for_disconnect(receive: Receive) -> None:
         pass
 
 
-async def _unless_disconnected(receive: Receive, admitted: Awaitable[Generation]) -> Generation:
+async def _unless_disconnected(receive: Receive, admitted: Awaitable[Choices]) -> Choices:
     """Admission (maybe a wait in the queue) unless the client goes away first.
 
     The body has been read, so the next message is the disconnect. A client
@@ -205,11 +219,14 @@ class Api:
         parsed = parse_chat_request(data) if kind == Kind.CHAT else parse_completion_request(data)
         record.fields.update(parsed.identifiers)
         prepared = self._prepare(parsed, kind, record)
-        if DegradationTier.CANNED_ANSWERS in self.runtime.degradation_tiers:
+        # A canned answer is one text with no scores: n > 1 and logprobs go to the model.
+        plain = prepared.choices == 1 and not prepared.logprobs
+        if plain and DegradationTier.CANNED_ANSWERS in self.runtime.degradation_tiers:
             answer = self.runtime.live.canned_answers.get(canned_key(parsed))
             if answer is not None:
                 return await self._canned_response(parsed, prepared, answer)
         self.runtime.check_available()
+        check_logit_bias(parsed.sampling.logit_bias, self.runtime.vocabulary_size())
         prompt_ids = await self._encode(parsed)
         prepared.input_length = len(prompt_ids)
         record.fields["input_length"] = len(prompt_ids)
@@ -227,16 +244,16 @@ class Api:
             self.config.context_window_tokens,
             prompt_param,
         )
-        generation = await _unless_disconnected(
+        choices = await _unless_disconnected(
             request.receive,
-            self.runtime.start_generation(
+            self.runtime.start_generations(
                 record.request_id,
                 prompt_ids,
-                decode_settings(parsed.sampling, max_new_tokens),
+                choice_settings(parsed.sampling, max_new_tokens),
                 record.arrival_monotonic + self.config.request_timeout_seconds,
             ),
         )
-        return GenerationResponse(self.runtime, prepared, generation)  # type: ignore[return-value]
+        return GenerationResponse(self.runtime, prepared, choices)  # type: ignore[return-value]
 
     def _prepare(
         self, parsed: ChatRequest | CompletionRequest, kind: Kind, record: RequestRecord
@@ -255,6 +272,12 @@ class Api:
                 f"{self.config.max_new_tokens} new tokens",
                 param=param,
             )
+        if parsed.sampling.n > self.config.max_concurrency:
+            raise InvalidRequest(
+                f"n is {parsed.sampling.n}, more than the {self.config.max_concurrency} "
+                "generations this server runs at once (each choice is one)",
+                param="n",
+            )
         # no-streaming still answers a stream as a stream (a client that asked for SSE
         # reads only SSE), with the whole text in one event once it is complete.
         incremental = DegradationTier.NO_STREAMING not in self.runtime.degradation_tiers
@@ -267,6 +290,8 @@ class Api:
             include_usage=parsed.include_usage,
             wants_json=parsed.wants_json,
             max_new_tokens=max_tokens,
+            choices=parsed.sampling.n,
+            logprobs=parsed.sampling.logprobs is not None,
         )
 
     async def _encode(self, parsed: ChatRequest | CompletionRequest) -> tuple[int, ...]:
@@ -312,28 +337,51 @@ class Api:
         return JSONResponse(body, headers=headers)
 
 
+@dataclass
+class ChoiceState:
+    """What one choice has produced so far."""
+
+    text_parts: list[str] = field(default_factory=list)
+    scores: list[ScoredToken] = field(default_factory=list)
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    started: bool = False  # a chunk of it was streamed (the first carries the role)
+    text_offset: int = 0  # characters of scored tokens streamed (completions' `text_offset`)
+
+
 class GenerationResponse:
-    """Relays one generation to the client, streaming (SSE) or as one JSON body; under the
-    no-streaming tier a stream request gets SSE too, the whole answer in one event once it
-    is complete (and an error before it, its status and JSON body, as unstreamed).
+    """Relays a request's generations (its `n` choices) to the client, streaming (SSE) or
+    as one JSON body; under the no-streaming tier a stream request gets SSE too, the whole
+    answer in one event per choice once all are complete (and an error before it, its
+    status and JSON body, as unstreamed). A failure of any choice ends the response and
+    cancels the others; a disconnect cancels all of them.
 
     It never settles the outcome itself: it stores what ended the request on
     the request's record, and the edge settles it once this call returns.
     """
 
-    def __init__(self, runtime: Runtime, prepared: Prepared, generation: Generation) -> None:
+    def __init__(self, runtime: Runtime, prepared: Prepared, choices: Choices) -> None:
         self.runtime = runtime
         self.prepared = prepared
         self.record = prepared.record
         self.reply = prepared.reply
-        self.generation = generation
-        self.completion_tokens = 0
-        self.finish_reason: str | None = None
-        self.text_parts: list[str] = []
+        self.generation = choices
+        self.states = [ChoiceState() for _ in choices.generations]
+        self.failed = False
         self.cuda_at_entry: dict[str, int | None] = {}
         self._last_piece_at: float | None = None
         self._ttft: float | None = None
         self._itl: list[float] = []
+
+    @property
+    def completion_tokens(self) -> int:
+        """All choices' tokens: what usage reports."""
+        return sum(state.completion_tokens for state in self.states)
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The log's `finish_reason`: "error" after a failure, else choice 0's."""
+        return "error" if self.failed else self.states[0].finish_reason
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         listener = asyncio.ensure_future(self._watch_disconnect(receive))
@@ -364,7 +412,7 @@ class GenerationResponse:
                 return
 
     def _headers(self, content_type: str) -> list[tuple[bytes, bytes]]:
-        variant = self.generation.job.variant.encode()
+        variant = self.generation.variant.encode()
         return [
             (b"content-type", content_type.encode()),
             (REQUEST_ID_HEADER.lower().encode(), self.reply.request_id.encode()),
@@ -372,17 +420,26 @@ class GenerationResponse:
             (VARIANT_HEADER.lower().encode(), variant),
         ]
 
-    def _on_piece(self, piece: Piece) -> None:
+    def _on_piece(self, index: int, piece: Piece) -> None:
         now = time.monotonic()
         if self._last_piece_at is None:
             self._ttft = now - self.prepared.arrival_monotonic  # recorded if it succeeds
         else:
             self._itl.append(now - self._last_piece_at)
         self._last_piece_at = now
-        self.completion_tokens = piece.completion_tokens
-        self.text_parts.append(piece.text)
+        state = self.states[index]
+        state.completion_tokens = piece.completion_tokens
+        state.text_parts.append(piece.text)
+        state.scores.extend(piece.scores)
 
-    async def _next_event(self) -> Piece | Finished | Failed:
+    def _logprobs(self, scores: Sequence[ScoredToken], text_offset: int) -> dict[str, Any] | None:
+        if not self.prepared.logprobs:
+            return None
+        if self.reply.kind == Kind.CHAT:
+            return chat_logprobs(scores)
+        return completion_logprobs(scores, text_offset)
+
+    async def _next_event(self) -> tuple[int, Piece | Finished | Failed]:
         try:
             async with asyncio.timeout_at(
                 self.prepared.arrival_monotonic + self.runtime.config.request_timeout_seconds
@@ -390,86 +447,116 @@ class GenerationResponse:
                 return await self.generation.events.get()
         except TimeoutError:
             self.generation.give_up()
-            return Failed(DeadlineExceeded("the request outlived its deadline"), 0)
+            return 0, Failed(DeadlineExceeded("the request outlived its deadline"), 0)
 
-    def _on_finished(self, event: Finished) -> None:
-        self.finish_reason = event.reason
-        self.completion_tokens = event.completion_tokens
-        self.cuda_at_entry = event.cuda_at_entry
+    def _on_finished(self, index: int, event: Finished) -> None:
+        state = self.states[index]
+        state.finish_reason = event.reason
+        state.completion_tokens = event.completion_tokens
+        self.cuda_at_entry = self.cuda_at_entry or event.cuda_at_entry
         if event.reason == "cancelled":
             self.record.fail(ClientDisconnected("the client went away during the generation"))
 
+    def _on_failed(self, event: Failed) -> None:
+        """One choice failed: the request fails, and the other choices stop."""
+        self.generation.cancel()
+        self.record.fail(event.error)
+        self.failed = True
+
+    def _finished_choices(self) -> list[Choice]:
+        return [
+            Choice(
+                index,
+                "".join(state.text_parts),
+                state.finish_reason or "stop",
+                self._logprobs(state.scores, 0),
+            )
+            for index, state in enumerate(self.states)
+        ]
+
     async def _complete(self, send: Send) -> None:
-        while True:
-            event = await self._next_event()
+        pending = len(self.states)
+        while pending:
+            index, event = await self._next_event()
             if isinstance(event, Piece):
-                self._on_piece(event)
+                self._on_piece(index, event)
                 continue
             if isinstance(event, Failed):
-                return await self._send_error(send, event.error)
-            self._on_finished(event)
+                return await self._send_error(send, event)
+            self._on_finished(index, event)
             if event.reason == "cancelled":
                 return
-            text = "".join(self.text_parts)
-            tokens = (self.prepared.input_length, self.completion_tokens)
-            if self.prepared.stream:  # the no-streaming tier: the whole answer in one event
-                usage_tokens = tokens if self.prepared.include_usage else None
-                payload = whole_answer_events(self.reply, text, event.reason, usage_tokens)
-                headers = self._headers(EVENT_STREAM)
-                headers += [(b"cache-control", b"no-cache")]
-            else:
-                payload = json_bytes(completion_body(self.reply, text, event.reason, *tokens))
-                headers = self._headers("application/json")
-            headers.append((b"content-length", str(len(payload)).encode()))
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            await send({"type": "http.response.body", "body": payload})
-            return
+            pending -= 1
+        choices = self._finished_choices()
+        tokens = (self.prepared.input_length, self.completion_tokens)
+        if self.prepared.stream:  # the no-streaming tier: each whole choice in one event
+            usage_tokens = tokens if self.prepared.include_usage else None
+            payload = whole_choices_events(self.reply, choices, usage_tokens)
+            headers = self._headers(EVENT_STREAM)
+            headers += [(b"cache-control", b"no-cache")]
+        else:
+            payload = json_bytes(choices_body(self.reply, choices, *tokens))
+            headers = self._headers("application/json")
+        headers.append((b"content-length", str(len(payload)).encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
 
-    async def _send_error(self, send: Send, error: ServerError) -> None:
+    async def _send_error(self, send: Send, event: Failed) -> None:
         """An error before anything was sent: the usual status and OpenAI body."""
-        self.record.fail(error)
-        self.finish_reason = "error"
+        self._on_failed(event)
+        error = event.error
         payload = json_bytes(error_body(error))
         headers = self._headers("application/json")
         headers += [(k.lower().encode(), v.encode()) for k, v in error_headers(error).items()]
         await send({"type": "http.response.start", "status": error.status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 
+    def _piece_chunk(self, index: int, piece: Piece) -> bytes:
+        state = self.states[index]
+        logprobs = self._logprobs(piece.scores, state.text_offset)
+        state.text_offset += sum(len(score.text) for score in piece.scores)
+        chunk = chunk_body(self.reply, piece.text, None, not state.started, index, logprobs)
+        state.started = True
+        return sse(chunk)
+
     async def _stream(self, send: Send) -> None:
         headers = self._headers(EVENT_STREAM)
         headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        first = True
-        while True:
-            event = await self._next_event()
+        pending = len(self.states)
+        while pending:
+            index, event = await self._next_event()
             if isinstance(event, Piece):
-                self._on_piece(event)
-                chunk = chunk_body(self.reply, event.text, None, first)
-                first = False
-                await send({"type": "http.response.body", "body": sse(chunk), "more_body": True})
+                self._on_piece(index, event)
+                body = self._piece_chunk(index, event)
+                await send({"type": "http.response.body", "body": body, "more_body": True})
                 continue
             if isinstance(event, Failed):
                 # Mid-stream: the status is sent; the error is the stream's last event.
-                self.record.fail(event.error)
-                self.finish_reason = "error"
+                self._on_failed(event)
                 body = sse(error_body(event.error))
                 await send({"type": "http.response.body", "body": body, "more_body": False})
                 return
-            self._on_finished(event)
+            self._on_finished(index, event)
             if event.reason == "cancelled":
                 return
-            final = sse(chunk_body(self.reply, None if not first else "", event.reason, first))
-            if self.prepared.include_usage:
-                final += sse(
-                    usage_chunk(self.reply, self.prepared.input_length, self.completion_tokens)
-                )
-            final += sse("[DONE]")
-            await send({"type": "http.response.body", "body": final, "more_body": False})
-            return
+            pending -= 1
+            state = self.states[index]
+            text = "" if not state.started else None
+            final = sse(chunk_body(self.reply, text, event.reason, not state.started, index))
+            state.started = True
+            more = pending > 0
+            if not more:
+                if self.prepared.include_usage:
+                    final += sse(
+                        usage_chunk(self.reply, self.prepared.input_length, self.completion_tokens)
+                    )
+                final += sse("[DONE]")
+            await send({"type": "http.response.body", "body": final, "more_body": more})
 
     def _account(self) -> None:
         """Hand the generation to the runtime's recorder (tokens, latency, quality) and
-        fill the log fields; the edge counts the outcome."""
+        fill the log fields; the edge counts the outcome. The quality check reads choice 0."""
         verdict = self.runtime.recorder.finished(
             GenerationOutcome(
                 prompt_tokens=self.prepared.input_length,
@@ -478,7 +565,7 @@ class GenerationResponse:
                 e2e_seconds=time.monotonic() - self.prepared.arrival_monotonic,
                 ttft_seconds=self._ttft,
                 itl_seconds=self._itl,
-                text_parts=self.text_parts,
+                text_parts=self.states[0].text_parts,
                 wants_json=self.prepared.wants_json,
             )
         )
@@ -486,15 +573,18 @@ class GenerationResponse:
             structlog.get_logger("fusebox_server.requests").info(
                 "quality_failure", request_id=self.reply.request_id, reasons=verdict.reasons
             )
+        variant = self.generation.variant
         self.record.fields.update(
             output_length=self.completion_tokens,
             finish_reason=self.finish_reason,
-            served_by=self.generation.job.variant,
-            variant=self.generation.job.variant,
+            served_by=variant,
+            variant=variant,
             gpu_device_id=self.runtime.gpu_device_id,
             cuda_allocated_bytes_at_entry=self.cuda_at_entry.get("allocated_bytes"),
             cuda_reserved_bytes_at_entry=self.cuda_at_entry.get("reserved_bytes"),
         )
+        if self.prepared.choices > 1:
+            self.record.fields["choices"] = self.prepared.choices
 
 
 def build_api_app(runtime: Runtime) -> ASGIApp:

@@ -40,10 +40,6 @@ def _one_of(*neutral: object) -> Callable[[object], bool]:
     return accepts
 
 
-def _zero(value: object) -> bool:
-    return value is None or (type(value) in (int, float) and value == 0)
-
-
 @dataclass(frozen=True)
 class Parameter:
     name: str
@@ -77,8 +73,37 @@ PARAMETERS: Final[tuple[Parameter, ...]] = (
     Parameter("top_p", H, "nucleus sampling; above 0, at most 1"),
     Parameter("seed", H, "the same seed and body give the same output; a signed 64-bit integer"),
     Parameter("stop", H, "up to 4 non-empty strings; the output ends before the first one"),
-    Parameter("n", H, "1 only; any other count: 400"),
+    Parameter(
+        "n",
+        H,
+        "1 to 128 choices, at most `--max-concurrency` (each holds a running slot); "
+        "with `seed`, choice i samples with `seed + i`",
+    ),
     Parameter("stream", H, "SSE chunks, then `data: [DONE]`"),
+    Parameter(
+        "presence_penalty",
+        H,
+        "-2 to 2, subtracted from the logit of every token already generated (not the prompt)",
+    ),
+    Parameter(
+        "frequency_penalty",
+        H,
+        "-2 to 2, times how often each token was generated, subtracted from its logit",
+    ),
+    Parameter(
+        "logit_bias",
+        H,
+        "token id to -100..100, added to its logit; an id outside the vocabulary: 400",
+    ),
+    Parameter(
+        "logprobs",
+        H,
+        "chat: `true` returns each token's log-probability; completions: 0 to 5 "
+        "alternatives per token; of the model's raw distribution",
+    ),
+    Parameter(
+        "top_logprobs", H, "0 to 20 alternatives per token; needs `logprobs: true`", CHAT_ONLY
+    ),
     Parameter(
         "stream_options",
         H,
@@ -106,20 +131,6 @@ PARAMETERS: Final[tuple[Parameter, ...]] = (
         CHAT_ONLY,
     ),
     # ----- refused unless off -----
-    Parameter(
-        "presence_penalty", R, "not implemented: 0 accepted, anything else 400", accepts=_zero
-    ),
-    Parameter(
-        "frequency_penalty", R, "not implemented: 0 accepted, anything else 400", accepts=_zero
-    ),
-    Parameter("logit_bias", R, "not implemented: `{}` accepted, any bias 400", accepts=_one_of({})),
-    Parameter(
-        "logprobs",
-        R,
-        "log-probabilities are not returned: `false` accepted (chat), anything else 400",
-        accepts=_one_of(False),
-    ),
-    Parameter("top_logprobs", R, "log-probabilities are not returned", CHAT_ONLY),
     Parameter("tools", R, "no tool calling: the model is not trained for it", CHAT_ONLY),
     Parameter("tool_choice", R, 'no tool calling: `"none"` accepted', CHAT_ONLY, _one_of("none")),
     Parameter("parallel_tool_calls", R, "no tool calling", CHAT_ONLY),

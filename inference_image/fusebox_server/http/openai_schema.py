@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from fusebox_server.errors import InvalidJson, InvalidRequest, SchemaError
@@ -46,6 +46,14 @@ class OpenAISampling:
     stop: tuple[str, ...]
     max_tokens_param: str = "max_tokens"
     """The field `max_tokens` came from, for an error that names it."""
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs; ids are checked against the vocabulary by `check_logit_bias`."""
+    logprobs: int | None = None
+    """How many alternatives to report per token (chat `top_logprobs`, completion
+    `logprobs`); None when no log-probabilities were asked for."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +157,67 @@ def _bool(body: dict[str, Any], name: str) -> bool:
     return value
 
 
+N_MAX: Final = 128
+"""OpenAI's own limit on `n`; the server's concurrency limit may be lower (a 400 then)."""
+CHAT_TOP_LOGPROBS_MAX: Final = 20
+COMPLETION_LOGPROBS_MAX: Final = 5
+LOGIT_BIAS_MAX: Final = 100.0
+LOGIT_BIAS_ENTRIES_MAX: Final = 1024
+"""Each entry is a scatter into every step's logits; OpenAI documents no count limit."""
+
+
+def _bounded_int(body: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise SchemaError(f"'{name}' must be an integer", param=name)
+    if not low <= value <= high:
+        raise InvalidRequest(f"'{name}' must be between {low} and {high}, got {value}", param=name)
+    return int(value)
+
+
+def _logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    """Token id strings to biases in -100..100; ids are non-negative decimal integers."""
+    value = body.get("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise SchemaError("'logit_bias' must be an object", param="logit_bias")
+    if len(value) > LOGIT_BIAS_ENTRIES_MAX:
+        raise InvalidRequest(
+            f"'logit_bias' takes at most {LOGIT_BIAS_ENTRIES_MAX} tokens", param="logit_bias"
+        )
+    pairs: list[tuple[int, float]] = []
+    for key, bias in value.items():
+        if not (key.isascii() and key.isdigit()):
+            raise InvalidRequest(
+                f"'logit_bias' keys must be token ids, got {key!r}", param="logit_bias"
+            )
+        number = _number({"logit_bias": bias}, "logit_bias", 0.0, -LOGIT_BIAS_MAX, LOGIT_BIAS_MAX)
+        pairs.append((int(key), number))
+    return tuple(pairs)
+
+
+def check_logit_bias(bias: tuple[tuple[int, float], ...], vocabulary_size: int) -> None:
+    """A 400 naming `logit_bias` for a token id the model does not have."""
+    outside = sorted(token for token, _ in bias if token >= vocabulary_size)
+    if outside:
+        raise InvalidRequest(
+            f"'logit_bias' names token ids outside the vocabulary of {vocabulary_size} "
+            f"tokens: {outside[:5]}",
+            param="logit_bias",
+        )
+
+
+def _chat_logprobs(body: dict[str, Any]) -> int | None:
+    wanted = _bool(body, "logprobs")
+    top = _bounded_int(body, "top_logprobs", 0, CHAT_TOP_LOGPROBS_MAX)
+    if top is not None and not wanted:
+        raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return (top or 0) if wanted else None
+
+
 # The longest stop sequence: every decoding step holds back and searches up to this many
 # characters per sequence, so an unbounded one (300,000 characters) slowed every row of the batch.
 STOP_MAX_CHARS: Final = 256
@@ -179,12 +248,7 @@ def _common(body: dict[str, Any]) -> tuple[str, bool, bool, OpenAISampling]:
         raise SchemaError("'model' is required", param="model")
     if not isinstance(model, str):
         raise SchemaError("'model' must be a string", param="model")
-    n = body.get("n")
-    if n is not None:
-        if not _is_int(n):
-            raise SchemaError("'n' must be an integer", param="n")
-        if n != 1:
-            raise InvalidRequest(f"only n=1 is supported, got {n}", param="n")
+    n = _bounded_int(body, "n", 1, N_MAX) or 1
     stream = _bool(body, "stream")
     include_usage = _stream_options(body, stream)
     max_tokens_param = "max_completion_tokens"
@@ -204,6 +268,10 @@ def _common(body: dict[str, Any]) -> tuple[str, bool, bool, OpenAISampling]:
         seed=seed,
         stop=_stop(body),
         max_tokens_param=max_tokens_param,
+        n=n,
+        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        logit_bias=_logit_bias(body),
     )
     if sampling.top_p == 0.0:
         raise InvalidRequest("'top_p' must be greater than 0", param="top_p")
@@ -292,6 +360,7 @@ def _content(value: object, index: int) -> str:
 def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     check_parameters(body, Kind.CHAT)
     model, stream, include_usage, sampling = _common(body)
+    sampling = replace(sampling, logprobs=_chat_logprobs(body))
     messages = body.get("messages")
     if messages is None:
         raise SchemaError("'messages' is required", param="messages")
@@ -328,6 +397,8 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
 def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
     check_parameters(body, Kind.COMPLETION)
     model, stream, include_usage, sampling = _common(body)
+    logprobs = _bounded_int(body, "logprobs", 0, COMPLETION_LOGPROBS_MAX)
+    sampling = replace(sampling, logprobs=logprobs)
     prompt = body.get("prompt")
     if prompt is None:
         raise SchemaError("'prompt' is required", param="prompt")

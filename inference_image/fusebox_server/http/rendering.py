@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from fusebox_server.errors import ServerError
 
@@ -44,35 +45,118 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+class TokenScores(Protocol):
+    """One generated token as the worker scores it (`worker.ScoredToken`)."""
+
+    @property
+    def text(self) -> str: ...
+    @property
+    def raw(self) -> bytes: ...
+    @property
+    def logprob(self) -> float: ...
+    @property
+    def alternatives(self) -> Sequence[TokenScores]: ...
+
+
+def _token_entry(score: TokenScores) -> dict[str, Any]:
+    return {"token": score.text, "logprob": score.logprob, "bytes": list(score.raw)}
+
+
+def chat_logprobs(scores: Sequence[TokenScores]) -> dict[str, Any]:
+    """Chat's `logprobs`: a `content` entry per token, its alternatives in `top_logprobs`.
+    A token that is part of a character has its bytes escaped as its `token` (`\\xe5`);
+    `bytes` of consecutive entries join into the text's UTF-8."""
+    content = [
+        {
+            **_token_entry(score),
+            "top_logprobs": [_token_entry(alternative) for alternative in score.alternatives],
+        }
+        for score in scores
+    ]
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(scores: Sequence[TokenScores], text_offset: int) -> dict[str, Any]:
+    """The legacy completions `logprobs`: parallel lists per token. Each `top_logprobs` map
+    holds the alternatives and the chosen token (so up to `logprobs` + 1 entries, as vLLM
+    sends); `text_offset` counts characters of the generated text from `text_offset`."""
+    offsets: list[int] = []
+    for score in scores:
+        offsets.append(text_offset)
+        text_offset += len(score.text)
+    tops = []
+    for score in scores:
+        top = {alternative.text: alternative.logprob for alternative in score.alternatives}
+        top.setdefault(score.text, score.logprob)
+        tops.append(top)
+    return {
+        "tokens": [score.text for score in scores],
+        "token_logprobs": [score.logprob for score in scores],
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One finished choice of a whole answer."""
+
+    index: int
+    text: str
+    finish_reason: str
+    logprobs: dict[str, Any] | None = None
+
+
 def completion_body(
     reply: Reply, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int
 ) -> dict[str, Any]:
-    """The whole answer: `chat.completion` or `text_completion`."""
-    if reply.kind == Kind.CHAT:
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": finish_reason,
-        }
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        obj = "text_completion"
+    """The whole answer of one choice: `chat.completion` or `text_completion`."""
+    return choices_body(reply, [Choice(0, text, finish_reason)], prompt_tokens, completion_tokens)
+
+
+def choices_body(
+    reply: Reply, choices: Sequence[Choice], prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
+    """The whole answer with every choice; `completion_tokens` counts all of them."""
+    rendered: list[dict[str, Any]] = []
+    for choice in choices:
+        if reply.kind == Kind.CHAT:
+            rendered.append(
+                {
+                    "index": choice.index,
+                    "message": {"role": "assistant", "content": choice.text},
+                    "logprobs": choice.logprobs,
+                    "finish_reason": choice.finish_reason,
+                }
+            )
+        else:
+            rendered.append(
+                {
+                    "index": choice.index,
+                    "text": choice.text,
+                    "logprobs": choice.logprobs,
+                    "finish_reason": choice.finish_reason,
+                }
+            )
     return {
         "id": reply.id,
-        "object": obj,
+        "object": "chat.completion" if reply.kind == Kind.CHAT else "text_completion",
         "created": reply.created,
         "model": reply.model,
-        "choices": [choice],
+        "choices": rendered,
         "usage": usage(prompt_tokens, completion_tokens),
     }
 
 
 def chunk_body(
-    reply: Reply, text: str | None, finish_reason: str | None, first: bool
+    reply: Reply,
+    text: str | None,
+    finish_reason: str | None,
+    first: bool,
+    index: int = 0,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One streamed piece; the first chat chunk carries the role."""
+    """One streamed piece of choice `index`; a choice's first chat chunk carries the role."""
     if reply.kind == Kind.CHAT:
         delta: dict[str, Any] = {}
         if first:
@@ -85,7 +169,12 @@ def chunk_body(
             "created": reply.created,
             "model": reply.model,
             "choices": [
-                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+                {
+                    "index": index,
+                    "delta": delta,
+                    "logprobs": logprobs,
+                    "finish_reason": finish_reason,
+                }
             ],
         }
     return {
@@ -94,7 +183,12 @@ def chunk_body(
         "created": reply.created,
         "model": reply.model,
         "choices": [
-            {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            {
+                "index": index,
+                "text": text or "",
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+            }
         ],
     }
 
@@ -113,8 +207,18 @@ def whole_answer_events(
     """A stream's events for an answer complete before the first event (the no-streaming
     tier, a canned answer): one chunk with all the text, the chunk with the finish reason,
     the usage chunk when `usage_tokens` (prompt, completion) are given, then `[DONE]`."""
-    events = sse(chunk_body(reply, text, None, True))
-    events += sse(chunk_body(reply, None, finish_reason, False))
+    return whole_choices_events(reply, [Choice(0, text, finish_reason)], usage_tokens)
+
+
+def whole_choices_events(
+    reply: Reply, choices: Sequence[Choice], usage_tokens: tuple[int, int] | None
+) -> bytes:
+    """`whole_answer_events` for several choices: each choice's text (and log-probabilities)
+    in one chunk, then its finish reason; then the usage chunk and `[DONE]`."""
+    events = b""
+    for choice in choices:
+        events += sse(chunk_body(reply, choice.text, None, True, choice.index, choice.logprobs))
+        events += sse(chunk_body(reply, None, choice.finish_reason, False, choice.index))
     if usage_tokens is not None:
         events += sse(usage_chunk(reply, *usage_tokens))
     return events + sse("[DONE]")

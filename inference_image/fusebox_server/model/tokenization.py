@@ -15,6 +15,7 @@ while it ends in an incomplete UTF-8 sequence.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -140,3 +141,49 @@ class IncrementalDecoder:
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
         return new_text[len(prefix_text) :]
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's spelling of bytes as characters, reversed: character -> byte.
+
+    Printable Latin-1 bytes stand for themselves; the other 68 bytes are
+    spelt, in order, by the characters from U+0100 on.
+    """
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    alphabet: dict[str, int] = {}
+    shifted = 0
+    for byte in range(256):
+        if byte in printable:
+            alphabet[chr(byte)] = byte
+        else:
+            alphabet[chr(0x100 + shifted)] = byte
+            shifted += 1
+    return alphabet
+
+
+BYTE_LEVEL_ALPHABET = _byte_level_alphabet()
+
+
+def token_text(tokenizer: Any, token_id: int) -> tuple[str, bytes]:
+    """One token as (text, its own bytes), for log-probabilities.
+
+    A token that is part of a character (byte-level BPE splits a Chinese
+    character over tokens; sentencepiece falls back to `<0xE5>` byte tokens)
+    does not decode alone: its bytes are read from its vocabulary spelling,
+    and its text is those bytes escaped (`\\xe5\\x8f`), as OpenAI shows them.
+    The bytes of consecutive tokens join into the generated text's UTF-8.
+    """
+    text: str = tokenizer.decode([token_id])
+    if REPLACEMENT_CHARACTER not in text:
+        return text, text.encode("utf-8")
+    spelling = tokenizer.convert_ids_to_tokens(token_id)
+    raw: bytes | None = None
+    if isinstance(spelling, str):
+        fallback = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", spelling)
+        if fallback is not None:
+            raw = bytes([int(fallback.group(1), 16)])
+        elif spelling and all(char in BYTE_LEVEL_ALPHABET for char in spelling):
+            raw = bytes(BYTE_LEVEL_ALPHABET[char] for char in spelling)
+    if raw is None:
+        return text, text.encode("utf-8")
+    return "".join(f"\\x{byte:02x}" for byte in raw), raw

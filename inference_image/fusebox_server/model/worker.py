@@ -43,7 +43,7 @@ from fusebox_server.model.faults import Faults
 from fusebox_server.model.memory import cuda_memory
 from fusebox_server.model.slot_batch import SlotBatch, new_batch
 from fusebox_server.model.token_choice import TokenScore
-from fusebox_server.model.tokenization import IncrementalDecoder
+from fusebox_server.model.tokenization import IncrementalDecoder, token_text
 
 IDLE_WAIT_SECONDS = 0.2
 CONTROL_ACTION_GRACE_SECONDS = 900.0
@@ -56,11 +56,13 @@ PREFILL_TOKEN_BUDGET = 2048
 
 @dataclass(frozen=True)
 class ScoredToken:
-    """A generated token as text, its log-probability and the most likely alternatives."""
+    """A generated token as text and bytes (`tokenization.token_text`), its log-probability
+    and the most likely tokens at its position (themselves without alternatives)."""
 
     text: str
+    raw: bytes
     logprob: float
-    alternatives: tuple[tuple[str, float], ...]
+    alternatives: tuple[ScoredToken, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,12 +129,13 @@ class ControlJob:
 
 
 def scored_token(tokenizer: Any, score: TokenScore) -> ScoredToken:
-    """The score with each token id as its text (one token decoded alone)."""
+    """The score with each token id as its text and bytes."""
     return ScoredToken(
-        text=tokenizer.decode([score.token_id]),
-        logprob=score.logprob,
-        alternatives=tuple(
-            (tokenizer.decode([token_id]), logprob) for token_id, logprob in score.alternatives
+        *token_text(tokenizer, score.token_id),
+        score.logprob,
+        tuple(
+            ScoredToken(*token_text(tokenizer, token_id), logprob)
+            for token_id, logprob in score.alternatives
         ),
     )
 

@@ -8,6 +8,7 @@ every row of `openai_parameters.PARAMETERS` covered here.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ from fusebox_server_harness import MODEL_NAME, ServerProcess
 
 from fusebox_server.http.openai_parameters import PARAMETERS, Treatment
 from fusebox_server.http.rendering import Kind
+from fusebox_server.model.tiny_model import ensure_model
+from fusebox_server.model.tokenization import load_tokenizer
 
 PROMPT = "Tell me about the river"
 MESSAGES: list[Any] = [{"role": "user", "content": PROMPT}]
@@ -155,10 +158,132 @@ def check_stop(client: openai.OpenAI, server: ServerProcess) -> None:
 
 
 def check_n(client: openai.OpenAI, server: ServerProcess) -> None:
-    assert len(chat(client, n=1).choices) == 1
+    hot = {"temperature": 1.5, "max_tokens": 12}
+    three = chat(client, n=3, seed=5, **hot)
+    assert [choice.index for choice in three.choices] == [0, 1, 2]
+    texts = [choice.message.content for choice in three.choices]
+    assert len(set(texts)) > 1, "three seeded choices came out the same"
+    assert [c.message.content for c in chat(client, n=3, seed=5, **hot).choices] == texts
+    # Choice i samples with seed + i: each is the n=1 answer of that seed.
+    alone = [chat(client, seed=5 + index, **hot) for index in range(3)]
+    assert [single.choices[0].message.content for single in alone] == texts
+    assert three.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    completions = complete(client, n=2, seed=9, **hot)
+    assert [c.text for c in completions.choices] == [
+        complete(client, seed=9 + index, **hot).choices[0].text for index in range(2)
+    ]
+    streamed: dict[int, str] = {}
+    finishes: dict[int, str | None] = {}
+    for chunk in chat(client, n=3, seed=5, stream=True, **hot):
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + (choice.delta.content or "")
+            finishes[choice.index] = choice.finish_reason or finishes.get(choice.index)
+    assert [streamed[index] for index in range(3)] == texts
+    assert all(finishes[index] in ("stop", "length") for index in range(3))
+    for too_many in (0, 9):  # the server runs 8 generations at once
+        with pytest.raises(openai.BadRequestError) as caught:
+            chat(client, n=too_many)
+        assert caught.value.param == "n"
+
+
+def check_presence_penalty(client: openai.OpenAI, server: ServerProcess) -> None:
+    plain = complete(client, max_tokens=32).choices[0].text
+    assert complete(client, max_tokens=32, presence_penalty=2).choices[0].text != plain
+    assert complete(client, max_tokens=32, presence_penalty=0).choices[0].text == plain
     with pytest.raises(openai.BadRequestError) as caught:
-        chat(client, n=2)
-    assert caught.value.param == "n"
+        chat(client, presence_penalty=2.5)
+    assert caught.value.param == "presence_penalty"
+
+
+def check_frequency_penalty(client: openai.OpenAI, server: ServerProcess) -> None:
+    plain = chat(client, max_tokens=32)
+    penalised = chat(client, max_tokens=32, frequency_penalty=2)
+    assert penalised.choices[0].message.content != plain.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as caught:
+        complete(client, frequency_penalty=-3)
+    assert caught.value.param == "frequency_penalty"
+
+
+def check_logit_bias(client: openai.OpenAI, server: ServerProcess) -> None:
+    forced = complete(client, max_tokens=4, logit_bias={"42": 100}, logprobs=0).choices[0]
+    assert forced.logprobs is not None and forced.logprobs.tokens is not None
+    token = forced.logprobs.tokens[0]
+    assert forced.logprobs.tokens == [token] * 4 and forced.text == token * 4
+    first = chat(client, max_tokens=1, logprobs=True).choices[0].logprobs.content[0].token
+    first_ids = load_tokenizer(ensure_model("tiny")).encode(first, add_special_tokens=False)
+    assert len(first_ids) == 1, first
+    banned = chat(client, max_tokens=1, logprobs=True, logit_bias={str(first_ids[0]): -100})
+    assert banned.choices[0].logprobs.content[0].token != first
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, logit_bias={"100000000": 1})
+    assert caught.value.param == "logit_bias"
+
+
+def legacy_token_bytes(token: str) -> bytes:
+    """A legacy `tokens` entry's bytes: a token that is part of a character is its escaped
+    bytes (`\\xe5\\x8f`)."""
+    if token.startswith("\\x") and len(token) % 4 == 0:
+        return bytes.fromhex(token.replace("\\x", ""))
+    return token.encode()
+
+
+def check_logprobs(client: openai.OpenAI, server: ServerProcess) -> None:
+    answer = chat(client, max_tokens=12, logprobs=True)
+    choice = answer.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    content = choice.logprobs.content
+    assert len(content) == answer.usage.completion_tokens
+    # Tokens that are part of a character show as escapes; their bytes join into the text.
+    text = b"".join(bytes(entry.bytes or []) for entry in content).decode(errors="replace")
+    assert text == choice.message.content
+    assert all(entry.logprob <= 0 and entry.top_logprobs == [] for entry in content)
+    streamed = [
+        entry
+        for chunk in chat(client, max_tokens=12, logprobs=True, stream=True)
+        for c in chunk.choices
+        if c.logprobs is not None
+        for entry in c.logprobs.content or []
+    ]
+    assert [(e.token, round(e.logprob, 3)) for e in streamed] == [
+        (e.token, round(e.logprob, 3)) for e in content
+    ]
+    legacy = complete(client, max_tokens=12, logprobs=2)
+    lp = legacy.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and lp.top_logprobs is not None
+    assert len(lp.tokens) == legacy.usage.completion_tokens == len(lp.token_logprobs or [])
+    text = b"".join(map(legacy_token_bytes, lp.tokens)).decode(errors="replace")
+    assert text == legacy.choices[0].text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    rows = zip(lp.tokens, lp.token_logprobs or [], lp.top_logprobs, strict=True)
+    for token, logprob, top in rows:
+        assert top[token] == logprob == max(top.values())  # greedy: the chosen is the likeliest
+        assert 1 <= len(top) <= 3
+    chunks = list(complete(client, max_tokens=12, logprobs=2, stream=True))
+    streamed_tokens = [
+        token
+        for chunk in chunks
+        if chunk.choices[0].logprobs is not None
+        for token in chunk.choices[0].logprobs.tokens or []
+    ]
+    assert streamed_tokens == lp.tokens
+    with pytest.raises(openai.BadRequestError) as caught:
+        complete(client, logprobs=6)
+    assert caught.value.param == "logprobs"
+
+
+def check_top_logprobs(client: openai.OpenAI, server: ServerProcess) -> None:
+    hot = chat(client, max_tokens=12, logprobs=True, top_logprobs=5, temperature=1.5, seed=2)
+    for entry in hot.choices[0].logprobs.content:
+        alternatives = [alt.logprob for alt in entry.top_logprobs]
+        assert len(alternatives) == 5 and alternatives == sorted(alternatives, reverse=True)
+        assert entry.logprob <= alternatives[0]
+        assert sum(math.exp(lp) for lp in alternatives) <= 1.0 + 1e-4
+        if entry.token in [alt.token for alt in entry.top_logprobs]:
+            listed = {alt.token: alt.logprob for alt in entry.top_logprobs}
+            assert math.isclose(listed[entry.token], entry.logprob, abs_tol=1e-4)
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, top_logprobs=2)
+    assert caught.value.param == "top_logprobs"
 
 
 def check_stream(client: openai.OpenAI, server: ServerProcess) -> None:
@@ -219,6 +344,11 @@ HONOURED: dict[str, Callable[[openai.OpenAI, ServerProcess], None]] = {
     "seed": check_seed,
     "stop": check_stop,
     "n": check_n,
+    "presence_penalty": check_presence_penalty,
+    "frequency_penalty": check_frequency_penalty,
+    "logit_bias": check_logit_bias,
+    "logprobs": check_logprobs,
+    "top_logprobs": check_top_logprobs,
     "stream": check_stream,
     "stream_options": check_stream_options,
     "response_format": check_response_format,
@@ -238,11 +368,6 @@ def test_an_honoured_parameter_has_its_effect(
 # ----- refused rows: a 400 naming them, and their off value passes -----
 REFUSING: dict[str, tuple[object, object]] = {
     # name: (a value that asks for the feature, the value that means "off")
-    "presence_penalty": (0.5, 0),
-    "frequency_penalty": (-1, 0.0),
-    "logit_bias": ({"50": -100}, {}),
-    "logprobs": (True, False),
-    "top_logprobs": (2, None),
     "tools": ([{"type": "function", "function": {"name": "f"}}], None),
     "tool_choice": ("auto", "none"),
     "parallel_tool_calls": (False, None),
@@ -264,7 +389,7 @@ REFUSING: dict[str, tuple[object, object]] = {
     "best_of": (2, 1),
     "suffix": ("tail", ""),
 }
-COMPLETION_REFUSING: dict[str, object] = {"logprobs": 1}
+COMPLETION_REFUSING: dict[str, object] = {}
 
 
 def refused_rows() -> list[Any]:
@@ -304,8 +429,8 @@ def test_extra_body_keys_meet_their_rows_and_unknown_ones_are_refused(
         complete(client, extra_body={"guided_json": {}})
     assert caught.value.param == "guided_json"
     with pytest.raises(openai.BadRequestError) as caught:
-        chat(client, extra_body={"logprobs": True})
-    assert caught.value.param == "logprobs"
+        chat(client, extra_body={"store": True})
+    assert caught.value.param == "store"
     assert chat(client, extra_body={"seed": 3}).choices
 
 
