@@ -28,6 +28,8 @@ import yaml
 
 from fusebox_contract.admin import AdminPath
 from fusebox_contract.settings import RESERVED_ENV_NAMES
+from fusebox_server.http.openai_parameters import PARAMETERS, Treatment
+from fusebox_server.http.rendering import Kind
 
 REPO = Path(__file__).resolve().parents[1]
 CRD = REPO / "crds" / "inferenceservice.yaml"
@@ -326,7 +328,36 @@ def render_api_docs(crd: Schema) -> str:
     ]
     out += ["", "## status", "", cell(status.get("description", ""))]
     out += ["", *field_table(status, "status"), ""]
+    out += parameter_section()
     return "\n".join(out)
+
+
+TREATMENT_WORDS = {
+    Treatment.HONOURED: "honoured",
+    Treatment.REFUSED: "refused (400)",
+    Treatment.CLIENT_SIDE: "client-side",
+}
+
+
+def parameter_section() -> list[str]:
+    """What the server does with each parameter of the official `openai` client, from the
+    server's own table (`fusebox_server.http.openai_parameters.PARAMETERS`)."""
+    lines = [
+        "## The server's OpenAI parameters",
+        "",
+        "What the inference server does with each parameter of `chat.completions.create` and"
+        " `completions.create` (generated from `fusebox_server.http.openai_parameters`;"
+        " docs/server.md explains the treatments). A refused parameter gets a 400 whose"
+        ' `error.param` names it, unless it carries its "off" value.',
+        "",
+        "| parameter | routes | treatment | how / why |",
+        "|---|---|---|---|",
+    ]
+    for row in PARAMETERS:
+        routes = ", ".join(kind.value for kind in Kind if kind in row.routes)
+        words = TREATMENT_WORDS[row.treatment]
+        lines.append(f"| `{row.name}` | {routes} | {words} | {cell(row.how)} |")
+    return [*lines, ""]
 
 
 def main(argv: list[str] | None = None) -> int:
