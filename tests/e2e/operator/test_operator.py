@@ -40,6 +40,14 @@ GIB = 1024**3
 LADDER_EVENTS = ("GarbageCollected", "CacheEmptied", "ModelUnloaded", "ModelReloaded")
 
 
+E2E_POD: dict[str, Any] = {
+    "labels": {"team": "e2e"},
+    "annotations": {"example.com/owner": "e2e"},
+    "tolerations": [{"key": "example.com/e2e", "operator": "Exists", "effect": "NoSchedule"}],
+}
+"""spec.pod for the first test: fields that change nothing about where the pod can run."""
+
+
 def printer_columns(service: Service) -> dict[str, str]:
     out = service.kubectl("get", "fis", service.name).stdout.splitlines()
     header, row = out[0].split(), out[1].split()
@@ -118,7 +126,8 @@ def admin_state(service: Service, pod: dict[str, Any]) -> ServerState:
 def test_apply_creates_owned_children_ready_pods_and_a_serving_endpoint(
     inference_service: ServiceFactory,
 ) -> None:
-    spec = base_spec(gpu={"count": 1}, memory={"limit": "auto"})
+    # spec.pod's labels, annotations and a toleration ride along (checked on the pod below).
+    spec = base_spec(gpu={"count": 1}, memory={"limit": "auto"}, pod=E2E_POD)
     service = inference_service("tiny-chat", spec)
     uid = service.get()["metadata"]["uid"]
     for kind, name in [
@@ -161,6 +170,14 @@ def test_apply_creates_owned_children_ready_pods_and_a_serving_endpoint(
     pod = service.ready_pods()[0]
     assert pod["status"]["qosClass"] == "Guaranteed"
     assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    # spec.pod reached the pod beside Fusebox's own labels, annotations and GPU toleration.
+    assert pod["metadata"]["labels"]["team"] == "e2e"
+    assert pod["metadata"]["labels"]["fusebox.dev/service"] == "tiny-chat"
+    assert pod["metadata"]["annotations"]["example.com/owner"] == "e2e"
+    assert E2E_POD["tolerations"][0] in pod["spec"]["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"][
+        "tolerations"
+    ]
     # VARIANT primary is what the pod serves, not only what the status says.
     assert served_variants(service) == [Variant.PRIMARY] * 3
 
