@@ -365,7 +365,7 @@ class GenerationResponse:
         self.prepared = prepared
         self.record = prepared.record
         self.reply = prepared.reply
-        self.generation = choices
+        self.generations = choices
         self.states = [ChoiceState() for _ in choices.generations]
         self.failed = False
         self.cuda_at_entry: dict[str, int | None] = {}
@@ -397,22 +397,22 @@ class GenerationResponse:
             raise
         finally:
             listener.cancel()
-            self.generation.cancel()
+            self.generations.cancel()
             self._account()
 
     def _client_gone(self) -> None:
-        self.generation.cancel()
+        self.generations.cancel()
         self.record.fail(ClientDisconnected("the client went away during the generation"))
 
     async def _watch_disconnect(self, receive: Receive) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                self.generation.cancel()
+                self.generations.cancel()
                 return
 
     def _headers(self, content_type: str) -> list[tuple[bytes, bytes]]:
-        variant = self.generation.variant.encode()
+        variant = self.generations.variant.encode()
         return [
             (b"content-type", content_type.encode()),
             (REQUEST_ID_HEADER.lower().encode(), self.reply.request_id.encode()),
@@ -444,9 +444,9 @@ class GenerationResponse:
             async with asyncio.timeout_at(
                 self.prepared.arrival_monotonic + self.runtime.config.request_timeout_seconds
             ):
-                return await self.generation.events.get()
+                return await self.generations.events.get()
         except TimeoutError:
-            self.generation.give_up()
+            self.generations.give_up()
             return 0, Failed(DeadlineExceeded("the request outlived its deadline"), 0)
 
     def _on_finished(self, index: int, event: Finished) -> None:
@@ -459,7 +459,7 @@ class GenerationResponse:
 
     def _on_failed(self, event: Failed) -> None:
         """One choice failed: the request fails, and the other choices stop."""
-        self.generation.cancel()
+        self.generations.cancel()
         self.record.fail(event.error)
         self.failed = True
 
@@ -573,7 +573,7 @@ class GenerationResponse:
             structlog.get_logger("fusebox_server.requests").info(
                 "quality_failure", request_id=self.reply.request_id, reasons=verdict.reasons
             )
-        variant = self.generation.variant
+        variant = self.generations.variant
         self.record.fields.update(
             output_length=self.completion_tokens,
             finish_reason=self.finish_reason,

@@ -28,6 +28,7 @@ from fusebox_server.http.rendering import (
     choices_body,
     chunk_body,
     completion_logprobs,
+    whole_choices_events,
 )
 from fusebox_server.model.decode_settings import (
     SEED_HIGHEST,
@@ -266,3 +267,18 @@ def test_a_large_waiter_that_gives_up_lets_the_one_behind_it_in() -> None:
         assert small.done() and admission.running == 2
 
     asyncio.run(scenario())
+
+
+def test_the_whole_answer_stream_carries_every_choice_and_its_logprobs() -> None:
+    choices = [Choice(i, f"text {i}", "length", chat_logprobs(SCORES)) for i in range(2)]
+    events = whole_choices_events(REPLY_CHAT, choices, (3, 8)).decode().split("\n\n")
+    payloads = [event.removeprefix("data: ") for event in events if event]
+    assert payloads[-1] == "[DONE]"
+    chunks = [ChatCompletionChunk.model_validate_json(payload) for payload in payloads[:-1]]
+    texts = [(c.choices[0].index, c.choices[0].delta.content) for c in chunks if c.choices]
+    assert [text for text in texts if text[1]] == [(0, "text 0"), (1, "text 1")]
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes == [None, "length", None, "length"]
+    scored = [c for c in chunks if c.choices and c.choices[0].logprobs is not None]
+    assert [c.choices[0].index for c in scored] == [0, 1]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
