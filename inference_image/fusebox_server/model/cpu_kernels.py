@@ -248,13 +248,30 @@ def single_query_attention(
     return output.reshape(batch, 1, heads, dim), None
 
 
+def single_query_refusal(config: Any) -> str | None:
+    """Why `single_query_attention` must not serve this model's attention, or None.
+
+    It computes plain scaled dot-product attention under the model's mask
+    (which carries a sliding window, so Mistral's and Gemma 2's windows are
+    kept). It does not soft-cap scores (Gemma 2's `attn_logit_softcapping`),
+    so such a model keeps its own attention, as does one that asked for a
+    kernel other than SDPA (Gemma 2 asks for eager).
+    """
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        return "attention logits are soft-capped"
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation != "sdpa":
+        return f"the model uses {implementation} attention"
+    return None
+
+
 def use_single_query_attention(model: Any) -> bool:
-    """Route the model's attention through `single_query_attention`; False if it uses another."""
+    """Route the model's attention through `single_query_attention`; False where it declines."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    if getattr(model.config, "_attn_implementation", None) != "sdpa":
-        return False  # a model that asked for another kernel keeps it
+    if single_query_refusal(model.config) is not None:
+        return False  # the model keeps its own attention
     AttentionInterface.register(ATTENTION, single_query_attention)
     AttentionMaskInterface.register(ATTENTION, sdpa_mask)
     model.set_attn_implementation(ATTENTION)
@@ -269,11 +286,14 @@ def pack_for_cpu(model: Any, device: torch.device) -> dict[str, Any]:
             "fused_projection_groups": 0,
             "packed_linear_layers": 0,
             "single_query_attention": False,
+            "single_query_attention_declined": f"not on the CPU with oneDNN ({device.type})",
         }
+    declined = single_query_refusal(model.config)  # before the switch changes the answer
     return {
         "fused_projection_groups": fuse_sibling_projections(model),
         "packed_linear_layers": pack_linear_layers(model),
         "single_query_attention": use_single_query_attention(model),
+        "single_query_attention_declined": declined,
         # The bounds torch loaded with (kernel_caches.py); None: oneDNN's default, 1,024.
         "kernel_cache_entries": {name: os.environ.get(name) for name in KERNEL_CACHE_ENVS},
     }

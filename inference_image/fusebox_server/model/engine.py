@@ -256,6 +256,22 @@ def choose_tokens(
     return tokens
 
 
+def full_cache() -> Any:
+    """A cache that keeps every layer's keys and values for every position.
+
+    Why not `DynamicCache(config=...)`: for a model with sliding-window layers
+    (Mistral, Gemma 2) that one keeps only the last window of a sliding
+    layer, so a prefilled row's layers differ in length and no longer line up
+    with its positions; a batch that takes the row over (`DecodeBatch.add`,
+    `SlotBatch.add`) copied misaligned keys, or failed on the shapes. Kept
+    whole, the window is applied by the attention mask instead, as the
+    batches do, at the cost of a sliding layer's memory past its window.
+    """
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
 class Decoding:
     """One request's generation state: its sampler, and its KV cache until it joins a batch.
 
@@ -267,12 +283,10 @@ class Decoding:
     def __init__(
         self, loaded: LoadedModel, prompt_ids: tuple[int, ...], settings: DecodeSettings
     ) -> None:
-        from transformers import DynamicCache
-
         self.loaded = loaded
         self.settings = settings
         self._pending = torch.tensor([list(prompt_ids)], dtype=torch.long, device=loaded.device)
-        self.cache: Any = DynamicCache(config=loaded.model.config)
+        self.cache: Any = full_cache()
         # A row prefilled in a group shares the group's cache: its row there, and its left
         # padding columns (the group's prompts are left-padded to the longest).
         self.cache_row = 0
@@ -328,8 +342,6 @@ def prefill(loaded: LoadedModel, rows: Sequence[Decoding]) -> list[int | Excepti
     """
     if len(rows) == 1:
         return [rows[0].step()]
-    from transformers import DynamicCache
-
     device = loaded.device
     prompts = [row.pending_prompt() for row in rows]
     width = max(len(prompt) for prompt in prompts)
@@ -341,7 +353,7 @@ def prefill(loaded: LoadedModel, rows: Sequence[Decoding]) -> list[int | Excepti
         ids[index, start:] = prompt
         mask[index, start:] = 1
         positions[index, start:] = torch.arange(len(prompt), device=device)
-    joint: Any = DynamicCache(config=loaded.model.config)
+    joint: Any = full_cache()
     with torch.inference_mode():
         output = loaded.model(
             input_ids=ids,

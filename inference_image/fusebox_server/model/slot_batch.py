@@ -262,11 +262,10 @@ class SlotBatch:
     def _forward(self, rows: int, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The step itself, as captured: logits and greedy tokens of the first `rows` slots."""
         ids, positions = self._inputs[0, :rows], self._inputs[1, :rows]
-        attended = torch.arange(columns, device=positions.device) <= positions
         output = self.loaded.model(
             input_ids=ids,
             position_ids=positions,
-            attention_mask=attended.view(rows, 1, 1, columns),
+            attention_mask=step_masks(self.loaded.model.config, positions, columns),
             cache=SlotCache(self._keys, self._values, positions, columns),
             use_cache=True,
             **self.loaded.prompt_arguments,
@@ -323,6 +322,38 @@ class SlotBatch:
         self._graphs_on = False
         self._graphs, self._pool = {}, None
         log.warning("cuda_graphs_off", rows=rows, columns=columns, reason=reason)
+
+
+def step_masks(config: Any, positions: torch.Tensor, columns: int) -> Any:
+    """The attention mask of a step whose row r is at `positions[r]`: what the model takes.
+
+    A row attends to its columns up to its position and, in a sliding-window
+    layer, only to the last `sliding_window` of them (the position included).
+    A 4-D mask is used as given for every layer, so a model whose layers
+    differ (`layer_types`: Gemma 2, Qwen 2/3 and their MoE) gets one mask per
+    layer type, which those models accept; a model of sliding layers only
+    (Mistral, Phi-3, Mixtral) gets the sliding mask. Eager attention adds the
+    mask to the scores, so it gets 0 / the dtype's minimum instead of booleans.
+    Computed from `positions`, so a captured graph recomputes it each replay.
+    """
+    rows = positions.shape[0]
+    column = torch.arange(columns, device=positions.device)
+    full = (column <= positions).view(rows, 1, 1, columns)
+    masks = {"full_attention": full}
+    window = getattr(config, "sliding_window", None)
+    if window is not None:
+        masks["sliding_attention"] = full & (column > positions - window).view(rows, 1, 1, columns)
+    if getattr(config, "_attn_implementation", None) == "eager":
+        dtype = config.dtype if isinstance(config.dtype, torch.dtype) else torch.float32
+        masks = {
+            kind: torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+                ~mask, torch.finfo(dtype).min
+            )
+            for kind, mask in masks.items()
+        }
+    if getattr(config, "layer_types", None) is not None:
+        return masks
+    return masks.get("sliding_attention", masks["full_attention"])
 
 
 def _left_shift(paddings: Sequence[int], length: int, device: torch.device) -> torch.Tensor:
