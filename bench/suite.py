@@ -85,6 +85,7 @@ def _cluster(environ: Mapping[str, str]) -> str | None:
 SUITE: tuple[Benchmark, ...] = (
     Benchmark("server", "server_bench.py", missing=_transformers_cli),
     Benchmark("kernels", "kernels_bench.py"),
+    Benchmark("sampling", "sampling_bench.py"),
     Benchmark("sidecar", "sidecar_bench.py"),
     Benchmark("gpu", "gpu_bench.py", missing=_gpu),
     Benchmark(
