@@ -17,10 +17,10 @@ guards the sum. The operator renders the CRD's defaults into the pod, so
 limit set to anything else is a promise that every request within it is
 served, so the two such limits must fit the window together.
 
-The sliding window bounds the context too where the model slides: the
-server's batch caches keep every position and attend to all of them, which
-a sliding-window model never saw in training (vLLM caps its context there
-as well when its attention cannot slide).
+A sliding window (Mistral, Gemma 2) does not bound the context: it bounds
+how far back a layer attends, and both batches apply it in their attention
+masks (the zoo's per-family tests hold them to transformers past the
+window, docs/decisions/model-zoo.md), so the window is the positions'.
 
 The reading (`read_context_window`) is the only I/O here; the rest is pure.
 """
@@ -73,11 +73,6 @@ def window_of(model_config: Mapping[str, Any], config_path: str) -> ContextWindo
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             found = ContextWindow(value, f"{key} in {config_path}")
             break
-    sliding = model_config.get("sliding_window")
-    slides = model_config.get("use_sliding_window", True) is not False
-    if isinstance(sliding, int) and not isinstance(sliding, bool) and sliding > 0 and slides:
-        if found is None or sliding < found.tokens:
-            found = ContextWindow(sliding, f"sliding_window in {config_path}")
     return found
 
 

@@ -4,7 +4,8 @@ Why: a configuration the server would refuse must be found by whoever
 writes it (`helm template`-style), not by a pod in CrashLoopBackOff. This
 checks everything the server checks at start except what needs the model
 in memory or the ports: the flags and env, the JSON files, the model
-directories (present, with a config.json), the token limits against the
+directories (present, with a config.json naming an architecture transformers
+knows, and no code of their own: `model_refusal`), the token limits against the
 models' context window, the admin token file, the device `--device`
 resolves to, and whether that device can serve the fallback's quantization.
 It imports torch (to see the device) but loads no weights.
@@ -12,9 +13,11 @@ It imports torch (to see the device) but loads no weights.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import torch
 
@@ -35,11 +38,58 @@ DEFAULT_TOKEN_LIMITS: Final = TokenLimits(
 )
 
 
-def _model_dir(path: Path, flag: str) -> None:
+def model_refusal(model_config: Mapping[str, Any]) -> str | None:
+    """Why the server will not load the model of this config.json, or None.
+
+    A config with `auto_map` ships its own modelling code, which runs only
+    with `trust_remote_code`: Fusebox never sets it (only code in the image
+    runs), so such a model is refused by name rather than failing in the
+    loader. An architecture transformers does not know as a causal language
+    model is refused the same way, with the transformers version that
+    does not know it.
+    """
+    from transformers import __version__ as transformers_version
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    auto_map = model_config.get("auto_map")
+    if auto_map:
+        names = ", ".join(sorted(auto_map)) if isinstance(auto_map, Mapping) else str(auto_map)
+        return (
+            f"config.json has auto_map ({names}): the model needs its own code "
+            "(trust_remote_code), which Fusebox never runs"
+        )
+    known = {name for name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() if isinstance(name, str)}
+    architectures = model_config.get("architectures") or []
+    unknown = [str(name) for name in architectures if name not in known]
+    if unknown or not architectures:
+        model_type = model_config.get("model_type")
+        if not architectures and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            return None
+        named = ", ".join(unknown) if unknown else f"none (model_type {model_type!r})"
+        return (
+            f"architecture {named} is not a causal language model that transformers "
+            f"{transformers_version} knows"
+        )
+    return None
+
+
+def _model_dir(path: Path, flag: str) -> Mapping[str, Any]:
+    """The directory's config.json, once it is a model the server will load."""
     if not path.is_dir():
         raise ConfigError(f"{flag} {path}: not a directory")
-    if not (path / "config.json").is_file():
+    config_path = path / "config.json"
+    if not config_path.is_file():
         raise ConfigError(f"{flag} {path}: no config.json (not a transformers model directory)")
+    try:
+        model_config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{flag} {config_path}: {error}") from error
+    if not isinstance(model_config, Mapping):
+        raise ConfigError(f"{flag} {config_path}: expected a JSON object")
+    reason = model_refusal(model_config)
+    if reason is not None:
+        raise ConfigError(f"{flag} {path}: {reason}")
+    return model_config
 
 
 def check_model_dirs(config: ServerConfig) -> None:
@@ -90,6 +140,7 @@ def resolve_device(requested: str) -> torch.device:
 def check_config(config: ServerConfig) -> str:
     """The one-line summary of a valid configuration; raises ConfigError with the reason."""
     check_model_dirs(config)
+    architectures = _model_dir(config.model_dir, "--model-dir").get("architectures") or []
     config = fit_to_context_window(config)
     if config.admin_token_file is not None:
         try:
@@ -109,7 +160,8 @@ def check_config(config: ServerConfig) -> str:
     else:
         fallback = "none"
     return (
-        f"model {config.model_name} from {config.model_dir}"
+        f"model {config.model_name} ({', '.join(map(str, architectures)) or 'unnamed'}) "
+        f"from {config.model_dir}"
         f"{' @ ' + config.model_revision if config.model_revision else ''}, "
         f"dtype {config.dtype.value}, device {device}, fallback {fallback}, "
         f"max body {config.max_body_bytes} bytes, "

@@ -36,14 +36,10 @@ def test_the_window_is_max_position_embeddings_or_its_older_names() -> None:
     assert window_of({"hidden_size": 8}, "c.json") is None
 
 
-def test_a_sliding_window_narrower_than_the_positions_bounds_generation() -> None:
+def test_a_sliding_window_does_not_bound_the_context() -> None:
+    # The batches slide (tests/unit/zoo/test_family_decoding.py): the positions are the window.
     mistral = {"max_position_embeddings": 32768, "sliding_window": 4096}
-    assert window_of(mistral, "c.json") == ContextWindow(4096, "sliding_window in c.json")
-    switched_off = {**mistral, "use_sliding_window": False}  # Qwen2's way of not sliding
-    assert window_of(switched_off, "c.json") == ContextWindow(
-        32768, "max_position_embeddings in c.json"
-    )
-    assert window_of({"max_position_embeddings": 2048, "sliding_window": None}, "c").tokens == 2048
+    assert window_of(mistral, "c.json") == ContextWindow(32768, "max_position_embeddings in c.json")
 
 
 def test_the_defaults_shrink_into_a_small_window_each_leaving_room_for_the_other() -> None:

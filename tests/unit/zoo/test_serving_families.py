@@ -1,0 +1,65 @@
+"""The server takes every zoo family's release, and refuses models it must not run, by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fusebox_server.config import ConfigError, ServerConfig
+from fusebox_server.control.preflight import check_config, check_model_dirs
+from fusebox_server.http.server import main
+from fusebox_server.zoo.families import FAMILIES
+from fusebox_server.zoo.release import ensure_zoo_model
+
+
+def _with_config(directory: Path, into: Path, **changes: object) -> Path:
+    """The release with config.json changed; the other files linked."""
+    into.mkdir()
+    for path in directory.iterdir():
+        if path.name != "config.json":
+            (into / path.name).symlink_to(path)
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    config.update(changes)
+    (into / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return into
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_check_config_takes_every_familys_release_and_names_its_architecture(name: str) -> None:
+    directory = ensure_zoo_model(name)
+    summary = check_config(ServerConfig(model_dir=directory, device="cpu"))
+    architecture = json.loads((directory / "config.json").read_text())["architectures"][0]
+    assert f"({architecture}) from {directory}" in summary
+    window = FAMILIES[name].config["max_position_embeddings"]
+    assert f"context window {window} tokens" in summary
+
+
+def test_a_model_with_its_own_code_is_refused_naming_auto_map(tmp_path: Path) -> None:
+    remote = _with_config(
+        ensure_zoo_model("llama3"),
+        tmp_path / "remote",
+        auto_map={"AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"},
+    )
+    with pytest.raises(ConfigError, match=r"auto_map \(AutoModelForCausalLM\).*trust_remote_code"):
+        check_model_dirs(ServerConfig(model_dir=remote))
+
+
+def test_an_unknown_architecture_is_refused_by_name(tmp_path: Path) -> None:
+    unknown = _with_config(
+        ensure_zoo_model("mistral"), tmp_path / "unknown", architectures=["FooForCausalLM"]
+    )
+    with pytest.raises(ConfigError, match="architecture FooForCausalLM is not a causal language"):
+        check_model_dirs(ServerConfig(model_dir=ensure_zoo_model("qwen3"), fallback_dir=unknown))
+
+
+def test_the_server_exits_2_naming_a_refused_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unknown = _with_config(
+        ensure_zoo_model("qwen3"), tmp_path / "unknown", architectures=["FooForCausalLM"]
+    )
+    assert main(["--model-dir", str(unknown), "--device", "cpu"]) == 2
+    error = capsys.readouterr().err
+    assert f"--model-dir {unknown}: architecture FooForCausalLM" in error
