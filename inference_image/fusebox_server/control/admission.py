@@ -33,7 +33,11 @@ class Admission:
 
     async def acquire(self, timeout_seconds: float, count: int = 1) -> None:
         """Take `count` running slots at once, waiting at most timeout_seconds; 429 when
-        the queue cannot hold `count` more rows. `count` must not exceed `max_running`."""
+        the queue cannot hold `count` more rows."""
+        if count > self.max_running:
+            # It could never run, and at the head of the queue it would hold up everyone
+            # behind it until its deadline; the API refuses such an `n` with a 400 first.
+            raise ValueError(f"{count} slots asked of an admission of {self.max_running}")
         if self.running + count <= self.max_running and not self._waiters:
             self.running += count
             return

@@ -252,6 +252,16 @@ def test_a_request_for_n_choices_takes_n_slots_and_waits_in_order() -> None:
     asyncio.run(scenario())
 
 
+def test_more_slots_than_exist_are_refused_rather_than_queued_forever() -> None:
+    async def scenario() -> None:
+        admission = Admission(max_running=2, max_waiting=8)
+        with pytest.raises(ValueError, match="3 slots"):
+            await admission.acquire(5, count=3)
+        assert (admission.running, admission.waiting) == (0, 0)
+
+    asyncio.run(scenario())
+
+
 def test_a_large_waiter_that_gives_up_lets_the_one_behind_it_in() -> None:
     async def scenario() -> None:
         admission = Admission(max_running=2, max_waiting=4)
