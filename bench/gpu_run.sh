@@ -15,13 +15,17 @@
 #        action frees, primary -> each fallback quantization -> primary under
 #        traffic, each leak kind and the ladder step that frees it), 200 s budget;
 #      - bench/gpu_profile.py (where a decode step's time goes), about 40 s;
+#      - bench/gpu_zoo.py (per zoo family: graphs vs the eager slot batch vs
+#        transformers' batched generate, teacher-forced logits), 120 s at most,
+#        only when GPU_STEPS names it (the three above fill a 600 s call);
 #      - bench/gpu_bench.py (issue 12: generation speed against the peers),
 #        with what is left of the call (GPU_BENCH_SECONDS, 220 by default).
-#    Device results come back as $OUT/results.tar.gz (gpu-check/, gpu/, profile/),
+#    Device results come back as $OUT/results.tar.gz (gpu-check/, gpu/, profile/, zoo/),
 #    beside run.log and nvidia-smi.txt: the device returns at most 8 files.
 #    Unpack with: tar -xzf results.tar.gz -C bench/results
 #    Arguments after `device` go to gpu_bench.py (e.g. --concurrency 32).
-#    GPU_STEPS picks the scripts (default "check profile bench"): a session
+#    GPU_STEPS picks the scripts (default "check profile bench"; "zoo" alone is
+#    one short call): a session
 #    short of device time can run `GPU_STEPS="profile bench" bash bench/gpu_run.sh device`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,13 +56,13 @@ device)
   export PYTHONPATH="/tmp/site:$PWD/inference_image:$PWD/contract:$PWD"
   export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
   results=/tmp/gpu-results
-  mkdir -p "$results/gpu-check" "$results/gpu" "$results/profile"
+  mkdir -p "$results/gpu-check" "$results/gpu" "$results/profile" "$results/zoo"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/nvidia-smi.txt"
   python3 -c 'import fusebox_server.http.app, fusebox_sidecar.__main__, torchao.quantization
 import transformers.cli.serving.server, transformers, torch, torchao
 print("imports ok: transformers", transformers.__version__, "torch", torch.__version__,
       "torchao", torchao.__version__)' 2>&1 | tee "$OUT/run.log"
-  pack() { tar -czf "$OUT/results.tar.gz" -C "$results" gpu-check gpu profile; }
+  pack() { tar -czf "$OUT/results.tar.gz" -C "$results" gpu-check gpu profile zoo; }
   trap pack EXIT
   steps=" ${GPU_STEPS:-check profile bench} "
   # Each script keeps to its budget and writes its files as it goes; the
@@ -73,6 +77,12 @@ print("imports ok: transformers", transformers.__version__, "torch", torch.__ver
     echo "== gpu_profile ==" | tee -a "$OUT/run.log"
     timeout -k 5 120 python3 bench/gpu_profile.py --out "$results/profile" 2>&1 \
       | tee -a "$OUT/run.log" || echo "gpu_profile: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
+    pack
+  fi
+  if [[ $steps == *" zoo "* ]]; then
+    echo "== gpu_zoo ==" | tee -a "$OUT/run.log"
+    timeout -k 5 120 python3 bench/gpu_zoo.py --work-dir /tmp/gpu-zoo --out "$results/zoo" 2>&1 \
+      | tee -a "$OUT/run.log" || echo "gpu_zoo: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
     pack
   fi
   if [[ $steps == *" bench "* ]]; then
