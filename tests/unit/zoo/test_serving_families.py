@@ -63,3 +63,17 @@ def test_the_server_exits_2_naming_a_refused_model(
     assert main(["--model-dir", str(unknown), "--device", "cpu"]) == 2
     error = capsys.readouterr().err
     assert f"--model-dir {unknown}: architecture FooForCausalLM" in error
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_streamed_pieces_are_whole_characters_for_every_tokenizer(name: str) -> None:
+    from fusebox_server.model.tokenization import IncrementalDecoder, load_tokenizer
+
+    tokenizer = load_tokenizer(ensure_zoo_model(name))
+    # Byte-level pieces of Chinese and emoji; byte-fallback tokens for the crab (not learned).
+    text = "天气很好 ☀️ and a 🦀 walks by 🚀"
+    decoder = IncrementalDecoder(tokenizer)
+    pieces = [decoder.push(token) for token in tokenizer.encode(text, add_special_tokens=False)]
+    pieces.append(decoder.flush())
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in piece for piece in pieces)
