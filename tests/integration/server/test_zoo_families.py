@@ -1,0 +1,83 @@
+"""A real server process serving zoo families, through the official openai client.
+
+The CPU equality per family is proven in-process (tests/unit/zoo/); here the
+server itself loads a release (sharded safetensors, an eos list, the family's
+tokenizer and template) and answers chat and its stream with exactly the
+text transformers generates for the same rendered conversation. Gemma 2 is
+the family most unlike the tiny Llama: eager attention with soft-capping,
+sliding and global layers, a 256k vocabulary with byte fallback, tied
+embeddings, no system role (the template folds it into the first turn).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import torch
+from fusebox_server_harness import MODEL_NAME, ServerProcess
+
+from fusebox_server.zoo.release import ensure_zoo_model
+
+FAMILY = "gemma2"
+MESSAGES = [
+    {"role": "system", "content": "Answer briefly."},
+    {"role": "user", "content": "你好, what is the weather? 🚀"},
+]
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def family_server(server_workdir: Path) -> Iterator[ServerProcess]:
+    workdir = Path(tempfile.mkdtemp(prefix=f"zoo-{FAMILY}-", dir=server_workdir))
+    server = ServerProcess(workdir, ensure_zoo_model(FAMILY), {"max-new-tokens": 64}, {})
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _transformers_text() -> str:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory = str(ensure_zoo_model(FAMILY))
+    tokenizer: Any = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    model: Any = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
+    rendered = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer.encode(rendered, add_special_tokens=False)
+    output = model.generate(
+        torch.tensor([ids]),
+        attention_mask=torch.ones((1, len(ids)), dtype=torch.long),
+        max_new_tokens=NEW_TOKENS,
+        do_sample=False,
+    )
+    return str(tokenizer.decode(output[0, len(ids) :], skip_special_tokens=True))
+
+
+def test_the_server_answers_and_streams_what_transformers_generates(
+    family_server: ServerProcess,
+) -> None:
+    client = openai.OpenAI(base_url=f"{family_server.url}/v1", api_key="unused", max_retries=0)
+    request: Any = {
+        "model": MODEL_NAME,
+        "messages": MESSAGES,
+        "max_tokens": NEW_TOKENS,
+        "temperature": 0,
+    }
+    answer = client.chat.completions.create(**request)
+    pieces = [
+        chunk.choices[0].delta.content or ""
+        for chunk in client.chat.completions.create(**request, stream=True)
+        if chunk.choices
+    ]
+    expected = _transformers_text()
+    assert answer.choices[0].message.content == expected
+    assert "".join(pieces) == expected
+    assert answer.usage is not None and answer.usage.completion_tokens == NEW_TOKENS
