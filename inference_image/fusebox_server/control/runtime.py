@@ -303,12 +303,13 @@ class Runtime:
         generations to the worker; each frees its own slot when the worker is done."""
         queued_at = time.monotonic()
         await self.admission.acquire(deadline_monotonic - queued_at, len(choices))
-        events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        submitted = 0
         generations: list[Generation] = []
         try:  # until the worker has a job, an error (a failed allocation too) frees its slot
             self.latency_counters[LatencyHistogram.QUEUE].observe([time.monotonic() - queued_at])
             assert self.worker is not None
             variant = self.variant
+            events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
             for index, settings in enumerate(choices):
                 job = GenerationJob(
                     request_id=request_id,
@@ -321,11 +322,14 @@ class Runtime:
                 )
                 generation = Generation(job, self.admission.release, events)
                 job.deliver = partial(_delivered, generation, index)
-                self.worker.submit(job)
                 generations.append(generation)
-        except BaseException:
-            self.admission.release(len(choices) - len(generations))
+            # Everything is allocated: nothing between a submit and its count can fail.
             for generation in generations:
+                self.worker.submit(generation.job)
+                submitted += 1
+        except BaseException:
+            self.admission.release(len(choices) - submitted)
+            for generation in generations[:submitted]:
                 generation.cancel()
             raise
         return Choices(generations, events)
