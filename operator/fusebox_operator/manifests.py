@@ -62,6 +62,9 @@ LIVENESS_PERIOD_SECONDS = 10
 LIVENESS_GRACE_SECONDS = 30
 """Slack after the operator's own wedge handling before the kubelet may step in."""
 SERVICE_LABEL = "fusebox.dev/service"
+MODEL_LABEL = "fusebox.dev/model"
+"""On the pods only: the chart's PodMonitor copies both labels onto every sidecar series
+(as `service` and `model_name`, docs/metrics.md), so queries select a service exactly."""
 
 MIB = 1024**2
 TMP_VOLUME_BYTES = 1024 * MIB
@@ -84,6 +87,12 @@ def selector_labels(name: str) -> dict[str, str]:
 def selector_text(name: str) -> str:
     """The server pods' selector as a label-selector string (the scale subresource's)."""
     return ",".join(f"{key}={value}" for key, value in selector_labels(name).items())
+
+
+def model_label_value(model_name: str) -> str:
+    """spec.model.name as a label value: model names may end in '.', '_' or '-', label
+    values may not, so those are dropped from the end (`llama-` labels as `llama`)."""
+    return model_name.rstrip("._-")
 
 
 def common_labels(name: str) -> dict[str, str]:
@@ -449,7 +458,9 @@ def build_pod_template(
     # spec.pod's labels and annotations never name Fusebox's own (pod_placement refuses them).
     return {
         "metadata": {
-            "labels": dict(placement.labels) | common_labels(name),
+            "labels": dict(placement.labels)
+            | common_labels(name)
+            | {MODEL_LABEL: model_label_value(spec.model.name)},
             "annotations": dict(placement.annotations)
             | {
                 "prometheus.io/scrape": "true",

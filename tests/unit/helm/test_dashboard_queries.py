@@ -11,6 +11,7 @@ is a series a real sidecar serves.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -103,3 +104,69 @@ def test_every_query_is_valid_promql(render: Render, tmp_path: Path) -> None:
 )
 def test_the_name_finder_finds_metrics_and_nothing_else(expression: str, names: set[str]) -> None:
     assert metric_names(expression) == names
+
+
+def test_every_query_selects_the_service_by_its_label_not_by_a_pod_name_prefix(
+    render: Render,
+) -> None:
+    """`pod=~"$service-.*"` made `chat` match chat-bot's pods too; the PodMonitor now puts
+    the service on every series, and each query selects it exactly."""
+    for title, expression in dashboard_queries(render):
+        assert "pod=~" not in expression, (title, expression)
+        selectors = re.findall(r"\{([^}]*)\}", expression)
+        assert selectors, (title, expression)
+        for selector in selectors:
+            assert 'service=~"$service"' in selector, (title, expression)
+            assert 'namespace=~"$namespace"' in selector, (title, expression)
+
+
+def test_the_service_variable_lists_the_service_label(render: Render) -> None:
+    documents = render(sets=("grafana.dashboard.enabled=true",))
+    dashboard = json.loads(one(documents, "ConfigMap")["data"]["fusebox.json"])
+    variable = next(v for v in dashboard["templating"]["list"] if v["name"] == "service")
+    assert (
+        variable["query"] == 'label_values(fusebox_stats_valid{namespace=~"$namespace"}, service)'
+    )
+    assert "regex" not in variable  # no pod-name pattern to cut a service name out of
+
+
+# Two services, one name the other's prefix, as the PodMonitor labels their series.
+CHAT = 'namespace="team-a",pod="chat-7d9f-abcde",service="chat",model_name="tiny"'
+CHAT_BOT = 'namespace="team-a",pod="chat-bot-5c4b-fghij",service="chat-bot",model_name="tiny"'
+
+
+def test_selecting_chat_no_longer_shows_chat_bots_pods(render: Render, tmp_path: Path) -> None:
+    """promtool evaluates each plain-selector panel with $service=chat over both services'
+    series: only chat's pod answers (the old `pod=~"chat-.*"` returned chat-bot's too)."""
+    plain = [
+        (title, expression)
+        for title, expression in dashboard_queries(render)
+        if re.fullmatch(r"[a-z_]+\{[^}]*\}", expression)
+    ]
+    assert len(plain) >= 10, plain
+    tests = []
+    for _, expression in plain:
+        (name,) = metric_names(expression)
+        query = as_prometheus_gets_it(expression).replace("$namespace", "team-a")
+        tests.append(
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": f"{name}{{{CHAT}}}", "values": "1x3"},
+                    {"series": f"{name}{{{CHAT_BOT}}}", "values": "2x3"},
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": query.replace("$service", "chat"),
+                        "eval_time": "2m",
+                        "exp_samples": [{"labels": f"{name}{{{CHAT}}}", "value": 1}],
+                    }
+                ],
+            }
+        )
+    path = tmp_path / "test.yaml"
+    path.write_text(yaml.safe_dump({"rule_files": [], "tests": tests}), encoding="utf-8")
+    checked = subprocess.run(
+        ["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
