@@ -77,3 +77,28 @@ def test_streamed_pieces_are_whole_characters_for_every_tokenizer(name: str) -> 
     pieces.append(decoder.flush())
     assert "".join(pieces) == text
     assert not any("\ufffd" in piece for piece in pieces)
+
+
+@pytest.mark.parametrize("name", ["gemma2", "phi3", "qwen2_moe"])
+def test_the_int8_fallback_loads_and_answers_in_a_batch(name: str) -> None:
+    # The layouts least like Llama's: tied embeddings, fused projections, routed experts.
+    import torch
+
+    from fusebox_server.model.decode_settings import DecodeSettings
+    from fusebox_server.model.engine import Decoding, check_logits_finite, load_model, prefill
+    from fusebox_server.model.slot_batch import SlotBatch
+    from fusebox_server.model.tokenization import load_tokenizer
+
+    directory = ensure_zoo_model(name)
+    tokenizer = load_tokenizer(directory)
+    loaded = load_model("fallback", directory, "int8", torch.device("cpu"), tokenizer)
+    prompt = tuple(tokenizer.encode("Hello there, 你好", add_special_tokens=True))
+    check_logits_finite(loaded, prompt)
+    greedy = DecodeSettings(max_new_tokens=4, temperature=0.0, top_p=1.0, seed=None, stop=())
+    rows = [Decoding(loaded, prompt, greedy), Decoding(loaded, prompt[:3], greedy)]
+    assert all(isinstance(token, int) for token in prefill(loaded, rows))
+    batch = SlotBatch(loaded, graphs=False)
+    batch.add(*rows)
+    for _ in range(2):
+        assert all(isinstance(token, int) for token in batch.step())
+    assert loaded.quantization == "int8" and loaded.kernels["packed_linear_layers"] == 0
