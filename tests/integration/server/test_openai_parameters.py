@@ -168,10 +168,16 @@ def check_n(client: openai.OpenAI, server: ServerProcess) -> None:
     alone = [chat(client, seed=5 + index, **hot) for index in range(3)]
     assert [single.choices[0].message.content for single in alone] == texts
     assert three.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
-    completions = complete(client, n=2, seed=9, **hot)
+    completions = complete(client, n=2, seed=9, logprobs=1, **hot)
     assert [c.text for c in completions.choices] == [
         complete(client, seed=9 + index, **hot).choices[0].text for index in range(2)
     ]
+    assert all(len(c.logprobs.tokens or []) > 0 for c in completions.choices)  # type: ignore[union-attr]
+    pieces: dict[int, str] = {}
+    for chunk in complete(client, n=2, seed=9, stream=True, **hot):
+        for part in chunk.choices:
+            pieces[part.index] = pieces.get(part.index, "") + part.text
+    assert [pieces[index] for index in range(2)] == [c.text for c in completions.choices]
     streamed: dict[int, str] = {}
     finishes: dict[int, str | None] = {}
     for chunk in chat(client, n=3, seed=5, stream=True, **hot):
