@@ -212,3 +212,11 @@ class EventReason(enum.StrEnum):
     WAITING_FOR_GPU_NODES = "WaitingForGPUNodes"
     # spec.mode Observe: an action (or breaker, tier or scale change) decided and not taken.
     WOULD_ACT = "WouldAct"
+    # Incident annotations (fusebox_operator.incident): set, removed, or refused.
+    ACTIONS_PAUSED = "ActionsPaused"  # fusebox.dev/pause-actions seen: decide, never act
+    ACTIONS_RESUMED = "ActionsResumed"
+    BREAKER_RESET = "BreakerReset"  # fusebox.dev/reset-breaker: a new value closes the breaker
+    TIER_PINNED = "TierPinned"  # fusebox.dev/pin-tier: the tier held while set
+    TIER_UNPINNED = "TierUnpinned"
+    INCIDENT_ANNOTATION_REMOVED = "IncidentAnnotationRemoved"
+    INVALID_INCIDENT_ANNOTATION = "InvalidIncidentAnnotation"  # a bad value, or a misspelt name

@@ -335,6 +335,7 @@ async def telemetry(
         token=token,
         # The tick's conditions are about the applied generation's pods.
         generation=applied_generation,
+        annotations=dict(meta.get("annotations") or {}),  # the incident controls
     )
     outcome = await run_tick(inputs, service.tick, scrape, context.actuator, time.time)
     for event in outcome.events:

@@ -45,6 +45,7 @@ def observed(
     scale: ScaleDecision | None,
     previous: Mapping[str, Any],
     now: float,
+    why: str = NOT_ACTED,
 ) -> tuple[list[EventRecord], dict[str, Any] | None]:
     """The tick's events as Observe posts them, and `status.lastWouldAct` (None: the
     tick would have done nothing).
@@ -53,15 +54,16 @@ def observed(
     tick's own (breaker, tier and observation events); `scale`: the autoscaler's
     decision, which the Deployment does not get. A scale is told once per target
     count: the count never moves in Observe, so the autoscaler asks every tick.
+    `why`: the result each records (a pause by annotation gives its own).
     """
     changes = [(event, "") for event in events if event.reason in ACTING_REASONS]
     kept = [event for event in events if event.reason not in ACTING_REASONS]
     if scale is not None and _new_scale(scale, previous):
         assert scale.reason is not None  # _new_scale: a scale up or down
         changes.append((EventRecord("Normal", scale.reason, scale.message), scale_id(scale)))
-    posted = [*kept, *(_would(event) for event, _ in changes), *action_events(actions)]
+    posted = [*kept, *(_would(event) for event, _ in changes), *action_events(actions, why)]
     if actions:
-        return posted, action_entry(actions[-1], NOT_ACTED)
+        return posted, action_entry(actions[-1], why)
     if changes:
         event, change_id = changes[-1]
         entry = {
@@ -70,7 +72,7 @@ def observed(
             "pod": "",
             "at": iso(now),
             "reason": event.message,
-            "result": NOT_ACTED,
+            "result": why,
         }
         return posted, entry
     return posted, None
@@ -98,13 +100,13 @@ def after_observing(state: PolicyState) -> PolicyState:
     )
 
 
-def action_events(actions: Sequence[Action]) -> list[EventRecord]:
+def action_events(actions: Sequence[Action], why: str = NOT_ACTED) -> list[EventRecord]:
     """One WouldAct per action, naming the rung (the action's kind) and its figures."""
     return [
         EventRecord(
             "Normal",
             EventReason.WOULD_ACT,
-            f"would {action.kind.value} {action.pod}: {action.reason} ({NOT_ACTED}) [{action.id}]",
+            f"would {action.kind.value} {action.pod}: {action.reason} ({why}) [{action.id}]",
         )
         for action in actions
     ]

@@ -32,10 +32,11 @@ from fusebox_operator.autoscaling import (
     pending_for_gpu,
 )
 from fusebox_operator.gpu_health import drain_actions, gpu_condition
+from fusebox_operator.incident import hold_tier, incident_step, parse_controls, was_paused
 from fusebox_operator.kube import current_count
 from fusebox_operator.node_pressure import NodePressure, node_condition, relieve_nodes
 from fusebox_operator.observations import PodSample, PodView
-from fusebox_operator.observe_mode import after_observing, observed
+from fusebox_operator.observe_mode import NOT_ACTED, after_observing, observed
 from fusebox_operator.policy import admit_percent, decide
 from fusebox_operator.policy_state import DISRUPTIVE, Action, ActionKind, PolicyState
 from fusebox_operator.rollout import Degradation, PodReadiness, Rollout, pod_degradations
@@ -117,6 +118,8 @@ class TickInputs:
     pods: Sequence[PodView]
     token: str
     generation: int
+    # The object's annotations: the incident controls (incident.py) are read from them.
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -364,8 +367,15 @@ async def run_tick(
     if state is None:
         # First tick after a start or an operator restart: resume from status.
         state = PolicyState.from_status(inputs.service_id, inputs.status)
-    if spec.mode is Mode.ENFORCE and inputs.status.get("mode") == Mode.OBSERVE:
-        state = after_observing(state)  # the first tick since Observe: nothing was done
+    controls = parse_controls(inputs.annotations, spec)
+    observing = spec.mode is Mode.OBSERVE
+    # Paused by fusebox.dev/pause-actions: the same gate as Observe, with its own reason.
+    holding = observing or controls.paused is not None
+    was_holding = inputs.status.get("mode") == Mode.OBSERVE or was_paused(inputs.status)
+    if not holding and was_holding:
+        state = after_observing(state)  # first tick since Observe or a pause: nothing was done
+    incident = incident_step(controls, inputs.status, state, spec, now)
+    state = incident.state  # a reset-breaker not yet honoured is applied before deciding
     # Reconcile re-sizes the limit on a spec edit (status.memory): the ladder's
     # grow-limit target is a multiple of today's sized limit, never of an old one.
     state.memory_limit_bytes = sized_limit_bytes(inputs.status)
@@ -378,6 +388,7 @@ async def run_tick(
     # in-flight action and its ladder's swap are kept until the pod itself goes.
     existing = [pod.name for pod in inputs.pods if not pod.terminating]
     new_state, actions = decide(state, samples.values(), now, spec, rollout, existing)
+    hold_tier(new_state, controls, now)  # fusebox.dev/pin-tier outranks the policy
     if spec.gpu.count > 0:
         actions = [*actions, *drain_actions(inputs.pods, memory.drained, new_state, now)]
     # Another tenant eating the node: shed caches on pods that have nothing else to do.
@@ -390,15 +401,14 @@ async def run_tick(
     # Actions whose outcome was unknown go again first, with their own ids.
     retries = [a for a in new_state.in_flight.values() if a.pod in by_name]
     retried = {a.id for a in retries}
-    # The one place decisions become calls. In Observe none is made: each action is
-    # settled as not taken (the ladder moves on as if it had not helped) and told
-    # as WouldAct; the runtime state below is not sent either.
-    observing = spec.mode is Mode.OBSERVE
-    would_act = [*retries, *actions] if observing else []
+    # The one place decisions become calls. In Observe (or paused) none is made: each
+    # action is settled as not taken (the ladder moves on as if it had not helped) and
+    # told as WouldAct; the runtime state below is not sent either.
+    would_act = [*retries, *actions] if holding else []
     for action in would_act:
         new_state.settle(action, settled=True)
     results = (
-        [] if observing else await execute_per_pod([*retries, *actions], inputs, by_name, actuator)
+        [] if holding else await execute_per_pod([*retries, *actions], inputs, by_name, actuator)
     )
     executed: list[tuple[Action, str]] = []
     # Fresh decisions the server had already run under the same id: an operator that
@@ -424,7 +434,7 @@ async def run_tick(
 
     restarted = {a.pod for a, _ in executed if a.kind in POD_DELETING}
     reachable = (
-        [] if observing else settable([p for p in targets if p.name not in restarted], samples)
+        [] if holding else settable([p for p in targets if p.name not in restarted], samples)
     )
     wanted = runtime_targets(new_state, spec, reachable, samples, memory.applied, rollout)
     told_runtime = await asyncio.gather(
@@ -444,8 +454,10 @@ async def run_tick(
     # "The service swaps to the fallback" only when some pod can.
     some_pod_swaps = service_swaps(samples, new_state)
     told = [(action, text) for action, text in executed if action.id not in replayed]
-    events = node_events + transition_events(
-        state, new_state, told, spec.degrades_to_fallback and some_pod_swaps
+    events = (
+        incident.events
+        + node_events
+        + transition_events(state, new_state, told, spec.degrades_to_fallback and some_pod_swaps)
     )
     scale = autoscale(spec, inputs.status, inputs.pods, samples, memory, now)
     written_at = clock()
@@ -472,6 +484,8 @@ async def run_tick(
     )
     events += stuck_pod_events(inputs.status, new_status)
     new_status["mode"] = spec.mode.value  # the mode this tick ran in
+    if incident.status is not None:
+        new_status["incident"] = incident.status
     new_status["replicas"] = current_count(inputs.pods)  # the scale subresource's
     if spec.gpu.count > 0:
         new_status["conditions"] = gpu_condition(
@@ -485,10 +499,11 @@ async def run_tick(
     new_status["conditions"] = node_condition(
         new_status.get("conditions") or [], memory.node_pressure, inputs.generation, written_at
     )
-    if observing:
+    if holding:
         # The Deployment keeps its count, and status.autoscaling the count it runs
         # (reconcile applies that count): the scale is told as WouldAct only.
-        events, would = observed(would_act, events, scale, inputs.status, written_at)
+        why = NOT_ACTED if observing else controls.not_acted
+        events, would = observed(would_act, events, scale, inputs.status, written_at, why)
         if would is not None:
             new_status["lastWouldAct"] = would
     elif scale is not None:
@@ -499,5 +514,5 @@ async def run_tick(
     if scale is None:
         drop_autoscaling_status(new_status, inputs.status)
     write = bool(executed or would_act) or should_write(inputs.status, new_status, written_at)
-    replicas = scale.replicas if scale and not observing else None
+    replicas = scale.replicas if scale and not holding else None
     return TickOutcome(new_status if write else {}, events, new_state, sample_list, replicas)

@@ -30,6 +30,7 @@ import pytest
 from fusebox_contract.admin import AdminPath, ServerState
 from fusebox_contract.names import BreakerState, DegradationTier, EventReason, Variant
 from fusebox_operator.actuator import ActionResult, Actuator, RuntimeCall, RuntimeTarget
+from fusebox_operator.incident import PAUSE_ACTIONS
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.policy_state import Action, ActionKind, PolicyState
 from fusebox_operator.rollout import Degradation
@@ -502,3 +503,53 @@ def test_observe_posts_would_act_and_calls_nothing_then_enforce_acts(pair: Pair)
     assert result.startswith("RSS ") and "replayed" not in result  # the server ran it now
     assert EventReason.GARBAGE_COLLECTED in [e.reason for e in first.events]
     assert status["mode"] == "Enforce"
+
+
+# --- fusebox.dev/pause-actions, then resumed ---------------------------------------------------
+
+
+def test_paused_by_annotation_posts_would_act_and_calls_nothing_then_resumes(pair: Pair) -> None:
+    paused = {PAUSE_ACTIONS: "INC-7 investigating"}
+
+    async def ticks(
+        annotations: dict[str, str], status: dict[str, Any], count: int
+    ) -> tuple[list[TickOutcome], dict[str, Any], list[str]]:
+        memory = TickMemory()
+        outcomes: list[TickOutcome] = []
+        async with aiohttp.ClientSession() as session:
+            actuator = CountingActuator(session, None, admin_port=pair.admin_port)
+            actuator.calls = []
+
+            async def scrape(pods: Sequence[PodView]) -> list[PodSample]:
+                # The real sidecar's figures at 97 % of the limit: the first rung is due.
+                samples = await scrape_all(session, pods, 2.0, "ttft", port=pair.metrics_port)
+                return [
+                    replace(s, memory_limit_bytes=s.rss_bytes / 0.97) if s.rss_bytes else s
+                    for s in samples
+                ]
+
+            for _ in range(count):
+                inputs = TickInputs("ns", "itpause", SPEC, status, [POD], TOKEN, 1, annotations)
+                outcome = await run_tick(inputs, memory, scrape, actuator, time.time)
+                outcomes.append(outcome)
+                status = {**status, **outcome.status_patch}
+                await asyncio.sleep(1.0)
+        return outcomes, status, actuator.calls
+
+    outcomes, status, calls = asyncio.run(ticks(paused, _base_status(0), 2))
+    assert calls == []  # no action and no runtime state reached the server
+    events = [e for o in outcomes for e in o.events]
+    would = [e.message for e in events if e.reason is EventReason.WOULD_ACT]
+    assert would and would[0].startswith("would gc pod-a: RSS "), would
+    assert f"paused by {PAUSE_ACTIONS} (INC-7 investigating)" in would[0]
+    assert [e.reason for e in events].count(EventReason.ACTIONS_PAUSED) == 1
+    [entry] = status["incident"]["controls"]
+    assert (entry["annotation"], entry["value"]) == (PAUSE_ACTIONS, "INC-7 investigating")
+    assert "lastAction" not in status
+
+    outcomes, status, calls = asyncio.run(ticks({}, status, 1))
+    [first] = outcomes
+    assert first.status_patch["lastAction"]["type"] == "gc"  # the first tick unpaused acted
+    assert "replayed" not in first.status_patch["lastAction"]["result"]
+    assert EventReason.ACTIONS_RESUMED in [e.reason for e in first.events]
+    assert status["incident"]["controls"] == []
