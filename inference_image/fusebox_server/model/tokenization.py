@@ -162,9 +162,11 @@ def _byte_level_alphabet() -> dict[str, int]:
 
 
 BYTE_LEVEL_ALPHABET = _byte_level_alphabet()
+WORD_START = "\u2581"
+"""SentencePiece's mark for a space before a word (`▁the`)."""
 
 
-def token_text(tokenizer: Any, token_id: int) -> tuple[str, bytes]:
+def token_text(tokenizer: Any, token_id: int, starts_text: bool = False) -> tuple[str, bytes]:
     """One token as (text, its own bytes), for log-probabilities.
 
     A token that is part of a character (byte-level BPE splits a Chinese
@@ -172,11 +174,16 @@ def token_text(tokenizer: Any, token_id: int) -> tuple[str, bytes]:
     does not decode alone: its bytes are read from its vocabulary spelling,
     and its text is those bytes escaped (`\\xe5\\x8f`), as OpenAI shows them.
     The bytes of consecutive tokens join into the generated text's UTF-8.
+    SentencePiece decoders drop the space of a text's first word (`▁the`):
+    a token that does not start the text (`starts_text`) keeps it.
     """
     text: str = tokenizer.decode([token_id])
+    spelling = tokenizer.convert_ids_to_tokens(token_id)
+    spaced = isinstance(spelling, str) and spelling.startswith(WORD_START)
+    if spaced and not starts_text and not text.startswith(" "):
+        text = " " + text
     if REPLACEMENT_CHARACTER not in text:
         return text, text.encode("utf-8")
-    spelling = tokenizer.convert_ids_to_tokens(token_id)
     raw: bytes | None = None
     if isinstance(spelling, str):
         fallback = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", spelling)

@@ -128,13 +128,14 @@ class ControlJob:
     deliver: Callable[[Any, BaseException | None], None]
 
 
-def scored_token(tokenizer: Any, score: TokenScore) -> ScoredToken:
-    """The score with each token id as its text and bytes."""
+def scored_token(tokenizer: Any, score: TokenScore, first: bool) -> ScoredToken:
+    """The score with each token id as its text and bytes; `first`: the generation's first
+    token (its text starts the answer)."""
     return ScoredToken(
-        *token_text(tokenizer, score.token_id),
+        *token_text(tokenizer, score.token_id, first),
         score.logprob,
         tuple(
-            ScoredToken(*token_text(tokenizer, token_id), logprob)
+            ScoredToken(*token_text(tokenizer, token_id, first), logprob)
             for token_id, logprob in score.alternatives
         ),
     )
@@ -377,7 +378,8 @@ class InferenceWorker(threading.Thread):
         job.completion_tokens += 1
         score = job.decoding.last_score
         if job.settings.top_alternatives is not None and score is not None:
-            job.pending_scores.append(scored_token(job.tokenizer, score))
+            first = job.completion_tokens == 1
+            job.pending_scores.append(scored_token(job.tokenizer, score, first))
         piece = job.decoder.push(token_id)
         if job.completion_tokens >= job.settings.max_new_tokens:
             self._complete(job, "length", piece + job.decoder.flush())
