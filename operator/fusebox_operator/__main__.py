@@ -30,6 +30,7 @@ SETTINGS_HELP = """settings (environment variables, see docs/operator.md):
   FUSEBOX_OPERATOR_POD_SELECTOR labels of the operator pods (NetworkPolicy)
   FUSEBOX_MONITORING_NAMESPACE  namespace allowed to scrape the sidecars
   FUSEBOX_LIVENESS_PORT         port of /healthz (default 8080)
+  FUSEBOX_METRICS_PORT          port of the operator's /metrics (default 9401; 0: none)
   FUSEBOX_LOG_LEVEL             DEBUG | INFO | WARNING | ERROR
 credentials: in-cluster service account, else KUBECONFIG / ~/.kube/config"""
 
@@ -71,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def run_operator() -> None:
     import kopf
 
-    from fusebox_operator import handlers
+    from fusebox_operator import handlers, operator_metrics
 
     try:
         ours = OperatorSettings.from_env(os.environ)
@@ -83,6 +84,8 @@ def run_operator() -> None:
     logging.getLogger().setLevel(os.environ.get("FUSEBOX_LOG_LEVEL", "INFO").upper())
     logging.getLogger("kopf.objects").addFilter(TimerTickFilter())
     assert handlers.GROUP  # imported for its decorators
+    if ours.metrics_port:
+        operator_metrics.serve(operator_metrics.METRICS, ours.metrics_port)
     kopf.run(
         standalone=ours.standalone,
         peering_name=None if ours.standalone else ours.peering_name,

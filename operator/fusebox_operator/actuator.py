@@ -27,6 +27,7 @@ from fusebox_contract.names import ActionType, BreakerState, DegradationLevel, V
 from fusebox_contract.wiring import Port
 from fusebox_operator.kube import Kube, KubeError
 from fusebox_operator.observations import PodSample, PodView
+from fusebox_operator.operator_metrics import METRICS, AdminErrorKind
 from fusebox_operator.policy_state import Action, ActionKind
 from fusebox_operator.rollout import Degradation
 from fusebox_operator.status import human_bytes
@@ -117,11 +118,14 @@ class Actuator:
                 payload = await response.json(content_type=None)
                 if response.status not in ACCEPTED:
                     message = admin.ErrorAnswer.message_of(payload)
+                    METRICS.admin_error(path.name.lower(), AdminErrorKind.HTTP)
                     raise AdminError(f"{method} {path} -> HTTP {response.status} {message}")
                 return parse(payload)
         except ValueError as error:  # not JSON, or not the contract's body (AdminBodyError)
+            METRICS.admin_error(path.name.lower(), AdminErrorKind.BAD_ANSWER)
             raise AdminError(f"{method} {path}: {type(error).__name__} {error}") from error
         except (aiohttp.ClientError, TimeoutError) as error:
+            METRICS.admin_error(path.name.lower(), AdminErrorKind.UNREACHABLE)
             # Sent or not, done or not: unknown. A retry with the same id is safe.
             raise AdminError(
                 f"{method} {path}: {type(error).__name__} {error}".rstrip(), settled=False
@@ -152,6 +156,14 @@ class Actuator:
         return ActionResult(f"memory limit {old} -> {new} in place, no restart (pods/resize)")
 
     async def execute(
+        self, namespace: str, pod: PodView | None, token: str, action: Action
+    ) -> ActionResult:
+        """Run one action (`_execute`) and count it in the operator's metrics."""
+        result = await self._execute(namespace, pod, token, action)
+        METRICS.action(action.kind, action.reason, result.text, result.settled, result.replayed)
+        return result
+
+    async def _execute(
         self, namespace: str, pod: PodView | None, token: str, action: Action
     ) -> ActionResult:
         """Run one action; the result line, errors included (never raised).

@@ -39,6 +39,7 @@ from fusebox_operator.memo import (
     service_memo,
 )
 from fusebox_operator.observations import PodSample, PodView
+from fusebox_operator.operator_metrics import METRICS, timed
 from fusebox_operator.reconcile_status import (
     GPU_NODES_RETRY_SECONDS,
     applied_status,
@@ -130,6 +131,7 @@ def _waiting_for_gpu_nodes(
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+@timed(METRICS.reconcile_seconds)
 async def reconcile(
     spec: kopf.Spec,
     name: str,
@@ -337,7 +339,9 @@ async def telemetry(
         generation=applied_generation,
         annotations=dict(meta.get("annotations") or {}),  # the incident controls
     )
+    started = time.perf_counter()
     outcome = await run_tick(inputs, service.tick, scrape, context.actuator, time.time)
+    METRICS.tick(f"{namespace}/{name}", time.perf_counter() - started, status, outcome.status_patch)
     for event in outcome.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     for key, value in outcome.status_patch.items():
@@ -351,6 +355,12 @@ async def telemetry(
             await kube.scale_deployment(namespace, name, outcome.replicas)
         except KubeError as error:
             log.warning("%s/%s: %s", namespace, name, error)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+def forget_service(name: str, namespace: str | None, **_: Any) -> None:
+    """A deleted service leaves the operator's services gauge (no finalizer for this)."""
+    METRICS.forget(f"{namespace}/{name}")
 
 
 async def _onto_stored_conditions(

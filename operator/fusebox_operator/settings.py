@@ -86,6 +86,7 @@ class OperatorSettings:
     peering_priority: int = 0
     replicas: int = 1
     liveness_port: int = 8080
+    metrics_port: int = 9401  # the operator's own /metrics (operator_metrics.py); 0: none
     watch_server_timeout_seconds: int = 300
     watch_client_timeout_seconds: int = 330
     request_timeout_seconds: int = 30
@@ -151,6 +152,7 @@ class OperatorSettings:
             peering_priority=integer("FUSEBOX_PEERING_PRIORITY", 0),
             replicas=integer("FUSEBOX_OPERATOR_REPLICAS", 1),
             liveness_port=integer("FUSEBOX_LIVENESS_PORT", 8080),
+            metrics_port=integer("FUSEBOX_METRICS_PORT", 9401),
             watch_server_timeout_seconds=integer("FUSEBOX_WATCH_SERVER_TIMEOUT_SECONDS", 300),
             watch_client_timeout_seconds=integer("FUSEBOX_WATCH_CLIENT_TIMEOUT_SECONDS", 330),
             request_timeout_seconds=integer("FUSEBOX_REQUEST_TIMEOUT_SECONDS", 30),

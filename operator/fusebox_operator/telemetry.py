@@ -36,6 +36,7 @@ from fusebox_contract.names import (
 from fusebox_contract.wiring import Port
 from fusebox_operator.latency import Buckets
 from fusebox_operator.observations import PodSample, PodView, RequestCounts
+from fusebox_operator.operator_metrics import METRICS, ScrapeErrorKind
 
 Labels = dict[str, str]
 Samples = dict[str, list[tuple[Labels, float]]]
@@ -199,11 +200,21 @@ async def scrape_pod(
         timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         async with session.get(url, timeout=timeout) as response:
             if response.status != 200:
+                METRICS.scrape_error(ScrapeErrorKind.HTTP)
                 return PodSample(pod.name, sampled_at, ok=False, error=f"HTTP {response.status}")
             text = await response.text()
         return sample_from_metrics(pod.name, parse_metrics(text), sampled_at, metric)
     except (aiohttp.ClientError, TimeoutError, ParseError) as error:
+        METRICS.scrape_error(scrape_error_kind(error))
         return PodSample(pod.name, sampled_at, ok=False, error=f"{type(error).__name__}: {error}")
+
+
+def scrape_error_kind(error: Exception) -> ScrapeErrorKind:
+    if isinstance(error, ParseError):
+        return ScrapeErrorKind.BAD_METRICS
+    if isinstance(error, TimeoutError):
+        return ScrapeErrorKind.TIMEOUT
+    return ScrapeErrorKind.UNREACHABLE
 
 
 async def scrape_all(

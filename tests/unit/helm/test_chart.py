@@ -166,6 +166,14 @@ def test_two_releases_with_several_replicas_never_share_a_peering(helm: Path) ->
     assert names == {"demo-operator", "suite-operator"}
 
 
+def sidecar_monitor(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    """The inference pods' PodMonitor (the other one scrapes the operator)."""
+    (monitor,) = [
+        m for m in by_kind(documents, "PodMonitor") if m["metadata"]["name"].endswith("-inference")
+    ]
+    return monitor
+
+
 def test_a_namespace_glob_is_watched_with_cluster_wide_rules(render: Render) -> None:
     """A glob ("e2e-*") names namespaces that do not exist yet: no Role can be made in
     each, so the rules are the cluster-wide ones, and kopf filters by the glob."""
@@ -175,7 +183,7 @@ def test_a_namespace_glob_is_watched_with_cluster_wide_rules(render: Render) -> 
     binding = one(documents, "ClusterRoleBinding")
     assert binding["subjects"][0]["name"] == "fusebox-operator"
     assert env_of(one(documents, "Deployment"))["FUSEBOX_WATCH_NAMESPACES"] == "e2e-*"
-    assert one(documents, "PodMonitor")["spec"]["namespaceSelector"] == {"any": True}
+    assert sidecar_monitor(documents)["spec"]["namespaceSelector"] == {"any": True}
 
 
 def test_a_namespace_glob_with_several_replicas_is_refused(helm: Path) -> None:
@@ -250,7 +258,7 @@ def test_all_options_render_monitors_dashboard_and_overrides(render: Render) -> 
     assert env["FUSEBOX_LIVENESS_PORT"] == "8081"
     assert container["ports"][0]["containerPort"] == 8081
     assert deployment["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
-    monitor = one(documents, "PodMonitor")
+    monitor = sidecar_monitor(documents)
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
     assert monitor["metadata"]["labels"]["release"] == "prometheus"

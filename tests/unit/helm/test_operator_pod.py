@@ -30,10 +30,20 @@ def test_the_policy_selects_exactly_the_operator_pods(render: Render) -> None:
     assert selector.items() <= pod_labels.items()
 
 
-def test_ingress_is_only_the_health_port(render: Render) -> None:
-    policy = operator_policy(render(sets=("healthPort=8081",)))
+def test_ingress_is_the_health_port_and_the_metrics_port_from_prometheus(render: Render) -> None:
+    policy = operator_policy(render(sets=("healthPort=8081", "metricsPort=9500")))
     assert "Ingress" in policy["policyTypes"]
-    assert [ports_of(rule) for rule in policy["ingress"]] == [{(8081, "TCP")}]
+    health, metrics = policy["ingress"]
+    assert ports_of(health) == {(8081, "TCP")} and "from" not in health  # the kubelet's probes
+    assert ports_of(metrics) == {(9500, "TCP")}
+    assert metrics["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+
+
+def test_without_a_scrape_namespace_nobody_reaches_the_metrics_port(render: Render) -> None:
+    policy = operator_policy(render(sets=("monitoring.scrapeNamespace=",)))
+    assert [ports_of(rule) for rule in policy["ingress"]] == [{(8080, "TCP")}]
 
 
 def test_egress_is_the_api_dns_and_the_inference_pods_admin_and_metrics_ports(
