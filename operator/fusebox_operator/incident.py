@@ -174,9 +174,9 @@ def incident_step(
             kind = "Normal" if entry["reason"] in (RESET, ALREADY_HONOURED) else "Warning"
             reason = RESET if entry["reason"] == ALREADY_HONOURED else EventReason(entry["reason"])
             events.append(EventRecord(kind, reason, entry["message"]))
-    for (annotation, value), entry in sorted(told.items()):
+    for (annotation, value), was in sorted(told.items()):
         if annotation not in entries:  # a new value of the same one was told above as set
-            events.append(_removed(annotation, value, str(entry.get("reason", ""))))
+            events.append(_removed(annotation, value, str(was.get("reason", ""))))
     controls_list = [entries[key] for key in sorted(entries)]
     if not controls_list and not before:
         return IncidentStep(state, events, None)

@@ -93,3 +93,22 @@ def test_the_operator_lock_pins_what_the_dev_environment_pins() -> None:
     dev = _pins(REPO / "requirements-dev.lock")
     assert _requirements(REPO / "operator" / "requirements.in") <= set(image)
     assert {name: version for name, version in image.items() if dev.get(name) != version} == {}
+
+
+PLUGIN = PACKAGE / "kubectl_plugin"
+# What would let `kubectl fusebox` reach a pod or run as the operator does.
+POD_REACHING = {"aiohttp", "kopf", "torch"} | {
+    f"fusebox_operator.{name}" for name in ("telemetry", "actuator", "tick", "handlers", "memo")
+}
+
+
+def test_the_kubectl_plugin_prints_purely_and_talks_to_the_api_server_only() -> None:
+    # views: pure (no client at all); cli: the kubernetes client, never a pod's port.
+    views = imported_roots(PLUGIN / "views.py")
+    assert {r.split(".")[0] for r in views} & FORBIDDEN == set()
+    assert {r for r in views if r.startswith("fusebox_operator.")} & {
+        f"fusebox_operator.{name}" for name in IO_MODULES
+    } == set()
+    for path in PLUGIN.glob("*.py"):
+        roots = imported_roots(path)
+        assert ({r.split(".")[0] for r in roots} | roots) & POD_REACHING == set(), path.name
