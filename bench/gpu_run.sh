@@ -18,9 +18,12 @@
 #      - bench/gpu_zoo.py (per zoo family: graphs vs the eager slot batch vs
 #        transformers' batched generate, teacher-forced logits), 120 s at most,
 #        only when GPU_STEPS names it (the three above fill a 600 s call);
+#      - bench/gpu_sampling.py (issue 33: penalised, biased, scored and sampled rows
+#        through the captured step, each as alone, and ms per step plain vs mixed),
+#        under a minute, only when GPU_STEPS names it ("sampling" alone is one short call);
 #      - bench/gpu_bench.py (issue 12: generation speed against the peers),
 #        with what is left of the call (GPU_BENCH_SECONDS, 220 by default).
-#    Device results come back as $OUT/results.tar.gz (gpu-check/, gpu/, profile/, zoo/),
+#    Device results come back as $OUT/results.tar.gz (gpu-check/, gpu/, profile/, zoo/, sampling/),
 #    beside run.log and nvidia-smi.txt: the device returns at most 8 files.
 #    Unpack with: tar -xzf results.tar.gz -C bench/results
 #    Arguments after `device` go to gpu_bench.py (e.g. --concurrency 32).
@@ -56,13 +59,13 @@ device)
   export PYTHONPATH="/tmp/site:$PWD/inference_image:$PWD/contract:$PWD"
   export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
   results=/tmp/gpu-results
-  mkdir -p "$results/gpu-check" "$results/gpu" "$results/profile" "$results/zoo"
+  mkdir -p "$results/gpu-check" "$results/gpu" "$results/profile" "$results/zoo" "$results/sampling"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/nvidia-smi.txt"
   python3 -c 'import fusebox_server.http.app, fusebox_sidecar.__main__, torchao.quantization
 import transformers.cli.serving.server, transformers, torch, torchao
 print("imports ok: transformers", transformers.__version__, "torch", torch.__version__,
       "torchao", torchao.__version__)' 2>&1 | tee "$OUT/run.log"
-  pack() { tar -czf "$OUT/results.tar.gz" -C "$results" gpu-check gpu profile zoo; }
+  pack() { tar -czf "$OUT/results.tar.gz" -C "$results" gpu-check gpu profile zoo sampling; }
   trap pack EXIT
   steps=" ${GPU_STEPS:-check profile bench} "
   # Each script keeps to its budget and writes its files as it goes; the
@@ -83,6 +86,12 @@ print("imports ok: transformers", transformers.__version__, "torch", torch.__ver
     echo "== gpu_zoo ==" | tee -a "$OUT/run.log"
     timeout -k 5 120 python3 bench/gpu_zoo.py --work-dir /tmp/gpu-zoo --out "$results/zoo" 2>&1 \
       | tee -a "$OUT/run.log" || echo "gpu_zoo: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
+    pack
+  fi
+  if [[ $steps == *" sampling "* ]]; then
+    echo "== gpu_sampling ==" | tee -a "$OUT/run.log"
+    timeout -k 5 120 python3 bench/gpu_sampling.py --out "$results/sampling" 2>&1 \
+      | tee -a "$OUT/run.log" || echo "gpu_sampling: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
     pack
   fi
   if [[ $steps == *" bench "* ]]; then
