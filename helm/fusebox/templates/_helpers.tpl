@@ -137,3 +137,44 @@ equal operator/rbac/clusterrole.yaml (a unit test compares them).
   resources: [nodes]
   verbs: [get, list]
 {{- end -}}
+
+{{/* An alert's runbook: runbookBaseUrl, then the section's anchor, the alert's name in
+lower case (how GitHub spells the anchor of a "### FuseboxBreakerOpen" heading). */}}
+{{- define "fusebox.runbookUrl" -}}
+{{- printf "%s#%s" (index . 1).Values.monitoring.prometheusRule.runbookBaseUrl (lower (index . 0)) -}}
+{{- end -}}
+
+{{/* Per namespace and service (the PodMonitor's labels), the share of requests that
+failed (5xx), were refused (429, 503) or timed out (504) over a window: (window, root). */}}
+{{- define "fusebox.errorRatio" -}}
+{{- $window := index . 0 -}}
+sum by (namespace, service) (rate(fusebox_requests_total{outcome=~"failed|rejected|timed_out"}[{{ $window }}])) / sum by (namespace, service) (rate(fusebox_requests_total[{{ $window }}]))
+{{- end -}}
+
+{{/* Per namespace and service, the share of requests slower than the latency SLO's
+threshold (a bucket bound of the chosen histogram) over a window: (window, root). */}}
+{{- define "fusebox.slowRatio" -}}
+{{- $window := index . 0 -}}
+{{- $latency := (index . 1).Values.monitoring.prometheusRule.slo.latency -}}
+{{- $histogram := get (dict "ttft" "fusebox_time_to_first_token_seconds" "itl" "fusebox_inter_token_latency_seconds" "e2e" "fusebox_e2e_request_latency_seconds" "queue" "fusebox_request_queue_time_seconds") $latency.metric -}}
+1 - sum by (namespace, service) (rate({{ $histogram }}_bucket{le="{{ $latency.thresholdSeconds }}"}[{{ $window }}])) / sum by (namespace, service) (rate({{ $histogram }}_count[{{ $window }}]))
+{{- end -}}
+
+{{/* A multi-window burn-rate condition (the SRE workbook's): (ratio template, root,
+objective, [burn, long window, short window] ...). Fires while both windows of a
+pair burn the error budget (1 - objective) at least `burn` times too fast. */}}
+{{- define "fusebox.burn" -}}
+{{- $ratio := index . 0 -}}
+{{- $root := index . 1 -}}
+{{- $objective := index . 2 -}}
+{{- range $index, $pair := slice . 3 -}}
+{{- if $index }}
+or
+{{ end -}}
+(
+  ({{ include $ratio (list (index $pair 1) $root) }}) > ({{ index $pair 0 }} * (1 - {{ $objective }}))
+and
+  ({{ include $ratio (list (index $pair 2) $root) }}) > ({{ index $pair 0 }} * (1 - {{ $objective }}))
+)
+{{- end -}}
+{{- end -}}

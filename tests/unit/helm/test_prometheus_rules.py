@@ -8,27 +8,45 @@ than at 3 a.m.
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.utils import floatToGoString
 
-from fusebox_contract.metrics import Metric
+from fusebox_contract.metrics import LatencyHistogram, Metric
 
 from .conftest import CHART, Render, by_kind, one, run_helm
 from .promql import PROMETHEUS_OWN, exported_sample_names, metric_names
 
 NAMESPACE = "fusebox-system"
 JOB = f"{NAMESPACE}/fusebox-operator-inference"  # the PodMonitor's job, as the operator sets it
+OPERATOR_JOB = f"{NAMESPACE}/fusebox-operator"  # the operator's own PodMonitor's job
 POD = 'namespace="team-a",pod="chat-7d9f-abcde"'
 ALERT_LABELS = {"namespace": "team-a", "pod": "chat-7d9f-abcde"}
+# As the inference PodMonitor labels a sidecar's series; the SLO alerts are per service.
+SERVED = f'{POD},service="chat",model_name="tiny"'
+SERVICE_LABELS = {"namespace": "team-a", "service": "chat"}
+SLO_ALERTS = {
+    "FuseboxErrorBudgetBurn",
+    "FuseboxErrorBudgetBurnSlow",
+    "FuseboxLatencyBudgetBurn",
+    "FuseboxLatencyBudgetBurnSlow",
+}
+# Alerts over days of data are tested at 5-minute samples and evaluations.
+INTERVALS = {"FuseboxErrorBudgetBurnSlow": "5m", "FuseboxLatencyBudgetBurnSlow": "5m"}
+TTFT_BELOW_TARGET = f'{Metric.TIME_TO_FIRST_TOKEN_SECONDS.bucket}{{{SERVED},le="1.0"}}'
+TTFT_COUNT = f"{Metric.TIME_TO_FIRST_TOKEN_SECONDS.value}_count{{{SERVED}}}"
 GiB = 1024**3
 
 
 def rendered_rule(render: Render) -> dict[str, Any]:
-    return one(render(sets=("monitoring.prometheusRule.enabled=true",)), "PrometheusRule")
+    """With the PodMonitors on too: FuseboxOperatorDown reads the operator's job."""
+    sets = ("monitoring.prometheusRule.enabled=true", "monitoring.podMonitor.enabled=true")
+    return one(render(sets=sets), "PrometheusRule")
 
 
 def alerts(rule: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -38,6 +56,22 @@ def alerts(rule: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def series(name: Metric | str, values: str, labels: str = POD) -> dict[str, str]:
     sample = name.sample if isinstance(name, Metric) else name
     return {"series": f"{sample}{{{labels}}}", "values": values}
+
+
+def requests(failed: str, succeeded: str) -> list[dict[str, str]]:
+    """fusebox_requests_total of one service: failed (5xx) and succeeded counts."""
+    return [
+        series(Metric.REQUESTS, failed, f'{SERVED},outcome="failed"'),
+        series(Metric.REQUESTS, succeeded, f'{SERVED},outcome="succeeded"'),
+    ]
+
+
+def latency(within: str, count: str) -> list[dict[str, str]]:
+    """TTFT histogram of one service: requests within the 1.0 s target, and all."""
+    return [
+        {"series": TTFT_BELOW_TARGET, "values": within},
+        {"series": TTFT_COUNT, "values": count},
+    ]
 
 
 # Per alert: (input series, evaluation time, fires?). Samples are a minute apart.
@@ -144,10 +178,46 @@ CASES: dict[str, list[tuple[list[dict[str, str]], str, bool]]] = {
         ([series("up", "1 0x7", f'{POD},job="{JOB}"')], "7m", True),
         ([series("up", "1 0x7", f'{POD},job="other/monitor"')], "7m", False),  # not ours
     ],
+    "FuseboxOperatorDown": [
+        ([series("up", "1 0x9", f'pod="op-1",job="{OPERATOR_JOB}"')], "8m", True),
+        ([series("up", "1x9", 'pod="op-1",job="other/monitor"')], "8m", True),  # none of ours
+        (  # the standby answers while the acting replica restarts: an operator is up
+            [
+                series("up", "1 0x9", f'pod="op-1",job="{OPERATOR_JOB}"'),
+                series("up", "1x9", f'pod="op-2",job="{OPERATOR_JOB}"'),
+            ],
+            "8m",
+            False,
+        ),
+    ],
+    # 100 requests a minute; the budget is 1% (availability 0.99).
+    "FuseboxErrorBudgetBurn": [
+        (requests("0+20x70", "0+80x70"), "65m", True),  # 20% fail: 20x the budget's pace
+        (requests("0+1x70", "0+99x70"), "65m", False),  # 1%: exactly the budget's pace
+        # 30% failed for 50 minutes, then none for 40: the six hours still burn (19%), the
+        # last 30 (and 5) minutes do not, so the page stops once the trouble has.
+        (requests("0+30x50 1500x40", "0+70x90"), "90m", False),
+    ],
+    "FuseboxErrorBudgetBurnSlow": [  # 5-minute samples: 500 requests each
+        (requests("0+25x300", "0+475x300"), "25h", True),  # 5% fail: 5x the budget's pace
+        (requests("0+2x300", "0+498x300"), "25h", False),  # 0.4%: within the budget
+    ],
+    "FuseboxLatencyBudgetBurn": [
+        (latency("0+80x70", "0+100x70"), "65m", True),  # 20% slower than 1 s
+        (latency("0+995x70", "0+1000x70"), "65m", False),  # 0.5%: the p99 holds
+    ],
+    "FuseboxLatencyBudgetBurnSlow": [
+        (latency("0+475x300", "0+500x300"), "25h", True),  # 5% slower than 1 s
+        (latency("0+498x300", "0+500x300"), "25h", False),
+    ],
 }
 
 
 def expected_labels(alert: str, rule: dict[str, Any], inputs: list[dict[str, str]]) -> dict:
+    if alert in SLO_ALERTS:
+        return {"alertname": alert, **rule["labels"], **SERVICE_LABELS}
+    if alert == "FuseboxOperatorDown":  # absent(): no series, so no labels of one
+        return {"alertname": alert, **rule["labels"]}
     labels = {"alertname": alert, **rule["labels"], **ALERT_LABELS}
     if alert == "FuseboxGpuMemoryNearTotal":
         labels["gpu"] = "0"
@@ -178,12 +248,13 @@ def promtool_test(
     rules_file.write_text(yaml.safe_dump({"groups": groups}), encoding="utf-8")
     rules = alerts(rule)[alert]
     expected = [{"exp_labels": expected_labels(alert, rules, inputs)}] if fires else []
+    interval = INTERVALS.get(alert, "1m")
     test = {
         "rule_files": [rules_file.name],
-        "evaluation_interval": "1m",
+        "evaluation_interval": interval,
         "tests": [
             {
-                "interval": "1m",
+                "interval": interval,
                 "input_series": inputs,
                 "alert_rule_test": [{"eval_time": at, "alertname": alert, "exp_alerts": expected}],
             }
@@ -202,6 +273,13 @@ def promtool_test(
 
 def test_no_rule_is_rendered_unless_asked(render: Render) -> None:
     assert by_kind(render(), "PrometheusRule") == []
+
+
+def test_operator_down_needs_the_operators_pod_monitor(render: Render) -> None:
+    """Without the chart's operator PodMonitor there is no job to be up: no alert."""
+    rule = one(render(sets=("monitoring.prometheusRule.enabled=true",)), "PrometheusRule")
+    assert "FuseboxOperatorDown" not in alerts(rule)
+    assert "FuseboxOperatorDown" in alerts(rendered_rule(render))
 
 
 def test_the_rules_pass_promtool_check(render: Render, tmp_path: Path) -> None:
@@ -289,3 +367,54 @@ def test_each_alert_fires_when_it_should_and_only_then(
     inputs, at, fires = CASES[alert][case]
     result = promtool_test(tmp_path, rendered_rule(render), alert, inputs, at, fires)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation dropped,
+    spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_alert_links_to_its_own_section_of_the_runbook(render: Render) -> None:
+    runbook = (CHART.parents[1] / "docs" / "runbook.md").read_text(encoding="utf-8")
+    anchors = {github_anchor(h) for h in re.findall(r"^#+ (.+)$", runbook, flags=re.MULTILINE)}
+    base = "https://github.com/fusebox-dev/fusebox/blob/main/docs/runbook.md#"
+    for name, rule in alerts(rendered_rule(render)).items():
+        url = rule["annotations"]["runbook_url"]
+        assert url == base + name.lower(), (name, url)
+        assert url.removeprefix(base) in anchors, f"docs/runbook.md has no section {name}"
+
+
+def test_the_runbook_base_url_is_a_value(render: Render) -> None:
+    sets = (
+        "monitoring.prometheusRule.enabled=true",
+        "monitoring.prometheusRule.runbookBaseUrl=https://wiki.example.com/fusebox",
+    )
+    rule = one(render(sets=sets), "PrometheusRule")
+    urls = {r["annotations"]["runbook_url"] for r in alerts(rule).values()}
+    assert "https://wiki.example.com/fusebox#fuseboxbreakeropen" in urls
+    assert all(url.startswith("https://wiki.example.com/fusebox#") for url in urls)
+
+
+def test_the_latency_slo_reads_a_bucket_the_sidecar_exports(render: Render) -> None:
+    """The default target is one of the TTFT histogram's bounds, spelled as the sidecar
+    writes `le` (prometheus_client's float spelling), so the selector matches a series."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    latency = values["monitoring"]["prometheusRule"]["slo"]["latency"]
+    histogram = LatencyHistogram(latency["metric"])
+    exposed = {floatToGoString(bound) for bound in histogram.buckets}
+    assert latency["thresholdSeconds"] in exposed
+    expression = alerts(rendered_rule(render))["FuseboxLatencyBudgetBurn"]["expr"]
+    assert f'{histogram.metric.bucket}{{le="{latency["thresholdSeconds"]}"}}' in expression
+
+
+@pytest.mark.parametrize("histogram", list(LatencyHistogram))
+def test_each_latency_metric_value_selects_its_histogram(
+    render: Render, histogram: LatencyHistogram
+) -> None:
+    sets = (
+        "monitoring.prometheusRule.enabled=true",
+        f"monitoring.prometheusRule.slo.latency.metric={histogram.value}",
+    )
+    rule = alerts(one(render(sets=sets), "PrometheusRule"))["FuseboxLatencyBudgetBurnSlow"]
+    assert f"{histogram.metric.value}_count[" in rule["expr"]
