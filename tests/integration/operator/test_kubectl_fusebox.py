@@ -240,10 +240,14 @@ def _install(config: Path) -> None:
     )
 
 
-def plugin(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def plugin(config: Path, *args: str, wrapper: bool = False) -> subprocess.CompletedProcess[str]:
+    """`python -m fusebox_operator.kubectl_plugin`, or the checkout's bin/kubectl-fusebox."""
     env = {**os.environ, "KUBECONFIG": str(config)}
-    command = [sys.executable, "-m", "fusebox_operator.kubectl_plugin", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
+    module = [sys.executable, "-m", "fusebox_operator.kubectl_plugin"]
+    command = [str(REPO / "bin" / "kubectl-fusebox")] if wrapper else module
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
 
 
 def annotations(config: Path) -> dict[str, str]:
@@ -255,7 +259,7 @@ def annotations(config: Path) -> dict[str, str]:
 
 
 def test_status_explain_and_history_read_what_the_api_server_keeps(kubeconfig: Path) -> None:
-    listed = plugin(kubeconfig, "status")
+    listed = plugin(kubeconfig, "status", wrapper=True)
     assert listed.returncode == 0, listed.stderr
     row = listed.stdout.splitlines()[1].split()
     assert row[:5] == [NAMESPACE, "chat", "Enforce,pinned:no-streaming", "Closed", "no-streaming"]
