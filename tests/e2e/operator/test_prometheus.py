@@ -8,11 +8,12 @@ and PrometheusRule through its values, as a user would. Then, for one
 InferenceService:
 
 - every sidecar target of the chart's PodMonitor in the test namespace is up,
-  one per ready pod;
+  one per ready pod, labelled with the service and its model;
+- the operator's own PodMonitor target answers and its ticks are counted;
 - after real traffic every dashboard query (Grafana's variables substituted)
   returns a number, GPU and CUDA panels excepted on CPU;
 - a leak (the server's `leak` fault under traffic) makes FuseboxMemoryGrowing
-  fire for that pod, and it was not firing before the leak.
+  fire for that pod, with its runbook URL, and it was not firing before the leak.
 
 The release's values are restored afterwards.
 """
@@ -31,6 +32,7 @@ import yaml
 from fusebox_contract.metrics import Metric
 from fusebox_contract.names import Fault
 from fusebox_contract.wiring import FAULTS_ENV, Port
+from fusebox_operator.operator_metrics import OperatorMetric
 
 from ...unit.helm.promql import metric_names
 from ..monitoring import PrometheusApi
@@ -181,6 +183,23 @@ def test_prometheus_scrapes_every_sidecar_answers_the_dashboard_and_fires_the_le
         return health if set(health) == set(pods) and set(health.values()) == {"up"} else None
 
     wait_for("every sidecar target up", targets_up, timeout=120, diagnose=prometheus.targets)
+    # Each sidecar target carries the service and its model (the PodMonitor's relabelings).
+    labelled = {
+        (t["labels"].get("service"), t["labels"].get("model_name"))
+        for t in prometheus.targets()
+        if t["labels"].get("job") == chart_monitors and t["labels"].get("namespace") == namespace
+    }
+    assert labelled == {(service.name, prometheus_spec()["model"]["name"])}, labelled
+
+    # The operator's own metrics: its PodMonitor's target answers and counts ticks.
+    operator_job = chart_monitors.removesuffix("-inference")
+    ticks = f'{OperatorMetric.TICK_DURATION_SECONDS.value}_count{{job="{operator_job}"}} > 0'
+    wait_for(
+        "the operator's ticks in Prometheus",
+        lambda: prometheus.query(ticks),
+        timeout=120,
+        diagnose=lambda: str([t["labels"] for t in prometheus.targets()]),
+    )
     ttft_count = f'{Metric.TIME_TO_FIRST_TOKEN_SECONDS.value}_count{{namespace="{namespace}"}}'
     # Two scrapes before the traffic, so every rate has a sample from before it.
     wait_for(
@@ -255,3 +274,4 @@ def test_prometheus_scrapes_every_sidecar_answers_the_dashboard_and_fires_the_le
         finally:
             service.set_faults(pod, {Fault.LEAK.value: 0})
     assert alert[0]["labels"]["severity"] == "warning", alert
+    assert alert[0]["annotations"]["runbook_url"].endswith(f"#{ALERT.lower()}"), alert
