@@ -112,7 +112,7 @@ class AdminErrorKind(enum.StrEnum):
     UNREACHABLE = "unreachable"  # no answer: timed out or the connection broke
 
 
-_CAUSE_PREFIXES: tuple[tuple[str, ActionCause], ...] = (
+CAUSE_PREFIXES: tuple[tuple[str, ActionCause], ...] = (
     ("memory calm", ActionCause.RECOVERED),
     ("server stats", ActionCause.WEDGED),
     ("GPU ", ActionCause.GPU_UNHEALTHY),
@@ -131,7 +131,7 @@ def action_cause(kind: ActionKind, reason: str) -> ActionCause:
     if kind is ActionKind.GROW_LIMIT:
         return ActionCause.MEMORY
     # The longest prefix first: "GPU memory ..." is the ladder's, "GPU 0 ..." a drain's.
-    for prefix, cause in sorted(_CAUSE_PREFIXES, key=lambda p: -len(p[0])):
+    for prefix, cause in sorted(CAUSE_PREFIXES, key=lambda p: -len(p[0])):
         if reason.startswith(prefix):
             return cause
     return ActionCause.OTHER

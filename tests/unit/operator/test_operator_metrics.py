@@ -7,14 +7,17 @@ import asyncio
 import socket
 import subprocess
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+import fusebox_operator
 from fusebox_contract.admin import AdminPath, ErrorAnswer
 from fusebox_operator.observations import PodView
 from fusebox_operator.operator_metrics import (
+    CAUSE_PREFIXES,
     METRICS,
     SERVICE_STALE_SECONDS,
     ActionCause,
@@ -180,3 +183,16 @@ def test_the_endpoint_serves_every_metric_in_a_form_promtool_accepts(tmp_path: A
         ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+PRODUCERS = ("policy", "gpu_health", "node_pressure", "memory_trend")
+
+
+@pytest.mark.parametrize(("prefix", "cause"), CAUSE_PREFIXES)
+def test_each_cause_prefix_is_how_a_producer_words_its_reason(
+    prefix: str, cause: ActionCause
+) -> None:
+    """A drift guard: the policy's wording changed means the classifier must follow."""
+    package = Path(fusebox_operator.__file__).parent
+    sources = "".join((package / f"{name}.py").read_text(encoding="utf-8") for name in PRODUCERS)
+    assert f'f"{prefix}' in sources or f'"{prefix}"' in sources, (prefix, cause)
