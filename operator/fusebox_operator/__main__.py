@@ -85,7 +85,13 @@ def run_operator() -> None:
     logging.getLogger("kopf.objects").addFilter(TimerTickFilter())
     assert handlers.GROUP  # imported for its decorators
     if ours.metrics_port:
-        operator_metrics.serve(operator_metrics.METRICS, ours.metrics_port)
+        try:
+            operator_metrics.serve(operator_metrics.METRICS, ours.metrics_port)
+        except OSError as error:  # taken, or not ours to bind: say which setting
+            raise SystemExit(
+                f"fusebox-operator: cannot serve metrics on FUSEBOX_METRICS_PORT="
+                f"{ours.metrics_port}: {error}"
+            ) from error
     kopf.run(
         standalone=ours.standalone,
         peering_name=None if ours.standalone else ours.peering_name,

@@ -4,6 +4,7 @@ exposition a real Prometheus parses (`promtool check metrics`)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import subprocess
 import urllib.request
@@ -196,3 +197,30 @@ def test_each_cause_prefix_is_how_a_producer_words_its_reason(
     package = Path(fusebox_operator.__file__).parent
     sources = "".join((package / f"{name}.py").read_text(encoding="utf-8") for name in PRODUCERS)
     assert f'f"{prefix}' in sources or f'"{prefix}"' in sources, (prefix, cause)
+
+
+def test_a_metrics_port_in_use_stops_the_operator_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import kopf
+
+    from fusebox_operator.__main__ import run_operator
+
+    def never(**_: Any) -> None:
+        raise AssertionError("kopf must not start without its metrics endpoint")
+
+    monkeypatch.setattr(kopf, "run", never)
+    # run_operator configures logging the way the process wants it: put it back after.
+    root, objects = logging.getLogger(), logging.getLogger("kopf.objects")
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(objects, "filters", list(objects.filters))
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("FUSEBOX_METRICS_PORT", str(port))
+        with pytest.raises(
+            SystemExit, match=f"cannot serve metrics on FUSEBOX_METRICS_PORT={port}"
+        ):
+            run_operator()
