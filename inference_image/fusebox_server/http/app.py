@@ -78,6 +78,15 @@ from fusebox_server.http.rendering import (
     whole_answer_events,
     whole_choices_events,
 )
+from fusebox_server.http.tool_calls import (
+    CallFormat,
+    StreamSplitter,
+    ToolUse,
+    format_of_template,
+    message_calls,
+    new_call_id,
+    read_reply,
+)
 from fusebox_server.model.decode_settings import DecodeSettings, RepeatPenalties, choice_seed
 from fusebox_server.model.worker import Failed, Finished, Piece, ScoredToken
 
@@ -102,6 +111,8 @@ class Prepared:
     choices: int = 1  # `n`
     logprobs: bool = False  # whether each choice reports its tokens' log-probabilities
     input_length: int = 0
+    tool_use: ToolUse | None = None  # the request's tools: replies are read for calls
+    call_format: CallFormat | None = None  # how the serving model writes a call
 
     @property
     def arrival_monotonic(self) -> float:
@@ -219,14 +230,17 @@ class Api:
         parsed = parse_chat_request(data) if kind == Kind.CHAT else parse_completion_request(data)
         record.fields.update(parsed.identifiers)
         prepared = self._prepare(parsed, kind, record)
-        # A canned answer is one text with no scores: n > 1 and logprobs go to the model.
-        plain = prepared.choices == 1 and not prepared.logprobs
+        # A canned answer is one text with no scores or calls: n > 1, logprobs and tools go
+        # to the model.
+        plain = prepared.choices == 1 and not prepared.logprobs and prepared.tool_use is None
         if plain and DegradationTier.CANNED_ANSWERS in self.runtime.degradation_tiers:
             answer = self.runtime.live.canned_answers.get(canned_key(parsed))
             if answer is not None:
                 return await self._canned_response(parsed, prepared, answer)
         self.runtime.check_available()
         check_logit_bias(parsed.sampling.logit_bias, self.runtime.vocabulary_size())
+        if isinstance(parsed, ChatRequest):
+            prepared.call_format = self._check_tools(parsed)
         prompt_ids = await self._encode(parsed)
         prepared.input_length = len(prompt_ids)
         record.fields["input_length"] = len(prompt_ids)
@@ -292,15 +306,60 @@ class Api:
             max_new_tokens=max_tokens,
             choices=parsed.sampling.n,
             logprobs=parsed.sampling.logprobs is not None,
+            tool_use=parsed.tool_use if isinstance(parsed, ChatRequest) else None,
         )
+
+    def _check_tools(self, parsed: ChatRequest) -> CallFormat | None:
+        """The serving model's call format; a 400 when its template cannot carry the
+        request's tools or calls (the model would get prose and never learn of them)."""
+        encoder = self.runtime.encoder()
+        use = parsed.tool_use
+        if not encoder.template_takes_tools:
+            if use is not None:
+                raise InvalidRequest(
+                    "'tools' is not supported by this model: its chat template has no tool "
+                    "format, so the model cannot be told of the tools",
+                    param="tools",
+                )
+            for index, message in enumerate(parsed.messages):
+                if message.tool_calls:
+                    raise InvalidRequest(
+                        "this model's chat template has no tool format to render earlier "
+                        "tool calls",
+                        param=f"messages[{index}].tool_calls",
+                    )
+            return None
+        call_format = format_of_template(encoder.template_source)
+        if use is not None and use.parses_calls and not use.forced and call_format is None:
+            raise InvalidRequest(
+                "'tools' is not supported by this model: its chat template takes tools but "
+                "writes calls in no format this server can read (Hermes <tool_call>, "
+                "Llama 3 JSON, Mistral [TOOL_CALLS])",
+                param="tools",
+            )
+        if use is not None and use.forced:
+            raise InvalidRequest(
+                f"'tool_choice' {use.named or use.mode.value!r} is not supported yet: forcing "
+                "a call needs constrained decoding, which this server does not have; use "
+                "'auto'",
+                param="tool_choice",
+            )
+        return call_format
 
     async def _encode(self, parsed: ChatRequest | CompletionRequest) -> tuple[int, ...]:
         if isinstance(parsed, CompletionRequest):
             if not parsed.prompt:
                 raise InvalidRequest("'prompt' must not be empty", param="prompt")
             return await self.runtime.encode_prompt(parsed.prompt, True)
+        tools = parsed.tool_use.tools if parsed.tool_use is not None else ()
         try:
-            text = self.runtime.encoder().render_chat(parsed.messages)
+            if tools or any(m.tool_calls or m.tool_call_id for m in parsed.messages):
+                text = self.runtime.encoder().render_conversation(
+                    [message.template_message() for message in parsed.messages],
+                    [tool.template_entry() for tool in tools],
+                )
+            else:
+                text = self.runtime.encoder().render_chat(parsed.messages)
         except Exception as error:  # a chat template that rejects these messages
             raise InvalidRequest(f"the chat template rejected the messages: {error}") from None
         return await self.runtime.encode_prompt(text, False)
@@ -347,6 +406,7 @@ class ChoiceState:
     finish_reason: str | None = None
     started: bool = False  # a chunk of it was streamed (the first carries the role)
     text_offset: int = 0  # characters of scored tokens streamed (completions' `text_offset`)
+    splitter: StreamSplitter | None = None  # a tools request's stream: content and calls
 
 
 class GenerationResponse:
@@ -367,6 +427,9 @@ class GenerationResponse:
         self.reply = prepared.reply
         self.generations = choices
         self.states = [ChoiceState() for _ in choices.generations]
+        if prepared.tool_use is not None and prepared.stream:
+            for state in self.states:
+                state.splitter = StreamSplitter(prepared.tool_use, prepared.call_format)
         self.failed = False
         self.cuda_at_entry: dict[str, int | None] = {}
         self._last_piece_at: float | None = None
@@ -464,15 +527,20 @@ class GenerationResponse:
         self.failed = True
 
     def _finished_choices(self) -> list[Choice]:
-        return [
-            Choice(
-                index,
-                "".join(state.text_parts),
-                state.finish_reason or "stop",
-                self._logprobs(state.scores, 0),
-            )
-            for index, state in enumerate(self.states)
-        ]
+        return [self._finished_choice(index, state) for index, state in enumerate(self.states)]
+
+    def _finished_choice(self, index: int, state: ChoiceState) -> Choice:
+        text = "".join(state.text_parts)
+        finish_reason = state.finish_reason or "stop"
+        logprobs = self._logprobs(state.scores, 0)
+        use = self.prepared.tool_use
+        if use is None:
+            return Choice(index, text, finish_reason, logprobs)
+        reply = read_reply(text, self.prepared.call_format, use)
+        if not reply.calls:
+            return Choice(index, text, finish_reason, logprobs)
+        calls = message_calls(reply.calls, [new_call_id() for _ in reply.calls])
+        return Choice(index, reply.content, "tool_calls", logprobs, calls)
 
     async def _complete(self, send: Send) -> None:
         pending = len(self.states)
@@ -512,10 +580,30 @@ class GenerationResponse:
         await send({"type": "http.response.body", "body": payload})
 
     def _piece_chunk(self, index: int, piece: Piece) -> bytes:
+        """The piece's chunk; a tools request's held text (a call being written) sends
+        nothing until it ends, unless the piece carries log-probabilities."""
         state = self.states[index]
         logprobs = self._logprobs(piece.scores, state.text_offset)
         state.text_offset += sum(len(score.text) for score in piece.scores)
-        chunk = chunk_body(self.reply, piece.text, None, not state.started, index, logprobs)
+        text: str | None = piece.text
+        calls = None
+        if state.splitter is not None:
+            text, calls = state.splitter.push(piece.text)
+            if text is None and calls is None and logprobs is None:
+                return b""
+        chunk = chunk_body(self.reply, text, None, not state.started, index, logprobs, calls)
+        state.started = True
+        return sse(chunk)
+
+    def _held_chunk(self, index: int) -> bytes:
+        """A tools request's held text at the end of its choice: the calls, or content."""
+        state = self.states[index]
+        if state.splitter is None:
+            return b""
+        text, calls = state.splitter.finish()
+        if text is None and calls is None:
+            return b""
+        chunk = chunk_body(self.reply, text, None, not state.started, index, None, calls)
         state.started = True
         return sse(chunk)
 
@@ -542,8 +630,12 @@ class GenerationResponse:
                 return
             pending -= 1
             state = self.states[index]
+            final = self._held_chunk(index)
+            reason = event.reason
+            if state.splitter is not None and state.splitter.called:
+                reason = "tool_calls"
             text = "" if not state.started else None
-            final = sse(chunk_body(self.reply, text, event.reason, not state.started, index))
+            final += sse(chunk_body(self.reply, text, reason, not state.started, index))
             state.started = True
             more = pending > 0
             if not more:

@@ -130,13 +130,31 @@ PARAMETERS: Final[tuple[Parameter, ...]] = (
         "already, so it changes nothing else",
         CHAT_ONLY,
     ),
-    # ----- refused unless off -----
-    Parameter("tools", R, "no tool calling: the model is not trained for it", CHAT_ONLY),
-    Parameter("tool_choice", R, 'no tool calling: `"none"` accepted', CHAT_ONLY, _one_of("none")),
-    Parameter("parallel_tool_calls", R, "no tool calling", CHAT_ONLY),
-    Parameter("functions", R, "no function calling (deprecated form of tools)", CHAT_ONLY),
     Parameter(
-        "function_call", R, 'no function calling: `"none"` accepted', CHAT_ONLY, _one_of("none")
+        "tools",
+        H,
+        "functions rendered by the chat template and the reply parsed in the family's call "
+        "format into `tool_calls`; a template without tools: 400",
+        CHAT_ONLY,
+    ),
+    Parameter(
+        "tool_choice",
+        H,
+        "`none`, `auto`, or a call forced (`required`, a named function) by constraining "
+        "the output to the tools' schemas",
+        CHAT_ONLY,
+    ),
+    Parameter(
+        "parallel_tool_calls", H, "`false`: at most one call (exactly one when forced)", CHAT_ONLY
+    ),
+    # ----- refused unless off -----
+    Parameter("functions", R, "the deprecated form of `tools`: send `tools`", CHAT_ONLY),
+    Parameter(
+        "function_call",
+        R,
+        'the deprecated form of `tool_choice`: `"none"` accepted',
+        CHAT_ONLY,
+        _one_of("none"),
     ),
     Parameter("audio", R, "text only", CHAT_ONLY),
     Parameter("modalities", R, 'text only: `["text"]` accepted', CHAT_ONLY, _one_of(["text"])),

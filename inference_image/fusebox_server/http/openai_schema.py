@@ -21,6 +21,7 @@ from typing import Any, Final
 from fusebox_server.errors import InvalidJson, InvalidRequest, SchemaError
 from fusebox_server.http.openai_parameters import check_parameters
 from fusebox_server.http.rendering import Kind
+from fusebox_server.http.tool_calls import HistoryCall, ToolUse, parse_history_calls, parse_tool_use
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
@@ -60,6 +61,19 @@ class OpenAISampling:
 class ChatMessage:
     role: str
     content: str
+    tool_calls: tuple[HistoryCall, ...] = ()
+    """An assistant turn's calls, sent back as history."""
+    tool_call_id: str | None = None
+    """A `tool` turn: the call it answers."""
+
+    def template_message(self) -> dict[str, Any]:
+        """The message as chat templates read it (calls with decoded arguments)."""
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [call.template_entry() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
 
 @dataclass(frozen=True)
@@ -71,6 +85,8 @@ class ChatRequest:
     sampling: OpenAISampling
     wants_json: bool
     identifiers: tuple[tuple[str, str], ...] = ()
+    tool_use: ToolUse | None = None
+    """The request's tools and `tool_choice`; None when it declares no tools."""
 
 
 @dataclass(frozen=True)
@@ -357,6 +373,24 @@ def _content(value: object, index: int) -> str:
     raise SchemaError(f"'{param}' must be a string or a list of text parts", param=param)
 
 
+def _message(message: dict[str, Any], role: str, index: int) -> ChatMessage:
+    content = _content(message.get("content"), index)
+    calls = parse_history_calls(message.get("tool_calls"), index)
+    if calls and role != "assistant":
+        param = f"messages[{index}].tool_calls"
+        raise InvalidRequest(f"'{param}' is only allowed on assistant messages", param=param)
+    call_id = message.get("tool_call_id")
+    if role == "tool" and not isinstance(call_id, str):
+        param = f"messages[{index}].tool_call_id"
+        raise InvalidRequest(f"'{param}' must be a string on a tool message", param=param)
+    return ChatMessage(
+        role=role,
+        content=content,
+        tool_calls=calls,
+        tool_call_id=call_id if role == "tool" else None,
+    )
+
+
 def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     check_parameters(body, Kind.CHAT)
     model, stream, include_usage, sampling = _common(body)
@@ -382,7 +416,7 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
                 f"'messages[{index}].role' must be one of {', '.join(ROLES)}, got {role!r}",
                 param=f"messages[{index}].role",
             )
-        parsed.append(ChatMessage(role=role, content=_content(message.get("content"), index)))
+        parsed.append(_message(message, role, index))
     return ChatRequest(
         model=model,
         messages=tuple(parsed),
@@ -391,6 +425,7 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
         sampling=sampling,
         wants_json=_wants_json(body),
         identifiers=_identifiers(body),
+        tool_use=parse_tool_use(body),
     )
 
 

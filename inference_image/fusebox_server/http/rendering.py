@@ -102,9 +102,12 @@ class Choice:
     """One finished choice of a whole answer."""
 
     index: int
-    text: str
+    text: str | None
+    """None for a chat answer that is only tool calls."""
     finish_reason: str
     logprobs: dict[str, Any] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    """`message.tool_calls` (id, type, function name and arguments) when the model called."""
 
 
 def completion_body(
@@ -121,10 +124,13 @@ def choices_body(
     rendered: list[dict[str, Any]] = []
     for choice in choices:
         if reply.kind == Kind.CHAT:
+            message: dict[str, Any] = {"role": "assistant", "content": choice.text}
+            if choice.tool_calls:
+                message["tool_calls"] = choice.tool_calls
             rendered.append(
                 {
                     "index": choice.index,
-                    "message": {"role": "assistant", "content": choice.text},
+                    "message": message,
                     "logprobs": choice.logprobs,
                     "finish_reason": choice.finish_reason,
                 }
@@ -133,7 +139,7 @@ def choices_body(
             rendered.append(
                 {
                     "index": choice.index,
-                    "text": choice.text,
+                    "text": choice.text or "",
                     "logprobs": choice.logprobs,
                     "finish_reason": choice.finish_reason,
                 }
@@ -155,14 +161,18 @@ def chunk_body(
     first: bool,
     index: int = 0,
     logprobs: dict[str, Any] | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """One streamed piece of choice `index`; a choice's first chat chunk carries the role."""
+    """One streamed piece of choice `index`; a choice's first chat chunk carries the role.
+    `tool_calls` are call deltas (each with its `index` among the choice's calls)."""
     if reply.kind == Kind.CHAT:
         delta: dict[str, Any] = {}
         if first:
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
+        if tool_calls:
+            delta["tool_calls"] = tool_calls
         return {
             "id": reply.id,
             "object": "chat.completion.chunk",
@@ -217,7 +227,10 @@ def whole_choices_events(
     in one chunk, then its finish reason; then the usage chunk and `[DONE]`."""
     events = b""
     for choice in choices:
-        events += sse(chunk_body(reply, choice.text, None, True, choice.index, choice.logprobs))
+        calls = [{"index": i, **call} for i, call in enumerate(choice.tool_calls or [])]
+        events += sse(
+            chunk_body(reply, choice.text, None, True, choice.index, choice.logprobs, calls)
+        )
         events += sse(chunk_body(reply, None, choice.finish_reason, False, choice.index))
     if usage_tokens is not None:
         events += sse(usage_chunk(reply, *usage_tokens))

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -73,9 +74,41 @@ class PromptEncoder:
     def render_chat(self, messages: Sequence[ChatTurn]) -> str:
         return self._apply_chat_template([{"role": m.role, "content": m.content} for m in messages])
 
-    def _apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+    def render_conversation(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+    ) -> str:
+        """Messages that may carry tool calls and results, and the tools, through the
+        template (as transformers passes them: `tools=` in the OpenAI shape)."""
+        return self._apply_chat_template([dict(m) for m in messages], tools)
+
+    @cached_property
+    def template_source(self) -> str:
+        """The chat template's jinja text (the `tool_use` one where a tokenizer has several)."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        if isinstance(template, dict):
+            template = template.get("tool_use") or template.get("default")
+        return template if isinstance(template, str) else ""
+
+    @cached_property
+    def template_takes_tools(self) -> bool:
+        """Whether the template reads a `tools` variable: one that does not would render a
+        request's tools as nothing, and the model would never learn of them."""
+        import jinja2
+        from jinja2 import meta
+
+        environment = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+        try:
+            parsed = environment.parse(self.template_source)
+        except jinja2.TemplateError:  # a tag of transformers' own (`generation`): read the text
+            return re.search(r"\btools\b", self.template_source) is not None
+        return "tools" in meta.find_undeclared_variables(parsed)
+
+    def _apply_chat_template(
+        self, messages: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> str:
         rendered = self.tokenizer.apply_chat_template(
             messages,
+            tools=[dict(tool) for tool in tools] if tools else None,
             tokenize=False,
             add_generation_prompt=True,
         )

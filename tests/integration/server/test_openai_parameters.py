@@ -324,6 +324,45 @@ def check_response_format(client: openai.OpenAI, server: ServerProcess) -> None:
     assert caught.value.param == "response_format"
 
 
+TOOL: Any = {"type": "function", "function": {"name": "f"}}
+
+
+def check_tools(client: openai.OpenAI, server: ServerProcess) -> None:
+    """The tiny model's template has no tool format: tools are refused, not turned into prose.
+    Their effect on a model whose template has one: test_tool_calling.py."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, tools=[TOOL])
+    assert caught.value.param == "tools" and "chat template" in caught.value.message
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, tools=[{"type": "function", "function": {"name": "two words"}}])
+    assert caught.value.param == "tools[0].function.name"
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    history: Any = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, messages=history)
+    assert caught.value.param == "messages[1].tool_calls"
+
+
+def check_tool_choice(client: openai.OpenAI, server: ServerProcess) -> None:
+    assert chat(client, tool_choice="none").choices
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, tool_choice="auto")
+    assert caught.value.param == "tool_choice"
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, tools=[TOOL], tool_choice={"type": "function", "function": {"name": "g"}})
+    assert caught.value.param == "tool_choice"
+
+
+def check_parallel_tool_calls(client: openai.OpenAI, server: ServerProcess) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, parallel_tool_calls=False)
+    assert caught.value.param == "parallel_tool_calls"
+
+
 def logged_identifier(name: str) -> Callable[[openai.OpenAI, ServerProcess], None]:
     def check(client: openai.OpenAI, server: ServerProcess) -> None:
         request_id = f"id-{name}"
@@ -358,6 +397,9 @@ HONOURED: dict[str, Callable[[openai.OpenAI, ServerProcess], None]] = {
     "stream": check_stream,
     "stream_options": check_stream_options,
     "response_format": check_response_format,
+    "tools": check_tools,
+    "tool_choice": check_tool_choice,
+    "parallel_tool_calls": check_parallel_tool_calls,
     "user": logged_identifier("user"),
     "safety_identifier": logged_identifier("safety_identifier"),
     "prompt_cache_key": logged_identifier("prompt_cache_key"),
@@ -374,9 +416,6 @@ def test_an_honoured_parameter_has_its_effect(
 # ----- refused rows: a 400 naming them, and their off value passes -----
 REFUSING: dict[str, tuple[object, object]] = {
     # name: (a value that asks for the feature, the value that means "off")
-    "tools": ([{"type": "function", "function": {"name": "f"}}], None),
-    "tool_choice": ("auto", "none"),
-    "parallel_tool_calls": (False, None),
     "functions": ([{"name": "f"}], None),
     "function_call": ("auto", "none"),
     "audio": ({"voice": "alloy", "format": "wav"}, None),

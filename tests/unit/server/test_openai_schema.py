@@ -143,9 +143,6 @@ def _parse(kind: Kind, body: dict[str, Any]) -> Any:
 
 
 REFUSING_VALUES: dict[str, object] = {
-    "tools": [{"type": "function", "function": {"name": "f"}}],
-    "tool_choice": "auto",
-    "parallel_tool_calls": False,
     "functions": [{"name": "f"}],
     "function_call": "auto",
     "audio": {"voice": "alloy", "format": "wav"},

@@ -1,0 +1,572 @@
+"""Tool calling: the request's tools and choice, the family's call formats, and the replies.
+
+Why: a model calls a tool by writing text in its family's format (Qwen's
+`<tool_call>{json}</tool_call>`, Llama 3's bare `{"name": .., "parameters": ..}`,
+Mistral's `[TOOL_CALLS][...]`); OpenAI clients expect `message.tool_calls`.
+This module validates `tools` / `tool_choice` / `parallel_tool_calls` (a 400
+naming the bad path), picks the parser from the chat template's own text,
+turns generated text into calls (text that does not parse stays content,
+never an error), builds the JSON schema that forces a call when the request
+requires one, and splits a stream into content and call deltas. Pure
+functions and one small stateful splitter; no I/O, no torch.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from fusebox_server.errors import InvalidRequest
+
+NAME_PATTERN: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""OpenAI's rule for a function name."""
+TOOLS_MAX: Final = 128
+"""OpenAI's own limit on `tools`."""
+
+
+class ChoiceMode(enum.StrEnum):
+    NONE = "none"
+    AUTO = "auto"
+    REQUIRED = "required"
+    NAMED = "named"
+
+
+@dataclass(frozen=True)
+class FunctionTool:
+    name: str
+    description: str | None
+    parameters: Mapping[str, Any]
+    """A JSON schema of the arguments object (`{"type": "object"}` when the tool sent none)."""
+
+    def template_entry(self) -> dict[str, Any]:
+        """The tool as chat templates read it (the OpenAI shape, as transformers passes it)."""
+        function: dict[str, Any] = {"name": self.name}
+        if self.description is not None:
+            function["description"] = self.description
+        function["parameters"] = dict(self.parameters)
+        return {"type": "function", "function": function}
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """What a request asks of tools: its tools, the choice, and whether calls may be several."""
+
+    tools: tuple[FunctionTool, ...]
+    mode: ChoiceMode
+    named: str | None = None
+    """The function `tool_choice` names (mode NAMED)."""
+    parallel: bool = True
+
+    @property
+    def parses_calls(self) -> bool:
+        """Whether the reply is read for calls: `none` asks for text only."""
+        return self.mode != ChoiceMode.NONE
+
+    @property
+    def forced(self) -> bool:
+        """`required` or a named function: the output is constrained to a call."""
+        return self.mode in (ChoiceMode.REQUIRED, ChoiceMode.NAMED)
+
+    def tool(self, name: str) -> FunctionTool | None:
+        return next((tool for tool in self.tools if tool.name == name), None)
+
+
+@dataclass(frozen=True)
+class FunctionCall:
+    """A call as the model wrote it: the function's name and its arguments as JSON text."""
+
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class HistoryCall:
+    """A call of an earlier assistant turn, sent back in `messages[i].tool_calls`."""
+
+    id: str
+    name: str
+    arguments: Any
+    """The decoded arguments: chat templates write them with `tojson`."""
+
+    def template_entry(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+# ----- the request -----
+def _bad(message: str, param: str) -> InvalidRequest:
+    return InvalidRequest(message, param=param)
+
+
+def _function_tool(value: object, index: int) -> FunctionTool:
+    path = f"tools[{index}]"
+    if not isinstance(value, dict):
+        raise _bad(f"'{path}' must be an object", path)
+    if value.get("type") != "function":
+        raise _bad(f"'{path}.type' must be 'function'", f"{path}.type")
+    unknown = sorted(set(value) - {"type", "function"})
+    if unknown:
+        raise _bad(f"'{path}' has an unknown key {unknown[0]!r}", f"{path}.{unknown[0]}")
+    function = value.get("function")
+    if not isinstance(function, dict):
+        raise _bad(f"'{path}.function' must be an object", f"{path}.function")
+    unknown = sorted(set(function) - {"name", "description", "parameters", "strict"})
+    if unknown:
+        key = unknown[0]
+        raise _bad(f"'{path}.function' has an unknown key {key!r}", f"{path}.function.{key}")
+    name = function.get("name")
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise _bad(
+            f"'{path}.function.name' must be 1 to 64 letters, digits, '_' or '-'",
+            f"{path}.function.name",
+        )
+    description = function.get("description")
+    if description is not None and not isinstance(description, str):
+        raise _bad(
+            f"'{path}.function.description' must be a string", f"{path}.function.description"
+        )
+    strict = function.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise _bad(f"'{path}.function.strict' must be a boolean", f"{path}.function.strict")
+    parameters = function.get("parameters")
+    if parameters is None:
+        parameters = {"type": "object", "properties": {}}
+    if not isinstance(parameters, dict):
+        raise _bad(
+            f"'{path}.function.parameters' must be a JSON schema object",
+            f"{path}.function.parameters",
+        )
+    if parameters.get("type", "object") != "object":
+        raise _bad(
+            f"'{path}.function.parameters' must describe an object (type 'object')",
+            f"{path}.function.parameters.type",
+        )
+    return FunctionTool(name=name, description=description, parameters=parameters)
+
+
+def _choice(value: object, names: Sequence[str]) -> tuple[ChoiceMode, str | None]:
+    if value is None:
+        return (ChoiceMode.AUTO if names else ChoiceMode.NONE), None
+    if isinstance(value, str):
+        if value not in ("none", "auto", "required"):
+            raise _bad(
+                f"'tool_choice' must be none, auto, required or a function, got {value!r}",
+                "tool_choice",
+            )
+        return ChoiceMode(value), None
+    if not isinstance(value, dict) or value.get("type") != "function":
+        raise _bad(
+            '\'tool_choice\' must be a string or {"type": "function", "function": {"name": ...}}',
+            "tool_choice",
+        )
+    function = value.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str):
+        raise _bad("'tool_choice.function.name' must be a string", "tool_choice.function.name")
+    if name not in names:
+        raise _bad(
+            f"'tool_choice' names the function {name!r}, which is not in 'tools'",
+            "tool_choice",
+        )
+    return ChoiceMode.NAMED, name
+
+
+def parse_tool_use(body: Mapping[str, Any]) -> ToolUse | None:
+    """The request's tools, or None when it declares none (`tools` absent, null or [])."""
+    value = body.get("tools")
+    if value is not None and not isinstance(value, list):
+        raise _bad("'tools' must be a list", "tools")
+    tools = tuple(_function_tool(item, index) for index, item in enumerate(value or []))
+    if len(tools) > TOOLS_MAX:
+        raise _bad(f"'tools' takes at most {TOOLS_MAX} functions", "tools")
+    names = [tool.name for tool in tools]
+    for index, name in enumerate(names):
+        if name in names[:index]:
+            raise _bad(f"'tools' declares the function {name!r} twice", f"tools[{index}]")
+    mode, named = _choice(body.get("tool_choice"), names)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise _bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+    if not tools:
+        if mode != ChoiceMode.NONE:
+            raise _bad(f"'tool_choice' {mode.value!r} needs 'tools'", "tool_choice")
+        if parallel is not None:
+            raise _bad("'parallel_tool_calls' needs 'tools'", "parallel_tool_calls")
+        return None
+    return ToolUse(tools, mode, named, True if parallel is None else parallel)
+
+
+def parse_history_calls(value: object, index: int) -> tuple[HistoryCall, ...]:
+    """An assistant message's `tool_calls`: OpenAI's shape, arguments a JSON string."""
+    path = f"messages[{index}].tool_calls"
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise _bad(f"'{path}' must be a list", path)
+    calls: list[HistoryCall] = []
+    for number, call in enumerate(value):
+        at = f"{path}[{number}]"
+        if not isinstance(call, dict) or call.get("type", "function") != "function":
+            raise _bad(f"'{at}' must be an object of type 'function'", at)
+        call_id = call.get("id")
+        if not isinstance(call_id, str):
+            raise _bad(f"'{at}.id' must be a string", f"{at}.id")
+        function = call.get("function")
+        if not isinstance(function, dict):
+            raise _bad(f"'{at}.function' must be an object", f"{at}.function")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise _bad(f"'{at}.function.name' must be a non-empty string", f"{at}.function.name")
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):
+            raise _bad(
+                f"'{at}.function.arguments' must be a JSON string", f"{at}.function.arguments"
+            )
+        try:
+            decoded = json.loads(arguments)
+        except ValueError:
+            raise _bad(
+                f"'{at}.function.arguments' is not valid JSON", f"{at}.function.arguments"
+            ) from None
+        calls.append(HistoryCall(call_id, name, decoded))
+    return tuple(calls)
+
+
+# ----- the family's format -----
+class CallFormat(enum.StrEnum):
+    """How a family's model writes a call, as its chat template teaches it."""
+
+    HERMES = "hermes"
+    """Qwen 2.5 / 3 (Hermes): any number of `<tool_call>{"name", "arguments"}</tool_call>`."""
+    LLAMA3_JSON = "llama3_json"
+    """Llama 3.x: the whole answer is `{"name": .., "parameters": {..}}` (several joined by ';')."""
+    MISTRAL = "mistral"
+    """Mistral: `[TOOL_CALLS]` then a JSON list of `{"name": .., "arguments": {..}}`."""
+
+
+def format_of_template(source: str) -> CallFormat | None:
+    """The call format a chat template teaches, from the markers it writes; None if none."""
+    if "[TOOL_CALLS]" in source:
+        return CallFormat.MISTRAL
+    if "<tool_call>" in source:
+        return CallFormat.HERMES
+    if '"parameters"' in source:
+        return CallFormat.LLAMA3_JSON
+    return None
+
+
+@dataclass(frozen=True)
+class ParsedReply:
+    content: str | None
+    calls: tuple[FunctionCall, ...]
+
+
+HERMES_CALL: Final = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_DECODER: Final = json.JSONDecoder()
+
+
+def _call_of(value: object, argument_keys: tuple[str, ...]) -> FunctionCall | None:
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    arguments: object = {}
+    for key in argument_keys:
+        if key in value:
+            arguments = value[key]
+            break
+    if isinstance(arguments, str):  # some models write the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return FunctionCall(value["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+def _json_values(text: str, separators: str) -> list[Any] | None:
+    """Every JSON value of `text`, allowing `separators` and whitespace between them; None
+    unless the values cover the whole text."""
+    values: list[Any] = []
+    position = 0
+    while True:
+        while position < len(text) and (text[position].isspace() or text[position] in separators):
+            position += 1
+        if position == len(text):
+            return values
+        try:
+            value, position = _DECODER.raw_decode(text, position)
+        except ValueError:
+            return None
+        values.append(value)
+
+
+def _parse_hermes(text: str) -> ParsedReply | None:
+    blocks = list(HERMES_CALL.finditer(text))
+    if not blocks:
+        return None
+    calls: list[FunctionCall] = []
+    for block in blocks:
+        try:
+            value = json.loads(block.group(1))
+        except ValueError:
+            return None
+        call = _call_of(value, ("arguments", "parameters"))
+        if call is None:
+            return None
+        calls.append(call)
+    outside = HERMES_CALL.sub("", text)
+    if "<tool_call>" in outside:  # an unfinished call: the text is not a clean reply
+        return None
+    return ParsedReply(outside.strip() or None, tuple(calls))
+
+
+def _parse_llama3(text: str) -> ParsedReply | None:
+    stripped = text.strip().removeprefix("<|python_tag|>")
+    if not stripped.startswith("{"):
+        return None
+    values = _json_values(stripped, ";")
+    if not values:
+        return None
+    calls = [_call_of(value, ("parameters", "arguments")) for value in values]
+    if any(call is None for call in calls):
+        return None
+    return ParsedReply(None, tuple(call for call in calls if call is not None))
+
+
+def _parse_mistral(text: str) -> ParsedReply | None:
+    head, marker, tail = text.partition("[TOOL_CALLS]")
+    if not marker:  # the marker is a special token a decoder may drop: the list alone
+        head, tail = "", text.strip()
+        if not tail.startswith("[{"):
+            return None
+    values = _json_values(tail, "")
+    if values is None or len(values) != 1 or not isinstance(values[0], list) or not values[0]:
+        return None
+    calls = [_call_of(value, ("arguments", "parameters")) for value in values[0]]
+    if any(call is None for call in calls):
+        return None
+    return ParsedReply(head.strip() or None, tuple(call for call in calls if call is not None))
+
+
+PARSERS: Final = {
+    CallFormat.HERMES: _parse_hermes,
+    CallFormat.LLAMA3_JSON: _parse_llama3,
+    CallFormat.MISTRAL: _parse_mistral,
+}
+
+
+def parse_reply(text: str, call_format: CallFormat, use: ToolUse) -> ParsedReply:
+    """The generated text as content and calls. Text that is not a clean set of calls to
+    declared functions stays content, whole; with `parallel_tool_calls: false` only the
+    first call is kept."""
+    parsed = PARSERS[call_format](text)
+    if parsed is None or any(use.tool(call.name) is None for call in parsed.calls):
+        return ParsedReply(text, ())
+    if not use.parallel:
+        return ParsedReply(parsed.content, parsed.calls[:1])
+    return parsed
+
+
+# ----- forcing a call -----
+def forced_schema(use: ToolUse) -> dict[str, Any]:
+    """The JSON schema the output is constrained to when a call is forced.
+
+    A named function: its arguments object (the output is the arguments).
+    `required`: a list of `{"name": .., "parameters": ..}`, one item per call, each item
+    one of the tools; exactly one item when `parallel_tool_calls` is false.
+    """
+    if use.mode == ChoiceMode.NAMED:
+        tool = use.tool(use.named or "")
+        assert tool is not None  # parse_tool_use checked the name
+        return dict(tool.parameters)
+    items = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": tool.name}, "parameters": dict(tool.parameters)},
+            "required": ["name", "parameters"],
+            "additionalProperties": False,
+        }
+        for tool in use.tools
+    ]
+    schema: dict[str, Any] = {
+        "type": "array",
+        "items": items[0] if len(items) == 1 else {"anyOf": items},
+        "minItems": 1,
+    }
+    if not use.parallel:
+        schema["maxItems"] = 1
+    return schema
+
+
+def parse_forced(text: str, use: ToolUse) -> ParsedReply:
+    """A forced output as calls; text cut short (`length`) that does not parse stays content."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return ParsedReply(text, ())
+    if use.mode == ChoiceMode.NAMED:
+        if not isinstance(value, dict):
+            return ParsedReply(text, ())
+        return ParsedReply(None, (FunctionCall(use.named or "", json.dumps(value)),))
+    if not isinstance(value, list):
+        return ParsedReply(text, ())
+    calls = [_call_of(item, ("parameters",)) for item in value]
+    if not calls or any(call is None or use.tool(call.name) is None for call in calls):
+        return ParsedReply(text, ())
+    kept = tuple(call for call in calls if call is not None)
+    return ParsedReply(None, kept if use.parallel else kept[:1])
+
+
+def read_reply(text: str, call_format: CallFormat | None, use: ToolUse) -> ParsedReply:
+    """The reply of a request with tools, however it was produced."""
+    if use.forced:
+        return parse_forced(text, use)
+    if use.mode == ChoiceMode.NONE or call_format is None:
+        return ParsedReply(text, ())
+    return parse_reply(text, call_format, use)
+
+
+# ----- the response -----
+def new_call_id() -> str:
+    return f"call_{secrets.token_hex(12)}"
+
+
+def message_calls(calls: Sequence[FunctionCall], ids: Sequence[str]) -> list[dict[str, Any]]:
+    """`message.tool_calls` of a whole answer."""
+    return [
+        {
+            "id": call_id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+        for call, call_id in zip(calls, ids, strict=True)
+    ]
+
+
+def delta_calls(calls: Sequence[FunctionCall], ids: Sequence[str]) -> list[dict[str, Any]]:
+    """Stream deltas for whole calls: per call, one delta with its index, id and name, and
+    its whole arguments (a client joins `arguments` pieces; one piece is a valid join)."""
+    return [
+        {
+            "index": index,
+            "id": call_id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+        for index, (call, call_id) in enumerate(zip(calls, ids, strict=True))
+    ]
+
+
+# ----- streaming -----
+MARKERS: Final = {
+    CallFormat.HERMES: "<tool_call>",
+    CallFormat.MISTRAL: "[TOOL_CALLS]",
+}
+
+
+def _held_from(text: str, marker: str) -> int:
+    """Where text that may be a call begins: the marker, or a tail that could start it."""
+    found = text.find(marker)
+    if found >= 0:
+        return found
+    for length in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:length]):
+            return len(text) - length
+    return len(text)
+
+
+def _outside_calls(text: str, call_format: CallFormat | None) -> str:
+    """The part of a reply with calls that is not a call (what the non-streamed content is)."""
+    if call_format == CallFormat.HERMES:
+        return HERMES_CALL.sub("", text)
+    if call_format == CallFormat.MISTRAL:
+        return text.partition("[TOOL_CALLS]")[0] if "[TOOL_CALLS]" in text else ""
+    return ""
+
+
+@dataclass
+class StreamSplitter:
+    """Splits one streamed choice of a tools request into content and calls.
+
+    Content streams as it comes until text that may be a call begins (the family's
+    marker, or for Llama 3 and Mistral an answer that opens with `{` or `[`); from there
+    the text is held until the generation ends and is then parsed whole: its calls go
+    out as call deltas, or, if it is not a clean call, as content. A named function's
+    output is its arguments, so each piece streams at once as an arguments delta.
+    """
+
+    use: ToolUse
+    call_format: CallFormat | None
+    text: str = ""
+    sent: int = 0
+    """Characters of `text` already sent as content."""
+    named_id: str | None = field(default=None)
+
+    def push(self, piece: str) -> tuple[str | None, list[dict[str, Any]] | None]:
+        """(content, call deltas) to send for this piece; None where there is nothing."""
+        self.text += piece
+        if self.use.mode == ChoiceMode.NAMED:
+            return None, self._named_delta(piece)
+        end = self._streamable_end()
+        if end <= self.sent:
+            return None, None
+        content = self.text[self.sent : end]
+        self.sent = end
+        return content, None
+
+    def _named_delta(self, piece: str) -> list[dict[str, Any]] | None:
+        if self.named_id is None:
+            self.named_id = new_call_id()
+            function = {"name": self.use.named, "arguments": piece}
+            return [{"index": 0, "id": self.named_id, "type": "function", "function": function}]
+        if not piece:
+            return None
+        return [{"index": 0, "function": {"arguments": piece}}]
+
+    def _streamable_end(self) -> int:
+        if self.use.forced:
+            return 0
+        if self.use.mode == ChoiceMode.NONE or self.call_format is None:
+            return len(self.text)
+        if self.call_format == CallFormat.HERMES:
+            return _held_from(self.text, MARKERS[CallFormat.HERMES])
+        opening = self.text.lstrip()
+        if not opening:
+            return self.sent
+        if self.call_format == CallFormat.LLAMA3_JSON and opening[0] in "{<":
+            return self.sent
+        if self.call_format == CallFormat.MISTRAL:
+            if opening[0] == "[":
+                return self.sent
+            return _held_from(self.text, MARKERS[CallFormat.MISTRAL])
+        return len(self.text)
+
+    def finish(self) -> tuple[str | None, list[dict[str, Any]] | None]:
+        """What is left to send once the generation ended: the rest as content, or calls."""
+        if self.use.mode == ChoiceMode.NAMED:
+            if self.named_id is None:  # nothing was generated: still name the call
+                return None, self._named_delta("")
+            return None, None
+        parsed = read_reply(self.text, self.call_format, self.use)
+        if parsed.calls:
+            rest = _outside_calls(self.text[self.sent :], self.call_format)
+            ids = [new_call_id() for _ in parsed.calls]
+            return (rest.strip() or None), delta_calls(parsed.calls, ids)
+        rest = self.text[self.sent :]
+        self.sent = len(self.text)
+        return (rest or None), None
+
+    @property
+    def called(self) -> bool:
+        """Whether the stream's reply is calls (its finish reason is then `tool_calls`)."""
+        if self.use.mode == ChoiceMode.NAMED:
+            return bool(parse_forced(self.text, self.use).calls)
+        return bool(read_reply(self.text, self.call_format, self.use).calls)

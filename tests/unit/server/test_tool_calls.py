@@ -1,0 +1,344 @@
+"""Tool calling's pure parts: request validation, the family parsers, forcing, stream splitting."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from fusebox_server.errors import InvalidRequest, ServerError
+from fusebox_server.http.openai_schema import parse_chat_request
+from fusebox_server.http.tool_calls import (
+    CallFormat,
+    ChoiceMode,
+    StreamSplitter,
+    ToolUse,
+    forced_schema,
+    format_of_template,
+    parse_forced,
+    parse_tool_use,
+    read_reply,
+)
+from fusebox_server.zoo import templates
+
+WEATHER: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+TIME: dict[str, Any] = {"type": "function", "function": {"name": "get_time"}}
+
+
+def _use(**body: Any) -> ToolUse:
+    use = parse_tool_use({"tools": [WEATHER, TIME], **body})
+    assert use is not None
+    return use
+
+
+def _chat(**body: Any) -> Any:
+    return parse_chat_request(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body}
+    )
+
+
+# ----- the request -----
+def test_tools_default_to_auto_and_parallel_calls() -> None:
+    use = _chat(tools=[WEATHER]).tool_use
+    assert use.mode == ChoiceMode.AUTO and use.parallel and use.tools[0].name == "get_weather"
+    assert use.tools[0].template_entry() == WEATHER
+    assert _chat().tool_use is None
+    assert _chat(tools=[], tool_choice="none").tool_use is None
+
+
+def test_a_tool_without_parameters_takes_an_empty_object() -> None:
+    assert _use().tools[1].parameters == {"type": "object", "properties": {}}
+
+
+@pytest.mark.parametrize(
+    ("tools", "param"),
+    [
+        ({"type": "function"}, "tools"),
+        (["get_weather"], "tools[0]"),
+        ([{"type": "code", "function": {"name": "f"}}], "tools[0].type"),
+        ([{"type": "function"}], "tools[0].function"),
+        ([{"type": "function", "function": {"name": "no spaces"}}], "tools[0].function.name"),
+        ([{"type": "function", "function": {"name": "x" * 65}}], "tools[0].function.name"),
+        ([{"type": "function", "function": {}}], "tools[0].function.name"),
+        (
+            [{"type": "function", "function": {"name": "f", "description": 3}}],
+            "tools[0].function.description",
+        ),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": "{}"}}],
+            "tools[0].function.parameters",
+        ),
+        (
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}],
+            "tools[0].function.parameters.type",
+        ),
+        ([{"type": "function", "function": {"name": "f", "bogus": 1}}], "tools[0].function.bogus"),
+        ([WEATHER, WEATHER], "tools[1]"),
+    ],
+)
+def test_a_malformed_tool_is_a_400_naming_its_path(tools: object, param: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        _chat(tools=tools)
+    assert caught.value.status == 400 and caught.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {}}}, "tool_choice.function.name"),
+        ({"tool_choice": {"type": "function"}}, "tool_choice.function.name"),
+        ({"tool_choice": {"name": "get_weather"}}, "tool_choice"),
+        ({"parallel_tool_calls": "no"}, "parallel_tool_calls"),
+    ],
+)
+def test_a_bad_choice_is_a_400_naming_it(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        _chat(tools=[WEATHER], **body)
+    assert caught.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+    ],
+)
+def test_a_choice_without_tools_is_a_400(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        _chat(**body)
+    assert caught.value.param == param
+
+
+def test_the_choices_parse() -> None:
+    named = _use(tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert named.mode == ChoiceMode.NAMED and named.named == "get_time" and named.forced
+    assert _use(tool_choice="required", parallel_tool_calls=False).parallel is False
+    assert not _use(tool_choice="none").parses_calls
+
+
+@pytest.mark.parametrize("name", ["functions", "function_call"])
+def test_the_deprecated_functions_stay_refused_naming_them(name: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        _chat(**{name: [{"name": "f"}] if name == "functions" else "auto"})
+    assert caught.value.param == name
+
+
+# ----- history -----
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+
+
+def test_tool_turns_and_assistant_calls_are_kept_for_the_template() -> None:
+    request = _chat(
+        messages=[
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [CALL]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        ]
+    )
+    assistant, tool = request.messages[1].template_message(), request.messages[2].template_message()
+    assert assistant["tool_calls"] == [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {}}}
+    ]
+    assert tool == {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ({"role": "tool", "content": "sunny"}, "messages[0].tool_call_id"),
+        ({"role": "assistant", "tool_calls": {}}, "messages[0].tool_calls"),
+        (
+            {"role": "assistant", "tool_calls": [{"type": "function"}]},
+            "messages[0].tool_calls[0].id",
+        ),
+        (
+            {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f"}}]},
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        (
+            {
+                "role": "assistant",
+                "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "{no"}}],
+            },
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        ({"role": "user", "content": "x", "tool_calls": [CALL]}, "messages[0].tool_calls"),
+    ],
+)
+def test_a_malformed_tool_message_is_a_400_naming_its_path(
+    message: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(ServerError) as caught:
+        _chat(messages=[message])
+    assert caught.value.status == 400 and caught.value.param == param
+
+
+# ----- formats and parsers -----
+def test_each_zoo_template_names_its_format() -> None:
+    assert format_of_template(templates.QWEN2_5) == CallFormat.HERMES
+    assert format_of_template(templates.QWEN3) == CallFormat.HERMES
+    assert format_of_template(templates.LLAMA3) == CallFormat.LLAMA3_JSON
+    assert format_of_template("{{ '[TOOL_CALLS]' }}") == CallFormat.MISTRAL
+    for plain in (templates.MISTRAL, templates.GEMMA2, templates.PHI3):
+        assert format_of_template(plain) is None
+
+
+def _calls(text: str, call_format: CallFormat, **body: Any) -> tuple[Any, list[tuple[str, Any]]]:
+    reply = read_reply(text, call_format, _use(**body))
+    return reply.content, [(call.name, json.loads(call.arguments)) for call in reply.calls]
+
+
+def test_hermes_calls_parse_with_the_text_around_them() -> None:
+    text = (
+        'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n'
+        '</tool_call>\n<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    )
+    assert _calls(text, CallFormat.HERMES) == (
+        "Let me look.",
+        [("get_weather", {"city": "Oslo"}), ("get_time", {})],
+    )
+    only_first = _calls(text, CallFormat.HERMES, parallel_tool_calls=False)
+    assert only_first[1] == [("get_weather", {"city": "Oslo"})]
+    bare = '<tool_call>{"name": "get_time", "arguments": "{}"}</tool_call>'
+    assert _calls(bare, CallFormat.HERMES) == (None, [("get_time", {})])
+
+
+def test_llama3_json_calls_parse() -> None:
+    one = '{"name": "get_weather", "parameters": {"city": "Oslo"}}'
+    assert _calls(one, CallFormat.LLAMA3_JSON) == (None, [("get_weather", {"city": "Oslo"})])
+    two = one + '; {"name": "get_time", "parameters": {}}'
+    assert [name for name, _ in _calls(two, CallFormat.LLAMA3_JSON)[1]] == [
+        "get_weather",
+        "get_time",
+    ]
+    tagged = "<|python_tag|>" + one
+    assert _calls(tagged, CallFormat.LLAMA3_JSON)[1] == [("get_weather", {"city": "Oslo"})]
+
+
+def test_mistral_calls_parse_with_or_without_the_marker() -> None:
+    listed = '[{"name": "get_weather", "arguments": {"city": "Oslo"}}]'
+    assert _calls("[TOOL_CALLS]" + listed, CallFormat.MISTRAL) == (
+        None,
+        [("get_weather", {"city": "Oslo"})],
+    )
+    assert _calls(listed, CallFormat.MISTRAL)[1] == [("get_weather", {"city": "Oslo"})]
+
+
+@pytest.mark.parametrize(
+    ("text", "call_format"),
+    [
+        ("The weather is fine.", CallFormat.HERMES),
+        ('<tool_call>{"name": "get_weather", "arguments": {"ci', CallFormat.HERMES),
+        ('<tool_call>{"name": "get_weather"</tool_call>', CallFormat.HERMES),
+        ('<tool_call>{"name": "launch", "arguments": {}}</tool_call>', CallFormat.HERMES),
+        ('<tool_call>{"arguments": {}}</tool_call>', CallFormat.HERMES),
+        ('<tool_call>{"name": "get_time", "arguments": [1]}</tool_call>', CallFormat.HERMES),
+        (
+            '{"name": "get_weather", "parameters": {"city": "Oslo"}} and more',
+            CallFormat.LLAMA3_JSON,
+        ),
+        ("{not json", CallFormat.LLAMA3_JSON),
+        ('The answer: {"name": "get_time", "parameters": {}}', CallFormat.LLAMA3_JSON),
+        ("[TOOL_CALLS] oops", CallFormat.MISTRAL),
+        ("[TOOL_CALLS][]", CallFormat.MISTRAL),
+    ],
+)
+def test_text_that_is_not_a_clean_call_stays_content(text: str, call_format: CallFormat) -> None:
+    assert _calls(text, call_format) == (text, [])
+
+
+def test_tool_choice_none_reads_no_calls() -> None:
+    text = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    assert _calls(text, CallFormat.HERMES, tool_choice="none") == (text, [])
+
+
+# ----- forcing -----
+def test_a_named_function_is_forced_to_its_parameters() -> None:
+    use = _use(tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert forced_schema(use) == WEATHER["function"]["parameters"]
+    reply = parse_forced('{"city": "Oslo"}', use)
+    assert reply.content is None and reply.calls[0].name == "get_weather"
+    assert json.loads(reply.calls[0].arguments) == {"city": "Oslo"}
+    assert parse_forced('{"city": "Os', use).calls == ()
+
+
+def test_required_is_forced_to_a_list_of_calls_of_declared_tools() -> None:
+    use = _use(tool_choice="required")
+    schema = forced_schema(use)
+    assert schema["type"] == "array" and schema["minItems"] == 1 and "maxItems" not in schema
+    names = [item["properties"]["name"]["const"] for item in schema["items"]["anyOf"]]
+    assert names == ["get_weather", "get_time"]
+    assert forced_schema(_use(tool_choice="required", parallel_tool_calls=False))["maxItems"] == 1
+    text = '[{"name": "get_time", "parameters": {}}, {"name": "get_weather", "parameters": {}}]'
+    assert [call.name for call in parse_forced(text, use).calls] == ["get_time", "get_weather"]
+    assert parse_forced('[{"name": "nope", "parameters": {}}]', use).calls == ()
+    assert parse_forced("[]", use).calls == ()
+
+
+# ----- streaming -----
+def _stream(pieces: list[str], call_format: CallFormat | None, **body: Any) -> tuple[str, Any]:
+    splitter = StreamSplitter(_use(**body), call_format)
+    content = ""
+    deltas: list[dict[str, Any]] = []
+    for piece in [*pieces, None]:
+        text, calls = splitter.finish() if piece is None else splitter.push(piece)
+        content += text or ""
+        deltas += calls or []
+    return content, deltas
+
+
+def test_a_hermes_stream_sends_text_at_once_and_holds_the_call() -> None:
+    splitter = StreamSplitter(_use(), CallFormat.HERMES)
+    assert splitter.push("Let me ") == ("Let me ", None)
+    assert splitter.push("look.<tool") == ("look.", None)  # may be the marker: held
+    assert splitter.push('_call>{"name": "get_time", ') == (None, None)
+    assert splitter.push('"arguments": {}}</tool_call>') == (None, None)
+    text, calls = splitter.finish()
+    assert text is None and calls is not None and splitter.called
+    assert calls[0]["index"] == 0 and calls[0]["id"].startswith("call_")
+    assert calls[0]["function"] == {"name": "get_time", "arguments": "{}"}
+
+
+def test_a_held_marker_that_is_no_call_goes_out_as_content() -> None:
+    pieces = ["a <tool", " b", ' <tool_call>{"name": "x"']
+    assert _stream(pieces, CallFormat.HERMES) == ("".join(pieces), [])
+
+
+def test_a_llama3_stream_holds_an_answer_that_opens_with_a_brace() -> None:
+    content, deltas = _stream(
+        ['{"name": "get_time", ', '"parameters": {}}'], CallFormat.LLAMA3_JSON
+    )
+    assert content == "" and deltas[0]["function"]["name"] == "get_time"
+    assert _stream(["Hello", " {x}"], CallFormat.LLAMA3_JSON) == ("Hello {x}", [])
+
+
+def test_a_named_stream_sends_arguments_as_they_come() -> None:
+    use = {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    content, deltas = _stream(['{"city"', ': "Oslo"}'], None, **use)
+    assert content == ""
+    assert deltas[0]["id"].startswith("call_") and deltas[0]["function"]["name"] == "get_weather"
+    assert "id" not in deltas[1]
+    assert "".join(d["function"]["arguments"] for d in deltas) == '{"city": "Oslo"}'
+
+
+def test_a_required_stream_holds_everything_until_the_end() -> None:
+    content, deltas = _stream(
+        ['[{"name": "get_time", ', '"parameters": {}}]'], None, tool_choice="required"
+    )
+    assert content == "" and [d["function"]["name"] for d in deltas] == ["get_time"]
