@@ -84,6 +84,8 @@ def _cluster(environ: Mapping[str, str]) -> str | None:
 
 SUITE: tuple[Benchmark, ...] = (
     Benchmark("server", "server_bench.py", missing=_transformers_cli),
+    # The same comparison on a real shape: the llama3 zoo model under bench/workload.py.
+    Benchmark("server-realistic", "realistic_bench.py", missing=_transformers_cli),
     Benchmark("kernels", "kernels_bench.py"),
     Benchmark("sampling", "sampling_bench.py"),
     Benchmark("sidecar", "sidecar_bench.py"),

@@ -1,0 +1,41 @@
+"""bench/realistic_bench.py's own judgements: how far two servers' greedy texts agree, and
+each target's verdict from the figures measured against it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from bench.realistic_bench import TARGETS, agreement, verdict
+from bench.serving_metrics import ResponseRecord
+from fusebox_server.zoo.release import ensure_zoo_model
+
+
+def _responses(texts: list[str]) -> list[ResponseRecord]:
+    return [ResponseRecord(index, scheduled=0.0, text=text) for index, text in enumerate(texts)]
+
+
+def test_agreement_counts_identical_texts_and_the_shared_token_prefix() -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_zoo_model("llama3")))
+    same = "The server loads the model once."
+    ours = _responses([same, "The server loads the model once, then warms it up."])
+    theirs = _responses([same, "The server loads the model twice, then warms it up."])
+    theirs.append(ResponseRecord(2, scheduled=0.0, text="only one side has this"))
+    result = agreement(tokenizer, ours, theirs)
+    assert result["compared"] == 2 and result["identical"] == 1
+    assert result["identical_share"] == 0.5
+    # The second pair agrees up to "once"/"twice": a share strictly between 0 and 1.
+    assert 0.5 < result["mean_common_prefix_share"] < 1.0
+
+
+def test_the_verdict_holds_each_measured_figure_to_its_target_and_skips_the_rest() -> None:
+    result: dict[str, Any] = {
+        "c16": {"tokens_per_second_ratio": 1.5, "ttft_p99_ratio": 0.9},
+    }
+    checks = verdict(result)
+    assert checks["c16_tokens_per_second_ratio"] == {"value": 1.5, "met": True}
+    assert checks["c16_ttft_p99_ratio"] == {"value": 0.9, "met": False}
+    assert "c1_latency_ratio" not in checks
+    at_target = {"c1": {"median_ratio": TARGETS["c1_latency_ratio_at_most"]}}
+    assert verdict(at_target)["c1_latency_ratio"]["met"] is True
