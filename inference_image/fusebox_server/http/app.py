@@ -143,6 +143,7 @@ def choice_settings(sampling: OpenAISampling, max_new_tokens: int) -> list[Decod
             top_alternatives=sampling.logprobs,
             repeat_penalties=RepeatPenalties(sampling.presence_penalty, sampling.frequency_penalty),
             token_bias=sampling.logit_bias,
+            output_format=sampling.output_format,
         )
         for index in range(sampling.n)
     ]

@@ -112,8 +112,9 @@ PARAMETERS: Final[tuple[Parameter, ...]] = (
     Parameter(
         "response_format",
         H,
-        "`text`, or `json_object` which the quality check verifies (the output is not "
-        "constrained); `json_schema`: 400, the schema is not checked",
+        "`json_object` and `json_schema` enforced by constrained decoding (the text parses, "
+        "and validates; closed within `max_tokens` when it can be); a schema keyword not "
+        "enforced (`pattern`, `format`, `minLength`...): 400 naming it",
         CHAT_ONLY,
     ),
     Parameter("user", H, "a string, logged on the request's line as `user`; no effect on output"),
@@ -145,7 +146,10 @@ PARAMETERS: Final[tuple[Parameter, ...]] = (
         CHAT_ONLY,
     ),
     Parameter(
-        "parallel_tool_calls", H, "`false`: at most one call (exactly one when forced)", CHAT_ONLY
+        "parallel_tool_calls",
+        H,
+        "`false`: only the first call is returned; a forced call is always one",
+        CHAT_ONLY,
     ),
     # ----- refused unless off -----
     Parameter("functions", R, "the deprecated form of `tools`: send `tools`", CHAT_ONLY),

@@ -21,7 +21,9 @@ from typing import Any, Final
 from fusebox_server.errors import InvalidJson, InvalidRequest, SchemaError
 from fusebox_server.http.openai_parameters import check_parameters
 from fusebox_server.http.rendering import Kind
+from fusebox_server.http.response_format import parse_response_format
 from fusebox_server.http.tool_calls import HistoryCall, ToolUse, parse_history_calls, parse_tool_use
+from fusebox_server.model.structured_output import OutputFormat
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
@@ -55,6 +57,8 @@ class OpenAISampling:
     logprobs: int | None = None
     """How many alternatives to report per token (chat `top_logprobs`, completion
     `logprobs`); None when no log-probabilities were asked for."""
+    output_format: OutputFormat | None = None
+    """`response_format` json_object / json_schema; None for free text."""
 
 
 @dataclass(frozen=True)
@@ -331,29 +335,6 @@ def _identifiers(body: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
-def _wants_json(body: dict[str, Any]) -> bool:
-    value = body.get("response_format")
-    if value is None:
-        return False
-    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
-        raise SchemaError(
-            "'response_format' must be an object with a 'type'", param="response_format"
-        )
-    kind = value["type"]
-    if kind == "json_schema":
-        raise InvalidRequest(
-            "'response_format' json_schema is not supported: the output is not checked "
-            "against a schema; use json_object",
-            param="response_format",
-        )
-    if kind not in ("text", "json_object"):
-        raise InvalidRequest(
-            f"'response_format.type' must be text or json_object, got {kind!r}",
-            param="response_format",
-        )
-    return bool(kind == "json_object")
-
-
 def _content(value: object, index: int) -> str:
     param = f"messages[{index}].content"
     if isinstance(value, str):
@@ -394,7 +375,8 @@ def _message(message: dict[str, Any], role: str, index: int) -> ChatMessage:
 def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     check_parameters(body, Kind.CHAT)
     model, stream, include_usage, sampling = _common(body)
-    sampling = replace(sampling, logprobs=_chat_logprobs(body))
+    output_format = parse_response_format(body)
+    sampling = replace(sampling, logprobs=_chat_logprobs(body), output_format=output_format)
     messages = body.get("messages")
     if messages is None:
         raise SchemaError("'messages' is required", param="messages")
@@ -423,7 +405,7 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
         stream=stream,
         include_usage=include_usage,
         sampling=sampling,
-        wants_json=_wants_json(body),
+        wants_json=output_format is not None,
         identifiers=_identifiers(body),
         tool_use=parse_tool_use(body),
     )

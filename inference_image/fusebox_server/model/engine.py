@@ -17,6 +17,7 @@ import inspect
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from fusebox_contract.names import Dtype, Quantization
 from fusebox_server.model.cpu_kernels import pack_for_cpu
 from fusebox_server.model.decode_settings import DecodeSettings
 from fusebox_server.model.quantization import load_dtype, quantize
+from fusebox_server.model.structured_output import ConstrainedRow, TokenVocabulary
 from fusebox_server.model.token_choice import (
     RowAdjustments,
     TokenScore,
@@ -209,17 +211,26 @@ def choose_token(
 
 
 def takes_shared_argmax(settings: DecodeSettings) -> bool:
-    """Greedy, with nothing to adjust or score: the batch's one argmax is this row's token."""
+    """Greedy, with nothing to adjust, score or constrain: the batch's one argmax is this
+    row's token."""
     scored = settings.top_alternatives is not None
-    return is_greedy(settings) and not adjusts_logits(settings) and not scored
+    constrained = settings.output_format is not None
+    return is_greedy(settings) and not adjusts_logits(settings) and not scored and not constrained
 
 
 def choose_row_token(logits: torch.Tensor, row: Decoding) -> int:
     """One row's token from its own logits: penalties and bias applied, then greedy or
-    sampled; the row's score is kept (`Decoding.last_score`) when it asked for scores."""
+    sampled (among the tokens its output format allows, when it has one); the row's score
+    is kept (`Decoding.last_score`) when it asked for scores, of the raw logits."""
     settings = row.settings
     adjusted = row.adjustments.apply(logits) if adjusts_logits(settings) else logits
-    if is_greedy(settings):
+    if row.constraint is not None:
+        sampler = None
+        if not is_greedy(settings):
+            sampler = partial(choose_token, settings=settings, generator=row.generator)
+        token = row.constraint.choose(adjusted, sampler)
+        row.constraint.took(token)
+    elif is_greedy(settings):
         token = int(torch.argmax(adjusted).item())
     else:
         token = choose_token(adjusted, settings, row.generator)
@@ -281,8 +292,14 @@ class Decoding:
     """
 
     def __init__(
-        self, loaded: LoadedModel, prompt_ids: tuple[int, ...], settings: DecodeSettings
+        self,
+        loaded: LoadedModel,
+        prompt_ids: tuple[int, ...],
+        settings: DecodeSettings,
+        vocabulary: TokenVocabulary | None = None,
     ) -> None:
+        """`vocabulary`: the tokenizer's tokens as bytes, needed when the settings have an
+        output format (`structured_output.vocabulary_of`)."""
         self.loaded = loaded
         self.settings = settings
         self._pending = torch.tensor([list(prompt_ids)], dtype=torch.long, device=loaded.device)
@@ -294,6 +311,16 @@ class Decoding:
         self.position = len(prompt_ids)  # the position of the next token fed to the model
         self.last_token = -1
         self.adjustments = RowAdjustments(settings)
+        self.constraint: ConstrainedRow | None = None
+        if settings.output_format is not None:
+            if vocabulary is None:
+                raise ValueError("an output format needs the tokenizer's vocabulary")
+            self.constraint = ConstrainedRow(
+                settings.output_format,
+                vocabulary,
+                loaded.eos_token_ids,
+                settings.max_new_tokens,
+            )
         # The score of the token chosen last, when the settings ask for scores.
         self.last_score: TokenScore | None = None
         self.generator: torch.Generator | None = None
@@ -328,6 +355,16 @@ class Decoding:
 
     def is_end(self, token_id: int) -> bool:
         return token_id in self.loaded.eos_token_ids
+
+    @property
+    def document_finished(self) -> bool:
+        """The row's output format is met and nothing may follow: the row ends."""
+        return self.constraint is not None and self.constraint.finished
+
+    @property
+    def document_incomplete(self) -> bool:
+        """The row has an output format its text does not yet meet."""
+        return self.constraint is not None and not self.constraint.complete
 
 
 def prefill(loaded: LoadedModel, rows: Sequence[Decoding]) -> list[int | Exception]:

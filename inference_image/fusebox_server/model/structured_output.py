@@ -39,9 +39,9 @@ from typing import Any, Final
 import torch
 
 WHITESPACE: Final = frozenset(b" \t\n\r")
-WHITESPACE_RUN_BYTES: Final = 8
-"""The most whitespace bytes in one gap between tokens of the document: enough for an
-indented line, too few for a model to pad forever."""
+WHITESPACE_RUN_BYTES: Final = 4
+"""The most whitespace bytes in one gap between tokens of the document: a newline and a
+short indent, too few for a model to pad forever."""
 MAX_NESTING: Final = 32
 """How deep a document of free shape (json_object) may nest objects and arrays."""
 SAMPLE_TRIES: Final = 8
@@ -69,6 +69,7 @@ class UnsupportedSchema(ValueError):
 
     def __init__(self, path: Sequence[str], reason: str) -> None:
         self.path = ".".join(path)
+        self.reason = reason
         super().__init__(f"{self.path or 'the schema'}: {reason}")
 
 
@@ -962,26 +963,40 @@ class ConstrainedRow:
     def choose(self, logits: torch.Tensor, sample: Sampler | None) -> int:
         """The row's next token from its (adjusted) logits; `sample` None: greedy.
 
-        When nothing fits the budget (a tokenizer without some byte), the grammar
-        alone decides; when nothing fits at all, an end-of-sequence id ends the row.
+        The model's own first choices are tried before anything is masked (inside a
+        string nearly every token fits, and the mask costs 256 parser steps); sampling
+        is rejection sampling, so a valid draw keeps the model's distribution over the
+        valid tokens. When nothing fits the budget (a tokenizer without some byte), the
+        grammar alone decides; when nothing fits at all, an end-of-sequence id ends the
+        row.
         """
-        masked = self.mask(logits)
-        if sample is not None:
-            for _ in range(SAMPLE_TRIES):
-                if not bool(torch.isfinite(masked).any()):
-                    break
-                token = sample(masked)
-                if self.allows(token):
-                    return token
-                masked[token] = -math.inf
-        for budgeted in (True, False):
-            found = self._scan(masked if budgeted else logits.float(), budgeted)
+        rows = logits.float()
+        masked: torch.Tensor | None = None
+        if sample is None:
+            found = self._scan(rows, budgeted=True, window_only=True)
             if found is not None:
                 return found
-        return min(self.end_ids) if self.end_ids else int(torch.argmax(logits).item())
+        else:
+            for _ in range(SAMPLE_TRIES):
+                token = sample(rows if masked is None else masked)
+                if self.allows(token):
+                    return token
+                if masked is None:
+                    masked = self.mask(rows)
+                masked[token] = -math.inf
+                if not bool(torch.isfinite(masked).any()):
+                    break
+        if masked is None:
+            masked = self.mask(rows)
+        for budgeted in (True, False):
+            found = self._scan(masked if budgeted else rows, budgeted)
+            if found is not None:
+                return found
+        return min(self.end_ids) if self.end_ids else int(torch.argmax(rows).item())
 
-    def _scan(self, logits: torch.Tensor, budgeted: bool) -> int | None:
-        """The first valid token in descending logit order."""
+    def _scan(self, logits: torch.Tensor, budgeted: bool, window_only: bool = False) -> int | None:
+        """The first valid token in descending logit order (`window_only`: among the
+        first GREEDY_WINDOW)."""
         window = min(GREEDY_WINDOW, logits.shape[-1])
         values, ids = torch.topk(logits, window)
         for value, token in zip(values.tolist(), ids.tolist(), strict=True):
@@ -989,6 +1004,8 @@ class ConstrainedRow:
                 return None
             if self.allows(token, budgeted):
                 return int(token)
+        if window_only:
+            return None
         order = torch.argsort(logits, descending=True)
         finite = int(torch.isfinite(logits).sum().item())
         for token in order[window:finite].tolist():

@@ -42,6 +42,7 @@ from fusebox_server.model.engine import (
 from fusebox_server.model.faults import Faults
 from fusebox_server.model.memory import cuda_memory
 from fusebox_server.model.slot_batch import SlotBatch, new_batch
+from fusebox_server.model.structured_output import vocabulary_of
 from fusebox_server.model.token_choice import TokenScore
 from fusebox_server.model.tokenization import IncrementalDecoder, token_text
 
@@ -373,7 +374,10 @@ class InferenceWorker(threading.Thread):
             raise token_id
         assert job.decoding is not None and job.decoder is not None
         if job.decoding.is_end(token_id):
-            self._complete(job, "stop", job.decoder.flush())
+            # An output format ends its row itself; an end token before its document is
+            # whole means no token could go on (`ConstrainedRow.choose`).
+            reason = "length" if job.decoding.document_incomplete else "stop"
+            self._complete(job, reason, job.decoder.flush())
             return True
         job.completion_tokens += 1
         score = job.decoding.last_score
@@ -381,6 +385,9 @@ class InferenceWorker(threading.Thread):
             first = job.completion_tokens == 1
             job.pending_scores.append(scored_token(job.tokenizer, score, first))
         piece = job.decoder.push(token_id)
+        if job.decoding.document_finished:
+            self._complete(job, "stop", piece + job.decoder.flush())
+            return True
         if job.completion_tokens >= job.settings.max_new_tokens:
             self._complete(job, "length", piece + job.decoder.flush())
             return True
@@ -485,7 +492,8 @@ class InferenceWorker(threading.Thread):
             raise ModelUnavailable("the model was unloaded or swapped before generation started")
         job.cuda_at_entry = cuda_memory(loaded.device)
         self._faults.grow_leaks(loaded)
-        job.decoding = Decoding(loaded, job.prompt_ids, job.settings)
+        vocabulary = vocabulary_of(job.tokenizer) if job.settings.output_format else None
+        job.decoding = Decoding(loaded, job.prompt_ids, job.settings, vocabulary)
         job.decoder = IncrementalDecoder(job.tokenizer)
 
     def _append(self, job: GenerationJob, piece: str, final: bool) -> bool:

@@ -186,7 +186,8 @@ def test_quality_failures_raise_the_failure_ratio(faults_off: ServerProcess) -> 
         lambda: (lambda q: q if q["failed_total"] > start["failed_total"] else None)(quality()),
         what="a blocked-term failure",
     )
-    json_response = server.chat(PLAIN_PROMPT, max_tokens=8, response_format={"type": "json_object"})
+    # json_object is enforced; one token cannot hold a whole document, and a cut one fails.
+    json_response = server.chat(PLAIN_PROMPT, max_tokens=1, response_format={"type": "json_object"})
     assert json_response.status_code == 200
     after_json = server.wait_for(
         lambda: (lambda q: q if q["failed_total"] > after_blocked["failed_total"] else None)(

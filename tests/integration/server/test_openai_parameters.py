@@ -310,18 +310,33 @@ def check_stream_options(client: openai.OpenAI, server: ServerProcess) -> None:
 
 
 def check_response_format(client: openai.OpenAI, server: ServerProcess) -> None:
-    chat(client, response_format={"type": "json_object"}, extra_headers={"X-Request-Id": "rf-j"})
+    """Enforced (test_structured_output.py has the rest); the quality check still reads
+    JSON: a document cut by `max_tokens` fails it."""
+    whole = chat(client, response_format={"type": "json_object"}, max_tokens=32)
+    assert isinstance(json.loads(whole.choices[0].message.content), dict)
+    cut = chat(client, response_format={"type": "json_object"}, max_tokens=1)
+    assert cut.choices[0].finish_reason == "length"
+    chat(
+        client,
+        response_format={"type": "json_object"},
+        max_tokens=1,
+        extra_headers={"X-Request-Id": "rf-j"},
+    )
     chat(client, response_format={"type": "text"}, extra_headers={"X-Request-Id": "rf-t"})
     request_line(server, "rf-t")
     failures = server.wait_for(
         lambda: [e for e in log_lines(server, "rf-j") if e["event"] == "quality_failure"],
-        what="the json_object response checked as JSON",
+        what="the cut json_object response checked as JSON",
     )
     assert "invalid_json" in failures[0]["reasons"]
     assert not [e for e in log_lines(server, "rf-t") if e["event"] == "quality_failure"]
+    schema = {"type": "object", "properties": {"a": {"type": "string", "minLength": 1}}}
     with pytest.raises(openai.BadRequestError) as caught:
-        chat(client, response_format={"type": "json_schema", "json_schema": {"name": "x"}})
-    assert caught.value.param == "response_format"
+        chat(
+            client,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+        )
+    assert caught.value.param == "response_format.json_schema.schema.properties.a.minLength"
 
 
 TOOL: Any = {"type": "function", "function": {"name": "f"}}

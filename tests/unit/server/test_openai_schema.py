@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fusebox_server.errors import InvalidRequest, ServerError
+from fusebox_server.errors import InvalidRequest, SchemaError, ServerError
 from fusebox_server.http.openai_parameters import PARAMETERS, Parameter, Treatment
 from fusebox_server.http.openai_schema import (
     parse_chat_request,
@@ -217,13 +217,42 @@ def test_logged_identifiers_are_kept_and_must_be_strings() -> None:
     assert caught.value.param == "user"
 
 
-def test_json_schema_response_format_is_refused_and_json_object_wanted() -> None:
-    with pytest.raises(InvalidRequest) as caught:
-        parse_chat_request({**_base(Kind.CHAT), "response_format": {"type": "json_schema"}})
-    assert caught.value.param == "response_format"
-    assert not parse_chat_request(
-        {**_base(Kind.CHAT), "response_format": {"type": "text"}}
-    ).wants_json
+def test_response_format_becomes_the_output_format_and_a_bad_schema_is_named() -> None:
+    def parse(response_format: Any) -> Any:
+        return parse_chat_request({**_base(Kind.CHAT), "response_format": response_format})
+
+    text = parse({"type": "text"})
+    assert not text.wants_json and text.sampling.output_format is None
+    assert parse({"type": "json_object"}).sampling.output_format.schema is None
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    chosen = parse({"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+    assert chosen.wants_json and chosen.sampling.output_format.schema == schema
+    for response_format, error, param in [
+        ({"type": "json_schema"}, SchemaError, "response_format.json_schema"),
+        (
+            {"type": "json_schema", "json_schema": {}},
+            InvalidRequest,
+            "response_format.json_schema.name",
+        ),
+        ({"type": "xml"}, InvalidRequest, "response_format.type"),
+        ({"type": "text", "json_schema": {}}, InvalidRequest, "response_format.json_schema"),
+        (
+            {"type": "json_schema", "json_schema": {"name": "n", "extra": 1}},
+            InvalidRequest,
+            "response_format.json_schema.extra",
+        ),
+        (
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "n", "schema": {"type": "string", "minLength": 2}},
+            },
+            InvalidRequest,
+            "response_format.json_schema.schema.minLength",
+        ),
+    ]:
+        with pytest.raises(error) as caught:
+            parse(response_format)
+        assert caught.value.param == param, response_format
 
 
 def test_stream_options_need_a_stream_and_known_boolean_options() -> None:

@@ -1,0 +1,493 @@
+"""The structured-output grammar (what text is a prefix of an accepted document) and the
+per-row token choice under it, on hand-made logits and vocabularies."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+
+from fusebox_server.model.structured_output import (
+    WHITESPACE_RUN_BYTES,
+    ConstrainedRow,
+    OutputFormat,
+    TokenVocabulary,
+    UnsupportedSchema,
+    vocabulary_of,
+)
+
+ANY_OBJECT = OutputFormat.json(None)
+PERSON: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+        "kind": {"enum": ["cat", "dog"], "type": "string"},
+        "home": {"$ref": "#/$defs/Place"},
+    },
+    "required": ["name", "age", "kind", "home"],
+    "additionalProperties": False,
+    "$defs": {
+        "Place": {
+            "type": "object",
+            "properties": {
+                "grid": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}
+            },
+            "required": ["grid"],
+            "additionalProperties": False,
+        }
+    },
+}
+
+
+def state_of(output_format: OutputFormat, text: str | bytes) -> Any:
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    return output_format.start().feed(data)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{}",
+        '{"a": 1}',
+        '{"a": [1, 2.5, -0.5e10, 1E+5, -0, true, false, null]}',
+        '{"nested": {"deeper": [[], [[]], {"x": "y"}]}}',
+        '{"中文": "你好, 世界 😀"}',
+        '{"escapes": "\\" \\\\ \\/ \\b \\f \\n \\r \\t \\u00e9 \\ud83d\\ude00"}',
+        ' {\n  "a" : 1 ,\n  "b" : 2\n}',
+    ],
+)
+def test_a_whole_json_object_is_complete_and_finished(text: str) -> None:
+    state = state_of(ANY_OBJECT, text)
+    assert state.valid and state.complete and state.finished
+    assert state.min_close == 0
+    assert isinstance(json.loads(text), dict)
+
+
+@pytest.mark.parametrize(
+    "text", ["{", '{"a', '{"a":', '{"a": -', '{"a": 1.', '{"a": 1e', '{"a": [1,', '{"a": "x\\u00']
+)
+def test_a_prefix_is_valid_and_not_complete(text: str) -> None:
+    state = state_of(ANY_OBJECT, text)
+    assert state.valid and not state.complete
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[]",  # json_object means an object
+        '"a"',
+        "1",
+        '{"a": 1}x',  # no trailing garbage
+        "{} ",  # nothing at all after the document
+        "{}{}",
+        '{"a": 01}',
+        '{"a": .5}',
+        '{"a": 1.e5}',
+        '{"a": +1}',
+        '{"a": tru}',
+        '{"a": 1,}',
+        '{"a" 1}',
+        '{"a": "\x01"}',  # a raw control character
+        '{"a": "\\x41"}',  # not a JSON escape
+        '{"a": "\\u00g0"}',
+        '{"a": 1, "a": 2}',  # a key twice
+        "{'a': 1}",
+    ],
+)
+def test_text_that_is_no_prefix_of_a_json_object_is_invalid(text: str) -> None:
+    assert not state_of(ANY_OBJECT, text).valid
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a": "\xff"}',
+        b'{"a": "\x80"}',
+        b'{"a": "\xc0\xaf"}',
+        b'{"a": "\xed\xa0\x80"}',
+        b'{"a": "\xe4\xb8"}',
+    ],
+    ids=["ff", "lone-continuation", "overlong", "surrogate", "cut-character"],
+)
+def test_bytes_that_are_not_utf8_are_invalid_inside_strings(raw: bytes) -> None:
+    state = state_of(ANY_OBJECT, raw)
+    assert not state.complete
+
+
+def test_a_character_split_over_tokens_stays_valid_between_its_bytes() -> None:
+    state = state_of(ANY_OBJECT, b'{"a": "' + "中".encode()[:2])
+    assert state.valid and state.min_close == 1 + 1 + 1  # the last byte, the quote, the brace
+    assert state.feed("中".encode()[2:] + b'"}').finished
+
+
+def test_whitespace_runs_are_bounded() -> None:
+    assert state_of(ANY_OBJECT, "{" + " " * WHITESPACE_RUN_BYTES + "}").finished
+    assert not state_of(ANY_OBJECT, "{" + " " * (WHITESPACE_RUN_BYTES + 1)).valid
+    assert not state_of(ANY_OBJECT, " " * (WHITESPACE_RUN_BYTES + 1) + "{").valid
+
+
+def test_free_documents_nest_only_so_deep() -> None:
+    assert state_of(ANY_OBJECT, '{"a":' + "[" * 20).valid
+    assert not state_of(ANY_OBJECT, '{"a":' + "[" * 40).valid
+
+
+def test_the_fewest_closing_bytes_are_known_at_every_point() -> None:
+    assert state_of(ANY_OBJECT, "").min_close == 2  # {}
+    assert state_of(ANY_OBJECT, '{"a":tru').min_close == 2  # e}
+    assert state_of(ANY_OBJECT, '{"a":[[1').min_close == 3  # ]]}
+    assert state_of(ANY_OBJECT, '{"a":1,').min_close == len('"":0}')
+    shortest = '{"name":"","age":0,"kind":"cat","home":{"grid":[]}}'
+    person = OutputFormat.json(PERSON)
+    assert person.start().min_close == len(shortest)
+    assert state_of(person, shortest).finished
+    assert state_of(person, '{"name":"x","ag').min_close == len(
+        'e":0,"kind":"cat","home":{"grid":[]}}'
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "Rex", "age": 3, "kind": "dog", "home": {"grid": [[1, -2], [], [0]]}}',
+        '{"home": {"grid": []}, "kind": "cat", "age": null, "name": "\\u00e9"}',  # any order
+    ],
+)
+def test_a_document_of_the_schema_is_finished(text: str) -> None:
+    assert state_of(OutputFormat.json(PERSON), text).finished
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "Rex"}',  # required keys missing: `}` refused
+        '{"name": 1',  # a string expected
+        '{"name": "a", "age": 1.5',  # integer: no fraction
+        '{"name": "a", "age": "3"',  # integer or null
+        '{"name": "a", "age": 3, "kind": "cow"',  # not in the enum
+        '{"name": "a", "other"',  # additionalProperties: false
+        '{"name": "a", "name"',  # twice
+        '{"name": "a", "age": 3, "kind": "cat", "home": {"grid": [[1.5',  # nested integer
+        '{"name": "a", "age": 3, "kind": "cat", "home": {"grid": [1',  # array of arrays
+    ],
+)
+def test_text_the_schema_rejects_is_invalid(text: str) -> None:
+    assert not state_of(OutputFormat.json(PERSON), text).valid
+
+
+def test_any_of_and_type_lists_are_followed_side_by_side() -> None:
+    either = OutputFormat.json(
+        {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "null"}}]}
+    )
+    assert state_of(either, '"x"').finished and state_of(either, "[null,null]").finished
+    assert not state_of(either, "[1").valid
+    nullable = OutputFormat.json({"type": ["number", "null"]})
+    assert state_of(nullable, "null").finished
+    number = state_of(nullable, "12")
+    assert number.complete and not number.finished  # 12 may go on: 123
+    assert not state_of(nullable, "nul1").valid
+
+
+def test_enum_and_const_accept_exactly_their_values() -> None:
+    mixed = OutputFormat.json({"enum": ["a", 1, None, {"k": [True]}]})
+    for text in ['"a"', "1", "null", '{"k":[true]}']:
+        assert state_of(mixed, text).complete, text
+    assert not state_of(mixed, '"b"').valid
+    const = OutputFormat.json({"const": "only"})
+    assert state_of(const, '"only"').finished and not state_of(const, '"onl"').complete
+
+
+def test_what_pydantic_sends_in_strict_mode_compiles() -> None:
+    pydantic = pytest.importorskip("pydantic")
+    from openai.lib._pydantic import to_strict_json_schema
+
+    class Pet(pydantic.BaseModel):
+        name: str
+        legs: int
+        weight: float | None
+        tags: list[str]
+        kind: str = pydantic.Field(json_schema_extra={"enum": ["cat", "dog"]})
+
+    class Owner(pydantic.BaseModel):
+        pets: list[Pet]
+        main: Pet | None
+
+    owner = OutputFormat.json(to_strict_json_schema(Owner))
+    text = json.dumps(
+        {
+            "pets": [{"name": "a", "legs": 4, "weight": None, "tags": ["x"], "kind": "dog"}],
+            "main": None,
+        }
+    )
+    assert state_of(owner, text).finished
+    Owner.model_validate_json(text)
+
+
+@pytest.mark.parametrize(
+    ("schema", "path"),
+    [
+        ({"type": "string", "pattern": "^a$"}, "pattern"),
+        ({"type": "string", "format": "date-time"}, "format"),
+        ({"type": "string", "minLength": 1}, "minLength"),
+        ({"type": "string", "maxLength": 9}, "maxLength"),
+        ({"type": "number", "minimum": 0}, "minimum"),
+        ({"type": "integer", "maximum": 9}, "maximum"),
+        ({"type": "number", "multipleOf": 2}, "multipleOf"),
+        ({"type": "array", "minItems": 1}, "minItems"),
+        ({"type": "array", "maxItems": 1}, "maxItems"),
+        ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+        ({"type": "array", "prefixItems": [{}]}, "prefixItems"),
+        ({"type": "object", "patternProperties": {}}, "patternProperties"),
+        ({"type": "object", "minProperties": 1}, "minProperties"),
+        ({"oneOf": [{"type": "string"}]}, "oneOf"),
+        ({"not": {"type": "string"}}, "not"),
+        ({"if": {}, "then": {}}, "if"),
+        ({"allOf": [{"type": "string"}, {"type": "number"}]}, "allOf"),
+        ({"type": "string", "items": {}}, "items"),  # a keyword of another type
+        (
+            {"type": "object", "properties": {"a": {"type": "string", "format": "email"}}},
+            "properties.a.format",
+        ),
+        ({"type": "array", "items": {"type": "string", "pattern": "x"}}, "items.pattern"),
+        ({"$ref": "#"}, "$ref"),
+        (
+            {
+                "$defs": {
+                    "Node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/Node"}}}
+                },
+                "$ref": "#/$defs/Node",
+            },
+            "$defs.Node.properties.next.$ref",
+        ),
+        ({"$ref": "#/$defs/Missing"}, "$ref"),
+        ({"$ref": "https://example.com/schema"}, "$ref"),
+        ({"type": "object", "required": ["x"], "additionalProperties": False}, "required"),
+        ({"type": "date"}, "type"),
+        (
+            {"$defs": {"Unused": {"type": "string", "pattern": "x"}}, "type": "string"},
+            "$defs.Unused.pattern",
+        ),
+    ],
+)
+def test_every_refused_keyword_names_itself(schema: dict[str, Any], path: str) -> None:
+    with pytest.raises(UnsupportedSchema) as caught:
+        OutputFormat.json(schema)
+    assert caught.value.path == path
+    assert path.rsplit(".", 1)[-1] in str(caught.value)
+
+
+# ----- the choice, on a hand-made vocabulary -----
+
+SPELLINGS: list[bytes | None] = [
+    b"{",
+    b"}",
+    b'"',
+    b"a",
+    b":",
+    b"1",
+    b"x",
+    None,
+    b'"a"',
+    b" ",
+    b"}x",
+    b'"}',
+    b"\n\n\n\n\n",
+]
+END = 7  # end of sequence: a special token, no bytes
+SPECIAL = 13
+
+
+def vocabulary() -> TokenVocabulary:
+    spellings = [*SPELLINGS, None]  # 13: another special token
+    first = torch.tensor([data[0] if data else 256 for data in spellings], dtype=torch.long)
+    return TokenVocabulary(tuple(spellings), first)
+
+
+def logits_favouring(*order: int) -> torch.Tensor:
+    """Logits over the vocabulary where `order[0]` is the most likely, then `order[1]`..."""
+    values = torch.full((len(SPELLINGS) + 1,), -5.0)
+    for rank, token in enumerate(order):
+        values[token] = 10.0 - rank
+    return values
+
+
+def row(output_format: OutputFormat = ANY_OBJECT, budget: int = 50) -> ConstrainedRow:
+    return ConstrainedRow(output_format, vocabulary(), [END], budget)
+
+
+def decode(constrained: ConstrainedRow, logits: torch.Tensor, steps: int) -> bytes:
+    text = b""
+    for _ in range(steps):
+        token = constrained.choose(logits, None)
+        constrained.took(token)
+        if token == END:
+            break
+        data = constrained.vocabulary.token_bytes[token]
+        assert data is not None
+        text += data
+        if constrained.finished:
+            break
+    return text
+
+
+def test_greedy_takes_the_most_likely_token_that_keeps_the_document_valid() -> None:
+    constrained = row()
+    assert (
+        constrained.choose(logits_favouring(6, SPECIAL, END, 3, 0), None) == 0
+    )  # x, special, end: no
+    constrained.took(0)
+    assert constrained.choose(logits_favouring(10, 1), None) == 1  # `}x` would trail garbage
+
+
+def test_the_end_token_is_valid_only_once_the_document_is_complete() -> None:
+    number = ConstrainedRow(OutputFormat.json({"type": "integer"}), vocabulary(), [END], 10)
+    assert number.choose(logits_favouring(END, 5), None) == 5
+    number.took(5)
+    assert number.complete and not number.finished
+    assert number.choose(logits_favouring(END, 5), None) == END
+
+
+def test_a_finished_document_ends_the_row() -> None:
+    constrained = row()
+    assert decode(constrained, logits_favouring(0, 1), 10) == b"{}"
+    assert constrained.finished
+
+
+def test_a_model_that_never_closes_its_string_is_closed_within_its_budget() -> None:
+    for budget in (6, 9, 20):
+        constrained = row(budget=budget)
+        text = decode(constrained, logits_favouring(3, 0, 2, 4, 5, 11, 1), budget)
+        assert isinstance(json.loads(text), dict)
+        assert constrained.finished and len(text) <= budget  # one byte per token here
+
+
+def test_padding_whitespace_cannot_run_on() -> None:
+    constrained = row(budget=30)
+    text = decode(constrained, logits_favouring(9, 12, 0, 1), 30)
+    assert text == b" " * WHITESPACE_RUN_BYTES + b"{" + b" " * WHITESPACE_RUN_BYTES + b"}"
+
+
+def test_a_budget_too_small_for_any_document_still_gives_valid_prefix_tokens() -> None:
+    constrained = row(budget=1)
+    token = constrained.choose(logits_favouring(6, 3, 0), None)
+    assert token == 0  # `{`: the grammar alone decides when nothing can close in time
+
+
+def test_sampling_resamples_without_the_invalid_draw_and_keeps_valid_draws() -> None:
+    seen: list[torch.Tensor] = []
+    draws = iter([6, 3, 0])
+
+    def sample(logits: torch.Tensor) -> int:
+        seen.append(logits.clone())
+        return next(draws)
+
+    constrained = row()
+    assert constrained.choose(logits_favouring(6, 3, 0), sample) == 0
+    assert seen[1][6] == -math.inf  # the invalid draw is masked before the next
+    assert seen[1][3] == -math.inf  # and so is every token that cannot start here
+    assert seen[1][0] > -math.inf
+
+
+def test_sampling_that_keeps_missing_falls_back_to_logit_order() -> None:
+    constrained = row()
+    assert constrained.choose(logits_favouring(6, 2, 0), lambda logits: 6) == 0
+
+
+def test_the_tiny_tokenizers_token_bytes_are_its_decoded_text(tiny_tokenizer: Any) -> None:
+    table = vocabulary_of(tiny_tokenizer)
+    assert vocabulary_of(tiny_tokenizer) is table  # built once per tokenizer
+    assert table.token_bytes[tiny_tokenizer.eos_token_id] is None
+    checked = 0
+    for token_id, data in enumerate(table.token_bytes):
+        text = tiny_tokenizer.decode([token_id])
+        if data is not None and "\ufffd" not in text:
+            assert data == text.encode("utf-8"), token_id
+            checked += 1
+    assert checked > 1000
+    assert int(table.first_byte[table.token_bytes.index(b"{")]) == ord("{")
+
+
+# ----- in both batches, on the tiny model -----
+
+STEPS = 32
+PET: dict[str, Any] = {
+    "type": "object",
+    "properties": {"kind": {"enum": ["cat", "dog"]}, "n": {"type": ["integer", "null"]}},
+    "required": ["kind", "n"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir: Any, tiny_tokenizer: Any) -> Any:
+    from fusebox_server.model.engine import load_model
+
+    return load_model("primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer)
+
+
+def _settings() -> list[Any]:
+    from fusebox_server.model.decode_settings import DecodeSettings
+
+    plain = DecodeSettings(max_new_tokens=STEPS, temperature=0.0, top_p=1.0, seed=None, stop=())
+    pet = OutputFormat.json(PET)
+    return [
+        plain,  # the batch's shared argmax
+        replace(plain, output_format=ANY_OBJECT),
+        replace(plain, output_format=pet, top_alternatives=2),
+        replace(plain, output_format=pet, temperature=0.9, seed=7),
+    ]
+
+
+def _decode(rows: list[Any], first: list[Any], batch: Any, tokenizer: Any) -> list[list[int]]:
+    tokens: list[list[int]] = [[t] for t in first]
+    done = [row.document_finished for row in rows]
+    for _ in range(STEPS - 1):
+        for index, token in enumerate(batch.step()):
+            if not done[index]:
+                tokens[index].append(token)
+                done[index] = rows[index].document_finished
+    return tokens
+
+
+@pytest.mark.parametrize("kind", ["alone", "decode_batch", "slot_batch"])
+def test_constrained_rows_decode_documents_beside_plain_rows(
+    kind: str, loaded: Any, tiny_tokenizer: Any
+) -> None:
+    from fusebox_server.model.engine import DecodeBatch, Decoding, prefill
+    from fusebox_server.model.slot_batch import SlotBatch
+
+    prompt = tuple(tiny_tokenizer.backend_tokenizer.encode("Once upon a time").ids)
+    table = vocabulary_of(tiny_tokenizer)
+    settings = _settings()
+    rows = [Decoding(loaded, prompt, s, table) for s in settings]
+    if kind == "alone":
+        tokens = []
+        for decoding in rows:
+            steps = [decoding.step()]
+            while len(steps) < STEPS and not decoding.document_finished:
+                steps.append(decoding.step())
+            tokens.append(steps)
+    else:
+        batch = DecodeBatch(loaded) if kind == "decode_batch" else SlotBatch(loaded, graphs=False)
+        first = prefill(loaded, rows)
+        batch.add(*rows)
+        tokens = _decode(rows, first, batch, tiny_tokenizer)
+    texts = [tiny_tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
+    assert isinstance(json.loads(texts[1]), dict)
+    for text in texts[2:]:
+        document = json.loads(text)
+        assert set(document) == {"kind", "n"} and document["kind"] in ("cat", "dog")
+        assert document["n"] is None or isinstance(document["n"], int)
+    assert all(row.document_finished for row in rows[1:])
+    with pytest.raises(ValueError):
+        json.loads(texts[0])  # the random model's free text is no JSON
+    assert rows[2].last_score is not None  # scored, of the raw logits
+    if kind != "alone":
+        alone = [Decoding(loaded, prompt, s, table) for s in settings]
+        for index, decoding in enumerate(alone[1:], start=1):
+            by_itself = [decoding.step() for _ in range(len(tokens[index]))]
+            assert by_itself == tokens[index], index
