@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import structlog
@@ -82,6 +82,7 @@ from fusebox_server.http.tool_calls import (
     CallFormat,
     StreamSplitter,
     ToolUse,
+    forced_format,
     format_of_template,
     message_calls,
     new_call_id,
@@ -147,6 +148,19 @@ def choice_settings(sampling: OpenAISampling, max_new_tokens: int) -> list[Decod
         )
         for index in range(sampling.n)
     ]
+
+
+def forced_settings(settings: list[DecodeSettings], use: ToolUse) -> list[DecodeSettings]:
+    """A forced call (`required`, a named function): every choice's output is constrained
+    to the call's JSON (`tool_calls.forced_schema`)."""
+    if any(item.output_format is not None for item in settings):
+        raise InvalidRequest(
+            "'tool_choice' forces a call, which cannot be combined with a JSON "
+            "'response_format': both constrain the output",
+            param="tool_choice",
+        )
+    output_format = forced_format(use)
+    return [replace(item, output_format=output_format) for item in settings]
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:
@@ -259,12 +273,15 @@ class Api:
             self.config.context_window_tokens,
             prompt_param,
         )
+        settings = choice_settings(parsed.sampling, max_new_tokens)
+        if prepared.tool_use is not None and prepared.tool_use.forced:
+            settings = forced_settings(settings, prepared.tool_use)
         choices = await _unless_disconnected(
             request.receive,
             self.runtime.start_generations(
                 record.request_id,
                 prompt_ids,
-                choice_settings(parsed.sampling, max_new_tokens),
+                settings,
                 record.arrival_monotonic + self.config.request_timeout_seconds,
             ),
         )
@@ -337,13 +354,6 @@ class Api:
                 "writes calls in no format this server can read (Hermes <tool_call>, "
                 "Llama 3 JSON, Mistral [TOOL_CALLS])",
                 param="tools",
-            )
-        if use is not None and use.forced:
-            raise InvalidRequest(
-                f"'tool_choice' {use.named or use.mode.value!r} is not supported yet: forcing "
-                "a call needs constrained decoding, which this server does not have; use "
-                "'auto'",
-                param="tool_choice",
             )
         return call_format
 

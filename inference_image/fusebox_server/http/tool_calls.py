@@ -7,8 +7,9 @@ This module validates `tools` / `tool_choice` / `parallel_tool_calls` (a 400
 naming the bad path), picks the parser from the chat template's own text,
 turns generated text into calls (text that does not parse stays content,
 never an error), builds the JSON schema that forces a call when the request
-requires one, and splits a stream into content and call deltas. Pure
-functions and one small stateful splitter; no I/O, no torch.
+requires one (compiled by `model.structured_output`), and splits a stream
+into content and call deltas. Pure functions and one small stateful
+splitter; no I/O.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from fusebox_server.errors import InvalidRequest
+from fusebox_server.model.structured_output import OutputFormat, UnsupportedSchema
 
 NAME_PATTERN: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """OpenAI's rule for a function name."""
@@ -380,14 +382,15 @@ def forced_schema(use: ToolUse) -> dict[str, Any]:
     """The JSON schema the output is constrained to when a call is forced.
 
     A named function: its arguments object (the output is the arguments).
-    `required`: a list of `{"name": .., "parameters": ..}`, one item per call, each item
-    one of the tools; exactly one item when `parallel_tool_calls` is false.
+    `required`: one `{"name": .., "parameters": ..}` object, any of the tools. One call,
+    not vLLM's list of calls: the grammar has no `minItems`, and a list that may be empty
+    would let the model answer `[]`, no call at all.
     """
     if use.mode == ChoiceMode.NAMED:
         tool = use.tool(use.named or "")
         assert tool is not None  # parse_tool_use checked the name
         return dict(tool.parameters)
-    items = [
+    calls = [
         {
             "type": "object",
             "properties": {"name": {"const": tool.name}, "parameters": dict(tool.parameters)},
@@ -396,14 +399,26 @@ def forced_schema(use: ToolUse) -> dict[str, Any]:
         }
         for tool in use.tools
     ]
-    schema: dict[str, Any] = {
-        "type": "array",
-        "items": items[0] if len(items) == 1 else {"anyOf": items},
-        "minItems": 1,
-    }
-    if not use.parallel:
-        schema["maxItems"] = 1
-    return schema
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+
+def forced_format(use: ToolUse) -> OutputFormat:
+    """The grammar of a forced call; a tool whose schema it cannot enforce is a 400 naming
+    the keyword where it sits (`tools[0].function.parameters.properties.x.pattern`)."""
+    for index, tool in enumerate(use.tools):
+        if use.mode == ChoiceMode.NAMED and tool.name != use.named:
+            continue
+        try:
+            OutputFormat.json(tool.parameters)
+        except UnsupportedSchema as error:
+            param = ".".join(filter(None, (f"tools[{index}].function.parameters", error.path)))
+            reason = str(error).removeprefix(f"{error.path}: ")
+            raise _bad(
+                f"'tool_choice' {use.named or use.mode.value!r} cannot be enforced: "
+                f"'{param}': {reason}",
+                param,
+            ) from None
+    return OutputFormat.json(forced_schema(use))
 
 
 def parse_forced(text: str, use: ToolUse) -> ParsedReply:
@@ -416,13 +431,10 @@ def parse_forced(text: str, use: ToolUse) -> ParsedReply:
         if not isinstance(value, dict):
             return ParsedReply(text, ())
         return ParsedReply(None, (FunctionCall(use.named or "", json.dumps(value)),))
-    if not isinstance(value, list):
+    call = _call_of(value, ("parameters",))
+    if call is None or use.tool(call.name) is None:
         return ParsedReply(text, ())
-    calls = [_call_of(item, ("parameters",)) for item in value]
-    if not calls or any(call is None or use.tool(call.name) is None for call in calls):
-        return ParsedReply(text, ())
-    kept = tuple(call for call in calls if call is not None)
-    return ParsedReply(None, kept if use.parallel else kept[:1])
+    return ParsedReply(None, (call,))
 
 
 def read_reply(text: str, call_format: CallFormat | None, use: ToolUse) -> ParsedReply:
@@ -557,7 +569,9 @@ class StreamSplitter:
             return None, None
         parsed = read_reply(self.text, self.call_format, self.use)
         if parsed.calls:
-            rest = _outside_calls(self.text[self.sent :], self.call_format)
+            rest = (
+                "" if self.use.forced else _outside_calls(self.text[self.sent :], self.call_format)
+            )
             ids = [new_call_id() for _ in parsed.calls]
             return (rest.strip() or None), delta_calls(parsed.calls, ids)
         rest = self.text[self.sent :]

@@ -14,6 +14,7 @@ from fusebox_server.http.tool_calls import (
     ChoiceMode,
     StreamSplitter,
     ToolUse,
+    forced_format,
     forced_schema,
     format_of_template,
     parse_forced,
@@ -278,17 +279,40 @@ def test_a_named_function_is_forced_to_its_parameters() -> None:
     assert parse_forced('{"city": "Os', use).calls == ()
 
 
-def test_required_is_forced_to_a_list_of_calls_of_declared_tools() -> None:
+def test_required_is_forced_to_one_call_of_a_declared_tool() -> None:
     use = _use(tool_choice="required")
     schema = forced_schema(use)
-    assert schema["type"] == "array" and schema["minItems"] == 1 and "maxItems" not in schema
-    names = [item["properties"]["name"]["const"] for item in schema["items"]["anyOf"]]
+    names = [item["properties"]["name"]["const"] for item in schema["anyOf"]]
     assert names == ["get_weather", "get_time"]
-    assert forced_schema(_use(tool_choice="required", parallel_tool_calls=False))["maxItems"] == 1
-    text = '[{"name": "get_time", "parameters": {}}, {"name": "get_weather", "parameters": {}}]'
-    assert [call.name for call in parse_forced(text, use).calls] == ["get_time", "get_weather"]
-    assert parse_forced('[{"name": "nope", "parameters": {}}]', use).calls == ()
-    assert parse_forced("[]", use).calls == ()
+    assert schema["anyOf"][0]["properties"]["parameters"] == WEATHER["function"]["parameters"]
+    text = '{"name": "get_time", "parameters": {}}'
+    assert [call.name for call in parse_forced(text, use).calls] == ["get_time"]
+    assert parse_forced('{"name": "nope", "parameters": {}}', use).calls == ()
+    assert parse_forced('{"name": "get_time", "para', use).content == '{"name": "get_time", "para'
+
+
+def test_a_forced_schema_compiles_and_an_unenforceable_keyword_is_a_400_naming_it() -> None:
+    assert forced_format(_use(tool_choice="required")).schema == forced_schema(
+        _use(tool_choice="required")
+    )
+    pattern: dict[str, Any] = {
+        "type": "function",
+        "function": {
+            "name": "code",
+            "parameters": {
+                "type": "object",
+                "properties": {"x": {"type": "string", "pattern": "a"}},
+            },
+        },
+    }
+    use = parse_tool_use({"tools": [WEATHER, pattern], "tool_choice": "required"})
+    assert use is not None
+    with pytest.raises(InvalidRequest) as caught:
+        forced_format(use)
+    assert caught.value.param == "tools[1].function.parameters.properties.x.pattern"
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    other = parse_tool_use({"tools": [WEATHER, pattern], "tool_choice": named})
+    assert other is not None and forced_format(other).schema == WEATHER["function"]["parameters"]
 
 
 # ----- streaming -----
@@ -337,8 +361,8 @@ def test_a_named_stream_sends_arguments_as_they_come() -> None:
     assert "".join(d["function"]["arguments"] for d in deltas) == '{"city": "Oslo"}'
 
 
-def test_a_required_stream_holds_everything_until_the_end() -> None:
-    content, deltas = _stream(
-        ['[{"name": "get_time", ', '"parameters": {}}]'], None, tool_choice="required"
-    )
+@pytest.mark.parametrize("call_format", [None, *CallFormat])
+def test_a_required_stream_holds_everything_until_the_end(call_format: CallFormat | None) -> None:
+    pieces = ['{"name": "get_time", ', '"parameters": {}}']
+    content, deltas = _stream(pieces, call_format, tool_choice="required")
     assert content == "" and [d["function"]["name"] for d in deltas] == ["get_time"]

@@ -1,0 +1,224 @@
+"""Tool calling through the official openai client against a real server on a zoo family.
+
+Qwen 2.5's template (written here in the family's format) lists the tools in
+`<tools>`, writes earlier calls in `<tool_call>` and results in
+`<tool_response>`; Llama 3's lists them in a system turn, writes calls as
+JSON and results in an `ipython` turn. The model is random: what it says is noise, so these tests
+hold the server to what it controls: the conversation with tools and tool
+turns reaches the model exactly as the template renders it, a forced call
+comes back as a call whose arguments parse and match the schema (streamed
+and not), and what cannot be served is a 400 naming the parameter.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from fusebox_server_harness import MODEL_NAME, ServerProcess
+
+from fusebox_server.zoo.release import ensure_zoo_model
+
+RESULT_TURNS = {"qwen2.5": "<tool_response>", "llama3": "<|start_header_id|>ipython"}
+"""Each family with a tool format, and how its template marks a tool's result."""
+WEATHER: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                "days": {"type": "integer"},
+            },
+            "required": ["city", "unit", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string"}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+TOOLS = [WEATHER, TIME]
+CALL: Any = {
+    "id": "call_7",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "celsius"}'},
+}
+CONVERSATION: Any = [
+    {"role": "system", "content": "You answer with tools."},
+    {"role": "user", "content": "What is the weather in Oslo?"},
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "call_7", "content": '{"temperature": 21}'},
+]
+
+
+@pytest.fixture(scope="module", params=sorted(RESULT_TURNS))
+def family(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+@pytest.fixture(scope="module")
+def family_server(family: str, server_workdir: Path) -> Iterator[ServerProcess]:
+    workdir = Path(tempfile.mkdtemp(prefix=f"zoo-{family}-", dir=server_workdir))
+    server = ServerProcess(workdir, ensure_zoo_model(family), {"max-new-tokens": 128}, {})
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def client(family_server: ServerProcess) -> Iterator[openai.OpenAI]:
+    url = f"{family_server.url}/v1"
+    with openai.OpenAI(base_url=url, api_key="unused", max_retries=0) as client:
+        yield client
+
+
+def chat(client: openai.OpenAI, **fields: Any) -> Any:
+    arguments: dict[str, Any] = {
+        "model": MODEL_NAME,
+        "messages": CONVERSATION,
+        "tools": TOOLS,
+        "max_tokens": 16,
+        "temperature": 0,
+    }
+    arguments.update(fields)
+    return client.chat.completions.create(**arguments)
+
+
+def _template_tokens(family: str, messages: Any, tools: Any) -> int:
+    """The conversation's prompt as transformers renders it with the release's template
+    (history arguments decoded, as templates read them)."""
+    from transformers import AutoTokenizer
+
+    tokenizer: Any = AutoTokenizer.from_pretrained(
+        str(ensure_zoo_model(family)), local_files_only=True
+    )
+    decoded = json.loads(json.dumps(messages))
+    for message in decoded:
+        for call in message.get("tool_calls") or []:
+            call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+        if message["content"] is None:
+            message["content"] = ""
+    text = tokenizer.apply_chat_template(
+        decoded, tools=tools, tokenize=False, add_generation_prompt=True
+    )
+    assert RESULT_TURNS[family] in text and '"city": "Oslo"' in text
+    assert ("get_time" in text) == bool(tools)
+    return len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def test_a_conversation_with_tool_turns_reaches_the_model_as_the_template_renders_it(
+    client: openai.OpenAI, family: str
+) -> None:
+    answer = chat(client)
+    assert answer.usage.prompt_tokens == _template_tokens(family, CONVERSATION, TOOLS)
+    choice = answer.choices[0]
+    assert choice.finish_reason in ("stop", "length", "tool_calls")
+    without_tools = chat(client, tools=None)
+    assert without_tools.usage.prompt_tokens == _template_tokens(family, CONVERSATION, None)
+    assert without_tools.usage.prompt_tokens < answer.usage.prompt_tokens
+
+
+def _check_weather_arguments(arguments: str) -> None:
+    value = json.loads(arguments)
+    assert set(value) == {"city", "unit", "days"}
+    assert isinstance(value["city"], str) and value["unit"] in ("celsius", "fahrenheit")
+    assert isinstance(value["days"], int) and not isinstance(value["days"], bool)
+
+
+NAMED: Any = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def test_a_named_function_comes_back_as_its_call(client: openai.OpenAI) -> None:
+    answer = chat(client, tool_choice=NAMED, max_tokens=96)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function"
+    assert call.function.name == "get_weather"
+    _check_weather_arguments(call.function.arguments)
+
+
+def _streamed_calls(chunks: Any) -> tuple[dict[int, dict[str, str]], list[str | None], str]:
+    calls: dict[int, dict[str, str]] = {}
+    finishes: list[str | None] = []
+    content = ""
+    for chunk in chunks:
+        for choice in chunk.choices:
+            finishes.append(choice.finish_reason)
+            content += choice.delta.content or ""
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] += delta.id or ""
+                if delta.function is not None:
+                    call["name"] += delta.function.name or ""
+                    call["arguments"] += delta.function.arguments or ""
+    return calls, finishes, content
+
+
+def test_a_named_function_streams_as_call_deltas(client: openai.OpenAI) -> None:
+    chunks = list(chat(client, tool_choice=NAMED, max_tokens=96, stream=True))
+    calls, finishes, content = _streamed_calls(chunks)
+    assert content == "" and finishes[-1] == "tool_calls"
+    assert list(calls) == [0] and calls[0]["name"] == "get_weather"
+    assert calls[0]["id"].startswith("call_")
+    _check_weather_arguments(calls[0]["arguments"])
+    argument_chunks = [c for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert len(argument_chunks) > 1, "the arguments did not stream piece by piece"
+
+
+def test_required_comes_back_as_calls_of_declared_tools(client: openai.OpenAI) -> None:
+    for parallel in (True, False):
+        answer = chat(client, tool_choice="required", parallel_tool_calls=parallel, max_tokens=128)
+        choice = answer.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        (call,) = choice.message.tool_calls  # one call: the grammar has no minItems
+        assert call.id.startswith("call_") and call.function.name in ("get_weather", "get_time")
+        if call.function.name == "get_weather":
+            _check_weather_arguments(call.function.arguments)
+        else:
+            assert set(json.loads(call.function.arguments)) == {"zone"}
+    streamed, finishes, content = _streamed_calls(
+        chat(client, tool_choice="required", parallel_tool_calls=False, max_tokens=128, stream=True)
+    )
+    assert content == "" and finishes[-1] == "tool_calls" and list(streamed) == [0]
+    assert streamed[0]["name"] in ("get_weather", "get_time") and streamed[0]["id"]
+    json.loads(streamed[0]["arguments"])
+
+
+def test_an_unknown_named_function_is_a_400_naming_tool_choice(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, tool_choice={"type": "function", "function": {"name": "launch"}})
+    assert caught.value.param == "tool_choice" and "launch" in caught.value.message
+
+
+def test_a_malformed_history_call_is_a_400_naming_its_path(client: openai.OpenAI) -> None:
+    broken = [*CONVERSATION]
+    broken[2] = {**CALL, "function": {"name": "get_weather", "arguments": "{oops"}}
+    broken[2] = {"role": "assistant", "content": None, "tool_calls": [broken[2]]}
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, messages=broken)
+    assert caught.value.param == "messages[2].tool_calls[0].function.arguments"
