@@ -222,3 +222,37 @@ def test_a_malformed_history_call_is_a_400_naming_its_path(client: openai.OpenAI
     with pytest.raises(openai.BadRequestError) as caught:
         chat(client, messages=broken)
     assert caught.value.param == "messages[2].tool_calls[0].function.arguments"
+
+
+def test_a_llama3_answer_in_its_call_format_comes_back_as_a_call(
+    client: openai.OpenAI, family: str
+) -> None:
+    """`auto` reads the model's own call format. Llama 3 writes a call as a bare JSON
+    object, so a `response_format` schema of that object makes even the random model
+    write one; the server must read it back as a call, not as content."""
+    if family != "llama3":
+        pytest.skip("only Llama 3's call format is plain JSON a response_format can shape")
+    call_schema = {
+        "type": "object",
+        "properties": {
+            "name": {"const": "get_time"},
+            "parameters": TIME["function"]["parameters"],
+        },
+        "required": ["name", "parameters"],
+        "additionalProperties": False,
+    }
+    shaped = {"type": "json_schema", "json_schema": {"name": "call", "schema": call_schema}}
+    answer = chat(client, response_format=shaped, max_tokens=64)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_time"
+    assert set(json.loads(call.function.arguments)) == {"zone"}
+    streamed, finishes, content = _streamed_calls(
+        chat(client, response_format=shaped, max_tokens=64, stream=True)
+    )
+    assert content == "" and finishes[-1] == "tool_calls"
+    assert streamed[0]["name"] == "get_time" and streamed[0]["arguments"] == call.function.arguments
+    undeclared = chat(client, tools=[WEATHER], response_format=shaped, max_tokens=64).choices[0]
+    assert not undeclared.message.tool_calls and undeclared.finish_reason == "stop"
+    assert json.loads(undeclared.message.content)["name"] == "get_time"  # stays content
