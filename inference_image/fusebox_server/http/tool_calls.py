@@ -234,9 +234,10 @@ def parse_history_calls(value: object, index: int) -> tuple[HistoryCall, ...]:
             )
         try:
             decoded = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise _bad(
-                f"'{at}.function.arguments' is not valid JSON", f"{at}.function.arguments"
+                f"'{at}.function.arguments' is not valid JSON (or nests too deeply)",
+                f"{at}.function.arguments",
             ) from None
         calls.append(HistoryCall(call_id, name, decoded))
     return tuple(calls)
@@ -286,7 +287,7 @@ def _call_of(value: object, argument_keys: tuple[str, ...]) -> FunctionCall | No
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if not isinstance(arguments, dict):
         return None
@@ -305,7 +306,7 @@ def _json_values(text: str, separators: str) -> list[Any] | None:
             return values
         try:
             value, position = _DECODER.raw_decode(text, position)
-        except ValueError:
+        except (ValueError, RecursionError):  # a model can nest brackets past the parser
             return None
         values.append(value)
 
@@ -318,7 +319,7 @@ def _parse_hermes(text: str) -> ParsedReply | None:
     for block in blocks:
         try:
             value = json.loads(block.group(1))
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         call = _call_of(value, ("arguments", "parameters"))
         if call is None:
@@ -410,6 +411,9 @@ def forced_format(use: ToolUse) -> OutputFormat:
             continue
         try:
             OutputFormat.json(tool.parameters)
+        except RecursionError:
+            param = f"tools[{index}].function.parameters"
+            raise _bad(f"'{param}' nests too deeply to be enforced", param) from None
         except UnsupportedSchema as error:
             param = ".".join(filter(None, (f"tools[{index}].function.parameters", error.path)))
             reason = str(error).removeprefix(f"{error.path}: ")
@@ -425,12 +429,13 @@ def parse_forced(text: str, use: ToolUse) -> ParsedReply:
     """A forced output as calls; text cut short (`length`) that does not parse stays content."""
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return ParsedReply(text, ())
     if use.mode == ChoiceMode.NAMED:
         if not isinstance(value, dict):
             return ParsedReply(text, ())
-        return ParsedReply(None, (FunctionCall(use.named or "", json.dumps(value)),))
+        arguments = json.dumps(value, ensure_ascii=False)
+        return ParsedReply(None, (FunctionCall(use.named or "", arguments),))
     call = _call_of(value, ("parameters",))
     if call is None or use.tool(call.name) is None:
         return ParsedReply(text, ())
@@ -438,12 +443,15 @@ def parse_forced(text: str, use: ToolUse) -> ParsedReply:
 
 
 def read_reply(text: str, call_format: CallFormat | None, use: ToolUse) -> ParsedReply:
-    """The reply of a request with tools, however it was produced."""
-    if use.forced:
-        return parse_forced(text, use)
-    if use.mode == ChoiceMode.NONE or call_format is None:
+    """The reply of a request with tools, however it was produced; never an error."""
+    try:
+        if use.forced:
+            return parse_forced(text, use)
+        if use.mode == ChoiceMode.NONE or call_format is None:
+            return ParsedReply(text, ())
+        return parse_reply(text, call_format, use)
+    except RecursionError:  # arguments nested past what the encoder writes back
         return ParsedReply(text, ())
-    return parse_reply(text, call_format, use)
 
 
 # ----- the response -----
@@ -581,6 +589,4 @@ class StreamSplitter:
     @property
     def called(self) -> bool:
         """Whether the stream's reply is calls (its finish reason is then `tool_calls`)."""
-        if self.use.mode == ChoiceMode.NAMED:
-            return bool(parse_forced(self.text, self.use).calls)
         return bool(read_reply(self.text, self.call_format, self.use).calls)

@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fusebox_server.errors import InvalidRequest, ServerError
 from fusebox_server.http.openai_schema import parse_chat_request
@@ -366,3 +368,76 @@ def test_a_required_stream_holds_everything_until_the_end(call_format: CallForma
     pieces = ['{"name": "get_time", ', '"parameters": {}}']
     content, deltas = _stream(pieces, call_format, tool_choice="required")
     assert content == "" and [d["function"]["name"] for d in deltas] == ["get_time"]
+
+
+# ----- hostile input -----
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_deeply_nested_history_arguments_are_a_400_not_a_crash() -> None:
+    call = {**CALL, "function": {"name": "get_weather", "arguments": DEEP}}
+    with pytest.raises(InvalidRequest) as caught:
+        _chat(messages=[{"role": "assistant", "content": None, "tool_calls": [call]}])
+    assert caught.value.param == "messages[0].tool_calls[0].function.arguments"
+
+
+@pytest.mark.parametrize("call_format", list(CallFormat))
+def test_a_deeply_nested_reply_stays_content(call_format: CallFormat) -> None:
+    for text in (DEEP, f"<tool_call>{DEEP}</tool_call>", f"[TOOL_CALLS]{DEEP}"):
+        assert read_reply(text, call_format, _use()).content == text
+    assert read_reply(DEEP, None, _use(tool_choice="required")).calls == ()
+
+
+def test_a_deeply_nested_forced_schema_is_a_400_naming_it() -> None:
+    schema: dict[str, Any] = {"type": "object"}
+    for _ in range(2_000):
+        schema = {"type": "object", "properties": {"x": schema}}
+    deep = {"type": "function", "function": {"name": "deep", "parameters": schema}}
+    use = parse_tool_use({"tools": [deep], "tool_choice": "required"})
+    assert use is not None
+    with pytest.raises(InvalidRequest) as caught:
+        forced_format(use)
+    assert caught.value.param == "tools[0].function.parameters"
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    body=st.dictionaries(
+        st.sampled_from(["tools", "tool_choice", "parallel_tool_calls"]), json_values
+    )
+)
+def test_any_tools_body_parses_or_is_a_400(body: dict[str, Any]) -> None:
+    try:
+        parse_tool_use(body)
+    except InvalidRequest as error:
+        assert error.param is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pieces=st.lists(
+        st.sampled_from(["<tool", "_call>", "</tool_call>", "{", "}", '"name"', ": ", "x", " "])
+        | st.text(max_size=6),
+        max_size=12,
+    ),
+    call_format=st.sampled_from([None, *CallFormat]),
+)
+def test_a_stream_without_calls_sends_the_whole_text_as_content(
+    pieces: list[str], call_format: CallFormat | None
+) -> None:
+    use = _use()
+    text = "".join(pieces)
+    content, deltas = _stream(pieces, call_format)
+    if read_reply(text, call_format, use).calls:
+        assert deltas and all(d["function"]["name"] in ("get_weather", "get_time") for d in deltas)
+    else:
+        assert content == text and deltas == []
