@@ -54,7 +54,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench import server_bench, traffic  # noqa: E402  (the repository root is on the path only now)
-from bench.serving_metrics import ResponseRecord, summarize  # noqa: E402
+from bench.serving_metrics import ResponseRecord, percentile, summarize  # noqa: E402
 from bench.workload import Workload, WorkloadShape, build_workload, poisson_arrivals  # noqa: E402
 
 PHASES = ("lever", "c1", "sweep", "c16", "open")
@@ -91,12 +91,20 @@ def token_counter(model_dir: Path) -> tuple[Any, Callable[[str], int]]:
 def agreement(
     tokenizer: Any, ours: Sequence[ResponseRecord], theirs: Sequence[ResponseRecord]
 ) -> dict[str, Any]:
-    """How far two servers' greedy outputs for the same requests agree, in tokens of the text."""
+    """How far two servers' greedy outputs for the same requests agree, in tokens of the text.
+
+    Pairs where one side sent no text at all are counted apart: `transformers
+    serve` sends nothing for an answer made only of bytes that form no
+    character, where Fusebox sends them as replacement characters.
+    """
     by_index = {record.index: record for record in theirs}
-    prefixes, identical, compared = [], 0, 0
+    prefixes, identical, compared, one_side_empty = [], 0, 0, 0
     for record in ours:
         other = by_index.get(record.index)
         if other is None or record.error or other.error:
+            continue
+        if bool(record.text) != bool(other.text):
+            one_side_empty += 1  # a server that drops undecodable bytes sends no text
             continue
         a = tokenizer.encode(record.text, add_special_tokens=False)
         b = tokenizer.encode(other.text, add_special_tokens=False)
@@ -108,6 +116,7 @@ def agreement(
         prefixes.append(common / max(1, max(len(a), len(b))))
     return {
         "compared": compared,
+        "one_side_empty": one_side_empty,
         "identical": identical,
         "identical_share": identical / compared if compared else None,
         "mean_common_prefix_share": statistics.fmean(prefixes) if prefixes else None,
@@ -388,18 +397,42 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def paired_ttft_p99(
+    ours: Sequence[ResponseRecord], theirs: Sequence[ResponseRecord]
+) -> dict[str, float]:
+    """TTFT p99 of each side over the requests whose first token both sides streamed.
+
+    Each side's own p99 leaves out its unobservable responses, and the two
+    sides' sets differ; compared on the same requests, neither gains from
+    what the other held back.
+    """
+    both = {r.index for r in ours if r.streamed()} & {r.index for r in theirs if r.streamed()}
+
+    def p99(records: Sequence[ResponseRecord]) -> float:
+        return percentile(
+            [r.chunk_times[0] - r.scheduled for r in records if r.index in both], 0.99
+        )
+
+    return {"requests": len(both), "fusebox": p99(ours), "peer": p99(theirs)}
+
+
 def c16_figures(
     tokenizer: Any, rounds: dict[str, list[list[ResponseRecord]]], best: str
 ) -> dict[str, Any]:
     per_round = {name: [figures(run) for run in runs] for name, runs in rounds.items()}
     pairs = list(zip(per_round["fusebox"], per_round["peer"], strict=True))
     throughput = [a["tokens_per_second"] / b["tokens_per_second"] for a, b in pairs]
-    ttft = [a["ttft_seconds"]["p99"] / b["ttft_seconds"]["p99"] for a, b in pairs]
+    paired = [
+        paired_ttft_p99(ours, theirs)
+        for ours, theirs in zip(rounds["fusebox"], rounds["peer"], strict=True)
+    ]
+    ttft = [pair["fusebox"] / pair["peer"] for pair in paired]
     return {
         "peer_setting": best,
         "rounds": per_round,
         "tokens_per_second_ratios": throughput,
         "tokens_per_second_ratio": statistics.median(throughput),
+        "ttft_p99_paired": paired,
         "ttft_p99_ratios": ttft,
         "ttft_p99_ratio": statistics.median(ttft),
         "greedy_agreement": [
@@ -415,10 +448,12 @@ def open_loop(
     send_times = poisson_arrivals(len(workload.requests), rate, seed)
     part: dict[str, Any] = {"rate_per_second": rate}
     saved: dict[str, Any] = {}
+    records: dict[str, list[ResponseRecord]] = {}
     for name, (url, model) in servers.items():
-        records = traffic.open_loop(url, model, workload.requests, send_times)
-        part[name] = figures(records)
-        saved[name] = [record.to_json() for record in records]
+        records[name] = traffic.open_loop(url, model, workload.requests, send_times)
+        part[name] = figures(records[name])
+        saved[name] = [record.to_json() for record in records[name]]
+    part["ttft_p99_paired"] = paired_ttft_p99(records["fusebox"], records["peer"])
     return part, saved
 
 

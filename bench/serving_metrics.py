@@ -14,7 +14,15 @@ is charged for the wait, with no coordinated omission):
   over the wall time from the first scheduled send to the last response's
   end. A response without `usage` is an error (`MissingUsage`): counting
   `max_tokens` instead would credit a server for tokens it never sent.
-- time to first token (TTFT): to the first chunk that carries text.
+- time to first token (TTFT): to the first chunk that carries text, over
+  the responses whose text streamed (`streamed`: more than one text chunk,
+  or a one-token answer). A response whose whole text comes in one chunk
+  at its end has no observable first token: the random-weight models
+  generate byte tokens that form no character for a long stretch, and a
+  server holds such bytes back until they do (or, as `transformers serve`
+  does, drops them and sends no text at all). Counting such a response's
+  end as its first token would charge the server for the detokenizer's
+  hold-back, not its scheduling; they are counted in `ttft_unobserved`.
 - inter-token latency (ITL): the gaps between consecutive text-carrying
   chunks, pooled over all requests. A server that coalesces several tokens
   into one network write shows near-zero gaps there, so the per-request
@@ -52,6 +60,12 @@ class ResponseRecord:
     completion_tokens: int | None = None
     error: str | None = None
 
+    def streamed(self) -> bool:
+        """Whether the time to first token is observable (see the module's docstring)."""
+        if not self.chunk_times:
+            return False
+        return len(self.chunk_times) > 1 or self.completion_tokens == 1
+
     def to_json(self) -> dict[str, Any]:
         """What a result file keeps of the response (times relative to its schedule)."""
         first = self.chunk_times[0] - self.scheduled if self.chunk_times else None
@@ -62,6 +76,7 @@ class ResponseRecord:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "ttft_seconds": first,
+            "text_chunks": len(self.chunk_times),
             "latency_seconds": self.finished - self.scheduled,
             "error": self.error,
         }
@@ -91,7 +106,7 @@ def summarize(records: Sequence[ResponseRecord]) -> dict[str, Any]:
     start = min((record.scheduled for record in records), default=math.nan)
     end = max((record.finished for record in done), default=math.nan)
     wall = end - start
-    ttft = [record.chunk_times[0] - record.scheduled for record in done if record.chunk_times]
+    ttft = [record.chunk_times[0] - record.scheduled for record in done if record.streamed()]
     gaps = [
         later - earlier
         for record in done
@@ -100,7 +115,7 @@ def summarize(records: Sequence[ResponseRecord]) -> dict[str, Any]:
     tpot = [
         (record.finished - record.chunk_times[0]) / (record.completion_tokens - 1)
         for record in done
-        if record.chunk_times and record.completion_tokens and record.completion_tokens > 1
+        if record.streamed() and record.completion_tokens and record.completion_tokens > 1
     ]
     return {
         "requests": len(records),
@@ -110,6 +125,7 @@ def summarize(records: Sequence[ResponseRecord]) -> dict[str, Any]:
         "seconds": wall,
         "tokens_per_second": tokens / wall if done and wall > 0 else 0.0,
         "ttft_seconds": _p50_p99(ttft),
+        "ttft_unobserved": len(done) - len(ttft),
         "itl_seconds": _p50_p99(gaps),
         "tpot_seconds": _p50_p99(tpot),
         "latency_seconds": _p50_p99([record.finished - record.scheduled for record in done]),

@@ -22,8 +22,11 @@ def test_agreement_counts_identical_texts_and_the_shared_token_prefix() -> None:
     ours = _responses([same, "The server loads the model once, then warms it up."])
     theirs = _responses([same, "The server loads the model twice, then warms it up."])
     theirs.append(ResponseRecord(2, scheduled=0.0, text="only one side has this"))
+    ours.append(ResponseRecord(3, scheduled=0.0, text="the other side sent no text"))
+    theirs.append(ResponseRecord(3, scheduled=0.0, text=""))
     result = agreement(tokenizer, ours, theirs)
     assert result["compared"] == 2 and result["identical"] == 1
+    assert result["one_side_empty"] == 1
     assert result["identical_share"] == 0.5
     # The second pair agrees up to "once"/"twice": a share strictly between 0 and 1.
     assert 0.5 < result["mean_common_prefix_share"] < 1.0
@@ -39,3 +42,16 @@ def test_the_verdict_holds_each_measured_figure_to_its_target_and_skips_the_rest
     assert "c1_latency_ratio" not in checks
     at_target = {"c1": {"median_ratio": TARGETS["c1_latency_ratio_at_most"]}}
     assert verdict(at_target)["c1_latency_ratio"]["met"] is True
+
+
+def test_ttft_is_compared_on_the_requests_both_servers_streamed() -> None:
+    from bench.realistic_bench import paired_ttft_p99
+
+    def record(index: int, chunks: list[float]) -> ResponseRecord:
+        return ResponseRecord(
+            index, scheduled=0.0, chunk_times=chunks, finished=10.0, completion_tokens=5
+        )
+
+    ours = [record(0, [1.0, 2.0]), record(1, [9.0])]  # 1: all text at the end
+    theirs = [record(0, [3.0, 4.0]), record(1, [2.0, 3.0])]
+    assert paired_ttft_p99(ours, theirs) == {"requests": 1, "fusebox": 1.0, "peer": 3.0}

@@ -63,3 +63,13 @@ def test_failed_requests_are_counted_apart_and_add_no_tokens() -> None:
     figures = summarize([_record(0, 0.0, [1.0, 2.0], 2.0, 2), failed])
     assert figures["errors"] == 1 and figures["first_error"] == "HTTP 429: queue full"
     assert figures["completion_tokens"] == 2 and figures["tokens_per_second"] == 1.0
+
+
+def test_a_response_whose_text_all_came_at_its_end_has_no_observable_first_token() -> None:
+    held_back = _record(1, 0.0, [9.0], 9.0, 40)  # 40 tokens, one text chunk at the end
+    one_token = _record(2, 0.0, [2.0], 2.0, 1)  # a one-token answer: its chunk is its first
+    figures = summarize([_record(0, 0.0, [1.0, 2.0], 2.0, 2), held_back, one_token])
+    assert figures["ttft_seconds"] == {"p50": 1.0, "p99": 2.0}
+    assert figures["ttft_unobserved"] == 1
+    # Its tokens and latency still count.
+    assert figures["completion_tokens"] == 43 and figures["latency_seconds"]["p99"] == 9.0
