@@ -23,6 +23,8 @@ import openai
 import pytest
 from fusebox_server_harness import MODEL_NAME, ServerProcess
 
+from fusebox_contract.admin import DegradationRequest
+from fusebox_contract.names import DegradationLevel
 from fusebox_server.zoo.release import ensure_zoo_model
 
 RESULT_TURNS = {"qwen2.5": "<tool_response>", "llama3": "<|start_header_id|>ipython"}
@@ -256,3 +258,19 @@ def test_a_llama3_answer_in_its_call_format_comes_back_as_a_call(
     undeclared = chat(client, tools=[WEATHER], response_format=shaped, max_tokens=64).choices[0]
     assert not undeclared.message.tool_calls and undeclared.finish_reason == "stop"
     assert json.loads(undeclared.message.content)["name"] == "get_time"  # stays content
+
+
+def test_the_no_streaming_tier_sends_a_forced_call_whole_in_one_chunk(
+    client: openai.OpenAI, family_server: ServerProcess
+) -> None:
+    family_server.send(DegradationRequest(DegradationLevel.NO_STREAMING)).raise_for_status()
+    try:
+        chunks = list(chat(client, tool_choice=NAMED, max_tokens=96, stream=True))
+    finally:
+        family_server.reset_runtime()
+    with_calls = [c for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert len(with_calls) == 1, "under no-streaming the call comes whole, in one chunk"
+    (delta,) = with_calls[0].choices[0].delta.tool_calls
+    assert delta.index == 0 and delta.id and delta.function.name == "get_weather"
+    _check_weather_arguments(delta.function.arguments or "")
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
