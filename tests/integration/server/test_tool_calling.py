@@ -274,3 +274,27 @@ def test_the_no_streaming_tier_sends_a_forced_call_whole_in_one_chunk(
     assert delta.index == 0 and delta.id and delta.function.name == "get_weather"
     _check_weather_arguments(delta.function.arguments or "")
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+
+def test_tool_choice_none_shows_the_tools_and_reads_no_calls(
+    client: openai.OpenAI, family: str
+) -> None:
+    """`none` still renders the tools (the history refers to them); a call-shaped answer
+    (Llama 3's JSON, made by a response_format) stays content."""
+    answer = chat(client, tool_choice="none")
+    assert answer.usage.prompt_tokens == _template_tokens(family, CONVERSATION, TOOLS)
+    assert not answer.choices[0].message.tool_calls
+    if family == "llama3":
+        shape = {
+            "type": "object",
+            "properties": {
+                "name": {"const": "get_time"},
+                "parameters": TIME["function"]["parameters"],
+            },
+            "required": ["name", "parameters"],
+            "additionalProperties": False,
+        }
+        shaped = {"type": "json_schema", "json_schema": {"name": "call", "schema": shape}}
+        text = chat(client, tool_choice="none", response_format=shaped, max_tokens=64)
+        assert not text.choices[0].message.tool_calls
+        assert json.loads(text.choices[0].message.content)["name"] == "get_time"
