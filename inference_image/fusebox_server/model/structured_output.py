@@ -45,7 +45,8 @@ short indent, too few for a model to pad forever."""
 MAX_NESTING: Final = 32
 """How deep a document of free shape (json_object) may nest objects and arrays."""
 SAMPLE_TRIES: Final = 8
-"""Draws before a sampled row falls back to scanning its candidates in logit order."""
+"""Draws per round (one from the model's distribution, one from the masked one) before a
+sampled row falls back to scanning its candidates in logit order."""
 GREEDY_WINDOW: Final = 32
 """Candidates checked from one top-k before the whole row is sorted."""
 ANNOTATIONS: Final = frozenset(
@@ -347,17 +348,35 @@ class OutputFormat:
 
     root: Node
     schema: Mapping[str, Any] | None
+    first_bytes_seen: dict[tuple[Any, ...], list[bool]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    """`DocumentState.first_bytes` by parser state, shared by every row of this format:
+    a row inside a string meets the same state step after step."""
 
     @classmethod
     def json(cls, schema: Mapping[str, Any] | None) -> OutputFormat:
         """None: any JSON object (`json_object`). Else the schema, or `UnsupportedSchema`."""
         if schema is None:
-            return cls(ANY_OBJECT, None)
+            return JSON_OBJECT
         return cls(_SchemaCompiler(schema).compile(schema, ()), schema)
+
+    def first_bytes(self, state: DocumentState, must_shorten: bool) -> list[bool]:
+        key = (state.stacks, state.runs, must_shorten)
+        allowed = self.first_bytes_seen.get(key)
+        if allowed is None:
+            if len(self.first_bytes_seen) >= FIRST_BYTES_KEPT:
+                self.first_bytes_seen.clear()
+            allowed = self.first_bytes_seen[key] = state.first_bytes(must_shorten)
+        return allowed
 
     def start(self) -> DocumentState:
         return DocumentState(((_Value(self.root, 0), None),), (0,))
 
+
+JSON_OBJECT: Final = OutputFormat(ANY_OBJECT, None)
+FIRST_BYTES_KEPT: Final = 4096
+"""Parser states whose first bytes a format keeps (then it starts over): a bound on memory."""
 
 # ----- the parser: frames on a stack -----
 
@@ -886,8 +905,10 @@ def _spelt_as_bytes(spellings: Sequence[Any]) -> bool:
 
 # ----- a row's choice -----
 
-Sampler = Callable[[torch.Tensor], int]
-"""Draws one token id from a row of (masked) logits."""
+Sampler = Callable[[torch.Tensor, int], list[int]]
+"""Draws `count` token ids in turn from a row of (masked) logits, repeats dropped: the first
+valid one is a draw from the model's distribution over the valid tokens (rejection
+sampling)."""
 
 
 class ConstrainedRow:
@@ -906,6 +927,7 @@ class ConstrainedRow:
         end_ids: Iterable[int],
         token_budget: int,
     ) -> None:
+        self.output_format = output_format
         self.state = output_format.start()
         self.vocabulary = vocabulary
         self.end_ids = frozenset(end_ids)
@@ -951,7 +973,7 @@ class ConstrainedRow:
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """The logits with every token that cannot start here at -inf (a new tensor)."""
         must_shorten = self.state.min_close > self.tokens_left - 1
-        allowed = self.state.first_bytes(must_shorten) + [False]
+        allowed = self.output_format.first_bytes(self.state, must_shorten) + [False]
         table = torch.tensor(allowed, dtype=torch.bool, device=logits.device)
         keep = table[self.vocabulary.first_bytes_for(logits.shape[-1], logits.device)]
         if self.state.complete:
@@ -977,15 +999,15 @@ class ConstrainedRow:
             if found is not None:
                 return found
         else:
-            for _ in range(SAMPLE_TRIES):
-                token = sample(rows if masked is None else masked)
-                if self.allows(token):
-                    return token
+            for _ in range(2):  # the model's own draws, then draws among what can start here
+                drawn = sample(rows if masked is None else masked, SAMPLE_TRIES)
+                for token in drawn:
+                    if self.allows(token):
+                        return token
                 if masked is None:
                     masked = self.mask(rows)
-                masked[token] = -math.inf
-                if not bool(torch.isfinite(masked).any()):
-                    break
+                if drawn:
+                    masked[torch.tensor(drawn, device=masked.device)] = -math.inf
         if masked is None:
             masked = self.mask(rows)
         for budgeted in (True, False):

@@ -377,24 +377,37 @@ def test_a_budget_too_small_for_any_document_still_gives_valid_prefix_tokens() -
     assert token == 0  # `{`: the grammar alone decides when nothing can close in time
 
 
-def test_sampling_resamples_without_the_invalid_draw_and_keeps_valid_draws() -> None:
+def test_sampling_resamples_without_the_invalid_draws_and_keeps_valid_draws() -> None:
     seen: list[torch.Tensor] = []
-    draws = iter([6, 3, 0])
+    rounds = iter([[6, 3], [0]])
 
-    def sample(logits: torch.Tensor) -> int:
+    def sample(logits: torch.Tensor, count: int) -> list[int]:
         seen.append(logits.clone())
-        return next(draws)
+        return next(rounds)
 
     constrained = row()
     assert constrained.choose(logits_favouring(6, 3, 0), sample) == 0
-    assert seen[1][6] == -math.inf  # the invalid draw is masked before the next
-    assert seen[1][3] == -math.inf  # and so is every token that cannot start here
+    assert seen[0][6] > -math.inf  # the model's own distribution first
+    assert seen[1][6] == -math.inf and seen[1][3] == -math.inf  # the invalid draws masked
+    assert seen[1][2] == -math.inf  # and every token that cannot start here
     assert seen[1][0] > -math.inf
 
 
 def test_sampling_that_keeps_missing_falls_back_to_logit_order() -> None:
     constrained = row()
-    assert constrained.choose(logits_favouring(6, 2, 0), lambda logits: 6) == 0
+    assert constrained.choose(logits_favouring(6, 2, 0), lambda logits, count: [6]) == 0
+
+
+def test_draws_are_distinct_and_only_of_tokens_with_probability() -> None:
+    from fusebox_server.model.decode_settings import DecodeSettings
+    from fusebox_server.model.engine import draw_tokens
+
+    settings = DecodeSettings(8, 1.0, 0.9, None, ())
+    logits = torch.tensor([3.0, 2.0, -math.inf, 1.0, -math.inf])
+    generator = torch.Generator().manual_seed(1)
+    drawn = draw_tokens(logits, 8, settings, generator)
+    assert len(drawn) == len(set(drawn)) and set(drawn) <= {0, 1, 3}
+    assert draw_tokens(torch.full((4,), -math.inf), 8, settings, generator) == []
 
 
 def test_the_tiny_tokenizers_token_bytes_are_its_decoded_text(tiny_tokenizer: Any) -> None:
