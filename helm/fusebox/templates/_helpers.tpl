@@ -178,3 +178,145 @@ and
 )
 {{- end -}}
 {{- end -}}
+
+{{/*
+The chart's Helm hooks (templates/hooks-*.yaml): Jobs that run the operator's
+image with `python -m fusebox_operator.chart_hooks`, each with its own
+ServiceAccount, RBAC and NetworkPolicy, all hooks themselves so they exist only
+while the Job runs. Labels: never the operator's selector labels, so the
+operator's Service, PDB and NetworkPolicy never select a hook's pod.
+*/}}
+{{- define "fusebox.hookSelectorLabels" -}}
+{{- $component := index . 0 -}}
+{{- $root := index . 1 -}}
+app.kubernetes.io/name: fusebox-chart-hook
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: {{ $component }}
+{{- end -}}
+
+{{/* A hook object's metadata lines after its name: (component, event, weight, root). */}}
+{{- define "fusebox.hookMetadata" -}}
+{{- $component := index . 0 -}}
+{{- $root := index . 3 -}}
+labels:
+  {{- include "fusebox.labels" $root | nindent 2 }}
+  app.kubernetes.io/component: {{ $component }}
+annotations:
+  helm.sh/hook: {{ index . 1 }}
+  helm.sh/hook-weight: {{ index . 2 | quote }}
+  helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end -}}
+
+{{/*
+The names of the CRDs in the chart's crds/ (as JSON): the upgrade hook's role may
+get and patch these, and nothing else.
+*/}}
+{{- define "fusebox.chartCrdNames" -}}
+{{- $names := list -}}
+{{- range $path, $_ := .Files.Glob "crds/*.yaml" -}}
+{{- range $document := regexSplit "(?m)^---[ \\t]*$" ($.Files.Get $path) -1 -}}
+{{- $crd := fromYaml $document -}}
+{{- if eq (toString (get $crd "kind")) "CustomResourceDefinition" -}}
+{{- $names = append $names $crd.metadata.name -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $names -}}
+{{- end -}}
+
+{{/* A hook Job's NetworkPolicy: no ingress; egress to the API server and DNS only. (component, event, root) */}}
+{{- define "fusebox.hookNetworkPolicy" -}}
+{{- $component := index . 0 -}}
+{{- $root := index . 2 -}}
+{{- $np := $root.Values.networkPolicy -}}
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: {{ include "fusebox.fullname" $root }}-{{ $component }}
+  namespace: {{ $root.Release.Namespace }}
+  {{- include "fusebox.hookMetadata" (list $component (index . 1) "-10" $root) | nindent 2 }}
+spec:
+  podSelector:
+    matchLabels:
+      {{- include "fusebox.hookSelectorLabels" (list $component $root) | nindent 6 }}
+  policyTypes: [Ingress, Egress]
+  egress:
+    - ports:
+        {{- range $np.apiServer.ports }}
+        - port: {{ . }}
+          protocol: TCP
+        {{- end }}
+      {{- with $np.apiServer.cidrs }}
+      to:
+        {{- range . }}
+        - ipBlock:
+            cidr: {{ . }}
+        {{- end }}
+      {{- end }}
+    {{- with $np.dnsPorts }}
+    - ports:
+        {{- range . }}
+        - port: {{ . }}
+          protocol: UDP
+        - port: {{ . }}
+          protocol: TCP
+        {{- end }}
+    {{- end }}
+{{- end -}}
+
+{{/*
+A hook Job's pod settings shared by every hook: its ServiceAccount, the
+operator's pull secrets, restricted Pod Security (the operator's own contexts,
+which the schema holds to the restricted standard) and the operator's placement.
+(component, root)
+*/}}
+{{- define "fusebox.hookPodSpec" -}}
+{{- $component := index . 0 -}}
+{{- $root := index . 1 -}}
+serviceAccountName: {{ include "fusebox.fullname" $root }}-{{ $component }}
+automountServiceAccountToken: true
+restartPolicy: Never
+{{- with $root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- range . }}
+  - name: {{ . }}
+  {{- end }}
+{{- end }}
+{{- with $root.Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+securityContext:
+  {{- toYaml $root.Values.podSecurityContext | nindent 2 }}
+{{- with $root.Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $root.Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* A hook container's fixed parts: the operator's image, the hook module, small bounded resources. (root) */}}
+{{- define "fusebox.hookContainer" -}}
+image: {{ include "fusebox.image" . | quote }}
+imagePullPolicy: {{ .Values.image.pullPolicy }}
+command: [/opt/venv/bin/python, -m, fusebox_operator.chart_hooks]
+env:
+  - name: HOME
+    value: /tmp
+# The hook's last log lines become the pod's termination message
+# (`kubectl describe pod`), so the reason survives the log.
+terminationMessagePolicy: FallbackToLogsOnError
+resources:
+  requests:
+    cpu: 50m
+    memory: 128Mi
+    ephemeral-storage: 32Mi
+  limits:
+    cpu: 500m
+    memory: 256Mi
+    ephemeral-storage: 32Mi
+securityContext:
+  {{- toYaml .Values.securityContext | nindent 2 }}
+{{- end -}}

@@ -84,8 +84,29 @@ def render(helm: Path) -> Render:
     return template
 
 
+def is_hook(document: dict[str, Any]) -> bool:
+    """A Helm hook (helm.sh/hook): made around an upgrade or uninstall, never part
+    of the running release."""
+    return "helm.sh/hook" in ((document.get("metadata") or {}).get("annotations") or {})
+
+
+def release_objects(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the release keeps in the cluster: every document but the hooks."""
+    return [doc for doc in documents if not is_hook(doc)]
+
+
+def hooks(documents: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    """The hooks helm runs on `event` (pre-upgrade, pre-delete, ...)."""
+    return [
+        doc
+        for doc in documents
+        if is_hook(doc) and event in doc["metadata"]["annotations"]["helm.sh/hook"].split(",")
+    ]
+
+
 def by_kind(documents: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [doc for doc in documents if doc["kind"] == kind]
+    """The release's objects of `kind` (hooks are selected with `hooks`)."""
+    return [doc for doc in release_objects(documents) if doc["kind"] == kind]
 
 
 def one(documents: list[dict[str, Any]], kind: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from .conftest import (
     env_of,
     load_documents,
     one,
+    release_objects,
     run_helm,
 )
 
@@ -61,7 +62,7 @@ def test_chart_crds_are_byte_identical_to_the_canonical_crds() -> None:
 
 def test_defaults_render_operator_with_restricted_security_and_local_image(render: Render) -> None:
     documents = render()
-    kinds = sorted(doc["kind"] for doc in documents)
+    kinds = sorted(doc["kind"] for doc in release_objects(documents))
     assert kinds == sorted(
         [
             "CustomResourceDefinition",  # InferenceService

@@ -1,0 +1,215 @@
+"""The chart's Helm hooks as `helm template` renders them: the pre-upgrade Job that
+applies crds/ and the pre-delete Job that guards `helm uninstall`, each with its own
+least-privilege RBAC, restricted Pod Security, and gone when its value is off."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .conftest import CHART, Render, by_kind, hooks, one
+
+HOOK_ANNOTATIONS = "helm.sh/hook-delete-policy"
+PULL_SECRET_SETS = ("imagePullSecrets={regcred}", "image.tag=1.2.3")
+
+
+def of_kind(documents: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in documents if doc["kind"] == kind]
+
+
+def the(documents: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = of_kind(documents, kind)
+    return found
+
+
+def weight(document: dict[str, Any]) -> int:
+    return int(document["metadata"]["annotations"]["helm.sh/hook-weight"])
+
+
+def rules(document: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(document["rules"])
+
+
+def assert_restricted_hook_job(job: dict[str, Any], operator: dict[str, Any]) -> None:
+    """Restricted Pod Security, the operator's image and pull secrets, bounded retries."""
+    assert job["spec"]["backoffLimit"] <= 2
+    assert 0 < job["spec"]["activeDeadlineSeconds"] <= 600
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["command"][-2:] == ["-m", "fusebox_operator.chart_hooks"]
+    operator_pod = operator["spec"]["template"]["spec"]
+    assert container["image"] == operator_pod["containers"][0]["image"]
+    assert container["imagePullPolicy"] == operator_pod["containers"][0]["imagePullPolicy"]
+    assert pod.get("imagePullSecrets") == operator_pod.get("imagePullSecrets")
+    assert container["resources"]["limits"]["memory"]
+    # Its own labels: the operator's Service, PDB and NetworkPolicy never select it.
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    assert not operator["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def assert_prerequisites_come_first(event_hooks: list[dict[str, Any]]) -> None:
+    job = the(event_hooks, "Job")
+    for document in event_hooks:
+        annotations = document["metadata"]["annotations"]
+        assert annotations[HOOK_ANNOTATIONS] == "before-hook-creation,hook-succeeded"
+        if document is not job:
+            assert weight(document) < weight(job), document["kind"]
+
+
+def test_the_upgrade_hook_applies_crds_with_a_job_of_its_own(render: Render) -> None:
+    documents = render(sets=PULL_SECRET_SETS)
+    upgrade = hooks(documents, "pre-upgrade")
+    assert sorted(d["kind"] for d in upgrade) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "Job",
+        "NetworkPolicy",
+        "ServiceAccount",
+    ]
+    assert_prerequisites_come_first(upgrade)
+    job = the(upgrade, "Job")
+    assert_restricted_hook_job(job, one(documents, "Deployment"))
+    pod = job["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["containers"][0]["image"].endswith(":1.2.3")
+    assert pod["serviceAccountName"] == the(upgrade, "ServiceAccount")["metadata"]["name"]
+    assert pod["containers"][0]["args"][:3] == ["apply-crds", "--crds-dir", "/etc/fusebox/crds"]
+    mounted = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounted["crds"] == "/etc/fusebox/crds"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["crds"]["configMap"]["name"] == the(upgrade, "ConfigMap")["metadata"]["name"]
+    # Nothing of the hook is left in the running release.
+    assert all(d["metadata"]["name"] != job["metadata"]["name"] for d in by_kind(documents, "Job"))
+
+
+def test_the_hook_configmap_carries_exactly_the_charts_crd_files(render: Render) -> None:
+    configmap = the(hooks(render(), "pre-upgrade"), "ConfigMap")
+    files = {path.name: path.read_text() for path in (CHART / "crds").glob("*.yaml")}
+    assert configmap["data"] == files
+
+
+def test_the_upgrade_hook_may_only_get_and_patch_the_charts_crds_by_name(
+    render: Render,
+) -> None:
+    upgrade = hooks(render(), "pre-upgrade")
+    role = the(upgrade, "ClusterRole")
+    assert rules(role) == [
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "resourceNames": [
+                "inferenceservices.fusebox.dev",
+                "clusterkopfpeerings.kopf.dev",
+                "kopfpeerings.kopf.dev",
+            ],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    binding = the(upgrade, "ClusterRoleBinding")
+    account = the(upgrade, "ServiceAccount")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"],
+         "namespace": "fusebox-system"}
+    ]  # fmt: skip
+
+
+def test_the_uninstall_guard_lists_cluster_wide_and_deletes_nothing_by_default(
+    render: Render,
+) -> None:
+    documents = render(sets=PULL_SECRET_SETS)
+    guard = hooks(documents, "pre-delete")
+    assert sorted(d["kind"] for d in guard) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Job",
+        "NetworkPolicy",
+        "ServiceAccount",
+    ]
+    assert_prerequisites_come_first(guard)
+    assert rules(the(guard, "ClusterRole")) == [
+        {"apiGroups": ["fusebox.dev"], "resources": ["inferenceservices"],
+         "verbs": ["get", "list"]}
+    ]  # fmt: skip
+    job = the(guard, "Job")
+    assert_restricted_hook_job(job, one(documents, "Deployment"))
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args == [
+        "guard-uninstall",
+        "--release=fusebox",
+        "--release-namespace=fusebox-system",
+        "--watch-namespaces=",
+        "--timeout-seconds=180",
+    ]
+
+
+def test_delete_services_grants_delete_and_waits_within_the_jobs_deadline(
+    render: Render,
+) -> None:
+    guard = hooks(render(sets=("uninstall.deleteServices=true",)), "pre-delete")
+    assert rules(the(guard, "ClusterRole"))[0]["verbs"] == ["get", "list", "delete"]
+    job = the(guard, "Job")
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[-2:] == ["--timeout-seconds=180", "--delete-services"]
+    assert job["spec"]["activeDeadlineSeconds"] > 180
+
+
+def test_watched_namespaces_get_the_guards_rights_only_there(render: Render) -> None:
+    guard = hooks(
+        render(sets=("watchNamespaces={team-a,team-b}", "uninstall.deleteServices=true")),
+        "pre-delete",
+    )
+    assert of_kind(guard, "ClusterRole") == [] and of_kind(guard, "ClusterRoleBinding") == []
+    roles = of_kind(guard, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert all(rules(r)[0]["verbs"] == ["get", "list", "delete"] for r in roles)
+    bindings = of_kind(guard, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    assert {b["subjects"][0]["namespace"] for b in bindings} == {"fusebox-system"}
+    args = the(guard, "Job")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--watch-namespaces=team-a,team-b" in args
+    # A glob names no namespace to hold a Role: the list is cluster-wide, filtered.
+    globbed = hooks(render(sets=("watchNamespaces={e2e-*}",)), "pre-delete")
+    assert of_kind(globbed, "Role") == [] and len(of_kind(globbed, "ClusterRole")) == 1
+
+
+def test_the_hook_pods_may_reach_only_the_api_server_and_dns(render: Render) -> None:
+    documents = render()
+    for event in ("pre-upgrade", "pre-delete"):
+        event_hooks = hooks(documents, event)
+        policy = the(event_hooks, "NetworkPolicy")["spec"]
+        labels = the(event_hooks, "Job")["spec"]["template"]["metadata"]["labels"]
+        assert policy["podSelector"]["matchLabels"].items() <= labels.items()
+        assert policy["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in policy
+        ports = {(p["port"], p["protocol"]) for rule in policy["egress"] for p in rule["ports"]}
+        assert ports == {(443, "TCP"), (6443, "TCP"), (53, "UDP"), (53, "TCP")}
+    without = render(sets=("networkPolicy.enabled=false",))
+    assert [d for d in without if d["kind"] == "NetworkPolicy"] == []
+
+
+@pytest.mark.parametrize(
+    ("value", "event"),
+    [("crds.upgradeOnHelmUpgrade=false", "pre-upgrade"), ("uninstall.guard=false", "pre-delete")],
+)
+def test_turning_a_hook_off_removes_all_of_it(render: Render, value: str, event: str) -> None:
+    assert hooks(render(), event)
+    documents = render(sets=(value,))
+    assert hooks(documents, event) == []
+    other = "pre-delete" if event == "pre-upgrade" else "pre-upgrade"
+    assert hooks(documents, other)
+
+
+def test_both_hooks_off_render_the_release_as_before(render: Render) -> None:
+    documents = render(sets=("crds.upgradeOnHelmUpgrade=false", "uninstall.guard=false"))
+    assert [d for d in documents if "helm.sh/hook" in d["metadata"].get("annotations", {})] == []
