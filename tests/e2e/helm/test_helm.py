@@ -159,6 +159,13 @@ def test_install_runs_the_operator_which_reconciles_the_examples_and_uninstall_r
             f"watchNamespaces={{{namespace}}}",
             "--set",
             "monitoring.scrapeNamespace=",
+            # The chart's upgrade and uninstall hooks stay off here, as before they
+            # existed (tests/unit/helm and tests/integration/operator test them); the
+            # `finally` below must uninstall even when a failed step left services.
+            "--set",
+            "crds.upgradeOnHelmUpgrade=false",
+            "--set",
+            "uninstall.guard=false",
             "--wait",
             "--timeout",
             "4m",

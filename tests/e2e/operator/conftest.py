@@ -172,6 +172,11 @@ class OperatorRelease:
                 self.cluster,
                 *("upgrade", "--install", self.release, str(CHART), "--namespace", self.namespace),
                 "--skip-crds",  # the `crd` fixture owns the CRD
+                # The chart's hooks off, as before they existed: the `crd` fixture owns
+                # the CRD (an upgrade hook would re-apply crds/, and fail on the kopf
+                # peering CRDs --skip-crds never installed), and teardown deletes the
+                # services itself (uninstall_with_services), so no guard may stop it.
+                *("--set", "crds.upgradeOnHelmUpgrade=false", "--set", "uninstall.guard=false"),
                 *values,
                 *("--wait", "--timeout", timeout),
                 timeout=600,
