@@ -504,3 +504,29 @@ def test_constrained_rows_decode_documents_beside_plain_rows(
         for index, decoding in enumerate(alone[1:], start=1):
             by_itself = [decoding.step() for _ in range(len(tokens[index]))]
             assert by_itself == tokens[index], index
+
+
+DOCUMENT = '{"名字": "小猫 🚀", "legs": 4, "tags": ["a\\nb", "\\u00e9"], "ok": true, "w": -0.5e10}'
+
+
+@pytest.mark.parametrize("name", ["tiny", "llama3", "mistral", "gemma2"])
+def test_each_tokenizers_encoding_of_a_document_is_accepted_token_by_token(name: str) -> None:
+    """Byte-level BPE and SentencePiece with byte fallback: the table's bytes of a real
+    encoding join into the document (a SentencePiece leading space aside), and the
+    grammar accepts them token by token."""
+    from fusebox_server.model.tiny_model import ensure_model
+    from fusebox_server.model.tokenization import load_tokenizer
+    from fusebox_server.zoo.release import ensure_zoo_model
+
+    tokenizer = load_tokenizer(ensure_model("tiny") if name == "tiny" else ensure_zoo_model(name))
+    table = vocabulary_of(tokenizer)
+    ids = tokenizer.encode(DOCUMENT, add_special_tokens=False)
+    pieces = [table.token_bytes[token] for token in ids]
+    assert all(piece is not None for piece in pieces)
+    assert b"".join(p for p in pieces if p is not None).lstrip(b" ") == DOCUMENT.encode()
+    state = ANY_OBJECT.start()
+    for piece in pieces:
+        assert piece is not None
+        state = state.feed(piece)
+        assert state.valid, piece
+    assert state.finished
