@@ -200,10 +200,17 @@ def _prepare(config: Path) -> None:
     (crd,) = [d for d in crds.chart_crds(chart_crd_files()) if d["metadata"]["name"] == CRD_NAME]
     older = copy.deepcopy(crd)
     older["spec"]["names"]["shortNames"] = ["fisold"]
+    older["spec"]["versions"][0]["additionalPrinterColumns"].append(
+        {"name": "Dropped", "type": "string", "jsonPath": ".spec.replicas"}
+    )
     kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(older)
     create_rbac(config, rendered_hooks())
     create_rbac(config, rendered_hooks("watchNamespaces={prod,empty}"))
-    cluster.apply_crds(api, [older], timeout_seconds=60)  # admin: wait for Established
+    # Created as `helm install` creates it (a plain create, not an apply).
+    deadline = time.monotonic() + 60
+    while not crds.establishment(read_crd(config, CRD_NAME)).established:
+        assert time.monotonic() < deadline, "the installed CRD never became Established"
+        time.sleep(0.2)
 
 
 def read_crd(config: Path, name: str) -> dict[str, Any]:
@@ -263,6 +270,8 @@ def test_apply_crds_upgrades_the_installed_crds_as_the_hook_account(kubeconfig: 
     upgraded = read_crd(kubeconfig, CRD_NAME)
     assert upgraded["spec"]["names"]["shortNames"] == ["fis"]
     assert upgraded["status"]["acceptedNames"]["shortNames"] == ["fis"]
+    columns = [c["name"] for c in upgraded["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert "Dropped" not in columns and "Ready" in columns  # a dropped field is dropped
     managers = {entry["manager"] for entry in upgraded["metadata"]["managedFields"]}
     assert cluster.FIELD_MANAGER in managers
     # The new short name is served: the changed field took effect.
