@@ -23,7 +23,7 @@ from fusebox_server.http.openai_parameters import check_parameters
 from fusebox_server.http.rendering import Kind
 from fusebox_server.http.response_format import parse_response_format
 from fusebox_server.http.tool_calls import HistoryCall, ToolUse, parse_history_calls, parse_tool_use
-from fusebox_server.model.structured_output import OutputFormat
+from fusebox_server.model.json_grammar import OutputFormat
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)

@@ -14,7 +14,7 @@ import re
 from typing import Any, Final
 
 from fusebox_server.errors import InvalidRequest, SchemaError
-from fusebox_server.model.structured_output import OutputFormat, UnsupportedSchema
+from fusebox_server.model.json_grammar import OutputFormat, UnsupportedSchema
 
 PARAM: Final = "response_format"
 SCHEMA_PARAM: Final = "response_format.json_schema.schema"

@@ -9,10 +9,8 @@ engine and the worker this, which names no API field. Pure data: no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # structured_output imports torch; this module stays pure data
-    from fusebox_server.model.structured_output import OutputFormat
+from fusebox_server.model.json_grammar import OutputFormat
 
 SEED_HIGHEST = (1 << 64) - 1
 """The largest seed torch's generator takes (a signed 64-bit value or an unsigned one)."""
@@ -49,7 +47,8 @@ class DecodeSettings:
     """(token id, amount) pairs added to the logits before a token is chosen."""
     output_format: OutputFormat | None = None
     """None: free text. Else every token keeps the text a prefix of a document of this
-    format (`structured_output`), and the row ends when the document is whole."""
+    format (`json_grammar`, chosen by `structured_output`), and the row ends when the
+    document is whole."""
 
 
 def choice_seed(seed: int, index: int) -> int:

@@ -11,14 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from fusebox_server.model.structured_output import (
-    WHITESPACE_RUN_BYTES,
-    ConstrainedRow,
-    OutputFormat,
-    TokenVocabulary,
-    UnsupportedSchema,
-    vocabulary_of,
-)
+from fusebox_server.model.json_grammar import WHITESPACE_RUN_BYTES, OutputFormat, UnsupportedSchema
+from fusebox_server.model.structured_output import ConstrainedRow, TokenVocabulary, vocabulary_of
 
 ANY_OBJECT = OutputFormat.json(None)
 PERSON: dict[str, Any] = {

@@ -1,0 +1,810 @@
+"""The JSON grammar of structured output: a schema compiled, and text checked byte by byte.
+
+Why its own module: what text is a prefix of an accepted document is pure
+logic, tested on strings; which token a row takes under it is torch
+(`structured_output`). No torch here.
+
+- `OutputFormat.json(schema)` compiles a documented subset of JSON Schema (what
+  the `openai` client's `beta.chat.completions.parse` sends for pydantic models
+  in strict mode) into nodes; any other keyword is an `UnsupportedSchema` that
+  names it and where it is, never silently ignored.
+- `DocumentState` is the parser: a set of configurations (a stack of immutable
+  frames each), so `anyOf` and type lists are followed side by side until the
+  bytes tell them apart. Bytes, not characters: byte-level tokens split
+  characters, so strings check UTF-8 themselves. It also knows the fewest
+  bytes that complete the document, so a row never takes a token after which
+  its token budget could not close it: a random model's endless string is
+  closed in time, and its text parses.
+
+docs/decisions/structured-output.md says why this way, and what it costs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+WHITESPACE: Final = frozenset(b" \t\n\r")
+WHITESPACE_RUN_BYTES: Final = 4
+"""The most whitespace bytes in one gap between tokens of the document: a newline and a
+short indent, too few for a model to pad forever."""
+MAX_NESTING: Final = 32
+"""How deep a document of free shape (json_object) may nest objects and arrays."""
+ANNOTATIONS: Final = frozenset(
+    {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated"}
+)
+"""Keywords that describe a value without constraining it: read past."""
+TYPE_KEYWORDS: Final = {
+    "object": frozenset({"properties", "required", "additionalProperties"}),
+    "array": frozenset({"items"}),
+}
+STRUCTURE_KEYWORDS: Final = frozenset(
+    {"type", "enum", "const", "anyOf", "allOf", "$ref", "$defs", "definitions"}
+)
+UNREACHABLE: Final = 1 << 30
+"""The cost of a state no bytes can complete."""
+TYPES: Final = ("object", "array", "string", "number", "integer", "boolean", "null")
+
+
+class UnsupportedSchema(ValueError):
+    """A schema this server cannot enforce; `path` is where (dotted, from the schema root)."""
+
+    def __init__(self, path: Sequence[str], reason: str) -> None:
+        self.path = ".".join(path)
+        self.reason = reason
+        super().__init__(f"{self.path or 'the schema'}: {reason}")
+
+
+# ----- the schema, compiled -----
+
+
+class Node:
+    """A compiled schema: what a value at one place may be."""
+
+    min_bytes: int = 1
+    """The fewest bytes of a value this node accepts."""
+
+
+class AnyNode(Node):
+    """Any JSON value (json_object's values, a schema of `{}`)."""
+
+    min_bytes = 1  # a digit
+
+
+@dataclass(eq=False)
+class StringNode(Node):
+    min_bytes: int = 2
+
+
+@dataclass(eq=False)
+class NumberNode(Node):
+    integer: bool
+    min_bytes: int = 1
+
+
+@dataclass(eq=False)
+class LiteralNode(Node):
+    """One of these exact texts (enum, const, true/false, null)."""
+
+    texts: tuple[bytes, ...]
+    min_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        self.min_bytes = min(len(text) for text in self.texts)
+
+
+@dataclass(eq=False)
+class ArrayNode(Node):
+    items: Node
+    min_bytes: int = 2
+
+
+@dataclass(eq=False)
+class UnionNode(Node):
+    options: tuple[Node, ...]
+    min_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        self.min_bytes = min(option.min_bytes for option in self.options)
+
+
+@dataclass(eq=False)
+class ObjectNode(Node):
+    properties: dict[str, Node]
+    required: frozenset[str]
+    additional: Node | None
+    """The value of a key not in `properties`; None: no other key."""
+    min_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        self.key_texts = {_json_bytes(name): name for name in self.properties}
+        self.min_bytes = 1 + self.open_cost(frozenset())
+
+    def value_of(self, key: str) -> Node | None:
+        return self.properties.get(key, self.additional)
+
+    def entry_cost(self, key: str) -> int:
+        """`"key":value` at its shortest."""
+        return len(_json_bytes(key)) + 1 + self.properties[key].min_bytes
+
+    def keys_left(self, seen: frozenset[str]) -> bool:
+        return self.additional is not None or any(key not in seen for key in self.properties)
+
+    def after_cost(self, seen: frozenset[str]) -> int:
+        """After a value: a comma and an entry per missing required key, then `}`."""
+        return 1 + sum(1 + self.entry_cost(key) for key in self.required - seen)
+
+    def open_cost(self, seen: frozenset[str]) -> int:
+        """After `{`: the required entries, separated, then `}`."""
+        missing = self.required - seen
+        if not missing:
+            return 1
+        return sum(self.entry_cost(key) for key in missing) + len(missing)
+
+    def comma_cost(self, seen: frozenset[str]) -> int:
+        """After a comma an entry must follow."""
+        if self.required - seen:
+            return self.open_cost(seen)
+        costs = [self.entry_cost(key) for key in self.properties if key not in seen]
+        if self.additional is not None:
+            costs.append(3 + self.additional.min_bytes)  # "":value (or a one-letter key)
+        return min(costs) + 1 if costs else UNREACHABLE
+
+
+ANY: Final = AnyNode()
+ANY_OBJECT: Final = ObjectNode({}, frozenset(), ANY)
+ANY_ARRAY: Final = ArrayNode(ANY)
+BOOLEAN: Final = LiteralNode((b"true", b"false"))
+NULL: Final = LiteralNode((b"null",))
+
+
+def _json_bytes(value: object) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+class _SchemaCompiler:
+    """JSON Schema (the subset in the module docstring) to nodes; refuses the rest by name."""
+
+    def __init__(self, root: Mapping[str, Any]) -> None:
+        self.root = root
+        self.compiled: dict[str, Node] = {}
+        self.resolving: list[str] = []
+
+    def compile(self, schema: object, path: tuple[str, ...]) -> Node:
+        if schema is True or schema == {}:
+            return ANY
+        if not isinstance(schema, Mapping):
+            raise UnsupportedSchema(path, "a schema must be an object")
+        types = self._types(schema, path)
+        allowed = STRUCTURE_KEYWORDS | ANNOTATIONS
+        for kind in types or TYPES:
+            allowed |= TYPE_KEYWORDS.get(kind, frozenset())
+        for keyword in schema:
+            if keyword not in allowed:
+                raise UnsupportedSchema(
+                    (*path, keyword), f"the keyword {keyword!r} is not supported"
+                )
+        for defs in ("$defs", "definitions"):
+            for name, definition in self._mapping(schema, defs, path).items():
+                self._definition(f"#/{defs}/{name}", definition, (*path, defs, name))
+        if "$ref" in schema:
+            return self._reference(schema, path)
+        if "anyOf" in schema:
+            return UnionNode(tuple(self._each(schema, "anyOf", path)))
+        if "allOf" in schema:
+            parts = self._each(schema, "allOf", path)
+            if len(parts) != 1:
+                raise UnsupportedSchema((*path, "allOf"), "allOf of more than one schema")
+            return parts[0]
+        if "enum" in schema or "const" in schema:
+            return self._literal(schema, types, path)
+        if not types:
+            if "properties" in schema or "additionalProperties" in schema:
+                types = ("object",)
+            elif "items" in schema:
+                types = ("array",)
+            else:
+                return ANY
+        nodes = [self._typed(kind, schema, path) for kind in types]
+        return nodes[0] if len(nodes) == 1 else UnionNode(tuple(nodes))
+
+    def _types(self, schema: Mapping[str, Any], path: tuple[str, ...]) -> tuple[str, ...]:
+        value = schema.get("type")
+        if value is None:
+            return ()
+        types = (value,) if isinstance(value, str) else value
+        if not isinstance(types, list | tuple) or not types:
+            raise UnsupportedSchema((*path, "type"), "type must be a name or a list of names")
+        for kind in types:
+            if kind not in TYPES:
+                raise UnsupportedSchema((*path, "type"), f"unknown type {kind!r}")
+        return tuple(types)
+
+    def _mapping(self, schema: Mapping[str, Any], key: str, path: tuple[str, ...]) -> Any:
+        value = schema.get(key, {})
+        if not isinstance(value, Mapping):
+            raise UnsupportedSchema((*path, key), f"{key} must be an object")
+        return value
+
+    def _each(self, schema: Mapping[str, Any], key: str, path: tuple[str, ...]) -> list[Node]:
+        value = schema[key]
+        if not isinstance(value, list) or not value:
+            raise UnsupportedSchema((*path, key), f"{key} must be a non-empty list")
+        return [self.compile(part, (*path, key, str(i))) for i, part in enumerate(value)]
+
+    def _definition(self, ref: str, definition: object, path: tuple[str, ...]) -> Node:
+        if ref in self.compiled:
+            return self.compiled[ref]
+        if ref in self.resolving:
+            raise UnsupportedSchema(path, f"the recursive reference {ref!r} is not supported")
+        self.resolving.append(ref)
+        try:
+            node = self.compile(definition, path)
+        finally:
+            self.resolving.pop()
+        self.compiled[ref] = node
+        return node
+
+    def _reference(self, schema: Mapping[str, Any], path: tuple[str, ...]) -> Node:
+        ref = schema["$ref"]
+        match = (
+            re.fullmatch(r"#/(\$defs|definitions)/([^/]+)", ref) if isinstance(ref, str) else None
+        )
+        if ref == "#":
+            raise UnsupportedSchema((*path, "$ref"), "the recursive reference '#' is not supported")
+        if match is None:
+            raise UnsupportedSchema((*path, "$ref"), f"only #/$defs/NAME references: {ref!r}")
+        definitions = self.root.get(match.group(1))
+        if not isinstance(definitions, Mapping) or match.group(2) not in definitions:
+            raise UnsupportedSchema((*path, "$ref"), f"{ref!r} names no definition")
+        if ref in self.resolving:
+            raise UnsupportedSchema(
+                (*path, "$ref"), f"the recursive reference {ref!r} is not supported"
+            )
+        target = (match.group(1), match.group(2))
+        return self._definition(ref, definitions[match.group(2)], target)
+
+    def _literal(
+        self, schema: Mapping[str, Any], types: tuple[str, ...], path: tuple[str, ...]
+    ) -> Node:
+        key = "const" if "const" in schema else "enum"
+        values = [schema["const"]] if key == "const" else schema["enum"]
+        if not isinstance(values, list) or not values:
+            raise UnsupportedSchema((*path, key), "enum must be a non-empty list")
+        kept = [value for value in values if not types or _type_of(value) in types]
+        if not kept:
+            raise UnsupportedSchema((*path, key), f"no {key} value is of type {list(types)}")
+        return LiteralNode(tuple(dict.fromkeys(_json_bytes(value) for value in kept)))
+
+    def _typed(self, kind: str, schema: Mapping[str, Any], path: tuple[str, ...]) -> Node:
+        if kind == "string":
+            return StringNode()
+        if kind in ("number", "integer"):
+            return NumberNode(integer=kind == "integer")
+        if kind == "boolean":
+            return BOOLEAN
+        if kind == "null":
+            return NULL
+        if kind == "array":
+            return ArrayNode(self.compile(schema.get("items", True), (*path, "items")))
+        properties = {
+            name: self.compile(value, (*path, "properties", name))
+            for name, value in self._mapping(schema, "properties", path).items()
+        }
+        required = schema.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(k, str) for k in required):
+            raise UnsupportedSchema((*path, "required"), "required must be a list of names")
+        additional_schema = schema.get("additionalProperties", True)
+        additional = (
+            None
+            if additional_schema is False
+            else self.compile(additional_schema, (*path, "additionalProperties"))
+        )
+        unknown = [key for key in required if key not in properties]
+        if unknown and additional is None:
+            raise UnsupportedSchema((*path, "required"), f"{unknown} are required but not allowed")
+        for key in unknown:  # required, of the additional properties' schema
+            assert additional is not None
+            properties[key] = additional
+        return ObjectNode(properties, frozenset(required), additional)
+
+
+def _type_of(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """What a row's text must be: a JSON document of `root` (any object for json_object)."""
+
+    root: Node
+    schema: Mapping[str, Any] | None
+    first_bytes_seen: dict[tuple[Any, ...], list[bool]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    """`DocumentState.first_bytes` by parser state, shared by every row of this format:
+    a row inside a string meets the same state step after step."""
+
+    @classmethod
+    def json(cls, schema: Mapping[str, Any] | None) -> OutputFormat:
+        """None: any JSON object (`json_object`). Else the schema, or `UnsupportedSchema`."""
+        if schema is None:
+            return JSON_OBJECT
+        return cls(_SchemaCompiler(schema).compile(schema, ()), schema)
+
+    def first_bytes(self, state: DocumentState, must_shorten: bool) -> list[bool]:
+        key = (state.stacks, state.runs, must_shorten)
+        allowed = self.first_bytes_seen.get(key)
+        if allowed is None:
+            if len(self.first_bytes_seen) >= FIRST_BYTES_KEPT:
+                self.first_bytes_seen.clear()
+            allowed = self.first_bytes_seen[key] = state.first_bytes(must_shorten)
+        return allowed
+
+    def start(self) -> DocumentState:
+        return DocumentState(((_Value(self.root, 0), None),), (0,))
+
+
+JSON_OBJECT: Final = OutputFormat(ANY_OBJECT, None)
+FIRST_BYTES_KEPT: Final = 4096
+"""Parser states whose first bytes a format keeps (then it starts over): a bound on memory."""
+
+# ----- the parser: frames on a stack -----
+
+_KEEP, _PUSH, _POP = 0, 1, 2
+# Outcomes of feeding a frame one byte:
+#   (_KEEP, frame, whitespace run)        the frame, changed, stays on top
+#   (_PUSH, parent, child, refeed)        the frame becomes `parent`, `child` goes on top
+#   (_POP, result, refeed)                the frame is done; `refeed`: the byte is its parent's
+Outcome = tuple[Any, ...]
+
+
+def _gap(frame: Any, byte: int, run: int) -> list[Outcome]:
+    return [(_KEEP, frame, run + 1)] if run < WHITESPACE_RUN_BYTES else []
+
+
+@dataclass(frozen=True, slots=True)
+class _Value:
+    """A value of `node` starts here (after optional whitespace)."""
+
+    node: Node
+    depth: int
+
+    def feed(self, byte: int, run: int) -> list[Outcome]:
+        if byte in WHITESPACE:
+            return _gap(self, byte, run)
+        outcomes: list[Outcome] = []
+        for frame in _starts(self.node, self.depth):
+            outcomes.extend(frame.feed(byte, 0))
+        return outcomes
+
+    def cost(self, child: Any) -> int:
+        return self.node.min_bytes
+
+    def accepting(self) -> bool:
+        return False
+
+
+def _starts(node: Node, depth: int) -> Iterable[Any]:
+    if isinstance(node, UnionNode):
+        for option in node.options:
+            yield from _starts(option, depth)
+    elif isinstance(node, AnyNode):
+        if depth < MAX_NESTING:
+            yield _Object(ANY_OBJECT, _START, frozenset(), None, depth)
+            yield _Array(ANY_ARRAY, _START, depth)
+        yield _String(False)
+        yield _Number(False, _N_START)
+        yield _Literal((b"true", b"false", b"null"), 0, False)
+    elif isinstance(node, ObjectNode):
+        yield _Object(node, _START, frozenset(), None, depth)
+    elif isinstance(node, ArrayNode):
+        yield _Array(node, _START, depth)
+    elif isinstance(node, StringNode):
+        yield _String(False)
+    elif isinstance(node, NumberNode):
+        yield _Number(node.integer, _N_START)
+    elif isinstance(node, LiteralNode):
+        yield _Literal(node.texts, 0, False)
+
+
+_START, _OPEN, _KEY, _COLON, _VALUE, _AFTER, _COMMA = range(7)
+
+
+@dataclass(frozen=True, slots=True)
+class _Object:
+    node: ObjectNode
+    phase: int
+    seen: frozenset[str]
+    key: str | None
+    depth: int
+
+    def _with(self, phase: int, seen: frozenset[str] | None = None, key: str | None = None) -> Any:
+        return _Object(self.node, phase, self.seen if seen is None else seen, key, self.depth)
+
+    def feed(self, byte: int, run: int) -> list[Outcome]:
+        phase = self.phase
+        if phase == _START:
+            return [(_KEEP, self._with(_OPEN), 0)] if byte == 0x7B else []
+        if byte in WHITESPACE:
+            return _gap(self, byte, run)
+        complete = not (self.node.required - self.seen)
+        if phase in (_OPEN, _AFTER) and byte == 0x7D:  # }
+            return [(_POP, None, False)] if complete else []
+        if phase in (_OPEN, _COMMA) and byte == 0x22:  # "
+            return self._key()
+        if phase == _AFTER and byte == 0x2C:  # ,
+            return [(_KEEP, self._with(_COMMA), 0)] if self.node.keys_left(self.seen) else []
+        if phase == _COLON and byte == 0x3A:  # :
+            assert self.key is not None
+            value = self.node.value_of(self.key)
+            assert value is not None
+            parent = self._with(_VALUE, self.seen | {self.key})
+            return [(_PUSH, parent, _Value(value, self.depth + 1), False)]
+        return []
+
+    def _key(self) -> list[Outcome]:
+        if self.node.additional is None:
+            texts = tuple(t for t, k in self.node.key_texts.items() if k not in self.seen)
+            return [(_PUSH, self._with(_KEY), _Literal(texts, 0, True), True)] if texts else []
+        return [(_PUSH, self._with(_KEY), _String(True, _S_TEXT), False)]
+
+    def child_done(self, result: Any) -> Any:
+        if self.phase == _VALUE:
+            return self._with(_AFTER)
+        if isinstance(result, _KeyText):
+            key = result.decoded()
+        else:
+            key = self.node.key_texts[result]
+        if key is None or key in self.seen:
+            return None  # a key twice is refused: json.loads would keep only the last
+        return self._with(_COLON, key=key)
+
+    def cost(self, child: Any) -> int:
+        node, phase, seen = self.node, self.phase, self.seen
+        if phase == _START:
+            return node.min_bytes
+        if phase == _OPEN:
+            return node.open_cost(seen)
+        if phase == _COMMA:
+            return node.comma_cost(seen)
+        if phase == _COLON:
+            assert self.key is not None
+            value = node.value_of(self.key)
+            assert value is not None
+            return 1 + value.min_bytes + node.after_cost(seen | {self.key})
+        if phase == _KEY:
+            return self._key_cost(child)
+        return node.after_cost(seen)
+
+    def _key_cost(self, child: Any) -> int:
+        """After the key being written: its colon, its value, and the object's rest."""
+        node, seen = self.node, self.seen
+        if isinstance(child, _Literal):
+            return min(
+                len(text) - child.pos + self._entry_rest(node.key_texts[text])
+                for text in child.texts
+            )
+        assert node.additional is not None
+        key = _KeyText(child.text).decoded() if child.mode == _S_TEXT else None
+        extend = 2 + node.additional.min_bytes + node.after_cost(seen)  # one more letter
+        if key is None or key in seen:
+            return extend
+        return min(extend, self._entry_rest(key))
+
+    def _entry_rest(self, key: str) -> int:
+        """The colon, the shortest value of `key`, and the object after it."""
+        value = self.node.value_of(key)
+        assert value is not None
+        return 1 + value.min_bytes + self.node.after_cost(self.seen | {key})
+
+    def accepting(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class _Array:
+    node: ArrayNode
+    phase: int
+    depth: int
+
+    def feed(self, byte: int, run: int) -> list[Outcome]:
+        phase = self.phase
+        if phase == _START:
+            return [(_KEEP, _Array(self.node, _OPEN, self.depth), 0)] if byte == 0x5B else []
+        if byte in WHITESPACE:
+            return _gap(self, byte, run)
+        if phase in (_OPEN, _AFTER) and byte == 0x5D:  # ]
+            return [(_POP, None, False)]
+        if phase == _AFTER:
+            return [(_KEEP, _Array(self.node, _COMMA, self.depth), 0)] if byte == 0x2C else []
+        parent = _Array(self.node, _VALUE, self.depth)
+        return [(_PUSH, parent, _Value(self.node.items, self.depth + 1), True)]
+
+    def child_done(self, result: Any) -> Any:
+        return _Array(self.node, _AFTER, self.depth)
+
+    def cost(self, child: Any) -> int:
+        if self.phase == _START:
+            return 2
+        if self.phase == _COMMA:
+            return self.node.items.min_bytes + 1
+        return 1
+
+    def accepting(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class _KeyText:
+    """A free key's raw bytes between its quotes, as a result for its object."""
+
+    raw: bytes
+
+    def decoded(self) -> str | None:
+        try:
+            return str(json.loads(b'"' + self.raw + b'"'))
+        except ValueError:
+            return None
+
+
+_S_START, _S_TEXT, _S_ESCAPE, _S_UNICODE, _S_UTF8 = range(5)
+_HEX: Final = frozenset(b"0123456789abcdefABCDEF")
+_ESCAPES: Final = frozenset(b'"\\/bfnrtu')
+
+
+@dataclass(frozen=True, slots=True)
+class _String:
+    """A string, checked as UTF-8 byte by byte; a key keeps its bytes (`text`)."""
+
+    is_key: bool
+    mode: int = _S_START
+    left: int = 0
+    """Hex digits of a \\u escape, or continuation bytes of a character, still to come."""
+    low: int = 0x80
+    high: int = 0xBF
+    """The range of the next continuation byte (narrower after E0, ED, F0, F4)."""
+    text: bytes = b""
+
+    def feed(self, byte: int, run: int) -> list[Outcome]:
+        mode = self.mode
+        if mode == _S_START:
+            return [(_KEEP, self._next(_S_TEXT, byte=None), 0)] if byte == 0x22 else []
+        if mode == _S_TEXT:
+            if byte == 0x22:
+                return [(_POP, _KeyText(self.text) if self.is_key else None, False)]
+            if byte == 0x5C:
+                return [(_KEEP, self._next(_S_ESCAPE, byte=byte), 0)]
+            if byte < 0x20:
+                return []
+            if byte < 0x80:
+                return [(_KEEP, self._next(_S_TEXT, byte=byte), 0)]
+            return self._lead(byte)
+        if mode == _S_ESCAPE:
+            if byte not in _ESCAPES:
+                return []
+            if byte == 0x75:  # u
+                return [(_KEEP, self._next(_S_UNICODE, byte=byte, left=4), 0)]
+            return [(_KEEP, self._next(_S_TEXT, byte=byte), 0)]
+        if mode == _S_UNICODE:
+            if byte not in _HEX:
+                return []
+            left = self.left - 1
+            return [(_KEEP, self._next(_S_UNICODE if left else _S_TEXT, byte=byte, left=left), 0)]
+        if not self.low <= byte <= self.high:  # a continuation byte
+            return []
+        left = self.left - 1
+        return [(_KEEP, self._next(_S_UTF8 if left else _S_TEXT, byte=byte, left=left), 0)]
+
+    def _lead(self, byte: int) -> list[Outcome]:
+        if 0xC2 <= byte <= 0xDF:
+            left, low, high = 1, 0x80, 0xBF
+        elif 0xE0 <= byte <= 0xEF:
+            left = 2
+            low, high = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F)}.get(byte, (0x80, 0xBF))
+        elif 0xF0 <= byte <= 0xF4:
+            left = 3
+            low, high = {0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}.get(byte, (0x80, 0xBF))
+        else:
+            return []
+        return [(_KEEP, self._next(_S_UTF8, byte=byte, left=left, low=low, high=high), 0)]
+
+    def _next(
+        self, mode: int, byte: int | None, left: int = 0, low: int = 0x80, high: int = 0xBF
+    ) -> _String:
+        text = self.text + bytes([byte]) if self.is_key and byte is not None else self.text
+        return _String(self.is_key, mode, left, low, high, text)
+
+    def cost(self, child: Any) -> int:
+        if self.mode == _S_START:
+            return 2
+        pending = {_S_TEXT: 0, _S_ESCAPE: 1}.get(self.mode, self.left)
+        return pending + 1
+
+    def accepting(self) -> bool:
+        return False
+
+
+(_N_START, _N_SIGN, _N_ZERO, _N_INT, _N_DOT, _N_FRACTION, _N_EXP, _N_EXP_SIGN, _N_EXP_DIGITS) = (
+    range(9)
+)
+_DIGITS: Final = frozenset(b"0123456789")
+_NUMBER_ACCEPTING: Final = frozenset({_N_ZERO, _N_INT, _N_FRACTION, _N_EXP_DIGITS})
+
+
+@dataclass(frozen=True, slots=True)
+class _Number:
+    """A JSON number (an integer: no fraction, no exponent); it ends at the first byte
+    that cannot continue it, which then belongs to its parent."""
+
+    integer: bool
+    phase: int
+
+    def feed(self, byte: int, run: int) -> list[Outcome]:
+        phase = self._after(byte)
+        if phase is not None:
+            return [(_KEEP, _Number(self.integer, phase), 0)]
+        return [(_POP, None, True)] if self.phase in _NUMBER_ACCEPTING else []
+
+    def _after(self, byte: int) -> int | None:
+        phase, digit = self.phase, byte in _DIGITS
+        if phase in (_N_START, _N_SIGN):
+            if byte == 0x30:
+                return _N_ZERO
+            if digit:
+                return _N_INT
+            return _N_SIGN if phase == _N_START and byte == 0x2D else None
+        if phase == _N_INT and digit:
+            return _N_INT
+        if phase in (_N_ZERO, _N_INT) and not self.integer:
+            if byte == 0x2E:
+                return _N_DOT
+            if byte in (0x65, 0x45):
+                return _N_EXP
+        if phase in (_N_DOT, _N_FRACTION) and digit:
+            return _N_FRACTION
+        if phase == _N_FRACTION and byte in (0x65, 0x45):
+            return _N_EXP
+        if phase == _N_EXP and byte in (0x2B, 0x2D):
+            return _N_EXP_SIGN
+        if phase in (_N_EXP, _N_EXP_SIGN, _N_EXP_DIGITS) and digit:
+            return _N_EXP_DIGITS
+        return None
+
+    def cost(self, child: Any) -> int:
+        return 0 if self.phase in _NUMBER_ACCEPTING else 1
+
+    def accepting(self) -> bool:
+        return self.phase in _NUMBER_ACCEPTING
+
+
+@dataclass(frozen=True, slots=True)
+class _Literal:
+    """One of several exact texts, `pos` bytes in; a key's texts are its quoted names."""
+
+    texts: tuple[bytes, ...]
+    pos: int
+    is_key: bool
+
+    def feed(self, byte: int, run: int) -> list[Outcome]:
+        pos = self.pos
+        outcomes: list[Outcome] = [(_POP, t, True) for t in self.texts if len(t) == pos]
+        going = tuple(t for t in self.texts if len(t) > pos and t[pos] == byte)
+        if len(going) == 1 and len(going[0]) == pos + 1:
+            outcomes.append((_POP, going[0], False))
+        elif going:
+            outcomes.append((_KEEP, _Literal(going, pos + 1, self.is_key), 0))
+        return outcomes
+
+    def cost(self, child: Any) -> int:
+        return 0 if self.is_key else min(len(text) - self.pos for text in self.texts)
+
+    def accepting(self) -> bool:
+        return any(len(text) == self.pos for text in self.texts)
+
+
+Stack = tuple[Any, "Stack"] | None
+
+
+def _feed(stack: Stack, run: int, byte: int, out: list[tuple[Stack, int]]) -> None:
+    if stack is None:
+        return  # the document is done: nothing may follow
+    frame, below = stack
+    for outcome in frame.feed(byte, run):
+        if outcome[0] == _KEEP:
+            out.append(((outcome[1], below), outcome[2]))
+        elif outcome[0] == _PUSH:
+            pushed: Stack = (outcome[2], (outcome[1], below))
+            if outcome[3]:
+                _feed(pushed, 0, byte, out)
+            else:
+                out.append((pushed, 0))
+        elif below is None:
+            if not outcome[2]:
+                out.append((None, 0))
+        else:
+            parent = below[0].child_done(outcome[1])
+            if parent is None:
+                continue
+            popped: Stack = (parent, below[1])
+            if outcome[2]:
+                _feed(popped, 0, byte, out)
+            else:
+                out.append((popped, 0))
+
+
+def _cost(stack: Stack) -> int:
+    total, child = 0, None
+    while stack is not None:
+        frame, stack = stack
+        total += frame.cost(child)
+        child = frame
+    return total
+
+
+class DocumentState:
+    """The text so far, as every way the parser can be reading it (empty: not a prefix)."""
+
+    __slots__ = ("stacks", "runs", "_min_close")
+
+    def __init__(self, stacks: tuple[Stack, ...], runs: tuple[int, ...]) -> None:
+        self.stacks, self.runs = stacks, runs
+        self._min_close: int | None = None
+
+    def feed(self, data: bytes) -> DocumentState:
+        configs = list(zip(self.stacks, self.runs, strict=True))
+        for byte in data:
+            after: list[tuple[Stack, int]] = []
+            for stack, run in configs:
+                _feed(stack, run, byte, after)
+            configs = list(dict.fromkeys(after))
+            if not configs:
+                break
+        return DocumentState(tuple(s for s, _ in configs), tuple(r for _, r in configs))
+
+    @property
+    def valid(self) -> bool:
+        """The text is a prefix of some accepted document."""
+        return bool(self.stacks)
+
+    @property
+    def complete(self) -> bool:
+        """The text is a whole accepted document (it may still go on: `12` -> `123`)."""
+        return any(
+            stack is None or (stack[1] is None and stack[0].accepting()) for stack in self.stacks
+        )
+
+    @property
+    def finished(self) -> bool:
+        """The document is whole and nothing may follow it."""
+        return bool(self.stacks) and all(stack is None for stack in self.stacks)
+
+    @property
+    def min_close(self) -> int:
+        """The fewest bytes that make the text a whole document."""
+        if self._min_close is None:
+            costs = [_cost(stack) for stack in self.stacks]
+            self._min_close = min(costs) if costs else UNREACHABLE
+        return self._min_close
+
+    def first_bytes(self, must_shorten: bool) -> list[bool]:
+        """Which bytes may come next (`must_shorten`: only those that bring the end closer)."""
+        allowed = []
+        for byte in range(256):
+            after = self.feed(bytes([byte]))
+            ok = after.valid and (not must_shorten or after.min_close < self.min_close)
+            allowed.append(ok)
+        return allowed
