@@ -403,3 +403,47 @@ def test_delete_services_names_those_whose_finalizer_is_never_released(
             SERVICE_GROUP, SERVICE_VERSION, "empty", SERVICE_PLURAL, "stuck",
             {"metadata": {"finalizers": None}},
         )  # fmt: skip
+
+
+def test_every_hook_object_passes_the_api_servers_validation_and_restricted_admission(
+    kubeconfig: Path,
+) -> None:
+    """Server-side dry runs of each rendered hook object, and of a Pod made from each
+    hook Job's template in a namespace that enforces restricted Pod Security (the
+    admission checks Pods, not the Jobs that make them)."""
+    namespace = "hooks-restricted"
+    kubernetes.client.CoreV1Api(admin(kubeconfig)).create_namespace(
+        {"metadata": {"name": namespace,
+                      "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
+    )  # fmt: skip
+    args = [str(BINARIES / "helm"), "template", "dry", str(CHART), "-n", namespace]
+    for sets in ((), ("watchNamespaces={prod}", "uninstall.deleteServices=true")):
+        pairs = [part for pair in sets for part in ("--set", pair)]
+        rendered = subprocess.run(
+            [*args, *pairs], capture_output=True, text=True, check=True, timeout=120
+        ).stdout
+        documents = [
+            d
+            for d in yaml.safe_load_all(rendered)
+            if d and "helm.sh/hook" in (d["metadata"].get("annotations") or {})
+        ]
+        pods = [
+            {"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"name": f"{job['metadata']['name']}-pod", "namespace": namespace},
+             "spec": job["spec"]["template"]["spec"]}
+            for job in documents
+            if job["kind"] == "Job"
+        ]  # fmt: skip
+        assert len(pods) == 2
+        # A Pod's admission needs its ServiceAccount to exist: those are created.
+        accounts = [d for d in documents if d["kind"] == "ServiceAccount"]
+        create_rbac(kubeconfig, accounts)
+        documents = [d for d in documents if d["kind"] != "ServiceAccount"]
+        result = subprocess.run(
+            [str(BINARIES / "kubectl"), f"--kubeconfig={kubeconfig}", "create",
+             "--dry-run=server", "-f", "-"],
+            input=yaml.safe_dump_all([*documents, *pods]),
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert "Warning" not in result.stderr, result.stderr
