@@ -194,7 +194,11 @@ app.kubernetes.io/instance: {{ $root.Release.Name }}
 app.kubernetes.io/component: {{ $component }}
 {{- end -}}
 
-{{/* A hook object's metadata lines after its name: (component, event, weight, root). */}}
+{{/*
+A hook object's metadata lines after its name: (component, event, weight, root)
+and, for a Job, "job": helm then prints the Job's pod logs when it fails, so
+the reason (a refused CRD, the services left) is in helm's own output.
+*/}}
 {{- define "fusebox.hookMetadata" -}}
 {{- $component := index . 0 -}}
 {{- $root := index . 3 -}}
@@ -205,6 +209,9 @@ annotations:
   helm.sh/hook: {{ index . 1 }}
   helm.sh/hook-weight: {{ index . 2 | quote }}
   helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+  {{- if and (gt (len .) 4) (eq (index . 4) "job") }}
+  helm.sh/hook-output-log-policy: hook-failed
+  {{- end }}
 {{- end -}}
 
 {{/*

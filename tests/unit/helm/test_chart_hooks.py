@@ -34,6 +34,8 @@ def rules(document: dict[str, Any]) -> list[dict[str, Any]]:
 def assert_restricted_hook_job(job: dict[str, Any], operator: dict[str, Any]) -> None:
     """Restricted Pod Security, the operator's image and pull secrets, bounded retries."""
     assert job["spec"]["backoffLimit"] <= 2
+    # helm prints a failed hook Job's log: the reason reaches whoever ran helm.
+    assert job["metadata"]["annotations"]["helm.sh/hook-output-log-policy"] == "hook-failed"
     assert 0 < job["spec"]["activeDeadlineSeconds"] <= 600
     pod = job["spec"]["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
