@@ -31,6 +31,9 @@ WHITESPACE: Final = frozenset(b" \t\n\r")
 WHITESPACE_RUN_BYTES: Final = 4
 """The most whitespace bytes in one gap between tokens of the document: a newline and a
 short indent, too few for a model to pad forever."""
+MAX_SCHEMA_DEPTH: Final = 64
+"""How deep schemas may nest (through properties, items, anyOf, $ref): pydantic's are a
+few levels; a body may nest hundreds, past what compiling (recursive) can take."""
 MAX_NESTING: Final = 32
 """How deep a document of free shape (json_object) may nest objects and arrays."""
 ANNOTATIONS: Final = frozenset(
@@ -172,8 +175,18 @@ class _SchemaCompiler:
         self.root = root
         self.compiled: dict[str, Node] = {}
         self.resolving: list[str] = []
+        self.depth = 0
 
     def compile(self, schema: object, path: tuple[str, ...]) -> Node:
+        self.depth += 1
+        try:
+            if self.depth > MAX_SCHEMA_DEPTH:
+                raise UnsupportedSchema(path, f"nested deeper than {MAX_SCHEMA_DEPTH} schemas")
+            return self._compile(schema, path)
+        finally:
+            self.depth -= 1
+
+    def _compile(self, schema: object, path: tuple[str, ...]) -> Node:
         if schema is True or schema == {}:
             return ANY
         if not isinstance(schema, Mapping):

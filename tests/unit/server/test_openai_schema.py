@@ -253,6 +253,12 @@ def test_response_format_becomes_the_output_format_and_a_bad_schema_is_named() -
         with pytest.raises(error) as caught:
             parse(response_format)
         assert caught.value.param == param, response_format
+    deep: dict[str, Any] = {"type": "string"}
+    for _ in range(600):  # within what the body parser takes, past what compiling could
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(InvalidRequest) as caught:
+        parse({"type": "json_schema", "json_schema": {"name": "n", "schema": deep}})
+    assert caught.value.param.startswith("response_format.json_schema.schema.items.items")
 
 
 def test_stream_options_need_a_stream_and_known_boolean_options() -> None:

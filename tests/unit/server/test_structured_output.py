@@ -221,6 +221,13 @@ def test_what_pydantic_sends_in_strict_mode_compiles() -> None:
     Owner.model_validate_json(text)
 
 
+def _nested(depth: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
 @pytest.mark.parametrize(
     ("schema", "path"),
     [
@@ -261,6 +268,7 @@ def test_what_pydantic_sends_in_strict_mode_compiles() -> None:
         ({"$ref": "https://example.com/schema"}, "$ref"),
         ({"type": "object", "required": ["x"], "additionalProperties": False}, "required"),
         ({"type": "date"}, "type"),
+        (_nested(70), "items." * 63 + "items"),
         (
             {"$defs": {"Unused": {"type": "string", "pattern": "x"}}, "type": "string"},
             "$defs.Unused.pattern",
