@@ -42,7 +42,7 @@ def chart_crds(files: Mapping[str, str]) -> list[dict[str, Any]]:
                 document.get("kind"),
             ) != (CRD_API_VERSION, CRD_KIND):
                 kind = document.get("kind") if isinstance(document, dict) else type(document)
-                raise ChartCrdError(f"{file_name}: a {kind} is not a {CRD_API_VERSION} {CRD_KIND}")
+                raise ChartCrdError(f"{file_name}: a {kind} is not an {CRD_API_VERSION} {CRD_KIND}")
             name = (document.get("metadata") or {}).get("name")
             if not name:
                 raise ChartCrdError(f"{file_name}: a {CRD_KIND} without metadata.name")

@@ -281,6 +281,29 @@ def test_apply_crds_upgrades_the_installed_crds_as_the_hook_account(kubeconfig: 
     assert any(r.short_names == ["fis"] for r in resources.resources)
 
 
+def test_the_apply_crds_command_reads_the_mounted_files_and_exits_by_outcome(
+    kubeconfig: Path, tmp_path: Path
+) -> None:
+    def command(crds_dir: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "fusebox_operator.chart_hooks", "--kubeconfig",
+             str(kubeconfig), "apply-crds", "--crds-dir", str(crds_dir)],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    done = command(CHART / "crds")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        f"applied and Established: {CRD_NAME}, clusterkopfpeerings.kopf.dev, kopfpeerings.kopf.dev"
+    )
+    (tmp_path / "extra.yaml").write_text("apiVersion: v1\nkind: Secret\nmetadata: {name: x}\n")
+    refused = command(tmp_path)
+    assert refused.returncode == 1
+    assert "extra.yaml: a Secret is not an apiextensions.k8s.io/v1 CustomResourceDefinition" in (
+        refused.stderr
+    )
+
+
 def test_apply_crds_reports_a_crd_the_api_server_refuses_by_name(kubeconfig: Path) -> None:
     (crd, *_) = crds.chart_crds(chart_crd_files())
     bad = copy.deepcopy(crd)
