@@ -88,6 +88,43 @@ class NumberNode(Node):
     min_bytes: int = 1
 
 
+class LiteralTrie:
+    """Exact texts as a trie of bytes: a byte is one lookup however many texts there are
+    (a 5,000-value enum as a list cost 130 ms per step's first-byte mask)."""
+
+    __slots__ = ("children", "text", "texts", "depth", "shortest")
+
+    def __init__(self, depth: int = 0) -> None:
+        self.children: dict[int, LiteralTrie] = {}
+        self.text: bytes | None = None
+        """The text that ends here, if one does."""
+        self.texts: list[bytes] = []
+        """Every text through here (for the cost of finishing one)."""
+        self.depth = depth
+        self.shortest = 1 << 30
+        """The length of the shortest text through here."""
+
+    @classmethod
+    def of(cls, texts: Iterable[bytes]) -> LiteralTrie:
+        root = cls()
+        for text in texts:
+            node = root
+            node.texts.append(text)
+            node.shortest = min(node.shortest, len(text))
+            for byte in text:
+                child = node.children.get(byte)
+                if child is None:
+                    child = node.children[byte] = cls(node.depth + 1)
+                node = child
+                node.texts.append(text)
+                node.shortest = min(node.shortest, len(text))
+            node.text = text
+        return root
+
+    def shortest_rest(self) -> int:
+        return self.shortest - self.depth
+
+
 @dataclass(eq=False)
 class LiteralNode(Node):
     """One of these exact texts (enum, const, true/false, null)."""
@@ -97,6 +134,7 @@ class LiteralNode(Node):
 
     def __post_init__(self) -> None:
         self.min_bytes = min(len(text) for text in self.texts)
+        self.trie = LiteralTrie.of(self.texts)
 
 
 @dataclass(eq=False)
@@ -124,14 +162,28 @@ class ObjectNode(Node):
 
     def __post_init__(self) -> None:
         self.key_texts = {_json_bytes(name): name for name in self.properties}
+        self._entry_costs: dict[str, int] = {}
         self.min_bytes = 1 + self.open_cost(frozenset())
+        self._key_tries: dict[frozenset[str], LiteralTrie | None] = {}
+
+    def key_trie(self, seen: frozenset[str]) -> LiteralTrie | None:
+        """The quoted names not yet written, as a trie (kept per set of names written)."""
+        if seen not in self._key_tries:
+            texts = [text for text, key in self.key_texts.items() if key not in seen]
+            self._key_tries[seen] = LiteralTrie.of(texts) if texts else None
+        return self._key_tries[seen]
 
     def value_of(self, key: str) -> Node | None:
         return self.properties.get(key, self.additional)
 
     def entry_cost(self, key: str) -> int:
         """`"key":value` at its shortest."""
-        return len(_json_bytes(key)) + 1 + self.properties[key].min_bytes
+        cost = self._entry_costs.get(key)
+        if cost is None:
+            cost = self._entry_costs[key] = (
+                len(_json_bytes(key)) + 1 + self.properties[key].min_bytes
+            )
+        return cost
 
     def keys_left(self, seen: frozenset[str]) -> bool:
         return self.additional is not None or any(key not in seen for key in self.properties)
@@ -158,6 +210,7 @@ class ObjectNode(Node):
 
 
 ANY: Final = AnyNode()
+_ANY_LITERALS: Final = LiteralTrie.of((b"true", b"false", b"null"))
 ANY_OBJECT: Final = ObjectNode({}, frozenset(), ANY)
 ANY_ARRAY: Final = ArrayNode(ANY)
 BOOLEAN: Final = LiteralNode((b"true", b"false"))
@@ -181,7 +234,8 @@ class _SchemaCompiler:
         self.depth += 1
         try:
             if self.depth > MAX_SCHEMA_DEPTH:
-                raise UnsupportedSchema(path, f"nested deeper than {MAX_SCHEMA_DEPTH} schemas")
+                # Named at the root: a path 64 levels long would name nothing readable.
+                raise UnsupportedSchema((), f"nested deeper than {MAX_SCHEMA_DEPTH} levels")
             return self._compile(schema, path)
         finally:
             self.depth -= 1
@@ -421,7 +475,7 @@ def _starts(node: Node, depth: int) -> Iterable[Any]:
             yield _Array(ANY_ARRAY, _START, depth)
         yield _String(False)
         yield _Number(False, _N_START)
-        yield _Literal((b"true", b"false", b"null"), 0, False)
+        yield _Literal(_ANY_LITERALS, False)
     elif isinstance(node, ObjectNode):
         yield _Object(node, _START, frozenset(), None, depth)
     elif isinstance(node, ArrayNode):
@@ -431,7 +485,7 @@ def _starts(node: Node, depth: int) -> Iterable[Any]:
     elif isinstance(node, NumberNode):
         yield _Number(node.integer, _N_START)
     elif isinstance(node, LiteralNode):
-        yield _Literal(node.texts, 0, False)
+        yield _Literal(node.trie, False)
 
 
 _START, _OPEN, _KEY, _COLON, _VALUE, _AFTER, _COMMA = range(7)
@@ -471,8 +525,8 @@ class _Object:
 
     def _key(self) -> list[Outcome]:
         if self.node.additional is None:
-            texts = tuple(t for t, k in self.node.key_texts.items() if k not in self.seen)
-            return [(_PUSH, self._with(_KEY), _Literal(texts, 0, True), True)] if texts else []
+            trie = self.node.key_trie(self.seen)
+            return [(_PUSH, self._with(_KEY), _Literal(trie, True), True)] if trie else []
         return [(_PUSH, self._with(_KEY), _String(True, _S_TEXT), False)]
 
     def child_done(self, result: Any) -> Any:
@@ -507,10 +561,14 @@ class _Object:
         """After the key being written: its colon, its value, and the object's rest."""
         node, seen = self.node, self.seen
         if isinstance(child, _Literal):
-            return min(
-                len(text) - child.pos + self._entry_rest(node.key_texts[text])
-                for text in child.texts
-            )
+            # One sum for the object's rest; a required key written takes its entry off it.
+            done, after = child.node.depth, node.after_cost(seen)
+            costs = []
+            for text in child.node.texts:
+                name = node.key_texts[text]
+                rest = after - (1 + node.entry_cost(name) if name in node.required else 0)
+                costs.append(len(text) - done + 1 + node.properties[name].min_bytes + rest)
+            return min(costs)
         assert node.additional is not None
         key = _KeyText(child.text).decoded() if child.mode == _S_TEXT else None
         extend = 2 + node.additional.min_bytes + node.after_cost(seen)  # one more letter
@@ -706,27 +764,30 @@ class _Number:
 
 @dataclass(frozen=True, slots=True)
 class _Literal:
-    """One of several exact texts, `pos` bytes in; a key's texts are its quoted names."""
+    """One of several exact texts, as far as `node` of their trie; a key's texts are its
+    quoted names."""
 
-    texts: tuple[bytes, ...]
-    pos: int
+    node: LiteralTrie
     is_key: bool
 
     def feed(self, byte: int, run: int) -> list[Outcome]:
-        pos = self.pos
-        outcomes: list[Outcome] = [(_POP, t, True) for t in self.texts if len(t) == pos]
-        going = tuple(t for t in self.texts if len(t) > pos and t[pos] == byte)
-        if len(going) == 1 and len(going[0]) == pos + 1:
-            outcomes.append((_POP, going[0], False))
-        elif going:
-            outcomes.append((_KEEP, _Literal(going, pos + 1, self.is_key), 0))
+        node = self.node
+        outcomes: list[Outcome] = []
+        if node.text is not None:  # whole here: the byte may be the parent's
+            outcomes.append((_POP, node.text, True))
+        child = node.children.get(byte)
+        if child is not None:
+            if child.text is not None and not child.children:
+                outcomes.append((_POP, child.text, False))
+            else:
+                outcomes.append((_KEEP, _Literal(child, self.is_key), 0))
         return outcomes
 
     def cost(self, child: Any) -> int:
-        return 0 if self.is_key else min(len(text) - self.pos for text in self.texts)
+        return 0 if self.is_key else self.node.shortest_rest()
 
     def accepting(self) -> bool:
-        return any(len(text) == self.pos for text in self.texts)
+        return self.node.text is not None
 
 
 Stack = tuple[Any, "Stack"] | None

@@ -268,7 +268,7 @@ def _nested(depth: int) -> dict[str, Any]:
         ({"$ref": "https://example.com/schema"}, "$ref"),
         ({"type": "object", "required": ["x"], "additionalProperties": False}, "required"),
         ({"type": "date"}, "type"),
-        (_nested(70), "items." * 63 + "items"),
+        (_nested(70), ""),  # named at the root: "nested deeper than 64 levels"
         (
             {"$defs": {"Unused": {"type": "string", "pattern": "x"}}, "type": "string"},
             "$defs.Unused.pattern",
@@ -280,6 +280,7 @@ def test_every_refused_keyword_names_itself(schema: dict[str, Any], path: str) -
         OutputFormat.json(schema)
     assert caught.value.path == path
     assert path.rsplit(".", 1)[-1] in str(caught.value)
+    assert path or "nested deeper" in str(caught.value)
 
 
 # ----- the choice, on a hand-made vocabulary -----
@@ -532,3 +533,14 @@ def test_each_tokenizers_encoding_of_a_document_is_accepted_token_by_token(name:
         state = state.feed(piece)
         assert state.valid, piece
     assert state.finished
+
+
+def test_literals_that_are_prefixes_of_each_other_are_told_apart_by_what_follows() -> None:
+    numbers = OutputFormat.json({"type": "array", "items": {"enum": [1, 12, 123]}})
+    assert state_of(numbers, "[1,12,123]").finished
+    assert not state_of(numbers, "[1234").valid and not state_of(numbers, "[13").valid
+    one = state_of(OutputFormat.json({"enum": [1, 12]}), "1")
+    assert one.complete and not one.finished and one.feed(b"2").finished
+    many = OutputFormat.json({"enum": [f"value_{i:05d}" for i in range(5000)]})
+    assert state_of(many, '"value_04999"').finished and not state_of(many, '"value_05').valid
+    assert state_of(many, '"value_0').min_close == len('0000"')
