@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -28,8 +27,8 @@ import yaml
 from fusebox_operator.chart_hooks import cluster, crds, services
 from fusebox_operator.kube import SERVICE_GROUP, SERVICE_PLURAL, SERVICE_VERSION
 
-REPO = Path(__file__).resolve().parents[3]
-BINARIES = REPO / ".cache" / "bin"
+from .loopback_apiserver import BINARIES, REPO, loopback_apiserver, skip_without_binaries
+
 CHART = REPO / "helm" / "fusebox"
 TOKEN = "chart-hooks-test-token"
 RELEASE, RELEASE_NAMESPACE = "fusebox", "fusebox-system"
@@ -41,101 +40,15 @@ SPEC: dict[str, Any] = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_ready(url: str, deadline: float) -> None:
-    while time.monotonic() < deadline:
-        answer = subprocess.run(
-            ["curl", "-sk", "-H", f"Authorization: Bearer {TOKEN}", url],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if answer.stdout == "ok":
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"{url} not ready")
-
-
 @pytest.fixture(scope="module")
 def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    etcd, apiserver = BINARIES / "etcd", BINARIES / "kube-apiserver"
-    if not (etcd.exists() and apiserver.exists() and (BINARIES / "helm").exists()):
-        pytest.skip("no etcd/kube-apiserver/helm in .cache/bin: run `make setup-binaries`")
-    tmp = tmp_path_factory.mktemp("apiserver")
-    key = tmp / "sa.key"
-    subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True)
-    (tmp / "tokens.csv").write_text(f'{TOKEN},admin,uid1,"system:masters"\n')
-    client, peer, secure = free_port(), free_port(), free_port()
-    logs = [(tmp / "etcd.log").open("w"), (tmp / "apiserver.log").open("w")]
-    processes = [
-        subprocess.Popen(
-            [
-                str(etcd),
-                f"--data-dir={tmp / 'etcd'}",
-                f"--listen-client-urls=http://127.0.0.1:{client}",
-                f"--advertise-client-urls=http://127.0.0.1:{client}",
-                f"--listen-peer-urls=http://127.0.0.1:{peer}",
-                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-                f"--initial-cluster=default=http://127.0.0.1:{peer}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=logs[0],
-        ),
-        subprocess.Popen(
-            [
-                str(apiserver),
-                f"--etcd-servers=http://127.0.0.1:{client}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={secure}",
-                f"--cert-dir={tmp / 'certs'}",
-                "--service-account-issuer=https://kubernetes.default.svc",
-                f"--service-account-key-file={key}",
-                f"--service-account-signing-key-file={key}",
-                f"--token-auth-file={tmp / 'tokens.csv'}",
-                # RBAC: the hooks run as their service accounts, with the chart's rules.
-                "--authorization-mode=RBAC",
-                "--service-cluster-ip-range=10.0.0.0/24",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=logs[1],
-        ),
-    ]
-    try:
-        _wait_ready(f"https://127.0.0.1:{secure}/readyz", time.monotonic() + 90)
-        config = tmp / "kubeconfig"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [
-                        {
-                            "name": "loop",
-                            "cluster": {
-                                "server": f"https://127.0.0.1:{secure}",
-                                "certificate-authority": str(tmp / "certs" / "apiserver.crt"),
-                            },
-                        }
-                    ],
-                    "users": [{"name": "admin", "user": {"token": TOKEN}}],
-                    "contexts": [{"name": "loop", "context": {"cluster": "loop", "user": "admin"}}],
-                    "current-context": "loop",
-                }
-            )
-        )
+    skip_without_binaries("helm")
+    # RBAC: the hooks run as their service accounts, with the chart's rules.
+    with loopback_apiserver(
+        tmp_path_factory.mktemp("apiserver"), token=TOKEN, user="admin", authorization_mode="RBAC"
+    ) as config:
         _prepare(config)
         yield config
-    finally:
-        for process in reversed(processes):
-            process.terminate()
-            process.wait(timeout=30)
-        for log in logs:
-            log.close()
 
 
 def admin(config: Path) -> kubernetes.client.ApiClient:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -33,8 +32,8 @@ from fusebox_operator.sizing import size_memory
 from fusebox_operator.spec import parse_spec
 from fusebox_operator.tick import TickInputs, TickMemory, run_tick
 
-REPO = Path(__file__).resolve().parents[3]
-BINARIES = REPO / ".cache" / "bin"
+from .loopback_apiserver import REPO, loopback_apiserver, skip_without_binaries
+
 TOKEN = "kubectl-fusebox-test-token"
 NAMESPACE = "prod"
 LIMIT = 4 * 1024**3
@@ -44,112 +43,18 @@ RAW: dict[str, Any] = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_ready(url: str, deadline: float) -> None:
-    while time.monotonic() < deadline:
-        answer = subprocess.run(
-            ["curl", "-sk", "-H", f"Authorization: Bearer {TOKEN}", url],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if answer.stdout == "ok":
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"{url} not ready")
-
-
 @pytest.fixture(scope="module")
 def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    etcd, apiserver = BINARIES / "etcd", BINARIES / "kube-apiserver"
-    if not (etcd.exists() and apiserver.exists()):
-        pytest.skip("no etcd/kube-apiserver in .cache/bin: run `make setup-binaries`")
-    tmp = tmp_path_factory.mktemp("apiserver")
-    key = tmp / "sa.key"
-    subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True)
-    (tmp / "tokens.csv").write_text(f'{TOKEN},tester,uid1,"system:masters"\n')
-    client, peer, secure = free_port(), free_port(), free_port()
-    logs = [(tmp / "etcd.log").open("w"), (tmp / "apiserver.log").open("w")]
-    processes = [
-        subprocess.Popen(
-            [
-                str(etcd),
-                f"--data-dir={tmp / 'etcd'}",
-                f"--listen-client-urls=http://127.0.0.1:{client}",
-                f"--advertise-client-urls=http://127.0.0.1:{client}",
-                f"--listen-peer-urls=http://127.0.0.1:{peer}",
-                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-                f"--initial-cluster=default=http://127.0.0.1:{peer}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=logs[0],
-        )
-    ]
-    processes.append(
-        subprocess.Popen(
-            [
-                str(apiserver),
-                f"--etcd-servers=http://127.0.0.1:{client}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={secure}",
-                f"--cert-dir={tmp / 'certs'}",
-                "--service-account-issuer=https://kubernetes.default.svc",
-                f"--service-account-key-file={key}",
-                f"--service-account-signing-key-file={key}",
-                f"--token-auth-file={tmp / 'tokens.csv'}",
-                "--authorization-mode=AlwaysAllow",
-                "--service-cluster-ip-range=10.0.0.0/24",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=logs[1],
-        )
-    )
-    try:
-        _wait_ready(f"https://127.0.0.1:{secure}/readyz", time.monotonic() + 90)
-        config = tmp / "kubeconfig"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [
-                        {
-                            "name": "loop",
-                            "cluster": {
-                                "server": f"https://127.0.0.1:{secure}",
-                                # The serving certificate the API server made (with its CA).
-                                "certificate-authority": str(tmp / "certs" / "apiserver.crt"),
-                            },
-                        }
-                    ],
-                    "users": [{"name": "tester", "user": {"token": TOKEN}}],
-                    "contexts": [
-                        {
-                            "name": "loop",
-                            "context": {
-                                "cluster": "loop",
-                                "user": "tester",
-                                "namespace": NAMESPACE,
-                            },
-                        }
-                    ],
-                    "current-context": "loop",
-                }
-            )
-        )
+    skip_without_binaries()
+    with loopback_apiserver(
+        tmp_path_factory.mktemp("apiserver"),
+        token=TOKEN,
+        user="tester",
+        authorization_mode="AlwaysAllow",
+        namespace=NAMESPACE,
+    ) as config:
         _install(config)
         yield config
-    finally:
-        for process in reversed(processes):
-            process.terminate()
-            process.wait(timeout=30)
-        for log in logs:
-            log.close()
 
 
 def _api(config: Path) -> kubernetes.client.ApiClient:
