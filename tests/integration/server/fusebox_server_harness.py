@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,7 @@ from fusebox_contract.admin import (
     ServerState,
 )
 from fusebox_contract.names import ActionType, BreakerState, DegradationLevel, Fault, Variant
+from fusebox_server.zoo.release import ensure_zoo_model
 
 CORPUS = (
     Path(__file__).resolve().parents[3] / "inference_image" / "fusebox_server" / "model" / "corpus"
@@ -201,3 +206,19 @@ class ServerProcess:
                 self.process.kill()
                 self.process.wait(timeout=15)
         self._log.close()
+
+
+@contextmanager
+def zoo_server(family: str, parent: Path, max_new_tokens: int) -> Iterator[ServerProcess]:
+    """A ready server of one zoo family's release (built into the cache on first use),
+    in its own workdir under `parent`; stopped and its workdir removed afterwards."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"zoo-{family}-", dir=parent))
+    server = ServerProcess(
+        workdir, ensure_zoo_model(family), {"max-new-tokens": max_new_tokens}, {}
+    )
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)

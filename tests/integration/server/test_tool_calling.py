@@ -13,15 +13,13 @@ and not), and what cannot be served is a 400 naming the parameter.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from fusebox_server_harness import MODEL_NAME, ServerProcess
+from fusebox_server_harness import MODEL_NAME, ServerProcess, zoo_server
 
 from fusebox_contract.admin import DegradationRequest
 from fusebox_contract.names import DegradationLevel
@@ -80,14 +78,8 @@ def family(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="module")
 def family_server(family: str, server_workdir: Path) -> Iterator[ServerProcess]:
-    workdir = Path(tempfile.mkdtemp(prefix=f"zoo-{family}-", dir=server_workdir))
-    server = ServerProcess(workdir, ensure_zoo_model(family), {"max-new-tokens": 128}, {})
-    try:
-        server.wait_ready()
+    with zoo_server(family, server_workdir, max_new_tokens=128) as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,6 @@ embeddings, no system role (the template folds it into the first turn).
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ from typing import Any
 import openai
 import pytest
 import torch
-from fusebox_server_harness import MODEL_NAME, ServerProcess
+from fusebox_server_harness import MODEL_NAME, ServerProcess, zoo_server
 
 from fusebox_server.zoo.release import ensure_zoo_model
 
@@ -34,14 +32,8 @@ NEW_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def family_server(server_workdir: Path) -> Iterator[ServerProcess]:
-    workdir = Path(tempfile.mkdtemp(prefix=f"zoo-{FAMILY}-", dir=server_workdir))
-    server = ServerProcess(workdir, ensure_zoo_model(FAMILY), {"max-new-tokens": 64}, {})
-    try:
-        server.wait_ready()
+    with zoo_server(FAMILY, server_workdir, max_new_tokens=64) as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _transformers_text() -> str:
