@@ -203,7 +203,8 @@ def logits_lever(model_dir: Path, workload: Workload, rounds: int) -> dict[str, 
 
 
 def latency_c1(model_dir: Path, url: str, workload: Workload, threads: int) -> dict[str, Any]:
-    """One in-process `generate`, then the same request to Fusebox, in turn (first pair warm-up)."""
+    """One in-process `generate`, then the same request to Fusebox streamed and unstreamed,
+    in turn (the first request is warm-up). The figure is the streamed one."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -229,16 +230,30 @@ def latency_c1(model_dir: Path, url: str, workload: Workload, threads: int) -> d
             raise RuntimeError(f"c=1 request {request.index}: {record.error}")
         summarize([record])  # fails the run on a missing usage
         remote = record.finished - record.scheduled
+        whole = traffic.complete_unstreamed(url, FUSEBOX_MODEL, request)
+        if whole.error:
+            raise RuntimeError(f"c=1 request {request.index} unstreamed: {whole.error}")
+        summarize([whole])
         if position:
-            pairs.append({"index": request.index, "in_process": local, "fusebox": remote})
+            pairs.append(
+                {
+                    "index": request.index,
+                    "in_process": local,
+                    "fusebox": remote,
+                    "fusebox_unstreamed": whole.finished - whole.scheduled,
+                }
+            )
             records.append(record)
             texts_agree += record.text == local_text
     del model
     gc.collect()
     ratios = [pair["fusebox"] / pair["in_process"] for pair in pairs]
+    unstreamed = [pair["fusebox_unstreamed"] / pair["in_process"] for pair in pairs]
     return {
         "pairs": pairs,
         "median_ratio": statistics.median(ratios),
+        # The same requests answered in one body: what streaming itself costs at c=1.
+        "median_ratio_unstreamed": statistics.median(unstreamed),
         "ratios": ratios,
         "greedy_texts_equal_to_generate": f"{texts_agree}/{len(pairs)}",
         "responses": [record.to_json() for record in records],
@@ -261,13 +276,15 @@ def sweep_peer(
     workload: Workload,
     clients: int,
     threads: int,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """A short warm-up and one measured round per peer setting, each server alone while it runs.
 
     The sweep's rounds are shorter than the alternated ones (`--sweep-requests`): on two
-    cores one peer setting's round of the full count takes minutes.
+    cores one peer setting's round of the full count takes minutes. Returns the figures
+    and every measured response, by setting.
     """
     results: dict[str, Any] = {}
+    saved: dict[str, Any] = {}
     for name, flags in variants.items():
         started = time.perf_counter()
         try:
@@ -279,13 +296,15 @@ def sweep_peer(
             continue
         try:
             one_round(url, str(model_dir), warmup, len(warmup.requests))
-            measured = figures(one_round(url, str(model_dir), workload, clients))
+            records = one_round(url, str(model_dir), workload, clients)
         finally:
             server_bench.stop(peer)
-        results[name] = {"flags": flags, "seconds": time.perf_counter() - started} | measured
+        saved[name] = [record.to_json() for record in records]
+        results[name] = {"flags": flags, "seconds": time.perf_counter() - started}
+        results[name] |= figures(records)
     ranked = [name for name in results if "tokens_per_second" in results[name]]
     best = max(ranked, key=lambda name: results[name]["tokens_per_second"]) if ranked else None
-    return {"variants": results, "best": best}
+    return {"variants": results, "best": best}, saved
 
 
 def alternated(
@@ -360,7 +379,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
             result["c1"] = part
             write(arguments, result, responses)
         if "sweep" in phases:
-            result["sweep"] = sweep_peer(
+            result["sweep"], responses["sweep"] = sweep_peer(
                 model_dir,
                 workdir,
                 variants,
@@ -395,6 +414,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
                     result["open"], responses["open"] = open_loop(
                         servers, workload, arguments.open_rate, arguments.seed
                     )
+                    result["open"]["peer_setting"] = best
                     write(arguments, result, responses)
             finally:
                 server_bench.stop(fusebox)

@@ -126,7 +126,8 @@ def start_fusebox(model_dir: Path, workdir: Path, **flags: Any) -> tuple[Any, st
         command += [f"--{name}", str(value)]
     log = workdir / f"fusebox-{port}.log"
     env = thread_environment(int(flags.get("torch_threads", 0)))
-    process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+    with log.open("wb") as sink:  # the child keeps its own copy of the descriptor
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/readyz", process, log)
     return process, url, log
@@ -153,6 +154,7 @@ def start_transformers_serve(
     log = workdir / f"transformers-serve-{port}.log"
     # The CLI's module rather than its console script: the same code, and it runs
     # where transformers comes from PYTHONPATH (the GPU machine's carried wheels).
+    sink = log.open("wb")  # the child keeps its own copy of the descriptor
     process = subprocess.Popen(
         [
             sys.executable,
@@ -171,10 +173,11 @@ def start_transformers_serve(
             dtype,
             *peer_flags,
         ],
-        stdout=log.open("wb"),
+        stdout=sink,
         stderr=subprocess.STDOUT,
         env=thread_environment(threads),
     )
+    sink.close()
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/health", process, log)
     return process, url, log

@@ -129,6 +129,33 @@ async def _open_loop(
     return records
 
 
+def complete_unstreamed(url: str, model: str, request: WorkloadRequest) -> ResponseRecord:
+    """One request without streaming: the whole answer in one body (its latency alone)."""
+    record = ResponseRecord(request.index, scheduled=time.perf_counter())
+    record.sent = record.scheduled
+    body = chat_body(model, request) | {"stream": False}
+    del body["stream_options"]
+    try:
+        response = httpx.post(
+            f"{url}/v1/chat/completions", json=body, timeout=REQUEST_TIMEOUT_SECONDS
+        )
+        record.finished = time.perf_counter()
+        if response.status_code != 200:
+            record.error = f"HTTP {response.status_code}: {response.text[:300]}"
+            return record
+        answer = response.json()
+        choice = answer["choices"][0]
+        record.text = choice["message"].get("content") or ""
+        record.finish_reason = choice.get("finish_reason")
+        usage = answer.get("usage") or {}
+        record.prompt_tokens = usage.get("prompt_tokens")
+        record.completion_tokens = usage.get("completion_tokens")
+    except (httpx.HTTPError, ValueError, KeyError) as error:
+        record.finished = time.perf_counter()
+        record.error = repr(error)
+    return record
+
+
 def closed_loop(
     url: str, model: str, requests: Sequence[WorkloadRequest], clients: int
 ) -> list[ResponseRecord]:
