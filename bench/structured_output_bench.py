@@ -6,6 +6,8 @@ and choice) and of the token choice alone (`engine.choose_row_token`), next to a
 unconstrained greedy row's. Run it niced on a shared machine:
 
     nice -n 19 python bench/structured_output_bench.py [--steps 48] [--out FILE]
+
+(`make bench` runs it as `structured-output`, writing bench/results/structured-output.json.)
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from fusebox_server.model.tiny_model import ensure_model
 from fusebox_server.model.tokenization import load_tokenizer
 from fusebox_server.zoo.release import ensure_zoo_model
 
+RESULTS = Path(__file__).resolve().parent / "results" / "structured-output.json"
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -93,15 +96,14 @@ def measure(model_dir: Path, steps: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=48)
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--out", type=Path, default=RESULTS)
     arguments = parser.parse_args()
     torch.set_num_threads(1)
     report = {
         "tiny": measure(ensure_model("tiny"), arguments.steps),
         "llama3": measure(ensure_zoo_model("llama3"), arguments.steps),
     }
-    if arguments.out:
-        arguments.out.write_text(json.dumps(report, indent=2) + "\n")
+    arguments.out.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

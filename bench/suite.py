@@ -88,6 +88,7 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark("server-realistic", "realistic_bench.py", missing=_transformers_cli),
     Benchmark("kernels", "kernels_bench.py"),
     Benchmark("sampling", "sampling_bench.py"),
+    Benchmark("structured-output", "structured_output_bench.py"),
     Benchmark("sidecar", "sidecar_bench.py"),
     Benchmark("gpu", "gpu_bench.py", missing=_gpu),
     Benchmark(
