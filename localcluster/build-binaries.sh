@@ -98,6 +98,32 @@ fi
 ln -sfn "$monitoring_out" "$root/.cache/monitoring"
 # --- end of the monitoring addon -------------------------------------------
 
+# --- versitygw (the S3 server of the s3:// model-source tests) -------------
+# versitygw, built from the module pinned under localcluster/versitygw into
+# ${FUSEBOX_CACHE}/versitygw-<hash of those pins>, linked as .cache/versitygw.
+# The integration tests run it on 127.0.0.1 with its posix backend
+# (docs/decisions/model-sources.md). Its own key: a new pin rebuilds only it.
+versitygw_pins=$(cd "$here" && sed -n '/^# --- versitygw (the S3/,/^# --- end of versitygw/p' build-binaries.sh |
+  cat - versitygw/go.mod versitygw/go.sum | sha256sum | cut -c1-16)
+versitygw_out="$cache/versitygw-$versitygw_pins"
+if [ -f "$versitygw_out/.complete" ]; then
+  echo "versitygw: up to date in $versitygw_out"
+else
+  tmp="$versitygw_out.tmp"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  export CGO_ENABLED=0 GOFLAGS=-trimpath
+  start=$SECONDS
+  versitygw_version=$(cd "$here/versitygw" && go list -m -f '{{.Version}}' github.com/versity/versitygw)
+  echo "versitygw: building $versitygw_version"
+  (cd "$here/versitygw" && nice -n 19 go build -ldflags "-s -w -X main.Version=$versitygw_version" \
+    -o "$tmp/versitygw" github.com/versity/versitygw/cmd/versitygw)
+  touch "$tmp/.complete"
+  rm -rf "$versitygw_out" && mv "$tmp" "$versitygw_out"
+  echo "versitygw: built in $((SECONDS - start)) s into $versitygw_out"
+fi
+ln -sfn "$versitygw_out" "$root/.cache/versitygw"
+# --- end of versitygw --------------------------------------------------------
+
 # --- containerd (the node's container runtime) ------------------------------
 # containerd 2 with CDI (Debian's 1.6 has none), its runc shim and ctr, built
 # from the module pinned under localcluster/containerd-pins into

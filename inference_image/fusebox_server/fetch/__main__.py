@@ -1,0 +1,156 @@
+"""`python -m fusebox_server.fetch`: download, verify and report one model, then exit.
+
+Exit 0 with a Verified report when the model directory holds a complete,
+verified copy (downloaded now or found there); exit 1 with the failure's name
+(fusebox_contract.model_fetch.FetchReason) otherwise. Every input comes from the
+environment the operator renders (FetchEnv); a flag overrides its variable for
+runs by hand. Credentials are read from the environment only and never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from fusebox_contract.model_fetch import FetchEnv, FetchReason, FetchReport
+from fusebox_server.fetch import hub, s3
+from fusebox_server.fetch.progress import Progress
+from fusebox_server.fetch.store import FetchError, ModelStore, RemoteFile
+
+Reader = Callable[[RemoteFile, int], Iterator[bytes]]
+
+
+@dataclass(frozen=True)
+class FetchConfig:
+    source: str
+    revision: str
+    model_dir: Path
+    report_file: Path | None
+    termination_log: Path | None
+    s3_endpoint: str
+    s3_region: str
+    hf_endpoint: str
+
+
+def _arguments(argv: Sequence[str] | None) -> FetchConfig:
+    env = os.environ
+    parser = argparse.ArgumentParser(prog="python -m fusebox_server.fetch", description=__doc__)
+    parser.add_argument("--source", default=env.get(FetchEnv.SOURCE, ""))
+    parser.add_argument("--revision", default=env.get(FetchEnv.REVISION, "main"))
+    parser.add_argument("--model-dir", default=env.get(FetchEnv.MODEL_DIR, ""))
+    parser.add_argument("--report-file", default=env.get(FetchEnv.REPORT_FILE, ""))
+    parser.add_argument("--termination-log", default=env.get(FetchEnv.TERMINATION_LOG, ""))
+    parser.add_argument("--s3-endpoint", default=env.get(FetchEnv.S3_ENDPOINT, ""))
+    parser.add_argument("--s3-region", default=env.get(FetchEnv.S3_REGION, ""))
+    parser.add_argument("--hf-endpoint", default=env.get(FetchEnv.HF_ENDPOINT, ""))
+    args = parser.parse_args(argv)
+    if not args.source or not args.model_dir:
+        parser.error(
+            f"--source ({FetchEnv.SOURCE}) and --model-dir ({FetchEnv.MODEL_DIR}) are required"
+        )
+    return FetchConfig(
+        source=args.source,
+        revision=args.revision,
+        model_dir=Path(args.model_dir),
+        report_file=Path(args.report_file) if args.report_file else None,
+        termination_log=Path(args.termination_log) if args.termination_log else None,
+        s3_endpoint=args.s3_endpoint,
+        s3_region=args.s3_region,
+        hf_endpoint=args.hf_endpoint,
+    )
+
+
+def _listing(config: FetchConfig) -> tuple[str, list[RemoteFile], Reader]:
+    """(the revision the copy will be, its files, how to read one) for the source's scheme."""
+    env = os.environ
+    if config.source.startswith("s3://"):
+        source = s3.S3Source.parse(config.source)
+        client = s3.client(
+            config.s3_endpoint,
+            config.s3_region,
+            env.get(FetchEnv.S3_ACCESS_KEY, ""),
+            env.get(FetchEnv.S3_SECRET_KEY, ""),
+            env.get(FetchEnv.S3_SESSION_TOKEN, ""),
+        )
+        files = s3.list_files(client, source)
+        return (
+            s3.revision_of(files),
+            files,
+            lambda remote, offset: s3.read_object(client, source, remote, offset),
+        )
+    if config.source.startswith("hf://"):
+        repository = hub.Hub(
+            hub.HubSource.parse(config.source, config.revision),
+            config.hf_endpoint,
+            env.get(FetchEnv.HF_TOKEN, ""),
+        )
+        commit, files = repository.list_files()
+        return commit, files, lambda remote, offset: repository.read_file(commit, remote, offset)
+    raise FetchError(FetchReason.FAILED, f"{config.source!r}: only s3:// and hf:// are fetched")
+
+
+def fetch(config: FetchConfig, progress: Progress) -> FetchReport:
+    """Bring the model into `config.model_dir`, verified; raise FetchError naming why not."""
+    revision, files, read = _listing(config)
+    store = ModelStore(config.model_dir)
+    total = sum(f.size for f in files)
+    size_only = sum(1 for f in files if set(f.digests) <= {"size"} or not f.digests)
+    checked = f"; {size_only} checked by size only (no hash at the source)" if size_only else ""
+    with store.locked(progress.note):
+        if store.complete(config.source, revision, files):
+            return FetchReport(
+                FetchReason.VERIFIED,
+                f"{len(files)} file(s), {total} bytes, already in the cache at {revision}",
+                total,
+                total,
+                revision=revision,
+                cached=True,
+                files=len(files),
+            )
+        todo = [f for f in files if not store.is_verified(config.source, f)]
+        done = total - sum(f.size for f in todo)
+        resumed = sum(store.resumable_bytes(f) for f in todo)
+        store.check_space(total - done - resumed)
+        progress.start(total, len(files), done + resumed)
+        for remote in todo:
+            offset = store.resumable_bytes(remote)
+            store.write_part(remote, read(remote, offset), offset, progress.add)
+            store.record(config.source, revision, remote, complete=False)
+        store.record(config.source, revision, None, complete=True)
+    rate = progress.rate()
+    return FetchReport(
+        FetchReason.VERIFIED,
+        f"{len(files)} file(s), {total} bytes, verified at {revision}{checked}"
+        + (f"; {resumed} bytes resumed" if resumed else ""),
+        total,
+        total,
+        rate,
+        revision=revision,
+        files=len(files),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = _arguments(argv)
+    progress = Progress(config.report_file, config.termination_log)
+    try:
+        report = fetch(config, progress)
+    except FetchError as error:
+        report = FetchReport(
+            error.reason,
+            error.message,
+            progress.bytes_done,
+            progress.bytes_total,
+            progress.rate(),
+            files=progress.files,
+        )
+    progress.finish(report)
+    return 1 if report.reason.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""The cache directory one model is fetched into: its lock, resume and record.
+
+Why: replicas on a node may share one cache volume (a claim the spec names),
+so N pods starting together must cause one download. The first takes an
+exclusive file lock and downloads; the others wait on the lock and then find
+the record of a complete, verified copy and download nothing. Each file is
+written as `<name>.part` and renamed only once verified, so a pod killed in the
+middle leaves a part file the next run resumes, never a file that looks done.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from fusebox_contract.model_fetch import FetchReason
+
+PART_SUFFIX = ".part"
+STATE_FILE = ".fusebox-fetch.json"
+"""In the model directory: the source, its revision, and each file verified so far."""
+LOCK_POLL_SECONDS = 2.0
+CHUNK_BYTES = 1024 * 1024
+
+
+class FetchError(Exception):
+    """A download that cannot succeed as configured; `reason` names why."""
+
+    def __init__(self, reason: FetchReason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file of the model as the source lists it.
+
+    `digests`: algorithm -> hex digest the bytes must have ("md5", "sha256", or
+    "git-sha1", the hub's blob id); `key` changes whenever the remote bytes do
+    (an ETag, a hash), so a stale local copy is never taken for the new one.
+    """
+
+    path: str
+    size: int
+    key: str
+    digests: dict[str, str] = field(default_factory=dict)
+
+
+def check_relative(path: str) -> str:
+    """A remote name as a path inside the model directory, or a refusal.
+
+    An object key like `../../etc/x` must not write outside the cache.
+    """
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if not parts or ".." in parts:
+        raise FetchError(FetchReason.FAILED, f"refusing remote file name {path!r}")
+    return "/".join(parts)
+
+
+def digest_file(path: Path, algorithm: str) -> str:
+    """The file's digest; "git-sha1" is git's blob hash, as the hub lists small files."""
+    size = path.stat().st_size
+    hasher = hashlib.sha1() if algorithm == "git-sha1" else hashlib.new(algorithm)
+    if algorithm == "git-sha1":
+        hasher.update(f"blob {size}\0".encode())
+    with path.open("rb") as handle:
+        while chunk := handle.read(CHUNK_BYTES):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def verify(path: Path, remote: RemoteFile) -> None:
+    """Refuse bytes that are not the source's: the size, then every digest it gave."""
+    size = path.stat().st_size
+    if size != remote.size:
+        raise FetchError(
+            FetchReason.HASH_MISMATCH,
+            f"{remote.path}: {size} bytes downloaded, the source lists {remote.size}",
+        )
+    for algorithm, expected in sorted(remote.digests.items()):
+        actual = digest_file(path, algorithm)
+        if actual != expected.lower():
+            raise FetchError(
+                FetchReason.HASH_MISMATCH,
+                f"{remote.path}: {algorithm} {actual} does not match the source's {expected}",
+            )
+
+
+def disk_error(error: OSError, where: Path) -> FetchError:
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return FetchError(FetchReason.DISK_FULL, f"no space left on the cache volume at {where}")
+    return FetchError(FetchReason.FAILED, f"cannot write {where}: {error.strerror or error}")
+
+
+class ModelStore:
+    """One model's directory in the cache volume, and what has been verified in it."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.model_dir = model_dir
+        self._state_path = model_dir / STATE_FILE
+
+    @contextmanager
+    def locked(self, waiting: Callable[[str], None]) -> Iterator[None]:
+        """Hold the model's lock; `waiting` is told while another pod holds it."""
+        try:
+            self.model_dir.mkdir(parents=True, exist_ok=True)
+            handle = open(self.model_dir.parent / f"{self.model_dir.name}.lock", "a+b")  # noqa: SIM115
+        except OSError as error:
+            raise disk_error(error, self.model_dir) from None
+        with handle:
+            told = False
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if not told:
+                        waiting("waiting for another pod's download of this model (shared cache)")
+                        told = True
+                    time.sleep(LOCK_POLL_SECONDS)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _state(self) -> dict[str, object]:
+        try:
+            state = json.loads(self._state_path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return state if isinstance(state, dict) else {}
+
+    def _verified(self, source: str) -> dict[str, str]:
+        state = self._state()
+        files = state.get("files")
+        if state.get("source") != source or not isinstance(files, dict):
+            return {}
+        return {str(k): str(v) for k, v in files.items()}
+
+    def complete(self, source: str, revision: str, files: Iterable[RemoteFile]) -> bool:
+        """Whether every file is here, verified at this revision, with its size."""
+        state = self._state()
+        if state.get("revision") != revision or not state.get("complete"):
+            return False
+        return all(self.is_verified(source, remote) for remote in files)
+
+    def is_verified(self, source: str, remote: RemoteFile) -> bool:
+        target = self.model_dir / remote.path
+        return (
+            self._verified(source).get(remote.path) == remote.key
+            and target.is_file()
+            and target.stat().st_size == remote.size
+        )
+
+    def record(self, source: str, revision: str, remote: RemoteFile | None, complete: bool) -> None:
+        """Add a verified file (or mark the whole copy complete), atomically."""
+        files = self._verified(source)
+        if remote is not None:
+            files[remote.path] = remote.key
+        body = {"source": source, "revision": revision, "files": files, "complete": complete}
+        temporary = self._state_path.with_name(STATE_FILE + ".tmp")
+        try:
+            temporary.write_text(json.dumps(body, sort_keys=True))
+            os.replace(temporary, self._state_path)
+        except OSError as error:
+            raise disk_error(error, self._state_path) from None
+
+    def part_path(self, remote: RemoteFile) -> Path:
+        return self.model_dir / (remote.path + PART_SUFFIX)
+
+    def resumable_bytes(self, remote: RemoteFile) -> int:
+        """Bytes of a part file a previous run left (0 when none, or when it is too long)."""
+        part = self.part_path(remote)
+        size = part.stat().st_size if part.is_file() else 0
+        return size if size <= remote.size else 0
+
+    def check_space(self, needed_bytes: int) -> None:
+        """Refuse before downloading what the volume cannot hold."""
+        free = shutil.disk_usage(self.model_dir).free
+        if needed_bytes > free:
+            raise FetchError(
+                FetchReason.DISK_FULL,
+                f"the model needs {needed_bytes} more bytes and the cache volume has {free} free",
+            )
+
+    def write_part(
+        self, remote: RemoteFile, chunks: Iterable[bytes], offset: int, added: Callable[[int], None]
+    ) -> None:
+        """Append the chunks to the part file from `offset`, then verify and rename it."""
+        part = self.part_path(remote)
+        try:
+            part.parent.mkdir(parents=True, exist_ok=True)
+            handle: BinaryIO
+            with open(part, "r+b" if offset else "wb") as handle:
+                handle.seek(offset)
+                handle.truncate()
+                for chunk in chunks:
+                    handle.write(chunk)
+                    added(len(chunk))
+        except OSError as error:
+            raise disk_error(error, part) from None
+        try:
+            verify(part, remote)
+        except FetchError:
+            part.unlink(missing_ok=True)  # the next run starts this file again
+            raise
+        os.replace(part, self.model_dir / remote.path)

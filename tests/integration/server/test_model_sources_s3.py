@@ -1,0 +1,252 @@
+"""s3:// model sources against a real S3 server: versitygw on loopback, posix backend.
+
+The fetcher runs as the init container would (`python -m fusebox_server.fetch`,
+its environment as the operator renders it), then the real server loads what
+it fetched and the real openai client gets an answer. The failures are real
+ones too: a bucket that is not there, a key the gateway refuses, and an object
+corrupted on the gateway's disk after its ETag was recorded.
+
+versitygw is built by `make setup` (localcluster/build-binaries.sh) and linked
+as .cache/versitygw in the checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from fusebox_server_harness import ServerProcess, free_port
+from minio import Minio
+
+from fusebox_contract.model_fetch import FetchEnv, FetchReason, FetchReport, parse
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[3]
+VERSITYGW = ROOT / ".cache" / "versitygw" / "versitygw"
+ACCESS_KEY = "fusebox-test"
+SECRET_KEY = "fusebox-test-secret-key"
+BUCKET = "models"
+PREFIX = "tiny"
+WEIGHTS = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class Gateway:
+    endpoint: str
+    root: Path  # the posix backend's directory: <root>/<bucket>/<key>
+
+    def client(self) -> Minio:
+        return Minio(
+            self.endpoint.removeprefix("http://"),
+            access_key=ACCESS_KEY,
+            secret_key=SECRET_KEY,
+            secure=False,
+        )
+
+
+@pytest.fixture(scope="module")
+def workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="fusebox-s3-tests-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def gateway(workdir: Path) -> Iterator[Gateway]:
+    assert VERSITYGW.is_file(), f"{VERSITYGW} is missing: run `make setup` (build-binaries.sh)"
+    root, meta = workdir / "gateway-root", workdir / "gateway-meta"
+    root.mkdir()
+    meta.mkdir()
+    port = free_port()
+    with open(workdir / "gateway.log", "wb") as log:
+        process = subprocess.Popen(
+            [
+                str(VERSITYGW),
+                "--port",
+                f"127.0.0.1:{port}",
+                "--access",
+                ACCESS_KEY,
+                "--secret",
+                SECRET_KEY,
+                "--quiet",
+                "posix",
+                "--sidecar",
+                str(meta),
+                str(root),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx.get(endpoint, timeout=1)
+            break
+        except httpx.TransportError:
+            assert process.poll() is None, (workdir / "gateway.log").read_text()
+            assert time.monotonic() < deadline, "versitygw did not listen within 30 s"
+            time.sleep(0.2)
+    yield Gateway(endpoint, root)
+    process.terminate()
+    process.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def bucket(gateway: Gateway, tiny_model_dir: Path) -> str:
+    """The tiny model under s3://models/tiny; the weights uploaded in 5 MiB parts
+    (a multipart ETag is no MD5, so the fetcher checks that object by size)."""
+    client = gateway.client()
+    client.make_bucket(BUCKET)
+    for path in sorted(tiny_model_dir.iterdir()):
+        client.fput_object(BUCKET, f"{PREFIX}/{path.name}", str(path), part_size=5 * 1024**2)
+    return f"s3://{BUCKET}/{PREFIX}"
+
+
+@dataclass(frozen=True)
+class FetchRun:
+    returncode: int
+    report: FetchReport
+    output: str
+
+
+def run_fetch(
+    gateway: Gateway, source: str, model_dir: Path, secret: str = SECRET_KEY
+) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FUSEBOX_", "AWS_"))}
+    env |= {
+        FetchEnv.SOURCE: source,
+        FetchEnv.MODEL_DIR: str(model_dir),
+        FetchEnv.REPORT_FILE: str(model_dir.parent / f"{model_dir.name}-report.json"),
+        FetchEnv.TERMINATION_LOG: str(model_dir.parent / f"{model_dir.name}-termination"),
+        FetchEnv.S3_ENDPOINT: gateway.endpoint,
+        FetchEnv.S3_ACCESS_KEY: ACCESS_KEY,
+        FetchEnv.S3_SECRET_KEY: secret,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "fusebox_server.fetch"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def finished(process: subprocess.Popen[str], model_dir: Path) -> FetchRun:
+    output, _ = process.communicate(timeout=120)
+    termination = model_dir.parent / f"{model_dir.name}-termination"
+    report = parse(termination.read_text())
+    assert report is not None, output
+    return FetchRun(process.returncode, report, output)
+
+
+def fetch(gateway: Gateway, source: str, model_dir: Path, secret: str = SECRET_KEY) -> FetchRun:
+    return finished(run_fetch(gateway, source, model_dir, secret), model_dir)
+
+
+def test_a_model_fetched_from_s3_is_verified_and_served(
+    gateway: Gateway, bucket: str, workdir: Path, tiny_model_dir: Path
+) -> None:
+    model_dir = workdir / "served" / "model"
+    run = fetch(gateway, bucket, model_dir)
+    assert run.returncode == 0, run.output
+    assert run.report.reason is FetchReason.VERIFIED
+    total = sum(p.stat().st_size for p in tiny_model_dir.iterdir())
+    assert run.report.bytes_total == total and run.report.bytes_done == total
+    assert run.report.revision.startswith("etags:")
+    assert "1 checked by size only" in run.report.message  # the multipart weights
+    assert SECRET_KEY not in run.output
+    server = ServerProcess(workdir / "server", model_dir, {"max-new-tokens": 8}, {})
+    try:
+        server.wait_ready()
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        reply = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=4
+        )
+        assert reply.choices[0].message.content is not None
+        assert reply.usage is not None and reply.usage.completion_tokens > 0
+    finally:
+        server.stop()
+
+
+def test_replicas_sharing_a_cache_download_once(
+    gateway: Gateway, bucket: str, workdir: Path
+) -> None:
+    model_dir = workdir / "shared" / "model"
+    processes = [run_fetch(gateway, bucket, model_dir) for _ in range(3)]
+    runs = [finished(p, model_dir) for p in processes]
+    assert [r.returncode for r in runs] == [0, 0, 0]
+    # One termination log for all three: read each run's own line from its stdout.
+    reports = [parse(r.output.strip().splitlines()[-1]) for r in runs]
+    assert all(r is not None and r.reason is FetchReason.VERIFIED for r in reports)
+    assert sorted(r.cached for r in reports if r is not None) == [False, True, True]
+    again = fetch(gateway, bucket, model_dir)
+    assert again.returncode == 0 and again.report.cached
+
+
+def test_a_partial_download_is_resumed(
+    gateway: Gateway, bucket: str, workdir: Path, tiny_model_dir: Path
+) -> None:
+    model_dir = workdir / "resumed" / "model"
+    model_dir.mkdir(parents=True)
+    weights = (tiny_model_dir / WEIGHTS).read_bytes()
+    (model_dir / f"{WEIGHTS}.part").write_bytes(weights[: len(weights) // 2])
+    run = fetch(gateway, bucket, model_dir)
+    assert run.returncode == 0, run.output
+    assert f"{len(weights) // 2} bytes resumed" in run.report.message
+    assert (model_dir / WEIGHTS).read_bytes() == weights
+    assert not (model_dir / f"{WEIGHTS}.part").exists()
+
+
+@pytest.mark.parametrize(
+    ("source", "secret", "reason", "words"),
+    [
+        ("s3://no-such-bucket/tiny", SECRET_KEY, FetchReason.NOT_FOUND, "does not exist"),
+        ("s3://models/no-such-prefix", SECRET_KEY, FetchReason.NOT_FOUND, "no objects"),
+        ("s3://models/tiny", "not-the-secret", FetchReason.BAD_CREDENTIALS, "refused"),
+    ],
+)
+def test_a_failed_fetch_exits_non_zero_naming_why(
+    gateway: Gateway,
+    bucket: str,
+    workdir: Path,
+    source: str,
+    secret: str,
+    reason: FetchReason,
+    words: str,
+) -> None:
+    model_dir = Path(tempfile.mkdtemp(dir=workdir)) / "model"
+    run = fetch(gateway, source, model_dir, secret)
+    assert run.returncode == 1
+    assert run.report.reason is reason
+    assert words in run.report.message
+    assert "not-the-secret" not in run.output
+
+
+def test_an_object_corrupted_at_the_source_is_a_hash_mismatch(
+    gateway: Gateway, bucket: str, workdir: Path, tiny_model_dir: Path
+) -> None:
+    """The gateway keeps the ETag (MD5) it recorded at upload; the bytes on its disk rot."""
+    gateway.client().fput_object(BUCKET, "rotten/config.json", str(tiny_model_dir / "config.json"))
+    stored = gateway.root / BUCKET / "rotten" / "config.json"
+    data = bytearray(stored.read_bytes())
+    data[0] ^= 0xFF
+    stored.write_bytes(bytes(data))
+    model_dir = workdir / "rotten" / "model"
+    run = fetch(gateway, f"s3://{BUCKET}/rotten", model_dir)
+    assert run.returncode == 1
+    assert run.report.reason is FetchReason.HASH_MISMATCH
+    assert "config.json: md5" in run.report.message
+    assert not (model_dir / "config.json").exists()  # never left where the server would load it
+    assert not (model_dir / "config.json.part").exists()  # the next run starts it again
