@@ -31,6 +31,15 @@ FETCH_REPORT_FILE: Final = "/run/fusebox/model-fetch.json"
 TERMINATION_MESSAGE_MAX_BYTES: Final = 4096
 """The kubelet keeps at most this much of a termination message."""
 
+# RE2-compatible (the CRD's CEL rules use them as they are; a test keeps them equal):
+# a bucket name as S3 allows it, then a key prefix without whitespace.
+S3_SOURCE_PATTERN: Final = r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/[^ \t\n\r\f\v]*)?$"
+# ORG/NAME as the hub allows them, then an optional @REVISION (a branch, tag or commit).
+HF_SOURCE_PATTERN: Final = (
+    r"^hf://([A-Za-z0-9][A-Za-z0-9._-]{0,95})/([A-Za-z0-9][A-Za-z0-9._-]{0,95})"
+    r"(@[^ \t\n\r\f\v@]+)?$"
+)
+
 
 class FetchEnv(enum.StrEnum):
     """The fetcher's environment: set by the operator, read by the fetcher.

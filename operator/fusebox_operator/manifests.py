@@ -16,6 +16,14 @@ import math
 from typing import Any
 
 from fusebox_contract import settings as server_settings
+from fusebox_contract.model_fetch import (
+    FETCH_CONTAINER,
+    FETCH_REPORT_FILE,
+    MODEL_CACHE_DIR,
+    FetchEnv,
+    SecretKey,
+    model_cache_subdir,
+)
 from fusebox_contract.settings import Setting, body_limit_bytes
 from fusebox_contract.wiring import (
     ADMIN_TOKEN_DIR,
@@ -40,6 +48,7 @@ from fusebox_operator.sizing import MemorySizing
 from fusebox_operator.spec import (
     InferenceServiceSpec,
     ModelSource,
+    ModelSpec,
     QualityBreakerSpec,
     TelemetrySpec,
     torch_threads,
@@ -49,6 +58,12 @@ Manifest = dict[str, Any]
 
 NONROOT_UID = 65532
 SIDECAR_COMMAND = ["/opt/venv/bin/python", "-m", "fusebox_sidecar"]
+FETCH_COMMAND = ["/opt/venv/bin/python", "-m", "fusebox_server.fetch"]
+MODEL_CACHE_VOLUME = "model-cache"
+TERMINATION_LOG = "/dev/termination-log"
+"""The kubelet's default terminationMessagePath: the fetcher writes its outcome there."""
+FETCH_RESOURCES = {"cpu": "500m", "memory": "512Mi"}
+"""The fetcher streams 1 MiB chunks and hashes them: it needs little, and no GPU."""
 SERVER_CONTAINER = "server"
 SIDECAR_CONTAINER = "sidecar"
 TEMPLATE_HASH_ANNOTATION = "fusebox.dev/pod-template-hash"
@@ -114,6 +129,16 @@ def admin_secret_name(name: str) -> str:
 
 def config_map_name(name: str) -> str:
     return f"{name}-config"
+
+
+def fetched_model_dir(model: ModelSpec) -> str:
+    """Where the fetcher puts an s3:// or hf:// model, and the server loads it from."""
+    return f"{MODEL_CACHE_DIR}/{model_cache_subdir(model.source_text, model.fetch_revision)}"
+
+
+def _source_dir(spec: InferenceServiceSpec, source: ModelSource) -> str:
+    """The directory the server loads `source` from (the primary's, when fetched)."""
+    return fetched_model_dir(spec.model) if source.fetched else _model_dir(source)
 
 
 def _model_dir(source: ModelSource) -> str:
@@ -191,7 +216,7 @@ def server_settings_env(spec: InferenceServiceSpec) -> list[tuple[Setting, str]]
     server = spec.server
     s = server_settings
     values: list[tuple[Setting, str]] = [
-        (s.MODEL_DIR, _model_dir(spec.model.source)),
+        (s.MODEL_DIR, _source_dir(spec, spec.model.source)),
         (s.MODEL_NAME, spec.model.name),
         (s.MODEL_REVISION, spec.model.revision),
         (s.DTYPE, spec.model.dtype.value),
@@ -218,7 +243,7 @@ def server_settings_env(spec: InferenceServiceSpec) -> list[tuple[Setting, str]]
     # No spec.fallback: no fallback at all (the server's default is none).
     if spec.fallback is not None:
         fallback_source = spec.fallback.source or spec.model.source
-        values.append((s.FALLBACK_DIR, _model_dir(fallback_source)))
+        values.append((s.FALLBACK_DIR, _source_dir(spec, fallback_source)))
         values.append((s.FALLBACK_QUANTIZATION, spec.fallback.quantization.value))
     return values
 
@@ -246,8 +271,10 @@ def _server_container(spec: InferenceServiceSpec, sizing: MemorySizing, image: s
     limits: dict[str, str] = {"memory": memory_quantity(sizing.limit_bytes)}
     # The server writes /tmp (shared with the sidecar, which writes almost
     # nothing there), so its share of the pod's storage limit carries the volume.
-    requests |= ephemeral_storage(TMP_VOLUME_BYTES + LOG_ALLOWANCE_BYTES)
-    limits |= ephemeral_storage(TMP_VOLUME_BYTES + LOG_ALLOWANCE_BYTES)
+    # A model cache in an emptyDir is on the node's disk too, as long as the server runs.
+    storage = TMP_VOLUME_BYTES + LOG_ALLOWANCE_BYTES + _cache_volume_bytes(spec)
+    requests |= ephemeral_storage(storage)
+    limits |= ephemeral_storage(storage)
     if not spec.memory.allow_swap:
         limits["cpu"] = spec.server.cpu  # every resource equal: Guaranteed QoS, no swap
     resources: Manifest = {"requests": requests, "limits": limits}
@@ -266,6 +293,8 @@ def _server_container(spec: InferenceServiceSpec, sizing: MemorySizing, image: s
         {"name": volume, "mountPath": f"{MODELS_ROOT}/{claim}", "readOnly": True}
         for volume, claim in _claim_volumes(spec)
     ]
+    if spec.model.fetch is not None:
+        mounts.append({"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_DIR, "readOnly": True})
     return {
         "name": SERVER_CONTAINER,
         "image": image,
@@ -305,6 +334,92 @@ def _server_container(spec: InferenceServiceSpec, sizing: MemorySizing, image: s
         # message: the operator quotes it in Ready (PodsFailing), describe shows it.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+
+
+def _cache_volume_bytes(spec: InferenceServiceSpec) -> int:
+    """The emptyDir model cache's size; 0 without one (no fetched source, or a claim)."""
+    fetch = spec.model.fetch
+    return fetch.cache_size_bytes if fetch is not None and not fetch.cache_claim else 0
+
+
+def _secret_env(name: str, secret: str, key: SecretKey, optional: bool = False) -> Manifest:
+    reference: Manifest = {"name": secret, "key": key.value}
+    if optional:
+        reference["optional"] = True
+    return {"name": str(name), "valueFrom": {"secretKeyRef": reference}}
+
+
+def _fetch_env(model: ModelSpec) -> list[Manifest]:
+    """The fetcher's inputs; credentials only by reference to the spec's Secret."""
+    fetch = model.fetch
+    assert fetch is not None
+    values = [
+        (FetchEnv.SOURCE, model.source_text),
+        (FetchEnv.REVISION, model.fetch_revision),
+        (FetchEnv.MODEL_DIR, fetched_model_dir(model)),
+        (FetchEnv.REPORT_FILE, FETCH_REPORT_FILE),
+        (FetchEnv.TERMINATION_LOG, TERMINATION_LOG),
+        # Read-only root: huggingface_hub's own files go to the writable /tmp.
+        ("HOME", "/tmp"),
+        ("HF_HOME", "/tmp/huggingface"),
+        ("HF_HUB_DISABLE_TELEMETRY", "1"),
+    ]
+    if model.source.scheme == "s3":
+        values += [(FetchEnv.S3_ENDPOINT, fetch.endpoint), (FetchEnv.S3_REGION, fetch.region)]
+    else:
+        values += [(FetchEnv.HF_ENDPOINT, fetch.endpoint)] if fetch.endpoint else []
+    env: list[Manifest] = [{"name": str(key), "value": value} for key, value in values]
+    secret = fetch.secret_name
+    if secret and model.source.scheme == "s3":
+        env += [
+            _secret_env(FetchEnv.S3_ACCESS_KEY, secret, SecretKey.S3_ACCESS_KEY),
+            _secret_env(FetchEnv.S3_SECRET_KEY, secret, SecretKey.S3_SECRET_KEY),
+            _secret_env(FetchEnv.S3_SESSION_TOKEN, secret, SecretKey.S3_SESSION_TOKEN, True),
+        ]
+    elif secret:
+        env.append(_secret_env(FetchEnv.HF_TOKEN, secret, SecretKey.HF_TOKEN))
+    return env
+
+
+def _fetch_container(spec: InferenceServiceSpec, image: str) -> Manifest:
+    """The init container that downloads and verifies an s3:// or hf:// model.
+
+    Before the sidecar and the server: neither starts until the model is there,
+    so a failed download is this container's back-off (Init:CrashLoopBackOff,
+    its termination message naming why), never a crash loop of the server.
+    """
+    return {
+        "name": FETCH_CONTAINER,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": list(FETCH_COMMAND),
+        "env": _fetch_env(spec.model),
+        "resources": {
+            "requests": dict(FETCH_RESOURCES) | ephemeral_storage(LOG_ALLOWANCE_BYTES),
+            "limits": dict(FETCH_RESOURCES) | ephemeral_storage(LOG_ALLOWANCE_BYTES),
+        },
+        "securityContext": _restricted_container_security(),
+        "volumeMounts": [
+            {"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_DIR},
+            {"name": "runtime", "mountPath": RUNTIME_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        # The fetcher writes its report there; a crash before it did leaves the log's tail.
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def _model_cache_volume(spec: InferenceServiceSpec) -> list[Manifest]:
+    fetch = spec.model.fetch
+    if fetch is None:
+        return []
+    if fetch.cache_claim:
+        return [
+            {"name": MODEL_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": fetch.cache_claim}}
+        ]
+    size = memory_quantity(fetch.cache_size_bytes)
+    return [{"name": MODEL_CACHE_VOLUME, "emptyDir": {"sizeLimit": size}}]
 
 
 def _sidecar_container(image: str) -> Manifest:
@@ -432,6 +547,8 @@ def build_pod_template(
         {"name": volume, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
         for volume, claim in _claim_volumes(spec)
     ]
+    volumes += _model_cache_volume(spec)
+    fetchers = [_fetch_container(spec, image)] if spec.model.fetch is not None else []
     pod_spec: Manifest = {
         # The sidecar reads the server's /proc/<pid>/status for RSS.
         "shareProcessNamespace": True,
@@ -448,7 +565,7 @@ def build_pod_template(
             "fsGroup": NONROOT_UID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "initContainers": [_sidecar_container(image)],
+        "initContainers": [*fetchers, _sidecar_container(image)],
         "containers": [_server_container(spec, sizing, image)],
         "volumes": volumes,
         **_placement_fields(spec, placement),

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from fusebox_contract.model_fetch import HF_SOURCE_PATTERN, S3_SOURCE_PATTERN
 from fusebox_contract.names import (
     ConditionType,
     DegradationTier,
@@ -96,6 +97,15 @@ _QUANTITY_FACTORS = {
     "Ti": 1024**4,
     "Pi": 1024**5,
 }
+# A Secret's or a claim's name: a DNS subdomain (at most 253 characters), "" for none.
+OBJECT_NAME_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$"
+ENDPOINT_PATTERN = r"^(https?://)?[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[^ \t\n\r\f\v]*)?$"
+FETCHED_SCHEMES = ("s3", "hf")
+"""Sources an init container downloads into the pod's model cache (fusebox_server.fetch)."""
+_S3_SOURCE = re.compile(S3_SOURCE_PATTERN)
+_HF_SOURCE = re.compile(HF_SOURCE_PATTERN)
+_OBJECT_NAME = re.compile(OBJECT_NAME_PATTERN)
+_ENDPOINT = re.compile(ENDPOINT_PATTERN)
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _PVC_SOURCE = re.compile(PVC_SOURCE_PATTERN)
 _FILE_SOURCE = re.compile(FILE_SOURCE_PATTERN)
@@ -167,11 +177,23 @@ def _check_inside_mount(source: str, field: str) -> None:
 
 @dataclass(frozen=True)
 class ModelSource:
-    """Where a model's files live; `pvc://claim/path` is mounted read-only."""
+    """Where a model's files live.
+
+    `pvc://claim/path` is mounted read-only; `file:///path` is in the image;
+    `s3://bucket/prefix` and `hf://org/name[@revision]` are fetched by an init
+    container into the pod's model cache (`repository` is the bucket or org/name,
+    `path` the key prefix, `revision` the one pinned in the source, "" if none).
+    """
 
     scheme: str
     claim: str = ""
     path: str = ""
+    repository: str = ""
+    revision: str = ""
+
+    @property
+    def fetched(self) -> bool:
+        return self.scheme in FETCHED_SCHEMES
 
     @classmethod
     def parse(cls, source: str, field: str = "model.source") -> ModelSource:
@@ -195,14 +217,44 @@ class ModelSource:
                 )
             _check_inside_mount(source, field)
             return cls("file", "", "/" + match.group(1).strip("/"))
+        if source.startswith("s3://"):
+            match = _S3_SOURCE.fullmatch(source)
+            if match is None:
+                raise SpecError(
+                    f"{field} {source!r}: s3:// needs a bucket name (3-63 lower-case letters, "
+                    "digits, '.' and '-') and an optional /prefix without whitespace"
+                )
+            _check_inside_mount(source, field)
+            return cls("s3", path=(match.group(2) or "").strip("/"), repository=match.group(1))
         if source.startswith("hf://"):
-            # The server loads with local_files_only (no hub at run time), so
-            # an hf:// source would need a pre-populated cache we do not manage.
-            raise SpecError(
-                f"{field} {source!r}: hf:// sources are not served in v1alpha1; "
-                "copy the model into a PVC and use pvc://CLAIM/path"
+            match = _HF_SOURCE.fullmatch(source)
+            if match is None:
+                raise SpecError(
+                    f"{field} {source!r}: hf:// needs ORG/NAME (letters, digits, '.', '_' "
+                    "and '-') and an optional @REVISION"
+                )
+            return cls(
+                "hf",
+                repository=f"{match.group(1)}/{match.group(2)}",
+                revision=(match.group(3) or "").removeprefix("@"),
             )
-        raise SpecError(f"{field} {source!r} must start with pvc:// or file:///")
+        raise SpecError(f"{field} {source!r} must start with pvc://, file:///, s3:// or hf://")
+
+
+@dataclass(frozen=True)
+class ModelFetchSpec:
+    """How an s3:// or hf:// source is fetched (spec.model's endpoint, credentials, cache).
+
+    `cache_claim`: a PersistentVolumeClaim the replicas share, so one download
+    serves every pod that mounts it; "" gives each pod an emptyDir of
+    `cache_size_bytes`.
+    """
+
+    endpoint: str
+    region: str
+    secret_name: str
+    cache_claim: str
+    cache_size_bytes: int
 
 
 # The sections below are what parse_spec returns; their defaults are the CRD's, applied
@@ -217,6 +269,12 @@ class ModelSpec:
     source_text: str
     revision: str
     dtype: Dtype
+    fetch: ModelFetchSpec | None = None  # set exactly when the source is fetched
+
+    @property
+    def fetch_revision(self) -> str:
+        """The revision the fetcher asks for: the source's @REVISION, else model.revision."""
+        return self.source.revision or self.revision
 
 
 @dataclass(frozen=True)
@@ -554,20 +612,74 @@ def _choice(raw: Mapping[str, Any], path: str, kind: type[E], schema: SpecSchema
 
 def _parse_model(raw: Mapping[str, Any], schema: SpecSchema) -> ModelSpec:
     name = raw.get("name")
-    source = raw.get("source")
+    source_text = raw.get("source")
     if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name):
         raise SpecError(f"model.name {name!r} must be 1-63 letters, digits, '.', '_' or '-'")
-    if not isinstance(source, str):
+    if not isinstance(source_text, str):
         raise SpecError(
-            f"model.source is required (pvc://CLAIM/path or file:///path), got {_show(source)}"
+            "model.source is required (pvc://CLAIM/path, file:///path, s3://BUCKET/PREFIX or "
+            f"hf://ORG/NAME), got {_show(source_text)}"
         )
+    source = ModelSource.parse(source_text)
     return ModelSpec(
         name,
-        ModelSource.parse(source),
         source,
+        source_text,
         _string(raw, "model.revision", schema),
         _choice(raw, "model.dtype", Dtype, schema),
+        _parse_model_fetch(raw, source, schema),
     )
+
+
+def _object_name(raw: Mapping[str, Any], path: str, schema: SpecSchema) -> str:
+    name = _string(raw, path, schema)
+    if _OBJECT_NAME.fullmatch(name) is None:
+        raise SpecError(
+            f"{path} {name!r} must be an object name (a DNS subdomain: lower-case letters, "
+            "digits, '-' and '.')"
+        )
+    return name
+
+
+def _parse_model_fetch(
+    raw: Mapping[str, Any], source: ModelSource, schema: SpecSchema
+) -> ModelFetchSpec | None:
+    """spec.model's fetch fields; refused with a source that is not fetched (they would
+    be silently ignored)."""
+    credentials = _section(raw, "credentials", "model")
+    cache = _section(raw, "cache", "model")
+    endpoint = _string(raw, "model.endpoint", schema)
+    if endpoint and _ENDPOINT.fullmatch(endpoint) is None:
+        raise SpecError(
+            f"model.endpoint {endpoint!r} must be host[:port] or http(s)://host[:port][/path]"
+        )
+    region = _string(raw, "model.region", schema)
+    secret_name = _object_name(credentials, "model.credentials.secretName", schema)
+    claim = _object_name(cache, "model.cache.claimName", schema)
+    size_text = _string(cache, "model.cache.sizeLimit", schema)
+    size_bytes = _quantity(size_text, "model.cache.sizeLimit")
+    if not source.fetched:
+        given = [
+            field
+            for field, value in (
+                ("model.endpoint", endpoint),
+                ("model.region", region),
+                ("model.credentials", "credentials" in raw),
+                ("model.cache", "cache" in raw),
+            )
+            if value
+        ]
+        if given:
+            raise SpecError(
+                f"{given[0]} applies to s3:// and hf:// sources only; model.source is "
+                f"{source.scheme}://"
+            )
+        return None
+    if region and source.scheme != "s3":
+        raise SpecError("model.region applies to s3:// sources only")
+    if size_bytes <= 0:
+        raise SpecError("model.cache.sizeLimit must be above zero")
+    return ModelFetchSpec(endpoint, region, secret_name, claim, size_bytes)
 
 
 def _parse_fallback(raw: Mapping[str, Any] | None, schema: SpecSchema) -> FallbackSpec | None:
@@ -576,6 +688,12 @@ def _parse_fallback(raw: Mapping[str, Any] | None, schema: SpecSchema) -> Fallba
     quantization = _choice(raw, "fallback.quantization", Quantization, schema)
     source_text = _optional_string(raw, "fallback.source", schema) or ""
     source = ModelSource.parse(source_text, "fallback.source") if source_text else None
+    if source is not None and source.fetched:
+        raise SpecError(
+            f"fallback.source {source_text!r}: s3:// and hf:// are fetched for model.source "
+            "only; put the fallback in a PVC (pvc://) or leave fallback.source empty to "
+            "quantize the primary on load"
+        )
     if source is None and quantization == Quantization.NONE:
         raise SpecError("fallback without its own source must be quantized (quantization != none)")
     return FallbackSpec(source, quantization)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +36,8 @@ class FetchConfig:
     hf_endpoint: str
 
 
-def _arguments(argv: Sequence[str] | None) -> FetchConfig:
-    env = os.environ
+def fetch_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> FetchConfig:
+    """The run's inputs: the environment the operator renders, a flag overriding each."""
     parser = argparse.ArgumentParser(prog="python -m fusebox_server.fetch", description=__doc__)
     parser.add_argument("--source", default=env.get(FetchEnv.SOURCE, ""))
     parser.add_argument("--revision", default=env.get(FetchEnv.REVISION, "main"))
@@ -135,7 +135,7 @@ def fetch(config: FetchConfig, progress: Progress) -> FetchReport:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config = _arguments(argv)
+    config = fetch_config(argv, os.environ)
     progress = Progress(config.report_file, config.termination_log)
     try:
         report = fetch(config, progress)

@@ -25,11 +25,10 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils._headers import build_hf_headers
 from huggingface_hub.utils._http import get_session, hf_raise_for_status
 
-from fusebox_contract.model_fetch import FetchReason
+from fusebox_contract.model_fetch import HF_SOURCE_PATTERN, FetchReason
 from fusebox_server.fetch.store import CHUNK_BYTES, FetchError, RemoteFile, check_relative
 
-_NAME = r"([A-Za-z0-9][A-Za-z0-9._-]{0,95})"
-_SOURCE = re.compile(rf"^hf://{_NAME}/{_NAME}(@[^ \t\n\r\f\v@]+)?$")
+_SOURCE = re.compile(HF_SOURCE_PATTERN)
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 

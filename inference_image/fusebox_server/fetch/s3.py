@@ -23,10 +23,10 @@ import urllib3
 from minio import Minio
 from minio.error import InvalidResponseError, S3Error, ServerError
 
-from fusebox_contract.model_fetch import FetchReason
+from fusebox_contract.model_fetch import S3_SOURCE_PATTERN, FetchReason
 from fusebox_server.fetch.store import CHUNK_BYTES, FetchError, RemoteFile, check_relative
 
-_SOURCE = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/[^ \t\n\r\f\v]*)?$")
+_SOURCE = re.compile(S3_SOURCE_PATTERN)
 NOT_FOUND_CODES = frozenset({"NoSuchBucket", "NoSuchKey", "NotFound"})
 CREDENTIAL_CODES = frozenset(
     {

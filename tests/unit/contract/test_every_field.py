@@ -32,6 +32,7 @@ import pytest
 import torch
 import yaml
 
+from fusebox_contract.model_fetch import FETCH_CONTAINER, MODEL_CACHE_DIR
 from fusebox_contract.names import Dtype, Quantization
 from fusebox_contract.settings import body_limit_bytes
 from fusebox_contract.wiring import (
@@ -191,6 +192,30 @@ def claims(children: dict[str, Manifest]) -> set[str]:
     }
 
 
+S3_SOURCE = "s3://models/chat"
+
+
+def fetch_container(children: dict[str, Manifest]) -> Manifest:
+    """The model-fetch init container; {} where the source is not fetched."""
+    found: Manifest = next(
+        (c for c in pod_spec(children)["initContainers"] if c["name"] == FETCH_CONTAINER),
+        {"env": []},
+    )
+    return found
+
+
+def fetch_env(children: dict[str, Manifest]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in fetch_container(children)["env"] if "value" in e}
+
+
+def fetch_secrets(children: dict[str, Manifest]) -> set[str]:
+    return {
+        e["valueFrom"]["secretKeyRef"]["name"]
+        for e in fetch_container(children)["env"]
+        if "valueFrom" in e
+    }
+
+
 POLICY = "tests/unit/operator/test_policy.py"
 STATUS = "tests/unit/operator/test_status.py"
 TELEMETRY = "tests/unit/operator/test_telemetry_parse.py"
@@ -228,6 +253,41 @@ ROWS: dict[str, list[Proof]] = {
         ),
     ],
     "model.dtype": [Server({"model": {"dtype": "float16"}}, "dtype", Dtype.FLOAT16)],
+    "model.endpoint": [
+        Pod(
+            {"model": {"source": S3_SOURCE, "endpoint": "http://s3.local:7070"}},
+            "the fetcher's S3 endpoint",
+            lambda c: fetch_env(c).get("FUSEBOX_FETCH_S3_ENDPOINT") == "http://s3.local:7070",
+        )
+    ],
+    "model.region": [
+        Pod(
+            {"model": {"source": S3_SOURCE, "region": "eu-west-1"}},
+            "the fetcher's S3 region",
+            lambda c: fetch_env(c).get("FUSEBOX_FETCH_S3_REGION") == "eu-west-1",
+        )
+    ],
+    "model.credentials.secretName": [
+        Pod(
+            {"model": {"source": S3_SOURCE, "credentials": {"secretName": "s3-keys"}}},
+            "the fetcher's keys from that Secret",
+            lambda c: fetch_secrets(c) == {"s3-keys"},
+        )
+    ],
+    "model.cache.claimName": [
+        Pod(
+            {"model": {"source": S3_SOURCE, "cache": {"claimName": "shared-models"}}},
+            "the claim mounted as the model cache",
+            lambda c: claims(c) == {"shared-models"},
+        )
+    ],
+    "model.cache.sizeLimit": [
+        Pod(
+            {"model": {"source": S3_SOURCE, "cache": {"sizeLimit": "7Gi"}}},
+            "the emptyDir's sizeLimit",
+            lambda c: {"sizeLimit": "7Gi"} in [v.get("emptyDir") for v in pod_spec(c)["volumes"]],
+        )
+    ],
     "fallback.source": [
         Server(
             {"fallback": OTHER_SOURCE}, "fallback_dir", PodPath(f"{MODELS_ROOT}/weights/chat-int8")
@@ -618,6 +678,8 @@ class PodFiles:
         self.prefixes = {
             CONFIG_DIR: root / "config",
             MODELS_ROOT: root / "models",
+            # What the fetcher leaves in the cache volume: the model, as on a claim.
+            MODEL_CACHE_DIR: root / "model-cache",
             ADMIN_TOKEN_DIR: root / "admin",
             RUNTIME_DIR: root / "run",
         }
@@ -634,7 +696,7 @@ class PodFiles:
         for prefix, local in self.prefixes.items():
             if value == prefix or value.startswith(prefix + "/"):
                 path = local / value[len(prefix) :].lstrip("/")
-                if prefix == MODELS_ROOT and not path.exists():
+                if prefix in (MODELS_ROOT, MODEL_CACHE_DIR) and not path.exists():
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.symlink_to(self.model, target_is_directory=True)
                 return str(path)

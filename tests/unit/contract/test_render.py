@@ -67,11 +67,11 @@ def test_without_any_vram_figure_a_gpu_service_is_an_invalid_spec() -> None:
 
 
 def test_an_invalid_spec_prints_the_operator_message_and_exits_2(tmp_path: Path) -> None:
-    path = write(tmp_path, service("bad", {"model": {"name": "c", "source": "hf://org/repo"}}))
+    path = write(tmp_path, service("bad", {"model": {"name": "c", "source": "gs://org/repo"}}))
     result = render(str(path))
     assert result.returncode == 2
     assert result.stdout == ""
-    assert "InferenceService bad: model.source 'hf://org/repo'" in result.stderr
+    assert "InferenceService bad: model.source 'gs://org/repo'" in result.stderr
 
 
 def test_a_name_the_service_cannot_carry_is_an_invalid_spec(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from fusebox_contract.model_fetch import HF_SOURCE_PATTERN, S3_SOURCE_PATTERN
 from fusebox_contract.names import DegradationTier, Dtype, LatencyMetric, Quantization
 from fusebox_contract.settings import RESERVED_ENV_NAMES
 from fusebox_operator import pod_placement
@@ -193,6 +194,17 @@ COMPANIONS: dict[str, Callable[[float], dict[str, Any]]] = {
     "telemetry.wedgeAfterSeconds": lambda v: {
         "telemetry": {"scrapeIntervalSeconds": 1, "scrapeTimeoutSeconds": 0.1}
     },
+    # The fetch fields apply to a fetched source only (region to s3:// only).
+    **{
+        f"model.{field}": lambda v: {"model": {"source": "s3://models/tiny"}}
+        for field in (
+            "endpoint",
+            "region",
+            "credentials.secretName",
+            "cache.claimName",
+            "cache.sizeLimit",
+        )
+    },
     # maxReplicas is required, and bounds minReplicas from above.
     **{
         f"autoscaling.{field}": lambda v: {"autoscaling": {"maxReplicas": 100}}
@@ -326,6 +338,11 @@ def other_value(path: str, node: dict[str, Any]) -> Any:
 
 OTHER_STRINGS = {
     "model.revision": "v2",
+    "model.endpoint": "http://s3.example.com:9000",
+    "model.region": "eu-west-1",
+    "model.credentials.secretName": "model-credentials",
+    "model.cache.claimName": "model-cache",
+    "model.cache.sizeLimit": "40Gi",
     "gpu.product": "NVIDIA-L4",
     "gpu.deviceClassName": "gpu.example.com",
     "memory.limit": "64Gi",
@@ -431,8 +448,16 @@ def test_cel_patterns_are_the_parser_patterns() -> None:
         spec_module.FILE_SOURCE_PATTERN,
         spec_module.PARENT_SEGMENT_PATTERN,
     }
-    assert matched_patterns(props["model"]["properties"]["source"]) == source_patterns
+    fetched_patterns = {S3_SOURCE_PATTERN, HF_SOURCE_PATTERN}
+    model = props["model"]["properties"]
+    assert matched_patterns(model["source"]) == source_patterns | fetched_patterns
     assert matched_patterns(props["fallback"]["properties"]["source"]) == source_patterns
+    assert matched_patterns(model["endpoint"]) == {spec_module.ENDPOINT_PATTERN}
+    secret = model["credentials"]["properties"]["secretName"]
+    claim = model["cache"]["properties"]["claimName"]
+    assert matched_patterns(secret) == matched_patterns(claim) == {spec_module.OBJECT_NAME_PATTERN}
+    size = model["cache"]["properties"]["sizeLimit"]
+    assert matched_patterns(size) == {spec_module.MEMORY_QUANTITY_PATTERN}
     limit = props["memory"]["properties"]["limit"]
     assert matched_patterns(limit) == {spec_module.MEMORY_QUANTITY_PATTERN}
     cpu = props["server"]["properties"]["cpu"]
@@ -486,14 +511,18 @@ def test_source_patterns_admit_what_the_parser_accepts(source: str, admitted: bo
             parse_spec(raw)
 
 
-def test_hf_sources_are_refused_by_a_rule_with_a_message() -> None:
-    source = SPEC_SCHEMA["properties"]["model"]["properties"]["source"]
-    hf_rules = [
-        rule
+def test_fetched_sources_are_refused_for_the_fallback_by_a_rule_with_a_message() -> None:
+    source = SPEC_SCHEMA["properties"]["fallback"]["properties"]["source"]
+    refusals = [
+        rule["message"]
         for rule in source["x-kubernetes-validations"]
-        if "hf://" in rule["rule"] and "not served" in rule["message"]
+        if "s3://" in rule["rule"]
+        and "hf://" in rule["rule"]
+        and "model.source only" in rule["message"]
     ]
-    assert [rule["rule"] for rule in hf_rules] == ["!self.startsWith('hf://')"]
+    assert len(refusals) == 1
+    with pytest.raises(SpecError, match="model.source only"):
+        parse_spec({"model": MODEL, "fallback": {"source": "hf://org/repo"}})
 
 
 def test_cross_field_rules_mirror_the_parser() -> None:

@@ -29,7 +29,7 @@ from .pod_security import restricted_violations
 
 Snapshot = Callable[[str, Any], None]
 SETTINGS = OperatorSettings()
-EXAMPLES = ["tiny-chat.yaml", "llama-h100.yaml", "cpu-only.yaml"]
+EXAMPLES = ["tiny-chat.yaml", "llama-h100.yaml", "cpu-only.yaml", "s3-model.yaml", "hf-model.yaml"]
 
 
 def deployment_of(example: str) -> dict[str, Any]:
@@ -57,7 +57,9 @@ def test_the_sidecar_is_native_started_before_the_server_and_stopped_after_it(
     # only once its startupProbe passes and stops it only after the server exited.
     pod = deployment_of(example)["spec"]["template"]["spec"]
     assert [c["name"] for c in pod["containers"]] == ["server"]
-    (sidecar,) = pod["initContainers"]
+    # A fetched model's init container runs to completion first (test_model_fetch_pod).
+    *fetchers, sidecar = pod["initContainers"]
+    assert [c["name"] for c in fetchers] in ([], ["model-fetch"])
     assert sidecar["name"] == "sidecar"
     assert sidecar["restartPolicy"] == "Always"
     assert sidecar["startupProbe"]["tcpSocket"] == {"port": "metrics"}

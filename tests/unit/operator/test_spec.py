@@ -15,6 +15,7 @@ from fusebox_operator.manifests import build_children
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import size_memory
 from fusebox_operator.spec import (
+    ModelFetchSpec,
     ModelSource,
     SpecError,
     applied_spec_text,
@@ -62,6 +63,10 @@ def test_tiny_chat_example_parses() -> None:
         ("pvc://models", ModelSource("pvc", "models", "")),
         ("pvc://models/a/b/", ModelSource("pvc", "models", "a/b")),
         ("file:///opt/model", ModelSource("file", "", "/opt/model")),
+        ("s3://models/llama/v1/", ModelSource("s3", path="llama/v1", repository="models")),
+        ("s3://models", ModelSource("s3", path="", repository="models")),
+        ("hf://org/name", ModelSource("hf", repository="org/name")),
+        ("hf://org/name@v1.0", ModelSource("hf", repository="org/name", revision="v1.0")),
     ],
 )
 def test_model_sources_parse(source: str, expected: ModelSource) -> None:
@@ -71,10 +76,48 @@ def test_model_sources_parse(source: str, expected: ModelSource) -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        (minimal(model={"name": "chat", "source": "s3://bucket/x"}), "must start with pvc://"),
+        (minimal(model={"name": "chat", "source": "gs://bucket/x"}), "must start with pvc://"),
+        (minimal(model={"name": "chat", "source": "s3://B/x"}), "s3:// needs a bucket name"),
+        (minimal(model={"name": "chat", "source": "s3://models/a b"}), "s3:// needs a bucket"),
+        (minimal(model={"name": "chat", "source": "s3://models/a/../b"}), "'..' path segment"),
+        (minimal(model={"name": "chat", "source": "hf://repo"}), "hf:// needs ORG/NAME"),
+        (minimal(model={"name": "chat", "source": "hf://org/x@a@b"}), "hf:// needs ORG/NAME"),
         (
-            minimal(model={"name": "chat", "source": "hf://org/repo"}),
-            "hf:// sources are not served",
+            minimal(model={"name": "chat", "source": "pvc://m/x", "endpoint": "http://s3:9000"}),
+            "model.endpoint applies to s3:// and hf:// sources only",
+        ),
+        (
+            minimal(model={"name": "chat", "source": "pvc://m/x", "cache": {}}),
+            "model.cache applies to s3:// and hf://",
+        ),
+        (
+            minimal(model={"name": "chat", "source": "hf://org/x", "region": "eu-west-1"}),
+            "model.region applies to s3:// sources only",
+        ),
+        (
+            minimal(model={"name": "chat", "source": "s3://models/x", "endpoint": "a b"}),
+            "model.endpoint 'a b' must be host[:port]",
+        ),
+        (
+            minimal(
+                model={
+                    "name": "chat",
+                    "source": "s3://models/x",
+                    "credentials": {"secretName": "A"},
+                }
+            ),
+            "model.credentials.secretName 'A' must be an object name",
+        ),
+        (
+            minimal(model={"name": "chat", "source": "s3://models/x", "cache": {"sizeLimit": "0"}}),
+            "model.cache.sizeLimit must be above zero",
+        ),
+        (
+            minimal(
+                model={"name": "chat", "source": "s3://models/x"},
+                fallback={"source": "s3://models/y", "quantization": "none"},
+            ),
+            "fetched for model.source only",
         ),
         (minimal(model={"name": "chat", "source": "pvc://Bad_Claim/x"}), "claim name"),
         (minimal(model={"name": "chat", "source": f"pvc://{'c' * 64}/x"}), "claim name"),
@@ -281,3 +324,34 @@ def test_without_a_record_the_accepted_current_spec_is_watched() -> None:
 def test_a_record_that_does_not_parse_watches_nothing() -> None:
     status = {"appliedSpec": "{not json", "appliedGeneration": 1, "memory": {}}
     assert watched_spec(minimal(), status, 2) is None
+
+
+def test_a_fetched_source_gets_the_crd_defaults_for_its_fetch_fields() -> None:
+    model = parse_spec(minimal(model={"name": "chat", "source": "s3://models/tiny"})).model
+    assert model.fetch == ModelFetchSpec(
+        endpoint="", region="", secret_name="", cache_claim="", cache_size_bytes=20 * 1024**3
+    )
+
+
+def test_a_fetched_source_takes_its_endpoint_credentials_and_cache() -> None:
+    model = parse_spec(
+        minimal(
+            model={
+                "name": "chat",
+                "source": "hf://org/name@abc123",
+                "revision": "main",
+                "endpoint": "http://hub.internal:8090",
+                "credentials": {"secretName": "hub-token"},
+                "cache": {"claimName": "models-cache", "sizeLimit": "4Gi"},
+            }
+        )
+    ).model
+    assert model.fetch == ModelFetchSpec(
+        "http://hub.internal:8090", "", "hub-token", "models-cache", 4 * 1024**3
+    )
+    assert model.fetch_revision == "abc123"  # the source's @REVISION wins over model.revision
+
+
+def test_a_local_source_has_nothing_to_fetch() -> None:
+    model = parse_spec(minimal()).model
+    assert model.fetch is None and not model.source.fetched

@@ -1,0 +1,167 @@
+"""The pod of an s3:// or hf:// model: the fetch init container, its cache volume, its env.
+
+The rendered env is fed to the fetcher's own parser and the server's, so the
+directory one writes is the directory the other loads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fusebox_contract.model_fetch import FETCH_CONTAINER, MODEL_CACHE_DIR, FetchEnv
+from fusebox_contract.settings import FALLBACK_DIR, MODEL_DIR
+from fusebox_operator.manifests import MODEL_CACHE_VOLUME, build_deployment
+from fusebox_operator.settings import OperatorSettings
+from fusebox_operator.sizing import size_memory
+from fusebox_operator.spec import parse_spec
+from fusebox_server.config import parse_config
+from fusebox_server.fetch.__main__ import fetch_config
+
+from .pod_security import restricted_violations
+
+GIB = 1024**3
+
+
+def pod_of(model: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    parsed = parse_spec({"model": {"name": "chat", **model}, "gpu": {"count": 0}, **spec})
+    deployment = build_deployment(
+        parsed, "chat", "ml", size_memory(parsed, [1024]), OperatorSettings()
+    )
+    pod: dict[str, Any] = deployment["spec"]["template"]["spec"]
+    return pod
+
+
+def container(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    found: dict[str, Any] = next(
+        c for c in [*pod["initContainers"], *pod["containers"]] if c["name"] == name
+    )
+    return found
+
+
+def plain_env(of: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in of["env"] if "value" in e}
+
+
+def secret_refs(of: dict[str, Any]) -> dict[str, tuple[str, str, bool]]:
+    return {
+        e["name"]: (
+            e["valueFrom"]["secretKeyRef"]["name"],
+            e["valueFrom"]["secretKeyRef"]["key"],
+            e["valueFrom"]["secretKeyRef"].get("optional", False),
+        )
+        for e in of["env"]
+        if "valueFrom" in e
+    }
+
+
+def volume(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    found: dict[str, Any] = next(v for v in pod["volumes"] if v["name"] == name)
+    return found
+
+
+def test_an_s3_model_is_fetched_first_into_the_directory_the_server_loads() -> None:
+    pod = pod_of({"source": "s3://models/tiny", "endpoint": "http://s3.local:7070"})
+    assert [c["name"] for c in pod["initContainers"]] == [FETCH_CONTAINER, "sidecar"]
+    fetcher, server = container(pod, FETCH_CONTAINER), container(pod, "server")
+    config = fetch_config([], plain_env(fetcher))
+    assert config.source == "s3://models/tiny"
+    assert config.s3_endpoint == "http://s3.local:7070"
+    served = parse_config([], plain_env(server), read_files=False)
+    assert str(config.model_dir) == str(served.model_dir) == plain_env(server)[MODEL_DIR.env]
+    assert str(config.model_dir).startswith(MODEL_CACHE_DIR + "/")
+    assert {"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_DIR} in fetcher["volumeMounts"]
+    assert {
+        "name": MODEL_CACHE_VOLUME,
+        "mountPath": MODEL_CACHE_DIR,
+        "readOnly": True,
+    } in server["volumeMounts"]
+    assert restricted_violations(pod) == []
+
+
+def test_without_a_claim_each_pod_gets_an_emptydir_counted_in_its_storage() -> None:
+    small = pod_of({"source": "s3://models/tiny", "cache": {"sizeLimit": "2Gi"}})
+    large = pod_of({"source": "s3://models/tiny", "cache": {"sizeLimit": "5Gi"}})
+    assert volume(small, MODEL_CACHE_VOLUME) == {
+        "name": MODEL_CACHE_VOLUME,
+        "emptyDir": {"sizeLimit": "2Gi"},
+    }
+
+    def storage(pod: dict[str, Any]) -> str:
+        return str(container(pod, "server")["resources"]["limits"]["ephemeral-storage"])
+
+    local = pod_of({"source": "pvc://models/tiny"})
+    assert storage(small) != storage(local)
+    assert (int(storage(large).removesuffix("Mi")) - int(storage(small).removesuffix("Mi"))) == (
+        3 * 1024
+    )
+
+
+def test_a_named_claim_is_the_shared_cache_and_not_counted_as_pod_storage() -> None:
+    pod = pod_of({"source": "s3://models/tiny", "cache": {"claimName": "model-cache"}})
+    assert volume(pod, MODEL_CACHE_VOLUME) == {
+        "name": MODEL_CACHE_VOLUME,
+        "persistentVolumeClaim": {"claimName": "model-cache"},
+    }
+    local = pod_of({"source": "pvc://models/tiny"})
+    server, local_server = container(pod, "server"), container(local, "server")
+    assert server["resources"]["limits"] == local_server["resources"]["limits"]
+
+
+def test_s3_credentials_come_from_the_named_secret_by_reference_only() -> None:
+    pod = pod_of(
+        {"source": "s3://models/tiny", "region": "eu-west-1", "credentials": {"secretName": "s3"}}
+    )
+    fetcher = container(pod, FETCH_CONTAINER)
+    assert secret_refs(fetcher) == {
+        FetchEnv.S3_ACCESS_KEY: ("s3", "accessKeyId", False),
+        FetchEnv.S3_SECRET_KEY: ("s3", "secretAccessKey", False),
+        FetchEnv.S3_SESSION_TOKEN: ("s3", "sessionToken", True),
+    }
+    assert plain_env(fetcher)[FetchEnv.S3_REGION] == "eu-west-1"
+    # Only the fetcher sees them: the server and the sidecar never do.
+    assert secret_refs(container(pod, "server")) == {}
+    assert secret_refs(container(pod, "sidecar")) == {}
+
+
+def test_an_hf_model_gets_its_endpoint_its_token_and_the_pinned_revision() -> None:
+    pod = pod_of(
+        {
+            "source": "hf://org/name@v2",
+            "revision": "main",
+            "endpoint": "http://hub.local:8090",
+            "credentials": {"secretName": "hub"},
+        }
+    )
+    fetcher = container(pod, FETCH_CONTAINER)
+    assert secret_refs(fetcher) == {FetchEnv.HF_TOKEN: ("hub", "token", False)}
+    config = fetch_config([], plain_env(fetcher))
+    assert (config.hf_endpoint, config.revision) == ("http://hub.local:8090", "v2")
+    assert FetchEnv.S3_ENDPOINT not in plain_env(fetcher)
+
+
+def test_anonymous_sources_reference_no_secret() -> None:
+    for source in ("s3://models/tiny", "hf://org/name"):
+        assert secret_refs(container(pod_of({"source": source}), FETCH_CONTAINER)) == {}
+
+
+def test_another_revision_is_another_directory() -> None:
+    def model_dir(revision: str) -> str:
+        pod = pod_of({"source": "hf://org/name", "revision": revision})
+        return plain_env(container(pod, "server"))[MODEL_DIR.env]
+
+    assert model_dir("v1") != model_dir("v2")
+
+
+def test_a_quantized_fallback_of_a_fetched_model_loads_the_fetched_copy() -> None:
+    pod = pod_of({"source": "s3://models/tiny"}, fallback={"quantization": "int8"})
+    env = plain_env(container(pod, "server"))
+    assert env[FALLBACK_DIR.env] == env[MODEL_DIR.env]
+
+
+@pytest.mark.parametrize("source", ["pvc://models/tiny", "file:///opt/model"])
+def test_a_local_model_has_no_fetcher_and_no_cache(source: str) -> None:
+    pod = pod_of({"source": source})
+    assert [c["name"] for c in pod["initContainers"]] == ["sidecar"]
+    assert all(v["name"] != MODEL_CACHE_VOLUME for v in pod["volumes"])
