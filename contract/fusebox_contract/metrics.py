@@ -46,6 +46,15 @@ class Metric(enum.StrEnum):
     SIDECAR_MEASURED = "fusebox_sidecar_measured"  # {quantity}
     TOKENIZER_CACHE_HITS = "fusebox_tokenizer_cache_hits"  # counter
     TOKENIZER_TEMPLATE_HITS = "fusebox_tokenizer_template_hits"  # counter
+    # The prefix cache: hits and misses per prompt, tokens whose prefill a hit saved (vLLM
+    # counts those as vllm:prefix_cache_hits), entries evicted, and its size against its bound.
+    PREFIX_CACHE_HITS = "fusebox_prefix_cache_hits"  # counter
+    PREFIX_CACHE_MISSES = "fusebox_prefix_cache_misses"  # counter
+    PREFIX_CACHE_REUSED_TOKENS = "fusebox_prefix_cache_reused_tokens"  # counter
+    PREFIX_CACHE_EVICTIONS = "fusebox_prefix_cache_evictions"  # counter
+    PREFIX_CACHE_ENTRIES = "fusebox_prefix_cache_entries"
+    PREFIX_CACHE_BYTES = "fusebox_prefix_cache_bytes"
+    PREFIX_CACHE_CAPACITY_BYTES = "fusebox_prefix_cache_capacity_bytes"
     LATENCY_WINDOW_SAMPLES = "fusebox_latency_window_samples"  # {metric}
     QUALITY_SAMPLED = "fusebox_quality_sampled"  # counter
     QUALITY_FAILURES = "fusebox_quality_failures"  # counter
@@ -108,6 +117,10 @@ _COUNTERS = frozenset(
         Metric.REQUESTS,
         Metric.TOKENIZER_CACHE_HITS,
         Metric.TOKENIZER_TEMPLATE_HITS,
+        Metric.PREFIX_CACHE_HITS,
+        Metric.PREFIX_CACHE_MISSES,
+        Metric.PREFIX_CACHE_REUSED_TOKENS,
+        Metric.PREFIX_CACHE_EVICTIONS,
         Metric.QUALITY_SAMPLED,
         Metric.QUALITY_FAILURES,
         Metric.PROMPT_TOKENS,

@@ -86,6 +86,14 @@ REQUEST_TIMEOUT = _s(
 TOKENIZER_CACHE_SIZE = _s(
     "tokenizer-cache-size", int, 10000, "LRU entries of prompt encodings; 0 disables"
 )
+PREFIX_CACHE_BYTES = _s(
+    "prefix-cache-bytes",
+    int,
+    1 << 30,
+    "bytes of prompt-prefix keys and values kept for reuse across requests (on the model's "
+    "device, least recently used out first, emptied before the memory guard trips); 0 disables",
+    wired=False,
+)
 TEMPLATES_FILE = _s("templates-file", str, None, "JSON list of prompts pre-encoded (re-read live)")
 CANNED_ANSWERS_FILE = _s(
     "canned-answers-file", str, None, "JSON object prompt -> answer for level 3 (re-read live)"
@@ -137,6 +145,7 @@ SERVER_SETTINGS: Final[tuple[Setting, ...]] = (
     MAX_BODY_BYTES,
     REQUEST_TIMEOUT,
     TOKENIZER_CACHE_SIZE,
+    PREFIX_CACHE_BYTES,
     TEMPLATES_FILE,
     CANNED_ANSWERS_FILE,
     QUALITY_FILE,

@@ -22,7 +22,7 @@ import enum
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
@@ -96,6 +96,24 @@ class Tokens:
 
 
 @dataclass(frozen=True)
+class PrefixCacheStats:
+    """The server's prefix cache: prompts that reused cached keys and values (hits), those
+    that found none (misses), entries evicted (for the byte bound or for memory) and tokens
+    reused, counted since start; its entries, bytes and bound now."""
+
+    hits_total: float | None = None
+    misses_total: float | None = None
+    evictions_total: float | None = None
+    reused_tokens_total: float | None = None
+    entries: float | None = None
+    bytes: float | None = None
+    capacity_bytes: float | None = None
+
+
+PREFIX_CACHE_FIELDS: Final = tuple(f.name for f in fields(PrefixCacheStats))
+
+
+@dataclass(frozen=True)
 class Quality:
     sampled_total: float | None = None  # counter since start
     failed_total: float | None = None  # counter since start
@@ -150,6 +168,7 @@ class StatsDocument:
     latency: Mapping[LatencyMetric, LatencySummary] = field(default_factory=dict)
     histograms: Mapping[LatencyHistogram, HistogramCounts] = field(default_factory=dict)
     tokens: Tokens = Tokens()
+    prefix_cache: PrefixCacheStats = PrefixCacheStats()
     quality: Quality = Quality()
     heartbeats: Mapping[HeartbeatThread, float] = field(default_factory=dict)
     state: RuntimeState = RuntimeState()
@@ -234,6 +253,9 @@ def encode(document: StatsDocument) -> dict[str, Any]:
         "tokens": {
             "prompt_total": document.tokens.prompt_total,
             "generation_total": document.tokens.generation_total,
+        },
+        "prefix_cache": {
+            name: getattr(document.prefix_cache, name) for name in PREFIX_CACHE_FIELDS
         },
         "quality": {
             "sampled_total": quality.sampled_total,
@@ -490,6 +512,9 @@ def parse(text: str | bytes) -> StatsReading:
         tokens=Tokens(
             prompt_total=f.number("tokens.prompt_total"),
             generation_total=f.number("tokens.generation_total"),
+        ),
+        prefix_cache=PrefixCacheStats(
+            **{name: f.number(f"prefix_cache.{name}") for name in PREFIX_CACHE_FIELDS}
         ),
         quality=Quality(
             sampled_total=f.number("quality.sampled_total"),

@@ -108,6 +108,7 @@ class ServerConfig:
     max_body_bytes: int = contract.body_limit_bytes(4096)
     request_timeout_seconds: float = 60.0
     tokenizer_cache_size: int = 10000
+    prefix_cache_bytes: int = 1 << 30
     templates_file: Path | None = None
     canned_answers_file: Path | None = None
     quality_file: Path | None = None
@@ -296,7 +297,7 @@ def validate(config: ServerConfig) -> None:
     for name in ("max_concurrency", "max_input_tokens", "max_new_tokens", "max_body_bytes"):
         if getattr(config, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("max_queue", "tokenizer_cache_size", "torch_threads"):
+    for name in ("max_queue", "tokenizer_cache_size", "prefix_cache_bytes", "torch_threads"):
         if getattr(config, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
     for name in ("port", "admin_port"):

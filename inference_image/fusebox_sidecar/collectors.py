@@ -171,6 +171,7 @@ def relayed_families(
     )
     yield from _gauge(Metric.REQUESTS_RUNNING, "Generations running now", d.running)
     yield from _tokenizer_families(d)
+    yield from _prefix_cache_families(d)
     if d.requests:
         requests = CounterMetricFamily(
             Metric.REQUESTS.value,
@@ -212,6 +213,41 @@ def _tokenizer_families(d: StatsDocument) -> Iterator[Family]:
         Metric.TOKENIZER_TEMPLATE_HITS,
         "Prompts that matched a pre-encoded template",
         d.tokenizer_template_hits_total,
+    )
+
+
+def _prefix_cache_families(d: StatsDocument) -> Iterator[Family]:
+    cache = d.prefix_cache
+    yield from _counter(
+        Metric.PREFIX_CACHE_HITS,
+        "Prompts whose prefill started from keys and values in the server's prefix cache",
+        cache.hits_total,
+    )
+    yield from _counter(
+        Metric.PREFIX_CACHE_MISSES,
+        "Prompts that found no cached prefix of a whole block",
+        cache.misses_total,
+    )
+    yield from _counter(
+        Metric.PREFIX_CACHE_REUSED_TOKENS,
+        "Prompt tokens whose keys and values came from the prefix cache instead of a prefill",
+        cache.reused_tokens_total,
+    )
+    yield from _counter(
+        Metric.PREFIX_CACHE_EVICTIONS,
+        "Prefix cache entries evicted for its byte bound or for memory",
+        cache.evictions_total,
+    )
+    yield from _gauge(Metric.PREFIX_CACHE_ENTRIES, "Entries in the prefix cache", cache.entries)
+    yield from _gauge(
+        Metric.PREFIX_CACHE_BYTES,
+        "Bytes of keys and values the prefix cache holds, on the model's device",
+        cache.bytes,
+    )
+    yield from _gauge(
+        Metric.PREFIX_CACHE_CAPACITY_BYTES,
+        "The prefix cache's bound in bytes (0: disabled)",
+        cache.capacity_bytes,
     )
 
 

@@ -7,7 +7,8 @@ memory, the server refuses new requests with 503 (so no new allocation
 pushes it over), runs gc and empty_cache, and reports
 `state.memory_guard_active` in the stats file. It lets requests in again
 once pressure is 5 points under the ratio (hysteresis, so it does not
-flap). Requests already running finish.
+flap). Requests already running finish. Before it trips, memory within
+`PREFIX_CACHE_SHED_MARGIN` of the ratio empties the prefix cache.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 HYSTERESIS = 0.05
+# The prefix cache is emptied this far below the guard's ratio: it is memory the server
+# holds only to go faster, so it goes before any request is refused. Twice the
+# hysteresis, so shedding starts below where an engaged guard would let requests back.
+PREFIX_CACHE_SHED_MARGIN = 2 * HYSTERESIS
 
 
 @dataclass(frozen=True)
@@ -44,3 +49,8 @@ def next_guard_state(active: bool, ratio: float | None, threshold: float) -> boo
     if active:
         return ratio >= threshold - HYSTERESIS
     return ratio >= threshold
+
+
+def sheds_prefix_cache(ratio: float | None, threshold: float) -> bool:
+    """Memory is close enough to the guard's threshold that the prefix cache must go."""
+    return ratio is not None and ratio >= threshold - PREFIX_CACHE_SHED_MARGIN

@@ -50,7 +50,12 @@ from fusebox_server.control.accounting import RequestAccounting
 from fusebox_server.control.actions import ActionLog
 from fusebox_server.control.admission import Admission
 from fusebox_server.control.breaker import Breaker
-from fusebox_server.control.guard import MemoryReading, next_guard_state, pressure_ratio
+from fusebox_server.control.guard import (
+    MemoryReading,
+    next_guard_state,
+    pressure_ratio,
+    sheds_prefix_cache,
+)
 from fusebox_server.control.live_files import FileWatcher, LiveSettings, watched_files
 from fusebox_server.control.quality import QualitySampler
 from fusebox_server.control.recorder import Recorder
@@ -196,6 +201,7 @@ class Runtime:
         self.degradation_tiers: frozenset[DegradationTier] = frozenset()
         self._degraded_to_fallback = False
         self.memory_guard_active = False
+        self.memory_pressure_ratio: float | None = None  # at the last guard evaluation
         self.loop_heartbeat = time.time()
         self.stopping = False  # told to stop (SIGTERM): answers say Connection: close
         self.started_at = time.time()
@@ -209,7 +215,11 @@ class Runtime:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.worker = InferenceWorker(
-            loop, self.faults, self.config.max_concurrency + 64, self.config.torch_threads
+            loop,
+            self.faults,
+            self.config.max_concurrency + 64,
+            self.config.torch_threads,
+            self.config.prefix_cache_bytes,
         )
         self.variants.worker = self.worker
         self.worker.start()
@@ -366,6 +376,7 @@ class Runtime:
             self._guard_checked_at = time.monotonic()
             reading = self.memory_reading()
             ratio = pressure_ratio(reading)
+            self.memory_pressure_ratio = ratio
             was_active = self.memory_guard_active
             active = next_guard_state(was_active, ratio, self.config.memory_guard_ratio)
             self.memory_guard_active = active
@@ -383,13 +394,21 @@ class Runtime:
         return active
 
     def check_memory_guard(self) -> None:
-        """Stats-thread tick: evaluate, and while engaged run gc and empty_cache."""
+        """Stats-thread tick: evaluate, and while engaged run gc and empty_cache; short of
+        the guard, memory nearing it empties the prefix cache first (`sheds_prefix_cache`)."""
         if self.evaluate_memory_guard():
             self._release_memory()
+        elif self.worker is not None and sheds_prefix_cache(
+            self.memory_pressure_ratio, self.config.memory_guard_ratio
+        ):
+            if self.worker.prefix_cache.bytes:
+                log.info("prefix_cache_shed", pressure_ratio=self.memory_pressure_ratio)
+                self.worker.release_prefix_cache()
 
     def _release_memory(self) -> None:
         if self.worker is not None:
             self.worker.release_idle_batch()
+            self.worker.release_prefix_cache()
         self.faults.leaks.release_caches()
         engine.release_memory(self.device)
         malloc_trim()
@@ -590,6 +609,7 @@ class Runtime:
             latency={name: window.summary(now) for name, window in self.latency.items()},
             histograms={name: c.counts() for name, c in self.latency_counters.items()},
             tokens=self.tokens.totals(),
+            prefix_cache=worker.prefix_cache_figures() if worker else None,
             quality_sampled_total=self.quality.sampled_total,
             quality_failed_total=self.quality.failed_total,
             quality_failure_ratio=self.quality.failure_ratio(now),

@@ -49,12 +49,14 @@ from fusebox_contract.stats import (
     GpuMemory,
     HistogramCounts,
     LatencySummary,
+    PrefixCacheStats,
     Quality,
     RuntimeState,
     Tokens,
     dumps,
 )
 from fusebox_contract.stats import StatsDocument as StatsDocument
+from fusebox_server.model.prefix_cache import PrefixCacheFigures
 
 MAX_WINDOW_SAMPLES = 10_000
 
@@ -273,6 +275,7 @@ def compose_document(
     latency: Mapping[LatencyMetric, LatencySummary | None],
     histograms: Mapping[LatencyHistogram, HistogramCounts],
     tokens: Tokens,
+    prefix_cache: PrefixCacheFigures | None,
     quality_sampled_total: int,
     quality_failed_total: int,
     quality_failure_ratio: float | None,
@@ -282,7 +285,8 @@ def compose_document(
     """The stats document from the runtime's raw figures: pure, so tested without a model.
 
     `cuda` and `nvml` are `fusebox_server.model.memory`'s readings; an empty
-    latency window and a heartbeat not yet stamped are absent.
+    latency window, a heartbeat not yet stamped and the prefix cache of a worker
+    not yet started are absent.
     """
     return StatsDocument(
         written_at=written_at,
@@ -316,6 +320,17 @@ def compose_document(
         latency={metric: summary for metric, summary in latency.items() if summary is not None},
         histograms=histograms,
         tokens=tokens,
+        prefix_cache=PrefixCacheStats()
+        if prefix_cache is None
+        else PrefixCacheStats(
+            hits_total=prefix_cache.hits_total,
+            misses_total=prefix_cache.misses_total,
+            evictions_total=prefix_cache.evictions_total,
+            reused_tokens_total=prefix_cache.reused_tokens_total,
+            entries=prefix_cache.entries,
+            bytes=prefix_cache.bytes,
+            capacity_bytes=prefix_cache.capacity_bytes,
+        ),
         quality=Quality(
             sampled_total=quality_sampled_total,
             failed_total=quality_failed_total,

@@ -369,6 +369,19 @@ class Decoding:
         self.started(token_id)
         return token_id
 
+    def start_from_prefix(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Begin with the keys and values of the prompt's first tokens, computed before
+        (the prefix cache): the prefill then runs only the rest. Only before the first step;
+        `layers` are read, never written (the cache concatenates onto a copy)."""
+        length = layers[0][0].shape[-2]
+        if not 0 < length < self._pending.shape[-1]:
+            raise ValueError(f"a prefix of {length} tokens leaves no prompt token to run")
+        cache = full_cache()
+        for index, (keys, values) in enumerate(layers):
+            cache.update(keys, values, index)
+        self.cache = cache
+        self._pending = self._pending[:, length:]
+
     def pending_prompt(self) -> torch.Tensor:
         """The prompt ids not yet run (1-D); only before the first step."""
         return self._pending[0]

@@ -41,6 +41,8 @@ from fusebox_server.model.engine import (
 )
 from fusebox_server.model.faults import Faults
 from fusebox_server.model.memory import cuda_memory
+from fusebox_server.model.prefix_cache import PrefixCache, PrefixCacheFigures
+from fusebox_server.model.prefix_kv import PrefixKV, leading, new_prefix_cache, prompt_kv
 from fusebox_server.model.slot_batch import SlotBatch, new_batch
 from fusebox_server.model.structured_output import vocabulary_of
 from fusebox_server.model.token_choice import TokenScore
@@ -121,6 +123,8 @@ class GenerationJob:
     emitted_chars: int = 0
     pending_scores: list[ScoredToken] = field(default_factory=list)
     cuda_at_entry: dict[str, int | None] = field(default_factory=dict)
+    # Prompt tokens whose keys and values came from the prefix cache (0: a miss).
+    reused_prefix_tokens: int = 0
 
 
 @dataclass
@@ -174,7 +178,14 @@ def _partial_stop_chars(text: str, stop: str) -> int:
 
 
 class InferenceWorker(threading.Thread):
-    def __init__(self, loop: Any, faults: Faults, inbox_size: int, torch_threads: int = 0) -> None:
+    def __init__(
+        self,
+        loop: Any,
+        faults: Faults,
+        inbox_size: int,
+        torch_threads: int = 0,
+        prefix_cache_bytes: int = 0,
+    ) -> None:
         super().__init__(name="fusebox-inference", daemon=True)
         self._loop = loop
         self._faults = faults
@@ -188,6 +199,10 @@ class InferenceWorker(threading.Thread):
         self.torch_threads: int | None = None
         self._batch: DecodeBatch | SlotBatch | None = None
         self._release_idle_batch = threading.Event()
+        # Prompt prefixes' keys and values, of the model in `loaded` only (`_prefix_cache_of`).
+        self.prefix_cache = new_prefix_cache(prefix_cache_bytes)
+        self._prefix_cache_model: LoadedModel | None = None
+        self._release_prefix_cache = threading.Event()
 
     # ----- called from the event loop -----
     def submit(self, job: GenerationJob | ControlJob) -> None:
@@ -221,6 +236,21 @@ class InferenceWorker(threading.Thread):
         self._release_idle_batch.set()
         if threading.current_thread() is self:
             self._drop_idle_batch()
+
+    def release_prefix_cache(self) -> None:
+        """Ask for the prefix cache to be emptied (the `empty_cache` action, the memory
+        guard, or memory nearing it): at once on this thread, else at the next turn."""
+        self._release_prefix_cache.set()
+        if threading.current_thread() is self:
+            self._drop_prefix_cache()
+
+    def prefix_cache_figures(self) -> PrefixCacheFigures:
+        return self.prefix_cache.figures()
+
+    def _drop_prefix_cache(self) -> None:
+        if self._release_prefix_cache.is_set():
+            self._release_prefix_cache.clear()
+            self.prefix_cache.shed()
 
     def _drop_idle_batch(self) -> None:
         if not self._release_idle_batch.is_set():
@@ -258,6 +288,7 @@ class InferenceWorker(threading.Thread):
 
     def _turn(self) -> None:
         self._drop_idle_batch()
+        self._drop_prefix_cache()
         self._take_inbox(block=not self._active)
         for job in list(self._active):
             self._guarded(job, partial(self._check_alive, job))
@@ -299,6 +330,13 @@ class InferenceWorker(threading.Thread):
         for job in joiners:
             self._guarded(job, partial(self._start, job))
         started = [job for job in joiners if job.decoding is not None]
+        for job in started:
+            self._reuse_prefix(job)
+        # A row that starts from a cached prefix runs its own rest; the group's prefill
+        # runs whole prompts from position 0.
+        for job in [job for job in started if job.reused_prefix_tokens]:
+            self._guarded(job, partial(self._prefill_alone, job))
+        started = [job for job in started if not job.reused_prefix_tokens]
         lengths = [len(job.prompt_ids) for job in started]
         for indexes in prefill_groups(lengths, PREFILL_TOKEN_BUDGET):
             group = [started[index] for index in indexes]
@@ -314,6 +352,46 @@ class InferenceWorker(threading.Thread):
             for job in group:
                 self._guarded(job, partial(self._prefill_alone, job))
 
+    def _prefix_cache_of(self, loaded: LoadedModel) -> PrefixCache[PrefixKV]:
+        """The prefix cache, emptied first if it holds another model's keys and values."""
+        if self._prefix_cache_model is not loaded:
+            self.prefix_cache.clear()
+            self._prefix_cache_model = loaded
+        return self.prefix_cache
+
+    def _reuse_prefix(self, job: GenerationJob) -> None:
+        """Start the job from the longest cached prefix of its prompt, if any."""
+        decoding = job.decoding
+        assert decoding is not None
+        cache = self._prefix_cache_of(decoding.loaded)
+        if not cache.enabled:
+            return
+        found = cache.match(job.prompt_ids)
+        if found is None:
+            return
+        try:
+            decoding.start_from_prefix(leading(found.value, found.length))
+        except (MemoryError, torch.OutOfMemoryError):
+            return  # the copy did not fit: the prompt runs whole, as on a miss
+        job.reused_prefix_tokens = found.length
+
+    def _keep_prefixes(self, group: list[GenerationJob]) -> None:
+        """Cache the prompts a prefill just computed in full (not the ones that started
+        from a prefix: their shared part is cached already). A copy that cannot be made
+        (memory short) is skipped: the cache is an optimisation, never a request's error."""
+        for job in group:
+            decoding = job.decoding
+            if decoding is None or job.reused_prefix_tokens or decoding.cache is None:
+                continue
+            cache = self._prefix_cache_of(decoding.loaded)
+            if not cache.enabled:
+                return
+            try:
+                cache.insert(job.prompt_ids, prompt_kv(decoding))
+            except (MemoryError, torch.OutOfMemoryError):
+                cache.shed()
+                return
+
     def _prefill_alone(self, job: GenerationJob) -> None:
         assert job.decoding is not None
         self._joined([job], [job.decoding.step()])
@@ -322,6 +400,7 @@ class InferenceWorker(threading.Thread):
         """After a prefill: the group joins the batch, then each takes its first token."""
         decodings = [job.decoding for job in group if job.decoding is not None]
         loaded = decodings[0].loaded
+        self._keep_prefixes(group)
         batch = self._batch
         if batch is None or batch.loaded is not loaded:
             batch = self._batch = new_batch(loaded)
@@ -470,6 +549,8 @@ class InferenceWorker(threading.Thread):
         """Called on this thread by unload/swap: running requests lose their model."""
         self._fail_all(error)
         self._batch = None
+        self.prefix_cache.clear()  # keys and values of the model that goes
+        self._prefix_cache_model = None
 
     def _emit(self, job: GenerationJob, text: str) -> None:
         """Post new text, with the scores of the tokens since the last piece (if any)."""

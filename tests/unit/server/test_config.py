@@ -93,6 +93,7 @@ def test_invalid_settings_are_refused(argv: list[str]) -> None:
         ("host", ""),
         ("stats-file", ""),
         ("memory-guard-ratio", "nan"),
+        ("prefix-cache-bytes", "-1"),
     ],
 )
 def test_a_setting_out_of_its_documented_range_is_refused_by_name(flag: str, value: str) -> None:

@@ -6,7 +6,12 @@ import pytest
 
 from fusebox_server.config import QualitySettings
 from fusebox_server.control.breaker import Breaker, admits
-from fusebox_server.control.guard import MemoryReading, next_guard_state, pressure_ratio
+from fusebox_server.control.guard import (
+    MemoryReading,
+    next_guard_state,
+    pressure_ratio,
+    sheds_prefix_cache,
+)
 from fusebox_server.control.quality import QualitySampler, check_response
 from fusebox_server.errors import Forbidden
 from fusebox_server.model.faults import Faults, parse_faults
@@ -48,6 +53,13 @@ def test_guard_engages_at_the_ratio_and_releases_five_points_under() -> None:
     assert next_guard_state(True, 0.91, 0.95)
     assert not next_guard_state(True, 0.89, 0.95)
     assert not next_guard_state(True, None, 0.95)
+
+
+def test_the_prefix_cache_is_shed_ten_points_before_the_guard_would_trip() -> None:
+    assert not sheds_prefix_cache(0.84, 0.95)
+    assert sheds_prefix_cache(0.85, 0.95)
+    assert sheds_prefix_cache(0.99, 0.95)
+    assert not sheds_prefix_cache(None, 0.95)
 
 
 def test_quality_check_names_each_failure() -> None:

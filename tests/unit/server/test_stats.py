@@ -41,6 +41,7 @@ from fusebox_server.control.stats import (
     runtime_state,
     write_atomically,
 )
+from fusebox_server.model.prefix_cache import PrefixCacheFigures
 
 
 def test_write_atomically_replaces_the_file_and_leaves_no_temporaries(tmp_path: Path) -> None:
@@ -142,6 +143,15 @@ def _document(**changes: object) -> StatsDocument:
         },
         "histograms": {name: c.counts() for name, c in latency_counters().items()},
         "tokens": Tokens(prompt_total=40, generation_total=20),
+        "prefix_cache": PrefixCacheFigures(
+            hits_total=6,
+            misses_total=3,
+            evictions_total=1,
+            reused_tokens_total=960,
+            entries=2,
+            bytes=4096,
+            capacity_bytes=1 << 20,
+        ),
         "quality_sampled_total": 10,
         "quality_failed_total": 1,
         "quality_failure_ratio": 0.1,
@@ -166,6 +176,14 @@ def test_the_runtime_s_figures_become_the_contract_document_the_sidecar_reads() 
     assert document.quality.failure_ratio == 0.1
     assert set(document.histograms) == set(LatencyHistogram)
     assert document.tokens.generation_total == 20
+    assert (document.prefix_cache.hits_total, document.prefix_cache.bytes) == (6, 4096)
+
+
+def test_a_worker_not_yet_started_leaves_the_prefix_cache_absent() -> None:
+    reading = parse(dumps(_document(prefix_cache=None)))
+    assert reading.valid, reading.problems
+    assert reading.document is not None
+    assert reading.document.prefix_cache.hits_total is None
 
 
 def test_the_state_carries_the_loaded_variant_s_facts_in_the_contract_s_names() -> None:

@@ -31,6 +31,7 @@ from fusebox_contract.stats import (
     GpuMemory,
     HistogramCounts,
     LatencySummary,
+    PrefixCacheStats,
     Quality,
     RuntimeState,
     StatsDocument,
@@ -200,6 +201,15 @@ EXAMPLE_STATS = StatsDocument(
         ),
     },
     tokens=Tokens(prompt_total=52_000, generation_total=31_000),
+    prefix_cache=PrefixCacheStats(
+        hits_total=300,
+        misses_total=700,
+        evictions_total=12,
+        reused_tokens_total=297_600,
+        entries=40,
+        bytes=805_306_368,
+        capacity_bytes=1_073_741_824,
+    ),
     quality=Quality(sampled_total=10, failed_total=1, failure_ratio=0.1),
     heartbeats={HeartbeatThread.LOOP: 1796000000.10, HeartbeatThread.WORKER: 1796000000.05},
     state=RuntimeState(

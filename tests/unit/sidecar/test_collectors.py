@@ -433,6 +433,23 @@ def test_tokenizer_and_quality_counters_window_samples_and_admit_ratio_are_relay
         assert f"# TYPE {counter.sample} counter" in exposition
 
 
+def test_the_prefix_cache_figures_are_relayed_as_counters_and_gauges(
+    stats_document: StatsDocument,
+) -> None:
+    registry = _registry(_read(stats_document))
+    value = registry.get_sample_value
+
+    assert value(Metric.PREFIX_CACHE_HITS.sample) == 300
+    assert value(Metric.PREFIX_CACHE_MISSES.sample) == 700
+    assert value(Metric.PREFIX_CACHE_REUSED_TOKENS.sample) == 297_600
+    assert value(Metric.PREFIX_CACHE_EVICTIONS.sample) == 12
+    assert value(Metric.PREFIX_CACHE_ENTRIES) == 40
+    assert value(Metric.PREFIX_CACHE_BYTES) == 805_306_368
+    assert value(Metric.PREFIX_CACHE_CAPACITY_BYTES) == 1_073_741_824
+    exposition = generate_latest(registry).decode()
+    assert f"# TYPE {Metric.PREFIX_CACHE_HITS.sample} counter" in exposition
+
+
 def _without_each_field(document: StatsDocument) -> Iterator[tuple[str, StatsDocument]]:
     """`document` with one written value made absent, for every value it holds."""
     for outer in fields(StatsDocument):

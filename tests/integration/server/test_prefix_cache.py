@@ -1,0 +1,90 @@
+"""The prefix cache in a real server, through the official openai client.
+
+Two conversations share a system prompt and differ after it, as 30% of the
+realistic workload does. The first is prefilled whole and cached; the second
+starts from the cached system prompt (a hit in the stats file, with the
+tokens it reused), and its greedy answer is exactly the answer the same
+request gets once the `empty_cache` admin action has emptied the cache and
+its prompt is prefilled whole. Llama 3's shape: GQA, a 128k vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from fusebox_server_harness import MODEL_NAME, ServerProcess, zoo_server
+
+from fusebox_contract.names import ActionType
+
+FAMILY = "llama3"
+SYSTEM = (
+    "You are the on-call assistant of a platform team. Answer in two short sentences, "
+    "name the runbook section you rely on, and say so when you do not know. "
+    "你好，请用中文或英文回答。 def handler(event): return event['body']"
+)
+QUESTIONS = ("How do I drain a node safely?", "Why did my pod get OOMKilled at night?")
+NEW_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def server(server_workdir: Path) -> Iterator[ServerProcess]:
+    with zoo_server(FAMILY, server_workdir, max_new_tokens=64) as process:
+        yield process
+
+
+def _prefix_cache(server: ServerProcess, after: float) -> dict[str, Any]:
+    """The stats file's prefix cache block, from a write after `after` (the server's clock)."""
+
+    def fresh() -> dict[str, Any] | None:
+        stats = server.stats()
+        return stats["prefix_cache"] if stats["written_at"] > after else None
+
+    found: dict[str, Any] = server.wait_for(fresh, what="a stats write")
+    return found
+
+
+def _ask(client: openai.OpenAI, question: str, stream: bool) -> str:
+    messages: Any = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+    if not stream:
+        response = client.chat.completions.create(
+            model=MODEL_NAME, messages=messages, max_tokens=NEW_TOKENS, temperature=0
+        )
+        return response.choices[0].message.content or ""
+    chunks = client.chat.completions.create(
+        model=MODEL_NAME, messages=messages, max_tokens=NEW_TOKENS, temperature=0, stream=True
+    )
+    return "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+
+
+def test_a_shared_system_prompt_is_a_hit_that_answers_what_a_whole_prefill_answers(
+    server: ServerProcess,
+) -> None:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    before = _prefix_cache(server, 0.0)
+    assert before["capacity_bytes"] == 1 << 30  # the documented default
+
+    _ask(client, QUESTIONS[0], stream=False)
+    hit_text = _ask(client, QUESTIONS[1], stream=True)
+    started = server.stats()["written_at"]
+    after_hit = _prefix_cache(server, started)
+    assert after_hit["hits_total"] == before["hits_total"] + 1
+    assert after_hit["misses_total"] == before["misses_total"] + 1
+    assert after_hit["reused_tokens_total"] - before["reused_tokens_total"] >= 32
+    assert after_hit["bytes"] > 0 and after_hit["entries"] >= 1
+
+    result = server.act(ActionType.EMPTY_CACHE)
+    assert result.type == ActionType.EMPTY_CACHE
+    emptied = _prefix_cache(server, server.stats()["written_at"])
+    assert (emptied["bytes"], emptied["entries"]) == (0, 0)
+    assert emptied["evictions_total"] >= after_hit["entries"]
+
+    whole_text = _ask(client, QUESTIONS[1], stream=False)
+    final = _prefix_cache(server, server.stats()["written_at"])
+    assert final["hits_total"] == after_hit["hits_total"]  # prefilled whole: a miss
+    assert final["misses_total"] == after_hit["misses_total"] + 1
+    assert hit_text == whole_text
+    assert hit_text  # the model said something to compare
