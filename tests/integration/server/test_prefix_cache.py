@@ -88,3 +88,23 @@ def test_a_shared_system_prompt_is_a_hit_that_answers_what_a_whole_prefill_answe
     assert final["misses_total"] == after_hit["misses_total"] + 1
     assert hit_text == whole_text
     assert hit_text  # the model said something to compare
+
+
+def test_unload_and_reload_leave_the_cache_empty_and_the_next_prompt_misses(
+    server: ServerProcess,
+) -> None:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    _ask(client, QUESTIONS[0], stream=False)
+    held = _prefix_cache(server, server.stats()["written_at"])
+    assert held["bytes"] > 0
+
+    server.act(ActionType.UNLOAD)
+    unloaded = _prefix_cache(server, server.stats()["written_at"])
+    assert (unloaded["bytes"], unloaded["entries"]) == (0, 0)
+    server.act(ActionType.LOAD)
+    server.wait_ready()
+
+    _ask(client, QUESTIONS[0], stream=False)  # cached before the unload: no longer
+    after = _prefix_cache(server, server.stats()["written_at"])
+    assert after["misses_total"] == unloaded["misses_total"] + 1
+    assert after["hits_total"] == unloaded["hits_total"]
