@@ -175,6 +175,7 @@ class ConditionType(enum.StrEnum):
     SCALING_LIMITED = "ScalingLimited"  # autoscaling held back (pods Pending for GPUs)
     GPU_HEALTHY = "GPUHealthy"  # every pod's GPUs are Healthy (only with gpu.count > 0)
     NODE_MEMORY_PRESSURE = "NodeMemoryPressure"  # a pod's node is below its available floor
+    MODEL_READY = "ModelReady"  # an s3:// or hf:// model is fetched and verified (model_readiness)
 
 
 class EventReason(enum.StrEnum):
@@ -220,3 +221,7 @@ class EventReason(enum.StrEnum):
     TIER_UNPINNED = "TierUnpinned"
     INCIDENT_ANNOTATION_REMOVED = "IncidentAnnotationRemoved"
     INVALID_INCIDENT_ANNOTATION = "InvalidIncidentAnnotation"  # a bad value, or a misspelt name
+    # s3:// and hf:// sources: the model-fetch init container's download (model_readiness).
+    MODEL_DOWNLOADING = "ModelDownloading"
+    MODEL_VERIFIED = "ModelVerified"
+    MODEL_FETCH_FAILED = "ModelFetchFailed"  # the message names FetchReason and the pod
