@@ -29,7 +29,8 @@ PACKAGE = Path(__file__).resolve().parents[3] / "inference_image" / "fusebox_ser
 LAYERS: Final = ("http", "control", "model", "shared")
 SUB_PACKAGES: Final = frozenset({"http", "control", "model"})
 # Tools beside the server: they may import these layers; no layer imports them.
-TOOLS: Final = {"zoo": frozenset({"model", "shared"})}
+# The model fetcher (an init container's command) needs nothing of the server's.
+TOOLS: Final = {"zoo": frozenset({"model", "shared"}), "fetch": frozenset()}
 # The package root holds the shared settings and domain errors, and the entry point.
 ROOT_MODULES: Final = {"__main__": "http", "config": "shared", "errors": "shared"}
 HTTP_STACK: Final = frozenset({"starlette", "uvicorn", "openai", "httpx", "h11"})

@@ -1,0 +1,256 @@
+"""The model fetcher's own logic: sources, verification, resume, space, the report.
+
+The downloads themselves run against a real S3 server in
+tests/integration/server/test_model_sources_s3.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from minio.error import S3Error
+
+from fusebox_contract.model_fetch import (
+    TERMINATION_MESSAGE_MAX_BYTES,
+    FetchReason,
+    FetchReport,
+    model_cache_subdir,
+    parse,
+)
+from fusebox_server.fetch.hub import HubSource
+from fusebox_server.fetch.progress import Progress
+from fusebox_server.fetch.s3 import S3Source, named_error
+from fusebox_server.fetch.store import (
+    FetchError,
+    ModelStore,
+    RemoteFile,
+    check_relative,
+    digest_file,
+    disk_error,
+    verify,
+)
+
+DATA = b"hello\n"
+# `git hash-object` of "hello\n": the id the hub lists for a small file.
+GIT_BLOB = "ce013625030ba8dba906f756967f9e9ca394464a"
+
+
+def remote(data: bytes = DATA, **digests: str) -> RemoteFile:
+    return RemoteFile("dir/file.bin", len(data), "etag-1", dict(digests))
+
+
+def test_a_report_survives_the_round_trip_and_fits_a_termination_message() -> None:
+    report = FetchReport(FetchReason.DOWNLOADING, "x" * 10_000, 5, 10, 2.5, "rev", False, 3)
+    text = report.dumps()
+    assert len(text.encode()) <= TERMINATION_MESSAGE_MAX_BYTES
+    parsed = parse(text)
+    assert parsed is not None and parsed.bytes_done == 5 and parsed.revision == "rev"
+    short = FetchReport(FetchReason.VERIFIED, "ok", 1, 1, None, "etags:1", True, 1)
+    assert parse(short.dumps()) == short
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "Traceback (most recent call last):", "[]", '{"reason": "Exploded"}', "null"],
+)
+def test_a_termination_message_without_a_report_parses_to_none(text: str) -> None:
+    assert parse(text) is None
+
+
+def test_a_report_with_bad_figures_keeps_its_reason_and_drops_them() -> None:
+    body = {"reason": "DiskFull", "message": 3, "bytes_done": -1, "rate_bytes_per_second": "x"}
+    parsed = parse(json.dumps(body))
+    assert parsed == FetchReport(FetchReason.DISK_FULL, "")
+
+
+def test_the_cache_directory_moves_with_the_source_and_the_revision() -> None:
+    one = model_cache_subdir("s3://models/a", "main")
+    assert one == model_cache_subdir("s3://models/a", "main")
+    assert one != model_cache_subdir("s3://models/b", "main")
+    assert one != model_cache_subdir("s3://models/a", "v2")
+
+
+@pytest.mark.parametrize(
+    ("source", "bucket", "prefix"),
+    [
+        ("s3://models/tiny", "models", "tiny/"),
+        ("s3://models/tiny/v1/", "models", "tiny/v1/"),
+        ("s3://models", "models", ""),
+    ],
+)
+def test_s3_sources_name_a_bucket_and_a_prefix(source: str, bucket: str, prefix: str) -> None:
+    assert S3Source.parse(source) == S3Source(bucket, prefix)
+
+
+def test_an_s3_source_the_fetcher_cannot_read_is_refused() -> None:
+    with pytest.raises(FetchError, match="is not s3://BUCKET"):
+        S3Source.parse("s3://UPPER/x")
+
+
+def test_a_hub_source_pins_its_own_revision_over_the_spec() -> None:
+    assert HubSource.parse("hf://org/name", "main") == HubSource("org/name", "main")
+    assert HubSource.parse("hf://org/name@v1", "main") == HubSource("org/name", "v1")
+
+
+@pytest.mark.parametrize("name", ["../etc/passwd", "a/../../b", "", "/"])
+def test_a_remote_name_cannot_leave_the_model_directory(name: str) -> None:
+    with pytest.raises(FetchError):
+        check_relative(name)
+
+
+def test_remote_names_are_normalised() -> None:
+    assert check_relative("/a//b/./c") == "a/b/c"
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        ("NoSuchBucket", FetchReason.NOT_FOUND),
+        ("NoSuchKey", FetchReason.NOT_FOUND),
+        ("AccessDenied", FetchReason.BAD_CREDENTIALS),
+        ("InvalidAccessKeyId", FetchReason.BAD_CREDENTIALS),
+        ("SignatureDoesNotMatch", FetchReason.BAD_CREDENTIALS),
+        ("SlowDown", FetchReason.FAILED),
+    ],
+)
+def test_s3_error_codes_are_named(code: str, reason: FetchReason) -> None:
+    error = S3Error(None, code, "told", "/models", "id", "host")  # type: ignore[arg-type]
+    assert named_error(error, "s3://models/").reason is reason
+
+
+def test_an_unreachable_endpoint_is_named() -> None:
+    assert named_error(ConnectionRefusedError(), "s3://m/").reason is FetchReason.UNREACHABLE
+
+
+def test_a_file_is_verified_by_size_md5_sha256_and_git_blob_id(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(DATA)
+    assert digest_file(path, "git-sha1") == GIT_BLOB
+    verify(
+        path,
+        remote(
+            md5=hashlib.md5(DATA).hexdigest(),
+            sha256=hashlib.sha256(DATA).hexdigest(),
+            **{"git-sha1": GIT_BLOB},
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("listed", "words"),
+    [
+        (RemoteFile("f", 7, "k"), "6 bytes downloaded, the source lists 7"),
+        (RemoteFile("f", 6, "k", {"md5": "0" * 32}), "md5"),
+        (RemoteFile("f", 6, "k", {"git-sha1": "0" * 40}), "git-sha1"),
+    ],
+)
+def test_bytes_that_differ_from_the_source_are_a_hash_mismatch(
+    tmp_path: Path, listed: RemoteFile, words: str
+) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(DATA)
+    with pytest.raises(FetchError, match=words) as caught:
+        verify(path, listed)
+    assert caught.value.reason is FetchReason.HASH_MISMATCH
+
+
+def test_a_full_disk_is_named() -> None:
+    error = disk_error(OSError(errno.ENOSPC, "No space left on device"), Path("/cache/x"))
+    assert error.reason is FetchReason.DISK_FULL
+    assert disk_error(OSError(errno.EACCES, "denied"), Path("/x")).reason is FetchReason.FAILED
+
+
+def test_a_model_larger_than_the_free_space_is_refused_before_downloading(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "m")
+    store.model_dir.mkdir()
+    with pytest.raises(FetchError, match="more bytes and the cache volume has") as caught:
+        store.check_space(10**18)
+    assert caught.value.reason is FetchReason.DISK_FULL
+
+
+def test_a_part_file_is_resumed_verified_and_renamed(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "m")
+    listed = remote(md5=hashlib.md5(DATA).hexdigest())
+    part = store.part_path(listed)
+    part.parent.mkdir(parents=True)
+    part.write_bytes(DATA[:3])
+    offset = store.resumable_bytes(listed)
+    assert offset == 3
+    added: list[int] = []
+    store.write_part(listed, iter([DATA[3:]]), offset, added.append)
+    assert (store.model_dir / listed.path).read_bytes() == DATA
+    assert not part.exists() and added == [3]
+
+
+def test_a_part_longer_than_the_object_is_started_again(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "m")
+    listed = remote()
+    store.part_path(listed).parent.mkdir(parents=True)
+    store.part_path(listed).write_bytes(DATA * 2)
+    assert store.resumable_bytes(listed) == 0
+
+
+def test_a_corrupt_download_leaves_neither_the_file_nor_its_part(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "m")
+    listed = remote(md5="0" * 32)
+    with pytest.raises(FetchError):
+        store.write_part(listed, iter([DATA]), 0, lambda _: None)
+    assert not store.part_path(listed).exists()
+    assert not (store.model_dir / listed.path).exists()
+
+
+def test_a_complete_copy_is_recognised_only_at_its_revision(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "m")
+    listed = remote()
+    store.write_part(listed, iter([DATA]), 0, lambda _: None)
+    store.record("s3://m/x", "rev-1", listed, complete=False)
+    assert not store.complete("s3://m/x", "rev-1", [listed])  # not marked complete yet
+    store.record("s3://m/x", "rev-1", None, complete=True)
+    assert store.complete("s3://m/x", "rev-1", [listed])
+    assert not store.complete("s3://m/x", "rev-2", [listed])
+    changed = RemoteFile(listed.path, listed.size, "etag-2")
+    assert not store.is_verified("s3://m/x", changed)  # new bytes at the source
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_rate_counts_only_bytes_downloaded_by_this_run(tmp_path: Path) -> None:
+    clock = Clock()
+    progress = Progress(tmp_path / "r.json", tmp_path / "t", clock)
+    progress.start(bytes_total=1000, files=2, already=400)
+    clock.now += 2
+    progress.add(200)
+    assert progress.bytes_done == 600
+    assert progress.rate() == 100.0
+
+
+def test_progress_is_written_at_most_once_a_second_and_the_outcome_always(tmp_path: Path) -> None:
+    clock = Clock()
+    report_file, termination = tmp_path / "r.json", tmp_path / "t"
+    progress = Progress(report_file, termination, clock)
+    progress.start(bytes_total=1000, files=1)
+
+    def written() -> FetchReport:
+        found = parse(report_file.read_text())
+        assert found is not None
+        return found
+
+    progress.add(10)
+    assert written().bytes_done == 0  # within the second: not rewritten
+    clock.now += 1.5
+    progress.add(10)
+    assert written().bytes_done == 20 and written().reason is FetchReason.DOWNLOADING
+    outcome = FetchReport(FetchReason.NOT_FOUND, "bucket missing")
+    progress.finish(outcome)
+    assert written() == outcome
+    assert parse(termination.read_text()) == outcome
