@@ -124,6 +124,28 @@ fi
 ln -sfn "$versitygw_out" "$root/.cache/versitygw"
 # --- end of versitygw --------------------------------------------------------
 
+# --- olah (the hub mirror of the hf:// model-source tests) -----------------
+# The olah mirror serving local git repositories offline on 127.0.0.1, in its own
+# virtual environment ${FUSEBOX_CACHE}/olah-<hash of its pins>, linked as .cache/olah:
+# its psutil pin conflicts with requirements-dev.lock. Its own key, like the Go ones.
+olah_pins=$(cd "$here" && sed -n '/^# --- olah (the hub/,/^# --- end of olah/p' build-binaries.sh |
+  cat - olah/requirements.txt | sha256sum | cut -c1-16)
+olah_out="$cache/olah-$olah_pins"
+if [ -f "$olah_out/.complete" ]; then
+  echo "olah: up to date in $olah_out"
+else
+  start=$SECONDS
+  echo "olah: installing $(grep '^olah==' "$here/olah/requirements.txt") into its own environment"
+  # Built in place (a venv's scripts name its directory); .complete marks it whole.
+  rm -rf "$olah_out"
+  "${PYTHON:-python3}" -m venv "$olah_out"
+  nice -n 19 "$olah_out/bin/pip" install --quiet --no-deps -r "$here/olah/requirements.txt"
+  touch "$olah_out/.complete"
+  echo "olah: installed in $((SECONDS - start)) s into $olah_out"
+fi
+ln -sfn "$olah_out" "$root/.cache/olah"
+# --- end of olah -------------------------------------------------------------
+
 # --- containerd (the node's container runtime) ------------------------------
 # containerd 2 with CDI (Debian's 1.6 has none), its runc shim and ctr, built
 # from the module pinned under localcluster/containerd-pins into

@@ -22,6 +22,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils._headers import build_hf_headers
 from huggingface_hub.utils._http import get_session, hf_raise_for_status
 
@@ -81,6 +82,25 @@ def named_error(error: Exception, where: str) -> FetchError:
     return FetchError(FetchReason.FAILED, f"{where}: {type(error).__name__}: {error}")
 
 
+def _remote_file(entry: RepoFile, where: str) -> RemoteFile:
+    """A tree entry with what its bytes must hash to: LFS SHA-256, else the git blob id."""
+    if entry.lfs is not None:
+        return RemoteFile(
+            check_relative(entry.path),
+            entry.lfs.size,
+            entry.lfs.sha256,
+            {"sha256": entry.lfs.sha256},
+        )
+    if not entry.blob_id or entry.size is None:
+        raise FetchError(
+            FetchReason.FAILED,
+            f"{where}: the hub lists no size or hash for {entry.path}; it cannot be verified",
+        )
+    return RemoteFile(
+        check_relative(entry.path), entry.size, entry.blob_id, {"git-sha1": entry.blob_id}
+    )
+
+
 class Hub:
     """One hub (its endpoint and token) and one repository on it."""
 
@@ -92,34 +112,27 @@ class Hub:
         self.where = f"hf://{source.repo_id}@{source.revision}"
 
     def list_files(self) -> tuple[str, list[RemoteFile]]:
-        """(the revision's commit hash, the repository's files with their hashes)."""
+        """(the revision's commit hash, the repository's files with their hashes).
+
+        The files come from the tree API at the commit (sizes, blob ids, LFS
+        SHA-256), which the hub and its mirrors serve alike; model_info's
+        `siblings` carry them only on the hub itself.
+        """
         try:
-            info = self.api.model_info(
-                self.source.repo_id, revision=self.source.revision, files_metadata=True
+            info = self.api.model_info(self.source.repo_id, revision=self.source.revision)
+            commit = info.sha or ""
+            if not COMMIT.fullmatch(commit):
+                raise FetchError(
+                    FetchReason.FAILED, f"{self.where}: the hub gave no commit hash ({commit!r})"
+                )
+            entries = list(
+                self.api.list_repo_tree(self.source.repo_id, revision=commit, recursive=True)
             )
         except Exception as error:  # noqa: BLE001 - every client error gets its name here
             raise named_error(error, self.where) from None
-        commit = info.sha or ""
-        if not COMMIT.fullmatch(commit):
-            raise FetchError(
-                FetchReason.FAILED, f"{self.where}: the hub gave no commit hash ({commit!r})"
-            )
-        files: list[RemoteFile] = []
-        for sibling in info.siblings or []:
-            if sibling.lfs is not None:
-                size, digests = sibling.lfs.size, {"sha256": sibling.lfs.sha256}
-                key = sibling.lfs.sha256
-            else:
-                size = sibling.size if sibling.size is not None else -1
-                key = sibling.blob_id or ""
-                digests = {"git-sha1": sibling.blob_id} if sibling.blob_id else {}
-            if size < 0 or not digests:
-                raise FetchError(
-                    FetchReason.FAILED,
-                    f"{self.where}: the hub lists no size or hash for {sibling.rfilename}; "
-                    "it cannot be verified",
-                )
-            files.append(RemoteFile(check_relative(sibling.rfilename), size, key, digests))
+        files = [
+            _remote_file(entry, self.where) for entry in entries if isinstance(entry, RepoFile)
+        ]
         if not files:
             raise FetchError(FetchReason.NOT_FOUND, f"{self.where}: the repository has no files")
         return commit, files
@@ -136,11 +149,15 @@ class Hub:
         try:
             with get_session().stream("GET", url, headers=headers, follow_redirects=True) as reply:
                 hf_raise_for_status(reply)
-                if offset and reply.status_code != 206:
-                    raise FetchError(
-                        FetchReason.FAILED, f"{where}: the hub ignored the Range request"
-                    )
-                yield from reply.iter_bytes(CHUNK_BYTES)
+                # A server that ignores Range sends the whole file: skip what the part
+                # file already holds (downloaded again, but written once).
+                skip = offset if reply.status_code != 206 else 0
+                for chunk in reply.iter_bytes(CHUNK_BYTES):
+                    if skip >= len(chunk):
+                        skip -= len(chunk)
+                        continue
+                    yield chunk[skip:]
+                    skip = 0
         except FetchError:
             raise
         except Exception as error:  # noqa: BLE001

@@ -1,0 +1,182 @@
+"""hf:// model sources against a real hub-compatible server: the olah mirror on loopback.
+
+olah (PyPI 0.5.4, in its own environment built by `make setup`, linked as
+.cache/olah) serves a local git repository offline, holding the tiny model with
+a tag; the fetcher reaches it through HF_ENDPOINT exactly as it would the hub,
+resolves the tag to its commit hash, verifies each file against the git blob id
+the tree API lists, and the real server answers from what it fetched. Nothing
+leaves the machine: olah runs with `offline = true`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from fusebox_server_harness import ServerProcess, free_port
+
+from fusebox_contract.model_fetch import FetchEnv, FetchReason, FetchReport, parse
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[3]
+OLAH = ROOT / ".cache" / "olah" / "bin" / "olah-cli"
+ORG, REPO, TAG = "fusebox", "tiny", "v1"
+
+
+@dataclass(frozen=True)
+class Hub:
+    endpoint: str
+    commit: str  # what TAG points at
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-c", "user.name=fusebox", "-c", "user.email=tests@fusebox.dev", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="fusebox-hub-tests-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def hub(workdir: Path, tiny_model_dir: Path) -> Iterator[Hub]:
+    assert OLAH.is_file(), f"{OLAH} is missing: run `make setup` (build-binaries.sh)"
+    repo = workdir / "mirrors" / "models" / ORG / REPO
+    repo.mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    for path in sorted(tiny_model_dir.iterdir()):
+        shutil.copy(path, repo / path.name)
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "the tiny model")
+    git(repo, "tag", TAG)
+    commit = git(repo, "rev-parse", TAG)
+    port = free_port()
+    config = workdir / "olah.toml"
+    config.write_text(
+        "[basic]\n"
+        'host = "127.0.0.1"\n'
+        f"port = {port}\n"
+        f'repos-path = "{workdir / "olah-cache"}"\n'
+        f'mirrors-path = ["{workdir / "mirrors"}"]\n'
+        "[accessibility]\n"
+        "offline = true\n"
+    )
+    with open(workdir / "olah.log", "wb") as log:
+        process = subprocess.Popen(
+            [str(OLAH), "-c", str(config)], cwd=workdir, stdout=log, stderr=subprocess.STDOUT
+        )
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{endpoint}/api/models/{ORG}/{REPO}/revision/main", timeout=2).is_success:
+                break
+        except httpx.TransportError:
+            pass
+        assert process.poll() is None, (workdir / "olah.log").read_text()
+        assert time.monotonic() < deadline, "olah did not answer within 60 s"
+        time.sleep(0.3)
+    yield Hub(endpoint, commit)
+    process.terminate()
+    process.wait(timeout=15)
+
+
+@dataclass(frozen=True)
+class FetchRun:
+    returncode: int
+    report: FetchReport
+    output: str
+
+
+def fetch(hub: Hub, source: str, model_dir: Path, revision: str = "main") -> FetchRun:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("FUSEBOX_", "HF_")) and k != "TRANSFORMERS_OFFLINE"
+    }
+    termination = model_dir.parent / f"{model_dir.name}-termination"
+    env |= {
+        FetchEnv.SOURCE: source,
+        FetchEnv.REVISION: revision,
+        FetchEnv.MODEL_DIR: str(model_dir),
+        FetchEnv.TERMINATION_LOG: str(termination),
+        FetchEnv.HF_ENDPOINT: hub.endpoint,
+        "HF_HOME": str(model_dir.parent / "hf-home"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "fusebox_server.fetch"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    report = parse(termination.read_text())
+    assert report is not None, done.stdout + done.stderr
+    return FetchRun(done.returncode, report, done.stdout + done.stderr)
+
+
+def test_a_hub_model_at_a_tag_is_fetched_at_its_commit_verified_and_served(
+    hub: Hub, workdir: Path, tiny_model_dir: Path
+) -> None:
+    model_dir = workdir / "served" / "model"
+    run = fetch(hub, f"hf://{ORG}/{REPO}@{TAG}", model_dir)
+    assert run.returncode == 0, run.output
+    assert run.report.reason is FetchReason.VERIFIED
+    assert run.report.revision == hub.commit  # the tag resolved to its commit hash
+    assert run.report.bytes_total == sum(p.stat().st_size for p in tiny_model_dir.iterdir())
+    for path in tiny_model_dir.iterdir():
+        assert (model_dir / path.name).read_bytes() == path.read_bytes()
+    server = ServerProcess(workdir / "server", model_dir, {"max-new-tokens": 8}, {})
+    try:
+        server.wait_ready()
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        reply = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=4
+        )
+        assert reply.usage is not None and reply.usage.completion_tokens > 0
+    finally:
+        server.stop()
+    again = fetch(hub, f"hf://{ORG}/{REPO}@{TAG}", model_dir)
+    assert again.returncode == 0 and again.report.cached
+    assert again.report.revision == hub.commit
+
+
+def test_the_spec_revision_is_used_when_the_source_pins_none(hub: Hub, workdir: Path) -> None:
+    run = fetch(hub, f"hf://{ORG}/{REPO}", workdir / "by-revision" / "model", revision=TAG)
+    assert run.returncode == 0, run.output
+    assert run.report.revision == hub.commit
+
+
+@pytest.mark.parametrize(
+    ("source", "revision"),
+    [(f"hf://{ORG}/absent", "main"), (f"hf://{ORG}/{REPO}", "no-such-revision")],
+)
+def test_a_missing_repository_or_revision_is_not_found(
+    hub: Hub, workdir: Path, source: str, revision: str
+) -> None:
+    model_dir = Path(tempfile.mkdtemp(dir=workdir)) / "model"
+    run = fetch(hub, source, model_dir, revision)
+    assert run.returncode == 1
+    assert run.report.reason is FetchReason.NOT_FOUND
+    assert "not found" in run.report.message
