@@ -51,8 +51,9 @@ class Progress:
         self._write(self._downloading())
 
     def rate(self) -> float | None:
+        """Bytes per second this run downloaded; None before it downloaded any."""
         elapsed = self._clock() - self._started
-        return self._fresh_bytes / elapsed if elapsed > 0 else None
+        return self._fresh_bytes / elapsed if elapsed > 0 and self._fresh_bytes else None
 
     def _downloading(self) -> FetchReport:
         total = f" of {self.bytes_total}" if self.bytes_total is not None else ""

@@ -229,6 +229,7 @@ def test_the_rate_counts_only_bytes_downloaded_by_this_run(tmp_path: Path) -> No
     progress = Progress(tmp_path / "r.json", tmp_path / "t", clock)
     progress.start(bytes_total=1000, files=2, already=400)
     clock.now += 2
+    assert progress.rate() is None  # nothing downloaded yet: no rate, not zero
     progress.add(200)
     assert progress.bytes_done == 600
     assert progress.rate() == 100.0
