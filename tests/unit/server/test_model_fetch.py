@@ -11,7 +11,14 @@ import hashlib
 import json
 from pathlib import Path
 
+import httpx2
 import pytest
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 from minio.error import S3Error
 
 from fusebox_contract.model_fetch import (
@@ -22,6 +29,7 @@ from fusebox_contract.model_fetch import (
     parse,
 )
 from fusebox_server.fetch.hub import HubSource
+from fusebox_server.fetch.hub import named_error as hub_named_error
 from fusebox_server.fetch.progress import Progress
 from fusebox_server.fetch.s3 import S3Source, named_error
 from fusebox_server.fetch.store import (
@@ -255,3 +263,23 @@ def test_progress_is_written_at_most_once_a_second_and_the_outcome_always(tmp_pa
     progress.finish(outcome)
     assert written() == outcome
     assert parse(termination.read_text()) == outcome
+
+
+def hub_reply(status: int) -> httpx2.Response:
+    return httpx2.Response(status, request=httpx2.Request("GET", "http://hub/api/models/o/n"))
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (HfHubHTTPError("401 Unauthorized", response=hub_reply(401)), FetchReason.BAD_CREDENTIALS),
+        (HfHubHTTPError("403 Forbidden", response=hub_reply(403)), FetchReason.BAD_CREDENTIALS),
+        (GatedRepoError("gated", response=hub_reply(403)), FetchReason.BAD_CREDENTIALS),
+        (RepositoryNotFoundError("absent", response=hub_reply(404)), FetchReason.NOT_FOUND),
+        (RevisionNotFoundError("absent", response=hub_reply(404)), FetchReason.NOT_FOUND),
+        (HfHubHTTPError("500 Server Error", response=hub_reply(500)), FetchReason.FAILED),
+        (httpx2.ConnectError("connection refused"), FetchReason.UNREACHABLE),
+    ],
+)
+def test_hub_errors_are_named(error: Exception, reason: FetchReason) -> None:
+    assert hub_named_error(error, "hf://o/n@main").reason is reason
