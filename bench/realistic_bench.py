@@ -30,6 +30,12 @@ alone and the file keeps the others; each records its load average):
   greedy outputs compared token for token.
 - `open`: Poisson arrivals at `--open-rate` requests/s to Fusebox and the
   best peer; latency from each scheduled send time.
+- `prefix`: the prefix-cache lever. Fusebox with its prefix cache (the
+  default bound) and with `--prefix-cache-bytes 0`, in alternated rounds at
+  `--clients` after a warm-up each; time to first token p50/p99 over all
+  requests and over those that carry the shared system prompt, the medians
+  of the per-round ratios (cached / uncached), the cache's stats, and whether
+  the two servers' greedy texts agree request for request.
 
     nice -n 19 .venv/bin/python bench/realistic_bench.py [--scale 4] [--phases lever,c1,...]
 """
@@ -46,6 +52,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +64,12 @@ from bench import server_bench, traffic  # noqa: E402  (the repository root is o
 from bench.serving_metrics import ResponseRecord, percentile, summarize  # noqa: E402
 from bench.workload import Workload, WorkloadShape, build_workload, poisson_arrivals  # noqa: E402
 
-PHASES = ("lever", "c1", "sweep", "c16", "open")
+PHASES = ("lever", "c1", "sweep", "c16", "open", "prefix")
 TARGETS = {
     "c16_tokens_per_second_ratio_at_least": 1.2,
     "c16_ttft_p99_ratio_at_most": 0.8,
     "c1_latency_ratio_at_most": 1.05,
+    "prefix_cache_ttft_ratio_at_most": 0.3,
 }
 # Peer settings the CPU allows: attention (sdpa, or eager, which CB runs as paged|eager),
 # the cache's size in blocks (CB's sdpa path attends over the whole cache with a mask, so
@@ -419,9 +427,114 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
             finally:
                 server_bench.stop(fusebox)
                 server_bench.stop(peer)
+        if "prefix" in phases:
+            result["prefix"], responses["prefix"] = prefix_cache_lever(
+                model_dir, workdir, fusebox_flags, count_tokens, workload, arguments
+            )
+            write(arguments, result, responses)
     result["verdict"] = verdict(result)
     write(arguments, result, responses)
     return result
+
+
+def prefix_cache_lever(
+    model_dir: Path,
+    workdir: Path,
+    flags: dict[str, Any],
+    count_tokens: Callable[[str], int],
+    workload: Workload,
+    arguments: argparse.Namespace,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Fusebox with and without its prefix cache, alternated on the same requests.
+
+    Each round (and the warm-up) draws its own prompts, so no prompt repeats
+    across rounds and a hit comes from the shared system prompt alone, as
+    in a deployment whose system prompt outlives every conversation; all of
+    them carry the one system prompt (`with_system_prompt`).
+    """
+    cached, cached_url, _ = server_bench.start_fusebox(model_dir, workdir, **flags)
+    uncached, uncached_url, _ = server_bench.start_fusebox(
+        model_dir, workdir, **flags, prefix_cache_bytes=0
+    )
+    servers = {"cached": (cached_url, FUSEBOX_MODEL), "uncached": (uncached_url, FUSEBOX_MODEL)}
+
+    def drawn(requests: int, seed: int) -> Workload:
+        fresh = build_workload(requests, count_tokens, workload.shape, seed=seed)
+        return with_system_prompt(fresh, workload.system_prompt)
+
+    warmup = drawn(arguments.clients, arguments.seed + 1000)
+    per_round = [drawn(arguments.requests, arguments.seed + 1 + r) for r in range(arguments.rounds)]
+    rounds: dict[str, list[list[ResponseRecord]]] = {name: [] for name in servers}
+    try:
+        for url, model in servers.values():
+            one_round(url, model, warmup, arguments.clients)
+        for drawn_round in per_round:
+            for name, (url, model) in servers.items():
+                rounds[name].append(one_round(url, model, drawn_round, arguments.clients))
+        stats = {name: prefix_cache_stats(workdir, url) for name, (url, _) in servers.items()}
+    finally:
+        server_bench.stop(cached)
+        server_bench.stop(uncached)
+    part: dict[str, Any] = {
+        "clients": arguments.clients,
+        "rounds_drawn": "each round its own prompts (seeds seed+1..), one shared system prompt",
+        "prefix_cache_stats": stats,
+        "rounds": {
+            name: [
+                ttft_figures(run, shared_indexes(drawn_round))
+                for run, drawn_round in zip(runs, per_round, strict=True)
+            ]
+            for name, runs in rounds.items()
+        },
+    }
+    pairs = list(zip(part["rounds"]["cached"], part["rounds"]["uncached"], strict=True))
+    for subset in ("all", "system_prompt"):
+        for quantile in ("p50", "p99"):
+            ratios = [ours[subset][quantile] / theirs[subset][quantile] for ours, theirs in pairs]
+            part[f"ttft_{quantile}_ratios_{subset}"] = ratios
+            part[f"ttft_{quantile}_ratio_{subset}"] = statistics.median(ratios)
+    part["texts_equal"] = [
+        f"{sum(a.text == b.text for a, b in zip(ours, theirs, strict=True))}/{len(ours)}"
+        for ours, theirs in zip(rounds["cached"], rounds["uncached"], strict=True)
+    ]
+    saved = {name: [[r.to_json() for r in run] for run in runs] for name, runs in rounds.items()}
+    return part, saved
+
+
+def with_system_prompt(workload: Workload, system_prompt: str) -> Workload:
+    """The workload with its shared system prompt replaced (the same length, in tokens)."""
+    requests = tuple(
+        replace(request, system=system_prompt) if request.system is not None else request
+        for request in workload.requests
+    )
+    return replace(workload, system_prompt=system_prompt, requests=requests)
+
+
+def prefix_cache_stats(workdir: Path, url: str) -> dict[str, Any]:
+    """The server's prefix cache block from its stats file (`server_bench.start_fusebox`
+    names the file by the API port)."""
+    port = url.rsplit(":", 1)[1]
+    stats: dict[str, Any] = json.loads((workdir / f"stats-{port}.json").read_text())
+    return dict(stats.get("prefix_cache") or {})
+
+
+def shared_indexes(workload: Workload) -> set[int]:
+    return {request.index for request in workload.requests if request.system is not None}
+
+
+def ttft_figures(records: Sequence[ResponseRecord], shared: set[int]) -> dict[str, Any]:
+    """A round's figures, with time to first token p50/p99 over all its requests and over
+    those that carry the shared system prompt."""
+
+    def ttft(subset: Sequence[ResponseRecord]) -> dict[str, float]:
+        times = [r.chunk_times[0] - r.scheduled for r in subset if r.streamed()]
+        return {"p50": percentile(times, 0.5), "p99": percentile(times, 0.99), "n": len(times)}
+
+    ordered = sorted(records, key=lambda record: record.index)
+    return figures(records) | {
+        "all": ttft(ordered),
+        "system_prompt": ttft([r for r in ordered if r.index in shared]),
+    }
 
 
 def paired_ttft_p99(
@@ -497,6 +610,12 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
         checks["c16_ttft_p99_ratio"] = {
             "value": ttft,
             "met": ttft <= TARGETS["c16_ttft_p99_ratio_at_most"],
+        }
+    if "prefix" in result:
+        ratio = result["prefix"]["ttft_p99_ratio_system_prompt"]
+        checks["prefix_cache_ttft_p99_ratio_system_prompt"] = {
+            "value": ratio,
+            "met": ratio <= TARGETS["prefix_cache_ttft_ratio_at_most"],
         }
     if "c1" in result:
         ratio = result["c1"]["median_ratio"]
