@@ -82,6 +82,19 @@ def _cluster(environ: Mapping[str, str]) -> str | None:
     return None
 
 
+def _fleet_tools(environ: Mapping[str, str]) -> str | None:
+    """The fleet simulation runs its own loopback control plane: the cluster binaries
+    must be built, and Go must be there to build kwok on first use."""
+    binaries = HERE.parent / ".cache" / "bin"
+    wanted = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl")
+    missing = [name for name in wanted if not (binaries / name).exists()]
+    if missing:
+        return f"no {', '.join(missing)} in .cache/bin (run `make setup-binaries`)"
+    if shutil.which("go") is None:
+        return "no Go toolchain to build kwok (localcluster/build-kwok.sh)"
+    return None
+
+
 SUITE: tuple[Benchmark, ...] = (
     Benchmark("server", "server_bench.py", missing=_transformers_cli),
     # The same comparison on a real shape: the llama3 zoo model under bench/workload.py.
@@ -102,6 +115,14 @@ SUITE: tuple[Benchmark, ...] = (
         "operator_bench.py",
         lambda environ: ("scale", "--kubeconfig", (_kubeconfig(environ) or ("", ""))[1]),
         missing=_cluster,
+    ),
+    # kwok nodes and one simulator process for every pod; --quick here: the full
+    # 2,000 x 2 size is `python bench/operator_scale_bench.py` on a bigger machine.
+    Benchmark(
+        "operator-fleet",
+        "operator_scale_bench.py",
+        lambda environ: ("--quick",),
+        missing=_fleet_tools,
     ),
 )
 
