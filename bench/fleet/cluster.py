@@ -25,6 +25,9 @@ from types import ModuleType
 REPO = Path(__file__).resolve().parents[2]
 BINARIES = REPO / ".cache" / "bin"
 TOKEN = "fleet-admin-token"
+# Every service has a ClusterIP Service: 2,000 fleet and 1,000 status services need
+# more than the test default's /24.
+SERVICE_CIDR = "10.96.0.0/16"
 CONTROLLERS = (
     "deployment-controller",
     "replicaset-controller",
@@ -83,7 +86,11 @@ def control_plane(work: Path) -> Iterator[tuple[Path, list[subprocess.Popen[byte
     processes (the caller reads their CPU); everything stops when the block ends."""
     loopback = _loopback_module()
     with loopback.loopback_apiserver(
-        work, token=TOKEN, user="fleet-admin", authorization_mode="RBAC"
+        work,
+        token=TOKEN,
+        user="fleet-admin",
+        authorization_mode="RBAC",
+        service_cidr=SERVICE_CIDR,
     ) as kubeconfig:
         config = str(kubeconfig)
         commands = [

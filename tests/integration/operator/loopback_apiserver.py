@@ -85,10 +85,13 @@ def loopback_apiserver(
     user: str,
     authorization_mode: str,
     namespace: str | None = None,
+    service_cidr: str = "10.0.0.0/24",
 ) -> Iterator[Path]:
     """etcd and kube-apiserver under `tmp`, serving on a free loopback port; yields a
     kubeconfig whose user (`token`, in system:masters) is the default context's, in
-    `namespace` when given. Both processes stop when the block ends."""
+    `namespace` when given; `service_cidr` bounds the Services it can hold (a /24:
+    253, enough for a test; the fleet bench asks for more). Both processes stop
+    when the block ends."""
     etcd, apiserver = BINARIES / "etcd", BINARIES / "kube-apiserver"
     key = tmp / "sa.key"
     subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True)
@@ -121,7 +124,7 @@ def loopback_apiserver(
                 f"--service-account-signing-key-file={key}",
                 f"--token-auth-file={tmp / 'tokens.csv'}",
                 f"--authorization-mode={authorization_mode}",
-                "--service-cluster-ip-range=10.0.0.0/24",
+                f"--service-cluster-ip-range={service_cidr}",
             ],
             stdout=subprocess.DEVNULL,
             stderr=logs[1],
