@@ -24,6 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
 
+from fusebox_contract.model_fetch import FETCH_CONTAINER
 from fusebox_contract.wiring import ADMIN_TOKEN_KEY, GPU_RESOURCE, DeviceHealth
 from fusebox_operator.drift import Applied, differences
 from fusebox_operator.manifests import (
@@ -34,7 +35,7 @@ from fusebox_operator.manifests import (
     memory_quantity,
     memory_resize_patch,
 )
-from fusebox_operator.observations import PodView
+from fusebox_operator.observations import FetchState, PodView, fetch_state
 from fusebox_operator.pod_store import PodStore, StoredPod
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import NODE_PRODUCT_LABEL, NODE_VRAM_LABEL
@@ -498,6 +499,7 @@ def _pod_view(pod: Any) -> PodView:
     }
     server = statuses.get(SERVER_CONTAINER)
     sidecar = statuses.get(SIDECAR_CONTAINER)
+    fetch = statuses.get(FETCH_CONTAINER)
     conditions = {c.type: c.status for c in (pod.status.conditions or [])}
     unschedulable = next(
         (
@@ -524,9 +526,22 @@ def _pod_view(pod: Any) -> PodView:
         unschedulable=unschedulable,
         unhealthy_gpus=_unhealthy_gpus(server),
         node=(pod.spec.node_name if pod.spec else None) or "",
-        failing=_failing([s for s in (server, sidecar) if s is not None]),
+        # The fetcher first: while it fails, the sidecar and server never start.
+        failing=_failing([s for s in (fetch, server, sidecar) if s is not None]),
         grace_ends_at=_timestamp(pod.metadata.deletion_timestamp),
+        fetch=_fetch_state(pod.metadata.name, fetch),
     )
+
+
+_SERIALIZER = kubernetes.client.ApiClient()
+
+
+def _fetch_state(pod: str, status: Any) -> FetchState | None:
+    """The model-fetch init container's state, read from the status as the API serves it."""
+    if status is None:
+        return None
+    served = _SERIALIZER.sanitize_for_serialization(status)  # type: ignore[no-untyped-call]
+    return fetch_state(pod, [served])
 
 
 def _timestamp(moment: Any) -> float | None:

@@ -15,11 +15,11 @@ every pod that runs the service has its verified copy.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from fusebox_contract.model_fetch import FETCH_CONTAINER, FetchReason, FetchReport, parse
+from fusebox_contract.model_fetch import FetchReason, FetchReport
 from fusebox_contract.names import ConditionType, EventReason
+from fusebox_operator.observations import FetchState
 from fusebox_operator.spec import InferenceServiceSpec
 from fusebox_operator.status import (
     EventRecord,
@@ -30,55 +30,6 @@ from fusebox_operator.status import (
 
 MAX_PODS_NAMED = 3
 NO_PODS = "NoPods"
-
-
-@dataclass(frozen=True)
-class FetchState:
-    """One pod's model-fetch init container, as the kubelet reports it.
-
-    `report`: the fetcher's last report (the current run's termination message,
-    else the previous run's); None when it left none (not run yet, or killed).
-    """
-
-    pod: str
-    running: bool
-    succeeded: bool
-    failed: bool  # the last run exited non-zero, and none has succeeded since
-    report: FetchReport | None
-    restarts: int = 0
-    exit_message: str = ""  # the termination message when it holds no report (a log tail)
-
-
-def _terminated(state: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    value = (state or {}).get("terminated")
-    return value if isinstance(value, Mapping) else None
-
-
-def fetch_state(pod: str, init_statuses: Sequence[Mapping[str, Any]]) -> FetchState | None:
-    """The fetch container's state in a pod's `status.initContainerStatuses` (camelCase,
-    as the API serves it); None when the pod has no fetch container or no status yet."""
-    status = next((s for s in init_statuses if s.get("name") == FETCH_CONTAINER), None)
-    if status is None:
-        return None
-    state = status.get("state") or {}
-    now = _terminated(state)
-    last = _terminated(status.get("lastState"))
-    ended = now or last
-    text = str((ended or {}).get("message") or "")
-    report = parse(text) if text else None
-    succeeded = now is not None and now.get("exitCode") == 0
-    # A retry of a failed run is still that failure until one succeeds: otherwise a
-    # refused token would flap between its name and Downloading on every back-off.
-    failed = not succeeded and ended is not None and ended.get("exitCode") != 0
-    return FetchState(
-        pod=pod,
-        running="running" in state,
-        succeeded=succeeded,
-        failed=failed,
-        report=report,
-        restarts=int(status.get("restartCount") or 0),
-        exit_message="" if report is not None else text.strip()[-300:],
-    )
 
 
 def _rate(report: FetchReport) -> str:

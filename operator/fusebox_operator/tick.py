@@ -34,6 +34,7 @@ from fusebox_operator.autoscaling import (
 from fusebox_operator.gpu_health import drain_actions, gpu_condition
 from fusebox_operator.incident import hold_tier, incident_step, parse_controls, was_paused
 from fusebox_operator.kube import current_count
+from fusebox_operator.model_readiness import model_ready_conditions, resolved_revision
 from fusebox_operator.node_pressure import NodePressure, node_condition, relieve_nodes
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.observe_mode import NOT_ACTED, after_observing, observed
@@ -499,6 +500,16 @@ async def run_tick(
     new_status["conditions"] = node_condition(
         new_status.get("conditions") or [], memory.node_pressure, inputs.generation, written_at
     )
+    fetches = [p.fetch for p in inputs.pods if p.fetch is not None and not p.terminating]
+    new_status["conditions"], fetch_events = model_ready_conditions(
+        new_status["conditions"], spec, fetches, inputs.generation, written_at
+    )
+    events += fetch_events
+    revision = resolved_revision(fetches)
+    if revision:
+        new_status["modelRevision"] = revision
+    elif inputs.status.get("modelRevision") is not None:
+        new_status["modelRevision"] = None  # a merge patch deletes a key only by a null
     if holding:
         # The Deployment keeps its count, and status.autoscaling the count it runs
         # (reconcile applies that count): the scale is told as WouldAct only.

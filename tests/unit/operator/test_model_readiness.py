@@ -7,12 +7,11 @@ from typing import Any
 from fusebox_contract.model_fetch import FETCH_CONTAINER, FetchReason, FetchReport
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator.model_readiness import (
-    FetchState,
-    fetch_state,
     model_ready,
     model_ready_conditions,
     resolved_revision,
 )
+from fusebox_operator.observations import FetchState, fetch_state
 from fusebox_operator.spec import parse_spec
 
 S3 = parse_spec({"model": {"name": "chat", "source": "s3://models/tiny"}})

@@ -16,6 +16,7 @@ from kubernetes.client import (
     V1PodStatus,
 )
 
+from fusebox_contract.model_fetch import FETCH_CONTAINER, FetchReason, FetchReport
 from fusebox_operator.kube import _pod_view
 from fusebox_operator.manifests import SERVER_CONTAINER, SIDECAR_CONTAINER
 
@@ -147,3 +148,46 @@ def test_a_terminating_pods_grace_ends_at_its_deletion_timestamp() -> None:
     view = _pod_view(running)
     assert view.terminating
     assert view.grace_ends_at == deadline.timestamp()
+
+
+def fetch_status(exit_code: int, message: str, running_again: bool = False) -> V1ContainerStatus:
+    ended = V1ContainerStateTerminated(exit_code=exit_code, reason="Error", message=message)
+    now = V1ContainerState(running=V1ContainerStateRunning()) if running_again else None
+    return V1ContainerStatus(
+        name=FETCH_CONTAINER,
+        image="i",
+        image_id="",
+        ready=False,
+        restart_count=1 if running_again else 0,
+        state=now or V1ContainerState(terminated=ended),
+        last_state=V1ContainerState(terminated=ended) if running_again else None,
+    )
+
+
+def test_the_model_fetchers_report_is_read_from_its_termination_message() -> None:
+    refused = FetchReport(FetchReason.BAD_CREDENTIALS, "s3: SignatureDoesNotMatch")
+    fetching = V1Pod(
+        metadata=V1ObjectMeta(name="p", uid="u"),
+        status=V1PodStatus(
+            phase="Pending", init_container_statuses=[fetch_status(1, refused.dumps())]
+        ),
+    )
+    view = _pod_view(fetching)
+    assert view.fetch is not None and view.fetch.failed and view.fetch.report == refused
+    # Its failure is the pod's: the sidecar and the server never start behind it.
+    assert view.failing.startswith(f"{FETCH_CONTAINER} exited 1: Error")
+    assert _pod_view(pod(sidecar_ready=True)).fetch is None  # a local source has no fetcher
+
+
+def test_a_fetcher_retrying_after_a_failure_still_carries_that_failure() -> None:
+    refused = FetchReport(FetchReason.NOT_FOUND, "bucket models does not exist")
+    retrying = V1Pod(
+        metadata=V1ObjectMeta(name="p", uid="u"),
+        status=V1PodStatus(
+            phase="Pending",
+            init_container_statuses=[fetch_status(1, refused.dumps(), running_again=True)],
+        ),
+    )
+    view = _pod_view(retrying)
+    assert view.fetch is not None and view.fetch.running and view.fetch.failed
+    assert view.fetch.report == refused

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from fusebox_contract.model_fetch import FetchReason, FetchReport
 from fusebox_contract.names import BreakerState, EventReason, Variant
 from fusebox_operator.actuator import ActionResult, RuntimeCall, RuntimeTarget
-from fusebox_operator.observations import PodSample, PodView
+from fusebox_operator.observations import FetchState, PodSample, PodView
 from fusebox_operator.policy_state import Action, ActionKind, Ladder, PolicyState
 from fusebox_operator.rollout import Degradation
 from fusebox_operator.spec import InferenceServiceSpec, parse_spec
@@ -507,3 +508,37 @@ def test_one_pods_slow_action_never_holds_back_another_pods() -> None:
         ("gc-a", "done gc-a"),
     ]
     assert started.index("gc-a") > started.index("load-a")  # pod a's own order kept
+
+
+def test_the_tick_shows_the_model_download_and_the_commit_it_was_verified_at() -> None:
+    hub = parse_spec({"model": {"name": "chat", "source": "hf://acme/chat@main"}, "replicas": 2})
+    commit = "0123456789abcdef0123456789abcdef01234567"
+
+    def fetching(name: str, report: FetchReport, done: bool) -> PodView:
+        state = FetchState(name, running=not done, succeeded=done, failed=False, report=report)
+        return replace(pod(name, ready=done), fetch=state)
+
+    half = FetchReport(FetchReason.DOWNLOADING, "", 2 * GIB, 4 * GIB, 1e8)
+    whole = FetchReport(FetchReason.VERIFIED, "ok", 4 * GIB, 4 * GIB, 1e8, revision=commit)
+    memory = TickMemory()
+    first = run(hub, {}, [fetching("a", whole, True), fetching("b", half, False)], memory)
+    model = next(c for c in first.status_patch["conditions"] if c["type"] == "ModelReady")
+    assert (model["status"], model["reason"]) == ("False", "Downloading")
+    assert "b 2.0Gi of 4.0Gi" in model["message"]
+    assert EventReason.MODEL_DOWNLOADING in [e.reason for e in first.events]
+    assert first.status_patch["modelRevision"] == commit  # where a's verified copy is
+
+    both = [fetching("a", whole, True), fetching("b", whole, True)]
+    second = run(hub, merged({}, first.status_patch), both, memory, now=T0 + 2)
+    model = next(c for c in second.status_patch["conditions"] if c["type"] == "ModelReady")
+    assert (model["status"], model["reason"]) == ("True", "Verified")
+    assert second.status_patch["modelRevision"] == commit
+    assert EventReason.MODEL_VERIFIED in [e.reason for e in second.events]
+    gone = run(hub, merged({}, second.status_patch), [], memory, now=T0 + 4)
+    assert gone.status_patch["modelRevision"] is None  # no pod holds a copy any more
+
+
+def test_a_local_source_has_no_model_ready_condition_in_the_tick() -> None:
+    out = run(NO_FALLBACK, {}, [pod("a")], TickMemory())
+    assert "ModelReady" not in condition_types(out.status_patch)
+    assert "modelRevision" not in out.status_patch
