@@ -114,8 +114,11 @@ def operator_requests(
     differ only by it), by "VERB resource", and the LISTs of child kinds among them."""
     keys = set(with_operator) | set(without)
     diff = {k: with_operator.get(k, 0.0) - without.get(k, 0.0) for k in keys}
+    # Below 0.01 a minute per service is the other components' noise between windows.
     per_service = {
-        k: round(v * 60 / services, 3) for k, v in sorted(diff.items()) if abs(v) * 60 > 0.5
+        k: round(v * 60 / services, 3)
+        for k, v in sorted(diff.items())
+        if abs(v) * 60 / services >= 0.01
     }
     child_lists = {
         k: v
