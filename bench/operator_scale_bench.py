@@ -103,7 +103,7 @@ def reaction_delays(
 def scrape_rate(before: dict[str, int], report: dict[str, Any], intervals: float) -> float:
     """Scrapes each pod got per scrape interval over a window (1.0: none missed; an
     action's follow-up scrape adds a little)."""
-    counts = [p["scrapes"] - before.get(p["address"], 0) for p in report["pods"]]
+    counts = [int(p["scrapes"]) - before.get(p["address"], 0) for p in report["pods"]]
     return round(sum(counts) / max(1, len(counts)) / intervals, 2)
 
 
@@ -265,7 +265,7 @@ def fleet_phase(
         cpu_before = _cpu_seconds(operator.pid)
         started = time.monotonic()
         scrapes_before = {p["address"]: p["scrapes"] for p in run.report()["pods"]}
-        with_operator = {}
+        with_operator: dict[str, float] = {}
         samples = max(1, int(window // 30))
         for _ in range(samples):  # in slices, so the RSS is sampled through the window
             for key, rate in run.rates(window / samples).items():

@@ -90,8 +90,14 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.on.create("fusebox.dev", "v1alpha1", "inferenceservices")
 async def create(
-    spec: kopf.Spec, name: str, namespace: str, meta: kopf.Meta, patch: kopf.Patch, **_: Any
+    spec: kopf.Spec,
+    name: str,
+    namespace: str | None,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    **_: Any,
 ) -> None:
+    assert namespace is not None  # the CRD is namespaced
     parsed = parse_spec(spec)
     sizing = size_memory(parsed, [GPU_MEMORY_MIB] if parsed.gpu.count else [])
     children = manifests.build_children(

@@ -17,7 +17,7 @@ from typing import Any
 
 from bench.fleet.curves import Shape
 
-POD_NETWORK = ipaddress.ip_network("127.64.0.0/10")
+POD_NETWORK = ipaddress.IPv4Network("127.64.0.0/10")
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 GPU_MEMORY_MIB = 81559
