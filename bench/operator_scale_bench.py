@@ -103,7 +103,11 @@ def reaction_delays(
 def scrape_rate(before: dict[str, int], report: dict[str, Any], intervals: float) -> float:
     """Scrapes each pod got per scrape interval over a window (1.0: none missed; an
     action's follow-up scrape adds a little)."""
-    counts = [int(p["scrapes"]) - before.get(p["address"], 0) for p in report["pods"]]
+    counts = [
+        int(p["scrapes"]) - before.get(p["address"], 0)
+        for p in report["pods"]
+        if not p.get("hung")  # a hung pod's count says nothing of the others'
+    ]
     return round(sum(counts) / max(1, len(counts)) / intervals, 2)
 
 
@@ -303,6 +307,16 @@ def main() -> None:
     parser.add_argument("--status-services", type=int, default=500)
     parser.add_argument("--window", type=float, default=180.0, help="steady seconds")
     parser.add_argument("--quick", action="store_true", help="20 services on 4 nodes")
+    parser.add_argument(
+        "--hung-share", type=float, default=0.0, help="pods whose sidecar never answers"
+    )
+    parser.add_argument(
+        "--operator-path",
+        type=Path,
+        default=REPO / "operator",
+        help="the fusebox_operator to run (another checkout's, for a before/after)",
+    )
+    parser.add_argument("--label", default="", help="suffix of the results key")
     args = parser.parse_args()
     if args.quick:
         args.services, args.nodes, args.status_services, args.window = 20, 4, 50, 90.0
@@ -312,7 +326,8 @@ def main() -> None:
     metrics_port, admin_port = 9400, 8001  # the contract's: the operator scrapes pod:9400
     simulator = start(
         [sys.executable, "-m", "bench.fleet.simulator",
-         f"--metrics-port={metrics_port}", f"--admin-port={admin_port}"],
+         f"--metrics-port={metrics_port}", f"--admin-port={admin_port}",
+         f"--hung-share={args.hung_share}"],
         {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'operator'}"}, work / "simulator.log",
     )  # fmt: skip
     started, load_at_start = time.time(), list(os.getloadavg())
@@ -331,7 +346,7 @@ def main() -> None:
             env = {
                 **os.environ,
                 "KUBECONFIG": str(kubeconfig),
-                "PYTHONPATH": f"{REPO / 'operator'}",
+                "PYTHONPATH": f"{args.operator_path}:{REPO / 'operator'}",
                 "FUSEBOX_PEERING": "standalone",
                 "FUSEBOX_LIVENESS_PORT": str(free_port()),
                 "FUSEBOX_METRICS_PORT": "0",
@@ -365,6 +380,7 @@ def main() -> None:
             "nodes": args.nodes,
             "gpus_per_node": gpus_per_node,
             "status_services": args.status_services,
+            "hung_share": args.hung_share,
             "scrape_interval_seconds": SCRAPE_INTERVAL_SECONDS,
         },
         "host": {
@@ -380,7 +396,8 @@ def main() -> None:
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     existing = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    existing["fleet" if not args.quick else "fleet_quick"] = result
+    key = "fleet_quick" if args.quick else "fleet"
+    existing[key + ("_hung" if args.hung_share else "") + args.label] = result
     RESULTS.write_text(json.dumps(existing, indent=2, ensure_ascii=False) + "\n")
     print(json.dumps(result, indent=2, ensure_ascii=False))
     print(f"work directory (logs): {work}", file=sys.stderr)

@@ -80,6 +80,13 @@ def shape_of(address: str) -> Shape:
     return Shape.STEADY
 
 
+def hangs(address: str, share: float) -> bool:
+    """Whether the pod at `address` is one whose sidecar accepts a scrape and never
+    answers (a stable draw, independent of its memory curve)."""
+    digest = hashlib.sha256(b"hung:" + address.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < share
+
+
 def inference_service(name: str, namespace: str, replicas: int) -> dict[str, Any]:
     """One service of the fleet: a GPU each pod, on the fake nodes' product."""
     return {

@@ -32,7 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from bench.fleet.curves import CurveSettings, MemoryCurve, Shape
-from bench.fleet.plan import POD_NETWORK, shape_of
+from bench.fleet.plan import POD_NETWORK, hangs, shape_of
 from fusebox_contract import admin
 from fusebox_contract.metrics import Metric
 from fusebox_contract.names import (
@@ -63,6 +63,7 @@ class FakePod:
     results: dict[str, admin.ActionResult] = field(default_factory=dict)  # by action id
     actions: list[tuple[float, str]] = field(default_factory=list)  # (at, type)
     scrapes: int = 0
+    hung: bool = False  # its /metrics accepts the connection and never answers
 
 
 def leak_delay_seconds(address: str) -> float:
@@ -74,8 +75,9 @@ def leak_delay_seconds(address: str) -> float:
 class Fleet:
     """Every fake pod this process has heard from, by address."""
 
-    def __init__(self, settings: CurveSettings) -> None:
+    def __init__(self, settings: CurveSettings, hung_share: float = 0.0) -> None:
         self.settings = settings
+        self.hung_share = hung_share
         self.pods: dict[str, FakePod] = {}
 
     def pod(self, address: str, now: float) -> FakePod | None:
@@ -86,7 +88,8 @@ class Fleet:
             shape = shape_of(address)
             delay = leak_delay_seconds(address) if shape is Shape.LEAK else 0.0
             curve = MemoryCurve(shape, now, self.settings, leak_starts_after_seconds=delay)
-            found = self.pods[address] = FakePod(address, curve)
+            hung = hangs(address, self.hung_share)
+            found = self.pods[address] = FakePod(address, curve, hung=hung)
         return found
 
     def report(self) -> dict[str, Any]:
@@ -103,6 +106,7 @@ class Fleet:
                     "first_action": after[0][1] if after else None,
                     "actions": len(pod.actions),
                     "scrapes": pod.scrapes,
+                    "hung": pod.hung,
                 }
             )
         return {"pods": pods, "at": now}
@@ -162,6 +166,8 @@ class Simulator:
         if pod is None:
             return web.Response(status=404, text="not a fake pod's address\n")
         pod.scrapes += 1
+        if pod.hung:
+            await asyncio.sleep(3600)  # the scraper's timeout ends it
         return web.Response(text=metrics_text(pod, now), content_type="text/plain")
 
     async def report(self, request: web.Request) -> web.Response:
@@ -284,8 +290,10 @@ class Simulator:
         return app
 
 
-async def serve(metrics_port: int, admin_port: int, settings: CurveSettings) -> None:
-    simulator = Simulator(Fleet(settings))
+async def serve(
+    metrics_port: int, admin_port: int, settings: CurveSettings, hung_share: float = 0.0
+) -> None:
+    simulator = Simulator(Fleet(settings, hung_share))
     runners = []
     for app, port in ((simulator.metrics_app(), metrics_port), (simulator.admin_app(), admin_port)):
         runner = web.AppRunner(app, access_log=None)
@@ -306,9 +314,10 @@ def main() -> None:
     parser.add_argument("--metrics-port", type=int, default=int(Port.METRICS))
     parser.add_argument("--admin-port", type=int, default=int(Port.ADMIN))
     parser.add_argument("--leak-mib-per-minute", type=float, default=1024.0)
+    parser.add_argument("--hung-share", type=float, default=0.0, help="pods that never answer")
     args = parser.parse_args()
     settings = CurveSettings(leak_mib_per_minute=args.leak_mib_per_minute)
-    asyncio.run(serve(args.metrics_port, args.admin_port, settings))
+    asyncio.run(serve(args.metrics_port, args.admin_port, settings, args.hung_share))
 
 
 if __name__ == "__main__":

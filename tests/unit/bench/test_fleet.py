@@ -8,7 +8,7 @@ import ipaddress
 import pytest
 
 from bench.fleet.curves import GIB, CurveSettings, MemoryCurve, Shape
-from bench.fleet.plan import POD_NETWORK, fake_node, node_blocks, shape_of
+from bench.fleet.plan import POD_NETWORK, fake_node, hangs, node_blocks, shape_of
 from bench.operator_scale_bench import operator_requests, percentile, reaction_delays
 from fusebox_contract.names import ActionType
 
@@ -131,3 +131,10 @@ def test_a_reload_keeps_the_first_crossing_it_ended_for_the_reaction_figure() ->
     curve.act(ActionType.UNLOAD, 61.0)
     curve.act(ActionType.LOAD, 61.0)
     assert curve.first_crossing(61.0) == pytest.approx(60.0)  # not the next cycle's 121 s
+
+
+def test_the_hung_share_is_a_stable_draw_of_its_own() -> None:
+    addresses = [str(POD_NETWORK[i]) for i in range(1, 10_001)]
+    hung = [a for a in addresses if hangs(a, 0.9)]
+    assert 0.88 < len(hung) / len(addresses) < 0.92
+    assert not any(hangs(a, 0.0) for a in addresses)
