@@ -10,6 +10,7 @@ its prompt is prefilled whole. Llama 3's shape: GQA, a 128k vocabulary.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,15 @@ from typing import Any
 import openai
 import pytest
 from fusebox_server_harness import MODEL_NAME, ServerProcess, zoo_server
+from test_memory_guard import MemoryCgroup
 
 from fusebox_contract.names import ActionType
 
 FAMILY = "llama3"
+# The guard's ratio for the shedding test, and the pressure the test puts the server at:
+# within 10 points of the guard (so the cache is shed) and under it (so nothing is refused).
+GUARD_RATIO = 0.7
+SHEDDING_PRESSURE = 0.65
 SYSTEM = (
     "You are the on-call assistant of a platform team. Answer in two short sentences, "
     "name the runbook section you rely on, and say so when you do not know. "
@@ -108,3 +114,47 @@ def test_unload_and_reload_leave_the_cache_empty_and_the_next_prompt_misses(
     after = _prefix_cache(server, server.stats()["written_at"])
     assert after["misses_total"] == unloaded["misses_total"] + 1
     assert after["hits_total"] == unloaded["hits_total"]
+
+
+def test_memory_nearing_the_guard_sheds_the_cache_while_requests_are_still_served(
+    start_server: Any,
+) -> None:
+    """The cgroup's limit is lowered under a running server (the guard reads it on every
+    check) until its memory is 65% of it: 10 points under the guard's 70% the cache goes,
+    and the guard, not reached, refuses nothing."""
+    cgroup = MemoryCgroup.create(64 << 30)
+    procs = str(cgroup.procs)
+
+    def join_cgroup() -> None:
+        with open(procs, "w") as handle:
+            handle.write(str(os.getpid()))
+
+    server: ServerProcess = start_server(
+        flags={"memory-guard-ratio": GUARD_RATIO}, preexec=join_cgroup
+    )
+    try:
+        for question in QUESTIONS:
+            assert server.chat(f"{SYSTEM} {question}").status_code == 200
+        held = _prefix_cache(server, server.stats()["written_at"])
+        assert held["bytes"] > 0
+
+        stats = server.stats()
+        used = max(stats["rss_bytes"], stats["cgroup_memory_usage_bytes"])
+        limit = int(used / SHEDDING_PRESSURE)
+        limit_file = "memory.limit_in_bytes" if cgroup.version == 1 else "memory.max"
+        (cgroup.path / limit_file).write_text(str(limit))
+
+        shed = server.wait_for(
+            lambda: (lambda cache: cache if cache["bytes"] == 0 else None)(
+                server.stats()["prefix_cache"]
+            ),
+            what="the prefix cache shed",
+        )
+        assert shed["evictions_total"] >= held["entries"]
+        seen_limit = server.stats()["cgroup_memory_limit_bytes"]
+        assert limit - 4096 < seen_limit <= limit  # the kernel rounds to a page
+        assert not server.stats()["state"]["memory_guard_active"]
+        assert server.chat("still served").status_code == 200
+    finally:
+        server.stop()
+        cgroup.remove()
