@@ -79,6 +79,8 @@ def reaction_delays(
     delays, unanswered, early = [], 0, 0
     for pod in report["pods"]:
         crossed = pod["crossed_at"]
+        if pod.get("hung"):
+            continue  # a leak nobody can see is not the policy's delay
         if pod["shape"] != "leak" or crossed is None or crossed > at - settle_seconds:
             continue
         if pod["first_action_at"] is None:
@@ -86,7 +88,11 @@ def reaction_delays(
             continue
         delays.append((pod["first_action_at"] - crossed) / interval)
     acted_on_healthy = sum(1 for p in report["pods"] if p["shape"] != "leak" and p["actions"])
-    early = sum(1 for p in report["pods"] if p["shape"] == "leak" and p["crossed_at"] is None)
+    early = sum(
+        1
+        for p in report["pods"]
+        if p["shape"] == "leak" and p["crossed_at"] is None and not p.get("hung")
+    )
     p50, p99 = percentile(delays, 0.5), percentile(delays, 0.99)
     return {
         "leaking_pods_crossed": len(delays) + unanswered,

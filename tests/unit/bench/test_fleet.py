@@ -75,6 +75,7 @@ def test_reaction_delays_count_unanswered_leaks_and_skip_those_crossing_too_late
         {"shape": "leak", "crossed_at": 100.0, "first_action_at": None, "actions": 0},
         {"shape": "leak", "crossed_at": 199.0, "first_action_at": None, "actions": 0},
         {"shape": "steady", "crossed_at": None, "first_action_at": None, "actions": 2},
+        {"shape": "leak", "crossed_at": 90.0, "first_action_at": None, "actions": 0, "hung": True},
     ]
     delays = reaction_delays({"at": 200.0, "pods": pods}, interval=5.0, settle_seconds=15.0)
     assert delays["acted_on"] == 1
