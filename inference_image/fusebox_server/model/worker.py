@@ -331,7 +331,8 @@ class InferenceWorker(threading.Thread):
             self._guarded(job, partial(self._start, job))
         started = [job for job in joiners if job.decoding is not None]
         for job in started:
-            self._reuse_prefix(job)
+            self._guarded(job, partial(self._reuse_prefix, job))
+        started = [job for job in started if job.decoding is not None]
         # A row that starts from a cached prefix runs its own rest; the group's prefill
         # runs whole prompts from position 0.
         for job in [job for job in started if job.reused_prefix_tokens]:
