@@ -3,12 +3,7 @@
 Why: the policy must see all pods of a service at one moment, and one hung
 sidecar must not delay the others, so scrapes run concurrently with a short
 timeout each; a failure becomes a sample with ok=False (the policy counts it
-towards staleness) rather than an exception. The fan-out is bounded across
-every service (SCRAPE_CONCURRENCY), and a scrape's timeout starts when it has
-its slot: before, each timeout also ran while the request waited for one of
-the session's 100 connections, so more than 100 hung sidecars at once made
-healthy pods' scrapes time out too (tests/integration/operator/
-test_scrape_fan_out.py; docs/decisions/fleet-simulator.md). The text is parsed by
+towards staleness) rather than an exception. The text is parsed by
 prometheus_client's own parser (the format has escapes, exemplars and
 comments a hand-written one gets wrong), and every metric name and label
 value comes from the contract the sidecar exports with.
@@ -19,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-import weakref
 from collections.abc import Iterable, Sequence
 
 import aiohttp
@@ -47,26 +41,6 @@ from fusebox_operator.operator_metrics import METRICS, ScrapeErrorKind
 Labels = dict[str, str]
 Samples = dict[str, list[tuple[Labels, float]]]
 """Exposed sample name -> [(labels, value)]: counters appear under `<name>_total`."""
-
-
-SCRAPE_CONCURRENCY = 64
-"""Scrapes in flight at once, over every service. Below the 100 connections an
-aiohttp session allows by default, so the admin calls that share the session
-keep room; a hung sidecar holds one slot for at most its scrape timeout."""
-
-_fan_out: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def scrape_slots() -> asyncio.Semaphore:
-    """The running loop's bound on concurrent scrapes (one per loop: a semaphore
-    belongs to the loop it first waited on)."""
-    loop = asyncio.get_running_loop()
-    slots = _fan_out.get(loop)
-    if slots is None:
-        slots = _fan_out[loop] = asyncio.Semaphore(SCRAPE_CONCURRENCY)
-    return slots
 
 
 class ParseError(ValueError):
@@ -221,22 +195,18 @@ async def scrape_pod(
     port: int = Port.METRICS,
 ) -> PodSample:
     url = f"http://{pod.ip}:{port}/metrics"
-    async with scrape_slots():
-        # The pod's own time starts here, not while it waited for a slot.
-        sampled_at = time.time()
-        try:
-            async with asyncio.timeout(timeout_seconds):
-                async with session.get(url) as response:
-                    if response.status != 200:
-                        METRICS.scrape_error(ScrapeErrorKind.HTTP)
-                        error = f"HTTP {response.status}"
-                        return PodSample(pod.name, sampled_at, ok=False, error=error)
-                    text = await response.text()
-            return sample_from_metrics(pod.name, parse_metrics(text), sampled_at, metric)
-        except (aiohttp.ClientError, TimeoutError, ParseError) as error:
-            METRICS.scrape_error(scrape_error_kind(error))
-            text = f"{type(error).__name__}: {error}"
-            return PodSample(pod.name, sampled_at, ok=False, error=text)
+    sampled_at = time.time()
+    try:
+        timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        async with session.get(url, timeout=timeout) as response:
+            if response.status != 200:
+                METRICS.scrape_error(ScrapeErrorKind.HTTP)
+                return PodSample(pod.name, sampled_at, ok=False, error=f"HTTP {response.status}")
+            text = await response.text()
+        return sample_from_metrics(pod.name, parse_metrics(text), sampled_at, metric)
+    except (aiohttp.ClientError, TimeoutError, ParseError) as error:
+        METRICS.scrape_error(scrape_error_kind(error))
+        return PodSample(pod.name, sampled_at, ok=False, error=f"{type(error).__name__}: {error}")
 
 
 def scrape_error_kind(error: Exception) -> ScrapeErrorKind:
@@ -254,7 +224,6 @@ async def scrape_all(
     metric: str,
     port: int = Port.METRICS,
 ) -> list[PodSample]:
-    """Scrape every pod at once (up to SCRAPE_CONCURRENCY in flight over the whole
-    operator); each failure is a not-ok sample, never an exception."""
+    """Scrape every pod at once; each failure is a not-ok sample, never an exception."""
     scrapes = (scrape_pod(session, p, timeout_seconds, metric, port) for p in pods)
     return list(await asyncio.gather(*scrapes))
