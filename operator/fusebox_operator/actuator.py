@@ -85,6 +85,19 @@ def outcome(result: admin.ActionResult) -> ActionResult:
     return ActionResult(result.describe(human_bytes), replayed=result.replayed)
 
 
+def admin_session() -> aiohttp.ClientSession:
+    """The connection pool for admin calls alone, made once at operator startup.
+
+    Its own, not the scrapes': with one shared pool, hung sidecars' scrapes held
+    the connections an action waited for (and a pool-wide wait counts inside the
+    call's timeout). No limit over all pods either: a model load holds its
+    connection for up to LOAD_TIMEOUT_SECONDS, and a breaker flip must not wait
+    behind a hundred of them. Calls to one pod are not limited: a breaker flip
+    may go to a pod while its reload is in flight.
+    """
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+
 class Actuator:
     def __init__(
         self, session: aiohttp.ClientSession, kube: Kube | None, admin_port: int = Port.ADMIN

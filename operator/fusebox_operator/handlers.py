@@ -15,12 +15,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import aiohttp
 import kopf
 
 from fusebox_contract.names import EventReason
 from fusebox_operator import manifests
-from fusebox_operator.actuator import Actuator
+from fusebox_operator.actuator import Actuator, admin_session
 from fusebox_operator.drift import Applied, restored_message, secret_restored_message
 from fusebox_operator.edits import edit_message
 from fusebox_operator.kube import (
@@ -61,7 +60,7 @@ from fusebox_operator.status import (
     rebase_conditions,
     undone_wait,
 )
-from fusebox_operator.telemetry import scrape_all
+from fusebox_operator.telemetry import scrape_all, scrape_session
 from fusebox_operator.tick import TickInputs, current_replicas, run_tick
 
 GROUP, VERSION, PLURAL = SERVICE_GROUP, SERVICE_VERSION, SERVICE_PLURAL
@@ -96,15 +95,17 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     load_config()
     kube = Kube()
     kube.watch_pods(ours)
-    session = aiohttp.ClientSession()
-    memo[CONTEXT_KEY] = OperatorContext(ours, kube, session, Actuator(session, kube))
+    memo[CONTEXT_KEY] = OperatorContext(
+        ours, kube, scrape_session(), Actuator(admin_session(), kube)
+    )
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     context = operator_context(memo)
     context.kube.stop_watching()
-    await context.session.close()
+    await context.scrape_session.close()
+    await context.actuator.session.close()
 
 
 def _invalid(
@@ -322,7 +323,7 @@ async def telemetry(
 
     async def scrape(targets: Sequence[PodView]) -> list[PodSample]:
         return await scrape_all(
-            context.session,
+            context.scrape_session,
             targets,
             parsed.telemetry.scrape_timeout_seconds,
             parsed.breaker.latency.metric,

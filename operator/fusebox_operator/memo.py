@@ -36,8 +36,9 @@ class OperatorContext:
 
     settings: OperatorSettings
     kube: Kube
-    session: aiohttp.ClientSession
-    actuator: Actuator
+    # Scrapes and admin calls each have a pool: a scrape storm never delays an action.
+    scrape_session: aiohttp.ClientSession  # telemetry.scrape_session
+    actuator: Actuator  # holds the admin calls' pool (actuator.admin_session)
 
 
 @dataclass

@@ -3,7 +3,12 @@
 Why: the policy must see all pods of a service at one moment, and one hung
 sidecar must not delay the others, so scrapes run concurrently with a short
 timeout each; a failure becomes a sample with ok=False (the policy counts it
-towards staleness) rather than an exception. The text is parsed by
+towards staleness) rather than an exception. Scrapes have a connection pool
+of their own (`scrape_session`) with no limit over all pods and one connection
+per pod: a shared pool of 100 made healthy pods' scrapes wait, inside their own
+timeout, behind more than 100 hung sidecars (docs/decisions/fleet-simulator.md).
+With no pool-wide limit, a pod's timeout covers connecting to it and reading its
+own answer, nothing else. The text is parsed by
 prometheus_client's own parser (the format has escapes, exemplars and
 comments a hand-written one gets wrong), and every metric name and label
 value comes from the contract the sidecar exports with.
@@ -41,6 +46,27 @@ from fusebox_operator.operator_metrics import METRICS, ScrapeErrorKind
 Labels = dict[str, str]
 Samples = dict[str, list[tuple[Labels, float]]]
 """Exposed sample name -> [(labels, value)]: counters appear under `<name>_total`."""
+
+
+SCRAPE_CONNECTIONS_PER_POD = 1
+"""A sidecar is asked one scrape at a time: a new scrape of a pod whose previous one
+is somehow still in flight waits for it, inside its own timeout, and no other pod's."""
+
+
+def scrape_session() -> aiohttp.ClientSession:
+    """The connection pool for scrapes alone, made once at operator startup.
+
+    No limit over all pods (aiohttp's default is 100): a hung sidecar holds its
+    connection for a whole scrape timeout, so hung pods need about
+    hung x timeout / interval connections (124 for 309 hung pods at 2 s and 5 s),
+    and any fixed bound below that turns their failures into every other pod's
+    wait. What bounds the pool is the pods themselves: one connection each
+    (SCRAPE_CONNECTIONS_PER_POD), so never more than the pods scraped. Admin calls
+    have a pool of their own (actuator.admin_session), so a scrape storm never
+    delays an action, nor an action a scrape.
+    """
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=SCRAPE_CONNECTIONS_PER_POD)
+    return aiohttp.ClientSession(connector=connector)
 
 
 class ParseError(ValueError):
