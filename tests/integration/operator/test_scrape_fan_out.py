@@ -167,6 +167,41 @@ def test_an_action_is_not_held_up_by_a_scrape_storm_of_hung_sidecars() -> None:
     assert text == "variant primary"  # the server's answer: not "in flight: TimeoutError"
 
 
+async def act_behind_hung_model_loads() -> tuple[str, int]:
+    """A gc on the healthy pod while 150 hung pods' reloads are in flight, each allowed
+    LOAD_TIMEOUT_SECONDS (300 s) against the gc's 10 s: behind a pool-wide limit of 100
+    the gc would wait for a connection until its own timeout."""
+    fake = FakePods()
+    port = await fake.start()
+    try:
+        async with admin_session() as calls:
+            actuator = Actuator(calls, None, admin_port=port)
+            reloads = asyncio.gather(
+                *(
+                    actuator.execute(
+                        "ns", pod(ip), "token", Action(f"r-{ip}", ActionKind.RELOAD, ip, "t", 0.0)
+                    )
+                    for ip in HUNG
+                )
+            )
+            while fake.hung_requests < 100:
+                await asyncio.sleep(0.05)
+            held = fake.hung_requests
+            action = Action("gc-2", ActionKind.GC, "pod-" + HEALTHY, "test", 0.0)
+            result = await actuator.execute("ns", pod(HEALTHY), "token", action)
+            reloads.cancel()
+            await asyncio.gather(reloads, return_exceptions=True)
+    finally:
+        await fake.stop()
+    return result.text, held
+
+
+def test_an_action_is_not_held_up_by_a_hundred_hung_model_loads() -> None:
+    text, held = asyncio.run(act_behind_hung_model_loads())
+    assert held >= 100
+    assert text == "variant primary"
+
+
 async def scrape_one_hung_pod_twice() -> tuple[list[bool], int]:
     fake = FakePods()
     port = await fake.start()
