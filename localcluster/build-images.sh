@@ -8,6 +8,7 @@
 #   localhost/fusebox/base:bookworm   debootstrap (localcluster/images/base/)
 #   localhost/fusebox/pause:latest    static C, the pod sandbox image
 #   localhost/fusebox/coredns:latest  the CoreDNS binary from build-binaries.sh
+#   localhost/fusebox/versitygw:latest the S3 server of the e2e tests (build-binaries.sh)
 #   localhost/fusebox/<dir>:latest    every other localcluster/images/<dir>/Dockerfile
 #   localhost/fusebox/operator:dev    operator/Dockerfile
 #   localhost/fusebox/inference:dev   inference_image/Dockerfile
@@ -100,11 +101,21 @@ else
   echo "images: skipping localhost/fusebox/coredns:latest: $coredns_binary is missing (run \`make setup-binaries\`)" >&2
 fi
 
+# 3b. versitygw (the e2e tests' S3 server), from the binary build-binaries.sh made.
+versitygw_binary="$root/.cache/versitygw/versitygw"
+if [ -x "$versitygw_binary" ]; then
+  context=$(stage "$here/images/versitygw")
+  install_if_changed "$versitygw_binary" "$context/versitygw"
+  timed localhost/fusebox/versitygw:latest build localhost/fusebox/versitygw:latest "$context"
+else
+  echo "images: skipping localhost/fusebox/versitygw:latest: $versitygw_binary is missing (run \`make setup-binaries\`)" >&2
+fi
+
 # 4. Every other localcluster/images/<dir>/Dockerfile (e.g. the e2e test app).
 for dockerfile in "$here"/images/*/Dockerfile; do
   dir=$(basename "$(dirname "$dockerfile")")
   # prometheus*: staged with their binaries by the monitoring section below.
-  case $dir in base | pause | coredns | prometheus*) continue ;; esac
+  case $dir in base | pause | coredns | versitygw | prometheus*) continue ;; esac
   timed "localhost/fusebox/$dir:latest" build "localhost/fusebox/$dir:latest" "$(dirname "$dockerfile")"
 done
 

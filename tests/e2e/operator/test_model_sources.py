@@ -1,0 +1,234 @@
+"""Issue 35, models from S3 on a real cluster: a service whose source is `s3://` gets
+its model from a real S3 server in the cluster (versitygw, its own image) through the
+pods' model-fetch init container, two replicas sharing one cache claim cause one
+download, and a bucket that does not exist is named in ModelReady and Ready without
+the server ever starting (no crash loop).
+
+The model is uploaded from the test host with the MinIO client, as a platform team's
+pipeline would fill its bucket.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from minio import Minio
+
+from fusebox_contract.model_fetch import FETCH_CONTAINER, SecretKey
+from fusebox_contract.names import ConditionType, EventReason
+from fusebox_operator.manifests import SERVER_CONTAINER
+
+from ..conftest import Cluster, _localcluster, wait_for
+from .conftest import Service, ServiceFactory, base_spec, chat_reply
+
+GATEWAY = "s3"
+GATEWAY_PORT = 7070
+BUCKET = "models"
+ACCESS_KEY = "fusebox-e2e"
+SECRET_KEY = "fusebox-e2e-secret-key"  # noqa: S105 - a throwaway key of a test server
+RESTRICTED = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def gateway_manifests(namespace: str) -> list[dict[str, Any]]:
+    labels = {"app": GATEWAY}
+    pod_spec = {
+        "containers": [
+            {
+                "name": "versitygw",
+                "image": "localhost/fusebox/versitygw:latest",
+                "imagePullPolicy": "Never",
+                "args": [
+                    "--port",
+                    f":{GATEWAY_PORT}",
+                    "--access",
+                    ACCESS_KEY,
+                    "--secret",
+                    SECRET_KEY,
+                    "--quiet",
+                    "posix",
+                    "--sidecar",
+                    "/meta",
+                    "/data",
+                ],  # fmt: skip
+                "ports": [{"containerPort": GATEWAY_PORT}],
+                "readinessProbe": {"tcpSocket": {"port": GATEWAY_PORT}, "periodSeconds": 1},
+                "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+                "securityContext": RESTRICTED,
+                "volumeMounts": [
+                    {"name": "data", "mountPath": "/data"},
+                    {"name": "meta", "mountPath": "/meta"},
+                ],
+            }
+        ],
+        "volumes": [{"name": "data", "emptyDir": {}}, {"name": "meta", "emptyDir": {}}],
+    }
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": GATEWAY, "namespace": namespace, "labels": labels},
+            "spec": pod_spec,
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": GATEWAY, "namespace": namespace},
+            "spec": {"selector": labels, "ports": [{"port": GATEWAY_PORT}]},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "model-store", "namespace": namespace},
+            "stringData": {
+                SecretKey.S3_ACCESS_KEY.value: ACCESS_KEY,
+                SecretKey.S3_SECRET_KEY.value: SECRET_KEY,
+            },
+        },
+    ]
+
+
+@pytest.fixture
+def bucket(cluster: Cluster, namespace: str, model_root: Path) -> str:
+    """versitygw running in the namespace, the tiny model uploaded to s3://models/tiny."""
+    for manifest in gateway_manifests(namespace):
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+
+    def gateway_ip() -> str | None:
+        found = cluster.kubectl("get", "pod", GATEWAY, "-n", namespace, "-o", "json")
+        pod = json.loads(found.stdout)
+        ready = any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in pod.get("status", {}).get("conditions", [])
+        )
+        ip: str | None = pod["status"].get("podIP")
+        return ip if ready else None
+
+    ip = wait_for("versitygw Ready", gateway_ip, timeout=120, every=1)
+    client = Minio(f"{ip}:{GATEWAY_PORT}", ACCESS_KEY, SECRET_KEY, secure=False)
+    client.make_bucket(BUCKET)
+    for path in sorted((model_root / "tiny").iterdir()):
+        client.fput_object(BUCKET, f"tiny/{path.name}", str(path))
+    return f"http://{GATEWAY}.{namespace}.svc:{GATEWAY_PORT}"
+
+
+@pytest.fixture
+def cache_claim(cluster: Cluster, namespace: str) -> Iterator[str]:
+    """A node-local PV (writable by the pods' user) and the PVC `model-cache` over it."""
+    root = Path("/var/tmp") / f"fusebox-e2e-cache-{uuid.uuid4().hex[:8]}"
+    root.mkdir(mode=0o777)
+    root.chmod(0o777)  # past the umask: the fetcher runs as uid 65532
+    pv_name = f"cache-{namespace}"[:60]
+    made = _localcluster("pv", pv_name, "--path", str(root), timeout=120)
+    assert made.returncode == 0, made.stderr
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "model-cache", "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "local",
+            "volumeName": pv_name,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(claim))
+    try:
+        yield "model-cache"
+    finally:
+        cluster.kubectl("delete", "pv", pv_name, "--wait=false", check=False)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def model_ready(service: Service) -> dict[str, Any] | None:
+    conditions = service.status().get("conditions") or []
+    return next((c for c in conditions if c["type"] == ConditionType.MODEL_READY), None)
+
+
+def fetch_statuses(service: Service) -> list[dict[str, Any]]:
+    return [
+        s
+        for pod in service.pods()
+        for s in pod.get("status", {}).get("initContainerStatuses", [])
+        if s["name"] == FETCH_CONTAINER
+    ]
+
+
+def test_a_model_from_s3_is_fetched_once_for_two_replicas_and_served(
+    inference_service: ServiceFactory, bucket: str, cache_claim: str
+) -> None:
+    model = {
+        "name": "chat",
+        "source": f"s3://{BUCKET}/tiny",
+        "endpoint": bucket,
+        "credentials": {"secretName": "model-store"},
+        "cache": {"claimName": cache_claim},
+    }
+    service = inference_service("from-s3", base_spec(model=model, replicas=2))
+
+    def verified() -> dict[str, Any] | None:
+        condition = model_ready(service)
+        ready = len(service.ready_pods()) == 2
+        return condition if ready and condition and condition["status"] == "True" else None
+
+    condition = wait_for(
+        "ModelReady and two pods", verified, timeout=300, diagnose=service.diagnose
+    )
+    assert condition["reason"] == "Verified", condition
+    # The replicas share the claim: one pod downloaded, the other found the verified copy.
+    assert "2 pod(s) verified" in condition["message"], condition
+    assert "1 from the shared cache" in condition["message"], condition
+    assert chat_reply(service.service_url(), max_tokens=4).status == 200
+    assert EventReason.MODEL_VERIFIED in service.event_reasons()
+
+
+def test_a_missing_bucket_is_named_and_the_server_never_starts(
+    inference_service: ServiceFactory, bucket: str
+) -> None:
+    model = {
+        "name": "chat",
+        "source": "s3://no-such-bucket/tiny",
+        "endpoint": bucket,
+        "credentials": {"secretName": "model-store"},
+    }
+    service = inference_service("missing-bucket", base_spec(model=model))
+
+    def named() -> dict[str, Any] | None:
+        condition = model_ready(service)
+        return condition if condition and condition["reason"] == "NotFound" else None
+
+    condition = wait_for("ModelReady NotFound", named, timeout=180, diagnose=service.diagnose)
+    assert condition["status"] == "False" and "no-such-bucket" in condition["message"]
+
+    # Ready names the pod's failure: the fetcher's, the container that cannot run.
+    def failing() -> dict[str, Any] | None:
+        conditions = service.status().get("conditions") or []
+        ready = next((c for c in conditions if c["type"] == ConditionType.READY), None)
+        return ready if ready and ready["reason"] == EventReason.PODS_FAILING else None
+
+    ready = wait_for("Ready PodsFailing", failing, timeout=120, diagnose=service.diagnose)
+    assert ready["status"] == "False" and FETCH_CONTAINER in ready["message"], ready
+    wait_for(
+        "a ModelFetchFailed event",
+        lambda: EventReason.MODEL_FETCH_FAILED in service.event_reasons(),
+        timeout=60,
+    )
+    # The fetcher is retried with the kubelet's back-off; the server never ran.
+    assert fetch_statuses(service), service.diagnose()
+    for pod in service.pods():
+        servers = [
+            s
+            for s in pod.get("status", {}).get("containerStatuses", [])
+            if s["name"] == SERVER_CONTAINER
+        ]
+        assert all(s["restartCount"] == 0 and not s.get("started") for s in servers), servers
