@@ -44,8 +44,8 @@ cluster-status: ## Show each localcluster component
 
 ##@ Tests and checks
 .PHONY: test test-unit test-integration test-e2e lint fmt snapshots models bench gpu-check api-docs kube-score
-test: setup images ## Run every tier: unit, integration, e2e (what CI runs); lists the 40 slowest tests at the end
-	@$(PYTEST) --durations=40 tests/unit tests/integration tests/e2e
+test: setup images ## Run every tier (what CI runs): e2e, with unit and integration beside it; lists the slowest tests
+	@scripts/test-all.sh
 
 test-unit: setup ## Pure logic and in-process components (fast; the chart tests need the helm binary)
 	@$(PYTEST) tests/unit
