@@ -188,8 +188,8 @@ INVALID_SPECS: list[tuple[str, dict[str, Any], str]] = [
     ("no-model", {"replicas": 1}, "spec.model: Required value"),
     (
         "bad-source",
-        {"model": {"name": "c", "source": "s3://bucket/m"}, "fallback": {}},
-        "must be pvc://CLAIM",
+        {"model": {"name": "c", "source": "gs://bucket/m"}, "fallback": {}},
+        "must be pvc://CLAIM[/path], file:///path, s3://BUCKET[/PREFIX] or hf://",
     ),
     (
         "bad-claim",
