@@ -460,17 +460,17 @@ def model_root() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture
-def model_claim(cluster: Cluster, namespace: str, model_root: Path) -> Iterator[str]:
-    """A `local` PV over model_root and the PVC `models` bound to it in the test's
-    namespace, so `pvc://models/tiny` (the examples' source) resolves. Yields the PV name."""
-    pv_name = f"models-{namespace}"[:60]
-    made = _localcluster("pv", pv_name, "--path", str(model_root), timeout=120)
+@contextlib.contextmanager
+def local_claim(cluster: Cluster, namespace: str, claim: str, path: Path) -> Iterator[str]:
+    """A `local` PV over the host directory `path` and the PVC `claim` bound to it in
+    `namespace`; yields the PV's name, deleted afterwards (the directory is the caller's)."""
+    pv_name = f"{claim}-{namespace}"[:60]
+    made = _localcluster("pv", pv_name, "--path", str(path), timeout=120)
     assert made.returncode == 0, made.stderr
-    claim = {
+    manifest = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "models", "namespace": namespace},
+        "metadata": {"name": claim, "namespace": namespace},
         "spec": {
             "accessModes": ["ReadWriteOnce"],
             "storageClassName": "local",
@@ -478,8 +478,16 @@ def model_claim(cluster: Cluster, namespace: str, model_root: Path) -> Iterator[
             "resources": {"requests": {"storage": "1Gi"}},
         },
     }
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(claim))
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
     try:
         yield pv_name
     finally:
         cluster.kubectl("delete", "pv", pv_name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def model_claim(cluster: Cluster, namespace: str, model_root: Path) -> Iterator[str]:
+    """A `local` PV over model_root and the PVC `models` bound to it in the test's
+    namespace, so `pvc://models/tiny` (the examples' source) resolves. Yields the PV name."""
+    with local_claim(cluster, namespace, "models", model_root) as pv_name:
+        yield pv_name

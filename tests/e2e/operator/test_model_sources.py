@@ -24,7 +24,7 @@ from fusebox_contract.model_fetch import FETCH_CONTAINER, SecretKey
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator.manifests import SERVER_CONTAINER
 
-from ..conftest import Cluster, _localcluster, wait_for
+from ..conftest import Cluster, local_claim, wait_for
 from .conftest import Service, ServiceFactory, base_spec, chat_reply
 
 GATEWAY = "s3"
@@ -126,27 +126,12 @@ def bucket(cluster: Cluster, namespace: str, model_root: Path) -> str:
 def cache_claim(cluster: Cluster, namespace: str) -> Iterator[str]:
     """A node-local PV (writable by the pods' user) and the PVC `model-cache` over it."""
     root = Path("/var/tmp") / f"fusebox-e2e-cache-{uuid.uuid4().hex[:8]}"
-    root.mkdir(mode=0o777)
+    root.mkdir()
     root.chmod(0o777)  # past the umask: the fetcher runs as uid 65532
-    pv_name = f"cache-{namespace}"[:60]
-    made = _localcluster("pv", pv_name, "--path", str(root), timeout=120)
-    assert made.returncode == 0, made.stderr
-    claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "model-cache", "namespace": namespace},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "local",
-            "volumeName": pv_name,
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(claim))
     try:
-        yield "model-cache"
+        with local_claim(cluster, namespace, "model-cache", root):
+            yield "model-cache"
     finally:
-        cluster.kubectl("delete", "pv", pv_name, "--wait=false", check=False)
         shutil.rmtree(root, ignore_errors=True)
 
 
