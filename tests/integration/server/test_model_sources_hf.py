@@ -10,12 +10,9 @@ leaves the machine: olah runs with `offline = true`.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +20,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from fetch_harness import FetchRun, finished, serving, start_fetch
 from fusebox_server_harness import ServerProcess, free_port
 
-from fusebox_contract.model_fetch import FetchEnv, FetchReason, FetchReport, parse
+from fusebox_contract.model_fetch import FetchEnv, FetchReason
 
 pytestmark = pytest.mark.integration
 
@@ -81,59 +79,28 @@ def hub(workdir: Path, tiny_model_dir: Path) -> Iterator[Hub]:
         "[accessibility]\n"
         "offline = true\n"
     )
-    with open(workdir / "olah.log", "wb") as log:
-        process = subprocess.Popen(
-            [str(OLAH), "-c", str(config)], cwd=workdir, stdout=log, stderr=subprocess.STDOUT
-        )
     endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
+
+    def answering() -> bool:
         try:
-            if httpx.get(f"{endpoint}/api/models/{ORG}/{REPO}/revision/main", timeout=2).is_success:
-                break
+            url = f"{endpoint}/api/models/{ORG}/{REPO}/revision/main"
+            return httpx.get(url, timeout=2).is_success
         except httpx.TransportError:
-            pass
-        assert process.poll() is None, (workdir / "olah.log").read_text()
-        assert time.monotonic() < deadline, "olah did not answer within 60 s"
-        time.sleep(0.3)
-    yield Hub(endpoint, commit)
-    process.terminate()
-    process.wait(timeout=15)
+            return False
 
-
-@dataclass(frozen=True)
-class FetchRun:
-    returncode: int
-    report: FetchReport
-    output: str
+    with serving([str(OLAH), "-c", str(config)], workdir, "olah", answering, seconds=60):
+        yield Hub(endpoint, commit)
 
 
 def fetch(hub: Hub, source: str, model_dir: Path, revision: str = "main") -> FetchRun:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("FUSEBOX_", "HF_")) and k != "TRANSFORMERS_OFFLINE"
-    }
-    termination = model_dir.parent / f"{model_dir.name}-termination"
-    env |= {
+    settings = {
         FetchEnv.SOURCE: source,
         FetchEnv.REVISION: revision,
-        FetchEnv.MODEL_DIR: str(model_dir),
-        FetchEnv.TERMINATION_LOG: str(termination),
         FetchEnv.HF_ENDPOINT: hub.endpoint,
         "HF_HOME": str(model_dir.parent / "hf-home"),
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "fusebox_server.fetch"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    report = parse(termination.read_text())
-    assert report is not None, done.stdout + done.stderr
-    return FetchRun(done.returncode, report, done.stdout + done.stderr)
+    process = start_fetch(model_dir, settings, scrubbed=("HF_", "TRANSFORMERS_OFFLINE"))
+    return finished(process, model_dir)
 
 
 def test_a_hub_model_at_a_tag_is_fetched_at_its_commit_verified_and_served(

@@ -12,12 +12,9 @@ as .cache/versitygw in the checkout.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +22,11 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from fetch_harness import FetchRun, finished, serving, start_fetch
 from fusebox_server_harness import ServerProcess, free_port
 from minio import Minio
 
-from fusebox_contract.model_fetch import FetchEnv, FetchReason, FetchReport, parse
+from fusebox_contract.model_fetch import FetchEnv, FetchReason, parse
 
 pytestmark = pytest.mark.integration
 
@@ -69,38 +67,21 @@ def gateway(workdir: Path) -> Iterator[Gateway]:
     root.mkdir()
     meta.mkdir()
     port = free_port()
-    with open(workdir / "gateway.log", "wb") as log:
-        process = subprocess.Popen(
-            [
-                str(VERSITYGW),
-                "--port",
-                f"127.0.0.1:{port}",
-                "--access",
-                ACCESS_KEY,
-                "--secret",
-                SECRET_KEY,
-                "--quiet",
-                "posix",
-                "--sidecar",
-                str(meta),
-                str(root),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
     endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
+    argv = [
+        str(VERSITYGW), "--port", f"127.0.0.1:{port}", "--access", ACCESS_KEY,
+        "--secret", SECRET_KEY, "--quiet", "posix", "--sidecar", str(meta), str(root),
+    ]  # fmt: skip
+
+    def listening() -> bool:
         try:
             httpx.get(endpoint, timeout=1)
-            break
         except httpx.TransportError:
-            assert process.poll() is None, (workdir / "gateway.log").read_text()
-            assert time.monotonic() < deadline, "versitygw did not listen within 30 s"
-            time.sleep(0.2)
-    yield Gateway(endpoint, root)
-    process.terminate()
-    process.wait(timeout=15)
+            return False
+        return True
+
+    with serving(argv, workdir, "gateway", listening, seconds=30):
+        yield Gateway(endpoint, root)
 
 
 @pytest.fixture(scope="module")
@@ -114,41 +95,16 @@ def bucket(gateway: Gateway, tiny_model_dir: Path) -> str:
     return f"s3://{BUCKET}/{PREFIX}"
 
 
-@dataclass(frozen=True)
-class FetchRun:
-    returncode: int
-    report: FetchReport
-    output: str
-
-
 def run_fetch(
     gateway: Gateway, source: str, model_dir: Path, secret: str = SECRET_KEY
 ) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FUSEBOX_", "AWS_"))}
-    env |= {
+    settings = {
         FetchEnv.SOURCE: source,
-        FetchEnv.MODEL_DIR: str(model_dir),
-        FetchEnv.REPORT_FILE: str(model_dir.parent / f"{model_dir.name}-report.json"),
-        FetchEnv.TERMINATION_LOG: str(model_dir.parent / f"{model_dir.name}-termination"),
         FetchEnv.S3_ENDPOINT: gateway.endpoint,
         FetchEnv.S3_ACCESS_KEY: ACCESS_KEY,
         FetchEnv.S3_SECRET_KEY: secret,
     }
-    return subprocess.Popen(
-        [sys.executable, "-m", "fusebox_server.fetch"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def finished(process: subprocess.Popen[str], model_dir: Path) -> FetchRun:
-    output, _ = process.communicate(timeout=120)
-    termination = model_dir.parent / f"{model_dir.name}-termination"
-    report = parse(termination.read_text())
-    assert report is not None, output
-    return FetchRun(process.returncode, report, output)
+    return start_fetch(model_dir, settings, scrubbed=("AWS_",))
 
 
 def fetch(gateway: Gateway, source: str, model_dir: Path, secret: str = SECRET_KEY) -> FetchRun:
