@@ -91,25 +91,20 @@ gcc -static -Os -s -Wall -Wextra -Werror -o "$context/pause.new" "$here/images/p
 install_if_changed "$context/pause.new" "$context/pause" && rm -f "$context/pause.new"
 timed localhost/fusebox/pause:latest build localhost/fusebox/pause:latest "$context"
 
-# 3. CoreDNS, from the binary build-binaries.sh made.
-coredns_binary="$root/.cache/bin/coredns"
-if [ -x "$coredns_binary" ]; then
-  context=$(stage "$here/images/coredns")
-  install_if_changed "$coredns_binary" "$context/coredns"
-  timed localhost/fusebox/coredns:latest build localhost/fusebox/coredns:latest "$context"
-else
-  echo "images: skipping localhost/fusebox/coredns:latest: $coredns_binary is missing (run \`make setup-binaries\`)" >&2
-fi
-
-# 3b. versitygw (the e2e tests' S3 server), from the binary build-binaries.sh made.
-versitygw_binary="$root/.cache/versitygw/versitygw"
-if [ -x "$versitygw_binary" ]; then
-  context=$(stage "$here/images/versitygw")
-  install_if_changed "$versitygw_binary" "$context/versitygw"
-  timed localhost/fusebox/versitygw:latest build localhost/fusebox/versitygw:latest "$context"
-else
-  echo "images: skipping localhost/fusebox/versitygw:latest: $versitygw_binary is missing (run \`make setup-binaries\`)" >&2
-fi
+# 3. Images of one binary build-binaries.sh made: CoreDNS, and versitygw (the
+# e2e tests' S3 server).
+binary_image() { # binary_image DIR BINARY: localcluster/images/DIR with BINARY copied in
+  local dir=$1 binary=$2 name="localhost/fusebox/$1:latest" context
+  if [ ! -x "$binary" ]; then
+    echo "images: skipping $name: $binary is missing (run \`make setup-binaries\`)" >&2
+    return
+  fi
+  context=$(stage "$here/images/$dir")
+  install_if_changed "$binary" "$context/$(basename "$binary")"
+  timed "$name" build "$name" "$context"
+}
+binary_image coredns "$root/.cache/bin/coredns"
+binary_image versitygw "$root/.cache/versitygw/versitygw"
 
 # 4. Every other localcluster/images/<dir>/Dockerfile (e.g. the e2e test app).
 for dockerfile in "$here"/images/*/Dockerfile; do
