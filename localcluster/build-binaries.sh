@@ -146,6 +146,37 @@ fi
 ln -sfn "$olah_out" "$root/.cache/olah"
 # --- end of olah -------------------------------------------------------------
 
+# --- registry (the authenticated OCI registry the cluster pulls from) --------
+# The CNCF distribution registry v3 and a bcrypt htpasswd line maker (written
+# here: distribution accepts only bcrypt, the dev Python has none), built from
+# the module pinned under localcluster/registry into
+# ${FUSEBOX_CACHE}/registry-<hash of those pins>, linked as .cache/registry
+# (docs/decisions/registry.md). Its own key, like versitygw's. It sits before
+# the containerd section because that section's key runs to the end of this
+# file: appended after it, it would rebuild containerd.
+registry_pins=$(cd "$here" && sed -n '/^# --- registry (the authenticated/,/^# --- end of the registry/p' build-binaries.sh |
+  cat - registry/go.mod registry/go.sum registry/htpasswd/*.go | sha256sum | cut -c1-16)
+registry_out="$cache/registry-$registry_pins"
+if [ -f "$registry_out/.complete" ]; then
+  echo "registry: up to date in $registry_out"
+else
+  tmp="$registry_out.tmp"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  export CGO_ENABLED=0 GOFLAGS=-trimpath
+  start=$SECONDS
+  registry_version=$(cd "$here/registry" && go list -m -f '{{.Version}}' github.com/distribution/distribution/v3)
+  echo "registry: building distribution $registry_version and its htpasswd helper"
+  (cd "$here/registry" && nice -n 19 go build \
+    -ldflags "-s -w -X github.com/distribution/distribution/v3/version.version=$registry_version" \
+    -o "$tmp/registry" github.com/distribution/distribution/v3/cmd/registry)
+  (cd "$here/registry" && nice -n 19 go build -ldflags "-s -w" -o "$tmp/htpasswd" ./htpasswd)
+  touch "$tmp/.complete"
+  rm -rf "$registry_out" && mv "$tmp" "$registry_out"
+  echo "registry: built in $((SECONDS - start)) s into $registry_out"
+fi
+ln -sfn "$registry_out" "$root/.cache/registry"
+# --- end of the registry -----------------------------------------------------
+
 # --- containerd (the node's container runtime) ------------------------------
 # containerd 2 with CDI (Debian's 1.6 has none), its runc shim and ctr, built
 # from the module pinned under localcluster/containerd-pins into
