@@ -11,143 +11,59 @@ are built by `make setup` (build-binaries.sh) and linked as .cache/registry.
 from __future__ import annotations
 
 import base64
-import io
 import json
 import os
 import re
-import shutil
-import socket
 import ssl
 import subprocess
 import sys
 import tarfile
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from registry_harness import (
+    TINY_IMAGE,
+    Registry,
+    free_port,
+    podman,
+    registry_paths,
+    serving,
+    tiny_image,
+)
 
-from localcluster import images, pki
+from localcluster import pki
 from localcluster.registry import (
     HELM_BINARY,
-    REGISTRY_BINARY,
     Credentials,
     Endpoint,
     RegistryError,
-    RegistryPaths,
     chart_repository,
-    paths_for,
     prepare,
     pull_secret,
     push_images,
-    serve_argv,
-    serve_env,
     v2_status,
-    wait_ready,
 )
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[3]
-TINY_IMAGE = "localhost/fusebox/registry-test:tiny"
-TINY_FILE = b"pulled through the cluster's registry\n"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _unmount_under(path: Path) -> None:
-    """podman's overlay driver bind-mounts its storage root; undo it before rm -rf."""
-    with open("/proc/mounts") as mounts:
-        points = [line.split()[1] for line in mounts]
-    for point in sorted((p for p in points if p.startswith(f"{path}/")), reverse=True):
-        subprocess.run(["umount", "--lazy", point], check=False)
-
-
-@dataclass(frozen=True)
-class Registry:
-    paths: RegistryPaths
-    endpoint: Endpoint
-    credentials: Credentials
-    log: Path
-
-
-@contextmanager
-def _serving(paths: RegistryPaths, endpoint: Endpoint, log: Path) -> Iterator[Registry]:
-    credentials = prepare(paths, endpoint)
-    with open(log, "a") as sink:
-        process = subprocess.Popen(
-            serve_argv(paths), env=serve_env(os.environ), stdout=sink, stderr=subprocess.STDOUT
-        )
-    try:
-        try:
-            wait_ready(endpoint, paths.ca, credentials, timeout_seconds=30, process=process)
-        except RegistryError as err:
-            pytest.fail(f"{err}\n{log.read_text()[-3000:]}")
-        yield Registry(paths, endpoint, credentials, log)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
-def _registry_paths(workdir: Path, name: str) -> RegistryPaths:
-    state = workdir / name / "state"
-    pki.make_ca(state / "pki")
-    return paths_for(state_dir=state, cache=workdir / name / "cache", cluster_name=name)
-
-
-@pytest.fixture(scope="module")
-def workdir() -> Iterator[Path]:
-    # Under /tmp with short names: podman refuses a runroot longer than 50 characters.
-    path = Path(tempfile.mkdtemp(prefix="fbx-reg-", dir="/tmp"))
-    yield path
-    _unmount_under(path)
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def registry(workdir: Path) -> Iterator[Registry]:
-    assert REGISTRY_BINARY.is_file(), f"{REGISTRY_BINARY} is missing: run `make setup-binaries`"
-    endpoint = Endpoint("127.0.0.1", _free_port())
-    with _serving(_registry_paths(workdir, "cluster"), endpoint, workdir / "registry.log") as up:
+    endpoint = Endpoint("127.0.0.1", free_port())
+    with serving(registry_paths(workdir, "cluster"), endpoint, workdir / "registry.log") as up:
         yield up
-
-
-def _podman(cache: Path) -> list[str]:
-    """The project's podman invocation (images.podman_argv) over a store of the test's own."""
-    return images.podman_argv(cache)
-
-
-def _tiny_image(cache: Path) -> str:
-    """A one-file image, imported from a tar: no build, no base, under a second."""
-    rootfs = cache / "rootfs.tar"
-    rootfs.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(rootfs, "w") as archive:
-        info = tarfile.TarInfo("hello.txt")
-        info.size = len(TINY_FILE)
-        archive.addfile(info, io.BytesIO(TINY_FILE))
-    done = subprocess.run(
-        [*_podman(cache), "import", "--quiet", str(rootfs), TINY_IMAGE],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return TINY_IMAGE
 
 
 @pytest.fixture(scope="module")
 def pushed(registry: Registry, workdir: Path) -> dict[str, str]:
     """The CLI's `push` of the tiny image and the real chart: reference -> digest."""
     push_cache = workdir / "push"
-    _tiny_image(push_cache)
+    tiny_image(push_cache)
     done = subprocess.run(
         [
             sys.executable, "-m", "localcluster.registry",
@@ -168,7 +84,7 @@ def _pull(
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
-            *_podman(cache), "pull", "--quiet", "--authfile", str(authfile),
+            *podman(cache), "pull", "--quiet", "--authfile", str(authfile),
             "--cert-dir", str(registry.paths.cert_dir), reference,
         ],
         capture_output=True, text=True, timeout=120, check=False,
@@ -264,7 +180,7 @@ def test_pushed_image_pulls_back_with_credentials_and_the_same_digest(
     done = _pull(registry, pull_cache, reference, registry.paths.auth_file)
     assert done.returncode == 0, done.stderr
     inspect = subprocess.run(
-        [*_podman(pull_cache), "image", "inspect", "--format", "{{.Digest}}", reference],
+        [*podman(pull_cache), "image", "inspect", "--format", "{{.Digest}}", reference],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert inspect.stdout.strip() == pushed[reference]
@@ -352,14 +268,14 @@ def test_chart_pull_without_login_is_refused(
 
 
 def test_pushed_layers_survive_a_registry_restart(workdir: Path) -> None:
-    paths = _registry_paths(workdir, "restarted")
+    paths = registry_paths(workdir, "restarted")
     cache = workdir / "rst"
-    image = _tiny_image(cache)
-    first = Endpoint("127.0.0.1", _free_port())
-    with _serving(paths, first, workdir / "restarted.log"):
-        [digest] = push_images(_podman(cache), [image], first, paths).values()
-    second = Endpoint("127.0.0.1", _free_port())
-    with _serving(paths, second, workdir / "restarted.log") as again:
+    image = tiny_image(cache)
+    first = Endpoint("127.0.0.1", free_port())
+    with serving(paths, first, workdir / "restarted.log"):
+        [digest] = push_images(podman(cache), [image], first, paths).values()
+    second = Endpoint("127.0.0.1", free_port())
+    with serving(paths, second, workdir / "restarted.log") as again:
         request = urllib.request.Request(
             f"{second.url}/v2/fusebox/registry-test/manifests/tiny",
             method="HEAD",
