@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import ipaddress
 import json
 import os
@@ -78,7 +79,10 @@ class Endpoint:
     port: int
 
     def __post_init__(self) -> None:
-        if not self.host or any(c in self.host for c in "/[] "):
+        malformed = any(c in self.host for c in "/[] ") or (
+            ":" in self.host and not _is_ipv6(self.host)
+        )
+        if not self.host or malformed:
             raise ValueError(f"registry host {self.host!r} is not a host name or IP address")
         if not 0 < self.port < 65536:
             raise ValueError(f"registry port {self.port} is outside 1-65535")
@@ -416,10 +420,12 @@ def _htpasswd_line(credentials: Credentials, binary: Path) -> str:
 
 def ensure_server_cert(paths: RegistryPaths, spec: pki.CertSpec) -> None:
     """Issue the server certificate from the CA in `paths.pki`, again when the names
-    it must carry changed (a stale one fails TLS verification with no hint why)."""
+    it must carry or the CA changed (a stale one fails TLS verification with no
+    hint why)."""
     if not paths.ca.is_file() or not (paths.pki / f"{pki.CA_NAME}.key").is_file():
         raise RegistryError(f"no CA in {paths.pki}: the cluster's PKI must exist first")
-    wanted = pki.extensions_text(spec)
+    ca_digest = hashlib.sha256(paths.ca.read_bytes()).hexdigest()
+    wanted = f"# issued by the CA with sha256 {ca_digest}\n{pki.extensions_text(spec)}"
     current = paths.cert_stamp.read_text() if paths.cert_stamp.is_file() else None
     if current == wanted and paths.server_cert.is_file() and paths.server_key.is_file():
         return

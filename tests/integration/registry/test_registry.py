@@ -141,6 +141,25 @@ def test_credentials_are_private_kept_across_prepares_and_never_logged(
     assert registry.credentials.password not in registry.log.read_text()
 
 
+def test_server_certificate_follows_a_new_ca_and_new_names(workdir: Path) -> None:
+    paths = registry_paths(workdir, "reissued")
+    endpoint = Endpoint("127.0.0.1", 5000)
+    prepare(paths, endpoint)
+    pki.make_ca(paths.pki)  # the cluster's PKI made again, the names unchanged
+    prepare(paths, endpoint)
+    verify = subprocess.run(
+        ["openssl", "verify", "-CAfile", str(paths.ca), str(paths.server_cert)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    prepare(paths, endpoint, extra_names=("registry.fusebox.test",))
+    names = subprocess.run(
+        ["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in", str(paths.server_cert)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "DNS:registry.fusebox.test" in names and "IP Address:127.0.0.1" in names
+
+
 def test_pull_secret_auth_is_admitted_by_the_registry(registry: Registry) -> None:
     secret = pull_secret("regcred", "default", registry.endpoint, registry.credentials)
     config = json.loads(base64.b64decode(secret["data"][".dockerconfigjson"]))

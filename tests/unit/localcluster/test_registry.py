@@ -86,6 +86,8 @@ def test_endpoint_refuses_a_bad_port_or_host() -> None:
         Endpoint("127.0.0.1", 0)
     with pytest.raises(ValueError, match="not a host name"):
         Endpoint("https://x", 5000)
+    with pytest.raises(ValueError, match="not a host name"):
+        Endpoint("host:5000", 5000)
 
 
 def test_ipv6_endpoints_are_bracketed() -> None:
