@@ -388,8 +388,7 @@ def ensure_credentials(
     paths.state.mkdir(parents=True, exist_ok=True)
     paths.state.chmod(0o700)
     if paths.credentials.is_file():
-        stored = json.loads(paths.credentials.read_text())
-        credentials = Credentials(str(stored["username"]), str(stored["password"]))
+        credentials = _stored_credentials(paths.credentials)
     else:
         credentials = Credentials(USERNAME, secrets.token_urlsafe(32))
         _write_private(
@@ -400,6 +399,18 @@ def ensure_credentials(
     if not paths.htpasswd.is_file():
         _write_private(paths.htpasswd, _htpasswd_line(credentials, htpasswd_binary))
     return credentials
+
+
+def _stored_credentials(path: Path) -> Credentials:
+    try:
+        stored = json.loads(path.read_text())
+        return Credentials(str(stored["username"]), str(stored["password"]))
+    except (ValueError, KeyError, TypeError) as err:
+        # The error's text may quote the file; only its type is shown.
+        raise RegistryError(
+            f"{path} is not a credentials file ({type(err).__name__}); delete it and "
+            f"{path.parent / 'htpasswd'} to make new credentials"
+        ) from None
 
 
 def _htpasswd_line(credentials: Credentials, binary: Path) -> str:
@@ -507,16 +518,21 @@ def wait_ready(
     raise RegistryError(f"the registry at {endpoint.url} is not ready: {problem}")
 
 
-def _run(argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float) -> str:
+def _run(
+    what: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Run `argv`; a failure, a missing tool or a time-out is a RegistryError naming `what`."""
     try:
         done = subprocess.run(
             argv, capture_output=True, text=True, check=False, env=env, timeout=timeout
         )
     except FileNotFoundError as err:
-        raise RegistryError(f"{argv[0]} is not installed") from err
+        raise RegistryError(f"{what}: {argv[0]} is not installed") from err
+    except subprocess.TimeoutExpired as err:
+        raise RegistryError(f"{what} did not finish in {timeout:.0f} s") from err
     if done.returncode != 0:
-        raise RegistryError(f"`{' '.join(argv[:4])} ...` failed: {done.stderr.strip()}")
-    return done.stdout
+        raise RegistryError(f"{what} failed: {done.stderr.strip()}")
+    return done
 
 
 def push_image_argv(
@@ -555,7 +571,8 @@ def push_images(
     with tempfile.TemporaryDirectory(prefix="fusebox-push-") as scratch:
         digest_file = Path(scratch) / "digest"
         for name in names:
-            _run(push_image_argv(podman, name, endpoint, paths, digest_file), timeout=3600)
+            argv = push_image_argv(podman, name, endpoint, paths, digest_file)
+            _run(f"pushing {name}", argv, timeout=3600)
             pushed[image_reference(name, endpoint)] = digest_file.read_text().strip()
     return pushed
 
@@ -600,25 +617,27 @@ def push_chart(
     with tempfile.TemporaryDirectory(prefix="fusebox-chart-") as scratch:
         work = Path(scratch)
         env = helm_env(os.environ, work / "helm")
-        out = _run(
-            [str(helm), "package", str(chart_dir), "--destination", str(work)], env=env, timeout=120
+        packaged = _run(
+            "helm package",
+            [str(helm), "package", str(chart_dir), "--destination", str(work)],
+            env=env,
+            timeout=120,
         )
         packages = sorted(work.glob("*.tgz"))
         if len(packages) != 1:
-            raise RegistryError(f"helm package made {len(packages)} archives: {out.strip()}")
+            raise RegistryError(f"helm package made {len(packages)} archives: {packaged.stdout}")
         package = packages[0]
         name = chart_dir.name
         version = package.name.removeprefix(f"{name}-").removesuffix(".tgz")
-        done = subprocess.run(
+        pushed = _run(
+            f"helm push of {package.name}",
             [
                 str(helm), "push", str(package), chart_repository(endpoint),
                 "--ca-file", str(paths.ca), "--registry-config", str(paths.auth_file),
             ],
-            capture_output=True, text=True, check=False, env=env, timeout=300,
+            env=env, timeout=300,
         )  # fmt: skip
-        if done.returncode != 0:
-            raise RegistryError(f"helm push failed: {done.stderr.strip()}")
-        digest = pushed_chart_digest(done.stdout + done.stderr)
+        digest = pushed_chart_digest(pushed.stdout + pushed.stderr)
     return PushedChart(f"{chart_repository(endpoint)}/{name}", version, digest)
 
 

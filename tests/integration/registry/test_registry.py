@@ -160,6 +160,15 @@ def test_server_certificate_follows_a_new_ca_and_new_names(workdir: Path) -> Non
     assert "DNS:registry.fusebox.test" in names and "IP Address:127.0.0.1" in names
 
 
+def test_a_damaged_credentials_file_is_named_and_not_quoted(workdir: Path) -> None:
+    paths = registry_paths(workdir, "damaged")
+    paths.state.mkdir(parents=True)
+    paths.credentials.write_text('{"username": "fusebox", "password": "half-writ')
+    with pytest.raises(RegistryError, match="is not a credentials file") as raised:
+        prepare(paths, Endpoint("127.0.0.1", 5000))
+    assert "half-writ" not in str(raised.value)
+
+
 def test_pull_secret_auth_is_admitted_by_the_registry(registry: Registry) -> None:
     secret = pull_secret("regcred", "default", registry.endpoint, registry.credentials)
     config = json.loads(base64.b64decode(secret["data"][".dockerconfigjson"]))
@@ -228,7 +237,8 @@ def test_cli_reports_an_image_that_was_never_built(registry: Registry, workdir: 
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 1
-    assert "localhost/fusebox/never-built:none" in done.stderr
+    assert "pushing localhost/fusebox/never-built:none failed" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 # ------------------------------------------------------------------ the chart
