@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localcluster import pki
+from localcluster import images, pki
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REGISTRY_BIN_DIR = REPO_ROOT / ".cache" / "registry"
@@ -668,8 +668,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         endpoint = Endpoint(host.strip("[]"), int(port))
     except ValueError as err:
         parser.error(f"--address {args.address!r}: {err}")
-    from localcluster import images  # here: the pure parts above need no podman
-
     paths = paths_for(state_dir=args.state, cache=images.cache_dir(), cluster_name=args.state.name)
     try:
         if not paths.credentials.is_file():
