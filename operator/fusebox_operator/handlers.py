@@ -95,6 +95,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     load_config()
     kube = Kube()
     kube.watch_pods(ours)
+    kube.watch_children(ours)
     memo[CONTEXT_KEY] = OperatorContext(
         ours, kube, scrape_session(), Actuator(admin_session(), kube)
     )
@@ -143,6 +144,7 @@ async def reconcile(
     patch: kopf.Patch,
     memo: kopf.Memo,
     old: Any = None,
+    reason: Any = None,
     **_: Any,
 ) -> None:
     """Children from the spec: built purely, adopted (owner refs), applied level-triggered.
@@ -151,6 +153,26 @@ async def reconcile(
     edit does to the pods: roll them, reach them live, scale, or nothing.
     """
     assert namespace is not None  # the CRD is namespaced
+    service = service_memo(memo)
+    service.reconciled_at = time.time()  # its conditions may land while a tick runs
+    try:
+        await _reconcile(spec, name, namespace, body, status, meta, patch, memo, old, reason)
+    finally:
+        service.reconciled_at = time.time()
+
+
+async def _reconcile(
+    spec: kopf.Spec,
+    name: str,
+    namespace: str,
+    body: kopf.Body,
+    status: kopf.Status,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    old: Any,
+    reason: Any,
+) -> None:
     generation = int(meta.get("generation") or 0)
     context = operator_context(memo)
     kube, ours = context.kube, context.settings
@@ -189,8 +211,13 @@ async def reconcile(
     )
     try:
         async with service.children_lock:
-            await _apply_children(kube, body, rendered)
+            # A new service has no Secret yet: create it without reading first.
+            created, _ = await _apply_children(
+                kube, body, rendered, new=reason == kopf.Reason.CREATE
+            )
             service.applied_generation = generation
+            if created:  # the token this reconcile wrote: the first tick need not read it
+                service.admin_token = token
     except KubeError as error:
         raise kopf.TemporaryError(str(error), delay=10) from error
     if edited is not None:
@@ -210,12 +237,17 @@ async def reconcile(
 
 
 async def _apply_children(
-    kube: Kube, body: kopf.Body, rendered: Sequence[manifests.Manifest], scale: bool = True
+    kube: Kube,
+    body: kopf.Body,
+    rendered: Sequence[manifests.Manifest],
+    scale: bool = True,
+    new: bool = False,
 ) -> tuple[bool, list[Applied]]:
     """Adopt and apply the children, the admin Secret first: (Secret created, each apply)."""
     secret, *children = rendered
     kopf.adopt([secret, *children], owner=body)
-    created = await kube.create_secret_once(secret)  # the token is never logged nor regenerated
+    # The token is never logged nor regenerated.
+    created = await kube.create_secret_once(secret, likely_absent=new)
     return created, [await kube.apply(child, scale=scale) for child in children]
 
 
@@ -311,7 +343,10 @@ async def telemetry(
         tick_status = {**status, **accepted_again}  # the tick builds its conditions on these
         applied_generation = generation
         service.applied_generation = generation  # the children are this spec's: resync again
-    if service.resync_due(now, context.settings.resync_seconds):
+    # A child the watches saw deleted or edited is put back at this tick; the
+    # periodic resync (from the watches' view, no reads) is the safety net.
+    touched = context.kube.children_touched(namespace, name)
+    if service.resync_due(now, context.settings.resync_seconds) or touched:
         await _resync(body, parsed, status, meta, context, service)
     kube = context.kube
     try:
@@ -347,7 +382,7 @@ async def telemetry(
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     for key, value in outcome.status_patch.items():
         patch.status[key] = value
-    if "conditions" in patch.status:
+    if "conditions" in patch.status and service.reconciled_lately(time.time()):
         patch.status["conditions"] = await _onto_stored_conditions(
             kube, namespace, name, status, patch.status["conditions"]
         )

@@ -26,6 +26,7 @@ from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
 
 from fusebox_contract.model_fetch import FETCH_CONTAINER
 from fusebox_contract.wiring import ADMIN_TOKEN_KEY, GPU_RESOURCE, DeviceHealth
+from fusebox_operator.child_store import UNKNOWN, ChildStore
 from fusebox_operator.drift import Applied, differences
 from fusebox_operator.manifests import (
     SERVER_CONTAINER,
@@ -81,42 +82,50 @@ def _read(resource: Any, name: str, namespace: str) -> dict[str, Any]:
     return body
 
 
-class PodWatch:
-    """One LIST, then a WATCH from its resourceVersion, of the Fusebox pods in one scope.
+def _recorded(store: ChildStore | None, kind: str, written: Any) -> None:
+    """Keep the apiserver's answer to the operator's own write (None: nothing written)."""
+    if store is not None and written is not None and store.synced(kind):
+        store.record(kind, json.loads(written.data))
+
+
+class ScopeWatch:
+    """One LIST, then a WATCH from its resourceVersion, of one kind in one scope.
 
     A scope is a namespace, or None for all. It runs in a daemon thread of its
     own: the client is synchronous and a watch blocks for minutes, while the
     shared worker pool is for short calls. A stream the apiserver ends
     resumes where it stopped; a 410 (that resourceVersion is compacted away)
     or any failure marks the store lost and lists again, after a failure
-    only once WATCH_RETRY_SECONDS have passed.
+    only once WATCH_RETRY_SECONDS have passed. Subclasses fill their store:
+    `relist`, `follow` and `lost`.
     """
 
     def __init__(
         self,
-        core: Any,
+        list_namespaced: Callable[..., Any],
+        list_all: Callable[..., Any],
         namespace: str | None,
-        store: PodStore,
+        what: str,
         server_timeout_seconds: int,
         client_timeout_seconds: int,
-        watch_factory: Callable[[], Any] = kubernetes.watch.Watch,
+        watch_factory: Callable[[], Any],
     ) -> None:
-        self.store = store
         # kopf's watch timeouts: the apiserver ends each stream after the first,
         # the client gives up on a silent one after the second.
         self._server_timeout = server_timeout_seconds
         self._client_timeout = client_timeout_seconds
         self.scope = namespace or "all namespaces"
+        self.what = what
         # The client's own methods: the watch finds the item type in their docstring.
         self._args: tuple[str, ...] = ()
         if namespace is None:
-            self._list = core.list_pod_for_all_namespaces
+            self._list = list_all
         else:
-            self._list, self._args = core.list_namespaced_pod, (namespace,)
+            self._list, self._args = list_namespaced, (namespace,)
         self._watch_factory = watch_factory
         self._watch: Any = None
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self.run, name=f"pod-watch {self.scope}")
+        self._thread = threading.Thread(target=self.run, name=f"{what} watch {self.scope}")
         self._thread.daemon = True
 
     def start(self) -> None:
@@ -133,14 +142,62 @@ class PodWatch:
             try:
                 version = self.follow(version or self.relist())
             except Exception as error:  # noqa: BLE001  any failure: list again, never die
-                self.store.lost()
+                self.lost()
                 version = ""
                 if self._stopping.is_set():
                     return
                 if isinstance(error, ApiException) and error.status == 410:
                     continue  # expired: the next LIST is the remedy, at once
-                log.warning("pod watch (%s) failed: %s; listing again", self.scope, error)
+                log.warning("%s watch (%s) failed: %s; listing again", self.what, self.scope, error)
                 self._stopping.wait(WATCH_RETRY_SECONDS)
+
+    def relist(self) -> str:
+        raise NotImplementedError
+
+    def follow(self, version: str) -> str:
+        raise NotImplementedError
+
+    def lost(self) -> None:
+        raise NotImplementedError
+
+    def _stream(self, version: str) -> Any:
+        watch = self._watch = self._watch_factory()
+        return watch.stream(
+            self._list,
+            *self._args,
+            label_selector=SERVICE_LABEL,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self._server_timeout,
+            _request_timeout=(10, self._client_timeout),
+        )
+
+
+class PodWatch(ScopeWatch):
+    """The Fusebox pods of one scope, kept in a PodStore for the ticks."""
+
+    def __init__(
+        self,
+        core: Any,
+        namespace: str | None,
+        store: PodStore,
+        server_timeout_seconds: int,
+        client_timeout_seconds: int,
+        watch_factory: Callable[[], Any] = kubernetes.watch.Watch,
+    ) -> None:
+        super().__init__(
+            core.list_namespaced_pod,
+            core.list_pod_for_all_namespaces,
+            namespace,
+            "pod",
+            server_timeout_seconds,
+            client_timeout_seconds,
+            watch_factory,
+        )
+        self.store = store
+
+    def lost(self) -> None:
+        self.store.lost()
 
     def relist(self) -> str:
         """Fill the store from a LIST; the resourceVersion to watch from."""
@@ -152,17 +209,7 @@ class PodWatch:
 
     def follow(self, version: str) -> str:
         """Apply the watch's events until the apiserver ends it; the version to resume from."""
-        watch = self._watch = self._watch_factory()
-        events = watch.stream(
-            self._list,
-            *self._args,
-            label_selector=SERVICE_LABEL,
-            resource_version=version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=self._server_timeout,
-            _request_timeout=(10, self._client_timeout),
-        )
-        for event in events:
+        for event in self._stream(version):
             if self._stopping.is_set():
                 break
             if event["type"] == "BOOKMARK":
@@ -185,6 +232,100 @@ def _stored(pod: Any) -> StoredPod:
     )
 
 
+# The child kinds kept by a watch (child_store.py), with the client and its LIST
+# methods (namespaced, all namespaces). The admin Secret is not among them: watching
+# Secrets needs list and watch of every Secret in scope, which the operator's role
+# does not grant (operator/rbac/clusterrole.yaml); a resync reads it by name.
+WATCHED_CHILD_KINDS: dict[str, tuple[str, str, str]] = {
+    "ConfigMap": ("CoreV1Api", "list_namespaced_config_map", "list_config_map_for_all_namespaces"),
+    "Service": ("CoreV1Api", "list_namespaced_service", "list_service_for_all_namespaces"),
+    "PodDisruptionBudget": (
+        "PolicyV1Api",
+        "list_namespaced_pod_disruption_budget",
+        "list_pod_disruption_budget_for_all_namespaces",
+    ),
+    "NetworkPolicy": (
+        "NetworkingV1Api",
+        "list_namespaced_network_policy",
+        "list_network_policy_for_all_namespaces",
+    ),
+    "Deployment": ("AppsV1Api", "list_namespaced_deployment", "list_deployment_for_all_namespaces"),
+}
+
+
+def _untyped(method: Callable[..., Any]) -> Callable[..., Any]:
+    """The client method without its docstring, so the watch finds no type to build and
+    hands each event's object over as JSON (errors, a 410 among them, still raise)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return method(*args, **kwargs)
+
+    return call
+
+
+class ChildWatch(ScopeWatch):
+    """One child kind of one scope, kept in a ChildStore as the apiserver's JSON.
+
+    Neither the LIST nor the events are turned into typed client objects: the
+    drift comparison reads JSON, and typing every Deployment event only to
+    serialize it again would be the watch's main cost.
+    """
+
+    def __init__(
+        self,
+        api_client: Any,
+        kind: str,
+        namespace: str | None,
+        store: ChildStore,
+        server_timeout_seconds: int,
+        client_timeout_seconds: int,
+        watch_factory: Callable[[], Any] = kubernetes.watch.Watch,
+    ) -> None:
+        api_name, namespaced, everywhere = WATCHED_CHILD_KINDS[kind]
+        api = getattr(kubernetes.client, api_name)(api_client)
+        super().__init__(
+            _untyped(getattr(api, namespaced)),
+            _untyped(getattr(api, everywhere)),
+            namespace,
+            kind,
+            server_timeout_seconds,
+            client_timeout_seconds,
+            watch_factory,
+        )
+        self.kind = kind
+        self.store = store
+
+    def lost(self) -> None:
+        self.store.lost(self.kind)
+
+    def relist(self) -> str:
+        """Fill the store from a LIST; the resourceVersion to watch from."""
+        answer = self._list(
+            *self._args,
+            label_selector=SERVICE_LABEL,
+            _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            _preload_content=False,
+        )
+        listed = json.loads(answer.data)
+        self.store.replace(self.kind, listed.get("items") or [])
+        return str(listed["metadata"]["resourceVersion"])
+
+    def follow(self, version: str) -> str:
+        """Apply the watch's events until the apiserver ends it; the version to resume from."""
+        for event in self._stream(version):
+            if self._stopping.is_set():
+                break
+            child = event["object"]
+            version = child.get("metadata", {}).get("resourceVersion") or version
+            if event["type"] == "BOOKMARK":
+                continue
+            if event["type"] == "DELETED":
+                self.store.remove(self.kind, child)
+            else:
+                self.store.put(self.kind, child)
+        return version
+
+
 class Kube:
     def __init__(self) -> None:
         self.api_client = kubernetes.client.ApiClient()
@@ -193,6 +334,8 @@ class Kube:
         self.dynamic = DynamicClient(self.api_client)  # type: ignore[no-untyped-call]
         self._pod_stores: dict[str | None, PodStore] = {}
         self._pod_watches: list[PodWatch] = []
+        self._child_stores: dict[str | None, ChildStore] = {}
+        self._child_watches: list[ChildWatch] = []
 
     # ----- nodes -----
     async def node_vram_mib(self, product: str) -> list[int]:
@@ -200,13 +343,17 @@ class Kube:
         selector = f"{NODE_PRODUCT_LABEL}={product}" if product else NODE_VRAM_LABEL
 
         def call() -> list[int]:
-            nodes = self.core.list_node(
-                label_selector=selector, _request_timeout=REQUEST_TIMEOUT_SECONDS
+            # Raw JSON: typing each Node (its images, its conditions) only to read one
+            # label cost more than the rest of a new service's reconcile on 25 nodes.
+            answer: Any = self.core.list_node(
+                label_selector=selector,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                _preload_content=False,
             )
             values = []
-            for node in nodes.items:
-                raw = ((node.metadata and node.metadata.labels) or {}).get(NODE_VRAM_LABEL)
-                if raw and raw.isdigit():
+            for node in json.loads(answer.data).get("items") or []:
+                raw = ((node.get("metadata") or {}).get("labels") or {}).get(NODE_VRAM_LABEL)
+                if isinstance(raw, str) and raw.isdigit():
                     values.append(int(raw))
             return values
 
@@ -235,49 +382,88 @@ class Kube:
     async def apply(self, manifest: dict[str, Any], scale: bool = True) -> Applied:
         """Create the object, or bring it to the manifest when it differs; writes only then.
 
-        With `scale` False a Deployment keeps the replicas it has (the autoscaler's).
+        The child is compared as the watch last saw it (child_store.py) when its
+        kind is watched and synced, else as a GET reads it. Every write carries
+        the resourceVersion it was computed from, so a view that has fallen
+        behind is refused (409) and the child is read again and compared once
+        more, never written over. With `scale` False a Deployment keeps the
+        replicas it has (the autoscaler's).
         """
         resource = self._resource(manifest)
-        name = manifest["metadata"]["name"]
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
         namespace = manifest["metadata"]["namespace"]
+        store = self._child_store(namespace)
+
+        def read() -> dict[str, Any] | None:
+            try:
+                return _read(resource, name, namespace)
+            except NotFoundError:
+                return None
 
         def call() -> Applied:
-            try:
-                current = _read(resource, name, namespace)
-            except NotFoundError:
+            known = store.get(kind, namespace, name) if store is not None else UNKNOWN
+            if isinstance(known, dict) or known is None:
                 try:
-                    resource.create(body=manifest, namespace=namespace)
-                except ConflictError:
+                    return self._bring(resource, manifest, known, scale, store)
+                except (ConflictError, NotFoundError):
+                    pass  # the watch's view was behind the apiserver's: read it
+            current = read()
+            try:
+                return self._bring(resource, manifest, current, scale, store)
+            except ConflictError:
+                if current is None:
                     return Applied(manifest, "unchanged")  # created concurrently
-                return Applied(manifest, "created")
-            if manifest["kind"] == "Deployment":
-                if not scale:
-                    replicas = current["spec"].get("replicas", manifest["spec"]["replicas"])
-                    kept = {**manifest, "spec": {**manifest["spec"], "replicas": replicas}}
-                    return self._update_deployment(resource, current, kept)
-                return self._update_deployment(resource, current, manifest)
-            body = _body(manifest)
-            drifted = differences(body, current)
-            if not drifted:
-                return Applied(manifest, "unchanged")
-            resource.patch(
-                body=body,
-                name=name,
-                namespace=namespace,
-                content_type="application/merge-patch+json",
-            )
-            return Applied(manifest, "updated", drifted)
+                raise
 
         try:
             return await _run(call)
         except ApiException as error:
             raise KubeError(f"{manifest['kind']} {namespace}/{name}: {error.reason}") from error
 
+    def _bring(
+        self,
+        resource: Any,
+        manifest: dict[str, Any],
+        current: dict[str, Any] | None,
+        scale: bool,
+        store: ChildStore | None,
+    ) -> Applied:
+        """One attempt to make `current` (None: absent) say what the manifest says."""
+        kind, meta = manifest["kind"], manifest["metadata"]
+        name, namespace = meta["name"], meta["namespace"]
+        if current is None:
+            written = resource.create(body=manifest, namespace=namespace, serialize=False)
+            _recorded(store, kind, written)
+            return Applied(manifest, "created")
+        if kind == "Deployment":
+            if not scale:
+                replicas = current["spec"].get("replicas", manifest["spec"]["replicas"])
+                manifest = {**manifest, "spec": {**manifest["spec"], "replicas": replicas}}
+            applied, written = self._update_deployment(resource, current, manifest)
+            _recorded(store, kind, written)
+            return applied
+        body = _body(manifest)
+        drifted = differences(body, current)
+        if not drifted:
+            return Applied(manifest, "unchanged")
+        # The version compared against: a merge patch carrying it is refused if stale.
+        version = current["metadata"]["resourceVersion"]
+        written = resource.patch(
+            body={**body, "metadata": {**body["metadata"], "resourceVersion": version}},
+            name=name,
+            namespace=namespace,
+            content_type="application/merge-patch+json",
+            serialize=False,
+        )
+        _recorded(store, kind, written)
+        return Applied(manifest, "updated", drifted)
+
     @staticmethod
     def _update_deployment(
         resource: Any, current: dict[str, Any], manifest: dict[str, Any]
-    ) -> Applied:
+    ) -> tuple[Applied, Any]:
         meta = manifest["metadata"]
+        version = current["metadata"]["resourceVersion"]
         wanted_hash = meta["annotations"][TEMPLATE_HASH_ANNOTATION]
         current_hash = (current["metadata"].get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION)
         # The count is compared on its own below: a hand scale is a patch, not a replace.
@@ -293,38 +479,46 @@ class Kube:
                 drifted = [*drifted, "spec.replicas"]  # the replace sets it too
             # Replace: a merge patch would keep stale list entries (env, volumes).
             body = dict(manifest)
-            body["metadata"] = {
-                **meta,
-                "resourceVersion": current["metadata"]["resourceVersion"],
-            }
-            resource.replace(body=body, name=meta["name"], namespace=meta["namespace"])
-            return Applied(manifest, "updated", drifted)
+            body["metadata"] = {**meta, "resourceVersion": version}
+            written = resource.replace(
+                body=body, name=meta["name"], namespace=meta["namespace"], serialize=False
+            )
+            return Applied(manifest, "updated", drifted), written
         if current["spec"].get("replicas") != manifest["spec"]["replicas"]:
-            resource.patch(
-                body={"spec": {"replicas": manifest["spec"]["replicas"]}},
+            written = resource.patch(
+                body={
+                    "metadata": {"resourceVersion": version},
+                    "spec": {"replicas": manifest["spec"]["replicas"]},
+                },
                 name=meta["name"],
                 namespace=meta["namespace"],
                 content_type="application/merge-patch+json",
+                serialize=False,
             )
-            return Applied(manifest, "scaled", ["spec.replicas"])
-        return Applied(manifest, "unchanged")
+            return Applied(manifest, "scaled", ["spec.replicas"]), written
+        return Applied(manifest, "unchanged"), None
 
-    async def create_secret_once(self, manifest: dict[str, Any]) -> bool:
+    async def create_secret_once(
+        self, manifest: dict[str, Any], likely_absent: bool = False
+    ) -> bool:
         """Create the admin-token Secret if absent; True when created. Never overwrites.
 
         It reads before it creates: every resync calls this, and a create refused
         with 409 would be a failed write per service per interval in the
-        apiserver's request metrics and audit log.
+        apiserver's request metrics and audit log. For a service just created
+        (`likely_absent`) the read would only say 404: it creates at once, and a
+        Secret already there is a 409 once, not a read every time.
         """
         namespace = manifest["metadata"]["namespace"]
         name = manifest["metadata"]["name"]
 
         def call() -> bool:
             try:
-                self.core.read_namespaced_secret(
-                    name, namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
-                )
-                return False
+                if not likely_absent:
+                    self.core.read_namespaced_secret(
+                        name, namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                    )
+                    return False
             except ApiException as error:
                 if error.status != 404:
                     raise KubeError(f"Secret {namespace}/{name}: {error.reason}") from error
@@ -371,8 +565,32 @@ class Kube:
             self._pod_watches.append(watch)
             watch.start()
 
+    def watch_children(self, settings: OperatorSettings) -> None:
+        """Keep the watched child kinds in memory: per scope, one watch per kind."""
+        for scope in settings.pod_watch_scopes:
+            store = self._child_stores[scope] = ChildStore()
+            for kind in WATCHED_CHILD_KINDS:
+                watch = ChildWatch(
+                    self.api_client,
+                    kind,
+                    scope,
+                    store,
+                    settings.watch_server_timeout_seconds,
+                    settings.watch_client_timeout_seconds,
+                )
+                self._child_watches.append(watch)
+                watch.start()
+
+    def _child_store(self, namespace: str) -> ChildStore | None:
+        return self._child_stores.get(namespace) or self._child_stores.get(None)
+
+    def children_touched(self, namespace: str, service: str) -> bool:
+        """Whether a watch saw a child of this service deleted or edited since last asked."""
+        store = self._child_store(namespace)
+        return store is not None and store.take_touched(namespace, service)
+
     def stop_watching(self) -> None:
-        for watch in self._pod_watches:
+        for watch in [*self._pod_watches, *self._child_watches]:
             watch.stop()
 
     async def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[PodView]:

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 
 CONTEXT_KEY = "fusebox"
 SERVICE_KEY = "service"
+RECONCILE_SETTLE_SECONDS = 30.0
+"""How long after a reconcile a tick still reads the stored conditions before writing
+its own: kopf gives a timer the body of the last watch event, which lags a patch by
+well under this even on a loaded apiserver."""
 
 
 @dataclass
@@ -53,6 +57,8 @@ class ServiceMemo:
     # One writer of a service's children at a time: the reconcile or the resync.
     children_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     tick: TickMemory = field(default_factory=TickMemory)
+    # When this process last ran a reconcile of the service (it writes conditions).
+    reconciled_at: float | None = None
 
     def scrape_due(self, now: float) -> bool:
         """Whether this timer call scrapes. The kopf timer ticks every second for every
@@ -62,6 +68,18 @@ class ServiceMemo:
     def scraped(self, now: float, interval_seconds: float) -> None:
         """A scrape starts now: the next one is an interval away."""
         self.next_scrape_at = now + interval_seconds
+
+    def reconciled_lately(self, now: float) -> bool:
+        """Whether a reconcile may have written conditions the tick's body does not show.
+
+        Only a reconcile writes conditions besides the tick (and only one operator
+        replica acts), so a tick long after the last one reads what is stored and
+        needs no GET of its own object before it writes: that GET was one of the
+        two requests per service per minute in steady state.
+        """
+        return (
+            self.reconciled_at is not None and now - self.reconciled_at < RECONCILE_SETTLE_SECONDS
+        )
 
     def resync_due(self, now: float, resync_seconds: float) -> bool:
         """Whether to look for drifted children now: every `resync_seconds`, the first

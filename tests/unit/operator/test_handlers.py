@@ -16,7 +16,13 @@ import pytest
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator import handlers
 from fusebox_operator.drift import Applied
-from fusebox_operator.memo import CONTEXT_KEY, SERVICE_KEY, OperatorContext, ServiceMemo
+from fusebox_operator.memo import (
+    CONTEXT_KEY,
+    RECONCILE_SETTLE_SECONDS,
+    SERVICE_KEY,
+    OperatorContext,
+    ServiceMemo,
+)
 from fusebox_operator.settings import OperatorSettings
 
 NAMESPACE = "ml"
@@ -38,15 +44,29 @@ class FakeKube:
         self.written: list[str] = []
         self.pods_listed = 0
         self.statuses: dict[str, dict[str, Any]] = {}  # each service's status as stored
+        self.status_reads = 0
+        self.secret_reads = 0
+        self.secrets_likely_absent: list[bool] = []
+        self.touched: set[str] = set()  # services whose children a watch saw move
 
     async def read_service_status(self, namespace: str, name: str) -> dict[str, Any]:
+        self.status_reads += 1
         return dict(self.statuses.get(name, {}))
+
+    def children_touched(self, namespace: str, service: str) -> bool:
+        if service not in self.touched:
+            return False
+        self.touched.discard(service)
+        return True
 
     async def node_vram_mib(self, product: str) -> list[int]:
         return list(self.node_vram)
 
-    async def create_secret_once(self, manifest: Mapping[str, Any]) -> bool:
+    async def create_secret_once(
+        self, manifest: Mapping[str, Any], likely_absent: bool = False
+    ) -> bool:
         self.written.append(f"{manifest['kind']} {manifest['metadata']['name']}")
+        self.secrets_likely_absent.append(likely_absent)
         return True
 
     async def apply(self, manifest: Mapping[str, Any], scale: bool = True) -> Applied:
@@ -58,6 +78,7 @@ class FakeKube:
         return []
 
     async def read_secret_value(self, namespace: str, name: str) -> str:
+        self.secret_reads += 1
         return "token"
 
 
@@ -80,6 +101,9 @@ class Service:
         self.kube = kube
         self.status: dict[str, Any] = {}
         self.generation = 0
+        # Kept between calls, as kopf keeps an object's memo in one process; None:
+        # every call gets a fresh one, as after an operator restart.
+        self.kept: ServiceMemo | None = None
 
     def body(self, spec: Mapping[str, Any]) -> dict[str, Any]:
         return {
@@ -99,14 +123,16 @@ class Service:
         """A fresh memo: what a restarted operator knows (nothing but the object)."""
         # No pods are listed, so the tick never scrapes nor acts: no session, no actuator.
         context = OperatorContext(OperatorSettings.from_env({}), self.kube, None, None)  # type: ignore[arg-type]
-        service = ServiceMemo(next_resync_at=time.time() + 3600)
+        service = self.kept or ServiceMemo(next_resync_at=time.time() + 3600)
         return kopf.Memo({CONTEXT_KEY: context, SERVICE_KEY: service})
 
     def _merge(self, patch: kopf.Patch) -> None:
         self.status = {**self.status, **dict(patch.get("status") or {})}
         self.kube.statuses[self.name] = self.status
 
-    def reconcile(self, spec: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> None:
+    def reconcile(
+        self, spec: Mapping[str, Any], old: Mapping[str, Any] | None = None, reason: str = "update"
+    ) -> None:
         """One reconcile of `spec` as a new generation; its patch lands even when it raises."""
         self.generation += 1
         body = self.body(spec)
@@ -123,6 +149,7 @@ class Service:
                     patch=patch,
                     memo=self.memo(),
                     old=old,
+                    reason=reason,
                 )
             )
         finally:
@@ -183,6 +210,7 @@ def test_a_tick_keeps_the_conditions_a_reconcile_wrote_while_it_ran(
     events: list[tuple[str, str, str]],
 ) -> None:
     service = Service(FakeKube())
+    service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
     service.reconcile(VALID)
     read_by_the_tick = dict(service.status)
     # While the tick scrapes, an edit is refused: its reconcile writes InvalidSpec.
@@ -195,6 +223,66 @@ def test_a_tick_keeps_the_conditions_a_reconcile_wrote_while_it_ran(
     invalid = service.condition(ConditionType.INVALID_SPEC)
     assert (invalid["status"], invalid["observedGeneration"]) == ("True", 2)
     assert "has no fp8 support" in invalid["message"]
+
+
+def test_a_tick_long_after_the_last_reconcile_writes_without_reading_its_object(
+    events: list[tuple[str, str, str]],
+) -> None:
+    service = Service(FakeKube())
+    service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
+    service.reconcile(VALID)
+    service.tick(VALID)
+    assert service.kube.status_reads == 1  # a reconcile just wrote: its conditions kept
+    assert service.kept.reconciled_at is not None
+    service.kept.reconciled_at -= RECONCILE_SETTLE_SECONDS
+    service.kept.next_scrape_at = 0.0
+    service.status["updatedAt"] = "2000-01-01T00:00:00Z"  # due for its refresh
+
+    written = service.tick(VALID)
+
+    assert "conditions" in written  # written, from the body the tick read
+    assert service.kube.status_reads == 1  # and no GET of the object before it
+
+
+def test_a_new_service_creates_its_secret_without_reading_first(
+    events: list[tuple[str, str, str]],
+) -> None:
+    service = Service(FakeKube())
+    service.reconcile(VALID, reason="create")
+    service.reconcile(VALID, reason="resume")
+    assert service.kube.secrets_likely_absent == [True, False]
+
+
+def test_the_token_a_reconcile_just_wrote_is_not_read_back_by_the_first_tick(
+    events: list[tuple[str, str, str]],
+) -> None:
+    service = Service(FakeKube())
+    service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
+    service.reconcile(VALID, reason="create")  # the fake creates the Secret
+    service.tick(VALID)
+    assert service.kube.pods_listed == 1
+    assert service.kube.secret_reads == 0
+    assert service.kept.admin_token  # the generated one, kept for the admin calls
+
+
+def test_a_child_a_watch_saw_move_is_resynced_at_the_next_tick(
+    events: list[tuple[str, str, str]],
+) -> None:
+    kube = FakeKube()
+    service = Service(kube)
+    service.kept = ServiceMemo(next_resync_at=time.time() + 3600)  # no periodic resync due
+    service.reconcile(VALID)
+    kube.written.clear()
+    service.tick(VALID)
+    assert kube.written == []
+    kube.touched.add(service.name)
+    service.kept.next_scrape_at = 0.0
+
+    service.tick(VALID)
+
+    assert "NetworkPolicy chat" in kube.written  # every child compared and applied again
+    restored = [m for _, reason, m in events if reason == EventReason.CHILD_RESTORED]
+    assert "NetworkPolicy chat was missing (deleted outside Fusebox): recreated" in restored
 
 
 def test_before_any_spec_is_applied_nothing_is_watched(

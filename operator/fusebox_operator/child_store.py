@@ -1,0 +1,145 @@
+"""The children of every InferenceService in one watch scope, as the watches saw them.
+
+Why: the drift resync compared each service's children with what it renders,
+and read them with a GET each: six GETs per service per resync, 6 of the 9.7
+API requests per service per minute at 250 services (bench/operator_scale_bench.py).
+One watch per child kind and scope keeps this store current instead, so a
+resync compares against memory, and a write carries the resourceVersion it
+was computed from (a stale view is refused by the apiserver, never written
+over). A child deleted or edited outside Fusebox shows here as an event, and
+the store names its service, so the service is repaired at its next tick
+rather than at its next periodic resync.
+
+The watches' threads write and the event loop reads, so every access holds
+the lock. A kind that is not synced (before its first LIST, or after its
+watch lost its place) answers `UNKNOWN`: the caller reads the apiserver,
+never a view that may have missed an event. Kept objects are the apiserver's
+JSON, so the drift comparison (drift.differences) reads the same form as a GET.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from fusebox_operator.manifests import SERVICE_LABEL
+
+Child = dict[str, Any]
+Key = tuple[str, str, str]  # kind, namespace, name
+
+
+class _Unknown:
+    """The store cannot say: its kind is not watched or not synced."""
+
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+UNKNOWN: Final = _Unknown()
+# Written by the apiserver or a controller, never by whoever edits a child: a change
+# of these alone (a Deployment's rollout status, a new resourceVersion) is not drift.
+SERVER_OWNED_METADATA = ("resourceVersion", "managedFields", "generation")
+
+
+def what_an_editor_sets(child: Mapping[str, Any]) -> dict[str, Any]:
+    """The child without its status and the metadata only the apiserver writes."""
+    kept = {key: value for key, value in child.items() if key != "status"}
+    metadata = child.get("metadata") or {}
+    kept["metadata"] = {k: v for k, v in metadata.items() if k not in SERVER_OWNED_METADATA}
+    return kept
+
+
+def _key(kind: str, child: Mapping[str, Any]) -> Key:
+    metadata = child.get("metadata") or {}
+    return kind, str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
+
+
+def _service(child: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace, service) of the InferenceService that owns the child, from its label."""
+    metadata = child.get("metadata") or {}
+    owner = (metadata.get("labels") or {}).get(SERVICE_LABEL)
+    return (str(metadata.get("namespace") or ""), str(owner)) if owner else None
+
+
+class ChildStore:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._children: dict[Key, Child] = {}
+        self._synced: set[str] = set()
+        self._touched: set[tuple[str, str]] = set()  # services whose children moved
+
+    def replace(self, kind: str, children: Iterable[Child]) -> None:
+        """Everything a fresh LIST of `kind` returned; synced from here on.
+
+        A child gone or changed since the last view (events the watch missed)
+        touches its service, as the events would have.
+        """
+        fresh = {_key(kind, child): child for child in children}
+        with self._lock:
+            before = {key: child for key, child in self._children.items() if key[0] == kind}
+            for key, child in before.items():
+                if key not in fresh:
+                    self._touch(child)
+            for key, child in fresh.items():
+                if key in before and self._moved(before[key], child):
+                    self._touch(child)
+            for key in before:
+                del self._children[key]
+            self._children.update(fresh)
+            self._synced.add(kind)
+
+    def put(self, kind: str, child: Child) -> None:
+        """A watch event: added or modified. An edit of what an editor sets touches the
+        service; a new child does not (a create is the operator's own, or a resync's)."""
+        key = _key(kind, child)
+        with self._lock:
+            known = self._children.get(key)
+            if known is not None and self._moved(known, child):
+                self._touch(child)
+            self._children[key] = child
+
+    def remove(self, kind: str, child: Mapping[str, Any]) -> None:
+        """A watch event: deleted (or no longer carrying the service label)."""
+        with self._lock:
+            self._children.pop(_key(kind, child), None)
+            self._touch(child)
+
+    def record(self, kind: str, child: Child) -> None:
+        """The operator's own write, as the apiserver answered it: kept, touching nothing,
+        so the watch event that follows finds nothing moved."""
+        with self._lock:
+            self._children[_key(kind, child)] = child
+
+    def lost(self, kind: str) -> None:
+        """The watch of `kind` may have missed events: UNKNOWN until the next LIST."""
+        with self._lock:
+            self._synced.discard(kind)
+
+    def synced(self, kind: str) -> bool:
+        with self._lock:
+            return kind in self._synced
+
+    def get(self, kind: str, namespace: str, name: str) -> Child | None | _Unknown:
+        """The child as last seen, None when it does not exist, UNKNOWN when not synced."""
+        with self._lock:
+            if kind not in self._synced:
+                return UNKNOWN
+            return self._children.get((kind, namespace, name))
+
+    def take_touched(self, namespace: str, service: str) -> bool:
+        """Whether a child of this service moved since the last call (and forget it)."""
+        with self._lock:
+            if (namespace, service) not in self._touched:
+                return False
+            self._touched.discard((namespace, service))
+            return True
+
+    @staticmethod
+    def _moved(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+        return what_an_editor_sets(before) != what_an_editor_sets(after)
+
+    def _touch(self, child: Mapping[str, Any]) -> None:
+        owner = _service(child)
+        if owner is not None:
+            self._touched.add(owner)

@@ -1,0 +1,237 @@
+"""The children from watches, against a real kube-apiserver: what a resync costs and
+what it repairs.
+
+Against etcd and the API server on loopback (no nodes, no controllers), the
+operator's own Kube with its child watches running:
+- a resync of an untouched service reads no child from the apiserver (the
+  apiserver's own request counter shows no GET of any watched kind);
+- a NetworkPolicy deleted and a PodDisruptionBudget edited by another client
+  touch their service (its next tick resyncs it), and the resync puts both back;
+- a write computed from a view that fell behind is refused by the apiserver
+  (409) and made again from a fresh read, never over the other writer's change;
+- sizing reads the GPU memory label of nodes from the raw LIST.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+
+from fusebox_operator import manifests
+from fusebox_operator.kube import WATCHED_CHILD_KINDS, Kube
+from fusebox_operator.settings import OperatorSettings
+from fusebox_operator.sizing import NODE_PRODUCT_LABEL, NODE_VRAM_LABEL, size_memory
+from fusebox_operator.spec import parse_spec
+
+from .loopback_apiserver import BINARIES, loopback_apiserver, skip_without_binaries
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "child-watch-test-token"
+NAMESPACE = "ml"
+NAME = "chat"
+SPEC = {"model": {"name": "chat", "source": "pvc://models/chat"}, "gpu": {"count": 0}}
+RESOURCES = ("configmaps", "services", "poddisruptionbudgets", "networkpolicies", "deployments")
+
+
+def kubectl(config: Path, *args: str, stdin: str = "") -> str:
+    done = subprocess.run(
+        [str(BINARIES / "kubectl"), f"--kubeconfig={config}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def requests(config: Path, verb: str, code: str = "") -> dict[str, float]:
+    """apiserver_request_total by resource for one verb (and code), from the server."""
+    text = kubectl(config, "get", "--raw", "/metrics")
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+        if labels.get("verb") != verb or (code and labels.get("code") != code):
+            continue
+        resource = labels.get("resource", "")
+        counts[resource] = counts.get(resource, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    skip_without_binaries("kubectl")
+    with loopback_apiserver(
+        tmp_path_factory.mktemp("apiserver"),
+        token=TOKEN,
+        user="admin",
+        authorization_mode="RBAC",
+    ) as config:
+        kubectl(config, "create", "namespace", NAMESPACE)
+        yield config
+
+
+@pytest.fixture(scope="module")
+def kube(kubeconfig: Path) -> Iterator[Kube]:
+    kubernetes.config.load_kube_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    watching = Kube()
+    settings = OperatorSettings.from_env({"FUSEBOX_WATCH_NAMESPACES": NAMESPACE})
+    watching.watch_children(settings)
+    store = watching._child_store(NAMESPACE)
+    assert store is not None
+    wait_for("every child kind listed", lambda: all(store.synced(k) for k in WATCHED_CHILD_KINDS))
+    yield watching
+    watching.stop_watching()
+
+
+def children() -> list[manifests.Manifest]:
+    parsed = parse_spec(SPEC)
+    settings = OperatorSettings.from_env({})
+    secret, *rest = manifests.build_children(
+        parsed, NAME, NAMESPACE, size_memory(parsed, []), settings, "token"
+    )
+    return [child for child in rest if child["kind"] in WATCHED_CHILD_KINDS]
+
+
+def apply_all(kube: Kube) -> dict[str, str]:
+    async def run() -> dict[str, str]:
+        return {m["kind"]: (await kube.apply(m)).outcome for m in children()}
+
+    return asyncio.run(run())
+
+
+def test_a_resync_of_an_untouched_service_reads_no_child(kubeconfig: Path, kube: Kube) -> None:
+    assert set(apply_all(kube).values()) == {"created"}
+    store = kube._child_store(NAMESPACE)
+    assert store is not None
+    wait_for(
+        "the watches to see every child",
+        lambda: all(store.get(m["kind"], NAMESPACE, m["metadata"]["name"]) for m in children()),
+    )
+    gets_before = requests(kubeconfig, "GET")
+
+    outcomes = apply_all(kube)
+
+    assert set(outcomes.values()) == {"unchanged"}
+    gets_after = requests(kubeconfig, "GET")
+    assert {r: gets_after.get(r, 0) - gets_before.get(r, 0) for r in RESOURCES} == dict.fromkeys(
+        RESOURCES, 0
+    )
+    assert kube.children_touched(NAMESPACE, NAME) is False  # its own writes touch nothing
+
+
+def test_a_child_deleted_or_edited_elsewhere_touches_its_service_and_is_put_back(
+    kubeconfig: Path, kube: Kube
+) -> None:
+    apply_all(kube)
+    kube.children_touched(NAMESPACE, NAME)  # forget anything earlier
+    kubectl(kubeconfig, "-n", NAMESPACE, "delete", "networkpolicy", NAME)
+    kubectl(
+        kubeconfig, "-n", NAMESPACE, "patch", "pdb", NAME,
+        "--type", "merge", "-p", '{"spec": {"maxUnavailable": 2}}',
+    )  # fmt: skip
+    wait_for("the service touched", lambda: kube.children_touched(NAMESPACE, NAME))
+    store = kube._child_store(NAMESPACE)
+    assert store is not None
+    wait_for(
+        "both events seen",
+        lambda: (
+            store.get("NetworkPolicy", NAMESPACE, NAME) is None
+            and (store.get("PodDisruptionBudget", NAMESPACE, NAME) or {})
+            .get("spec", {})
+            .get("maxUnavailable")
+            == 2
+        ),
+    )
+
+    outcomes = apply_all(kube)
+
+    assert outcomes["NetworkPolicy"] == "created"
+    assert outcomes["PodDisruptionBudget"] == "updated"
+    assert {k for k, v in outcomes.items() if v != "unchanged"} == {
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+    }
+    pdb = json.loads(kubectl(kubeconfig, "-n", NAMESPACE, "get", "pdb", NAME, "-o", "json"))
+    assert pdb["spec"]["maxUnavailable"] == 1
+    kubectl(kubeconfig, "-n", NAMESPACE, "get", "networkpolicy", NAME)
+
+
+def test_a_write_from_a_view_behind_the_apiserver_is_refused_and_made_again(
+    kubeconfig: Path, kube: Kube
+) -> None:
+    apply_all(kube)
+    config_map = next(m for m in children() if m["kind"] == "ConfigMap")
+    name = config_map["metadata"]["name"]
+    store = kube._child_store(NAMESPACE)
+    assert store is not None
+    wait_for("the ConfigMap seen", lambda: store.get("ConfigMap", NAMESPACE, name) is not None)
+    seen = store.get("ConfigMap", NAMESPACE, name)
+    assert isinstance(seen, dict)
+    behind: dict[str, Any] = json.loads(json.dumps(seen))
+    behind["data"] = {key: "edited by hand" for key in behind.get("data") or {"x": ""}}
+    # Another client edits it; the operator's view is made to lag behind that edit.
+    edit = {"data": {**dict.fromkeys(config_map["data"], "another writer"), "other": "writer"}}
+    kubectl(
+        kubeconfig, "-n", NAMESPACE, "patch", "configmap", name,
+        "--type", "merge", "-p", json.dumps(edit),
+    )  # fmt: skip
+    wait_for(
+        "the edit seen",
+        lambda: "other" in ((store.get("ConfigMap", NAMESPACE, name) or {}).get("data") or {}),
+    )
+    store.record("ConfigMap", behind)
+    refused_before = requests(kubeconfig, "PATCH", code="409").get("configmaps", 0)
+
+    outcome = asyncio.run(kube.apply(config_map))
+
+    assert outcome.outcome == "updated"
+    assert requests(kubeconfig, "PATCH", code="409").get("configmaps", 0) == refused_before + 1
+    now = json.loads(kubectl(kubeconfig, "-n", NAMESPACE, "get", "configmap", name, "-o", "json"))
+    # Compared again with what the apiserver held: the rendered keys are put back, and
+    # the other writer's own key, which the stale view never had, is left alone.
+    assert now["data"] == {**config_map["data"], "other": "writer"}
+
+
+def test_sizing_reads_the_gpu_memory_label_of_the_nodes_of_a_product(
+    kubeconfig: Path, kube: Kube
+) -> None:
+    nodes = [
+        ("gpu-a", "NVIDIA-A100-SXM4-80GB", "81920"),
+        ("gpu-b", "NVIDIA-A100-SXM4-80GB", "81559"),
+        ("gpu-c", "NVIDIA-L4", "23034"),
+    ]
+    for name, product, mib in nodes:
+        kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {NODE_PRODUCT_LABEL: product,
+                                                  NODE_VRAM_LABEL: mib}},
+        }))  # fmt: skip
+
+    found = asyncio.run(kube.node_vram_mib("NVIDIA-A100-SXM4-80GB"))
+
+    assert sorted(found) == [81559, 81920]
+    assert sorted(asyncio.run(kube.node_vram_mib(""))) == [23034, 81559, 81920]

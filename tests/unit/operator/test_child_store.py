@@ -1,0 +1,84 @@
+"""The child store: what the watches saw of each child, and which services to repair.
+
+A service is touched (its next tick resyncs it) when one of its children is
+deleted, or edited in what an editor sets; never by a status or a new
+resourceVersion alone, nor by the operator's own write. A kind not yet synced
+answers UNKNOWN, so apply reads the apiserver instead of trusting a partial view.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from fusebox_operator.child_store import UNKNOWN, ChildStore
+from fusebox_operator.manifests import SERVICE_LABEL
+
+
+def policy(service: str = "chat", version: str = "1", **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": service,
+            "namespace": "team",
+            "labels": {SERVICE_LABEL: service},
+            "resourceVersion": version,
+        },
+        "spec": {"podSelector": {}, **spec},
+    }
+
+
+def synced(*children: dict[str, Any]) -> ChildStore:
+    store = ChildStore()
+    store.replace("NetworkPolicy", children)
+    return store
+
+
+def test_a_kind_not_synced_is_unknown_and_a_synced_one_answers_absent_or_the_child() -> None:
+    store = ChildStore()
+    assert store.get("NetworkPolicy", "team", "chat") is UNKNOWN
+    store.replace("NetworkPolicy", [policy()])
+    assert store.get("NetworkPolicy", "team", "chat") == policy()
+    assert store.get("NetworkPolicy", "team", "other") is None
+    assert store.get("Deployment", "team", "chat") is UNKNOWN  # each kind on its own
+    store.lost("NetworkPolicy")
+    assert store.get("NetworkPolicy", "team", "chat") is UNKNOWN
+
+
+def test_a_deleted_child_touches_its_service_once() -> None:
+    store = synced(policy(), policy("other"))
+    store.remove("NetworkPolicy", policy())
+    assert store.take_touched("team", "chat") is True
+    assert store.take_touched("team", "chat") is False  # told once
+    assert store.take_touched("team", "other") is False
+    assert store.get("NetworkPolicy", "team", "chat") is None
+
+
+def test_an_edit_touches_the_service_and_a_status_or_version_change_does_not() -> None:
+    store = synced(policy())
+    moved = policy(version="2")
+    moved["status"] = {"observed": True}
+    store.put("NetworkPolicy", moved)
+    assert store.take_touched("team", "chat") is False
+    store.put("NetworkPolicy", policy(version="3", policyTypes=["Ingress"]))
+    assert store.take_touched("team", "chat") is True
+
+
+def test_the_operators_own_write_then_its_event_touch_nothing() -> None:
+    store = synced(policy())
+    written = policy(version="2", policyTypes=["Ingress"])
+    store.record("NetworkPolicy", written)
+    store.put("NetworkPolicy", copy.deepcopy(written))  # the watch event of that write
+    assert store.take_touched("team", "chat") is False
+    assert store.get("NetworkPolicy", "team", "chat") == written
+
+
+def test_a_new_child_touches_nothing_and_a_relist_touches_what_the_watch_missed() -> None:
+    store = synced(policy(), policy("edited"), policy("kept"))
+    store.put("NetworkPolicy", policy("fresh"))
+    assert store.take_touched("team", "fresh") is False
+    # The watch lost its place; the LIST shows one child gone and one edited meanwhile.
+    store.replace("NetworkPolicy", [policy("edited", policyTypes=["Egress"]), policy("kept")])
+    assert store.take_touched("team", "chat") is True
+    assert store.take_touched("team", "edited") is True
+    assert store.take_touched("team", "kept") is False
+    assert store.get("NetworkPolicy", "team", "fresh") is None
