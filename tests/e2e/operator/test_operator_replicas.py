@@ -3,8 +3,9 @@ by, and when the acting one goes (its pod deleted, or its process killed with SI
 a live replica takes the service over and handles each edit exactly once.
 
 The chart's own release, in a namespace of its own that it watches by name (the chart
-refuses peering with a glob). The service's pods wait for a model claim that does not
-exist there: what is under test is which operator reconciles, not serving.
+refuses peering with a glob). In the first test the service's pods wait for a model
+claim that does not exist there: what is under test is which operator reconciles, not
+serving. The second hands a memory ladder over mid-climb, with the model served.
 """
 
 from __future__ import annotations
@@ -12,16 +13,19 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import signal
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fusebox_contract.names import EventReason
+from fusebox_contract.names import ConditionType, EventReason
 
-from ..conftest import Cluster, fresh_namespace
+from ..conftest import Cluster, fresh_namespace, local_claim
 from .conftest import (
     CHART,
     OperatorRelease,
@@ -29,6 +33,7 @@ from .conftest import (
     apply_service,
     base_spec,
     pod_is_ready,
+    traffic,
     wait_for,
 )
 
@@ -216,5 +221,104 @@ def test_with_two_replicas_one_operator_acts_and_a_live_one_takes_over_when_it_g
                     for c in p["status"]["containerStatuses"]
                 ]
                 assert restarts == [1], restarts
+        finally:
+            release.uninstall_with_services()
+
+
+# --- a handover in the middle of a ladder, under load ---------------------------------------------
+
+LADDER = ("GarbageCollected", "CacheEmptied", "ModelUnloaded", "ModelReloaded")
+
+
+def ladder_events(service: Service) -> list[dict[str, Any]]:
+    return [e for e in service.events() if e["reason"] in LADDER]
+
+
+def action_id(event: dict[str, Any]) -> str | None:
+    """The action id an action's event ends with (`... [ID]`)."""
+    found = re.search(r"\[([^\]]+)\]$", event.get("message", ""))
+    return found.group(1) if found else None
+
+
+def leak_spec() -> dict[str, Any]:
+    """A leak of 16 MiB a request; rungs 20 s apart, so a handover lands between two."""
+    spec = base_spec(
+        breaker={
+            "resource": {
+                "rss": {"ratioOfLimit": 0.5, "growthMiBPerMinute": 30},
+                "cooldownSeconds": 20,
+                "windowSeconds": 20,
+            }
+        }
+    )
+    spec["server"]["env"] = [{"name": "FUSEBOX_FAULTS", "value": "leak:16"}]
+    return spec
+
+
+def test_a_crashed_acting_replica_mid_ladder_hands_the_climb_over_without_repeating_a_rung(
+    cluster: Cluster, crd: None, peering_crds: None, model_root: Path
+) -> None:
+    """The acting replica's process is SIGKILLed right after the ladder's first rung, with
+    traffic leaking memory (a crash: kopf cleans nothing up; the kubelet restarts the
+    container, which joins the peering under its name with a new priority). The live
+    replica with the highest priority goes on from where the ladder was: each rung at
+    most once and in the ladder's order, up to the reload, each action id on its own
+    events only. The seconds from the kill to the next rung are printed, not asserted."""
+    suffix = uuid.uuid4().hex[:6]
+    with (
+        fresh_namespace(cluster, f"ho-{suffix}") as namespace,
+        local_claim(cluster, namespace, "models", model_root),
+    ):
+        release = OperatorRelease(cluster, namespace, f"ho-{suffix}")
+        try:
+            release.install("--set", "replicaCount=2", "--set", f"watchNamespaces={{{namespace}}}")
+            acting, _ = roles(release)
+            service = apply_service(cluster, namespace, "leaky", leak_spec())
+            wait_for(
+                "the service Ready",
+                lambda: service.condition(ConditionType.READY).get("status") == "True",
+                timeout=420,
+                diagnose=service.diagnose,
+            )
+            with traffic(service.service_url(), 1.0):
+                wait_for(
+                    "the ladder's first rung",
+                    lambda: ladder_events(service),
+                    timeout=300,
+                    every=0.5,
+                    diagnose=service.diagnose,
+                )
+                done_before = len(ladder_events(service))
+                killed_at = time.monotonic()
+                kill_operator_process(acting)
+                wait_for(
+                    "a rung after the kill",
+                    lambda: len(ladder_events(service)) > done_before,
+                    timeout=PEER_LIFETIME_SECONDS + 240,
+                    every=0.5,
+                    diagnose=service.diagnose,
+                )
+                next_rung = time.monotonic() - killed_at
+                wait_for(
+                    "the ladder to reach the reload",
+                    lambda: "ModelReloaded" in [e["reason"] for e in ladder_events(service)],
+                    timeout=300,
+                    diagnose=service.diagnose,
+                )
+            events = ladder_events(service)
+            reasons = [e["reason"] for e in events]
+            print(
+                f"handover: {reasons[:done_before]} before the kill; the next rung"
+                f" {next_rung:.1f} s after it; then {reasons[done_before:]}"
+            )
+            assert "ModelReloaded" not in reasons[:done_before], reasons
+            climb = reasons[: reasons.index("ModelReloaded") + 1]
+            assert climb == [rung for rung in LADDER if rung in climb], f"out of order: {climb}"
+            ids = [action_id(e) for e in events[: len(climb)]]
+            # A reload posts two events (unloaded, reloaded) under one id; nothing else repeats.
+            reload_ids = 1 if "ModelUnloaded" in climb else 0
+            assert None not in ids and len(set(ids)) == len(climb) - reload_ids, ids
+            recent = [a["id"] for a in service.status()["recentActions"]]
+            assert len(recent) == len(set(recent)), recent
         finally:
             release.uninstall_with_services()
