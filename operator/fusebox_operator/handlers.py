@@ -20,6 +20,12 @@ import kopf
 from fusebox_contract.names import EventReason
 from fusebox_operator import manifests
 from fusebox_operator.actuator import Actuator, admin_session
+from fusebox_operator.cadence import (
+    COARSE_TICK_SECONDS,
+    FINE_TICK_SECONDS,
+    coarse_ticks,
+    tick_slack_seconds,
+)
 from fusebox_operator.drift import Applied, restored_message, secret_restored_message
 from fusebox_operator.edits import edit_message
 from fusebox_operator.kube import (
@@ -64,7 +70,6 @@ from fusebox_operator.telemetry import scrape_all, scrape_session
 from fusebox_operator.tick import TickInputs, current_replicas, run_tick
 
 GROUP, VERSION, PLURAL = SERVICE_GROUP, SERVICE_VERSION, SERVICE_PLURAL
-TICK_SECONDS = 1.0  # the timer ticks often; each object scrapes at its own interval
 log = logging.getLogger(__name__)
 
 
@@ -308,8 +313,36 @@ async def _token(service: ServiceMemo, kube: Kube, namespace: str, name: str) ->
     return service.admin_token
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=TICK_SECONDS, initial_delay=2.0)
-async def telemetry(
+def _fine_ticks(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
+    return not coarse_ticks(spec, status)
+
+
+def _coarse_ticks(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
+    return coarse_ticks(spec, status)
+
+
+# Two timers, one tick: kopf's `when` gives each service exactly one (cadence.py).
+@kopf.timer(
+    GROUP, VERSION, PLURAL, id="telemetry", interval=FINE_TICK_SECONDS, initial_delay=2.0,
+    when=_fine_ticks,
+)  # fmt: skip
+async def telemetry(**kwargs: Any) -> None:
+    """Every second, for a scrape interval that is not a whole number of coarse ticks."""
+    await _telemetry(FINE_TICK_SECONDS, **kwargs)
+
+
+@kopf.timer(
+    GROUP, VERSION, PLURAL, id="telemetry-coarse", interval=COARSE_TICK_SECONDS, sharp=True,
+    initial_delay=2.0, when=_coarse_ticks,
+)  # fmt: skip
+async def telemetry_coarse(**kwargs: Any) -> None:
+    """Every COARSE_TICK_SECONDS on kopf's grid, for the default interval and its multiples."""
+    await _telemetry(COARSE_TICK_SECONDS, **kwargs)
+
+
+async def _telemetry(
+    tick_seconds: float,
+    *,
     spec: kopf.Spec,
     name: str,
     namespace: str | None,
@@ -325,7 +358,7 @@ async def telemetry(
     assert namespace is not None
     now = time.time()
     context, service = operator_context(memo), service_memo(memo)
-    if not service.scrape_due(now):
+    if not service.scrape_due(now, tick_slack_seconds(tick_seconds)):
         return
     # The last applied spec, not .spec: an edit the reconcile refused (InvalidSpec) or
     # still waits on leaves the pods of the previous one running, and they stay watched.

@@ -60,10 +60,11 @@ class ServiceMemo:
     # When this process last ran a reconcile of the service (it writes conditions).
     reconciled_at: float | None = None
 
-    def scrape_due(self, now: float) -> bool:
-        """Whether this timer call scrapes. The kopf timer ticks every second for every
-        service; each service scrapes at its own `telemetry.scrapeIntervalSeconds`."""
-        return now >= self.next_scrape_at
+    def scrape_due(self, now: float, slack_seconds: float = 0.0) -> bool:
+        """Whether this timer call scrapes. The kopf timer ticks every second or every
+        5 s (cadence.py); each service scrapes at its own `telemetry.scrapeIntervalSeconds`,
+        up to `slack_seconds` early so a wake-up a little before the moment is not lost."""
+        return now >= self.next_scrape_at - slack_seconds
 
     def scraped(self, now: float, interval_seconds: float) -> None:
         """A scrape starts now: the next one is an interval away."""

@@ -1,0 +1,59 @@
+"""Which timer wakes a service, and how early a wake-up may scrape (cadence.py).
+
+The default 5 s scrape interval and its multiples get the coarse 5 s timer; any
+other interval the 1 s one; the applied spec decides while a later edit is
+refused or waits. kopf's `when` filters of the two timers never both match, nor
+both miss, so every service is ticked by exactly one.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from fusebox_operator import handlers
+from fusebox_operator.cadence import coarse_ticks, watched_scrape_interval
+from fusebox_operator.memo import ServiceMemo
+
+T0 = 1_800_000_000.0
+
+
+def spec(interval: Any = None) -> dict[str, Any]:
+    raw: dict[str, Any] = {"model": {"name": "chat", "source": "pvc://m/chat"}}
+    if interval is not None:
+        raw["telemetry"] = {"scrapeIntervalSeconds": interval}
+    return raw
+
+
+@pytest.mark.parametrize(
+    ("interval", "coarse"),
+    [(None, True), (5, True), (10, True), (60, True), (1, False), (3, False), (7.5, False),
+     (2.5, False), (12, False)],
+)  # fmt: skip
+def test_multiples_of_five_seconds_tick_coarsely_and_the_rest_every_second(
+    interval: Any, coarse: bool
+) -> None:
+    assert coarse_ticks(spec(interval), {}) is coarse
+    kwargs = {"spec": spec(interval), "status": {}}
+    assert (handlers._coarse_ticks(**kwargs), handlers._fine_ticks(**kwargs)) == (
+        coarse,
+        not coarse,
+    )
+
+
+def test_the_applied_spec_picks_the_timer_while_an_edit_is_not_applied() -> None:
+    status = {"appliedSpec": json.dumps(spec(2))}
+    assert watched_scrape_interval(spec(10), status) == 2.0
+    assert coarse_ticks(spec(10), status) is False
+    assert coarse_ticks(spec(2), {"appliedSpec": json.dumps(spec(10))}) is True
+    assert watched_scrape_interval(spec(2), {"appliedSpec": "{not json"}) == 2.0
+
+
+def test_a_coarse_wake_up_a_little_early_still_scrapes() -> None:
+    memo = ServiceMemo()
+    memo.scraped(T0, 5.0)
+    assert memo.scrape_due(T0 + 4.99, slack_seconds=2.5)  # the timer's clock ran ahead
+    assert not memo.scrape_due(T0 + 2.4, slack_seconds=2.5)
+    assert not memo.scrape_due(T0 + 4.99)  # without slack it would wait for the next tick
