@@ -93,6 +93,13 @@ def measure(model_dir: Path, steps: int) -> dict[str, Any]:
     return results
 
 
+def write_results(path: Path, report: dict[str, Any]) -> None:
+    """Write this run's keys, keeping the keys other benchmarks put in the same file
+    (grammar_engines_bench.py's comparison)."""
+    existing = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**existing, **report}, indent=2, ensure_ascii=False) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=48)
@@ -103,7 +110,7 @@ def main() -> None:
         "tiny": measure(ensure_model("tiny"), arguments.steps),
         "llama3": measure(ensure_zoo_model("llama3"), arguments.steps),
     }
-    arguments.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_results(arguments.out, report)
 
 
 if __name__ == "__main__":

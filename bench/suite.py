@@ -95,6 +95,19 @@ def _fleet_tools(environ: Mapping[str, str]) -> str | None:
     return None
 
 
+def _grammar_libraries(environ: Mapping[str, str]) -> str | None:
+    """The grammar libraries are compared before any goes in the lock, so they are
+    installed outside it (bench/grammar_engines_bench.py says how) and found on PYTHONPATH."""
+    modules = ("xgrammar", "llguidance", "outlines_core")
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        return (
+            f"{', '.join(missing)} not importable: not in the project lock; install them "
+            "outside it and put them on PYTHONPATH (bench/grammar_engines_bench.py)"
+        )
+    return None
+
+
 SUITE: tuple[Benchmark, ...] = (
     Benchmark("server", "server_bench.py", missing=_transformers_cli),
     # The same comparison on a real shape: the llama3 zoo model under bench/workload.py.
@@ -102,6 +115,7 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark("kernels", "kernels_bench.py"),
     Benchmark("sampling", "sampling_bench.py"),
     Benchmark("structured-output", "structured_output_bench.py"),
+    Benchmark("grammar-engines", "grammar_engines_bench.py", missing=_grammar_libraries),
     Benchmark("sidecar", "sidecar_bench.py"),
     Benchmark("gpu", "gpu_bench.py", missing=_gpu),
     Benchmark(
