@@ -62,7 +62,7 @@ class ServiceMemo:
 
     def scrape_due(self, now: float, slack_seconds: float = 0.0) -> bool:
         """Whether this timer call scrapes. The kopf timer ticks every second or every
-        5 s (cadence.py); each service scrapes at its own `telemetry.scrapeIntervalSeconds`,
+        2.5 s (cadence.py); each service scrapes at its own `telemetry.scrapeIntervalSeconds`,
         up to `slack_seconds` early so a wake-up a little before the moment is not lost."""
         return now >= self.next_scrape_at - slack_seconds
 

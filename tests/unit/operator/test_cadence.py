@@ -1,7 +1,7 @@
 """Which timer wakes a service, and how early a wake-up may scrape (cadence.py).
 
-The default 5 s scrape interval and its multiples get the coarse 5 s timer; any
-other interval the 1 s one; the applied spec decides while a later edit is
+The default 5 s scrape interval and every multiple of 2.5 s get the coarse 2.5 s
+timer; any other interval the 1 s one; the applied spec decides while a later edit is
 refused or waits. kopf's `when` filters of the two timers never both match, nor
 both miss, so every service is ticked by exactly one.
 """
@@ -29,10 +29,10 @@ def spec(interval: Any = None) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     ("interval", "coarse"),
-    [(None, True), (5, True), (10, True), (60, True), (1, False), (3, False), (7.5, False),
-     (2.5, False), (12, False)],
+    [(None, True), (5, True), (10, True), (60, True), (7.5, True), (2.5, True), (1, False),
+     (3, False), (12, False), (1.25, False)],
 )  # fmt: skip
-def test_multiples_of_five_seconds_tick_coarsely_and_the_rest_every_second(
+def test_multiples_of_two_and_a_half_seconds_tick_coarsely_and_the_rest_every_second(
     interval: Any, coarse: bool
 ) -> None:
     assert coarse_ticks(spec(interval), {}) is coarse
@@ -54,6 +54,6 @@ def test_the_applied_spec_picks_the_timer_while_an_edit_is_not_applied() -> None
 def test_a_coarse_wake_up_a_little_early_still_scrapes() -> None:
     memo = ServiceMemo()
     memo.scraped(T0, 5.0)
-    assert memo.scrape_due(T0 + 4.99, slack_seconds=2.5)  # the timer's clock ran ahead
-    assert not memo.scrape_due(T0 + 2.4, slack_seconds=2.5)
+    assert memo.scrape_due(T0 + 4.99, slack_seconds=1.25)  # the timer's clock ran ahead
+    assert not memo.scrape_due(T0 + 2.5, slack_seconds=1.25)  # the grid point between
     assert not memo.scrape_due(T0 + 4.99)  # without slack it would wait for the next tick
