@@ -50,6 +50,16 @@ def what_an_editor_sets(child: Mapping[str, Any]) -> dict[str, Any]:
     return kept
 
 
+def kept(child: Mapping[str, Any]) -> Child:
+    """What the store holds of a child: no status and no managedFields. Drift never reads
+    them, and on a Deployment they are most of the object (the store's memory grows with
+    the services)."""
+    held = {key: value for key, value in child.items() if key != "status"}
+    metadata = child.get("metadata") or {}
+    held["metadata"] = {k: v for k, v in metadata.items() if k != "managedFields"}
+    return held
+
+
 def _key(kind: str, child: Mapping[str, Any]) -> Key:
     metadata = child.get("metadata") or {}
     return kind, str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
@@ -75,7 +85,7 @@ class ChildStore:
         A child gone or changed since the last view (events the watch missed)
         touches its service, as the events would have.
         """
-        fresh = {_key(kind, child): child for child in children}
+        fresh = {_key(kind, child): kept(child) for child in children}
         with self._lock:
             before = {key: child for key, child in self._children.items() if key[0] == kind}
             for key, child in before.items():
@@ -92,7 +102,7 @@ class ChildStore:
     def put(self, kind: str, child: Child) -> None:
         """A watch event: added or modified. An edit of what an editor sets touches the
         service; a new child does not (a create is the operator's own, or a resync's)."""
-        key = _key(kind, child)
+        key, child = _key(kind, child), kept(child)
         with self._lock:
             known = self._children.get(key)
             if known is not None and self._moved(known, child):
@@ -109,7 +119,7 @@ class ChildStore:
         """The operator's own write, as the apiserver answered it: kept, touching nothing,
         so the watch event that follows finds nothing moved."""
         with self._lock:
-            self._children[_key(kind, child)] = child
+            self._children[_key(kind, child)] = kept(child)
 
     def lost(self, kind: str) -> None:
         """The watch of `kind` may have missed events: UNKNOWN until the next LIST."""

@@ -82,3 +82,17 @@ def test_a_new_child_touches_nothing_and_a_relist_touches_what_the_watch_missed(
     assert store.take_touched("team", "edited") is True
     assert store.take_touched("team", "kept") is False
     assert store.get("NetworkPolicy", "team", "fresh") is None
+
+
+def test_the_store_keeps_no_status_nor_managed_fields() -> None:
+    seen = policy()
+    seen["status"] = {"conditions": []}
+    seen["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {}}]
+    store = synced(seen)
+    store.put("NetworkPolicy", {**seen, "metadata": {**seen["metadata"], "name": "b"}})
+    store.record("NetworkPolicy", {**seen, "metadata": {**seen["metadata"], "name": "c"}})
+    for name in ("chat", "b", "c"):
+        held = store.get("NetworkPolicy", "team", name)
+        assert isinstance(held, dict)
+        assert "status" not in held and "managedFields" not in held["metadata"]
+        assert held["spec"] == seen["spec"]
