@@ -314,8 +314,8 @@ def containerd_argv(layout: Layout) -> list[str]:
     return [str(CONTAINERD_BIN_DIR / "containerd"), f"--config={layout.containerd / 'config.toml'}"]
 
 
-def cni_conflist(config: ClusterConfig, layout: Layout) -> str:
-    """Bridge + host-local on the node's /24; no masquerade: nothing leaves the node."""
+def cni_conflist(config: ClusterConfig, layout: Layout, subnet: str) -> str:
+    """Bridge + host-local on the node's /24 (subnet); no masquerade: nothing leaves the node."""
     return json.dumps(
         {
             "cniVersion": "1.0.0",
@@ -329,7 +329,7 @@ def cni_conflist(config: ClusterConfig, layout: Layout) -> str:
                     "hairpinMode": True,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{"subnet": config.node_pod_cidr}]],
+                        "ranges": [[{"subnet": subnet}]],
                         "routes": [{"dst": "0.0.0.0/0"}],
                         "dataDir": str(layout.cni_ipam),
                     },

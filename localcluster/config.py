@@ -76,10 +76,9 @@ class ClusterConfig:
 
     @property
     def node_pod_cidr(self) -> str:
-        """This node's /24: the controller-manager allocates them in registration order,
-        and nodes register one after the other, node 1 first."""
-        first = ipaddress.ip_network(self.pod_cidr).network_address
-        return str(ipaddress.ip_network((int(first) + (self.node - 1) * 256, 24)))
+        """Node 1's /24: the first subnet the controller-manager allocates, as node 1
+        registers first. Extra nodes read theirs from their Node (its order is not fixed)."""
+        return str(next(ipaddress.ip_network(self.pod_cidr).subnets(new_prefix=24)))
 
     @property
     def pod_gateway_ip(self) -> str:

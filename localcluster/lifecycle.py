@@ -347,10 +347,12 @@ def _start(
             DEFAULT_READY_TIMEOUT_SECONDS,
             "kube-router (NetworkPolicy) to answer its health check",
         )
+    pod_cidrs = {config.node_name: config.node_pod_cidr}
     for view in nodes.extra_nodes(config):
         report.say(f"node {view.node_name}: network namespace {view.netns}, {view.node_ip}")
-        _start_extra_node(config, view, load_images=load_images, only_images=only_images)
-        report.say(f"node {view.node_name} Ready with {view.gpus} GPUs")
+        _start_extra_node(config, view, pod_cidrs, load_images=load_images, only_images=only_images)
+        subnet = pod_cidrs[view.node_name]
+        report.say(f"node {view.node_name} Ready with {view.gpus} GPUs, pods in {subnet}")
     if load_images:
         report.say("waiting for CoreDNS")
         wait(lambda: health.coredns_ready(kubectl), 120, "CoreDNS Available")
@@ -361,15 +363,17 @@ def _start(
 def _start_extra_node(
     config: ClusterConfig,
     view: ClusterConfig,
+    pod_cidrs: dict[str, str],
     *,
     load_images: bool,
     only_images: tuple[str, ...] | None,
 ) -> None:
     """Bring extra node `view` to Ready: its network, credentials, daemons and routes.
 
-    Nodes start one after the other, so each registers after the one before
-    and the controller-manager hands out the pod /24s in node order, which
-    the routes and the node's CNI configuration were written for.
+    The node's CNI configuration and the routes to its pods wait for the /24
+    the controller-manager gives its Node (added to pod_cidrs); until the
+    configuration exists the kubelet reports the network not ready, so no pod
+    starts before. Nodes start one after the other.
     """
     layout = Layout(view.state)
     _prepare_state(view, layout)
@@ -398,13 +402,9 @@ def _start_extra_node(
     kubectl = health.kubectl_for(view)
     wait(lambda: health.node_exists(kubectl, view), 60, f"{view.node_name} to register")
     wait(lambda: bool(health.pod_cidr(kubectl, view)), 30, f"{view.node_name}'s podCIDR")
-    given = health.pod_cidr(kubectl, view)
-    if given != view.node_pod_cidr:
-        raise ClusterError(
-            f"the controller-manager gave {view.node_name} the pod CIDR {given}, "
-            f"not {view.node_pod_cidr} as planned: did another node register in between?"
-        )
-    network.apply_routes(nodes.pod_routes(nodes.all_nodes(config)[: view.node]))
+    pod_cidrs[view.node_name] = health.pod_cidr(kubectl, view)
+    _write_cni_conflist(view, layout, pod_cidrs[view.node_name])
+    network.apply_routes(nodes.pod_routes(nodes.all_nodes(config)[: view.node], pod_cidrs))
     gpu.advertise(kubectl, view)
     wait(lambda: health.node_ready(kubectl, view), 120, f"{view.node_name} Ready")
     launch(dra.COMPONENT)
@@ -472,11 +472,16 @@ def _prepare_state(config: ClusterConfig, layout: Layout) -> None:
 
 def _write_configs(config: ClusterConfig, layout: Layout) -> None:
     (layout.containerd / "config.toml").write_text(containerd_config(config, layout))
-    (layout.cni_conf_dir / "10-fusebox.conflist").write_text(cni_conflist(config, layout))
+    if config.node == 1:  # an extra node's is written once its Node has a podCIDR
+        _write_cni_conflist(config, layout, config.node_pod_cidr)
     (layout.conf / "kubelet.yaml").write_text(kubelet_config(config, layout))
     (layout.conf / "kube-proxy.yaml").write_text(kube_proxy_config(config, layout))
     # No nameserver: pods with dnsPolicy Default resolve nothing, as nothing outside exists.
     (layout.conf / "resolv.conf").write_text("")
+
+
+def _write_cni_conflist(config: ClusterConfig, layout: Layout, subnet: str) -> None:
+    (layout.cni_conf_dir / "10-fusebox.conflist").write_text(cni_conflist(config, layout, subnet))
 
 
 def _launch(config: ClusterConfig, layout: Layout, component: str) -> None:

@@ -5,9 +5,10 @@ the namespace `config.netns`, joined to the host by the veth. With
 `up --nodes N` each extra node k is a kubelet, containerd, kube-proxy,
 device plugin, DRA driver (and kube-router) in a namespace of its own,
 `<netns>-node<k>`, with its own state directory, containerd root, cgroup
-root, pod /24 and simulated GPUs. Every node's address lies in node_cidr,
-on one Ethernet segment: a bridge in node 1's namespace to which the host's
-veth and one veth per extra node are attached, as a switch joins machines.
+root, simulated GPUs and the pod /24 the controller-manager gives it.
+Every node's address lies in node_cidr, on one Ethernet segment: a bridge
+in node 1's namespace to which the host's veth and one veth per extra node
+are attached, as a switch joins machines.
 A node view (node_config) is a ClusterConfig whose node-specific properties
 describe that node, so the builders of components.py serve every node.
 """
@@ -15,6 +16,7 @@ describe that node, so the builders of components.py serve every node.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from localcluster import netpolicy, pki
@@ -100,20 +102,24 @@ class Route:
     gateway: str
 
 
-def pod_routes(views: list[ClusterConfig]) -> list[Route]:
+def pod_routes(views: Sequence[ClusterConfig], pod_cidrs: Mapping[str, str]) -> list[Route]:
     """Routes that carry each node's pod /24 to that node, on the host and on the other nodes.
 
-    views are the nodes that exist so far. The host keeps its route for the
-    whole pod CIDR to node 1; the /24s of the other nodes are more specific
-    and go straight to them, over the segment they share.
+    views are the nodes that exist so far; pod_cidrs maps each node's name to
+    the podCIDR the controller-manager gave it (which /24 goes to which node
+    depends on its allocator, not only on the order the nodes registered).
+    The host keeps its route for the whole pod CIDR to node 1; the /24s of the
+    other nodes are more specific and go straight to them, over the segment
+    they share.
     """
     routes: list[Route] = []
     for target in views:
+        cidr = pod_cidrs[target.node_name]
         if target.node != 1:
-            routes.append(Route(None, target.node_pod_cidr, target.node_ip))
+            routes.append(Route(None, cidr, target.node_ip))
         for other in views:
             if other.node != target.node:
-                routes.append(Route(other.netns, target.node_pod_cidr, target.node_ip))
+                routes.append(Route(other.netns, cidr, target.node_ip))
     return routes
 
 

@@ -29,7 +29,7 @@ def test_one_node_keeps_the_addresses_names_and_links_it_always_had() -> None:
     assert nodes.node_link(config) == "fbx1"
     assert nodes.all_nodes(config) == [config]
     assert nodes.extra_nodes(config) == []
-    assert nodes.pod_routes(nodes.all_nodes(config)) == []
+    assert nodes.pod_routes(nodes.all_nodes(config), {"fbxmn": "10.251.0.0/24"}) == []
 
 
 def test_default_node_cidr_widens_only_for_more_nodes() -> None:
@@ -43,11 +43,6 @@ def test_each_extra_node_has_its_own_name_address_subnet_and_places() -> None:
     second, third = nodes.extra_nodes(config)
     assert [v.node_name for v in (second, third)] == ["fbxmn-node2", "fbxmn-node3"]
     assert [v.node_ip for v in (second, third)] == ["10.250.0.3", "10.250.0.4"]
-    assert [v.node_pod_cidr for v in (config, second, third)] == [
-        "10.251.0.0/24",
-        "10.251.1.0/24",
-        "10.251.2.0/24",
-    ]
     assert second.netns == "fbxmn-node2"
     assert second.state == Path("/tmp/x/fbxmn/nodes/fbxmn-node2")
     assert second.containerd_root == "/tmp/cache/containerd/fbxmn-node2"
@@ -82,7 +77,7 @@ def test_an_extra_node_s_daemons_name_it_and_reach_node_1() -> None:
     assert "--hostname-override=fbxmn-node2" in kubelet
     assert "--node-ip=10.250.0.3" in kubelet
     assert "cgroupRoot: /fusebox-fbxmn-node2" in components.kubelet_config(second, layout)
-    assert "10.251.1.0/24" in components.cni_conflist(second, layout)
+    assert '"subnet": "10.251.7.0/24"' in components.cni_conflist(second, layout, "10.251.7.0/24")
     assert "bindAddress: 10.250.0.3" in components.kube_proxy_config(second, layout)
     assert str(second.containerd_root) in components.containerd_config(second, layout)
 
@@ -101,23 +96,27 @@ def test_extra_node_certificates_name_the_node_and_its_address() -> None:
     assert "ca.key" not in files
 
 
+# Which /24 a node gets is the controller-manager's choice: node 3 may get the fourth.
+GIVEN = {"fbxmn": "10.251.0.0/24", "fbxmn-node2": "10.251.1.0/24", "fbxmn-node3": "10.251.3.0/24"}
+
+
 def test_routes_carry_each_node_s_pod_subnet_to_that_node_only() -> None:
     config = _config(nodes=3)
-    routes = nodes.pod_routes(nodes.all_nodes(config))
+    routes = nodes.pod_routes(nodes.all_nodes(config), GIVEN)
     assert nodes.Route(None, "10.251.1.0/24", "10.250.0.3") in routes
-    assert nodes.Route(None, "10.251.2.0/24", "10.250.0.4") in routes
+    assert nodes.Route(None, "10.251.3.0/24", "10.250.0.4") in routes
     # The host's route for the whole pod CIDR to node 1 covers node 1's /24.
     assert not [r for r in routes if r.netns is None and r.destination == "10.251.0.0/24"]
     assert nodes.Route("fbxmn-node2", "10.251.0.0/24", "10.250.0.2") in routes
     assert nodes.Route("fbxmn-node3", "10.251.1.0/24", "10.250.0.3") in routes
-    assert nodes.Route("fbxmn", "10.251.2.0/24", "10.250.0.4") in routes
+    assert nodes.Route("fbxmn", "10.251.3.0/24", "10.250.0.4") in routes
     assert not [r for r in routes if r.netns == "fbxmn-node2" and r.gateway == "10.250.0.3"]
     assert len(routes) == 2 + 3 * 2
 
 
 def test_routes_while_nodes_join_name_only_nodes_that_exist() -> None:
     views = nodes.all_nodes(_config(nodes=3))[:2]
-    assert {r.netns for r in nodes.pod_routes(views)} == {None, "fbxmn", "fbxmn-node2"}
+    assert {r.netns for r in nodes.pod_routes(views, GIVEN)} == {None, "fbxmn", "fbxmn-node2"}
 
 
 def test_a_node_is_found_by_name_or_refused_naming_the_nodes() -> None:
