@@ -112,6 +112,12 @@ def _parser() -> argparse.ArgumentParser:
         + ".",
     )
     restart.add_argument("components", metavar="COMPONENT", nargs="+")
+    restart.add_argument(
+        "--node",
+        metavar="NAME",
+        help="restart these daemons of another node (containerd, kubelet, kube-proxy, "
+        "device-plugin, dra-driver, kube-router); default node 1",
+    )
     sub.add_parser("status", help="show each component (exit 0 only when all are healthy)")
     sub.add_parser("env", help="print shell exports for KUBECONFIG and PATH")
     sub.add_parser("load-images", help="load built images into a running cluster's containerd")
@@ -152,6 +158,11 @@ def _require_saved(name: str) -> ClusterConfig:
     if saved is None:
         raise ClusterError(f"cluster {name!r} is not up: run `python -m localcluster up`")
     return saved
+
+
+def _node(config: ClusterConfig, node_name: str | None) -> ClusterConfig:
+    """The view of the node `--node` names; node 1 (the cluster) without it."""
+    return config if node_name is None else nodes.by_name(config, node_name)
 
 
 def run(argv: Sequence[str]) -> int:
@@ -205,7 +216,9 @@ def run(argv: Sequence[str]) -> int:
                 f"unknown component {', '.join(unknown)}; one of "
                 + ", ".join([*COMPONENTS, *ADDON_COMPONENTS, *ALIASES])
             )
-        lifecycle.restart(config, [c for _, c in asked if c is not None], report=report)
+        lifecycle.restart(
+            _node(config, args.node), [c for _, c in asked if c is not None], report=report
+        )
         return 0
     if args.command == "status":
         if saved is None:
@@ -221,7 +234,7 @@ def run(argv: Sequence[str]) -> int:
         print(f"export PATH={config.bin_dir}:$PATH")
         return 0
     if args.command == "gpu":
-        return gpu_cli.run(args, _require_saved(name))
+        return gpu_cli.run(args, _node(_require_saved(name), args.node))
     if args.command == "monitoring":
         monitoring_addon.install_into(_require_saved(name), say=report.say)
         return 0

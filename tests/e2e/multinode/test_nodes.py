@@ -239,3 +239,49 @@ def test_a_stopped_node_turns_not_ready_and_comes_back_with_its_pod(
     pinned = mkube.get("pod", "pinned")
     restarts = pinned["status"]["containerStatuses"][0]["restartCount"]
     assert restarts >= 1, "the pod's container was killed with the node and started again"
+
+
+def _allocatable_gpus(cluster: Cluster, node: str) -> str:
+    return cluster.kubectl(
+        "get", "node", node, "-o", r"jsonpath={.status.allocatable.nvidia\.com/gpu}"
+    ).stdout.strip()
+
+
+def test_a_gpu_unhealthy_on_one_node_leaves_the_other_nodes_gpus_alone(
+    multinode: Cluster, node_names: list[str]
+) -> None:
+    sick, *healthy = node_names[::-1]
+    try:
+        multinode_cli("gpu", "--node", sick, "unhealthy", "0")
+        wait_for(
+            f"{sick} to offer no GPU",
+            lambda: _allocatable_gpus(multinode, sick) == "0",
+            timeout=60,
+            every=1,
+        )
+        assert [_allocatable_gpus(multinode, n) for n in healthy] == ["1"] * len(healthy)
+    finally:
+        multinode_cli("gpu", "--node", sick, "healthy", "0")
+    wait_for(
+        f"{sick} to offer its GPU again",
+        lambda: _allocatable_gpus(multinode, sick) == "1",
+        timeout=60,
+        every=1,
+    )
+
+
+def test_restarting_a_node_s_daemons_keeps_its_pod_and_the_control_plane_is_node_1_s(
+    multinode: Cluster, mkube: Kube, node_names: list[str]
+) -> None:
+    node = node_names[1]
+    mkube.apply(mkube.testapp_pod("steady", nodeName=node))
+    mkube.wait("pod/steady", "condition=Ready")
+    before = mkube.get("pod", "steady")
+    multinode_cli("restart", "--node", node, "containerd", "kubelet", "kube-proxy")
+    assert _node_ready(multinode, node) == "True"
+    after = mkube.get("pod", "steady")
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["status"]["containerStatuses"][0]["restartCount"] == 0
+    refused = multinode_cli("restart", "--node", node, "etcd", check=False)
+    assert refused.returncode == 1
+    assert "etcd: not a component" in refused.stderr, refused.stderr
