@@ -1,11 +1,13 @@
 """A cluster of its own with several nodes, beside (never instead of) the default one.
 
-`multinode` (session) brings up the localcluster named FUSEBOX_MULTINODE_NAME
-(default fbxmn) with FUSEBOX_MULTINODE_NODES nodes (default 3) on subnets,
-veths and a namespace of its own, so it runs while the rest of the e2e suite
-holds the default cluster `fusebox`; it takes the cluster down at the end
-(unless FUSEBOX_MULTINODE_KEEP=1) and never touches the default one. Only
-the images these tests run are loaded, on every node. `mkube` binds it to
+`multinode` (module-scoped) brings up the localcluster named
+FUSEBOX_MULTINODE_NAME (default fbxmn) with FUSEBOX_MULTINODE_NODES nodes
+(default 3) on subnets, veths and a namespace of its own, so it runs while
+the rest of the e2e suite holds the default cluster `fusebox`; it takes the
+cluster down when the module ends (unless FUSEBOX_MULTINODE_KEEP=1), so
+inside a whole e2e run it is gone before the next module, and it never
+touches the default one. Only the images these tests run are loaded, on
+every node. `mkube` binds it to
 a fresh `restricted` namespace per test, deleted afterwards.
 """
 
@@ -54,7 +56,7 @@ def multinode_cli(
     return result
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def multinode() -> Iterator[Cluster]:
     multinode_cli("up", *UP_FLAGS, timeout=UP_TIMEOUT_SECONDS)
     env = multinode_cli("env", timeout=60).stdout
