@@ -13,6 +13,7 @@ a fresh `restricted` namespace per test, deleted afterwards.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import subprocess
 import sys
@@ -27,11 +28,12 @@ from ..localcluster.conftest import Kube, new_namespace
 
 NAME = os.environ.get("FUSEBOX_MULTINODE_NAME", "fbxmn")
 NODES = int(os.environ.get("FUSEBOX_MULTINODE_NODES", "3"))
+NODE_CIDR, POD_CIDR, SERVICE_CIDR = "10.240.0.0/28", "10.241.0.0/16", "10.242.0.0/16"
 UP_FLAGS = (
     f"--nodes={NODES}",
-    "--node-cidr=10.240.0.0/28",
-    "--pod-cidr=10.241.0.0/16",
-    "--service-cidr=10.242.0.0/16",
+    f"--node-cidr={NODE_CIDR}",
+    f"--pod-cidr={POD_CIDR}",
+    f"--service-cidr={SERVICE_CIDR}",
     "--host-veth=fbm0",
     "--node-veth=fbm1",
     "--images=pause,coredns,testapp",
@@ -72,6 +74,37 @@ def multinode() -> Iterator[Cluster]:
     finally:
         if os.environ.get("FUSEBOX_MULTINODE_KEEP") != "1":
             multinode_cli("down", timeout=300)
+            assert host_leftovers() == [], "`down` left part of the cluster on the host"
+
+
+def host_leftovers() -> list[str]:
+    """What of this cluster is still on the host: its nodes' namespaces, the veth,
+    routes into its subnets, firewall rules, cgroups."""
+    found = [
+        f"netns {n}"
+        for n in subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True
+        ).stdout.split()
+        if n == NAME or n.startswith(f"{NAME}-node")
+    ]
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    found += [f"link {link}" for link in ("fbm0", "fbm1") if f" {link}:" in links]
+    routes = subprocess.run(["ip", "route", "show"], capture_output=True, text=True).stdout
+    ours = [ipaddress.ip_network(c) for c in (NODE_CIDR, POD_CIDR, SERVICE_CIDR)]
+    for route in routes.splitlines():
+        destination = route.split()[0]
+        if destination != "default" and any(
+            ipaddress.ip_network(destination, strict=False).overlaps(net) for net in ours
+        ):
+            found.append(f"route {route}")
+    rules = subprocess.run(["iptables", "-w", "-S"], capture_output=True, text=True).stdout
+    found += [f"iptables {r}" for r in rules.splitlines() if f"fusebox-localcluster:{NAME}" in r]
+    found += [
+        f"cgroup {c}"
+        for c in Path("/sys/fs/cgroup").glob(f"*/fusebox-{NAME}*")
+        if c.name == f"fusebox-{NAME}" or c.name.startswith(f"fusebox-{NAME}-node")
+    ]
+    return found
 
 
 @pytest.fixture
