@@ -57,8 +57,8 @@ def pids_in(root: str) -> set[int]:
     return pids
 
 
-def kill_and_remove(root: str, *, timeout_seconds: float = 20.0) -> list[str]:
-    """SIGKILL every task under root, then remove the tree bottom-up. Returns what stayed."""
+def kill_tasks(root: str, *, timeout_seconds: float = 20.0) -> None:
+    """SIGKILL every task under root (a node's pods, as when its machine dies)."""
     deadline = time.monotonic() + timeout_seconds
     while (pids := pids_in(root)) and time.monotonic() < deadline:
         for pid in pids:
@@ -67,6 +67,11 @@ def kill_and_remove(root: str, *, timeout_seconds: float = 20.0) -> list[str]:
             except ProcessLookupError:
                 pass
         time.sleep(0.2)
+
+
+def kill_and_remove(root: str, *, timeout_seconds: float = 20.0) -> list[str]:
+    """SIGKILL every task under root, then remove the tree bottom-up. Returns what stayed."""
+    kill_tasks(root, timeout_seconds=timeout_seconds)
     remaining: list[str] = []
     for top in existing(root):
         for directory, _dirs, _files in sorted(os.walk(top), key=lambda w: -len(w[0])):

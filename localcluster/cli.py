@@ -1,4 +1,4 @@
-"""`python -m localcluster up|down|restart|status|env|load-images|pv`: the command line.
+"""`python -m localcluster up|down|restart|status|env|load-images|pv|node`: the command line.
 
 Thin: parses flags into a ClusterConfig, calls lifecycle, maps its errors to
 a message and exit status 1 (never a traceback for an expected failure).
@@ -19,6 +19,8 @@ from localcluster import (
     health,
     lifecycle,
     monitoring_addon,
+    node_control,
+    nodes,
     storage,
     teardown,
 )
@@ -39,7 +41,8 @@ from localcluster.progress import ClusterError, Reporter
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m localcluster",
-        description="A real one-node Kubernetes in its own network namespace, with simulated GPUs.",
+        description="A real Kubernetes of one node or more, each in its own network namespace, "
+        "with simulated GPUs.",
     )
     parser.add_argument(
         "--name", help="cluster name (env FUSEBOX_LOCALCLUSTER_NAME; default fusebox)"
@@ -47,10 +50,20 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="start the cluster (or confirm it is up)")
+    up.add_argument(
+        "--nodes",
+        type=int,
+        help="how many nodes, each with its own kubelet, containerd and GPUs "
+        "(env FUSEBOX_LOCALCLUSTER_NODES; default 1)",
+    )
     up.add_argument("--netns", help="network namespace name (default: the cluster name)")
     up.add_argument("--host-veth", help="host end of the veth (default fbx0)")
     up.add_argument("--node-veth", help="node end of the veth (default fbx1)")
-    up.add_argument("--node-cidr", help="host<->node link, at least a /30 (default 10.250.0.0/30)")
+    up.add_argument(
+        "--node-cidr",
+        help="host<->nodes link: room for the host and every node "
+        "(default 10.250.0.0/30 for one node, wider for more)",
+    )
     up.add_argument("--pod-cidr", help="pod network (default 10.251.0.0/16)")
     up.add_argument("--service-cidr", help="Service ClusterIPs (default 10.252.0.0/16)")
     up.add_argument("--gpus", type=int, help="simulated nvidia.com/gpu count (default 1)")
@@ -99,6 +112,12 @@ def _parser() -> argparse.ArgumentParser:
         + ".",
     )
     restart.add_argument("components", metavar="COMPONENT", nargs="+")
+    restart.add_argument(
+        "--node",
+        metavar="NAME",
+        help="restart these daemons of another node (containerd, kubelet, kube-proxy, "
+        "device-plugin, dra-driver, kube-router); default node 1",
+    )
     sub.add_parser("status", help="show each component (exit 0 only when all are healthy)")
     sub.add_parser("env", help="print shell exports for KUBECONFIG and PATH")
     sub.add_parser("load-images", help="load built images into a running cluster's containerd")
@@ -107,6 +126,20 @@ def _parser() -> argparse.ArgumentParser:
         help="install Prometheus under the Prometheus Operator in the `monitoring` namespace",
     )
     gpu_cli.add_parser(sub)
+
+    node = sub.add_parser(
+        "node",
+        help="stop, start, drain or uncordon one node",
+        description="stop: kill the node's kubelet, containerd, other daemons and pods at "
+        "once, as if the machine died; start: bring them back and wait for Ready; drain: "
+        "cordon and evict its pods within their PodDisruptionBudgets (kubectl drain); "
+        "uncordon: schedule onto it again.",
+    )
+    node.add_argument("action", choices=("stop", "start", "drain", "uncordon"))
+    node.add_argument("node_name", metavar="NAME", help="the node (`kubectl get nodes`)")
+    node.add_argument(
+        "--timeout", type=float, default=300, help="seconds a drain may take (default 300)"
+    )
 
     pv = sub.add_parser("pv", help="create a `local` PersistentVolume backed by a directory")
     pv.add_argument("pv_name", metavar="NAME")
@@ -125,6 +158,11 @@ def _require_saved(name: str) -> ClusterConfig:
     if saved is None:
         raise ClusterError(f"cluster {name!r} is not up: run `python -m localcluster up`")
     return saved
+
+
+def _node(config: ClusterConfig, node_name: str | None) -> ClusterConfig:
+    """The view of the node `--node` names; node 1 (the cluster) without it."""
+    return config if node_name is None else nodes.by_name(config, node_name)
 
 
 def run(argv: Sequence[str]) -> int:
@@ -146,6 +184,7 @@ def run(argv: Sequence[str]) -> int:
             gpu_product=args.gpu_product,
             gpu_memory_mib=args.gpu_memory_mib,
             network_policy=args.network_policy,
+            nodes=args.nodes,
         )
         wanted = args.images or os.environ.get("FUSEBOX_LOCALCLUSTER_IMAGES")
         only = tuple(n for n in wanted.split(",") if n) if wanted else None
@@ -177,7 +216,9 @@ def run(argv: Sequence[str]) -> int:
                 f"unknown component {', '.join(unknown)}; one of "
                 + ", ".join([*COMPONENTS, *ADDON_COMPONENTS, *ALIASES])
             )
-        lifecycle.restart(config, [c for _, c in asked if c is not None], report=report)
+        lifecycle.restart(
+            _node(config, args.node), [c for _, c in asked if c is not None], report=report
+        )
         return 0
     if args.command == "status":
         if saved is None:
@@ -193,12 +234,24 @@ def run(argv: Sequence[str]) -> int:
         print(f"export PATH={config.bin_dir}:$PATH")
         return 0
     if args.command == "gpu":
-        return gpu_cli.run(args, _require_saved(name))
+        return gpu_cli.run(args, _node(_require_saved(name), args.node))
     if args.command == "monitoring":
         monitoring_addon.install_into(_require_saved(name), say=report.say)
         return 0
     if args.command == "load-images":
-        containerd.load_images_into_running(_require_saved(name))
+        for view in nodes.all_nodes(_require_saved(name)):
+            containerd.load_images_into_running(view)
+        return 0
+    if args.command == "node":
+        view = nodes.by_name(_require_saved(name), args.node_name)
+        if args.action == "stop":
+            node_control.stop(view, report)
+        elif args.action == "start":
+            node_control.start(view, report)
+        elif args.action == "drain":
+            node_control.drain(view, report, timeout_seconds=args.timeout)
+        else:
+            node_control.uncordon(view, report)
         return 0
     if args.command == "pv":
         config = _require_saved(name)

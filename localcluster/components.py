@@ -105,6 +105,11 @@ COMPONENTS = (
     "kube-router",
 )
 
+# What a node runs for itself: every node has these; node 1 also runs the control plane.
+NODE_COMPONENTS = frozenset(
+    {"containerd", "kubelet", "kube-proxy", "device-plugin", dra.COMPONENT, "kube-router"}
+)
+
 # Daemons a setting can leave out (`up --no-network-policy`).
 OPTIONAL_COMPONENTS = frozenset({"kube-router"})
 
@@ -133,8 +138,13 @@ HEALTH_URLS = {
 
 
 def enabled_components(config: ClusterConfig) -> tuple[str, ...]:
-    """This cluster's daemons, in start order."""
-    return tuple(c for c in COMPONENTS if c not in OPTIONAL_COMPONENTS or config.network_policy)
+    """This node's daemons, in start order: all of them on node 1, NODE_COMPONENTS elsewhere."""
+    return tuple(
+        c
+        for c in COMPONENTS
+        if (c not in OPTIONAL_COMPONENTS or config.network_policy)
+        and (config.node == 1 or c in NODE_COMPONENTS)
+    )
 
 
 def canonical_component(name: str) -> str | None:
@@ -304,8 +314,8 @@ def containerd_argv(layout: Layout) -> list[str]:
     return [str(CONTAINERD_BIN_DIR / "containerd"), f"--config={layout.containerd / 'config.toml'}"]
 
 
-def cni_conflist(config: ClusterConfig, layout: Layout) -> str:
-    """Bridge + host-local on the node's /24; no masquerade: nothing leaves the node."""
+def cni_conflist(config: ClusterConfig, layout: Layout, subnet: str) -> str:
+    """Bridge + host-local on the node's /24 (subnet); no masquerade: nothing leaves the node."""
     return json.dumps(
         {
             "cniVersion": "1.0.0",
@@ -319,7 +329,7 @@ def cni_conflist(config: ClusterConfig, layout: Layout) -> str:
                     "hairpinMode": True,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{"subnet": config.node_pod_cidr}]],
+                        "ranges": [[{"subnet": subnet}]],
                         "routes": [{"dst": "0.0.0.0/0"}],
                         "dataDir": str(layout.cni_ipam),
                     },

@@ -47,6 +47,12 @@ class ClusterConfig:
     # kube-router enforces NetworkPolicy; off only while something still needs
     # to reach pods from the host past their policies (docs/localcluster.md).
     network_policy: bool = True
+    # How many nodes the cluster has; node 1 runs the control plane as well.
+    nodes: int = 1
+    # Which node this value describes: 1 for the cluster itself, 2..nodes for
+    # the view nodes.node_config makes of an extra node (its own netns, state
+    # directory and containerd root). A one-node cluster is exactly as before.
+    node: int = 1
 
     # --- derived values -------------------------------------------------
     @property
@@ -56,7 +62,12 @@ class ClusterConfig:
 
     @property
     def node_ip(self) -> str:
-        """The node's address, where the apiserver and kubelet listen."""
+        """This node's address, where its kubelet listens: node k has address k+1 of node_cidr."""
+        return str(ipaddress.ip_network(self.node_cidr)[1 + self.node])
+
+    @property
+    def control_plane_ip(self) -> str:
+        """Node 1's address, where the apiserver listens, whichever node this value describes."""
         return str(ipaddress.ip_network(self.node_cidr)[2])
 
     @property
@@ -65,7 +76,8 @@ class ClusterConfig:
 
     @property
     def node_pod_cidr(self) -> str:
-        """The node's /24: the first subnet the controller-manager allocates."""
+        """Node 1's /24: the first subnet the controller-manager allocates, as node 1
+        registers first. Extra nodes read theirs from their Node (its order is not fixed)."""
         return str(next(ipaddress.ip_network(self.pod_cidr).subnets(new_prefix=24)))
 
     @property
@@ -84,16 +96,17 @@ class ClusterConfig:
 
     @property
     def node_name(self) -> str:
-        return self.name
+        """Node 1 is named after the cluster (as with one node); node k is <name>-node<k>."""
+        return self.name if self.node == 1 else f"{self.name}-node{self.node}"
 
     @property
     def cgroup_root(self) -> str:
-        """Parent cgroup of every pod, so teardown can find them all by name."""
-        return f"/fusebox-{self.name}"
+        """Parent cgroup of every pod of this node, so teardown can find them all by name."""
+        return f"/fusebox-{self.node_name}"
 
     @property
     def cni_network_name(self) -> str:
-        return f"fusebox-{self.name}"
+        return f"fusebox-{self.node_name}"
 
     @property
     def firewall_comment(self) -> str:
@@ -105,8 +118,13 @@ class ClusterConfig:
         return Path(self.state_dir)
 
     @property
+    def cluster_state(self) -> Path:
+        """The cluster's state directory; an extra node's lies at <it>/nodes/<node name>."""
+        return self.state if self.node == 1 else self.state.parents[1]
+
+    @property
     def kubeconfig(self) -> Path:
-        return self.state / "kubeconfig"
+        return self.cluster_state / "kubeconfig"
 
     @property
     def containerd_socket(self) -> Path:
@@ -114,7 +132,7 @@ class ClusterConfig:
 
     @property
     def apiserver_url(self) -> str:
-        return f"https://{self.node_ip}:6443"
+        return f"https://{self.control_plane_ip}:6443"
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -155,6 +173,7 @@ def build_config(
     gpu_product: str | None = None,
     gpu_memory_mib: int | None = None,
     network_policy: bool | None = None,
+    nodes: int | None = None,
 ) -> ClusterConfig:
     """Flags win over FUSEBOX_LOCALCLUSTER_* variables, which win over defaults."""
 
@@ -174,12 +193,13 @@ def build_config(
         except ValueError:
             raise ConfigError(f"FUSEBOX_LOCALCLUSTER_{var}={raw!r} is not an integer") from None
 
+    node_count = pick_int(nodes, "NODES", 1)
     config = ClusterConfig(
         name=name,
         netns=pick(netns, "NETNS", name),
         host_veth=pick(host_veth, "HOST_VETH", "fbx0"),
         node_veth=pick(node_veth, "NODE_VETH", "fbx1"),
-        node_cidr=pick(node_cidr, "NODE_CIDR", "10.250.0.0/30"),
+        node_cidr=pick(node_cidr, "NODE_CIDR", default_node_cidr(node_count)),
         pod_cidr=pick(pod_cidr, "POD_CIDR", "10.251.0.0/16"),
         service_cidr=pick(service_cidr, "SERVICE_CIDR", "10.252.0.0/16"),
         gpus=pick_int(gpus, "GPUS", 1),
@@ -189,9 +209,22 @@ def build_config(
         containerd_root=str(cache_dir(env) / "containerd" / name),
         bin_dir=str(REPO_ROOT / ".cache" / "bin"),
         network_policy=network_policy_asked(network_policy, env) is not False,
+        nodes=node_count,
     )
     validate(config)
     return config
+
+
+def default_node_cidr(nodes: int) -> str:
+    """10.250.0.0/30 for one node (as always); wide enough for the host and every node else.
+
+    The host takes the first address, node k address k+1; the network and
+    broadcast addresses are left out.
+    """
+    prefix = 30
+    while 2 ** (32 - prefix) < max(nodes, 1) + 3:
+        prefix -= 1
+    return f"10.250.0.0/{prefix}"
 
 
 def network_policy_asked(flag: bool | None, env: Mapping[str, str]) -> bool | None:
@@ -243,6 +276,8 @@ def validate(config: ClusterConfig) -> None:
         if not isinstance(net, ipaddress.IPv4Network):
             raise ConfigError(f"{label} {cidr!r}: only IPv4 is supported")
         nets[label] = net
+    if config.nodes < 1:
+        raise ConfigError(f"--nodes {config.nodes}: must be 1 or more")
     if nets["node CIDR"].prefixlen > 30:
         raise ConfigError(f"node CIDR {config.node_cidr} needs at least a /30")
     if nets["pod CIDR"].prefixlen > 24:
@@ -254,6 +289,15 @@ def validate(config: ClusterConfig) -> None:
         for second in labels[i + 1 :]:
             if nets[first].overlaps(nets[second]):
                 raise ConfigError(f"{first} {nets[first]} overlaps {second} {nets[second]}")
+    if not 1 <= config.node <= config.nodes:
+        raise ConfigError(f"node {config.node}: the cluster has nodes 1..{config.nodes}")
+    if nets["node CIDR"].num_addresses < config.nodes + 3:
+        raise ConfigError(
+            f"node CIDR {config.node_cidr} has no room for {config.nodes} nodes and the host: "
+            f"use --node-cidr with a /{default_node_cidr(config.nodes).split('/')[1]} or wider"
+        )
+    if 2 ** (24 - nets["pod CIDR"].prefixlen) < config.nodes:
+        raise ConfigError(f"pod CIDR {config.pod_cidr} has fewer /24s than {config.nodes} nodes")
     if config.gpus < 0:
         raise ConfigError(f"--gpus {config.gpus}: must be 0 or more")
     if config.gpu_memory_mib <= 0:

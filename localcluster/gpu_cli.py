@@ -23,6 +23,9 @@ def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "gpu", help="simulated GPUs: list them, mark one unhealthy or healthy again"
     )
+    parser.add_argument(
+        "--node", metavar="NAME", help="the node whose GPUs these are (default: node 1)"
+    )
     actions = parser.add_subparsers(dest="gpu_command", required=True)
     actions.add_parser("list", help="each GPU's index, device id and health")
     for verb, meaning in (("unhealthy", "reported Unhealthy"), ("healthy", "Healthy again")):

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from localcluster import containerd, gpu, processes
+from localcluster import containerd, gpu, nodes, processes
 from localcluster.components import HEALTH_URLS, Layout, enabled_components
 from localcluster.config import ClusterConfig
 from localcluster.kubectl import Kubectl, KubectlError
@@ -80,6 +80,14 @@ def node_exists(kubectl: Kubectl, config: ClusterConfig) -> bool:
     return kubectl.run("get", "node", config.node_name, check=False).returncode == 0
 
 
+def pod_cidr(kubectl: Kubectl, config: ClusterConfig) -> str:
+    """The pod CIDR the controller-manager gave the node; empty before it did."""
+    result = kubectl.run(
+        "get", "node", config.node_name, "-o", "jsonpath={.spec.podCIDR}", check=False
+    )
+    return result.stdout.strip()
+
+
 def node_ready(kubectl: Kubectl, config: ClusterConfig) -> bool:
     result = kubectl.run(
         "get",
@@ -128,8 +136,35 @@ def status_lines(config: ClusterConfig) -> tuple[bool, list[str]]:
         dns = coredns_ready(kubectl)
         lines.append(f"{'coredns':<24} {'Available' if dns else 'not available'}")
         healthy = healthy and is_ready
+    for view in nodes.extra_nodes(config):
+        node_healthy, node_lines = extra_node_lines(
+            view, ask_api=ready and states.get("etcd", False)
+        )
+        lines += node_lines
+        healthy = healthy and node_healthy
     if not config.network_policy:
         lines.append(f"{'NetworkPolicy':<24} not enforced (up --no-network-policy)")
     lines.append(f"{'kubeconfig':<24} {config.kubeconfig}")
+    for view in nodes.extra_nodes(config):
+        lines.append(f"{'logs of ' + view.node_name:<24} {Layout(view.state).logs}")
     lines.append(f"{'logs':<24} {Layout(config.state).logs}")
+    return healthy, lines
+
+
+def extra_node_lines(view: ClusterConfig, *, ask_api: bool) -> tuple[bool, list[str]]:
+    """An extra node's daemons, its Ready condition and GPUs (when the API can be asked)."""
+    states = component_states(view)
+    lines = [f"node {view.node_name} ({view.node_ip}, netns {view.netns}):"]
+    lines += [f"  {name:<22} {'running' if alive else 'stopped'}" for name, alive in states.items()]
+    healthy = all(states.values())
+    if ask_api:
+        kubectl = kubectl_for(view)
+        is_ready = node_ready(kubectl, view)
+        lines.append(f"  {'node':<22} {'Ready' if is_ready else 'NotReady'}")
+        try:
+            count = gpu.advertised_count(kubectl.get_json("node", view.node_name))
+        except KubectlError:
+            count = 0
+        lines.append(f"  {'nvidia.com/gpu':<22} {count}")
+        healthy = healthy and is_ready
     return healthy, lines

@@ -34,6 +34,7 @@ from localcluster import (
     hostchanges,
     netpolicy,
     network,
+    nodes,
     pki,
     processes,
     recovery,
@@ -70,7 +71,15 @@ DEFAULT_READY_TIMEOUT_SECONDS = 30.0
 # for seconds after it stopped serving.
 STOP_GRACE_SECONDS = {"etcd": 10.0}
 
-NETWORK_SETTINGS = ("netns", "host_veth", "node_veth", "node_cidr", "pod_cidr", "service_cidr")
+NETWORK_SETTINGS = (
+    "netns",
+    "host_veth",
+    "node_veth",
+    "node_cidr",
+    "pod_cidr",
+    "service_cidr",
+    "nodes",
+)
 
 
 def missing_binaries(config: ClusterConfig) -> list[str]:
@@ -121,6 +130,7 @@ def up(
             _check_same_network(saved, config)
         if plan.action is recovery.Action.NOTHING:
             _wait_serving(saved, "kube-apiserver")
+            _restart_dead_extra_nodes(saved, report)
             report.say(f"cluster {config.name!r} is already up")
             _reassert(saved, config, network_policy, report)
             return
@@ -130,6 +140,7 @@ def up(
                 "restarting, keeping every object"
             )
             restart(saved, plan.restart, report=report)
+            _restart_dead_extra_nodes(saved, report)
             _reassert(saved, config, network_policy, report)
             report.say(f"cluster {config.name!r} is up: export KUBECONFIG={config.kubeconfig}")
             return
@@ -159,6 +170,12 @@ def survey(saved: ClusterConfig, wanted: ClusterConfig) -> recovery.Found:
         missing_network.append(f"the node's network namespace {saved.netns!r}")
     elif not network.link_exists(saved.host_veth):
         missing_network.append(f"the host's veth {saved.host_veth!r}")
+    existing = network.netns_names()
+    missing_network += [
+        f"node {view.node_name}'s network namespace {view.netns!r}"
+        for view in nodes.extra_nodes(saved)
+        if view.netns not in existing
+    ]
     return recovery.Found(
         running=health.component_states(saved),
         missing_state=[k for k in recovery.REQUIRED_STATE if not (saved.state / k).exists()],
@@ -180,16 +197,29 @@ def _reassert(
     )
     if config.network_policy and not saved.network_policy:
         report.say("turning NetworkPolicy enforcement on (kube-router)")
-        _start_network_policy(config, Layout(config.state))
+        for view in nodes.all_nodes(config):
+            _start_network_policy(view, Layout(view.state))
     elif saved.network_policy and not config.network_policy:
         report.say(
             "turning NetworkPolicy enforcement off: stopping kube-router, removing its rules"
         )
-        _stop_network_policy(config, Layout(config.state))
+        for view in nodes.all_nodes(config):
+            _stop_network_policy(view, Layout(view.state))
     if config != saved:
         (config.state / "config.json").write_text(config.to_json())
-    gpu.advertise(health.kubectl_for(config), config)
+    for view in nodes.all_nodes(config):
+        gpu.advertise(health.kubectl_for(config), view)
     health.kubectl_for(config).apply(addons.as_list([dra.device_class()]))
+
+
+def _restart_dead_extra_nodes(saved: ClusterConfig, report: Reporter) -> None:
+    """Start again the daemons of extra nodes that died or were stopped (`node stop`)."""
+    for view in nodes.extra_nodes(saved):
+        dead = [c for c, alive in health.component_states(view).items() if not alive]
+        if dead:
+            report.say(f"node {view.node_name}: {', '.join(dead)} not running; restarting")
+            cgroups.create_root(view.cgroup_root)
+            restart(view, dead, report=report)
 
 
 def _start_network_policy(config: ClusterConfig, layout: Layout) -> None:
@@ -317,11 +347,100 @@ def _start(
             DEFAULT_READY_TIMEOUT_SECONDS,
             "kube-router (NetworkPolicy) to answer its health check",
         )
+    pod_cidrs = {config.node_name: config.node_pod_cidr}
+    for view in nodes.extra_nodes(config):
+        report.say(f"node {view.node_name}: network namespace {view.netns}, {view.node_ip}")
+        _start_extra_node(config, view, pod_cidrs, load_images=load_images, only_images=only_images)
+        subnet = pod_cidrs[view.node_name]
+        report.say(f"node {view.node_name} Ready with {view.gpus} GPUs, pods in {subnet}")
     if load_images:
         report.say("waiting for CoreDNS")
         wait(lambda: health.coredns_ready(kubectl), 120, "CoreDNS Available")
     (config.state / "up").write_text(f"{time.time()}\n")
     report.say(f"cluster {config.name!r} is up: export KUBECONFIG={config.kubeconfig}")
+
+
+def _start_extra_node(
+    config: ClusterConfig,
+    view: ClusterConfig,
+    pod_cidrs: dict[str, str],
+    *,
+    load_images: bool,
+    only_images: tuple[str, ...] | None,
+) -> None:
+    """Bring extra node `view` to Ready: its network, credentials, daemons and routes.
+
+    The node's CNI configuration and the routes to its pods wait for the /24
+    the controller-manager gives its Node (added to pod_cidrs); until the
+    configuration exists the kubelet reports the network not ready, so no pod
+    starts before. Nodes start one after the other.
+    """
+    layout = Layout(view.state)
+    _prepare_state(view, layout)
+    _issue_node_credentials(config, view, layout)
+    _write_configs(view, layout)
+    hostchanges.record(layout.host_records)
+    network.setup_extra_node(view)
+    cgroups.create_root(view.cgroup_root)
+    started: list[str] = []
+
+    def launch(component: str) -> None:
+        _launch(view, layout, component)
+        started.append(component)
+
+    def wait(condition: Callable[[], bool], timeout_seconds: float, what: str) -> None:
+        _wait(view, layout, tuple(started), condition, timeout_seconds, what)
+
+    launch("containerd")
+    wait(lambda: containerd.ctr_ok(view), 30, f"containerd of {view.node_name}")
+    if load_images:
+        containerd.load_images(view, only_images)
+        containerd.require_images(view, (SANDBOX_IMAGE, addons.COREDNS_IMAGE))
+    launch("kubelet")
+    launch("kube-proxy")
+    launch("device-plugin")
+    kubectl = health.kubectl_for(view)
+    wait(lambda: health.node_exists(kubectl, view), 60, f"{view.node_name} to register")
+    wait(lambda: bool(health.pod_cidr(kubectl, view)), 30, f"{view.node_name}'s podCIDR")
+    pod_cidrs[view.node_name] = health.pod_cidr(kubectl, view)
+    _write_cni_conflist(view, layout, pod_cidrs[view.node_name])
+    network.apply_routes(nodes.pod_routes(nodes.all_nodes(config)[: view.node], pod_cidrs))
+    gpu.advertise(kubectl, view)
+    wait(lambda: health.node_ready(kubectl, view), 120, f"{view.node_name} Ready")
+    launch(dra.COMPONENT)
+    if config.network_policy:
+        launch("kube-router")
+        wait(
+            lambda: health.component_ready(view, "kube-router"),
+            DEFAULT_READY_TIMEOUT_SECONDS,
+            f"kube-router of {view.node_name} to answer its health check",
+        )
+
+
+def _issue_node_credentials(config: ClusterConfig, view: ClusterConfig, layout: Layout) -> None:
+    """The extra node's kubelet certificates, signed by the cluster CA, and its kubeconfigs.
+
+    The CA's key stays in node 1's directory: the node's certificates are made
+    there under the node's name and copied, with the CA certificate and the
+    clients every node shares (kube-proxy, kube-router).
+    """
+    cluster_pki = Layout(config.state).pki
+    for spec in nodes.node_cert_specs(view):
+        pki.issue(cluster_pki, spec)
+    for source, target in nodes.node_pki_files(view).items():
+        shutil.copyfile(cluster_pki / source, layout.pki / target)
+        (layout.pki / target).chmod(0o600)
+    for component, cert in (
+        ("kubelet", "kubelet-client"),
+        ("kube-proxy", "kube-proxy"),
+        ("kube-router", netpolicy.CLIENT_CERT.name),
+    ):
+        pki.write_kubeconfig(
+            layout.kubeconfig(component),
+            pki_dir=layout.pki,
+            cert_name=cert,
+            server=view.apiserver_url,
+        )
 
 
 def _prepare_state(config: ClusterConfig, layout: Layout) -> None:
@@ -353,11 +472,16 @@ def _prepare_state(config: ClusterConfig, layout: Layout) -> None:
 
 def _write_configs(config: ClusterConfig, layout: Layout) -> None:
     (layout.containerd / "config.toml").write_text(containerd_config(config, layout))
-    (layout.cni_conf_dir / "10-fusebox.conflist").write_text(cni_conflist(config, layout))
+    if config.node == 1:  # an extra node's is written once its Node has a podCIDR
+        _write_cni_conflist(config, layout, config.node_pod_cidr)
     (layout.conf / "kubelet.yaml").write_text(kubelet_config(config, layout))
     (layout.conf / "kube-proxy.yaml").write_text(kube_proxy_config(config, layout))
     # No nameserver: pods with dnsPolicy Default resolve nothing, as nothing outside exists.
     (layout.conf / "resolv.conf").write_text("")
+
+
+def _write_cni_conflist(config: ClusterConfig, layout: Layout, subnet: str) -> None:
+    (layout.cni_conf_dir / "10-fusebox.conflist").write_text(cni_conflist(config, layout, subnet))
 
 
 def _launch(config: ClusterConfig, layout: Layout, component: str) -> None:

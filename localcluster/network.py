@@ -6,6 +6,12 @@ node's address, so tests on the host reach pod IPs and ClusterIPs, and the
 node has no default route, so nothing in the cluster reaches beyond the host.
 Belt and braces: the host drops anything it would forward to or from the
 veth, tagged with a comment so `down` removes exactly our rules.
+
+With several nodes (nodes.py) node 1's address moves from its veth to a
+bridge in its namespace, which the veth and one veth per extra node join:
+host and nodes share one segment, so the host routes each extra node's pod
+/24 straight to it and every path is the same both ways. Extra nodes have
+no default route either.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from localcluster import nodes
 from localcluster.config import ClusterConfig
 
 
@@ -51,8 +58,10 @@ def host_collisions(config: ClusterConfig) -> list[str]:
     Called after our own leftovers were cleaned, so anything found is not ours.
     """
     problems: list[str] = []
-    if config.netns in netns_names():
-        problems.append(f"network namespace {config.netns!r} already exists (ip netns list)")
+    existing = netns_names()
+    for view in nodes.all_nodes(config):
+        if view.netns in existing:
+            problems.append(f"network namespace {view.netns!r} already exists (ip netns list)")
     for link in (config.host_veth, config.node_veth):
         if link_exists(link):
             problems.append(f"network interface {link!r} already exists (ip link)")
@@ -87,17 +96,26 @@ def setup(config: ClusterConfig) -> None:
     ns = config.netns
     host, node = config.host_veth, config.node_veth
     prefix = config.node_prefix_len
+    link = nodes.node_link(config)
+    bridge: list[list[str]] = []
+    if link != node:
+        bridge = [
+            ["ip", "-n", ns, "link", "add", link, "type", "bridge"],
+            ["ip", "-n", ns, "link", "set", node, "master", link],
+            ["ip", "-n", ns, "link", "set", link, "up"],
+        ]
     steps: list[list[str]] = [
         ["ip", "netns", "add", ns],
         ["ip", "link", "add", host, "type", "veth", "peer", "name", node, "netns", ns],
         ["ip", "addr", "add", f"{config.host_ip}/{prefix}", "dev", host],
         ["ip", "link", "set", host, "up"],
         ["ip", "-n", ns, "link", "set", "lo", "up"],
-        ["ip", "-n", ns, "addr", "add", f"{config.node_ip}/{prefix}", "dev", node],
+        *bridge,
+        ["ip", "-n", ns, "addr", "add", f"{config.node_ip}/{prefix}", "dev", link],
         ["ip", "-n", ns, "link", "set", node, "up"],
         # Locally generated packets to a ClusterIP need a route before
         # kube-proxy's OUTPUT DNAT rewrites them; there is no default route.
-        ["ip", "-n", ns, "route", "add", config.service_cidr, "dev", node],
+        ["ip", "-n", ns, "route", "add", config.service_cidr, "dev", link],
         in_netns(config, ["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]),
         # Pod-to-ClusterIP-to-pod on one bridge needs the reply to pass
         # iptables to be un-NATed.
@@ -124,6 +142,42 @@ def setup(config: ClusterConfig) -> None:
                 "DROP",
             ]
         )
+
+
+def setup_extra_node(view: ClusterConfig) -> None:
+    """An extra node's namespace, its veth to node 1's bridge, its address; no default route."""
+    ns, first = view.netns, nodes.cluster_config(view).netns
+    port, link = nodes.bridge_port(view), nodes.node_link(view)
+    steps: list[list[str]] = [
+        ["ip", "netns", "add", ns],
+        ["ip", "-n", first, "link", "add", port, "type", "veth", "peer", "name", link, "netns", ns],
+        ["ip", "-n", first, "link", "set", port, "master", nodes.NODE_BRIDGE],
+        ["ip", "-n", first, "link", "set", port, "up"],
+        ["ip", "-n", ns, "link", "set", "lo", "up"],
+        ["ip", "-n", ns, "addr", "add", f"{view.node_ip}/{view.node_prefix_len}", "dev", link],
+        ["ip", "-n", ns, "link", "set", link, "up"],
+        ["ip", "-n", ns, "route", "add", view.service_cidr, "dev", link],
+        in_netns(view, ["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]),
+        in_netns(view, ["sysctl", "-q", "-w", "net.bridge.bridge-nf-call-iptables=1"]),
+    ]
+    for step in steps:
+        _run(step)
+
+
+def apply_routes(routes: Sequence[nodes.Route]) -> None:
+    """Install each route (replacing one to the same destination), on the host or in a node."""
+    for route in routes:
+        args = ["route", "replace", route.destination, "via", route.gateway]
+        _run(["ip", *(["-n", route.netns] if route.netns else []), *args])
+
+
+def teardown_extra_node(view: ClusterConfig, pod_netns: Sequence[str] = ()) -> None:
+    """Remove an extra node's pods' namespaces and its own (its veth goes with it)."""
+    for name in sorted(set(pod_netns)):
+        if Path(f"/run/netns/{name}").exists():
+            _run(["ip", "netns", "delete", name], check=False)
+    if view.netns in netns_names():
+        _run(["ip", "netns", "delete", view.netns], check=False)
 
 
 def firewall_rules(config: ClusterConfig) -> list[str]:
@@ -180,8 +234,8 @@ def teardown(config: ClusterConfig, extra_pod_netns: Sequence[str] = ()) -> None
 def leftovers(config: ClusterConfig) -> list[str]:
     """What of our network is still on the host (empty after a clean `down`)."""
     found: list[str] = []
-    if config.netns in netns_names():
-        found.append(f"netns {config.netns}")
+    existing = netns_names()
+    found += [f"netns {v.netns}" for v in nodes.all_nodes(config) if v.netns in existing]
     if link_exists(config.host_veth):
         found.append(f"link {config.host_veth}")
     found += [f"pod netns {n}" for n in pod_netns_names(config)]

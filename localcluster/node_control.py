@@ -1,0 +1,78 @@
+"""`node stop|start|drain|uncordon NAME`: what tests do to one node of a cluster.
+
+stop is a machine dying: the node's daemons (containerd, kubelet, kube-proxy,
+device plugin, DRA driver, kube-router) and every container of its pods are
+SIGKILLed at once, with no chance to tell the API server anything; the node
+turns NotReady when its lease runs out, as a real one would. On node 1 the
+control plane keeps running. start brings the daemons back with the same
+state (lifecycle.restart), so the kubelet finds its pods dead and starts them
+again. drain and uncordon are kubectl's own: cordon, then evict every pod
+through the Eviction API, which honours PodDisruptionBudgets.
+"""
+
+from __future__ import annotations
+
+import time
+
+from localcluster import cgroups, health, lifecycle, processes
+from localcluster.components import NODE_COMPONENTS, Layout, enabled_components
+from localcluster.config import ClusterConfig
+from localcluster.progress import ClusterError, Reporter
+
+SHIM = "containerd-shim-runc-v2"
+
+
+def stop(view: ClusterConfig, report: Reporter) -> None:
+    """Kill the node's daemons and containers at once, as a power cut would."""
+    layout = Layout(view.state)
+    victims: list[processes.Running] = []
+    for component in enabled_components(view):
+        if component in NODE_COMPONENTS:
+            proc = processes.read_pid_file(layout.pid(component))
+            if proc is not None and processes.is_alive(proc):
+                victims.append(proc)
+    victims += processes.find_by_cmdline(str(view.containerd_socket), frozenset({SHIM}))
+    report.say(f"node {view.node_name}: killing {len(victims)} daemons and shims, and its pods")
+    processes.kill_all(victims)
+    cgroups.kill_tasks(view.cgroup_root)
+
+
+def start(view: ClusterConfig, report: Reporter, *, timeout_seconds: float = 120) -> None:
+    """Start the node's dead daemons with their state, and wait until the node is Ready."""
+    dead = [
+        c
+        for c, alive in health.component_states(view).items()
+        if not alive and c in NODE_COMPONENTS
+    ]
+    if dead:
+        cgroups.create_root(view.cgroup_root)
+        lifecycle.restart(view, dead, report=report)
+    kubectl = health.kubectl_for(view)
+    deadline = time.monotonic() + timeout_seconds
+    while not health.node_ready(kubectl, view):
+        if time.monotonic() > deadline:
+            raise ClusterError(
+                f"node {view.node_name} is not Ready {timeout_seconds:.0f} s after its "
+                f"daemons started; see {Layout(view.state).logs}"
+            )
+        time.sleep(1)
+    report.say(f"node {view.node_name} Ready")
+
+
+def drain(view: ClusterConfig, report: Reporter, *, timeout_seconds: float) -> None:
+    """Cordon the node and evict its pods (DaemonSets' stay), within PodDisruptionBudgets."""
+    report.say(f"draining {view.node_name}")
+    health.kubectl_for(view).run(
+        "drain",
+        view.node_name,
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        f"--timeout={timeout_seconds:.0f}s",
+        timeout_seconds=timeout_seconds + 30,
+    )
+
+
+def uncordon(view: ClusterConfig, report: Reporter) -> None:
+    """Let the scheduler place pods on the node again (after a drain)."""
+    health.kubectl_for(view).run("uncordon", view.node_name)
+    report.say(f"node {view.node_name} uncordoned")
