@@ -152,6 +152,14 @@ else
   echo "images: \`python -m localcluster load-images\` does not exist yet; not loading"
 fi
 
+# 7. The operator's image and the chart into the cluster's authenticated registry,
+# where a platform team's cluster pulls them from (docs/decisions/registry.md).
+# The inference image stays imported only: 6 GB twice does not fit this machine.
+if (cd "$root" && .venv/bin/python -m localcluster --help 2>/dev/null | grep -q registry); then
+  (cd "$root" && .venv/bin/python -m localcluster registry push localhost/fusebox/operator:dev) ||
+    echo "images: not pushed to a registry (no cluster running one?); \`python -m localcluster registry push\` does"
+fi
+
 if [ ${#failed[@]} -gt 0 ]; then
   echo "images: FAILED: ${failed[*]} (the others are built and exported)" >&2
   exit 1

@@ -21,10 +21,17 @@ from localcluster import (
     monitoring_addon,
     node_control,
     nodes,
+    registry,
     storage,
     teardown,
 )
-from localcluster.components import ADDON_COMPONENTS, ALIASES, COMPONENTS, canonical_component
+from localcluster.components import (
+    ADDON_COMPONENTS,
+    ALIASES,
+    COMPONENTS,
+    canonical_component,
+    registry_paths,
+)
 from localcluster.config import (
     ClusterConfig,
     ConfigError,
@@ -121,6 +128,14 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("status", help="show each component (exit 0 only when all are healthy)")
     sub.add_parser("env", help="print shell exports for KUBECONFIG and PATH")
     sub.add_parser("load-images", help="load built images into a running cluster's containerd")
+    registry_cmd = sub.add_parser(
+        "registry",
+        help="push to the cluster's authenticated registry, or print a pull Secret",
+        description="push [IMAGE...]: the built images (default all) and the chart, with the "
+        "cluster's credentials; pull-secret --name N --namespace NS: a dockerconfigjson "
+        "Secret for imagePullSecrets (apply it with kubectl apply -f -).",
+    )
+    registry_cmd.add_argument("registry_args", nargs=argparse.REMAINDER, metavar="push|pull-secret")
     sub.add_parser(
         "monitoring",
         help="install Prometheus under the Prometheus Operator in the `monitoring` namespace",
@@ -232,7 +247,28 @@ def run(argv: Sequence[str]) -> int:
         config = saved or build_config(name=name, env=os.environ)
         print(f"export KUBECONFIG={config.kubeconfig}")
         print(f"export PATH={config.bin_dir}:$PATH")
+        if config.registry:
+            paths = registry_paths(config)
+            print(f"export FUSEBOX_REGISTRY={config.registry_address}")
+            print(f"export FUSEBOX_REGISTRY_CA={paths.ca}")
+            print(f"export FUSEBOX_REGISTRY_AUTH={paths.auth_file}")
         return 0
+    if args.command == "registry":
+        config = _require_saved(name)
+        if not config.registry:
+            raise ClusterError(
+                f"cluster {name!r} runs no registry (made before it existed, or with "
+                "FUSEBOX_LOCALCLUSTER_REGISTRY=off): `down`, then `up` again"
+            )
+        return registry.main(
+            [
+                "--state",
+                str(config.state),
+                "--address",
+                config.registry_address,
+                *args.registry_args,
+            ]
+        )
     if args.command == "gpu":
         return gpu_cli.run(args, _node(_require_saved(name), args.node))
     if args.command == "monitoring":

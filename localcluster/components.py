@@ -13,8 +13,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from localcluster import dra, gpu
-from localcluster.config import REPO_ROOT, ClusterConfig
+from localcluster import dra, gpu, registry
+from localcluster.config import REGISTRY_PORT, REPO_ROOT, ClusterConfig
 
 SANDBOX_IMAGE = "localhost/fusebox/pause:latest"
 
@@ -75,6 +75,11 @@ class Layout:
         return self.state / "cni-ipam"
 
     @property
+    def registry_hosts(self) -> Path:
+        """containerd's registry config_path: <host:port>/hosts.toml per registry."""
+        return self.containerd / "certs.d"
+
+    @property
     def host_records(self) -> Path:
         """What `up` changed on the host, so `down` can restore it after a crash."""
         return self.state / "host"
@@ -97,6 +102,7 @@ COMPONENTS = (
     "kube-apiserver",
     "kube-controller-manager",
     "kube-scheduler",
+    "registry",
     "containerd",
     "kubelet",
     "kube-proxy",
@@ -110,8 +116,8 @@ NODE_COMPONENTS = frozenset(
     {"containerd", "kubelet", "kube-proxy", "device-plugin", dra.COMPONENT, "kube-router"}
 )
 
-# Daemons a setting can leave out (`up --no-network-policy`).
-OPTIONAL_COMPONENTS = frozenset({"kube-router"})
+# Daemons a setting can leave out (`up --no-network-policy`, FUSEBOX_LOCALCLUSTER_REGISTRY=off).
+OPTIONAL_COMPONENTS = frozenset({"kube-router", "registry"})
 
 # Objects in the cluster (not processes) that `restart` also takes.
 ADDON_COMPONENTS = ("coredns",)
@@ -139,10 +145,11 @@ HEALTH_URLS = {
 
 def enabled_components(config: ClusterConfig) -> tuple[str, ...]:
     """This node's daemons, in start order: all of them on node 1, NODE_COMPONENTS elsewhere."""
+    wanted = {"kube-router": config.network_policy, "registry": config.registry}
     return tuple(
         c
         for c in COMPONENTS
-        if (c not in OPTIONAL_COMPONENTS or config.network_policy)
+        if (c not in OPTIONAL_COMPONENTS or wanted[c])
         and (config.node == 1 or c in NODE_COMPONENTS)
     )
 
@@ -281,7 +288,7 @@ disabled_plugins = ['io.containerd.snapshotter.v1.aufs', 'io.containerd.snapshot
 
   [{images}.pinned_images]
     sandbox = '{SANDBOX_IMAGE}'
-
+{_registry_hosts_section(config, layout)}
 [{runtime}]
   # Root here lacks CAP_SYS_RESOURCE: without this every sandbox fails to start.
   restrict_oom_score_adj = true
@@ -308,6 +315,37 @@ disabled_plugins = ['io.containerd.snapshotter.v1.aufs', 'io.containerd.snapshot
 [plugins.'io.containerd.grpc.v1.cri']
   stream_server_address = '127.0.0.1'
 """
+
+
+def _registry_hosts_section(config: ClusterConfig, layout: Layout) -> str:
+    """Where containerd finds the registry's hosts.toml (its CA), when there is one."""
+    if not config.registry:
+        return ""
+    images = "plugins.'io.containerd.cri.v1.images'"
+    return (
+        "\n  # The cluster's registry: trusted through its CA (registry_hosts_file);\n"
+        "  # pulled with each pod's imagePullSecrets.\n"
+        f"  [{images}.registry]\n"
+        f"    config_path = '{layout.registry_hosts}'\n"
+    )
+
+
+def registry_paths(config: ClusterConfig) -> registry.RegistryPaths:
+    """The cluster's registry files: in its state, its layers in the cache."""
+    return registry.paths_for(
+        state_dir=config.cluster_state, cache=config.cache_dir, cluster_name=config.name
+    )
+
+
+def registry_endpoint(config: ClusterConfig) -> registry.Endpoint:
+    return registry.Endpoint(config.control_plane_ip, REGISTRY_PORT)
+
+
+def registry_hosts_file(config: ClusterConfig, layout: Layout) -> registry.HostsFile:
+    """This node's containerd `hosts.toml` for the cluster's registry."""
+    return registry.containerd_hosts(
+        layout.registry_hosts, registry_endpoint(config), registry_paths(config).ca
+    )
 
 
 def containerd_argv(layout: Layout) -> list[str]:
@@ -372,7 +410,14 @@ clusterDNS:
 resolvConf: {layout.conf / "resolv.conf"}
 podLogsDir: {layout.pod_logs}
 failSwapOn: false
-# Images cannot be pulled again here: never garbage-collect them.
+# An image another pod pulled with a secret is not everyone's: a pod asking for a
+# registry image already on the node must hold credentials the registry accepts
+# (the multi-tenant setting). The project's own images, imported into containerd
+# (nothing to pull them from), are exempt.
+imagePullCredentialsVerificationPolicy: NeverVerifyAllowlistedImages
+preloadedImagesVerificationAllowlist:
+- localhost/fusebox/*
+# Imported images cannot be pulled again here: never garbage-collect them.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard:
@@ -461,6 +506,7 @@ def argv_for(component: str, config: ClusterConfig, layout: Layout) -> list[str]
             config, layout.kubelet_root, layout.kubeconfig("kubelet")
         ),
         "kube-router": lambda: kube_router_argv(config, layout),
+        "registry": lambda: registry.serve_argv(registry_paths(config)),
     }
     return builders[component]()
 
@@ -487,4 +533,6 @@ SYSTEM_BINARIES = (
     "conntrack",
     "ipset",
 )
-PROGRAM_NAMES = frozenset({*BUILT_BINARIES, "containerd", "containerd-shim-runc-v2", "nsenter"})
+PROGRAM_NAMES = frozenset(
+    {*BUILT_BINARIES, "containerd", "containerd-shim-runc-v2", "nsenter", "registry"}
+)

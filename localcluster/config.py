@@ -21,6 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_NAME = "fusebox"
 DEFAULT_GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+REGISTRY_PORT = 5000
 
 
 class ConfigError(ValueError):
@@ -53,6 +54,10 @@ class ClusterConfig:
     # the view nodes.node_config makes of an extra node (its own netns, state
     # directory and containerd root). A one-node cluster is exactly as before.
     node: int = 1
+    # An authenticated OCI registry on node 1 (localcluster/registry.py) that every
+    # node's containerd trusts: the images and chart a platform team pulls with
+    # credentials. FUSEBOX_LOCALCLUSTER_REGISTRY=off leaves it out.
+    registry: bool = True
 
     # --- derived values -------------------------------------------------
     @property
@@ -69,6 +74,12 @@ class ClusterConfig:
     def control_plane_ip(self) -> str:
         """Node 1's address, where the apiserver listens, whichever node this value describes."""
         return str(ipaddress.ip_network(self.node_cidr)[2])
+
+    @property
+    def registry_address(self) -> str:
+        """HOST:PORT of the cluster's registry: node 1's address, reached from the host
+        over the veth and from every node's containerd."""
+        return f"{self.control_plane_ip}:{REGISTRY_PORT}"
 
     @property
     def node_prefix_len(self) -> int:
@@ -123,6 +134,12 @@ class ClusterConfig:
         return self.state if self.node == 1 else self.state.parents[1]
 
     @property
+    def cache_dir(self) -> Path:
+        """The cache this cluster keeps its images and layers in: containerd_root is
+        <cache>/containerd/<node name>."""
+        return Path(self.containerd_root).parents[1]
+
+    @property
     def kubeconfig(self) -> Path:
         return self.cluster_state / "kubeconfig"
 
@@ -142,6 +159,8 @@ class ClusterConfig:
         raw: dict[str, Any] = json.loads(text)
         # Saved before NetworkPolicy was enforced: that cluster runs no kube-router.
         raw.setdefault("network_policy", False)
+        # Saved before the registry existed: that cluster runs none until it is made again.
+        raw.setdefault("registry", False)
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in fields})
 
@@ -210,6 +229,7 @@ def build_config(
         bin_dir=str(REPO_ROOT / ".cache" / "bin"),
         network_policy=network_policy_asked(network_policy, env) is not False,
         nodes=node_count,
+        registry=_on_off(env, "FUSEBOX_LOCALCLUSTER_REGISTRY") is not False,
     )
     validate(config)
     return config
@@ -234,14 +254,19 @@ def network_policy_asked(flag: bool | None, env: Mapping[str, str]) -> bool | No
     """
     if flag is not None:
         return flag
-    raw = (env.get("FUSEBOX_LOCALCLUSTER_NETWORK_POLICY") or "").strip().lower()
+    return _on_off(env, "FUSEBOX_LOCALCLUSTER_NETWORK_POLICY")
+
+
+def _on_off(env: Mapping[str, str], name: str) -> bool | None:
+    """An on/off environment variable: None when unset, a ConfigError when neither."""
+    raw = (env.get(name) or "").strip().lower()
     if not raw:
         return None
     if raw in ("1", "true", "yes", "on"):
         return True
     if raw in ("0", "false", "no", "off"):
         return False
-    raise ConfigError(f"FUSEBOX_LOCALCLUSTER_NETWORK_POLICY={raw!r}: use on or off")
+    raise ConfigError(f"{name}={raw!r}: use on or off")
 
 
 _NAME_OK = set("abcdefghijklmnopqrstuvwxyz0123456789-")

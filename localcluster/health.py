@@ -10,8 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from localcluster import containerd, gpu, nodes, processes
-from localcluster.components import HEALTH_URLS, Layout, enabled_components
+from localcluster import containerd, gpu, nodes, processes, registry
+from localcluster.components import (
+    HEALTH_URLS,
+    Layout,
+    enabled_components,
+    registry_endpoint,
+    registry_paths,
+)
 from localcluster.config import ClusterConfig
 from localcluster.kubectl import Kubectl, KubectlError
 
@@ -68,8 +74,27 @@ def component_ready(config: ClusterConfig, component: str) -> bool:
         return apiserver_ready(config)
     if component == "containerd":
         return containerd.ctr_ok(config)
+    if component == "registry":
+        return registry_ready(config)
     url = HEALTH_URLS.get(component)
     return url is None or url_answers_in_node(config, url)
+
+
+def registry_ready(config: ClusterConfig) -> bool:
+    """The registry refuses anonymous clients and admits the cluster's credentials."""
+    paths = registry_paths(config)
+    try:
+        credentials = registry.read_credentials(paths)
+        endpoint = registry_endpoint(config)
+        return (
+            registry.readiness_problem(
+                registry.v2_status(endpoint, paths.ca, None),
+                registry.v2_status(endpoint, paths.ca, credentials),
+            )
+            is None
+        )
+    except registry.RegistryError:
+        return False
 
 
 def is_healthy(config: ClusterConfig) -> bool:

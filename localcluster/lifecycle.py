@@ -38,6 +38,7 @@ from localcluster import (
     pki,
     processes,
     recovery,
+    registry,
     teardown,
 )
 from localcluster.components import (
@@ -55,6 +56,9 @@ from localcluster.components import (
     enabled_components,
     kube_proxy_config,
     kubelet_config,
+    registry_endpoint,
+    registry_hosts_file,
+    registry_paths,
 )
 from localcluster.config import ClusterConfig
 from localcluster.progress import ClusterError, Reporter, log_tail
@@ -91,6 +95,10 @@ def missing_binaries(config: ClusterConfig) -> list[str]:
     for name in needed:
         if not (bin_dir / name).is_file():
             problems.append(f"{bin_dir / name} is missing: run `make setup-binaries`")
+    if config.registry:
+        for binary in (registry.REGISTRY_BINARY, registry.HTPASSWD_BINARY):
+            if not binary.is_file():
+                problems.append(f"{binary} is missing: run `make setup-binaries`")
     for name in CONTAINERD_BINARIES:
         if not (CONTAINERD_BIN_DIR / name).is_file():
             problems.append(f"{CONTAINERD_BIN_DIR / name} is missing: run `make setup-binaries`")
@@ -315,6 +323,10 @@ def _start(
     wait(lambda: health.apiserver_ready(config), 90, "the API server to answer /readyz")
     launch("kube-controller-manager")
     launch("kube-scheduler")
+    if config.registry:
+        registry.prepare(registry_paths(config), registry_endpoint(config))
+        launch("registry")
+        wait(lambda: health.component_ready(config, "registry"), 30, "the registry")
     launch("containerd")
     wait(lambda: containerd.ctr_ok(config), 30, "containerd")
     if load_images:
@@ -472,6 +484,10 @@ def _prepare_state(config: ClusterConfig, layout: Layout) -> None:
 
 def _write_configs(config: ClusterConfig, layout: Layout) -> None:
     (layout.containerd / "config.toml").write_text(containerd_config(config, layout))
+    if config.registry:
+        hosts = registry_hosts_file(config, layout)
+        hosts.path.parent.mkdir(parents=True, exist_ok=True)
+        hosts.path.write_text(hosts.text)
     if config.node == 1:  # an extra node's is written once its Node has a podCIDR
         _write_cni_conflist(config, layout, config.node_pod_cidr)
     (layout.conf / "kubelet.yaml").write_text(kubelet_config(config, layout))
@@ -486,11 +502,13 @@ def _write_cni_conflist(config: ClusterConfig, layout: Layout, subnet: str) -> N
 
 def _launch(config: ClusterConfig, layout: Layout, component: str) -> None:
     os.environ["PATH"] = _system_path(config)
+    environment = processes.daemon_environment(os.environ)
     processes.spawn(
         argv_for(component, config, layout),
         log_path=layout.log(component),
         pid_path=layout.pid(component),
         netns=config.netns if component in IN_NETNS else None,
+        environment=registry.serve_env(environment) if component == "registry" else environment,
     )
 
 

@@ -56,8 +56,17 @@ def _reap(pid: int) -> None:
         pass
 
 
-def spawn(argv: Sequence[str], *, log_path: Path, pid_path: Path, netns: str | None) -> Running:
-    """Start argv detached, stdout+stderr appended to log_path; record it in pid_path."""
+def spawn(
+    argv: Sequence[str],
+    *,
+    log_path: Path,
+    pid_path: Path,
+    netns: str | None,
+    environment: Mapping[str, str] | None = None,
+) -> Running:
+    """Start argv detached, stdout+stderr appended to log_path; record it in pid_path.
+
+    `environment` defaults to this process's, less its proxy settings."""
     command = list(argv)
     if netns is not None:
         command = ["nsenter", f"--net=/run/netns/{netns}", "--", *command]
@@ -69,7 +78,7 @@ def spawn(argv: Sequence[str], *, log_path: Path, pid_path: Path, netns: str | N
     pid = os.posix_spawn(
         executable,
         command,
-        daemon_environment(os.environ),
+        dict(environment) if environment is not None else daemon_environment(os.environ),
         setsid=True,
         file_actions=[
             (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),

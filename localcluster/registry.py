@@ -401,6 +401,13 @@ def ensure_credentials(
     return credentials
 
 
+def read_credentials(paths: RegistryPaths) -> Credentials:
+    """The credentials `prepare` made, read only (a RegistryError when there are none)."""
+    if not paths.credentials.is_file():
+        raise RegistryError(f"no registry prepared in {paths.state}")
+    return _stored_credentials(paths.credentials)
+
+
 def _stored_credentials(path: Path) -> Credentials:
     try:
         stored = json.loads(path.read_text())

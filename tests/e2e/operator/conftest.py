@@ -23,7 +23,7 @@ import threading
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,14 +163,18 @@ class OperatorRelease:
         lines = describe_pods(self.cluster, self.namespace, self.pods())
         return "\n".join(lines) or f"no pods match {self.selector}"
 
-    def install(self, *values: str, timeout: str = "4m") -> None:
+    def install(
+        self, *values: str, timeout: str = "4m", chart: Sequence[str] = (str(CHART),)
+    ) -> None:
         """`helm upgrade --install` of the chart as this release, waiting for it; when
         helm gives up, the failure says why: its error, then each operator pod's phase,
-        unmet conditions and Warning events (a node without room, a refused image)."""
+        unmet conditions and Warning events (a node without room, a refused image).
+        `chart`: the chart's reference and the flags that reach it (an oci:// one
+        with --version, --ca-file, --registry-config); the checkout's by default."""
         try:
             helm(
                 self.cluster,
-                *("upgrade", "--install", self.release, str(CHART), "--namespace", self.namespace),
+                *("upgrade", "--install", self.release, *chart, "--namespace", self.namespace),
                 "--skip-crds",  # the `crd` fixture owns the CRD
                 # The chart's hooks off, as before they existed: the `crd` fixture owns
                 # the CRD (an upgrade hook would re-apply crds/, and fail on the kopf
