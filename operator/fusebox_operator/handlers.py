@@ -84,6 +84,7 @@ def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
     settings.peering.name = ours.peering_name
     settings.peering.mandatory = not ours.standalone
     settings.peering.clusterwide = not ours.watch_namespaces
+    settings.peering.lifetime = ours.peering_lifetime_seconds
     # Our own events carry the story; kopf's per-handler success lines would flood it.
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "fusebox-operator"
@@ -407,6 +408,7 @@ async def _telemetry(
         # The tick's conditions are about the applied generation's pods.
         generation=applied_generation,
         annotations=dict(meta.get("annotations") or {}),  # the incident controls
+        operator_pod=context.settings.pod_name,
     )
     started = time.perf_counter()
     outcome = await run_tick(inputs, service.tick, scrape, context.actuator, time.time)

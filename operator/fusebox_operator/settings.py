@@ -9,6 +9,7 @@ the builders pure (they take `OperatorSettings`, never `os.environ`).
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -25,6 +26,8 @@ DEFAULT_OPERATOR_NAMESPACE = "fusebox-system"
 DEFAULT_OPERATOR_POD_SELECTOR = "app.kubernetes.io/name=fusebox-operator"
 DEFAULT_MONITORING_NAMESPACE = "monitoring"
 MIN_RESYNC_SECONDS = 5  # the chart's minimum too (values.schema.json)
+# kopf touches its peering entry every lifetime less 5 to 10 s (at least every second).
+MIN_PEERING_LIFETIME_SECONDS = 10  # the chart's minimum too
 POD_DEFAULTS_ENV = "FUSEBOX_POD_DEFAULTS"
 """JSON of the chart's `inference.pod`: every service's spec.pod defaults."""
 
@@ -84,6 +87,12 @@ class OperatorSettings:
     # kopf pauses every peer that shares the highest priority, so replicas must
     # not tie: 0 means "draw one at start" (see __main__.peering_priority).
     peering_priority: int = 0
+    # How long a replica that stopped touching the peering counts as alive: the
+    # takeover time when one dies without leaving (its node lost, SIGKILL).
+    peering_lifetime_seconds: int = 15
+    # This replica's name (the chart passes the pod's as POD_ID; else the host's),
+    # shown in status.operator.
+    pod_name: str = field(default_factory=socket.gethostname)
     replicas: int = 1
     liveness_port: int = 8080
     metrics_port: int = 9401  # the operator's own /metrics (operator_metrics.py); 0: none
@@ -150,6 +159,10 @@ class OperatorSettings:
             watch_namespaces=tuple(n.strip() for n in namespaces.split(",") if n.strip()),
             peering=env.get("FUSEBOX_PEERING") or "auto",
             peering_priority=integer("FUSEBOX_PEERING_PRIORITY", 0),
+            peering_lifetime_seconds=at_least(
+                "FUSEBOX_PEERING_LIFETIME_SECONDS", 15, MIN_PEERING_LIFETIME_SECONDS
+            ),
+            pod_name=env.get("POD_ID") or socket.gethostname(),
             replicas=integer("FUSEBOX_OPERATOR_REPLICAS", 1),
             liveness_port=integer("FUSEBOX_LIVENESS_PORT", 8080),
             metrics_port=integer("FUSEBOX_METRICS_PORT", 9401),

@@ -670,6 +670,18 @@ def drop_autoscaling_status(status: dict[str, Any], previous: Mapping[str, Any])
         status["autoscaling"] = None
 
 
+def acting_operator(previous: Mapping[str, Any], pod: str, now: float) -> dict[str, str]:
+    """status.operator: the replica that acts on the service, and since when.
+
+    With several operator replicas one acts at a time (kopf peering); a
+    handover shows here at the new replica's first tick, and `since` moves
+    only when the pod does.
+    """
+    before = previous.get("operator") or {}
+    since = before.get("since") if before.get("pod") == pod else None
+    return {"pod": pod, "since": str(since or iso(now))}
+
+
 def should_write(previous: Mapping[str, Any], new: Mapping[str, Any], now: float) -> bool:
     """Write on a real change, else refresh the volatile figures at most every 30 s."""
     # Only the keys this writer owns: observedGeneration and memory belong to reconcile.

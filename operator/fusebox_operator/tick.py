@@ -51,6 +51,7 @@ from fusebox_operator.serving import (
 from fusebox_operator.spec import InferenceServiceSpec, Mode
 from fusebox_operator.status import (
     EventRecord,
+    acting_operator,
     add_autoscaling_status,
     blind_events,
     build_status,
@@ -121,6 +122,8 @@ class TickInputs:
     generation: int
     # The object's annotations: the incident controls (incident.py) are read from them.
     annotations: Mapping[str, str] = field(default_factory=dict)
+    # The operator replica running this tick (its pod), told in status.operator.
+    operator_pod: str = ""
 
 
 @dataclass(frozen=True)
@@ -485,6 +488,8 @@ async def run_tick(
     )
     events += stuck_pod_events(inputs.status, new_status)
     new_status["mode"] = spec.mode.value  # the mode this tick ran in
+    if inputs.operator_pod:
+        new_status["operator"] = acting_operator(inputs.status, inputs.operator_pod, written_at)
     if incident.status is not None:
         new_status["incident"] = incident.status
     new_status["replicas"] = current_count(inputs.pods)  # the scale subresource's

@@ -205,6 +205,12 @@ def test_with_two_replicas_one_operator_acts_and_a_live_one_takes_over_when_it_g
             cluster.kubectl("-n", namespace, "delete", "pod", acting, "--grace-period=0", "--force")
             edit_is_applied_once(service, 3)
             assert acting not in peers(release), "the deleted replica is still a live peer"
+            wait_for(
+                "status.operator to name a live replica",
+                lambda: (service.status().get("operator") or {}).get("pod") in peers(release),
+                timeout=60,
+                diagnose=lambda: str(service.status().get("operator")),
+            )
 
             if cluster.local:
                 # Killed: the kubelet restarts the container in the same pod, which
@@ -305,6 +311,14 @@ def test_a_crashed_acting_replica_mid_ladder_hands_the_climb_over_without_repeat
                     timeout=300,
                     diagnose=service.diagnose,
                 )
+            # status.operator names the replica acting now (the restarted one, if it
+            # drew the higher priority).
+            acting_now, _ = roles(release)
+            wait_for(
+                f"status.operator to name {acting_now}",
+                lambda: (service.status().get("operator") or {}).get("pod") == acting_now,
+                timeout=60,
+            )
             events = ladder_events(service)
             reasons = [e["reason"] for e in events]
             print(

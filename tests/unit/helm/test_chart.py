@@ -143,6 +143,9 @@ def test_several_replicas_turn_on_kopf_peering_with_its_peering_object(render: R
     # The peering is the release's own (its fullname), never one another release shares.
     assert (env["FUSEBOX_PEERING"], env["FUSEBOX_OPERATOR_REPLICAS"]) == ("fusebox-operator", "3")
     assert one(documents, "ClusterKopfPeering")["metadata"]["name"] == "fusebox-operator"
+    assert env["FUSEBOX_PEERING_LIFETIME_SECONDS"] == "15"  # a dead replica's takeover time
+    lifetime = env_of(one(render(sets=("peering.lifetimeSeconds=30",)), "Deployment"))
+    assert lifetime["FUSEBOX_PEERING_LIFETIME_SECONDS"] == "30"
     # Watching namespaces: kopf peers per namespace.
     documents = render(sets=("replicaCount=2", "watchNamespaces={team-a}"))
     peering = one(documents, "KopfPeering")

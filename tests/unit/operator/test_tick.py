@@ -14,6 +14,7 @@ from fusebox_operator.observations import FetchState, PodSample, PodView
 from fusebox_operator.policy_state import Action, ActionKind, Ladder, PolicyState
 from fusebox_operator.rollout import Degradation
 from fusebox_operator.spec import InferenceServiceSpec, parse_spec
+from fusebox_operator.status import iso
 from fusebox_operator.telemetry import scrapable
 from fusebox_operator.tick import (
     TickInputs,
@@ -363,6 +364,7 @@ def run(
     reports: Sequence[Sequence[PodSample]] = (),
     actuator: Any = None,
     now: float = T0,
+    operator_pod: str = "",
 ) -> TickOutcome:
     """One tick; each scrape answers the next of `reports` (then an idle report per pod)."""
     answers = list(reports)
@@ -372,7 +374,7 @@ def run(
             return list(answers.pop(0))
         return [report(p.name, 0, Variant.PRIMARY, stats_age_seconds=1.0) for p in targets]
 
-    inputs = TickInputs("ns", "svc", spec, status, pods, "token", 1)
+    inputs = TickInputs("ns", "svc", spec, status, pods, "token", 1, operator_pod=operator_pod)
     return asyncio.run(run_tick(inputs, memory, scrape, actuator or IdleActuator(), lambda: now))
 
 
@@ -542,3 +544,15 @@ def test_a_local_source_has_no_model_ready_condition_in_the_tick() -> None:
     out = run(NO_FALLBACK, {}, [pod("a")], TickMemory())
     assert "ModelReady" not in condition_types(out.status_patch)
     assert "modelRevision" not in out.status_patch
+
+
+def test_status_names_the_acting_operator_replica_and_a_handover_is_written_at_once() -> None:
+    first = run(NO_FALLBACK, {}, [pod("a")], TickMemory(), operator_pod="op-1")
+    assert first.status_patch["operator"] == {"pod": "op-1", "since": iso(T0)}
+    stored = merged({}, first.status_patch)
+    # The same replica a tick later: nothing new to say, the figures not yet due.
+    same = run(NO_FALLBACK, stored, [pod("a")], TickMemory(), now=T0 + 2, operator_pod="op-1")
+    assert same.status_patch == {}
+    # Another replica took over: status says so on its first tick, since then.
+    taken = run(NO_FALLBACK, stored, [pod("a")], TickMemory(), now=T0 + 4, operator_pod="op-2")
+    assert taken.status_patch["operator"] == {"pod": "op-2", "since": iso(T0 + 4)}
