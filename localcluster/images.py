@@ -166,6 +166,23 @@ def stale_images(
     ]
 
 
+def superseded_image_ids(in_containerd: Mapping[str, str]) -> list[str]:
+    """The `sha256:<image id>` references no named image points at any more. Pure.
+
+    The kubelet's CRI names every image it runs by its id as well. When a
+    rebuilt image takes over a name, the old id's reference stays and keeps the
+    old image's content and unpacked layers (6 GB for an inference image) on
+    disk for good: nothing here garbage-collects images (they could not be
+    pulled again). Dropping those references lets containerd free them.
+    """
+    named = {digest for name, digest in in_containerd.items() if not name.startswith("sha256:")}
+    return sorted(
+        name
+        for name, digest in in_containerd.items()
+        if name.startswith("sha256:") and digest not in named
+    )
+
+
 def import_index(names: Sequence[str], in_layout: Mapping[str, Descriptor]) -> dict[str, Any]:
     """An index.json naming exactly the images to import."""
     return {
@@ -361,6 +378,10 @@ def load_images(
                     needed.append(digest)
         print(f"images: importing {', '.join(stale)} ({len(needed)} new blobs)", file=sys.stderr)
         _import(ctr, layout, stale, in_layout, needed)
+        superseded = superseded_image_ids(parse_ctr_images(_run([*ctr, "images", "ls"])))
+        if superseded:
+            print(f"images: dropping {len(superseded)} superseded image ids", file=sys.stderr)
+            _run([*ctr, "images", "rm", *superseded])
 
 
 def _import(

@@ -59,6 +59,17 @@ def test_ctr_listing_gives_each_name_its_manifest_digest() -> None:
     }
 
 
+def test_an_image_id_no_name_points_at_any_more_is_dropped_and_a_current_one_kept() -> None:
+    in_containerd = {
+        "localhost/fusebox/inference:dev": "sha256:new",
+        "sha256:id-of-new": "sha256:new",  # the CRI's id reference of the current image
+        "sha256:id-of-old": "sha256:old",  # the image the name pointed at before a rebuild
+        "sha256:id-of-older": "sha256:older",
+    }
+    assert images.superseded_image_ids(in_containerd) == ["sha256:id-of-old", "sha256:id-of-older"]
+    assert images.superseded_image_ids({"sha256:x": "sha256:a", "a:1": "sha256:a"}) == []
+
+
 def test_only_images_whose_manifest_changed_or_is_absent_are_stale() -> None:
     layout = {
         "a:1": images.Descriptor("m", "sha256:same", 1),
