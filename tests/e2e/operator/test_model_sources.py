@@ -101,6 +101,12 @@ def gateway_manifests(namespace: str) -> list[dict[str, Any]]:
 @pytest.fixture
 def bucket(cluster: Cluster, namespace: str, model_root: Path) -> str:
     """versitygw running in the namespace, the tiny model uploaded to s3://models/tiny."""
+    return upload_model(cluster, namespace, model_root)
+
+
+def upload_model(cluster: Cluster, namespace: str, model_root: Path) -> str:
+    """Start versitygw in the namespace and upload the tiny model to s3://models/tiny,
+    as a team's pipeline fills its bucket; returns the endpoint pods reach it at."""
     for manifest in gateway_manifests(namespace):
         cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
 
