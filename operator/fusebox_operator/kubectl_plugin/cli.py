@@ -30,19 +30,28 @@ class PluginError(RuntimeError):
 
 
 def parser() -> argparse.ArgumentParser:
+    # kubectl's own flags go before or after the command (`kubectl fusebox explain chat
+    # -n team`), as with kubectl: the commands take them too, and a value given
+    # after the command wins (SUPPRESS: one not given there keeps the root's).
+    cluster_flags = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
     root = argparse.ArgumentParser(
         prog="kubectl fusebox",
         description="Read and steer Fusebox InferenceServices (through the API server only).",
     )
-    root.add_argument(
-        "--kubeconfig", help="kubeconfig file (default: KUBECONFIG or ~/.kube/config)"
-    )
-    root.add_argument("--context", help="kubeconfig context (default: the current one)")
-    root.add_argument("-n", "--namespace", help="namespace (default: the context's, else default)")
+    for parser_ in (root, cluster_flags):
+        parser_.add_argument(
+            "--kubeconfig", help="kubeconfig file (default: KUBECONFIG or ~/.kube/config)"
+        )
+        parser_.add_argument("--context", help="kubeconfig context (default: the current one)")
+        parser_.add_argument(
+            "-n", "--namespace", help="namespace (default: the context's, else default)"
+        )
     commands = root.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    status = commands.add_parser(
-        "status", help="services: mode, breaker, tier, variant, last action and why"
-    )
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=text, parents=[cluster_flags])
+
+    status = command("status", "services: mode, breaker, tier, variant, last action and why")
     status.add_argument("-A", "--all-namespaces", action="store_true")
     for name, text in (
         (
@@ -53,18 +62,14 @@ def parser() -> argparse.ArgumentParser:
         ("resume", "remove fusebox.dev/pause-actions: the operator acts again"),
         ("unpin", "remove fusebox.dev/pin-tier: the policy steps the tier again"),
     ):
-        commands.add_parser(name, help=text).add_argument("service")
-    pause = commands.add_parser(
-        "pause", help="set fusebox.dev/pause-actions: decide, post WouldAct, act on nothing"
-    )
+        command(name, text).add_argument("service")
+    pause = command("pause", "set fusebox.dev/pause-actions: decide, post WouldAct, act on nothing")
     pause.add_argument("service")
     pause.add_argument("reason", nargs="?", default="", help="why (shown in status and events)")
-    reset = commands.add_parser(
-        "reset", help="set fusebox.dev/reset-breaker to a new value: close the breaker once"
-    )
+    reset = command("reset", "set fusebox.dev/reset-breaker to a new value: close the breaker once")
     reset.add_argument("service")
     reset.add_argument("--token", help="the value to set (default: the current UTC time)")
-    pin = commands.add_parser("pin", help="set fusebox.dev/pin-tier: hold a degradation tier")
+    pin = command("pin", "set fusebox.dev/pin-tier: hold a degradation tier")
     pin.add_argument("service")
     pin.add_argument("tier", help="none, or a tier the service lists in spec.degradation.tiers")
     return root  # fmt: skip

@@ -259,3 +259,20 @@ def test_explain_a_slow_service_says_when_the_breaker_would_trip() -> None:
     assert latency.p99_threshold_millis < 250  # the sample is slow under the defaults
     assert f"over the threshold since {stamp(T0)}" in text
     assert f"trips at {stamp(T0 + latency.for_seconds)}" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "namespace"),
+    [
+        (["explain", "chat", "-n", "team"], "team"),  # after the command, as kubectl takes it
+        (["-n", "team", "explain", "chat"], "team"),
+        (["--namespace", "root", "explain", "chat", "-n", "team"], "team"),  # the last wins
+        (["explain", "chat"], None),
+    ],
+)
+def test_kubectl_flags_are_taken_before_or_after_the_command(
+    argv: list[str], namespace: str | None
+) -> None:
+    args = parser().parse_args(argv)
+    assert (args.command, args.service, args.namespace) == ("explain", "chat", namespace)
+    assert parser().parse_args(["status", "--context", "lab"]).context == "lab"
