@@ -356,12 +356,13 @@ def test_explicit_limit_below_vram_is_reported_and_nothing_is_deployed(
 # --- 6 + 11: leak -> ladder -> recovery, and `kubectl describe` tells the story ----------------
 
 
-def leak_spec() -> dict[str, Any]:
+def leak_spec(cooldown_seconds: float = 6) -> dict[str, Any]:
+    """A leak of 16 MiB a request, with rungs `cooldown_seconds` apart."""
     spec = base_spec(
         breaker={
             "resource": {
                 "rss": {"ratioOfLimit": 0.5, "growthMiBPerMinute": 30},
-                "cooldownSeconds": 6,
+                "cooldownSeconds": cooldown_seconds,
                 "windowSeconds": 20,
             }
         }

@@ -36,6 +36,7 @@ from .conftest import (
     traffic,
     wait_for,
 )
+from .test_operator import LADDER_EVENTS, leak_spec
 
 pytestmark = pytest.mark.chaos
 
@@ -233,7 +234,9 @@ def test_with_two_replicas_one_operator_acts_and_a_live_one_takes_over_when_it_g
 
 # --- a handover in the middle of a ladder, under load ---------------------------------------------
 
-LADDER = ("GarbageCollected", "CacheEmptied", "ModelUnloaded", "ModelReloaded")
+# The ladder's rungs up to the reload; rungs 20 s apart, so a handover lands between two.
+LADDER = LADDER_EVENTS
+HANDOVER_COOLDOWN_SECONDS = 20
 
 
 def ladder_events(service: Service) -> list[dict[str, Any]]:
@@ -244,21 +247,6 @@ def action_id(event: dict[str, Any]) -> str | None:
     """The action id an action's event ends with (`... [ID]`)."""
     found = re.search(r"\[([^\]]+)\]$", event.get("message", ""))
     return found.group(1) if found else None
-
-
-def leak_spec() -> dict[str, Any]:
-    """A leak of 16 MiB a request; rungs 20 s apart, so a handover lands between two."""
-    spec = base_spec(
-        breaker={
-            "resource": {
-                "rss": {"ratioOfLimit": 0.5, "growthMiBPerMinute": 30},
-                "cooldownSeconds": 20,
-                "windowSeconds": 20,
-            }
-        }
-    )
-    spec["server"]["env"] = [{"name": "FUSEBOX_FAULTS", "value": "leak:16"}]
-    return spec
 
 
 def test_a_crashed_acting_replica_mid_ladder_hands_the_climb_over_without_repeating_a_rung(
@@ -279,7 +267,9 @@ def test_a_crashed_acting_replica_mid_ladder_hands_the_climb_over_without_repeat
         try:
             release.install("--set", "replicaCount=2", "--set", f"watchNamespaces={{{namespace}}}")
             acting, _ = roles(release)
-            service = apply_service(cluster, namespace, "leaky", leak_spec())
+            service = apply_service(
+                cluster, namespace, "leaky", leak_spec(HANDOVER_COOLDOWN_SECONDS)
+            )
             wait_for(
                 "the service Ready",
                 lambda: service.condition(ConditionType.READY).get("status") == "True",
