@@ -68,7 +68,13 @@ def assert_primary_answers(server: ServerProcess) -> None:
 
 
 def assert_fallback_reported_unavailable(server: ServerProcess, since: float) -> str:
-    document = fresh_document(server, since)
+    # A settled document may be written after `since` and before the failed load is
+    # recorded (seen under load): wait for the one that records it.
+    def recorded() -> StatsDocument | None:
+        document = fresh_document(server, since)
+        return document if document.state.fallback_available is False else None
+
+    document: StatsDocument = server.wait_for(recorded, timeout=60, what="the refusal recorded")
     state = document.state
     assert state.fallback_configured is True and state.fallback_available is False
     reason = state.fallback_unavailable_reason
