@@ -40,6 +40,7 @@ the duplicate wait for the first call's result."""
 STATE_TIMEOUT_SECONDS = 5.0  # a breaker flip is instant unless the server is wedged
 MODEL_ACTIONS = frozenset({ActionType.UNLOAD, ActionType.LOAD, ActionType.SWAP})
 ACCEPTED = frozenset({200, 202})  # 202: the server converges in the background
+TOKEN_REFUSED = frozenset({401, 403})  # the Secret's token was rotated or recreated
 log = logging.getLogger(__name__)
 
 RuntimeTarget = tuple[BreakerState, int, Degradation]  # (breaker, admit percent, degradation)
@@ -105,6 +106,16 @@ class Actuator:
         self.session = session
         self.kube = kube
         self.admin_port = admin_port
+        # Tokens a pod answered 401 or 403 to, until the service's handler asks
+        # (token_refused): its cached copy is then dropped and the Secret read again.
+        self._refused: set[str] = set()
+
+    def token_refused(self, token: str) -> bool:
+        """Whether a pod refused `token` since the last question; forgets it."""
+        if token in self._refused:
+            self._refused.discard(token)
+            return True
+        return False
 
     async def _admin(
         self,
@@ -129,6 +140,8 @@ class Actuator:
                 timeout=aiohttp.ClientTimeout(total=timeout_seconds),
             ) as response:
                 payload = await response.json(content_type=None)
+                if response.status in TOKEN_REFUSED:
+                    self._refused.add(token)
                 if response.status not in ACCEPTED:
                     message = admin.ErrorAnswer.message_of(payload)
                     METRICS.admin_error(path.name.lower(), AdminErrorKind.HTTP)

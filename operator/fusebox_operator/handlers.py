@@ -223,7 +223,7 @@ async def _reconcile(
             )
             service.applied_generation = generation
             if created:  # the token this reconcile wrote: the first tick need not read it
-                service.admin_token = token
+                service.token_known(token, time.time())
     except KubeError as error:
         raise kopf.TemporaryError(str(error), delay=10) from error
     if edited is not None:
@@ -254,7 +254,13 @@ async def _apply_children(
     kopf.adopt([secret, *children], owner=body)
     # The token is never logged nor regenerated.
     created = await kube.create_secret_once(secret, likely_absent=new)
-    return created, [await kube.apply(child, scale=scale) for child in children]
+    return created, await _apply_rest(kube, children, scale)
+
+
+async def _apply_rest(
+    kube: Kube, children: Sequence[manifests.Manifest], scale: bool
+) -> list[Applied]:
+    return [await kube.apply(child, scale=scale) for child in children]
 
 
 async def _resync(
@@ -275,6 +281,9 @@ async def _resync(
     name, namespace = str(meta["name"]), str(meta["namespace"])
     sizing = recorded_sizing(status.get("memory") or {})
     known_token = service.admin_token
+    now = time.time()
+    # The Secret is read every few resyncs only (memo.SECRET_CHECK_EVERY_RESYNCS).
+    check_secret = service.secret_check_due(now, context.settings.resync_seconds)
     async with service.children_lock:
         # Only children this process applied for this very generation: a newer
         # spec (or one a reconcile still retries) is the reconcile's to apply.
@@ -289,10 +298,14 @@ async def _resync(
             known_token or secrets.token_urlsafe(32),
             replicas=current_replicas(spec, status),
         )
+        secret, *children = rendered
+        kopf.adopt([secret, *children], owner=body)
         try:
-            secret_created, applied = await _apply_children(
-                context.kube, body, rendered, scale=spec.autoscaling is None
-            )
+            secret_created = False
+            if check_secret:
+                secret_created, held = await context.kube.check_secret(secret)
+                service.token_known(held, now)  # a rotated token is picked up here
+            applied = await _apply_rest(context.kube, children, scale=spec.autoscaling is None)
         except KubeError as error:
             log.warning("%s/%s: resync: %s", namespace, name, error)
             return
@@ -308,9 +321,12 @@ def _service_id(uid: str) -> str:
 
 
 async def _token(service: ServiceMemo, kube: Kube, namespace: str, name: str) -> str:
+    """The admin token as last read (a resync reads it again now and then); read now
+    when unknown: after a restart, or after a pod refused it."""
     if not service.admin_token:
         secret = manifests.admin_secret_name(name)
-        service.admin_token = await kube.read_secret_value(namespace, secret)
+        service.token_known(await kube.read_secret_value(namespace, secret), time.time())
+    assert service.admin_token is not None
     return service.admin_token
 
 
@@ -413,6 +429,8 @@ async def _telemetry(
     started = time.perf_counter()
     outcome = await run_tick(inputs, service.tick, scrape, context.actuator, time.time)
     METRICS.tick(f"{namespace}/{name}", time.perf_counter() - started, status, outcome.status_patch)
+    if context.actuator.token_refused(token):
+        service.forget_token()  # rotated or recreated: the next tick reads the Secret
     for event in outcome.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     for key, value in outcome.status_patch.items():

@@ -535,6 +535,39 @@ class Kube:
 
         return await _run(call)
 
+    async def check_secret(
+        self, manifest: dict[str, Any], key: str = ADMIN_TOKEN_KEY
+    ) -> tuple[bool, str]:
+        """The admin Secret as a resync sees it, in one read: (created, the token it holds).
+
+        Absent (deleted outside Fusebox): created from `manifest`, whose token is then the
+        one held. Present: its token, which may have been rotated since the last read.
+        """
+        namespace = manifest["metadata"]["namespace"]
+        name = manifest["metadata"]["name"]
+
+        def read() -> str | None:
+            try:
+                secret = self.core.read_namespaced_secret(
+                    name, namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
+                )
+            except ApiException as error:
+                if error.status == 404:
+                    return None
+                raise KubeError(f"Secret {namespace}/{name}: {error.reason}") from error
+            raw = (secret.data or {}).get(key)
+            if raw is None:
+                raise KubeError(f"Secret {namespace}/{name} has no key {key}")
+            return base64.b64decode(raw).decode()
+
+        held = await _run(read)
+        if held is not None:
+            return False, held
+        created = await self.create_secret_once(manifest, likely_absent=True)
+        if created:
+            return True, str(manifest["stringData"][key])
+        return False, await self.read_secret_value(namespace, name, key)  # created meanwhile
+
     async def read_secret_value(self, namespace: str, name: str, key: str = ADMIN_TOKEN_KEY) -> str:
         def call() -> str:
             secret = self.core.read_namespaced_secret(

@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 
 CONTEXT_KEY = "fusebox"
 SERVICE_KEY = "service"
+SECRET_CHECK_EVERY_RESYNCS = 4
+"""A resync reads the admin Secret (is it there, which token does it hold) at every
+fourth run only: the operator's role may not watch Secrets, so each read is a GET,
+and at every resync it was a third of a quiet service's requests. A token refused
+by a pod (HTTP 401 or 403) is read again at the next tick, whatever the count."""
 RECONCILE_SETTLE_SECONDS = 30.0
 """How long after a reconcile a tick still reads the stored conditions before writing
 its own: kopf gives a timer the body of the last watch event, which lags a patch by
@@ -51,7 +56,10 @@ class ServiceMemo:
 
     next_scrape_at: float = 0.0
     next_resync_at: float | None = None
-    admin_token: str | None = None  # read from the Secret once, never logged
+    admin_token: str | None = None  # read from the Secret, never logged
+    # When the Secret was last read or written: the token above is at most
+    # SECRET_CHECK_EVERY_RESYNCS resyncs old, or dropped at once when a pod refuses it.
+    secret_seen_at: float | None = None
     # The generation whose children this process applied: a resync renders only those.
     applied_generation: int | None = None
     # One writer of a service's children at a time: the reconcile or the resync.
@@ -92,6 +100,23 @@ class ServiceMemo:
             return False
         self.next_resync_at = now + resync_seconds
         return True
+
+    def token_known(self, token: str, now: float) -> None:
+        """The Secret was just read or written and holds `token`."""
+        self.admin_token, self.secret_seen_at = token, now
+
+    def forget_token(self) -> None:
+        """A pod refused the token (rotated, or the Secret recreated): read it again."""
+        self.admin_token, self.secret_seen_at = None, None
+
+    def secret_check_due(self, now: float, resync_seconds: float) -> bool:
+        """Whether this resync reads the Secret: SECRET_CHECK_EVERY_RESYNCS periods after
+        it was last seen, or at once while its token is unknown."""
+        if self.admin_token is None or self.secret_seen_at is None:
+            return True
+        # Half a period early: resyncs run at ticks, a hair either side of the moment.
+        due_after = (SECRET_CHECK_EVERY_RESYNCS - 0.5) * resync_seconds
+        return now - self.secret_seen_at >= due_after
 
 
 def operator_context(memo: MutableMapping[str, Any]) -> OperatorContext:

@@ -235,3 +235,30 @@ def test_sizing_reads_the_gpu_memory_label_of_the_nodes_of_a_product(
 
     assert sorted(found) == [81559, 81920]
     assert sorted(asyncio.run(kube.node_vram_mib(""))) == [23034, 81559, 81920]
+
+
+def test_a_secret_check_reads_a_rotated_token_and_recreates_a_deleted_secret(
+    kubeconfig: Path, kube: Kube
+) -> None:
+    """One GET per check: the token the Secret holds now (rotated by hand), or, the
+    Secret deleted, a create with the token the pods hold."""
+    parsed = parse_spec(SPEC)
+    secret, *_ = manifests.build_children(
+        parsed, "rotated", NAMESPACE, size_memory(parsed, []), OperatorSettings.from_env({}),
+        "first-token",
+    )  # fmt: skip
+    name = secret["metadata"]["name"]
+    assert asyncio.run(kube.check_secret(secret)) == (True, "first-token")
+    kubectl(
+        kubeconfig, "-n", NAMESPACE, "patch", "secret", name, "--type", "merge",
+        "-p", json.dumps({"stringData": {manifests.ADMIN_TOKEN_KEY: "rotated-token"}}),
+    )  # fmt: skip
+    gets_before = requests(kubeconfig, "GET").get("secrets", 0)
+
+    assert asyncio.run(kube.check_secret(secret)) == (False, "rotated-token")
+    assert requests(kubeconfig, "GET").get("secrets", 0) - gets_before == 1
+
+    kubectl(kubeconfig, "-n", NAMESPACE, "delete", "secret", name)
+    assert asyncio.run(kube.check_secret(secret)) == (True, "first-token")
+    kept = kubectl(kubeconfig, "-n", NAMESPACE, "get", "secret", name, "-o", "json")
+    assert json.loads(kept)["data"][manifests.ADMIN_TOKEN_KEY]  # created again

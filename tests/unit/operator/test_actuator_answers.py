@@ -173,3 +173,18 @@ def test_runtime_state_is_not_recorded_as_applied_when_the_answer_is_not_a_state
     assert not told.changed and told.reached is False and told.error
     assert applied == {}
     assert [path for _, path, _ in fake.seen] == [AdminPath.BREAKER]  # stopped at the bad one
+
+
+def test_a_token_the_pod_refuses_is_reported_once_so_the_secret_is_read_again() -> None:
+    refusal = ErrorAnswer("invalid admin token", "authentication_error", None)
+    fake = FakeAdmin({AdminPath.ACTIONS: [(401, refusal.encode()), (409, refusal.encode())]})
+    action = Action("r", ActionKind.GC, "p", "test", 0.0)
+
+    async def twice(actuator: Actuator) -> tuple[bool, bool, bool]:
+        await actuator.execute("ns", POD, "old-token", action)
+        refused = actuator.token_refused("old-token")
+        asked_again = actuator.token_refused("old-token")  # forgotten once asked
+        await actuator.execute("ns", POD, "old-token", action)  # a 409 is no refusal
+        return refused, asked_again, actuator.token_refused("old-token")
+
+    assert against(fake, twice) == (True, False, False)

@@ -19,6 +19,7 @@ from fusebox_operator.drift import Applied
 from fusebox_operator.memo import (
     CONTEXT_KEY,
     RECONCILE_SETTLE_SECONDS,
+    SECRET_CHECK_EVERY_RESYNCS,
     SERVICE_KEY,
     OperatorContext,
     ServiceMemo,
@@ -48,6 +49,8 @@ class FakeKube:
         self.secret_reads = 0
         self.secrets_likely_absent: list[bool] = []
         self.touched: set[str] = set()  # services whose children a watch saw move
+        self.secret_token = "token"  # what the admin Secret holds now
+        self.actuator = FakeActuator()
 
     async def read_service_status(self, namespace: str, name: str) -> dict[str, Any]:
         self.status_reads += 1
@@ -79,7 +82,23 @@ class FakeKube:
 
     async def read_secret_value(self, namespace: str, name: str) -> str:
         self.secret_reads += 1
-        return "token"
+        return self.secret_token
+
+    async def check_secret(self, manifest: Mapping[str, Any]) -> tuple[bool, str]:
+        self.secret_reads += 1
+        return False, self.secret_token
+
+
+class FakeActuator:
+    """No pod is listed, so nothing is sent; a test says which token a pod refused."""
+
+    def __init__(self) -> None:
+        self.refused: set[str] = set()
+
+    def token_refused(self, token: str) -> bool:
+        found = token in self.refused
+        self.refused.discard(token)
+        return found
 
 
 @pytest.fixture
@@ -122,7 +141,12 @@ class Service:
     def memo(self) -> kopf.Memo:
         """A fresh memo: what a restarted operator knows (nothing but the object)."""
         # No pods are listed, so the tick never scrapes nor acts: no session, no actuator.
-        context = OperatorContext(OperatorSettings.from_env({}), self.kube, None, None)  # type: ignore[arg-type]
+        context = OperatorContext(
+            OperatorSettings.from_env({}),
+            self.kube,  # type: ignore[arg-type]
+            None,  # type: ignore[arg-type]
+            self.kube.actuator,  # type: ignore[arg-type]
+        )
         service = self.kept or ServiceMemo(next_resync_at=time.time() + 3600)
         return kopf.Memo({CONTEXT_KEY: context, SERVICE_KEY: service})
 
@@ -402,3 +426,46 @@ def test_undoing_an_edit_that_waited_for_gpu_nodes_accepts_the_spec_again(
     assert (accepted["status"], accepted["reason"]) == ("False", "SpecValid")
     assert accepted["observedGeneration"] == service.generation
     assert service.status["appliedGeneration"] == service.generation > applied
+
+
+def test_a_resync_reads_the_secret_every_few_runs_and_picks_up_a_rotated_token(
+    events: list[tuple[str, str, str]],
+) -> None:
+    kube = FakeKube()
+    service = Service(kube)
+    service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
+    service.reconcile(VALID, reason="create")
+    assert service.kept.admin_token is not None and kube.secret_reads == 0
+    kube.secret_token = "rotated"  # someone rotates the Secret's token
+    resync = OperatorSettings.from_env({}).resync_seconds
+    reads = []
+    for _ in range(SECRET_CHECK_EVERY_RESYNCS):
+        service.kept.next_scrape_at = service.kept.next_resync_at = 0.0
+        assert service.kept.secret_seen_at is not None
+        service.kept.secret_seen_at -= resync  # one resync period passes
+        service.tick(VALID)
+        reads.append(kube.secret_reads)
+
+    assert reads == [0] * (SECRET_CHECK_EVERY_RESYNCS - 1) + [1]
+    assert service.kept.admin_token == "rotated"
+
+
+def test_a_token_a_pod_refuses_is_read_again_at_the_next_tick(
+    events: list[tuple[str, str, str]],
+) -> None:
+    kube = FakeKube()
+    service = Service(kube)
+    service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
+    service.reconcile(VALID, reason="create")
+    created = service.kept.admin_token
+    assert created is not None
+    kube.secret_token = "rotated"
+    kube.actuator.refused.add(created)  # a pod answered 401 to the tick's admin call
+
+    service.tick(VALID)
+    assert service.kept.admin_token is None and kube.secret_reads == 0
+    service.kept.next_scrape_at = 0.0
+    service.tick(VALID)
+
+    assert kube.secret_reads == 1
+    assert service.kept.admin_token == "rotated"
