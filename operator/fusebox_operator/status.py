@@ -4,8 +4,10 @@ Why: `kubectl get` and `kubectl describe` are the operator's user interface,
 and a status rewritten on every scrape would flood the API server and make
 every watch client wake up. So the status is computed purely from the policy
 state and the latest samples, a condition's lastTransitionTime moves only when
-its status flips, and `should_write` lets through only real changes or, at
-most every 30 s, the refreshed per-pod figures.
+its status flips, and `should_write` lets through only real changes, the
+per-pod figures when they moved (at most every 30 s), and otherwise a refresh
+every 60 s. Every figure carries when it was measured (sampledAt, lastSeenAt,
+summary.observedAt), so a figure not rewritten shows its true age (SEEN).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from fusebox_operator.policy_state import Action, ActionKind, PolicyState
 from fusebox_operator.serving import ServiceView, ServingReason, service_reason
 from fusebox_operator.spec import InferenceServiceSpec, applied_spec_text
 
-REFRESH_SECONDS = 30.0
+REFRESH_SECONDS = 30.0  # figures that moved are rewritten at most this often
+QUIET_REFRESH_SECONDS = 60.0  # figures that did not move are rewritten this often
 MAX_PODS_LISTED = 20
 MAX_RECENT_ACTIONS = 10
 MAX_TROUBLED_PODS_LISTED = 3  # stuck pods named in Ready's message
@@ -42,9 +45,13 @@ TIER_NAMES: dict[int, str] = {int(DegradationLevel.NONE): "none"} | {
     int(tier.level): tier.value for tier in DegradationTier
 }
 
-# Parts of the status that change on every scrape; refreshed at most every 30 s.
+# Parts of the status that change on every scrape; refreshed as should_write says.
 VOLATILE_KEYS = ("pods", "policy", "updatedAt")
 VOLATILE_SUMMARY_KEYS = ("gpuMemory", "rss", "timeToOOM", "observedAt")
+# A pod entry's keys that move with every scrape whether or not the pod changed.
+SCRAPE_STAMPS = ("sampledAt", "lastSeenAt", "heartbeatAgeSeconds", "statsAgeSeconds")
+# Byte figures compared as the columns print them: a few KiB of RSS is no news.
+PRINTED_BYTES = ("gpuMemoryBytes", "rssBytes")
 
 ACTION_EVENT_REASONS: dict[ActionKind, tuple[EventReason, ...]] = {
     ActionKind.GC: (EventReason.GARBAGE_COLLECTED,),
@@ -683,7 +690,14 @@ def acting_operator(previous: Mapping[str, Any], pod: str, now: float) -> dict[s
 
 
 def should_write(previous: Mapping[str, Any], new: Mapping[str, Any], now: float) -> bool:
-    """Write on a real change, else refresh the volatile figures at most every 30 s."""
+    """Write on a real change; figures that moved at most every REFRESH_SECONDS; else
+    every QUIET_REFRESH_SECONDS.
+
+    The quiet refresh was every 30 s for every service, two status PATCHes per
+    service per minute, most of them carrying the same figures with new stamps
+    (decisions/operator-api-cost.md). A figure not rewritten keeps the time it was
+    measured, so SEEN shows its age and never claims a fresher one.
+    """
     # Only the keys this writer owns: observedGeneration and memory belong to reconcile.
     owned_previous = {k: v for k, v in previous.items() if k in new}
     if _significant(owned_previous) != _significant(new):
@@ -695,7 +709,44 @@ def should_write(previous: Mapping[str, Any], new: Mapping[str, Any], now: float
         last = dt.datetime.strptime(str(updated_at), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
     except ValueError:
         return True
-    return now - last.timestamp() >= REFRESH_SECONDS
+    age = now - last.timestamp()
+    if age >= QUIET_REFRESH_SECONDS:
+        return True
+    return age >= REFRESH_SECONDS and _figures(owned_previous) != _figures(new)
+
+
+def _figures(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The volatile part as a reader sees it: no scrape stamps, bytes as printed."""
+    summary = status.get("summary") or {}
+    pods = []
+    for entry in status.get("pods") or []:
+        if not isinstance(entry, Mapping):
+            continue
+        shown = {k: v for k, v in entry.items() if k not in SCRAPE_STAMPS}
+        for key in PRINTED_BYTES:
+            if key in shown:
+                shown[key] = human_bytes(shown[key])
+        if "timeToOOMSeconds" in shown:
+            shown["timeToOOMSeconds"] = human_seconds(shown["timeToOOMSeconds"])
+        pods.append(shown)
+    return {
+        "pods": pods,
+        "policy": _without_request_counts(status.get("policy")),
+        "summary": {k: summary.get(k) for k in ("gpuMemory", "rss", "timeToOOM")},
+    }
+
+
+def _without_request_counts(policy: Any) -> Any:
+    """status.policy less each pod's request counters, which a serving pod moves on
+    every scrape: they are kept for a restart to count calls from (a minute's more
+    calls in that first count changes no ratio the breakers read), not news."""
+    if not isinstance(policy, Mapping):
+        return policy
+    pods = [
+        {k: v for k, v in entry.items() if k != "counts"} if isinstance(entry, Mapping) else entry
+        for entry in policy.get("pods") or []
+    ]
+    return {**policy, "pods": pods}
 
 
 def transition_events(

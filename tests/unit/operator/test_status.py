@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from fusebox_contract.names import BreakerState, ConditionType, EventReason, Variant
-from fusebox_operator.observations import PodSample
+from fusebox_operator.observations import PodSample, RequestCounts
 from fusebox_operator.policy import decide
 from fusebox_operator.policy_state import Action, ActionKind, PolicyState
 from fusebox_operator.serving import PodServing, ServiceView, ServingReason
@@ -61,6 +61,35 @@ def test_status_not_rewritten_for_new_figures_within_30_seconds() -> None:
     assert should_write({}, written, T0)
     assert not should_write(written, status_for(state, 1.1e9, T0 + 5, written), T0 + 5)
     assert should_write(written, status_for(state, 1.2e9, T0 + 31, written), T0 + 31)
+
+
+def test_unmoved_figures_are_refreshed_every_60_seconds_not_every_30() -> None:
+    state = PolicyState("svc")
+    written = status_for(state, 1e9, T0)
+    # A few KiB more RSS prints the same (953.7Mi): only the scrape's stamps moved.
+    same = status_for(state, 1e9 + 4096, T0 + 31, written)
+    assert same["pods"][0]["sampledAt"] != written["pods"][0]["sampledAt"]
+    assert not should_write(written, same, T0 + 31)
+    assert not should_write(written, status_for(state, 1e9, T0 + 59, written), T0 + 59)
+    # Once a minute anyway: SEEN stays under a minute for a service the operator scrapes.
+    assert should_write(written, status_for(state, 1e9, T0 + 60, written), T0 + 60)
+
+
+def test_a_serving_pod_s_request_counters_alone_wait_for_the_minute_refresh() -> None:
+    served = PolicyState("svc", last_counts={"p": RequestCounts(succeeded=100)})
+    written = status_for(served, 1e9, T0)
+    more = PolicyState("svc", last_counts={"p": RequestCounts(succeeded=200)})
+    assert not should_write(written, status_for(more, 1e9, T0 + 31, written), T0 + 31)
+    assert should_write(written, status_for(more, 1e9, T0 + 60, written), T0 + 60)
+
+
+def test_moved_figures_are_written_after_30_seconds() -> None:
+    written = status_for(PolicyState("svc", time_to_oom={"p": 300.0}), 1e9, T0)
+    oom_sooner = status_for(PolicyState("svc", time_to_oom={"p": 200.0}), 1e9, T0 + 31, written)
+    assert should_write(written, oom_sooner, T0 + 31)  # OOM-IN 5m -> 3m
+    assert should_write(written, status_for(PolicyState("svc"), 1.2e9, T0 + 31, written), T0 + 31)
+    ladder = PolicyState("svc", slow_calls=3)  # the persisted policy moved
+    assert should_write(written, status_for(ladder, 1e9, T0 + 31, written), T0 + 31)
 
 
 def test_status_written_at_once_when_the_breaker_changes() -> None:
