@@ -30,14 +30,18 @@ Figures, never assertions: not part of `make test`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +148,30 @@ def operator_requests(
 
 
 # ----- I/O ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def scratch(keep: bool = False, parent: Path | None = None) -> Iterator[Path]:
+    """The run's work directory, removed when the run ends, failed or not.
+
+    It holds etcd's data, the certificates and every component's log: up to 600 MB
+    at 2,000 services, and runs left them in /tmp. A failed run prints the tail of
+    each log first (what the logs were kept for); `keep` (--keep-work) keeps it all.
+    """
+    work = Path(tempfile.mkdtemp(prefix="fusebox-fleet-", dir=parent))
+    failed = True
+    try:
+        yield work
+        failed = False
+    finally:
+        if failed:
+            for log in sorted(work.glob("*.log")):
+                lines = log.read_text(errors="replace").splitlines()[-15:]
+                print(f"--- {log.name} (last lines)", *lines, sep="\n", file=sys.stderr)
+        if keep:
+            print(f"work directory (logs): {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 class Run:
@@ -323,12 +351,21 @@ def main() -> None:
         help="the fusebox_operator to run (another checkout's, for a before/after)",
     )
     parser.add_argument("--label", default="", help="suffix of the results key")
+    parser.add_argument(
+        "--keep-work", action="store_true", help="keep the work directory (etcd, logs)"
+    )
     args = parser.parse_args()
+    # A SIGTERM unwinds like Ctrl-C: every process stopped, the work directory removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with scratch(args.keep_work) as work:
+        run_bench(args, work)
+
+
+def run_bench(args: argparse.Namespace, work: Path) -> None:
     if args.quick:
         args.services, args.nodes, args.status_services, args.window = 20, 4, 50, 90.0
     pods = args.services * args.replicas
     gpus_per_node = max(8, math.ceil(1.25 * pods / args.nodes))
-    work = Path(tempfile.mkdtemp(prefix="fusebox-fleet-"))
     metrics_port, admin_port = 9400, 8001  # the contract's: the operator scrapes pod:9400
     simulator = start(
         [sys.executable, "-m", "bench.fleet.simulator",
@@ -406,7 +443,6 @@ def main() -> None:
     existing[key + ("_hung" if args.hung_share else "") + args.label] = result
     RESULTS.write_text(json.dumps(existing, indent=2, ensure_ascii=False) + "\n")
     print(json.dumps(result, indent=2, ensure_ascii=False))
-    print(f"work directory (logs): {work}", file=sys.stderr)
 
 
 if __name__ == "__main__":
