@@ -41,6 +41,7 @@ docs/decisions/structured-output.md reads them.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -456,12 +457,23 @@ def judged(engine: Engine, compiled: Any, tokenizer: Any, text: str) -> Verdict:
 
 
 def our_verdict(schema: dict[str, Any] | None, text: str) -> Verdict:
-    from fusebox_server.model.structured_output import OutputFormat
+    """The server's verdict (`ConstrainedRow`: llguidance's matcher and our closing
+    bookkeeping), byte by byte, whatever a tokenizer would make of the text."""
+    from fusebox_server.model.structured_output import ConstrainedRow, OutputFormat
 
-    state = OutputFormat.json(schema).start().feed(text.encode("utf-8"))
-    if not state.valid:
-        return "invalid"
-    return "whole" if state.complete else "prefix"
+    row = ConstrainedRow(OutputFormat.json(schema), _byte_vocabulary(), (), 1 << 20)
+    for byte in text.encode("utf-8"):
+        if not row.allows(byte, budgeted=False):
+            return "invalid"
+        row.took(byte)
+    return "whole" if row.complete else "prefix"
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_vocabulary() -> Any:
+    from fusebox_server.model.structured_output import vocabulary_from_bytes
+
+    return vocabulary_from_bytes([bytes([byte]) for byte in range(256)])
 
 
 def correctness(engine: Engine, tokenizer: Any) -> dict[str, Any]:

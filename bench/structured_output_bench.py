@@ -62,13 +62,19 @@ def measure(model_dir: Path, steps: int) -> dict[str, Any]:
             settings = DecodeSettings(steps, temperature, 1.0, 7, (), output_format=output_format)
             row = Decoding(loaded, prompt, settings, vocabulary)
             choice_ms: list[float] = []
+            argmax_fit: list[bool] = []
 
             def timed(
-                logits: torch.Tensor, decoding: Decoding, choice_ms: list[float] = choice_ms
+                logits: torch.Tensor,
+                decoding: Decoding,
+                choice_ms: list[float] = choice_ms,
+                argmax_fit: list[bool] = argmax_fit,
             ) -> int:
                 begun = time.perf_counter()
                 token = choose(logits, decoding)
                 choice_ms.append((time.perf_counter() - begun) * 1000)
+                greedy = decoding.settings.temperature == 0
+                argmax_fit.append(not greedy or token == int(torch.argmax(logits).item()))
                 return token
 
             engine.choose_row_token = timed  # type: ignore[assignment]
@@ -83,14 +89,25 @@ def measure(model_dir: Path, steps: int) -> dict[str, Any]:
             finally:
                 engine.choose_row_token = choose
             key = f"{name}/{'greedy' if temperature == 0 else 'sampled'}"
+            # Greedy steps where the model's argmax did not fit the format: the masked path.
+            refits = [ms for ms, fit in zip(choice_ms, argmax_fit, strict=True) if not fit]
             results[key] = {
                 "steps": len(step_ms),
                 "step_ms_median": statistics.median(step_ms[1:] or step_ms),
                 "choice_ms_median": statistics.median(choice_ms[1:] or choice_ms),
+                "choice_ms_p99": _nearest_rank(choice_ms, 0.99),
                 "choice_ms_max": max(choice_ms),
+                "refit_choice_ms_p50": _nearest_rank(refits, 0.5) if refits else None,
+                "refit_choice_ms_p99": _nearest_rank(refits, 0.99) if refits else None,
+                "refits": len(refits),
             }
             print(model_dir.name, key, results[key], flush=True)
     return results
+
+
+def _nearest_rank(samples: list[float], quantile: float) -> float:
+    ordered = sorted(samples)
+    return ordered[max(0, min(len(ordered) - 1, round(quantile * len(ordered)) - 1))]
 
 
 def write_results(path: Path, report: dict[str, Any]) -> None:

@@ -112,9 +112,12 @@ PARAMETERS: Final[tuple[Parameter, ...]] = (
     Parameter(
         "response_format",
         H,
-        "`json_object` and `json_schema` enforced by constrained decoding (the text parses, "
-        "and validates; closed within `max_tokens` when it can be); a schema keyword not "
-        "enforced (`pattern`, `format`, `minLength`...): 400 naming it",
+        "`json_object` and `json_schema` enforced by llguidance's constrained decoding (the "
+        "text parses, and validates, `pattern`, `format`, `minLength`, `minItems`, `oneOf` "
+        "included); closed within `max_tokens` when it can be for the pydantic subset "
+        "(docs/server.md), else a tight `max_tokens` ends with `length` and a cut document, "
+        "as OpenAI does; a keyword llguidance refuses (`uniqueItems`, `not`, `if`): 400 "
+        "naming `response_format.json_schema.schema` and the keyword",
         CHAT_ONLY,
     ),
     Parameter("user", H, "a string, logged on the request's line as `user`; no effect on output"),
@@ -142,7 +145,8 @@ PARAMETERS: Final[tuple[Parameter, ...]] = (
         "tool_choice",
         H,
         "`none`, `auto`, or a call forced (`required`, a named function) by constraining "
-        "the output to the tools' schemas",
+        "the output to the tools' schemas with llguidance (a keyword it refuses: 400 naming "
+        "the tool's `parameters`)",
         CHAT_ONLY,
     ),
     Parameter(

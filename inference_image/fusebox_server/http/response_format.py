@@ -2,10 +2,10 @@
 
 Why its own module: the body's shape (`{"type": "json_schema", "json_schema":
 {"name", "schema", "strict", "description"}}`) is the transport's business,
-the grammar is the model's (`model.structured_output`); here one meets the
-other, and a schema the grammar cannot enforce becomes a 400 naming the
-keyword where it sits (`response_format.json_schema.schema.properties.x.pattern`),
-never a schema silently half-enforced.
+the grammar is the model's (`model.structured_output`, llguidance's matcher);
+here one meets the other, and a schema llguidance cannot enforce becomes a 400
+on `response_format.json_schema.schema` with llguidance's message, which names
+the keyword (`uniqueItems`, `not`, ...): never a schema silently half-enforced.
 """
 
 from __future__ import annotations

@@ -404,8 +404,8 @@ def forced_schema(use: ToolUse) -> dict[str, Any]:
 
 
 def forced_format(use: ToolUse) -> OutputFormat:
-    """The grammar of a forced call; a tool whose schema it cannot enforce is a 400 naming
-    the keyword where it sits (`tools[0].function.parameters.properties.x.pattern`)."""
+    """The grammar of a forced call; a tool whose schema llguidance cannot enforce is a 400
+    on `tools[i].function.parameters` with llguidance's message, naming the keyword."""
     for index, tool in enumerate(use.tools):
         if use.mode == ChoiceMode.NAMED and tool.name != use.named:
             continue

@@ -1,31 +1,37 @@
-"""The JSON grammar of structured output: a schema compiled, and text checked byte by byte.
+"""Structured output's formats: a schema compiled for llguidance, and how soon a document can close.
 
-Why its own module: what text is a prefix of an accepted document is pure
-logic, tested on strings; which token a row takes under it is torch
+Why its own module: what a format is and what text closes it are pure logic,
+tested on strings; which token a row takes under it is torch
 (`structured_output`). No torch here.
 
-- `OutputFormat.json(schema)` compiles a documented subset of JSON Schema (what
-  the `openai` client's `beta.chat.completions.parse` sends for pydantic models
-  in strict mode) into nodes; any other keyword is an `UnsupportedSchema` that
-  names it and where it is, never silently ignored.
-- `DocumentState` is the parser: a set of configurations (a stack of immutable
-  frames each), so `anyOf` and type lists are followed side by side until the
-  bytes tell them apart. Bytes, not characters: byte-level tokens split
-  characters, so strings check UTF-8 themselves. It also knows the fewest
-  bytes that complete the document, so a row never takes a token after which
-  its token budget could not close it: a random model's endless string is
-  closed in time, and its text parses.
+- `OutputFormat.json(schema)` compiles the schema with llguidance, which
+  enforces it while decoding (`structured_output`); a schema it cannot
+  enforce is an `UnsupportedSchema` carrying llguidance's message, which
+  names the keyword. Compiled formats are kept per schema (a bounded LRU).
+- Beside it, ours' own compile of a documented subset (what the `openai`
+  client's `beta.chat.completions.parse` sends for pydantic models in strict
+  mode) and `DocumentState`, a byte-level parser with forks, kept for one job
+  llguidance has no answer to: the fewest bytes that complete the document
+  (`min_close`), so a row never takes a token after which its token budget
+  could not close it, and a random model's endless string is closed in time.
+  It also refuses a key twice in a free object (`json.loads` would keep only
+  the last). For a schema outside the subset there is no such bookkeeping:
+  a tight budget ends with `length` and a cut document, as OpenAI does.
 
 docs/decisions/structured-output.md says why this way, and what it costs.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 WHITESPACE: Final = frozenset(b" \t\n\r")
 WHITESPACE_RUN_BYTES: Final = 4
@@ -395,39 +401,78 @@ def _type_of(value: object) -> str:
 
 @dataclass(frozen=True)
 class OutputFormat:
-    """What a row's text must be: a JSON document of `root` (any object for json_object)."""
+    """What a row's text must be: a JSON document of `schema` (None: any object, json_object).
 
-    root: Node
+    `grammar` is llguidance's compiled grammar, which decides what is valid;
+    `closing_root` is ours' compiled schema (None where the schema uses a keyword
+    ours does not know), kept only to know the fewest bytes that close the
+    document, so a row's token budget can always close it.
+    """
+
     schema: Mapping[str, Any] | None
-    first_bytes_seen: dict[tuple[Any, ...], list[bool]] = field(
-        default_factory=dict, compare=False, repr=False
-    )
-    """`DocumentState.first_bytes` by parser state, shared by every row of this format:
-    a row inside a string meets the same state step after step."""
+    grammar: str
+    closing_root: Node | None
 
     @classmethod
     def json(cls, schema: Mapping[str, Any] | None) -> OutputFormat:
-        """None: any JSON object (`json_object`). Else the schema, or `UnsupportedSchema`."""
+        """None: any JSON object (`json_object`). Else the schema, or `UnsupportedSchema`
+        with llguidance's message (which names the keyword it refuses)."""
         if schema is None:
             return JSON_OBJECT
-        return cls(_SchemaCompiler(schema).compile(schema, ()), schema)
+        try:
+            # Keys in the schema's order: llguidance writes properties in that order.
+            key = json.dumps(schema, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise UnsupportedSchema((), f"not a JSON schema: {error}") from None
+        return _compiled(key)
 
-    def first_bytes(self, state: DocumentState, must_shorten: bool) -> list[bool]:
-        key = (state.stacks, state.runs, must_shorten)
-        allowed = self.first_bytes_seen.get(key)
-        if allowed is None:
-            if len(self.first_bytes_seen) >= FIRST_BYTES_KEPT:
-                self.first_bytes_seen.clear()
-            allowed = self.first_bytes_seen[key] = state.first_bytes(must_shorten)
-        return allowed
-
-    def start(self) -> DocumentState:
-        return DocumentState(((_Value(self.root, 0), None),), (0,))
+    def start(self) -> DocumentState | None:
+        """Ours' closing bookkeeping at the start of a document; None: not known."""
+        if self.closing_root is None:
+            return None
+        return DocumentState(((_Value(self.closing_root, 0), None),), (0,))
 
 
-JSON_OBJECT: Final = OutputFormat(ANY_OBJECT, None)
-FIRST_BYTES_KEPT: Final = 4096
-"""Parser states whose first bytes a format keeps (then it starts over): a bound on memory."""
+def _llguidance_options() -> JsonCompileOptions:
+    """llguidance's JSON options: whitespace runs bounded as ours (a random model pads
+    forever otherwise), and `\\uXXXX` escapes of any character, as `json.dumps` writes
+    them."""
+    return {
+        "whitespace_pattern": f"[ \\n]{{0,{WHITESPACE_RUN_BYTES}}}",
+        "json_allow_general_unicode_escapes": True,
+    }
+
+
+COMPILED_SCHEMAS_KEPT: Final = 256
+"""Compiled schemas kept (least recently used dropped): a client sends one schema many times."""
+
+
+def _grammar(schema: Mapping[str, Any]) -> str:
+    """llguidance's grammar of the schema, or `UnsupportedSchema` with its message."""
+    import llguidance
+
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(
+            dict(schema), overrides=_llguidance_options()
+        )
+    except ValueError as error:
+        raise UnsupportedSchema((), str(error)) from None
+    message = llguidance.LLMatcher.validate_grammar(grammar)
+    if message:
+        raise UnsupportedSchema((), message)
+    return grammar
+
+
+@functools.lru_cache(maxsize=COMPILED_SCHEMAS_KEPT)
+def _compiled(key: str) -> OutputFormat:
+    schema = json.loads(key)
+    grammar = _grammar(schema)
+    try:
+        closing_root: Node | None = _SchemaCompiler(schema).compile(schema, ())
+    except (UnsupportedSchema, RecursionError):
+        closing_root = None  # llguidance enforces it; a tight budget may cut the document
+    return OutputFormat(schema, grammar, closing_root)
+
 
 # ----- the parser: frames on a stack -----
 
@@ -902,11 +947,5 @@ class DocumentState:
             self._min_close = min(costs) if costs else UNREACHABLE
         return self._min_close
 
-    def first_bytes(self, must_shorten: bool) -> list[bool]:
-        """Which bytes may come next (`must_shorten`: only those that bring the end closer)."""
-        allowed = []
-        for byte in range(256):
-            after = self.feed(bytes([byte]))
-            ok = after.valid and (not must_shorten or after.min_close < self.min_close)
-            allowed.append(ok)
-        return allowed
+
+JSON_OBJECT: Final = OutputFormat(None, _grammar({"type": "object"}), ANY_OBJECT)

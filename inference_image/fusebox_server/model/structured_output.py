@@ -1,19 +1,23 @@
 """Constrained decoding: a row's next token keeps its text a prefix of a JSON document.
 
-Why: `response_format` json_object / json_schema promise a caller text that
-parses (and validates); a model, above all a small or random one, does not
-keep that promise by itself. The grammar (`json_grammar`) says which bytes may
-come next; here the token table and the choice make it hold for tokens:
+Why: `response_format` json_object / json_schema and forced tool calls promise
+a caller text that parses (and validates); a model, above all a small or
+random one, does not keep that promise by itself. llguidance's matcher says
+which tokens may come next (`json_grammar.OutputFormat` holds its compiled
+grammar); here the token table and the choice make it hold:
 
 - `TokenVocabulary` is each token's bytes, computed once per tokenizer (a
-  128k vocabulary is never decoded per step), with each token's first byte as
-  a tensor: one gather masks every token that cannot start here.
-- `ConstrainedRow.choose` picks the row's token: greedy takes the first valid
-  candidate in logit order; sampling is rejection sampling (draws from the
-  model's distribution, then from the masked one, the first valid wins), then
-  a scan by logit order. End of sequence is valid only once the document is
-  whole, and a token is valid only if the document can still close within the
-  row's token budget.
+  128k vocabulary is never decoded per step), and llguidance's tokenizer
+  built from them once, with the compiled matchers kept per format and
+  copied per row.
+- `ConstrainedRow.choose` picks the row's token: greedy takes the model's
+  argmax when it fits (one token check), else the first valid candidate in
+  logit order under llguidance's exact token mask; sampling is rejection
+  sampling (draws from the model's distribution, then from the masked one,
+  the first valid wins). End of sequence is valid only once the document is
+  whole, and, where ours' bookkeeping knows the schema (`json_grammar`), a
+  token is valid only if the document can still close within the row's
+  token budget.
 
 docs/decisions/structured-output.md says why this way, and what it costs.
 """
@@ -22,10 +26,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import llguidance
 import torch
 
 from fusebox_server.model.json_grammar import (
@@ -43,6 +49,7 @@ __all__ = [
     "TokenVocabulary",
     "UnsupportedSchema",
     "build_vocabulary",
+    "vocabulary_from_bytes",
     "vocabulary_of",
 ]
 
@@ -51,6 +58,8 @@ SAMPLE_TRIES: Final = 8
 sampled row falls back to scanning its candidates in logit order."""
 GREEDY_WINDOW: Final = 32
 """Candidates checked from one top-k before the whole row is sorted."""
+MATCHERS_KEPT: Final = 64
+"""Compiled matchers kept per tokenizer (least recently used dropped); a row gets a copy."""
 
 
 # ----- tokens -----
@@ -58,24 +67,82 @@ GREEDY_WINDOW: Final = 32
 
 @dataclass(frozen=True)
 class TokenVocabulary:
-    """Every token's bytes (None: a special token, never inside a document), and as a tensor
-    each token's first byte (256: none), to mask a step's logits with one gather."""
+    """Every token's bytes (None: a special token, never inside a document), the token of
+    each single byte (-1: none; a tight budget closes a document byte by byte), and
+    llguidance's tokenizer over the same bytes."""
 
     token_bytes: tuple[bytes | None, ...]
-    first_byte: torch.Tensor
-    _by_width: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, compare=False)
+    byte_tokens: tuple[int, ...]
+    matcher_tokenizer: Any
+    _matchers: OrderedDict[str, Any] = field(default_factory=OrderedDict, compare=False)
 
-    def first_bytes_for(self, width: int, device: torch.device) -> torch.Tensor:
-        """`first_byte` as wide as a row of logits (ids past the tokenizer: none), kept
-        per width and device."""
-        key = (width, str(device))
-        table = self._by_width.get(key)
-        if table is None:
-            table = torch.full((width,), 256, dtype=torch.long)
-            shared = min(width, self.first_byte.shape[0])
-            table[:shared] = self.first_byte[:shared]
-            table = self._by_width[key] = table.to(device)
-        return table
+    def matcher(self, output_format: OutputFormat) -> Any:
+        """A fresh llguidance matcher of the format: a copy of one compiled per format."""
+        prototype = self._matchers.get(output_format.grammar)
+        if prototype is None:
+            prototype = llguidance.LLMatcher(
+                self.matcher_tokenizer, output_format.grammar, log_level=0
+            )
+            if prototype.is_error():  # validated at compile time: a bug, not a bad request
+                raise ValueError(f"llguidance refused a validated grammar: {prototype.get_error()}")
+            self._matchers[output_format.grammar] = prototype
+            if len(self._matchers) > MATCHERS_KEPT:
+                self._matchers.popitem(last=False)
+        else:
+            self._matchers.move_to_end(output_format.grammar)
+        return prototype.deep_copy()
+
+
+class _TableTokenizer:
+    """What `llguidance.TokenizerWrapper` reads: our token table, one id past it as the
+    end of sequence (ends are the row's business: `ConstrainedRow` decides them), and the
+    tokenizer's encoding (llguidance tokenizes only for features not used here)."""
+
+    def __init__(self, token_bytes: Sequence[bytes | None], encode: Callable[[str], list[int]]):
+        self.tokens = [data or b"" for data in token_bytes] + [b""]
+        self.eos_token_id = len(token_bytes)
+        self.bos_token_id = None
+        self.special_token_ids = [i for i, data in enumerate(token_bytes) if data is None]
+        self.special_token_ids.append(self.eos_token_id)
+        self._encode = encode
+
+    def __call__(self, text: str) -> list[int]:
+        return self._encode(text)
+
+
+def vocabulary_from_bytes(
+    token_bytes: Sequence[bytes | None], encode: Callable[[str], list[int]] | None = None
+) -> TokenVocabulary:
+    """The table, and llguidance's tokenizer built from it (ids past it are never valid)."""
+    table = tuple(token_bytes)
+    byte_tokens = [-1] * 256
+    for token_id, data in enumerate(table):
+        if data is not None and len(data) == 1 and byte_tokens[data[0]] < 0:
+            byte_tokens[data[0]] = token_id
+    wrapper = llguidance.TokenizerWrapper(_TableTokenizer(table, encode or _longest_match(table)))
+    tokenizer = llguidance.LLTokenizer(wrapper, n_vocab=len(table) + 1)
+    return TokenVocabulary(table, tuple(byte_tokens), tokenizer)
+
+
+def _longest_match(table: Sequence[bytes | None]) -> Callable[[str], list[int]]:
+    """An encoding by longest match, for a table without a tokenizer (llguidance tokenizes
+    the bytes a grammar forces, and a mask there is wrong without it)."""
+    ids = {data: token_id for token_id, data in enumerate(table) if data}
+    longest = max((len(data) for data in ids), default=0)
+
+    def encode(text: str) -> list[int]:
+        data, out, at = text.encode("utf-8"), [], 0
+        while at < len(data):
+            for size in range(min(longest, len(data) - at), 0, -1):
+                if data[at : at + size] in ids:
+                    out.append(ids[data[at : at + size]])
+                    at += size
+                    break
+            else:
+                at += 1  # a byte no token spells: left out
+        return out
+
+    return encode
 
 
 _VOCABULARY_ATTRIBUTE: Final = "_fusebox_token_vocabulary"
@@ -120,8 +187,11 @@ def build_vocabulary(tokenizer: Any) -> TokenVocabulary:
             table.append(bytes(BYTE_LEVEL_ALPHABET[char] for char in spelling))
         else:
             table.append(spelling.replace(WORD_START, " ").encode("utf-8"))
-    first = torch.tensor([data[0] if data else 256 for data in table], dtype=torch.long)
-    return TokenVocabulary(tuple(table), first)
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    return vocabulary_from_bytes(table, encode)
 
 
 def _spelt_as_bytes(spellings: Sequence[Any]) -> bool:
@@ -141,10 +211,11 @@ sampling)."""
 class ConstrainedRow:
     """One row's document so far, and the choice of its next token under it.
 
-    `token_budget` is the most tokens the row may generate: a token after which
-    the document could not be closed within what is left is not valid (every
-    byte a document needs has a token of its own in byte-level and
-    byte-fallback vocabularies).
+    llguidance's matcher decides what is valid. `token_budget` is the most tokens
+    the row may generate: where ours' bookkeeping knows the schema
+    (`OutputFormat.start`), a token after which the document could not be closed
+    within what is left is not valid either (every byte a document needs has a
+    token of its own in byte-level and byte-fallback vocabularies).
     """
 
     def __init__(
@@ -155,7 +226,8 @@ class ConstrainedRow:
         token_budget: int,
     ) -> None:
         self.output_format = output_format
-        self.state = output_format.start()
+        self.matcher = vocabulary.matcher(output_format)
+        self.closing: DocumentState | None = output_format.start()
         self.vocabulary = vocabulary
         self.end_ids = frozenset(end_ids)
         self.tokens_left = token_budget
@@ -163,61 +235,76 @@ class ConstrainedRow:
 
     @property
     def complete(self) -> bool:
-        return self.state.complete
+        """The text is a whole document (it may still go on: `12` -> `123`)."""
+        return bool(self.matcher.is_accepting())
 
     @property
     def finished(self) -> bool:
-        return self.state.finished
+        """The document is whole and nothing may follow it: the row ends."""
+        return bool(self.matcher.is_stopped()) and not self.matcher.is_error()
 
     def allows(self, token_id: int, budgeted: bool = True) -> bool:
-        """Whether the token may come next (its state is kept for `took`)."""
+        """Whether the token may come next (ours' closing state is kept for `took`)."""
         if token_id in self.end_ids:
-            return self.state.complete
+            return self.complete
         if not 0 <= token_id < len(self.vocabulary.token_bytes):
             return False
         data = self.vocabulary.token_bytes[token_id]
-        if data is None:
+        if data is None or self.matcher.validate_tokens([token_id]) != 1:
             return False
+        if self.closing is None:
+            return True
         after = self._tried.get(token_id)
         if after is None:
-            after = self._tried[token_id] = self.state.feed(data)
+            after = self._tried[token_id] = self.closing.feed(data)
+        # Ours refuses what llguidance allows only where ours is stricter (a key twice,
+        # deep nesting); a budget that cannot close is a budget problem, not validity.
         if not after.valid:
-            return False
+            return not budgeted
         return not budgeted or after.min_close <= self.tokens_left - 1
 
     def took(self, token_id: int) -> None:
         """The row generated this token: the document goes on from it."""
         if token_id not in self.end_ids:
-            after = self._tried.get(token_id)
+            self.matcher.consume_token(token_id)
             data = self.vocabulary.token_bytes[token_id]
-            if after is None and data is not None:
-                after = self.state.feed(data)
-            if after is not None:
-                self.state = after
+            if self.closing is not None and data is not None:
+                after = self._tried.get(token_id) or self.closing.feed(data)
+                # Past what ours follows (chosen by the grammar alone): llguidance goes on.
+                self.closing = after if after.valid else None
         self.tokens_left -= 1
         self._tried = {}
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
-        """The logits with every token that cannot start here at -inf (a new tensor)."""
-        must_shorten = self.state.min_close > self.tokens_left - 1
-        allowed = self.output_format.first_bytes(self.state, must_shorten) + [False]
-        table = torch.tensor(allowed, dtype=torch.bool, device=logits.device)
-        keep = table[self.vocabulary.first_bytes_for(logits.shape[-1], logits.device)]
-        if self.state.complete:
+        """The logits with every token llguidance refuses here at -inf (a new tensor)."""
+        size = len(self.vocabulary.token_bytes)
+        words = torch.zeros(((size + 1 + 31) // 32,), dtype=torch.int32)
+        self.matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
+        bits = (words.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+        allowed = bits.reshape(-1)[:size].bool()
+        keep = torch.zeros(logits.shape[-1], dtype=torch.bool)
+        shared = min(size, keep.shape[0])
+        keep[:shared] = allowed[:shared]
+        if self.complete:
             for end in self.end_ids:
                 if end < keep.shape[0]:
                     keep[end] = True
-        return logits.float().masked_fill(~keep, -math.inf)
+        return logits.float().masked_fill(~keep.to(logits.device), -math.inf)
+
+    @property
+    def _must_shorten(self) -> bool:
+        """Only a token that brings the end closer fits what is left of the budget."""
+        return self.closing is not None and self.closing.min_close > self.tokens_left - 1
 
     def choose(self, logits: torch.Tensor, sample: Sampler | None) -> int:
         """The row's next token from its (adjusted) logits; `sample` None: greedy.
 
         The model's own first choices are tried before anything is masked (inside a
-        string nearly every token fits, and the mask costs 256 parser steps); sampling
-        is rejection sampling, so a valid draw keeps the model's distribution over the
-        valid tokens. When nothing fits the budget (a tokenizer without some byte), the
-        grammar alone decides; when nothing fits at all, an end-of-sequence id ends the
-        row.
+        string nearly every token fits: one token check); sampling is rejection
+        sampling, so a valid draw keeps the model's distribution over the valid tokens.
+        When the budget is tight, the single-byte tokens close the document. When
+        nothing fits the budget (a tokenizer without some byte), the grammar alone
+        decides; when nothing fits at all, an end-of-sequence id ends the row.
         """
         rows = logits.float()
         masked: torch.Tensor | None = None
@@ -229,7 +316,7 @@ class ConstrainedRow:
             if found is not None:
                 return found
         else:
-            for _ in range(2):  # the model's own draws, then draws among what can start here
+            for _ in range(2):  # the model's own draws, then draws among what can come here
                 drawn = sample(rows if masked is None else masked, SAMPLE_TRIES)
                 for token in drawn:
                     if self.allows(token):
@@ -240,11 +327,27 @@ class ConstrainedRow:
                     masked[torch.tensor(drawn, device=masked.device)] = -math.inf
         if masked is None:
             masked = self.mask(rows)
+        if self._must_shorten:
+            found = self._closing_byte(masked)
+            if found is not None:
+                return found
         for budgeted in (True, False):
             found = self._scan(masked if budgeted else rows, budgeted)
             if found is not None:
                 return found
         return min(self.end_ids) if self.end_ids else int(torch.argmax(rows).item())
+
+    def _closing_byte(self, masked: torch.Tensor) -> int | None:
+        """The likeliest single-byte token (or end) that keeps the document closable."""
+        candidates = [t for t in self.vocabulary.byte_tokens if 0 <= t < masked.shape[-1]]
+        candidates += [t for t in self.end_ids if t < masked.shape[-1]]
+        if not candidates:
+            return None
+        values = masked[torch.tensor(candidates, device=masked.device)]
+        for index in torch.argsort(values, descending=True).tolist():
+            if values[index] > -math.inf and self.allows(candidates[index]):
+                return int(candidates[index])
+        return None
 
     def _scan(self, logits: torch.Tensor, budgeted: bool, window_only: bool = False) -> int | None:
         """The first valid token in descending logit order (`window_only`: among the

@@ -330,13 +330,14 @@ def check_response_format(client: openai.OpenAI, server: ServerProcess) -> None:
     )
     assert "invalid_json" in failures[0]["reasons"]
     assert not [e for e in log_lines(server, "rf-t") if e["event"] == "quality_failure"]
-    schema = {"type": "object", "properties": {"a": {"type": "string", "minLength": 1}}}
+    schema = {"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}
     with pytest.raises(openai.BadRequestError) as caught:
         chat(
             client,
             response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
         )
-    assert caught.value.param == "response_format.json_schema.schema.properties.a.minLength"
+    assert caught.value.param == "response_format.json_schema.schema"
+    assert "uniqueItems" in caught.value.message
 
 
 TOOL: Any = {"type": "function", "function": {"name": "f"}}

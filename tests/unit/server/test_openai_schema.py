@@ -244,10 +244,10 @@ def test_response_format_becomes_the_output_format_and_a_bad_schema_is_named() -
         (
             {
                 "type": "json_schema",
-                "json_schema": {"name": "n", "schema": {"type": "string", "minLength": 2}},
+                "json_schema": {"name": "n", "schema": {"type": "array", "uniqueItems": True}},
             },
             InvalidRequest,
-            "response_format.json_schema.schema.minLength",
+            "response_format.json_schema.schema",
         ),
     ]:
         with pytest.raises(error) as caught:
@@ -259,7 +259,7 @@ def test_response_format_becomes_the_output_format_and_a_bad_schema_is_named() -
     with pytest.raises(InvalidRequest) as caught:
         parse({"type": "json_schema", "json_schema": {"name": "n", "schema": deep}})
     assert caught.value.param == "response_format.json_schema.schema"
-    assert "nested deeper" in caught.value.message
+    assert "recursion limit" in caught.value.message  # llguidance's bound, not a 500
 
 
 def test_stream_options_need_a_stream_and_known_boolean_options() -> None:

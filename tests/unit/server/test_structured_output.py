@@ -12,7 +12,12 @@ import pytest
 import torch
 
 from fusebox_server.model.json_grammar import WHITESPACE_RUN_BYTES, OutputFormat, UnsupportedSchema
-from fusebox_server.model.structured_output import ConstrainedRow, TokenVocabulary, vocabulary_of
+from fusebox_server.model.structured_output import (
+    ConstrainedRow,
+    TokenVocabulary,
+    vocabulary_from_bytes,
+    vocabulary_of,
+)
 
 ANY_OBJECT = OutputFormat.json(None)
 PERSON: dict[str, Any] = {
@@ -228,59 +233,102 @@ def _nested(depth: int) -> dict[str, Any]:
     return schema
 
 
+def accepted(output_format: OutputFormat, text: str) -> bool:
+    """llguidance's verdict on a whole document: every byte consumed and the end reached."""
+    import llguidance
+
+    from fusebox_server.model.structured_output import vocabulary_from_bytes
+
+    data = text.encode("utf-8")
+    table = vocabulary_from_bytes([bytes([b]) for b in range(256)])
+    matcher = llguidance.LLMatcher(table.matcher_tokenizer, output_format.grammar, log_level=0)
+    return all(matcher.consume_token(b) for b in data) and bool(matcher.is_accepting())
+
+
+NODE = {"type": "object", "properties": {"next": {"$ref": "#/$defs/Node"}}}
+
+
 @pytest.mark.parametrize(
-    ("schema", "path"),
+    ("schema", "good", "bad"),
     [
-        ({"type": "string", "pattern": "^a$"}, "pattern"),
-        ({"type": "string", "format": "date-time"}, "format"),
-        ({"type": "string", "minLength": 1}, "minLength"),
-        ({"type": "string", "maxLength": 9}, "maxLength"),
-        ({"type": "number", "minimum": 0}, "minimum"),
-        ({"type": "integer", "maximum": 9}, "maximum"),
-        ({"type": "number", "multipleOf": 2}, "multipleOf"),
-        ({"type": "array", "minItems": 1}, "minItems"),
-        ({"type": "array", "maxItems": 1}, "maxItems"),
-        ({"type": "array", "uniqueItems": True}, "uniqueItems"),
-        ({"type": "array", "prefixItems": [{}]}, "prefixItems"),
-        ({"type": "object", "patternProperties": {}}, "patternProperties"),
-        ({"type": "object", "minProperties": 1}, "minProperties"),
-        ({"oneOf": [{"type": "string"}]}, "oneOf"),
-        ({"not": {"type": "string"}}, "not"),
-        ({"if": {}, "then": {}}, "if"),
-        ({"allOf": [{"type": "string"}, {"type": "number"}]}, "allOf"),
-        ({"type": "string", "items": {}}, "items"),  # a keyword of another type
+        ({"type": "string", "pattern": "^a+$"}, '"aaa"', '"ab"'),
+        ({"type": "string", "format": "date-time"}, '"2026-12-05T15:00:00Z"', '"soon"'),
+        ({"type": "string", "minLength": 2}, '"ab"', '"a"'),
+        ({"type": "string", "maxLength": 2}, '"ab"', '"abc"'),
+        ({"type": "number", "minimum": 0}, "3", "-1"),
+        ({"type": "integer", "maximum": 9}, "9", "10"),
+        ({"type": "integer", "multipleOf": 2}, "4", "3"),
+        ({"type": "array", "minItems": 1}, "[1]", "[]"),
+        ({"type": "array", "maxItems": 1}, "[1]", "[1,2]"),
+        ({"type": "array", "prefixItems": [{"type": "string"}]}, '["a",1]', "[1]"),
         (
-            {"type": "object", "properties": {"a": {"type": "string", "format": "email"}}},
-            "properties.a.format",
+            {"type": "object", "patternProperties": {"^x": {"type": "integer"}}},
+            '{"x1":1}',
+            '{"x1":"a"}',
         ),
-        ({"type": "array", "items": {"type": "string", "pattern": "x"}}, "items.pattern"),
-        ({"$ref": "#"}, "$ref"),
-        (
-            {
-                "$defs": {
-                    "Node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/Node"}}}
-                },
-                "$ref": "#/$defs/Node",
-            },
-            "$defs.Node.properties.next.$ref",
-        ),
-        ({"$ref": "#/$defs/Missing"}, "$ref"),
-        ({"$ref": "https://example.com/schema"}, "$ref"),
-        ({"type": "object", "required": ["x"], "additionalProperties": False}, "required"),
-        ({"type": "date"}, "type"),
-        (_nested(70), ""),  # named at the root: "nested deeper than 64 levels"
-        (
-            {"$defs": {"Unused": {"type": "string", "pattern": "x"}}, "type": "string"},
-            "$defs.Unused.pattern",
-        ),
+        ({"type": "object", "minProperties": 1}, '{"a":1}', "{}"),
+        ({"oneOf": [{"type": "string"}, {"type": "integer"}]}, "1", "true"),
+        ({"allOf": [{"type": "integer"}, {"minimum": 5}]}, "5", "4"),
+        ({"type": "string", "format": "email"}, '"a@b.co"', '"ab.co"'),
+        ({"$defs": {"Node": NODE}, "$ref": "#/$defs/Node"}, '{"next":{"next":{}}}', '{"next":1}'),
+        ({"type": "array", "items": {"type": "string", "pattern": "^x$"}}, '["x"]', '["y"]'),
+        (_nested(70), "[" * 70 + '"a"' + "]" * 70, "[" * 70 + "1" + "]" * 70),
+        ({"type": "string", "items": {}}, '"a"', "[]"),  # items applies to arrays only
     ],
 )
-def test_every_refused_keyword_names_itself(schema: dict[str, Any], path: str) -> None:
+def test_keywords_llguidance_enforces_are_enforced(
+    schema: dict[str, Any], good: str, bad: str
+) -> None:
+    output_format = OutputFormat.json(schema)
+    assert accepted(output_format, good)
+    assert not accepted(output_format, bad)
+
+
+@pytest.mark.parametrize(
+    ("schema", "named"),
+    [
+        ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+        ({"not": {"type": "string"}}, "not"),
+        ({"if": {}, "then": {}}, "if"),
+        ({"type": "date"}, "date"),
+        ({"$ref": "#/$defs/Missing"}, "Missing"),
+        ({"$ref": "https://example.com/schema"}, "example.com"),
+        ({"type": "object", "required": ["x"], "additionalProperties": False}, "'x'"),
+        (_nested(400), "recursion"),
+    ],
+)
+def test_keywords_llguidance_refuses_are_refused_by_name(
+    schema: dict[str, Any], named: str
+) -> None:
     with pytest.raises(UnsupportedSchema) as caught:
         OutputFormat.json(schema)
-    assert caught.value.path == path
-    assert path.rsplit(".", 1)[-1] in str(caught.value)
-    assert path or "nested deeper" in str(caught.value)
+    assert named in str(caught.value)
+
+
+def test_properties_come_in_the_schemas_order_not_sorted() -> None:
+    """What `parse()` clients send: the declared order, which llguidance writes."""
+    schema = {
+        "type": "object",
+        "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "integer"}},
+        "required": ["zeta", "alpha"],
+        "additionalProperties": False,
+    }
+    assert accepted(OutputFormat.json(schema), '{"zeta":1,"alpha":2}')
+    assert not accepted(OutputFormat.json(schema), '{"alpha":2,"zeta":1}')
+
+
+def test_whitespace_and_escapes_follow_what_json_dumps_writes() -> None:
+    string = OutputFormat.json({"type": "string"})
+    assert accepted(string, json.dumps("é \n 🚀"))  # \u escapes, surrogate pairs included
+    assert accepted(ANY_OBJECT, '{\n   "a": 1}')
+    assert not accepted(ANY_OBJECT, '{\n    "a": 1}')  # five whitespace bytes in one gap
+    assert not accepted(ANY_OBJECT, ' {"a": 1}')  # none before the document
+
+
+def test_a_compiled_schema_is_kept_and_ours_closes_only_what_it_knows() -> None:
+    assert OutputFormat.json(dict(PERSON)) is OutputFormat.json(dict(PERSON))
+    assert OutputFormat.json(PERSON).start() is not None
+    assert OutputFormat.json({"type": "string", "pattern": "^a$"}).start() is None
 
 
 # ----- the choice, on a hand-made vocabulary -----
@@ -305,9 +353,7 @@ SPECIAL = 13
 
 
 def vocabulary() -> TokenVocabulary:
-    spellings = [*SPELLINGS, None]  # 13: another special token
-    first = torch.tensor([data[0] if data else 256 for data in spellings], dtype=torch.long)
-    return TokenVocabulary(tuple(spellings), first)
+    return vocabulary_from_bytes([*SPELLINGS, None])  # 13: another special token
 
 
 def logits_favouring(*order: int) -> torch.Tensor:
@@ -371,13 +417,43 @@ def test_a_model_that_never_closes_its_string_is_closed_within_its_budget() -> N
 def test_padding_whitespace_cannot_run_on() -> None:
     constrained = row(budget=30)
     text = decode(constrained, logits_favouring(9, 12, 0, 1), 30)
-    assert text == b" " * WHITESPACE_RUN_BYTES + b"{" + b" " * WHITESPACE_RUN_BYTES + b"}"
+    # No whitespace before the document (llguidance's JSON starts at its first byte).
+    assert text == b"{" + b" " * WHITESPACE_RUN_BYTES + b"}"
 
 
 def test_a_budget_too_small_for_any_document_still_gives_valid_prefix_tokens() -> None:
     constrained = row(budget=1)
     token = constrained.choose(logits_favouring(6, 3, 0), None)
     assert token == 0  # `{`: the grammar alone decides when nothing can close in time
+
+
+def test_ids_past_the_tokenizer_are_never_chosen() -> None:
+    wide = torch.cat([logits_favouring(6, 0), torch.full((4,), 50.0)])  # logits 18 wide
+    constrained = row()
+    assert constrained.choose(wide, None) == 0
+    assert constrained.mask(wide)[len(SPELLINGS) + 1 :].eq(-math.inf).all()
+
+
+def test_a_key_twice_in_a_free_object_stays_refused() -> None:
+    constrained = row()
+    for token in (0, 8, 4, 5):  # {"a":1
+        assert constrained.allows(token)
+        constrained.took(token)
+    comma = vocabulary_from_bytes([*SPELLINGS, None, b","])
+    twice = ConstrainedRow(ANY_OBJECT, comma, [END], 50)
+    for token in (0, 8, 4, 5, 14):  # {"a":1,
+        twice.took(token)
+    assert not twice.allows(8)  # "a" again: json.loads would keep only the last
+
+
+def test_a_schema_only_llguidance_knows_is_cut_on_a_tight_budget() -> None:
+    """No shortest-completion bookkeeping there: the row runs out, as OpenAI's does."""
+    pattern = OutputFormat.json({"type": "string", "pattern": "^a+$"})
+    constrained = ConstrainedRow(pattern, vocabulary(), [END], 3)
+    text = decode(constrained, logits_favouring(3, 2), 3)
+    assert text == b'"aa' and not constrained.complete
+    closing = ConstrainedRow(OutputFormat.json({"type": "string"}), vocabulary(), [END], 3)
+    assert decode(closing, logits_favouring(3, 2), 3) == b'"a"'  # ours closes what it knows
 
 
 def test_sampling_resamples_without_the_invalid_draws_and_keeps_valid_draws() -> None:
@@ -424,7 +500,7 @@ def test_the_tiny_tokenizers_token_bytes_are_its_decoded_text(tiny_tokenizer: An
             assert data == text.encode("utf-8"), token_id
             checked += 1
     assert checked > 1000
-    assert int(table.first_byte[table.token_bytes.index(b"{")]) == ord("{")
+    assert table.byte_tokens[ord("{")] == table.token_bytes.index(b"{")
 
 
 # ----- in both batches, on the tiny model -----

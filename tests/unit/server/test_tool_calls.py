@@ -297,24 +297,42 @@ def test_a_forced_schema_compiles_and_an_unenforceable_keyword_is_a_400_naming_i
     assert forced_format(_use(tool_choice="required")).schema == forced_schema(
         _use(tool_choice="required")
     )
+    unique: dict[str, Any] = {
+        "type": "function",
+        "function": {
+            "name": "code",
+            "parameters": {
+                "type": "object",
+                "properties": {"x": {"type": "array", "uniqueItems": True}},
+            },
+        },
+    }
+    use = parse_tool_use({"tools": [WEATHER, unique], "tool_choice": "required"})
+    assert use is not None
+    with pytest.raises(InvalidRequest) as caught:
+        forced_format(use)
+    assert caught.value.param == "tools[1].function.parameters"
+    assert "uniqueItems" in str(caught.value)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    other = parse_tool_use({"tools": [WEATHER, unique], "tool_choice": named})
+    assert other is not None and forced_format(other).schema == WEATHER["function"]["parameters"]
+
+
+def test_a_tools_pattern_keyword_is_now_enforced_not_refused() -> None:
     pattern: dict[str, Any] = {
         "type": "function",
         "function": {
             "name": "code",
             "parameters": {
                 "type": "object",
-                "properties": {"x": {"type": "string", "pattern": "a"}},
+                "properties": {"x": {"type": "string", "pattern": "^[a-z]+$"}},
+                "required": ["x"],
             },
         },
     }
-    use = parse_tool_use({"tools": [WEATHER, pattern], "tool_choice": "required"})
+    use = parse_tool_use({"tools": [pattern], "tool_choice": "required"})
     assert use is not None
-    with pytest.raises(InvalidRequest) as caught:
-        forced_format(use)
-    assert caught.value.param == "tools[1].function.parameters.properties.x.pattern"
-    named = {"type": "function", "function": {"name": "get_weather"}}
-    other = parse_tool_use({"tools": [WEATHER, pattern], "tool_choice": named})
-    assert other is not None and forced_format(other).schema == WEATHER["function"]["parameters"]
+    assert forced_format(use).schema == forced_schema(use)
 
 
 # ----- streaming -----
