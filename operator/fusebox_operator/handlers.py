@@ -380,7 +380,7 @@ async def _telemetry(
     # The last applied spec, not .spec: an edit the reconcile refused (InvalidSpec) or
     # still waits on leaves the pods of the previous one running, and they stay watched.
     generation = int(meta.get("generation") or 0)
-    watched = watched_spec(spec, status, generation)
+    watched = watched_spec(spec, status, generation, service.parse_applied)
     if watched is None:
         return  # nothing applied yet: no pods of ours to watch
     parsed, applied_generation = watched

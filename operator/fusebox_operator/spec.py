@@ -15,7 +15,7 @@ import enum
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -1060,8 +1060,16 @@ def applied_spec_text(raw: Mapping[str, Any]) -> str:
     return json.dumps(dict(raw), sort_keys=True, separators=(",", ":"))
 
 
+def parse_applied(text: str) -> InferenceServiceSpec:
+    """status.appliedSpec, parsed as the spec of running pods (SpecError, ValueError)."""
+    return parse_spec(json.loads(text), running=True)
+
+
 def watched_spec(
-    raw: Mapping[str, Any], status: Mapping[str, Any], generation: int
+    raw: Mapping[str, Any],
+    status: Mapping[str, Any],
+    generation: int,
+    parse_text: Callable[[str], InferenceServiceSpec] = parse_applied,
 ) -> tuple[InferenceServiceSpec, int] | None:
     """The spec the telemetry loop protects the pods with, and its generation.
 
@@ -1070,12 +1078,12 @@ def watched_spec(
     autoscaling while a later edit is refused (InvalidSpec) or waits. None
     until a reconcile applied anything. A status from an operator that wrote no
     record falls back to the current spec once it was accepted (status.memory).
+    `parse_text` parses the record (a caller that ticks may remember the last one).
     """
     text = status.get("appliedSpec")
     if isinstance(text, str):
         try:
-            applied = json.loads(text)
-            return parse_spec(applied, running=True), int(status.get("appliedGeneration") or 0)
+            return parse_text(text), int(status.get("appliedGeneration") or 0)
         except (TypeError, ValueError):  # SpecError included
             return None  # not ours to guess: the next reconcile writes it again
     invalid = any(

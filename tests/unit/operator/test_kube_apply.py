@@ -255,3 +255,23 @@ def test_a_child_deleted_since_the_store_saw_it_is_created_again() -> None:
     applied, resource, _ = apply_with_store(config_map('{"hi": "x"}'), None, seen)
     assert resource.calls == ["patch", "get", "create"]
     assert applied.outcome == "created"
+
+
+def test_each_kind_is_looked_up_in_discovery_once() -> None:
+    lookups: list[tuple[str, str]] = []
+
+    class Resources:
+        def get(self, api_version: str, kind: str) -> str:
+            lookups.append((api_version, kind))
+            return f"{kind} handle"
+
+    kube = object.__new__(Kube)
+    kube.dynamic = type("Dynamic", (), {"resources": Resources()})()
+    kube._resources = {}
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment"}
+    service = {"apiVersion": "v1", "kind": "Service"}
+
+    handles = [kube._resource(m) for m in (deployment, service, deployment, service)]
+
+    assert handles == ["Deployment handle", "Service handle"] * 2
+    assert lookups == [("apps/v1", "Deployment"), ("v1", "Service")]

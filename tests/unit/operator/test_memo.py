@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import kopf
+import pytest
 
+from fusebox_operator import memo as memo_module
 from fusebox_operator.memo import (
     CONTEXT_KEY,
     OperatorContext,
@@ -14,6 +17,7 @@ from fusebox_operator.memo import (
     service_memo,
 )
 from fusebox_operator.settings import OperatorSettings
+from fusebox_operator.spec import InferenceServiceSpec
 
 T0 = 1_800_000_000.0
 
@@ -45,3 +49,25 @@ def test_services_share_the_operator_context_and_keep_their_own_memory() -> None
     assert service_memo(code).admin_token is None
     assert service_memo(chat) is service_memo(chat)  # made once, then kept
     assert operator_context(chat) is operator_context(code) is context
+
+
+def test_the_applied_spec_record_is_parsed_once_until_it_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parses: list[str] = []
+    real = memo_module.parse_applied
+
+    def counted(text: str) -> InferenceServiceSpec:
+        parses.append(text)
+        return real(text)
+
+    monkeypatch.setattr(memo_module, "parse_applied", counted)
+    memo = ServiceMemo()
+    first = json.dumps({"model": {"name": "chat", "source": "pvc://models/chat"}})
+    edited = json.dumps({"model": {"name": "chat2", "source": "pvc://models/chat"}})
+
+    specs = [memo.parse_applied(text) for text in (first, first, edited, edited)]
+
+    assert parses == [first, edited]
+    assert [s.model.name for s in specs] == ["chat", "chat", "chat2", "chat2"]
+    assert specs[0] is specs[1]
