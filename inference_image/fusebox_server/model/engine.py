@@ -28,7 +28,7 @@ from fusebox_contract.names import Dtype, Quantization
 from fusebox_server.model.cpu_kernels import pack_for_cpu
 from fusebox_server.model.decode_settings import DecodeSettings
 from fusebox_server.model.quantization import load_dtype, quantize
-from fusebox_server.model.structured_output import ConstrainedRow, TokenVocabulary
+from fusebox_server.model.structured_output import ConstrainedRow, TokenVocabulary, vocabulary_of
 from fusebox_server.model.token_choice import (
     RowAdjustments,
     TokenScore,
@@ -133,6 +133,10 @@ def load_model(
     model.eval()
     weights = parameter_bytes(model)  # before packing: packed weights are opaque, same size
     kernels = pack_for_cpu(model, device)
+    # Structured output's token table and llguidance's tokenizer, once per tokenizer: up to
+    # a second on a 128k vocabulary, which the first constrained request would otherwise
+    # pay inside the worker, stalling every row of the batch.
+    vocabulary_of(tokenizer)
     return LoadedModel(
         variant=variant,
         model_dir=model_dir,

@@ -312,9 +312,8 @@ class ConstrainedRow:
             best = int(torch.argmax(rows).item())  # a quarter of a top-k on 128k logits
             if self.allows(best):
                 return best
-            found = self._scan(rows, budgeted=True, window_only=True)
-            if found is not None:
-                return found
+            # No second look at the unmasked row: llguidance's mask costs less than
+            # a top-k over it.
         else:
             for _ in range(2):  # the model's own draws, then draws among what can come here
                 drawn = sample(rows if masked is None else masked, SAMPLE_TRIES)
@@ -352,6 +351,11 @@ class ConstrainedRow:
     def _scan(self, logits: torch.Tensor, budgeted: bool, window_only: bool = False) -> int | None:
         """The first valid token in descending logit order (`window_only`: among the
         first GREEDY_WINDOW)."""
+        best = int(torch.argmax(logits).item())  # under an exact mask, mostly the answer
+        if logits[best] == -math.inf:
+            return None
+        if self.allows(best, budgeted):
+            return best
         window = min(GREEDY_WINDOW, logits.shape[-1])
         values, ids = torch.topk(logits, window)
         for value, token in zip(values.tolist(), ids.tolist(), strict=True):

@@ -521,6 +521,18 @@ def loaded(tiny_model_dir: Any, tiny_tokenizer: Any) -> Any:
     return load_model("primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer)
 
 
+def test_loading_a_model_builds_its_tokenizers_tables_once(tiny_model_dir: Any) -> None:
+    """The first constrained request must not pay for them inside the worker."""
+    from fusebox_server.model.engine import load_model
+    from fusebox_server.model.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    assert "_fusebox_token_vocabulary" not in vars(tokenizer)
+    load_model("primary", tiny_model_dir, "none", torch.device("cpu"), tokenizer)
+    built = vars(tokenizer)["_fusebox_token_vocabulary"]
+    assert vocabulary_of(tokenizer) is built
+
+
 def _settings() -> list[Any]:
     from fusebox_server.model.decode_settings import DecodeSettings
 
