@@ -258,7 +258,8 @@ class ConstrainedRow:
         if after is None:
             after = self._tried[token_id] = self.closing.feed(data)
         # Ours refuses what llguidance allows only where ours is stricter (a key twice,
-        # deep nesting); a budget that cannot close is a budget problem, not validity.
+        # deep free nesting): its verdict stands, unless nothing in the budget fitted and
+        # the grammar alone decides (`budgeted` False).
         if not after.valid:
             return not budgeted
         return not budgeted or after.min_close <= self.tokens_left - 1
