@@ -737,16 +737,21 @@ def _figures(status: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _without_request_counts(policy: Any) -> Any:
-    """status.policy less each pod's request counters, which a serving pod moves on
-    every scrape: they are kept for a restart to count calls from (a minute's more
-    calls in that first count changes no ratio the breakers read), not news."""
+    """status.policy as stored, less each pod's request counters.
+
+    A serving pod moves its counters on every scrape: they are kept for a restart
+    to count calls from (a minute's more calls in that first count changes no
+    ratio the breakers read), not news. A null is how the merge patch deletes a
+    key, so the stored policy has no null where the built one does: none is
+    compared.
+    """
     if not isinstance(policy, Mapping):
         return policy
     pods = [
         {k: v for k, v in entry.items() if k != "counts"} if isinstance(entry, Mapping) else entry
         for entry in policy.get("pods") or []
     ]
-    return {**policy, "pods": pods}
+    return {k: v for k, v in {**policy, "pods": pods}.items() if v is not None}
 
 
 def transition_events(

@@ -83,6 +83,15 @@ def test_a_serving_pod_s_request_counters_alone_wait_for_the_minute_refresh() ->
     assert should_write(written, status_for(more, 1e9, T0 + 60, written), T0 + 60)
 
 
+def test_the_policy_as_stored_without_its_nulls_is_not_a_moved_figure() -> None:
+    state = PolicyState("svc")  # breakerSince, slowSince... are null: never set
+    built = status_for(state, 1e9, T0)
+    assert None in built["policy"].values()
+    # The merge patch's nulls delete those keys: the stored policy has none of them.
+    stored = {**built, "policy": {k: v for k, v in built["policy"].items() if v is not None}}
+    assert not should_write(stored, status_for(state, 1e9, T0 + 31, stored), T0 + 31)
+
+
 def test_moved_figures_are_written_after_30_seconds() -> None:
     written = status_for(PolicyState("svc", time_to_oom={"p": 300.0}), 1e9, T0)
     oom_sooner = status_for(PolicyState("svc", time_to_oom={"p": 200.0}), 1e9, T0 + 31, written)
