@@ -227,8 +227,9 @@ def test_a_schema_only_llguidance_knows_is_cut_with_length_on_a_tight_budget(
         ),
         ({"not": {"type": "string"}}, "not"),
         ({"type": "string", "if": {"minLength": 1}, "then": {"maxLength": 3}}, "if"),
+        ({"type": "string", "pattern": "(unclosed"}, "unclosed group"),
     ],
-    ids=["uniqueItems", "not", "if"],
+    ids=["uniqueItems", "not", "if", "bad-pattern"],
 )
 def test_a_schema_keyword_that_cannot_be_enforced_is_a_400_naming_it(
     client: openai.OpenAI, schema: dict[str, Any], keyword: str

@@ -295,6 +295,11 @@ def test_keywords_llguidance_enforces_are_enforced(
         ({"$ref": "https://example.com/schema"}, "example.com"),
         ({"type": "object", "required": ["x"], "additionalProperties": False}, "'x'"),
         (_nested(400), "recursion"),
+        ({"type": "string", "pattern": "("}, "unclosed group"),
+        ({"type": "string", "maxLength": -1}, "maxLength"),
+        ({"type": "array", "minItems": 5, "maxItems": 2}, "minItems"),
+        ({"enum": []}, "Unsatisfiable"),
+        ({"type": "string", "format": "regex"}, "regex"),
     ],
 )
 def test_keywords_llguidance_refuses_are_refused_by_name(
