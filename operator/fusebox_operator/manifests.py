@@ -368,6 +368,9 @@ def _fetch_env(model: ModelSpec) -> list[Manifest]:
         values += [(FetchEnv.S3_ENDPOINT, fetch.endpoint), (FetchEnv.S3_REGION, fetch.region)]
     else:
         values += [(FetchEnv.HF_ENDPOINT, fetch.endpoint)] if fetch.endpoint else []
+        # The image is offline for the server (HF_HUB_OFFLINE=1 in its ENV): this
+        # container is the one that downloads, so huggingface_hub must go out here.
+        values += [("HF_HUB_OFFLINE", "0"), ("TRANSFORMERS_OFFLINE", "0")]
     env: list[Manifest] = [{"name": str(key), "value": value} for key, value in values]
     secret = fetch.secret_name
     if secret and model.source.scheme == "s3":

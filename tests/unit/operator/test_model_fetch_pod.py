@@ -6,6 +6,9 @@ directory one writes is the directory the other loads.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -139,6 +142,24 @@ def test_an_hf_model_gets_its_endpoint_its_token_and_the_pinned_revision() -> No
     config = fetch_config([], plain_env(fetcher))
     assert (config.hf_endpoint, config.revision) == ("http://hub.local:8090", "v2")
     assert FetchEnv.S3_ENDPOINT not in plain_env(fetcher)
+
+
+def test_the_fetcher_goes_online_where_the_image_keeps_the_server_offline() -> None:
+    """The image's ENV says offline (for the server); huggingface_hub, reading the
+    fetcher's rendered env over it, must not refuse every request (it did on a cluster)."""
+    fetcher = container(pod_of({"source": "hf://org/name"}), FETCH_CONTAINER)
+    image_env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    probe = "import huggingface_hub.constants as c; print(c.is_offline_mode())"
+    run = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={"PATH": os.environ["PATH"], **image_env, **plain_env(fetcher)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert run.stdout.strip() == "False", run.stdout
+    server = plain_env(container(pod_of({"source": "hf://org/name"}), "server"))
+    assert server["HF_HUB_OFFLINE"] == "1"  # the server never reaches the hub
 
 
 def test_anonymous_sources_reference_no_secret() -> None:
