@@ -9,6 +9,7 @@
 #   localhost/fusebox/pause:latest    static C, the pod sandbox image
 #   localhost/fusebox/coredns:latest  the CoreDNS binary from build-binaries.sh
 #   localhost/fusebox/versitygw:latest the S3 server of the e2e tests (build-binaries.sh)
+#   localhost/fusebox/olah:latest     the hub mirror of the e2e tests (localcluster/olah/ pins)
 #   localhost/fusebox/<dir>:latest    every other localcluster/images/<dir>/Dockerfile
 #   localhost/fusebox/operator:dev    operator/Dockerfile
 #   localhost/fusebox/inference:dev   inference_image/Dockerfile
@@ -105,12 +106,15 @@ binary_image() { # binary_image DIR BINARY: localcluster/images/DIR with BINARY 
 }
 binary_image coredns "$root/.cache/bin/coredns"
 binary_image versitygw "$root/.cache/versitygw/versitygw"
+# The hub mirror: its Dockerfile here, its pins (the build context) where the host's
+# olah environment is built from, so the two never differ.
+timed localhost/fusebox/olah:latest build localhost/fusebox/olah:latest "$here/olah" "$here/images/olah/Dockerfile"
 
 # 4. Every other localcluster/images/<dir>/Dockerfile (e.g. the e2e test app).
 for dockerfile in "$here"/images/*/Dockerfile; do
   dir=$(basename "$(dirname "$dockerfile")")
   # prometheus*: staged with their binaries by the monitoring section below.
-  case $dir in base | pause | coredns | versitygw | prometheus*) continue ;; esac
+  case $dir in base | pause | coredns | versitygw | olah | prometheus*) continue ;; esac
   timed "localhost/fusebox/$dir:latest" build "localhost/fusebox/$dir:latest" "$(dirname "$dockerfile")"
 done
 

@@ -5,11 +5,15 @@ The test reads the doc's marked shell blocks (`<!-- day-one: STEP -->` before a
 each, with the names set to this run's: a GPU node tainted and labelled, the
 operator and chart from the cluster's authenticated registry with pull secrets,
 every inference pod given the pool's toleration, label and secret through the
-chart's `inference.pod`, a model from S3 (versitygw in the cluster, standing in
-for the team's bucket), the service in Observe mode posting WouldAct under a leak
-and acting on nothing, `kubectl fusebox explain`, then Enforce acting. Between
-the steps it checks what the doc says happens. The cleanup block runs whatever
-happened, and the node's taint is taken off even when it fails.
+chart's `inference.pod`, a model from the hub (the olah mirror in the cluster,
+standing in for the hub) served by three replicas that download it once into a
+shared cache claim, a model from S3 (versitygw in the cluster, standing in for the
+team's bucket), the service in Observe mode posting WouldAct under a leak and
+acting on nothing, Prometheus (localcluster's monitoring addon) showing the
+sidecars' series by service and model, the operator's metrics and the leak's
+alert firing with its runbook URL, `kubectl fusebox explain`, then Enforce
+acting. Between the steps it checks what the doc says happens. The cleanup block
+runs whatever happened, and the node's taint is taken off even when it fails.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +34,8 @@ import pytest
 
 from fusebox_contract.names import ConditionType, EventReason
 
-from ..conftest import REPO_ROOT, Cluster, fresh_namespace, localcluster, wait_for
+from ..conftest import REPO_ROOT, Cluster, _localcluster, fresh_namespace, localcluster, wait_for
+from ..hub import Hub, serve_hub
 from .conftest import Service, traffic
 from .test_model_sources import ACCESS_KEY, GATEWAY, GATEWAY_PORT, SECRET_KEY, upload_model
 
@@ -41,15 +47,28 @@ STEPS = (
     "registry",
     "install",
     "model-credentials",
+    "hub",
+    "hub-scale",
     "observe",
     "traffic",
     "would-act",
+    "monitoring",
     "enforce",
     "cleanup",
 )
 BLOCK = re.compile(r"<!-- day-one: (?P<step>[\w-]+) -->\n```sh\n(?P<body>.*?)\n```", re.S)
 TAINT = "fusebox.dev/pool"
 ACTIONS = {EventReason.GARBAGE_COLLECTED, EventReason.CACHE_EMPTIED, "ModelUnloaded"}
+HUB_TOKEN = "hf_day_one_lab_token"  # noqa: S105 - the lab's mirror takes any token
+CACHE_CLASS = "local"  # localcluster's static class: the claim binds to the volume made here
+# The chart's alert timings, shortened so that the leak's alert fires within the walk
+# (the rule's file reaches Prometheus about a minute after the install).
+ALERT_TIMINGS = {
+    "SCRAPE_INTERVAL": "5s",
+    "MEMORY_GROWING_WINDOW": "1m",
+    "MEMORY_GROWING_FOR": "15s",
+}
+ALERT = "FuseboxMemoryGrowing"
 
 
 def doc_steps() -> dict[str, str]:
@@ -89,11 +108,13 @@ class Walk:
         self.env = env
         self.workdir = workdir
 
-    def run(self, step: str, check: bool = True) -> str:
-        """The step's output; with check, a failure names the step with its output."""
+    def run(self, step: str, check: bool = True, diagnose: Callable[[], str] | None = None) -> str:
+        """The step's output; with check, a failure names the step with its output and
+        what `diagnose` says (a service's pods and events)."""
         done = self.attempt(step)
-        if check:
-            assert done.returncode == 0, f"step {step} failed:\n{done.stdout}\n{done.stderr}"
+        if check and done.returncode != 0:
+            why = diagnose() if diagnose is not None else ""
+            pytest.fail(f"step {step} failed:\n{done.stdout}\n{done.stderr}\n{why}")
         return done.stdout
 
     def attempt(self, step: str) -> subprocess.CompletedProcess[str]:
@@ -107,6 +128,52 @@ class Walk:
             timeout=600,
             check=False,
         )
+
+
+@pytest.fixture
+def names() -> dict[str, str]:
+    suffix = uuid.uuid4().hex[:6]
+    return {
+        "RELEASE": f"day1-{suffix}",
+        "OPERATOR_NS": f"day1-op-{suffix}",
+        "APP_NS": f"day1-app-{suffix}",
+    }
+
+
+@pytest.fixture
+def hub(cluster: Cluster, model_root: Path) -> Iterator[Hub]:
+    """The hub, played by the olah mirror in a namespace of its own, holding the tiny
+    model as hf://fusebox/tiny@v1. Up before the pool is tainted."""
+    with fresh_namespace(cluster, f"day1-hub-{uuid.uuid4().hex[:6]}") as namespace:
+        with serve_hub(cluster, namespace, model_root / "tiny") as served:
+            yield served
+
+
+@pytest.fixture
+def cache_volume(cluster: Cluster, names: dict[str, str]) -> Iterator[str]:
+    """A node-local PersistentVolume, writable by the pods' user, reserved for the claim
+    `model-cache` the doc creates in the team's namespace (the team's storage class
+    would provision one)."""
+    root = Path(tempfile.mkdtemp(prefix="fusebox-e2e-day1-cache-", dir="/var/tmp"))
+    root.chmod(0o777)  # past the umask: the fetcher runs as uid 65532
+    volume = f"day1-cache-{names['APP_NS']}"
+    try:
+        made = _localcluster("pv", volume, "--path", str(root), timeout=120)
+        assert made.returncode == 0, made.stderr
+        claim = {"namespace": names["APP_NS"], "name": "model-cache"}
+        cluster.kubectl(
+            "patch",
+            "pv",
+            volume,
+            "--type",
+            "merge",
+            "-p",
+            json.dumps({"spec": {"claimRef": claim}}),
+        )
+        yield volume
+    finally:
+        cluster.kubectl("delete", "pv", volume, "--wait=false", check=False)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
@@ -128,16 +195,24 @@ def reasons(cluster: Cluster, namespace: str) -> list[str]:
 
 
 def test_day_one_walks_from_a_tainted_pool_to_an_enforced_service(
-    cluster: Cluster, crd: None, store: str
+    cluster: Cluster,
+    crd: None,
+    monitoring_installed: None,
+    names: dict[str, str],
+    hub: Hub,
+    cache_volume: str,
+    store: str,
 ) -> None:
     if not cluster.local:
-        pytest.skip("the walk uses localcluster's registry and node")
-    suffix = uuid.uuid4().hex[:6]
-    app = f"day1-app-{suffix}"
-    names = {
-        "RELEASE": f"day1-{suffix}",
-        "OPERATOR_NS": f"day1-op-{suffix}",
-        "APP_NS": app,
+        pytest.skip("the walk uses localcluster's registry, node and monitoring addon")
+    app = names["APP_NS"]
+    settings = {
+        **names,
+        **ALERT_TIMINGS,
+        "HUB_ENDPOINT": hub.endpoint,
+        "HUB_MODEL": f"{hub.repo}@{hub.tag}",
+        "HUB_TOKEN": HUB_TOKEN,
+        "CACHE_STORAGE_CLASS": CACHE_CLASS,
         "S3_ENDPOINT": store,
         "S3_ACCESS_KEY": ACCESS_KEY,
         "S3_SECRET_KEY": SECRET_KEY,
@@ -146,7 +221,7 @@ def test_day_one_walks_from_a_tainted_pool_to_an_enforced_service(
         "get", "nodes", "-l", "nvidia.com/gpu.product", "-o", "jsonpath={.items[0].metadata.name}"
     ).stdout
     with tempfile.TemporaryDirectory(prefix="day-one-") as workdir:
-        walk = Walk(lab_env(cluster, names), Path(workdir))
+        walk = Walk(lab_env(cluster, settings), Path(workdir))
         try:
             for step in ("pool", "namespaces", "registry", "install"):
                 walk.run(step)
@@ -158,9 +233,26 @@ def test_day_one_walks_from_a_tainted_pool_to_an_enforced_service(
             assert "/fusebox/operator:dev" in operator_pod and "regcred" in operator_pod
 
             walk.run("model-credentials")
-            walk.run("observe")
+            assistant = Service(cluster, app, "assistant")
+            told = walk.run("hub", diagnose=assistant.diagnose)
+            assert len(assistant.ready_pods()) == 3, assistant.diagnose()
+            fetched = assistant.condition(ConditionType.MODEL_READY)
+            assert fetched.get("reason") == "Verified", fetched
+            # The tag resolved to its commit; three pods, one download: two found the copy.
+            assert hub.commit in told and "3 pod(s) verified" in told, told
+            assert "2 from the shared cache" in told, told
+            walk.run("hub-scale")
+            wait_for(
+                "the hub's service scaled to one pod",
+                lambda: len(assistant.pods()) == 1,
+                timeout=120,
+                diagnose=assistant.diagnose,
+            )
+
             service = Service(cluster, app, "chat")
+            walk.run("observe", diagnose=service.diagnose)
             (pod,) = service.pods()
+            chat_pod = pod["metadata"]["name"]
             spec = pod["spec"]
             assert {"name": "regcred"} in spec["imagePullSecrets"], spec
             assert spec["nodeSelector"].get(TAINT) == "gpu", spec["nodeSelector"]
@@ -168,17 +260,39 @@ def test_day_one_walks_from_a_tainted_pool_to_an_enforced_service(
             ready = service.condition(ConditionType.MODEL_READY)
             assert ready.get("reason") == "Verified", ready
 
+            # The doc's burst, then a slower leak that keeps RSS growing while the
+            # alert's trend window fills (the server sheds at its memory guard).
             walk.run("traffic")
-            wait_for(
-                "a WouldAct event for the leak",
-                lambda: "WouldAct" in reasons(cluster, app),
-                timeout=180,
-                diagnose=service.diagnose,
-            )
-            assert not ACTIONS & set(reasons(cluster, app)), "Observe acted"
-            assert service.status().get("lastWouldAct"), service.status()
-            told = walk.run("would-act")
-            assert "WouldAct" in told and "mode Observe" in told, told
+            with traffic(service.service_url(), 2.0):
+                wait_for(
+                    "a WouldAct event for the leak",
+                    lambda: "WouldAct" in reasons(cluster, app),
+                    timeout=180,
+                    diagnose=service.diagnose,
+                )
+                assert not ACTIONS & set(reasons(cluster, app)), "Observe acted"
+                assert service.status().get("lastWouldAct"), service.status()
+                told = walk.run("would-act")
+                assert "WouldAct" in told and "mode Observe" in told, told
+
+                def alert_listed() -> str | None:
+                    out = walk.run("monitoring")
+                    return out if f"{ALERT} {chat_pod} " in out else None
+
+                seen = wait_for(
+                    f"{ALERT} firing for {chat_pod} in the doc's Prometheus view",
+                    alert_listed,
+                    timeout=240,
+                    every=5,
+                    diagnose=lambda: walk.run("monitoring", check=False),
+                )
+            runbook = "https://github.com/fusebox-dev/fusebox/blob/main/docs/runbook.md"
+            assert f"{ALERT} {chat_pod} {runbook}#fuseboxmemorygrowing" in seen, seen
+            # Prometheus sorts a series' labels by name.
+            for name in ("chat", "assistant"):
+                assert f"{{'model_name': '{name}', 'service': '{name}'}} 1" in seen, seen
+            assert f"{ALERT} assistant-" not in seen, seen  # no leak there, no alert
+            assert re.search(r"\{'pod': 'day1-[\w-]+'\} [1-9]", seen), seen  # the operator ticks
 
             walk.run("enforce")
             with traffic(service.service_url(), 1.0):
