@@ -158,7 +158,8 @@ fi
 
 # 7. The operator's image and the chart into the cluster's authenticated registry,
 # where a platform team's cluster pulls them from (docs/decisions/registry.md).
-# The inference image stays imported only: 6 GB twice does not fit this machine.
+# The inference image is pushed by whoever pulls it (docs/day-one.md, by digest):
+# its first push compresses 6 GB for minutes.
 if (cd "$root" && .venv/bin/python -m localcluster --help 2>/dev/null | grep -q registry); then
   (cd "$root" && .venv/bin/python -m localcluster registry push localhost/fusebox/operator:dev) ||
     echo "images: not pushed to a registry (no cluster running one?); \`python -m localcluster registry push\` does"

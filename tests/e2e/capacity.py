@@ -74,3 +74,29 @@ def shortfall(allocatable: str, pods: Iterable[Mapping[str, Any]]) -> str | None
         "first with `make demo-down` (`make demo` brings it back in about 90 s); the suite "
         "never scales or deletes what it did not create"
     )
+
+
+def scheduled_cpu_millis(pod: Mapping[str, Any]) -> int:
+    """The CPU the scheduler counts for a pod: its pod-level request, else the larger of
+    its containers' sum and its largest init container's (those run one at a time)."""
+    spec = pod.get("spec", {})
+    pod_level = spec.get("resources", {}).get("requests", {}).get("cpu")
+    if pod_level:
+        return cpu_millis(pod_level)
+
+    def request(container: Mapping[str, Any]) -> int:
+        return cpu_millis(container.get("resources", {}).get("requests", {}).get("cpu", "0"))
+
+    running = sum(request(c) for c in spec.get("containers", []))
+    return max([running, *(request(c) for c in spec.get("initContainers", []))])
+
+
+def free_cpu_millis(allocatable: str, pods: Iterable[Mapping[str, Any]]) -> int:
+    """The node's allocatable CPU less what its pods hold: every pod not finished,
+    terminating ones too (their requests count until they are gone)."""
+    held = sum(
+        scheduled_cpu_millis(p)
+        for p in pods
+        if p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+    )
+    return cpu_millis(allocatable) - held

@@ -105,7 +105,7 @@ def manifests(namespace: str, claim: str) -> list[dict[str, Any]]:
             "httpGet": {"path": f"/api/models/{ORG}/{REPO}/revision/main", "port": PORT},
             "periodSeconds": 1,
         },
-        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
+        "resources": {"requests": {"cpu": "10m", "memory": "128Mi"}},
         "securityContext": RESTRICTED,
         "volumeMounts": [
             {"name": "config", "mountPath": "/etc/olah", "readOnly": True},

