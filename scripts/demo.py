@@ -48,6 +48,7 @@ PYTHON = sys.executable
 NAMESPACE = "fusebox-demo"
 OPERATOR_NAMESPACE = "fusebox-system"
 RELEASE = "fusebox"
+OPERATOR_IMAGE = "localhost/fusebox/operator:dev"
 PV_NAME = "fusebox-demo-models"
 GPUS = 2  # the example asks for 2 replicas with one GPU each
 LEAK_MIB_PER_REQUEST = 16
@@ -383,6 +384,44 @@ def check_images(pods: list[dict[str, Any]]) -> None:
                 )
 
 
+PUSHED = re.compile(r"^registry: pushed (\S+)@(sha256:[0-9a-f]{64})$", re.M)
+
+
+def registry_install(cluster: Cluster) -> list[str]:
+    """helm's chart reference and values for installing from the cluster's registry, as
+    a platform team installs (docs/day-one.md): the operator's image and the chart
+    pushed there, the image pinned by its digest and pulled with a Secret. The
+    checkout's chart and the imported image when the cluster runs no registry
+    (FUSEBOX_LOCALCLUSTER_REGISTRY=off)."""
+    env = dict(line.removeprefix("export ").split("=", 1) for line in cluster.env_lines)
+    address = env.get("FUSEBOX_REGISTRY")
+    if not address:
+        say("the cluster runs no registry: the chart from the checkout, the imported image")
+        return [str(CHART)]
+    pushed = localcluster("registry", "push", OPERATOR_IMAGE, timeout=1800)
+    if pushed.returncode != 0:
+        raise DemoError(f"`python -m localcluster registry push` failed:\n{pushed.stderr}")
+    digests = dict(PUSHED.findall(pushed.stdout))
+    chart = next(ref for ref in digests if ref.startswith(f"oci://{address}/charts/fusebox:"))
+    secret = localcluster(
+        "registry", "pull-secret", "--name", "regcred", "--namespace", OPERATOR_NAMESPACE
+    )
+    if secret.returncode != 0:
+        raise DemoError(f"the registry's pull Secret: {secret.stderr}")
+    cluster.kubectl("apply", "-f", "-", input=secret.stdout)
+    reference, version = chart.rsplit(":", 1)
+    say(f"operator image and chart from the registry: {reference} {version}")
+    return [
+        reference,
+        *("--version", version),
+        *("--ca-file", env["FUSEBOX_REGISTRY_CA"]),
+        *("--registry-config", env["FUSEBOX_REGISTRY_AUTH"]),
+        *("--set", f"image.repository={address}/fusebox/operator"),
+        *("--set", f"image.digest={digests[f'{address}/fusebox/operator:dev']}"),
+        *("--set", "imagePullSecrets[0]=regcred"),
+    ]
+
+
 def install_operator(cluster: Cluster) -> None:
     ensure_namespace(cluster, OPERATOR_NAMESPACE)
     result = cluster.run(
@@ -390,7 +429,7 @@ def install_operator(cluster: Cluster) -> None:
         "upgrade",
         "--install",
         RELEASE,
-        str(CHART),
+        *registry_install(cluster),
         "--namespace",
         OPERATOR_NAMESPACE,
         # Only the demo's namespace: a demo operator left running must never

@@ -2,6 +2,12 @@
 (the Helm chart, the operator image built from this tree, its ServiceAccount, RBAC
 and NetworkPolicies), the tiny model behind a PVC, and polling helpers.
 
+Every operator release of the suite is installed as a platform team installs it
+(docs/day-one.md): on localcluster, the chart from its authenticated registry
+(`oci://`), the operator's image from there too, pinned by the digest pushed at
+the session's first install, pulled with a pull Secret in the release's namespace.
+On an external cluster, the checkout's chart and the imported image.
+
 The suite's operator is a Helm release of its own, in a namespace of its own,
 watching only the test namespaces (`e2e-*`, see the `namespace` fixture): it
 never acts on another release's services (the demo's) and no other release acts
@@ -15,8 +21,10 @@ Every wait polls with a generous deadline and fails with what it last saw.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -37,7 +45,7 @@ from fusebox_contract.names import EventReason, Fault
 from fusebox_contract.wiring import Port
 from localcluster.config import default_name, load_saved
 
-from ..conftest import Cluster, helm, pod_port_forwards, wait_for
+from ..conftest import Cluster, helm, localcluster, pod_port_forwards, wait_for
 from ..monitoring import monitoring_installed, prometheus  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parents[3]
@@ -54,6 +62,76 @@ PROBE_LINES_PER_MINUTE = 6
 # resyncSeconds, 60 by default): every service of the suite is resynced, so a
 # resync that wrongly sees drift shows as ChildRestored events anywhere.
 RESYNC_SECONDS = 10
+OPERATOR_IMAGE = "localhost/fusebox/operator:dev"
+PULL_SECRET = "regcred"
+_PUSHED = re.compile(r"^registry: pushed (?P<ref>\S+)@(?P<digest>sha256:[0-9a-f]{64})$", re.M)
+
+
+@dataclass(frozen=True)
+class LabRegistry:
+    """localcluster's authenticated registry holding this tree's operator image and
+    chart, as `python -m localcluster registry push` left them."""
+
+    address: str  # HOST:PORT
+    ca: str  # the CA file helm trusts it by
+    auth: str  # helm's registry config with the credentials
+    operator_digest: str
+    chart_version: str
+
+    def chart(self) -> tuple[str, ...]:
+        """The chart's reference and the flags helm needs to pull it."""
+        return (
+            f"oci://{self.address}/charts/fusebox",
+            *("--version", self.chart_version),
+            *("--ca-file", self.ca),
+            *("--registry-config", self.auth),
+        )
+
+    def values(self) -> tuple[str, ...]:
+        """The operator's image from the registry, by digest, with the pull Secret."""
+        return (
+            *("--set", f"image.repository={self.address}/fusebox/operator"),
+            *("--set", f"image.digest={self.operator_digest}"),
+            *("--set", f"imagePullSecrets[0]={PULL_SECRET}"),
+        )
+
+    def grant(self, cluster: Cluster, namespace: str) -> None:
+        """The pull Secret in `namespace` (applied: a second release there reuses it)."""
+        secret = localcluster(
+            "registry", "pull-secret", "--name", PULL_SECRET, "--namespace", namespace
+        )
+        assert secret.returncode == 0, secret.stderr
+        cluster.kubectl("apply", "-f", "-", input=secret.stdout)
+
+
+def pushed_digests(output: str) -> dict[str, str]:
+    """`registry push`'s lines as reference -> digest (the chart's reference ends in
+    :VERSION, as `oci://HOST:PORT/charts/fusebox:0.1.0`)."""
+    return {m["ref"]: m["digest"] for m in _PUSHED.finditer(output)}
+
+
+@functools.cache
+def lab_registry() -> LabRegistry:
+    """Push this tree's operator image and chart once per session (unchanged layers are
+    not sent again) and say where they are."""
+    exported = dict(
+        line.removeprefix("export ").split("=", 1)
+        for line in localcluster("env").stdout.splitlines()
+        if line.startswith("export FUSEBOX_REGISTRY")
+    )
+    pushed = localcluster("registry", "push", OPERATOR_IMAGE)
+    assert pushed.returncode == 0, f"registry push failed:\n{pushed.stdout}\n{pushed.stderr}"
+    digests = pushed_digests(pushed.stdout)
+    address = exported["FUSEBOX_REGISTRY"]
+    charts = [ref for ref in digests if ref.startswith(f"oci://{address}/charts/fusebox:")]
+    assert len(charts) == 1, pushed.stdout
+    return LabRegistry(
+        address=address,
+        ca=exported["FUSEBOX_REGISTRY_CA"],
+        auth=exported["FUSEBOX_REGISTRY_AUTH"],
+        operator_digest=digests[f"{address}/fusebox/operator:dev"],
+        chart_version=charts[0].rsplit(":", 1)[1],
+    )
 
 
 def pod_is_ready(pod: dict[str, Any]) -> bool:
@@ -164,13 +242,20 @@ class OperatorRelease:
         return "\n".join(lines) or f"no pods match {self.selector}"
 
     def install(
-        self, *values: str, timeout: str = "4m", chart: Sequence[str] = (str(CHART),)
+        self, *values: str, timeout: str = "4m", chart: Sequence[str] | None = None
     ) -> None:
         """`helm upgrade --install` of the chart as this release, waiting for it; when
         helm gives up, the failure says why: its error, then each operator pod's phase,
         unmet conditions and Warning events (a node without room, a refused image).
         `chart`: the chart's reference and the flags that reach it (an oci:// one
-        with --version, --ca-file, --registry-config); the checkout's by default."""
+        with --version, --ca-file, --registry-config). By default the lab registry's
+        chart and image (LabRegistry) on localcluster, else the checkout's chart."""
+        if chart is None and self.cluster.local:
+            registry = lab_registry()
+            registry.grant(self.cluster, self.namespace)
+            chart, values = registry.chart(), (*registry.values(), *values)
+        elif chart is None:
+            chart = (str(CHART),)
         try:
             helm(
                 self.cluster,

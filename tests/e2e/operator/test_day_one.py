@@ -37,7 +37,7 @@ from fusebox_contract.names import ConditionType, EventReason
 from .. import capacity
 from ..conftest import REPO_ROOT, Cluster, _localcluster, fresh_namespace, localcluster, wait_for
 from ..hub import Hub, serve_hub
-from .conftest import Service, traffic
+from .conftest import Service, pushed_digests, traffic
 from .test_model_sources import ACCESS_KEY, GATEWAY, GATEWAY_PORT, SECRET_KEY, upload_model
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "day-one.md"
@@ -241,7 +241,12 @@ def test_day_one_walks_from_a_tainted_pool_to_an_enforced_service(
             operator_pod = cluster.kubectl(
                 "-n", names["OPERATOR_NS"], "get", "pods", "-o", "jsonpath={.items[0]}"
             ).stdout
-            assert "/fusebox/operator:dev" in operator_pod and "regcred" in operator_pod
+            registry = walk.env["FUSEBOX_REGISTRY"]
+            operator_digest = pushed_digests((Path(workdir) / "pushed.txt").read_text())[
+                f"{registry}/fusebox/operator:dev"
+            ]
+            assert f"{registry}/fusebox/operator@{operator_digest}" in operator_pod
+            assert "regcred" in operator_pod
 
             walk.run("model-credentials")
             # The three replicas fill the node: a pod of the previous test may still be
@@ -257,9 +262,9 @@ def test_day_one_walks_from_a_tainted_pool_to_an_enforced_service(
             told = walk.run("hub", diagnose=assistant.diagnose)
             assert len(assistant.ready_pods()) == HUB_REPLICAS, assistant.diagnose()
             # The server image came from the registry, by the digest the doc pushed.
-            pushed = (Path(workdir) / "inference-image.txt").read_text().strip()
-            assert pushed.startswith(f"{cluster.node_ip}:5000/fusebox/inference@sha256:"), pushed
-            digest = pushed.split("@")[1]
+            digests = pushed_digests((Path(workdir) / "pushed.txt").read_text())
+            digest = digests[f"{registry}/fusebox/inference:dev"]
+            pushed = f"{registry}/fusebox/inference@{digest}"
             for pod in assistant.ready_pods():
                 (spec,) = [c for c in pod["spec"]["containers"] if c["name"] == "server"]
                 (ran,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "server"]

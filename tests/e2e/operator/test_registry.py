@@ -2,13 +2,14 @@
 registry with htpasswd auth and TLS from the cluster's CA (localcluster/registry.py),
 which every node's containerd trusts but holds no credentials for. The operator's
 image and its chart are pushed there; the operator is installed from the `oci://`
-chart and pulled with the chart's imagePullSecrets; an InferenceService whose image
-lives there and that names no pull secret is refused by the registry, which its Ready
-condition names, and pulls once its spec.pod.imagePullSecrets names one.
+chart and pulled by digest with the chart's imagePullSecrets (as every release of the
+suite is: conftest.LabRegistry); an InferenceService whose image lives there and that
+names no pull secret is refused by the registry, which its Ready condition names, and
+pulls once its spec.pod.imagePullSecrets names one.
 
-The service runs the operator's image as its server (the inference image is 6 GB, too
-much to hold twice on this machine's disk): what is under test is the pull, so the
-pod is expected to pull and then fail as a server, never to serve.
+The service runs the operator's image as its server, the smallest one there: what is
+under test is the pull, so the pod is expected to pull and then fail as a server,
+never to serve (docs/day-one.md's walk serves from the registry's inference image).
 """
 
 from __future__ import annotations
@@ -22,12 +23,11 @@ import pytest
 
 from fusebox_contract.names import ConditionType
 
-from ..conftest import Cluster, fresh_namespace, local_claim, localcluster, wait_for
-from .conftest import OperatorRelease, apply_service, base_spec
+from ..conftest import Cluster, fresh_namespace, local_claim, wait_for
+from .conftest import PULL_SECRET as SECRET
+from .conftest import OperatorRelease, apply_service, base_spec, lab_registry
 
 CHART_VERSION_FILE = Path(__file__).resolve().parents[3] / "helm" / "fusebox" / "Chart.yaml"
-OPERATOR_IMAGE = "localhost/fusebox/operator:dev"
-SECRET = "regcred"
 
 
 def chart_version() -> str:
@@ -35,16 +35,6 @@ def chart_version() -> str:
         if line.startswith("version:"):
             return line.split(":", 1)[1].strip().strip('"')
     raise AssertionError(f"no version in {CHART_VERSION_FILE}")
-
-
-def registry_env() -> dict[str, str]:
-    """FUSEBOX_REGISTRY (HOST:PORT), _CA and _AUTH, as `localcluster env` exports them."""
-    exported = [
-        line.removeprefix("export ").split("=", 1)
-        for line in localcluster("env").stdout.splitlines()
-        if line.startswith("export FUSEBOX_REGISTRY")
-    ]
-    return {name: value for name, value in exported}
 
 
 def pull_failure(message: str, image: str) -> bool:
@@ -68,33 +58,21 @@ def test_the_operator_comes_from_the_registry_and_a_service_pulls_only_with_its_
 ) -> None:
     if not cluster.local:
         pytest.skip("the registry is localcluster's own; an external cluster brings its own")
-    registry = registry_env()
-    address = registry["FUSEBOX_REGISTRY"]
-    pushed = localcluster("registry", "push", OPERATOR_IMAGE)
-    assert f"oci://{address}/charts/fusebox:{chart_version()}" in pushed.stdout, pushed.stdout
+    registry = lab_registry()
+    address = registry.address
+    assert registry.chart_version == chart_version()  # the checkout's chart was pushed
     suffix = uuid.uuid4().hex[:6]
     with (
         fresh_namespace(cluster, f"reg-{suffix}") as namespace,
         local_claim(cluster, namespace, "models", model_root),
     ):
-        secret = localcluster("registry", "pull-secret", "--name", SECRET, "--namespace", namespace)
-        cluster.kubectl("apply", "-f", "-", input=secret.stdout)
         release = OperatorRelease(cluster, namespace, f"reg-{suffix}")
         try:
-            release.install(
-                *("--set", f"image.repository={address}/fusebox/operator"),
-                *("--set", f"imagePullSecrets[0]={SECRET}"),
-                *("--set", f"watchNamespaces={{{namespace}}}"),
-                chart=(
-                    f"oci://{address}/charts/fusebox",
-                    *("--version", chart_version()),
-                    *("--ca-file", registry["FUSEBOX_REGISTRY_CA"]),
-                    *("--registry-config", registry["FUSEBOX_REGISTRY_AUTH"]),
-                ),
-            )
+            release.install(*("--set", f"watchNamespaces={{{namespace}}}"))
             (operator_pod,) = release.pods()
             image = operator_pod["spec"]["containers"][0]["image"]
-            assert image == f"{address}/fusebox/operator:dev", image
+            assert image == f"{address}/fusebox/operator@{registry.operator_digest}", image
+            assert operator_pod["spec"]["imagePullSecrets"] == [{"name": SECRET}]
             statuses = operator_pod["status"]["containerStatuses"]
             assert all(s["imageID"].startswith(f"{address}/") for s in statuses), statuses
 
