@@ -48,7 +48,7 @@ ANNOTATIONS: Final = frozenset(
 """Keywords that describe a value without constraining it: read past."""
 TYPE_KEYWORDS: Final = {
     "object": frozenset({"properties", "required", "additionalProperties"}),
-    "array": frozenset({"items"}),
+    "array": frozenset({"items", "minItems"}),
 }
 STRUCTURE_KEYWORDS: Final = frozenset(
     {"type", "enum", "const", "anyOf", "allOf", "$ref", "$defs", "definitions"}
@@ -146,7 +146,21 @@ class LiteralNode(Node):
 @dataclass(eq=False)
 class ArrayNode(Node):
     items: Node
-    min_bytes: int = 2
+    min_items: int = 0
+    """`minItems`: a forced `required` tool call is a list of at least one call."""
+    min_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        self.min_bytes = 1 + self.rest_cost(0)
+
+    def rest_cost(self, written: int) -> int:
+        """After `[` or a whole item: the items still owed, each after a comma but the
+        first, then `]`."""
+        owed = max(self.min_items - written, 0)
+        if not owed:
+            return 1
+        commas = owed if written else owed - 1
+        return owed * self.items.min_bytes + commas + 1
 
 
 @dataclass(eq=False)
@@ -168,6 +182,7 @@ class ObjectNode(Node):
 
     def __post_init__(self) -> None:
         self.key_texts = {_json_bytes(name): name for name in self.properties}
+        self.key_texts_inner = {name: _json_bytes(name)[1:-1] for name in self.properties}
         self._entry_costs: dict[str, int] = {}
         self.min_bytes = 1 + self.open_cost(frozenset())
         self._key_tries: dict[frozenset[str], LiteralTrie | None] = {}
@@ -362,7 +377,11 @@ class _SchemaCompiler:
         if kind == "null":
             return NULL
         if kind == "array":
-            return ArrayNode(self.compile(schema.get("items", True), (*path, "items")))
+            min_items = schema.get("minItems", 0)
+            if isinstance(min_items, bool) or not isinstance(min_items, int) or min_items < 0:
+                raise UnsupportedSchema((*path, "minItems"), "minItems must be an integer >= 0")
+            items = self.compile(schema.get("items", True), (*path, "items"))
+            return ArrayNode(items, min_items)
         properties = {
             name: self.compile(value, (*path, "properties", name))
             for name, value in self._mapping(schema, "properties", path).items()
@@ -645,9 +664,18 @@ class _Object:
         assert node.additional is not None
         key = _KeyText(child.text).decoded() if child.mode == _S_TEXT else None
         extend = 2 + node.additional.min_bytes + node.after_cost(seen)  # one more letter
-        if key is None or key in seen:
-            return extend
-        return min(extend, self._entry_rest(key))
+        costs = [extend]
+        if key is not None and key not in seen:
+            costs.append(self._entry_rest(key))
+        if child.mode == _S_TEXT:
+            # The key being typed may become a required one: its letters left, then its
+            # entry (without this, a free object owing a required key over-counted and a
+            # tight budget found no token that fitted).
+            for name in node.required - seen:
+                spelled = node.key_texts_inner[name]
+                if len(spelled) > len(child.text) and spelled.startswith(child.text):
+                    costs.append(len(spelled) - len(child.text) + self._entry_rest(name))
+        return min(costs)
 
     def _entry_rest(self, key: str) -> int:
         """The colon, the shortest value of `key`, and the object after it."""
@@ -664,29 +692,36 @@ class _Array:
     node: ArrayNode
     phase: int
     depth: int
+    written: int = 0
+    """Items written, counted up to `minItems` only (more changes nothing that matters)."""
+
+    def _with(self, phase: int, written: int | None = None) -> _Array:
+        return _Array(self.node, phase, self.depth, self.written if written is None else written)
 
     def feed(self, byte: int, run: int) -> list[Outcome]:
         phase = self.phase
         if phase == _START:
-            return [(_KEEP, _Array(self.node, _OPEN, self.depth), 0)] if byte == 0x5B else []
+            return [(_KEEP, self._with(_OPEN), 0)] if byte == 0x5B else []
         if byte in WHITESPACE:
             return _gap(self, byte, run)
         if phase in (_OPEN, _AFTER) and byte == 0x5D:  # ]
-            return [(_POP, None, False)]
+            return [(_POP, None, False)] if self.written >= self.node.min_items else []
         if phase == _AFTER:
-            return [(_KEEP, _Array(self.node, _COMMA, self.depth), 0)] if byte == 0x2C else []
-        parent = _Array(self.node, _VALUE, self.depth)
-        return [(_PUSH, parent, _Value(self.node.items, self.depth + 1), True)]
+            return [(_KEEP, self._with(_COMMA), 0)] if byte == 0x2C else []
+        return [(_PUSH, self._with(_VALUE), _Value(self.node.items, self.depth + 1), True)]
 
     def child_done(self, result: Any) -> Any:
-        return _Array(self.node, _AFTER, self.depth)
+        return self._with(_AFTER, min(self.written + 1, self.node.min_items))
 
     def cost(self, child: Any) -> int:
+        node = self.node
         if self.phase == _START:
-            return 2
-        if self.phase == _COMMA:
-            return self.node.items.min_bytes + 1
-        return 1
+            return node.min_bytes
+        if self.phase == _COMMA:  # an item, then what is still owed after it
+            return node.items.min_bytes + node.rest_cost(self.written + 1)
+        if self.phase == _VALUE:  # the item being written is the child's cost
+            return node.rest_cost(self.written + 1)
+        return node.rest_cost(self.written)
 
     def accepting(self) -> bool:
         return False
