@@ -144,15 +144,16 @@ PARAMETERS: Final[tuple[Parameter, ...]] = (
     Parameter(
         "tool_choice",
         H,
-        "`none`, `auto`, or a call forced (`required`, a named function) by constraining "
-        "the output to the tools' schemas with llguidance (a keyword it refuses: 400 naming "
-        "the tool's `parameters`)",
+        "`none`, `auto`, or a call forced by constraining the output with llguidance: a "
+        "named function to its `parameters`, `required` to a list of one or more calls of "
+        "the tools (a keyword it refuses: 400 naming the tool's `parameters`)",
         CHAT_ONLY,
     ),
     Parameter(
         "parallel_tool_calls",
         H,
-        "`false`: only the first call is returned; a forced call is always one",
+        "`false`: one call (only the first of an `auto` reply; `required` forced to "
+        "exactly one); `true` (the default): every call, `required` included",
         CHAT_ONLY,
     ),
     # ----- refused unless off -----

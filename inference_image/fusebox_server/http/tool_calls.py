@@ -383,9 +383,9 @@ def forced_schema(use: ToolUse) -> dict[str, Any]:
     """The JSON schema the output is constrained to when a call is forced.
 
     A named function: its arguments object (the output is the arguments).
-    `required`: one `{"name": .., "parameters": ..}` object, any of the tools. One call,
-    not vLLM's list of calls: the grammar has no `minItems`, and a list that may be empty
-    would let the model answer `[]`, no call at all.
+    `required`: as vLLM, a list of one or more `{"name": .., "parameters": ..}` objects,
+    any of the tools (`minItems: 1`, so `[]`, no call at all, cannot be written); with
+    `parallel_tool_calls: false`, one such object, not a list.
     """
     if use.mode == ChoiceMode.NAMED:
         tool = use.tool(use.named or "")
@@ -400,7 +400,10 @@ def forced_schema(use: ToolUse) -> dict[str, Any]:
         }
         for tool in use.tools
     ]
-    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+    call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    if not use.parallel:
+        return call
+    return {"type": "array", "items": call, "minItems": 1}
 
 
 def forced_format(use: ToolUse) -> OutputFormat:
@@ -426,7 +429,8 @@ def forced_format(use: ToolUse) -> OutputFormat:
 
 
 def parse_forced(text: str, use: ToolUse) -> ParsedReply:
-    """A forced output as calls; text cut short (`length`) that does not parse stays content."""
+    """A forced output as calls, in order; text cut short (`length`) that does not parse
+    stays content."""
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):
@@ -436,10 +440,11 @@ def parse_forced(text: str, use: ToolUse) -> ParsedReply:
             return ParsedReply(text, ())
         arguments = json.dumps(value, ensure_ascii=False)
         return ParsedReply(None, (FunctionCall(use.named or "", arguments),))
-    call = _call_of(value, ("parameters",))
-    if call is None or use.tool(call.name) is None:
+    values = value if use.parallel and isinstance(value, list) else [value]
+    calls = [_call_of(item, ("parameters",)) for item in values]
+    if not calls or any(call is None or use.tool(call.name) is None for call in calls):
         return ParsedReply(text, ())
-    return ParsedReply(None, (call,))
+    return ParsedReply(None, tuple(call for call in calls if call is not None))
 
 
 def read_reply(text: str, call_format: CallFormat | None, use: ToolUse) -> ParsedReply:

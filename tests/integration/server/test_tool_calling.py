@@ -184,23 +184,99 @@ def test_a_named_function_streams_as_call_deltas(client: openai.OpenAI) -> None:
     assert len(argument_chunks) > 1, "the arguments did not stream piece by piece"
 
 
-def test_required_comes_back_as_calls_of_declared_tools(client: openai.OpenAI) -> None:
-    for parallel in (True, False):
-        answer = chat(client, tool_choice="required", parallel_tool_calls=parallel, max_tokens=128)
+def _check_declared_call(name: str, arguments: str) -> None:
+    if name == "get_weather":
+        _check_weather_arguments(arguments)
+    else:
+        assert name == "get_time" and set(json.loads(arguments)) == {"zone"}
+
+
+def test_required_comes_back_as_one_or_more_calls_of_declared_tools(
+    client: openai.OpenAI,
+) -> None:
+    answer = chat(client, tool_choice="required", max_tokens=128)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    calls = choice.message.tool_calls
+    assert calls, "required gave no call"
+    assert len({call.id for call in calls}) == len(calls)
+    for call in calls:
+        assert call.id.startswith("call_") and call.type == "function"
+        _check_declared_call(call.function.name, call.function.arguments)
+    streamed, finishes, content = _streamed_calls(
+        chat(client, tool_choice="required", max_tokens=128, stream=True)
+    )
+    assert content == "" and finishes[-1] == "tool_calls"
+    assert list(streamed) == list(range(len(streamed))) and streamed
+    assert len({call["id"] for call in streamed.values()}) == len(streamed)
+    for call in streamed.values():
+        _check_declared_call(call["name"], call["arguments"])
+    # Greedy decoding of the same request: the stream's calls are the answer's calls.
+    assert [(c["name"], c["arguments"]) for c in streamed.values()] == [
+        (call.function.name, call.function.arguments) for call in calls
+    ]
+
+
+PING: Any = {
+    "type": "function",
+    "function": {
+        "name": "ping",
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+    },
+}
+"""A call with nothing random in it but its spacing: after each one the model only picks
+`,` (another call) or `]`, so a random model writes several within the budget."""
+
+
+def test_required_gives_several_calls_when_the_model_writes_several(
+    client: openai.OpenAI,
+) -> None:
+    counts = []
+    for seed in range(6):
+        answer = chat(
+            client,
+            tools=[PING, TIME],
+            tool_choice="required",
+            max_tokens=128,
+            temperature=1.0,
+            seed=seed,
+        )
+        choice = answer.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+        for call in choice.message.tool_calls:
+            assert call.function.name in ("ping", "get_time")
+            expected = set() if call.function.name == "ping" else {"zone"}
+            assert set(json.loads(call.function.arguments)) == expected
+        counts.append(len(choice.message.tool_calls))
+    assert max(counts) > 1, counts
+    streamed, finishes, _ = _streamed_calls(
+        chat(client, tools=[PING], tool_choice="required", max_tokens=128, stream=True)
+    )
+    assert finishes[-1] == "tool_calls" and list(streamed) == list(range(len(streamed)))
+    assert all(call["name"] == "ping" and call["arguments"] == "{}" for call in streamed.values())
+
+
+def test_required_without_parallel_calls_gives_exactly_one_call(client: openai.OpenAI) -> None:
+    for temperature, seed in ((0.0, None), (1.0, 3), (1.0, 5)):
+        answer = chat(
+            client,
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=128,
+            temperature=temperature,
+            seed=seed,
+        )
         choice = answer.choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.content is None
-        (call,) = choice.message.tool_calls  # one call: the grammar has no minItems
-        assert call.id.startswith("call_") and call.function.name in ("get_weather", "get_time")
-        if call.function.name == "get_weather":
-            _check_weather_arguments(call.function.arguments)
-        else:
-            assert set(json.loads(call.function.arguments)) == {"zone"}
+        (call,) = choice.message.tool_calls
+        assert call.id.startswith("call_")
+        _check_declared_call(call.function.name, call.function.arguments)
     streamed, finishes, content = _streamed_calls(
         chat(client, tool_choice="required", parallel_tool_calls=False, max_tokens=128, stream=True)
     )
     assert content == "" and finishes[-1] == "tool_calls" and list(streamed) == [0]
-    assert streamed[0]["name"] in ("get_weather", "get_time") and streamed[0]["id"]
-    json.loads(streamed[0]["arguments"])
+    assert streamed[0]["id"].startswith("call_")
+    _check_declared_call(streamed[0]["name"], streamed[0]["arguments"])
 
 
 def test_an_unknown_named_function_is_a_400_naming_tool_choice(client: openai.OpenAI) -> None:

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +15,7 @@ from fusebox_server.http.openai_schema import parse_chat_request
 from fusebox_server.http.tool_calls import (
     CallFormat,
     ChoiceMode,
+    ParsedReply,
     StreamSplitter,
     ToolUse,
     forced_format,
@@ -23,6 +25,7 @@ from fusebox_server.http.tool_calls import (
     parse_tool_use,
     read_reply,
 )
+from fusebox_server.model.structured_output import ConstrainedRow, vocabulary_from_bytes
 from fusebox_server.zoo import templates
 
 WEATHER: dict[str, Any] = {
@@ -281,16 +284,83 @@ def test_a_named_function_is_forced_to_its_parameters() -> None:
     assert parse_forced('{"city": "Os', use).calls == ()
 
 
-def test_required_is_forced_to_one_call_of_a_declared_tool() -> None:
+def test_required_is_forced_to_a_list_of_one_or_more_calls_of_declared_tools() -> None:
     use = _use(tool_choice="required")
     schema = forced_schema(use)
-    names = [item["properties"]["name"]["const"] for item in schema["anyOf"]]
-    assert names == ["get_weather", "get_time"]
-    assert schema["anyOf"][0]["properties"]["parameters"] == WEATHER["function"]["parameters"]
+    assert schema["type"] == "array" and schema["minItems"] == 1
+    options = schema["items"]["anyOf"]
+    assert [item["properties"]["name"]["const"] for item in options] == ["get_weather", "get_time"]
+    assert options[0]["properties"]["parameters"] == WEATHER["function"]["parameters"]
+    text = (
+        '[{"name": "get_time", "parameters": {}}, '
+        '{"name": "get_weather", "parameters": {"city": "Oslo"}}]'
+    )
+    calls = parse_forced(text, use).calls
+    assert [call.name for call in calls] == ["get_time", "get_weather"]
+    assert json.loads(calls[1].arguments) == {"city": "Oslo"}
+    assert parse_forced('[{"name": "nope", "parameters": {}}]', use).calls == ()
+    assert parse_forced("[]", use) == ParsedReply("[]", ())
+    cut = '[{"name": "get_time", "parameters": {}}, {"na'
+    assert parse_forced(cut, use) == ParsedReply(cut, ())
+
+
+def test_required_without_parallel_calls_is_forced_to_exactly_one_call() -> None:
+    use = _use(tool_choice="required", parallel_tool_calls=False)
+    schema = forced_schema(use)
+    assert [item["properties"]["name"]["const"] for item in schema["anyOf"]] == [
+        "get_weather",
+        "get_time",
+    ]
     text = '{"name": "get_time", "parameters": {}}'
     assert [call.name for call in parse_forced(text, use).calls] == ["get_time"]
     assert parse_forced('{"name": "nope", "parameters": {}}', use).calls == ()
+    assert parse_forced("[" + text + "]", use).calls == ()  # not the shape it was forced to
     assert parse_forced('{"name": "get_time", "para', use).content == '{"name": "get_time", "para'
+
+
+def test_a_forced_list_of_calls_may_not_be_empty_and_closes_as_soon_as_one_call_is_written() -> (
+    None
+):
+    """Ours' closing bookkeeping understands `minItems`, so a tight budget still closes."""
+    output_format = forced_format(_use(tool_choice="required"))
+    start = output_format.start()
+    assert start is not None
+    assert not start.feed(b"[]").valid
+    shortest = '[{"name":"get_time","parameters":{}}]'
+    assert start.min_close == len(shortest)
+    assert start.feed(shortest.encode()).finished
+    assert start.feed(b"[").min_close == len(shortest) - 1
+    after_one = start.feed(shortest[:-1].encode())
+    assert after_one.min_close == 1  # `]`: one call is enough
+    assert start.feed(shortest[:-1].encode() + b",").min_close == len(shortest) - 1
+    typing_a_required_key = b'[{"name":"get_weather","parameters":{"ci'
+    assert start.feed(typing_a_required_key).min_close == len('ty":""}}]')
+
+
+BYTES_VOCABULARY = vocabulary_from_bytes([bytes([value]) for value in range(256)] + [None])
+BYTES_END = 256
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_random_logits_always_give_parseable_calls_within_a_tight_budget(parallel: bool) -> None:
+    """A random model on a budget just over the shortest call: every output parses as calls."""
+    use = _use(tool_choice="required", parallel_tool_calls=parallel)
+    output_format = forced_format(use)
+    generator = torch.Generator().manual_seed(7)
+    for budget in range(37, 120, 3):
+        constrained = ConstrainedRow(output_format, BYTES_VOCABULARY, [BYTES_END], budget)
+        text = b""
+        for _ in range(budget):
+            token = constrained.choose(torch.randn(257, generator=generator), None)
+            constrained.took(token)
+            if token == BYTES_END:
+                break
+            text += bytes([token])
+            if constrained.finished:
+                break
+        reply = parse_forced(text.decode("utf-8"), use)
+        assert reply.calls and reply.content is None, text
+        assert parallel or len(reply.calls) == 1
 
 
 def test_a_forced_schema_compiles_and_an_unenforceable_keyword_is_a_400_naming_it() -> None:
@@ -384,8 +454,26 @@ def test_a_named_stream_sends_arguments_as_they_come() -> None:
 @pytest.mark.parametrize("call_format", [None, *CallFormat])
 def test_a_required_stream_holds_everything_until_the_end(call_format: CallFormat | None) -> None:
     pieces = ['{"name": "get_time", ', '"parameters": {}}']
-    content, deltas = _stream(pieces, call_format, tool_choice="required")
+    content, deltas = _stream(
+        pieces, call_format, tool_choice="required", parallel_tool_calls=False
+    )
     assert content == "" and [d["function"]["name"] for d in deltas] == ["get_time"]
+
+
+def test_a_required_stream_sends_each_call_as_its_own_delta_in_order() -> None:
+    pieces = [
+        '[{"name": "get_time", "parameters": {}}, ',
+        '{"name": "get_weather", ',
+        '"parameters": {"city": "Oslo"}}]',
+    ]
+    content, deltas = _stream(pieces, None, tool_choice="required")
+    assert content == ""
+    assert [(d["index"], d["function"]["name"]) for d in deltas] == [
+        (0, "get_time"),
+        (1, "get_weather"),
+    ]
+    assert deltas[0]["id"] != deltas[1]["id"] and all(d["id"].startswith("call_") for d in deltas)
+    assert json.loads(deltas[1]["function"]["arguments"]) == {"city": "Oslo"}
 
 
 # ----- hostile input -----
