@@ -155,7 +155,9 @@ def test_prometheus_scrapes_every_sidecar_and_answers_every_dashboard_query(
         health = {t["labels"].get("pod", ""): t["health"] for t in ours}
         return health if set(health) == set(pods) and set(health.values()) == {"up"} else None
 
-    wait_for("every sidecar target up", targets_up, timeout=120, diagnose=prometheus.targets)
+    # The PodMonitor reaches Prometheus through the Prometheus Operator's config Secret,
+    # which the kubelet syncs into its pod about a minute later, longer on a busy node.
+    wait_for("every sidecar target up", targets_up, timeout=240, diagnose=prometheus.targets)
     # Each sidecar target carries the service and its model (the PodMonitor's relabelings).
     labelled = {
         (t["labels"].get("service"), t["labels"].get("model_name"))
