@@ -428,14 +428,21 @@ def test_undoing_an_edit_that_waited_for_gpu_nodes_accepts_the_spec_again(
     assert service.status["appliedGeneration"] == service.generation > applied
 
 
-def test_a_resync_reads_the_secret_every_few_runs_and_picks_up_a_rotated_token(
-    events: list[tuple[str, str, str]],
-) -> None:
-    kube = FakeKube()
+def created_with_a_token(kube: FakeKube) -> Service:
+    """A service reconciled once (its admin Secret made, the token kept), the next
+    resync far away; no Secret read so far."""
     service = Service(kube)
     service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
     service.reconcile(VALID, reason="create")
     assert service.kept.admin_token is not None and kube.secret_reads == 0
+    return service
+
+
+def test_a_resync_reads_the_secret_every_few_runs_and_picks_up_a_rotated_token(
+    events: list[tuple[str, str, str]],
+) -> None:
+    kube = FakeKube()
+    service = created_with_a_token(kube)
     kube.secret_token = "rotated"  # someone rotates the Secret's token
     resync = OperatorSettings.from_env({}).resync_seconds
     reads = []
@@ -454,9 +461,7 @@ def test_a_token_a_pod_refuses_is_read_again_at_the_next_tick(
     events: list[tuple[str, str, str]],
 ) -> None:
     kube = FakeKube()
-    service = Service(kube)
-    service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
-    service.reconcile(VALID, reason="create")
+    service = created_with_a_token(kube)
     created = service.kept.admin_token
     assert created is not None
     kube.secret_token = "rotated"
