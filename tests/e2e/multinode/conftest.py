@@ -8,7 +8,7 @@ cluster down when the module ends (unless FUSEBOX_MULTINODE_KEEP=1), so
 inside a whole e2e run it is gone before the next module, and it never
 touches the default one. Only the images these tests run are loaded, on
 every node. `mkube` binds it to
-a fresh `restricted` namespace per test, deleted afterwards.
+a fresh `restricted` namespace per test, deleted (and waited for) afterwards.
 """
 
 from __future__ import annotations
@@ -126,7 +126,9 @@ def mkube(multinode: Cluster) -> Iterator[Kube]:
     try:
         yield Kube(multinode, name)
     finally:
-        multinode.kubectl("delete", "namespace", name, "--wait=false", check=False)
+        # Wait until it is gone: the next test drains or stops nodes, and a pod of this
+        # one still terminating there would be in its way (a bare pod stops a drain).
+        multinode.kubectl("delete", "namespace", name, "--timeout=120s", check=False, timeout=150)
 
 
 @pytest.fixture
