@@ -149,6 +149,8 @@ def render_crd(text: str) -> str:
 
 
 def type_of(schema: Schema) -> str:
+    if schema.get("x-kubernetes-int-or-string"):
+        return "integer or string"
     kind = str(schema.get("type", "any"))
     if kind == "array":
         return f"[]{type_of(schema.get('items') or {})}"

@@ -92,7 +92,6 @@ PREFIX_CACHE_BYTES = _s(
     1 << 30,
     "bytes of prompt-prefix keys and values kept for reuse across requests (on the model's "
     "device, least recently used out first, emptied before the memory guard trips); 0 disables",
-    wired=False,
 )
 TEMPLATES_FILE = _s("templates-file", str, None, "JSON list of prompts pre-encoded (re-read live)")
 CANNED_ANSWERS_FILE = _s(

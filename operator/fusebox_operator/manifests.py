@@ -235,6 +235,7 @@ def server_settings_env(spec: InferenceServiceSpec) -> list[tuple[Setting, str]]
         (s.MAX_BODY_BYTES, str(body_limit_bytes(server.max_input_tokens))),
         (s.REQUEST_TIMEOUT, str(server.request_timeout_seconds)),
         (s.TOKENIZER_CACHE_SIZE, str(server.tokenizer_cache_size)),
+        (s.PREFIX_CACHE_BYTES, str(server.prefix_cache_bytes)),
         (s.TEMPLATES_FILE, ConfigFile.TEMPLATES.path),
         (s.CANNED_ANSWERS_FILE, ConfigFile.CANNED_ANSWERS.path),
         (s.QUALITY_FILE, ConfigFile.QUALITY.path),

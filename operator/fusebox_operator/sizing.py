@@ -6,6 +6,10 @@ GPU process first. So the limit is VRAM x GPUs x headroom + 2 GiB, never
 less than an explicit limit, and an explicit limit below VRAM is refused.
 Kubernetes has no --memory-swap: requests == limits (Guaranteed QoS) is
 what keeps swap away under NodeSwap LimitedSwap.
+The server's prefix cache (server.prefixCache.maxBytes) is memory too: on
+the CPU it is RSS, so a cache asked beyond the server's default gets room
+of its own in the limit (`prefix_cache_limit_bytes`); the default lives in
+the limit the rest of the sizing gives, which the server keeps it inside.
 Pure: node labels arrive as plain numbers from kube.py.
 """
 
@@ -16,12 +20,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fusebox_contract.settings import PREFIX_CACHE_BYTES
 from fusebox_operator.gpu_products import product_vram_gib
 from fusebox_operator.spec import GIB, InferenceServiceSpec, SpecError
 
 MIB = 1024**2
 BASE_OVERHEAD_BYTES = 2 * GIB
 """Python, torch, tokenizer and the server itself, beyond the model's weights."""
+
+assert isinstance(PREFIX_CACHE_BYTES.default, int)
+PREFIX_CACHE_ROOM_BYTES: int = PREFIX_CACHE_BYTES.default
+"""The prefix cache the sizing above holds without adding to it: the server's default (1 GiB).
+Not reserved: the server empties its cache when memory comes within 10 points of its
+guard (85% of the limit at the default guard), so a default cache fills what the limit
+leaves and never costs an OOM. On a 2 GiB CPU pod, beside the tiny model's server
+(about 0.8 GiB RSS), that is about 0.9 GiB (docs/decisions/prefix-cache-sizing.md)."""
 
 NODE_VRAM_LABEL = "nvidia.com/gpu.memory"
 NODE_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -82,6 +95,24 @@ def vram_per_gpu(spec: InferenceServiceSpec, node_vram_mib: Sequence[int]) -> tu
     )
 
 
+def prefix_cache_limit_bytes(spec: InferenceServiceSpec) -> int:
+    """Bytes the memory limit adds for a prefix cache asked beyond the server's default.
+
+    Only on the CPU: with a GPU the cache's keys and values are on the device, in the
+    VRAM beside the model, and host memory holds none of it. Each byte beyond
+    `PREFIX_CACHE_ROOM_BYTES` adds 1/ratioOfLimit bytes, so a cache grown to its bound
+    stays under the share of the limit where the RSS ladder starts acting (a cache that
+    fills at speed would otherwise look like a leak and be emptied by it), and further
+    under the server's own shedding point.
+    """
+    if spec.gpu.count > 0:
+        return 0
+    beyond_bytes = spec.server.prefix_cache_bytes - PREFIX_CACHE_ROOM_BYTES
+    if beyond_bytes <= 0:
+        return 0
+    return math.ceil(beyond_bytes / spec.breaker.resource.rss.ratio)
+
+
 def size_memory(spec: InferenceServiceSpec, node_vram_mib: Sequence[int]) -> MemorySizing:
     """The pod's memory request and limit for the server container (DESIGN §5)."""
     vram_bytes, source = vram_per_gpu(spec, node_vram_mib)
@@ -94,7 +125,7 @@ def size_memory(spec: InferenceServiceSpec, node_vram_mib: Sequence[int]) -> Mem
             f"from {source})"
         )
     sized = total_vram_bytes * spec.memory.headroom_ratio + BASE_OVERHEAD_BYTES
-    limit_bytes = ceil_gib(max(explicit or 0, sized))
+    limit_bytes = ceil_gib(max(explicit or 0, sized) + prefix_cache_limit_bytes(spec))
     if spec.memory.allow_swap:
         # Burstable: the scheduler reserves half; LimitedSwap may swap the rest.
         request_bytes = max(GIB, ceil_gib(limit_bytes / 2))

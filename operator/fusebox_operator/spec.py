@@ -53,6 +53,9 @@ TIERS_WITHOUT_FALLBACK: tuple[DegradationTier, ...] = (
 )
 """The effective `degradation.tiers` when the spec leaves them out."""
 
+MAX_PREFIX_CACHE_BYTES = 1024**4
+"""server.prefixCache.maxBytes's bound, 1 TiB: more than any GPU holds and than a pod's
+memory limit would sensibly carry, so a slip (512Ti for 512Mi) is refused, not sized."""
 MAX_CPU_CORES = 1024
 """server.cpu's bound: more cores than the largest nodes offered today have (896 vCPUs),
 so a typo (100000) is refused instead of asking torch for that many threads."""
@@ -322,6 +325,8 @@ class ServerSpec:
     max_new_tokens: int
     request_timeout_seconds: int
     tokenizer_cache_size: int
+    # Bytes of prompt-prefix keys and values the server may keep; 0 disables (sizing.py).
+    prefix_cache_bytes: int
     templates: tuple[str, ...]
     cpu: str
     env: tuple[tuple[str, str], ...]
@@ -803,12 +808,39 @@ def _parse_server(raw: Mapping[str, Any], schema: SpecSchema) -> ServerSpec:
         max_new_tokens=_integer(raw, "server.maxNewTokens", schema),
         request_timeout_seconds=_integer(raw, "server.requestTimeoutSeconds", schema),
         tokenizer_cache_size=_integer(raw, "server.tokenizerCacheSize", schema),
+        prefix_cache_bytes=_parse_prefix_cache_bytes(
+            _section(raw, "prefixCache", "server"), schema
+        ),
         templates=_strings(raw, "server.templates"),
         cpu=_string(raw, "server.cpu", schema),
         env=_parse_env(raw.get("env") or []),
     )
     parse_cpu_quantity(server.cpu)
     return server
+
+
+def _parse_prefix_cache_bytes(raw: Mapping[str, Any], schema: SpecSchema) -> int:
+    """server.prefixCache.maxBytes in bytes: a memory quantity or a whole number of bytes
+    (int-or-string, as a container's resources are); 0 disables the cache."""
+    path = "server.prefixCache.maxBytes"
+    field = schema.field(path)
+    value = _required(raw, field)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise SpecError(f"{path} must be 0 or more bytes, got {_show(value)}")
+        size_bytes = value
+    elif isinstance(value, str):
+        if field.max_length is not None and len(value) > field.max_length:
+            raise SpecError(f"{path} must be at most {field.max_length} characters")
+        size_bytes = _quantity(value, path)
+    else:
+        raise SpecError(
+            f"{path} must be a memory quantity such as 512Mi or a whole number of bytes, "
+            f"got {_show(value)}"
+        )
+    if size_bytes > MAX_PREFIX_CACHE_BYTES:
+        raise SpecError(f"{path} must be at most 1Ti (1099511627776 bytes), got {_show(value)}")
+    return size_bytes
 
 
 def _parse_env(raw: Any) -> tuple[tuple[str, str], ...]:

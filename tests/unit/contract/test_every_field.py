@@ -370,6 +370,14 @@ ROWS: dict[str, list[Proof]] = {
     "server.tokenizerCacheSize": [
         Server({"server": {"tokenizerCacheSize": 0}}, "tokenizer_cache_size", 0)
     ],
+    "server.prefixCache.maxBytes": [
+        Server({"server": {"prefixCache": {"maxBytes": "512Mi"}}}, "prefix_cache_bytes", 512 << 20),
+        Pod(
+            {"gpu": {"count": 0}, "server": {"prefixCache": {"maxBytes": "4Gi"}}},
+            "a CPU pod's memory limit 6Gi: 2Gi + (4Gi - the default 1Gi) / ratioOfLimit 0.75",
+            lambda c: resources(c)["limits"]["memory"] == "6Gi",
+        ),
+    ],
     "server.templates": [
         Server({"server": {"templates": ["你好", "Hi"]}}, "templates", ("你好", "Hi"))
     ],

@@ -50,7 +50,8 @@ def test_every_field_has_a_type_and_a_description() -> None:
     missing = [
         path
         for path, node in walk(SCHEMA, "")
-        if "type" not in node or not str(node.get("description", "")).strip()
+        if ("type" not in node and not node.get("x-kubernetes-int-or-string"))
+        or not str(node.get("description", "")).strip()
     ]
     assert missing == []
 
@@ -76,6 +77,7 @@ SCHEMA_KEYWORDS = {
     "x-kubernetes-list-type",
     "x-kubernetes-list-map-keys",
     "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-int-or-string",
 }
 
 
@@ -328,10 +330,10 @@ def other_value(path: str, node: dict[str, Any]) -> Any:
     """A valid value for the field other than its CRD default."""
     if "enum" in node:
         return node["enum"][-1] if node["enum"][-1] != node["default"] else node["enum"][0]
-    if node["type"] in ("integer", "number"):
+    if node.get("type") in ("integer", "number"):
         low = node["minimum"] + (step(node) if node.get("exclusiveMinimum") else 0)
         return low if low != node["default"] else node["maximum"]
-    if node["type"] == "boolean":
+    if node.get("type") == "boolean":
         return not node["default"]
     return OTHER_STRINGS[path]
 
@@ -348,6 +350,7 @@ OTHER_STRINGS = {
     "memory.limit": "64Gi",
     "memory.nodeAvailableFloor": "2Gi",
     "server.cpu": "2",
+    "server.prefixCache.maxBytes": "512Mi",
 }
 
 
@@ -462,6 +465,8 @@ def test_cel_patterns_are_the_parser_patterns() -> None:
     assert matched_patterns(limit) == {spec_module.MEMORY_QUANTITY_PATTERN}
     cpu = props["server"]["properties"]["cpu"]
     assert spec_module.CPU_QUANTITY_PATTERN in matched_patterns(cpu)
+    prefix_cache = props["server"]["properties"]["prefixCache"]["properties"]["maxBytes"]
+    assert matched_patterns(prefix_cache) == {spec_module.MEMORY_QUANTITY_PATTERN}
     product = props["gpu"]["properties"]["product"]
     assert product["pattern"] == spec_module.LABEL_VALUE_PATTERN
     assert product["maxLength"] == 63

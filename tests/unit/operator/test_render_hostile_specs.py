@@ -73,6 +73,8 @@ def render_spec(tmp_path: Path, spec: Any, *flags: str) -> tuple[int, str, str]:
 
 
 def hostile_values(schema: Mapping[str, Any]) -> list[Any]:
+    if schema.get("x-kubernetes-int-or-string"):
+        return [math.nan, math.inf, 1.5, True, -1, "lots", ["x"], {"x": "y"}, 10**400]
     kind = schema.get("type")
     if kind in ("integer", "number"):
         return [math.nan, math.inf, -math.inf, True, "5", [5], {"n": 5}, 10**400]
