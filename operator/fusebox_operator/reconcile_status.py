@@ -14,7 +14,7 @@ from typing import Any
 
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator.manifests import memory_quantity, selector_text
-from fusebox_operator.sizing import MemorySizing
+from fusebox_operator.sizing import MemorySizing, prefix_cache_limit_bytes
 from fusebox_operator.spec import InferenceServiceSpec, applied_spec_text
 from fusebox_operator.status import SPEC_VALID, set_condition
 
@@ -81,13 +81,22 @@ def memory_entry(sizing: MemorySizing) -> dict[str, Any]:
 
 
 def memory_sized_message(sizing: MemorySizing, spec: InferenceServiceSpec) -> str:
-    """The MemorySized event: the limit, where VRAM came from, and the headroom."""
-    return (
+    """The MemorySized event: the limit, where VRAM came from, the headroom, and what a
+    prefix cache asked beyond the server's default added (else a grown limit is a riddle)."""
+    message = (
         f"memory limit {memory_quantity(sizing.limit_bytes)}, request "
         f"{memory_quantity(sizing.request_bytes)} ({sizing.qos_class}); VRAM "
         f"{sizing.vram_bytes / 1024**3:.2f} GiB x {spec.gpu.count} from "
         f"{sizing.vram_source}, headroom {spec.memory.headroom_ratio:g}"
     )
+    cache_bytes = prefix_cache_limit_bytes(spec)
+    if cache_bytes:
+        message += (
+            f"; +{cache_bytes / 1024**3:.2f} GiB for server.prefixCache.maxBytes "
+            f"{spec.server.prefix_cache_bytes / 1024**3:.2f} GiB (beyond 1 GiB, over "
+            f"rss.ratioOfLimit {spec.breaker.resource.rss.ratio:g})"
+        )
+    return message
 
 
 def applied_status(

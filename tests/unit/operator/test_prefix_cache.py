@@ -17,6 +17,7 @@ import pytest
 from fusebox_contract.settings import PREFIX_CACHE_BYTES
 from fusebox_operator.edits import edit_message
 from fusebox_operator.manifests import Manifest, build_children
+from fusebox_operator.reconcile_status import memory_sized_message
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import PREFIX_CACHE_ROOM_BYTES, MemorySizing, size_memory
 from fusebox_operator.spec import GIB, InferenceServiceSpec, SpecError, parse_spec
@@ -228,3 +229,16 @@ def test_swap_allowed_keeps_the_request_under_the_grown_limit() -> None:
     sizing = sized(spec("4Gi", memory={"allowSwap": True}))
     assert sizing.limit_bytes == 6 * GIB
     assert sizing.request_bytes == math.ceil(6 / 2) * GIB
+
+
+def test_the_memory_sized_event_says_what_the_cache_added() -> None:
+    parsed = spec("4Gi")
+    assert memory_sized_message(sized(parsed), parsed) == (
+        "memory limit 6Gi, request 6Gi (Guaranteed); VRAM 0.00 GiB x 0 from no GPU requested, "
+        "headroom 1.25; +4.00 GiB for server.prefixCache.maxBytes 4.00 GiB (beyond 1 GiB, over "
+        "rss.ratioOfLimit 0.75)"
+    )
+
+
+def test_the_memory_sized_event_is_silent_about_a_cache_that_added_nothing() -> None:
+    assert "prefixCache" not in memory_sized_message(sized(spec()), spec())
