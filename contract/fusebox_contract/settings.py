@@ -93,6 +93,14 @@ PREFIX_CACHE_BYTES = _s(
     "bytes of prompt-prefix keys and values kept for reuse across requests (on the model's "
     "device, least recently used out first, emptied before the memory guard trips); 0 disables",
 )
+PREFILL_CHUNK_TOKENS = _s(
+    "prefill-chunk-tokens",
+    int,
+    64,
+    "a prompt longer than this many tokens is prefilled in chunks of it, the running "
+    "streams decoding a token between chunks; 0 prefills every prompt whole",
+    wired=False,
+)
 TEMPLATES_FILE = _s("templates-file", str, None, "JSON list of prompts pre-encoded (re-read live)")
 CANNED_ANSWERS_FILE = _s(
     "canned-answers-file", str, None, "JSON object prompt -> answer for level 3 (re-read live)"
@@ -145,6 +153,7 @@ SERVER_SETTINGS: Final[tuple[Setting, ...]] = (
     REQUEST_TIMEOUT,
     TOKENIZER_CACHE_SIZE,
     PREFIX_CACHE_BYTES,
+    PREFILL_CHUNK_TOKENS,
     TEMPLATES_FILE,
     CANNED_ANSWERS_FILE,
     QUALITY_FILE,

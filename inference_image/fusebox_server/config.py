@@ -109,6 +109,7 @@ class ServerConfig:
     request_timeout_seconds: float = 60.0
     tokenizer_cache_size: int = 10000
     prefix_cache_bytes: int = 1 << 30
+    prefill_chunk_tokens: int = 64
     templates_file: Path | None = None
     canned_answers_file: Path | None = None
     quality_file: Path | None = None
@@ -300,6 +301,10 @@ def validate(config: ServerConfig) -> None:
     for name in ("max_queue", "tokenizer_cache_size", "prefix_cache_bytes", "torch_threads"):
         if getattr(config, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
+    if config.prefill_chunk_tokens < 0:
+        raise ConfigError(
+            "--prefill-chunk-tokens must not be negative (0 prefills every prompt whole)"
+        )
     for name in ("port", "admin_port"):
         if not 0 < getattr(config, name) < 65536:
             raise ConfigError(f"--{name.replace('_', '-')} must be a port number")

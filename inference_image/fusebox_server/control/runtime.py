@@ -220,6 +220,7 @@ class Runtime:
             self.config.max_concurrency + 64,
             self.config.torch_threads,
             self.config.prefix_cache_bytes,
+            self.config.prefill_chunk_tokens,
         )
         self.variants.worker = self.worker
         self.worker.start()

@@ -386,6 +386,26 @@ class Decoding:
         self.cache = cache
         self._pending = self._pending[:, length:]
 
+    def prefill_chunk(self, tokens: int) -> None:
+        """Run the next `tokens` prompt tokens into this row's own cache, choosing nothing:
+        chunked prefill, a long prompt a piece at a time so that the batch's running rows
+        decode between the pieces. The cache continues at its length, as after
+        `start_from_prefix`; the last piece runs through `step`, which chooses the first
+        token. Only before the first step, and at least one prompt token must be left."""
+        if not 0 < tokens < self._pending.shape[-1]:
+            raise ValueError(
+                f"a chunk of {tokens} tokens must leave some of the "
+                f"{self._pending.shape[-1]} pending prompt tokens to run"
+            )
+        with torch.inference_mode():
+            self.loaded.model(
+                input_ids=self._pending[:, :tokens],
+                cache=self.cache,
+                use_cache=True,
+                **self.loaded.prompt_arguments,
+            )
+        self._pending = self._pending[:, tokens:]
+
     def pending_prompt(self) -> torch.Tensor:
         """The prompt ids not yet run (1-D); only before the first step."""
         return self._pending[0]

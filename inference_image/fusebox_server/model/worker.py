@@ -185,6 +185,7 @@ class InferenceWorker(threading.Thread):
         inbox_size: int,
         torch_threads: int = 0,
         prefix_cache_bytes: int = 0,
+        prefill_chunk_tokens: int = 0,
     ) -> None:
         super().__init__(name="fusebox-inference", daemon=True)
         self._loop = loop
@@ -203,6 +204,10 @@ class InferenceWorker(threading.Thread):
         self.prefix_cache = new_prefix_cache(prefix_cache_bytes)
         self._prefix_cache_model: LoadedModel | None = None
         self._release_prefix_cache = threading.Event()
+        # Prompts longer than this run a chunk per turn (0: whole, in one forward pass).
+        self._prefill_chunk_tokens = prefill_chunk_tokens
+        # Started jobs whose prompts run in chunks, oldest first (`_prefill_next_chunk`).
+        self._chunked: list[GenerationJob] = []
 
     # ----- called from the event loop -----
     def submit(self, job: GenerationJob | ControlJob) -> None:
@@ -293,6 +298,7 @@ class InferenceWorker(threading.Thread):
         for job in list(self._active):
             self._guarded(job, partial(self._check_alive, job))
         self._prefill_joiners([job for job in self._active if job.decoding is None])
+        self._prefill_next_chunk()
         if self._batch is not None and len(self._batch):
             self._batched_step()
 
@@ -333,6 +339,10 @@ class InferenceWorker(threading.Thread):
         for job in started:
             self._guarded(job, partial(self._reuse_prefix, job))
         started = [job for job in started if job.decoding is not None]
+        # A prompt longer than a chunk runs a chunk per turn (`_prefill_next_chunk`).
+        chunked = {id(job) for job in started if self._runs_in_chunks(job)}
+        self._chunked.extend(job for job in started if id(job) in chunked)
+        started = [job for job in started if id(job) not in chunked]
         # A row that starts from a cached prefix runs its own rest; the group's prefill
         # runs whole prompts from position 0.
         for job in [job for job in started if job.reused_prefix_tokens]:
@@ -352,6 +362,34 @@ class InferenceWorker(threading.Thread):
                     continue
             for job in group:
                 self._guarded(job, partial(self._prefill_alone, job))
+
+    def _runs_in_chunks(self, job: GenerationJob) -> bool:
+        chunk = self._prefill_chunk_tokens
+        return (
+            bool(chunk)
+            and job.decoding is not None
+            and (len(job.decoding.pending_prompt()) > chunk)
+        )
+
+    def _prefill_next_chunk(self) -> None:
+        """Chunked prefill: one chunk of the oldest prompt that runs in chunks, so the
+        batch's rows take their step this turn too (a 2,048-token prompt whole is one
+        forward pass every running stream waits for). The last chunk runs as a whole
+        prompt's rest does: it chooses the first token and the job joins the batch. One
+        chunk per turn, whatever the number of such prompts, bounds what a step waits
+        for; they take their turns oldest first."""
+        if self._chunked:
+            job = self._chunked[0]
+            self._guarded(job, partial(self._run_chunk, job))
+
+    def _run_chunk(self, job: GenerationJob) -> None:
+        decoding = job.decoding
+        assert decoding is not None
+        if len(decoding.pending_prompt()) > self._prefill_chunk_tokens:
+            decoding.prefill_chunk(self._prefill_chunk_tokens)
+            return
+        self._chunked = [other for other in self._chunked if other is not job]
+        self._prefill_alone(job)
 
     def _prefix_cache_of(self, loaded: LoadedModel) -> PrefixCache[PrefixKV]:
         """The prefix cache, emptied first if it holds another model's keys and values."""
@@ -533,6 +571,7 @@ class InferenceWorker(threading.Thread):
     def _finish(self, job: GenerationJob, event: Event) -> None:
         if job in self._active:
             self._active.remove(job)
+        self._chunked = [other for other in self._chunked if other is not job]
         job.ended.set()
         decoding, job.decoding = job.decoding, None
         if decoding is not None and self._batch is not None:
@@ -549,6 +588,7 @@ class InferenceWorker(threading.Thread):
     def abort_active(self, error: ServerError) -> None:
         """Called on this thread by unload/swap: running requests lose their model."""
         self._fail_all(error)
+        self._chunked = []
         self._batch = None
         self.prefix_cache.clear()  # keys and values of the model that goes
         self._prefix_cache_model = None

@@ -94,6 +94,8 @@ def test_invalid_settings_are_refused(argv: list[str]) -> None:
         ("stats-file", ""),
         ("memory-guard-ratio", "nan"),
         ("prefix-cache-bytes", "-1"),
+        ("prefill-chunk-tokens", "-1"),
+        ("prefill-chunk-tokens", "1.5"),
     ],
 )
 def test_a_setting_out_of_its_documented_range_is_refused_by_name(flag: str, value: str) -> None:
