@@ -22,8 +22,18 @@
 #        through the captured step, each as alone, and ms per step plain vs mixed),
 #        under a minute, only when GPU_STEPS names it ("sampling" alone is one short call);
 #      - bench/gpu_bench.py (issue 12: generation speed against the peers),
-#        with what is left of the call (GPU_BENCH_SECONDS, 220 by default).
-#    Device results come back as $OUT/results.tar.gz (gpu-check/, gpu/, profile/, zoo/, sampling/),
+#        with what is left of the call (GPU_BENCH_SECONDS, 220 by default);
+#      - bench/gpu_realistic.py (issue 34: Llama-3.1-8B's full configuration, random bf16
+#        weights made on the device, under bench/workload.py's full-length traffic:
+#        Fusebox at 64/32/128 clients and 3 Poisson rates, the admission probe, the
+#        `transformers serve` sweep, Fusebox's engine in process, compiled static-cache
+#        `generate`), only when GPU_STEPS names it, and then alone: it fills a call by
+#        itself. Its budget is GPU_REALISTIC_SECONDS, by default what the call has left
+#        (590 s less the time spent so far, about 540 s); it cuts rounds to fit, never
+#        hangs. One call: GPU_STEPS=realistic bash bench/gpu_run.sh device
+#        (docs/decisions/realistic-workload.md, "On the GPU").
+#    Device results come back as $OUT/results.tar.gz (gpu-check/, gpu/, profile/, zoo/, sampling/,
+#    realistic/),
 #    beside run.log and nvidia-smi.txt: the device returns at most 8 files.
 #    Unpack with: tar -xzf results.tar.gz -C bench/results
 #    Arguments after `device` go to gpu_bench.py (e.g. --concurrency 32).
@@ -59,13 +69,14 @@ device)
   export PYTHONPATH="/tmp/site:$PWD/inference_image:$PWD/contract:$PWD"
   export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
   results=/tmp/gpu-results
-  mkdir -p "$results/gpu-check" "$results/gpu" "$results/profile" "$results/zoo" "$results/sampling"
+  mkdir -p "$results/gpu-check" "$results/gpu" "$results/profile" "$results/zoo" "$results/sampling" \
+    "$results/realistic"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/nvidia-smi.txt"
   python3 -c 'import fusebox_server.http.app, fusebox_sidecar.__main__, torchao.quantization
 import transformers.cli.serving.server, transformers, torch, torchao
 print("imports ok: transformers", transformers.__version__, "torch", torch.__version__,
       "torchao", torchao.__version__)' 2>&1 | tee "$OUT/run.log"
-  pack() { tar -czf "$OUT/results.tar.gz" -C "$results" gpu-check gpu profile zoo sampling; }
+  pack() { tar -czf "$OUT/results.tar.gz" -C "$results" gpu-check gpu profile zoo sampling realistic; }
   trap pack EXIT
   steps=" ${GPU_STEPS:-check profile bench} "
   # Each script keeps to its budget and writes its files as it goes; the
@@ -100,6 +111,24 @@ print("imports ok: transformers", transformers.__version__, "torch", torch.__ver
     timeout -k 10 $((bench_seconds + 25)) python3 bench/gpu_bench.py --work-dir /tmp/gpu-bench \
       --out "$results/gpu" --budget-seconds "$bench_seconds" "${@:2}" 2>&1 | tee -a "$OUT/run.log" \
       || echo "gpu_bench: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
+    pack
+  fi
+  if [[ $steps == *" realistic "* ]]; then
+    echo "== gpu_realistic ==" | tee -a "$OUT/run.log"
+    realistic_seconds=${GPU_REALISTIC_SECONDS:-$((590 - SECONDS))}
+    if (( realistic_seconds < 120 )); then
+      echo "gpu_realistic: skipped, ${realistic_seconds} s left (run it alone: GPU_STEPS=realistic)" \
+        | tee -a "$OUT/run.log"
+      exit 0
+    fi
+    # The 16 GB model is written once and read by every server: in memory when /dev/shm
+    # has room (seconds), else on local disk.
+    work=/tmp/gpu-realistic
+    shm_free_kib=$(df -k --output=avail /dev/shm 2>/dev/null | tail -1 || echo 0)
+    if (( ${shm_free_kib:-0} > 40000000 )); then work=/dev/shm/gpu-realistic; fi
+    timeout -k 10 $((realistic_seconds + 20)) python3 bench/gpu_realistic.py \
+      --work-dir "$work" --out "$results/realistic" --budget-seconds "$realistic_seconds" \
+      2>&1 | tee -a "$OUT/run.log" || echo "gpu_realistic: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
   fi
   ;;
 *)
