@@ -36,6 +36,16 @@ alone and the file keeps the others; each records its load average):
   requests and over those that carry the shared system prompt, the medians
   of the per-round ratios (cached / uncached), the cache's stats, and whether
   the two servers' greedy texts agree request for request.
+- `chunk`: the chunked-prefill lever. For each `--chunk-sizes` value (0:
+  whole prompts, the server before the lever), one server: `--chunk-clients`
+  streams run (short prompts, long answers, a closed loop so some always
+  run); after `--chunk-steady-seconds` of steady state, a warm-up joiner and
+  `--chunk-joiners` prompts of `--chunk-joiner-tokens` tokens join one at a
+  time. The running streams' inter-token gaps are split into those
+  overlapping a joiner's prefill (its send to its first token) and those
+  clear of every joiner; p50/p99 of each, their ratio, each stream's longest
+  gap per prefill (its stall), and the joiners' time to first token;
+  `--rounds` rounds, the sizes alternating, medians of the rounds.
 
     nice -n 19 .venv/bin/python bench/realistic_bench.py [--scale 4] [--phases lever,c1,...]
 """
@@ -43,8 +53,10 @@ alone and the file keeps the others; each records its load average):
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
+import math
 import os
 import shlex
 import statistics
@@ -56,20 +68,28 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench import server_bench, traffic  # noqa: E402  (the repository root is on the path only now)
 from bench.serving_metrics import ResponseRecord, percentile, summarize  # noqa: E402
-from bench.workload import Workload, WorkloadShape, build_workload, poisson_arrivals  # noqa: E402
+from bench.workload import (  # noqa: E402
+    Workload,
+    WorkloadShape,
+    build_workload,
+    poisson_arrivals,
+)
 
-PHASES = ("lever", "c1", "sweep", "c16", "open", "prefix")
+PHASES = ("lever", "c1", "sweep", "c16", "open", "prefix", "chunk")
 TARGETS = {
     "c16_tokens_per_second_ratio_at_least": 1.2,
     "c16_ttft_p99_ratio_at_most": 0.8,
     "c1_latency_ratio_at_most": 1.05,
     "prefix_cache_ttft_ratio_at_most": 0.3,
+    "chunked_prefill_itl_p99_ratio_at_most": 2.0,
 }
 # Peer settings the CPU allows: attention (sdpa, or eager, which CB runs as paged|eager),
 # the cache's size in blocks (CB's sdpa path attends over the whole cache with a mask, so
@@ -432,6 +452,11 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
                 model_dir, workdir, fusebox_flags, count_tokens, workload, arguments
             )
             write(arguments, result, responses)
+        if "chunk" in phases:
+            result["chunk"], responses["chunk"] = chunked_prefill_lever(
+                model_dir, workdir, fusebox_flags, count_tokens, arguments
+            )
+            write(arguments, result, responses)
     result["verdict"] = verdict(result)
     write(arguments, result, responses)
     return result
@@ -499,6 +524,189 @@ def prefix_cache_lever(
     ]
     saved = {name: [[r.to_json() for r in run] for run in runs] for name, runs in rounds.items()}
     return part, saved
+
+
+def chunked_prefill_lever(
+    model_dir: Path,
+    workdir: Path,
+    flags: dict[str, Any],
+    count_tokens: Callable[[str], int],
+    arguments: argparse.Namespace,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Running streams while long prompts join, one server per chunk size, in turn, for
+    `--rounds` rounds (the sizes alternate, so the host's load falls on all of them).
+
+    The prefix cache is off (`--prefix-cache-bytes 0`), so every joiner's
+    prompt runs in full and the chunk size alone differs between the servers;
+    every server gets the same running requests and the same joiners, the
+    first of which warms the server up (a new shape's first pass) and is not
+    counted.
+    """
+    running = build_workload(
+        256,
+        count_tokens,
+        WorkloadShape(prompt_tokens=(32, 64), output_tokens=(1024, 1024), system_prompt_share=0),
+        seed=arguments.seed + 3000,
+    )
+    tokens = arguments.chunk_joiner_tokens
+    joiners = build_workload(
+        arguments.chunk_joiners + 1,
+        count_tokens,
+        WorkloadShape(
+            prompt_tokens=(tokens, tokens), output_tokens=(16, 16), system_prompt_share=0
+        ),
+        seed=arguments.seed + 4000,
+    )
+    part: dict[str, Any] = {
+        "running_streams": arguments.chunk_clients,
+        "running_prompt_tokens": [32, 64],
+        "joiner_prompt_tokens": tokens,
+        "joiners_per_round": arguments.chunk_joiners,
+        "warmup_joiners": 1,
+        "steady_seconds": arguments.chunk_steady_seconds,
+        "rounds": arguments.rounds,
+        "prefix_cache_bytes": 0,
+        "settings": {},
+    }
+    saved: dict[str, Any] = {}
+    for _ in range(arguments.rounds):
+        for chunk in arguments.chunk_sizes:
+            server, url, _ = server_bench.start_fusebox(
+                model_dir, workdir, **flags, prefix_cache_bytes=0, prefill_chunk_tokens=chunk
+            )
+            try:
+                streams, joined = asyncio.run(
+                    joiners_under_load(
+                        url,
+                        FUSEBOX_MODEL,
+                        running,
+                        joiners,
+                        arguments.chunk_clients,
+                        arguments.chunk_steady_seconds,
+                    )
+                )
+            finally:
+                server_bench.stop(server)
+            rounds = part["settings"].setdefault(str(chunk), {"rounds": []})["rounds"]
+            rounds.append(joiner_figures(streams, joined[1:]) | host_load())
+            saved.setdefault(str(chunk), []).append(
+                {
+                    "running": [record.to_json() for record in streams],
+                    "joiners": [record.to_json() for record in joined],
+                }
+            )
+    for figures_of in part["settings"].values():
+        rounds = figures_of["rounds"]
+        for name in ("itl_p99_ratio", "itl_p50_ratio", "stall_ratio", "joiner_ttft_p50_seconds"):
+            figures_of[name] = statistics.median(figures[name] for figures in rounds)
+    whole = part["settings"].get("0")
+    if whole is not None:
+        for figures_of in part["settings"].values():
+            figures_of["joiner_ttft_p50_vs_whole"] = (
+                figures_of["joiner_ttft_p50_seconds"] / whole["joiner_ttft_p50_seconds"]
+            )
+    return part, saved
+
+
+async def joiners_under_load(
+    url: str,
+    model: str,
+    running: Workload,
+    joiners: Workload,
+    clients: int,
+    steady_seconds: float,
+) -> tuple[list[ResponseRecord], list[ResponseRecord]]:
+    """`clients` streams run (each sends its next request when one ends); after
+    `steady_seconds` the joiners are sent one at a time, each after the last one ended
+    and a pause as long as its prefill took; the running streams are then cut."""
+    streams: list[ResponseRecord] = []
+    queue = list(reversed(running.requests))
+    limits = httpx.Limits(max_connections=clients + 4)
+    async with httpx.AsyncClient(
+        base_url=url, limits=limits, timeout=httpx.Timeout(traffic.REQUEST_TIMEOUT_SECONDS)
+    ) as client:
+
+        async def one_client() -> None:
+            while queue:
+                request = queue.pop()
+                record = ResponseRecord(request.index, scheduled=time.perf_counter())
+                streams.append(record)
+                await traffic.stream_one(client, model, request, record)
+
+        tasks = [asyncio.create_task(one_client()) for _ in range(clients)]
+        await asyncio.sleep(steady_seconds)
+        joined: list[ResponseRecord] = []
+        for request in joiners.requests:
+            record = ResponseRecord(request.index, scheduled=time.perf_counter())
+            await traffic.stream_one(client, model, request, record)
+            joined.append(record)
+            first = record.chunk_times[0] if record.chunk_times else record.finished
+            await asyncio.sleep(first - record.sent)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return streams, joined
+
+
+def joiner_figures(
+    streams: Sequence[ResponseRecord], joined: Sequence[ResponseRecord]
+) -> dict[str, Any]:
+    """The running streams' gaps during a joiner's prefill (overlapping its send to its first
+    token) and clear of every joiner (from its send to its end), and the joiners' TTFT.
+
+    The longest gap of each running stream in each joiner's prefill (its
+    stall) is reported beside the pooled percentiles: a whole prefill makes
+    one long gap per stream, which a pooled p99 of few gaps reads as its
+    maximum, and a stream whose text is held back (bytes of a partial
+    character) makes long gaps in any setting.
+    """
+    prefills = [
+        (record.sent, record.chunk_times[0] if record.chunk_times else record.finished)
+        for record in joined
+    ]
+    joiners_busy = [(record.sent, record.finished) for record in joined]
+
+    def overlaps(earlier: float, later: float, windows: Sequence[tuple[float, float]]) -> bool:
+        return any(earlier < end and later > start for start, end in windows)
+
+    during: list[float] = []
+    steady: list[float] = []
+    stalls: list[float] = []
+    chunks_during = [0] * len(prefills)
+    for record in streams:
+        pairs = list(zip(record.chunk_times, record.chunk_times[1:], strict=False))
+        for earlier, later in pairs:
+            if overlaps(earlier, later, prefills):
+                during.append(later - earlier)
+            elif not overlaps(earlier, later, joiners_busy):
+                steady.append(later - earlier)
+        for index, window in enumerate(prefills):
+            gaps = [
+                later - earlier for earlier, later in pairs if overlaps(earlier, later, [window])
+            ]
+            if gaps:
+                stalls.append(max(gaps))
+            start, end = window
+            chunks_during[index] += sum(1 for moment in record.chunk_times if start < moment < end)
+    ttft = [record.chunk_times[0] - record.sent for record in joined if record.chunk_times]
+    steady_p50, steady_p99 = percentile(steady, 0.5), percentile(steady, 0.99)
+    during_p50, during_p99 = percentile(during, 0.5), percentile(during, 0.99)
+    stall = statistics.median(stalls) if stalls else math.nan
+    return {
+        "steady_itl_seconds": {"p50": steady_p50, "p99": steady_p99},
+        "steady_gaps": len(steady),
+        "during_prefill_itl_seconds": {"p50": during_p50, "p99": during_p99},
+        "during_prefill_gaps": len(during),
+        "itl_p99_ratio": during_p99 / steady_p99,
+        "itl_p50_ratio": during_p50 / steady_p50,
+        "stall_median_seconds": stall,
+        "stall_ratio": stall / steady_p99,
+        "running_text_chunks_during_each_prefill": chunks_during,
+        "joiner_ttft_p50_seconds": percentile(ttft, 0.5),
+        "joiner_ttft_seconds": ttft,
+        "joiner_errors": [record.error for record in joined if record.error],
+        "running_errors": sum(1 for record in streams if record.error),
+    }
 
 
 def with_system_prompt(workload: Workload, system_prompt: str) -> Workload:
@@ -617,6 +825,13 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
             "value": ratio,
             "met": ratio <= TARGETS["prefix_cache_ttft_ratio_at_most"],
         }
+    if "chunk" in result:
+        for chunk, figures_of in result["chunk"]["settings"].items():  # medians of rounds
+            checks[f"chunked_prefill_itl_p99_ratio_chunk_{chunk}"] = {
+                "value": figures_of["itl_p99_ratio"],
+                "met": figures_of["itl_p99_ratio"]
+                <= TARGETS["chunked_prefill_itl_p99_ratio_at_most"],
+            }
     if "c1" in result:
         ratio = result["c1"]["median_ratio"]
         checks["c1_latency_ratio"] = {
@@ -657,6 +872,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=list(PHASES),
         help=f"comma-separated, of {','.join(PHASES)}",
     )
+    parser.add_argument(
+        "--chunk-sizes",
+        type=lambda text: [int(size) for size in text.split(",") if size],
+        default=[0, 32, 64, 128, 256],
+        help="the chunk phase's --prefill-chunk-tokens values, comma-separated (0: whole)",
+    )
+    parser.add_argument("--chunk-clients", type=int, default=4, help="running streams")
+    parser.add_argument("--chunk-joiners", type=int, default=5)
+    parser.add_argument("--chunk-joiner-tokens", type=int, default=2048)
+    parser.add_argument("--chunk-steady-seconds", type=float, default=4.0)
     parser.add_argument("--out", type=Path, default=Path("bench/results/realistic.json"))
     parser.add_argument(
         "--responses", type=Path, default=Path("bench/results/realistic-responses.json")
