@@ -896,16 +896,16 @@ def admission_probe(
         left = seconds - (time.perf_counter() - started)
         growth = level / previous if previous else 1.0
         if not next_level_fits(last_cost, left, growth):
+            took = "none ran" if last_cost is None else f"the last level took {last_cost:.0f} s"
             run.trimmed.append(
-                f"admission: {level} concurrent requests not tried (the last level took "
-                f"{last_cost:.0f} s; {left:.0f} s were left)"
+                f"admission: {level} concurrent requests not tried ({took}; {left:.0f} s left)"
             )
             break
         began = time.perf_counter()
         requests = traffic_of.admission.requests[:level]
-        records = closed_loop(
-            url, FUSEBOX_MODEL, requests, level, 1e9, run.config.request_timeout_seconds
-        )
+        # Every request is sent at once; none may outlive what is left of the probe's share.
+        timeout = min(run.config.request_timeout_seconds, max(MIN_REQUEST_TIMEOUT_SECONDS, left))
+        records = closed_loop(url, FUSEBOX_MODEL, requests, level, 1e9, timeout)
         last_cost, previous = time.perf_counter() - began, level
         refused = [record for record in records if record.error]
         statuses: dict[str, int] = {}
@@ -923,6 +923,11 @@ def admission_probe(
             }
         )
         run.progress(f"admission {level}: served {len(records) - len(refused)}, {statuses}")
+        if statuses.get(TIMEOUT.rstrip(":")):
+            run.trimmed.append(
+                f"admission: at {level}, {statuses[TIMEOUT.rstrip(':')]} requests were cut at "
+                f"{timeout:.0f} s (the probe's share), not refused: the level is inconclusive"
+            )
         if refused:
             break
     served_all = [entry["concurrent"] for entry in levels if not entry["refused_or_failed"]]
