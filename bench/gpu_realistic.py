@@ -80,7 +80,11 @@ if str(REPO) not in sys.path:
 
 from bench import loopback, traffic  # noqa: E402  (the repository root is on the path only now)
 from bench.gpu_bench import Budget  # noqa: E402
-from bench.realistic_bench import agreement, paired_ttft_p99  # noqa: E402
+from bench.realistic_bench import (  # noqa: E402
+    agreement,
+    paired_ttft_p99,
+    with_system_prompt,
+)
 from bench.serving_metrics import ResponseRecord, summarize  # noqa: E402
 from bench.workload import (  # noqa: E402
     Workload,
@@ -764,11 +768,17 @@ def _atomic_write(path: Path, text: str) -> None:
 
 @dataclass
 class Traffic:
-    """The requests every server gets: a closed-loop pool, the open-loop set, warm-up,
-    c=1 and the admission probe's 2,048-token prompts."""
+    """The requests every server gets: a workload per closed round (by client count) and
+    per open rate, the warm-up, c=1 and the admission probe's 2,048-token prompts.
 
-    closed: Workload
-    open: Workload
+    Each round draws its own prompts (a prompt sent twice to one server would hit
+    Fusebox's prefix cache whole, which no user's traffic does); the closed and open
+    rounds share the warm-up's system prompt, as a deployment's system prompt outlives
+    every conversation, so from the first round on its 30% are the hits a cache earns.
+    """
+
+    closed: dict[int, Workload]
+    open: dict[str, Workload]
     warmup: Workload
     c1: Workload
     admission: Workload
@@ -776,12 +786,23 @@ class Traffic:
 
 def make_traffic(config: RealisticConfig, count_tokens: Callable[[str], int]) -> Traffic:
     shape = WorkloadShape().scaled(config.scale) if config.scale > 1 else WorkloadShape()
-    most = max(round_requests(count, config.requests_per_client) for count in config.clients)
     long_prompt = shape.prompt_tokens[1]
+    warmup = build_workload(config.warmup_requests, count_tokens, shape, seed=1034)
+
+    def drawn(count: int, seed: int) -> Workload:
+        fresh = build_workload(count, count_tokens, shape, seed=seed)
+        return with_system_prompt(fresh, warmup.system_prompt)
+
     return Traffic(
-        closed=build_workload(most, count_tokens, shape, seed=34),
-        open=build_workload(config.open_requests, count_tokens, shape, seed=35),
-        warmup=build_workload(config.warmup_requests, count_tokens, shape, seed=1034),
+        closed={
+            count: drawn(round_requests(count, config.requests_per_client), 34 + position)
+            for position, count in enumerate(config.clients)
+        },
+        open={
+            rate_key(rate): drawn(config.open_requests, 134 + position)
+            for position, rate in enumerate(config.open_rates)
+        },
+        warmup=warmup,
         c1=build_workload(config.c1_requests + 1, count_tokens, shape, seed=36),
         admission=build_workload(
             max(config.admission_levels),
@@ -795,6 +816,11 @@ def make_traffic(config: RealisticConfig, count_tokens: Callable[[str], int]) ->
             seed=37,
         ),
     )
+
+
+def rate_key(rate: float) -> str:
+    """An open-loop rate as the results name it: 2.0 -> "2"."""
+    return f"{rate:g}"
 
 
 def serve_rounds(
@@ -833,13 +859,11 @@ def serve_rounds(
             continue
         if kind == "closed":
             count = int(value)
-            requests = traffic_of.closed.requests[
-                : round_requests(count, config.requests_per_client)
-            ]
+            requests = traffic_of.closed[count].requests
             records = closed_loop(url, model, requests, count, round_seconds * SEND_SHARE, timeout)
             key = str(count)
         else:
-            requests = traffic_of.open.requests
+            requests = traffic_of.open[rate_key(value)].requests
             send_times = poisson_arrivals(len(requests), float(value), seed=35)
             records = open_loop(
                 url,
@@ -849,7 +873,7 @@ def serve_rounds(
                 round_seconds * SEND_SHARE,
                 timeout,
             )
-            key = f"{value:g}"
+            key = rate_key(value)
         figures = round_figures(records, len(requests))
         if figures["not_sent"]:
             run.trimmed.append(
@@ -1106,8 +1130,12 @@ def child_spec(run: Run, model_dir: Path, traffic_of: Traffic) -> dict[str, Any]
     return {
         "config": asdict(run.config),
         "model_dir": str(model_dir),
-        "closed": [request_to_json(r) for r in traffic_of.closed.requests],
+        "closed": {
+            str(count): [request_to_json(r) for r in workload.requests]
+            for count, workload in traffic_of.closed.items()
+        },
         "c1": [request_to_json(r) for r in traffic_of.c1.requests],
+        "warmup": [request_to_json(r) for r in traffic_of.warmup.requests],
     }
 
 
@@ -1131,16 +1159,21 @@ def engine_child(spec: dict[str, Any], part_path: Path) -> None:
     if config.threads > 0:
         torch.set_num_threads(config.threads)
     model_dir = Path(spec["model_dir"])
-    requests = [request_from_json(r) for r in spec["closed"]]
     tokenizer = load_tokenizer(model_dir)
-    ids = [
-        tuple(
-            tokenizer.apply_chat_template(
-                r.messages(), add_generation_prompt=True, tokenize=True, return_dict=True
+
+    def encoded(requests: list[dict[str, Any]]) -> list[tuple[WorkloadRequest, tuple[int, ...]]]:
+        """Each request with its prompt's ids, as the server's chat template makes them."""
+        pairs = []
+        for data in requests:
+            request = request_from_json(data)
+            ids = tokenizer.apply_chat_template(
+                request.messages(), add_generation_prompt=True, tokenize=True, return_dict=True
             )["input_ids"]
-        )
-        for r in requests
-    ]
+            pairs.append((request, tuple(ids)))
+        return pairs
+
+    warmup = encoded(spec["warmup"])
+    by_clients = {int(count): encoded(requests) for count, requests in spec["closed"].items()}
     started = time.perf_counter()
     loaded = load_model(
         "primary",
@@ -1166,7 +1199,9 @@ def engine_child(spec: dict[str, Any], part_path: Path) -> None:
         worker.loaded = loaded
         worker.start()
 
-        async def one(index: int, record: ResponseRecord) -> None:
+        async def one(
+            request: WorkloadRequest, ids: tuple[int, ...], record: ResponseRecord
+        ) -> None:
             done: asyncio.Future[Any] = loop.create_future()
 
             def deliver(event: Any) -> None:
@@ -1181,10 +1216,10 @@ def engine_child(spec: dict[str, Any], part_path: Path) -> None:
             record.sent = time.perf_counter()
             worker.submit(
                 GenerationJob(
-                    request_id=str(index),
+                    request_id=str(request.index),
                     variant="primary",
-                    prompt_ids=ids[index],
-                    settings=DecodeSettings(requests[index].max_tokens, 0.0, 1.0, None, ()),
+                    prompt_ids=ids,
+                    settings=DecodeSettings(request.max_tokens, 0.0, 1.0, None, ()),
                     deadline_monotonic=time.monotonic() + config.request_timeout_seconds,
                     tokenizer=tokenizer,
                     deliver=deliver,  # the worker posts each event onto this loop
@@ -1195,29 +1230,30 @@ def engine_child(spec: dict[str, Any], part_path: Path) -> None:
             if isinstance(event, Finished):
                 record.finish_reason = event.reason
                 record.completion_tokens = event.completion_tokens
-                record.prompt_tokens = len(ids[index])
+                record.prompt_tokens = len(ids)
             else:
                 record.error = repr(getattr(event, "error", event))
 
-        async def closed(count: int, total: int) -> list[ResponseRecord]:
-            queue = list(reversed(range(total)))
+        async def closed(
+            count: int, pairs: list[tuple[WorkloadRequest, tuple[int, ...]]]
+        ) -> list[ResponseRecord]:
+            queue = list(reversed(pairs))
             records: list[ResponseRecord] = []
 
             async def client() -> None:
                 while queue:
-                    index = queue.pop()
-                    record = ResponseRecord(index, scheduled=time.perf_counter())
+                    request, ids = queue.pop()
+                    record = ResponseRecord(request.index, scheduled=time.perf_counter())
                     records.append(record)
-                    await one(index, record)
+                    await one(request, ids, record)
 
             await asyncio.gather(*(client() for _ in range(count)))
             return records
 
-        await closed(min(4, len(ids)), min(4, len(ids)))  # warm-up
+        await closed(len(warmup), warmup)  # as the server's warm-up: its system prompt cached
         for count in config.clients:
-            total = min(len(ids), round_requests(count, config.requests_per_client))
-            records = await closed(count, total)
-            part["closed"][str(count)] = summarize(records) | {"offered": total}
+            records = await closed(count, by_clients[count])
+            part["closed"][str(count)] = summarize(records) | {"offered": len(by_clients[count])}
             _write_part(part_path, part)
         worker.stop()
 
@@ -1271,7 +1307,8 @@ def _generate_baselines(spec: dict[str, Any], part_path: Path) -> None:
         "disable_compile": not config.compile_generate,
     }
     c1 = [request_from_json(r) for r in spec["c1"]]
-    batch = [request_from_json(r) for r in spec["closed"]][: config.static_batch_rows]
+    headline = spec["closed"][str(config.clients[0])]
+    batch = [request_from_json(r) for r in headline][: config.static_batch_rows]
     longest = max(r.prompt_tokens for r in [*c1, *batch]) + 64  # the template's tokens
     cache_len = longest + max(r.max_tokens for r in [*c1, *batch])
 
@@ -1395,8 +1432,8 @@ def run_all(
     run.tokenizer = tokenizer
     traffic_of = make_traffic(config, count_tokens)
     run.result["workload"] = {
-        "closed": traffic_of.closed.describe(),
-        "open": traffic_of.open.describe(),
+        "closed": {str(count): w.describe() for count, w in traffic_of.closed.items()},
+        "open": {rate: w.describe() for rate, w in traffic_of.open.items()},
         "admission": traffic_of.admission.describe(),
     }
     run.write()

@@ -121,20 +121,31 @@ def test_the_traffic_is_the_workload_at_the_configured_scale() -> None:
     dry = realistic.for_dry_run()
     traffic = realistic.make_traffic(dry, _fake_tokens)
 
-    closed = traffic.closed.describe()
-    assert closed["scale"] == 8
-    assert closed["prompt_tokens_range"] == [32, 256]
-    assert closed["output_tokens_range"] == [8, 64]
-    assert len(traffic.closed.requests) == max(
-        realistic.round_requests(count, dry.requests_per_client) for count in dry.clients
-    )
-    assert all(8 <= r.max_tokens <= 64 for r in traffic.closed.requests)
+    assert sorted(traffic.closed) == sorted(dry.clients)
+    for count, workload in traffic.closed.items():
+        closed = workload.describe()
+        assert closed["scale"] == 8
+        assert closed["prompt_tokens_range"] == [32, 256]
+        assert closed["output_tokens_range"] == [8, 64]
+        assert len(workload.requests) == realistic.round_requests(count, dry.requests_per_client)
+        assert all(8 <= r.max_tokens <= 64 for r in workload.requests)
+    assert sorted(traffic.open) == ["1", "2", "4"]
     # The admission probe's prompts are all of the longest length, with no system prompt.
     assert len(traffic.admission.requests) == max(dry.admission_levels)
     assert {r.max_tokens for r in traffic.admission.requests} == {dry.admission_new_tokens}
     assert all(r.system is None for r in traffic.admission.requests)
     assert all(abs(r.prompt_tokens - 256) <= 2 for r in traffic.admission.requests)
     assert len(traffic.c1.requests) == dry.c1_requests + 1  # the first is a warm-up
+
+
+def test_no_prompt_repeats_across_rounds_but_the_system_prompt_is_the_deployments() -> None:
+    traffic = realistic.make_traffic(realistic.for_dry_run(), _fake_tokens)
+    rounds = [*traffic.closed.values(), *traffic.open.values()]
+
+    users = [request.user for workload in rounds for request in workload.requests]
+    assert len(users) == len(set(users))
+    systems = {request.system for w in rounds for request in w.requests} - {None}
+    assert systems == {traffic.warmup.system_prompt}
 
 
 def test_the_gpu_traffic_is_the_full_shape() -> None:
@@ -144,7 +155,8 @@ def test_the_gpu_traffic_is_the_full_shape() -> None:
 
 
 def test_a_request_survives_the_trip_to_a_child_process() -> None:
-    request = realistic.make_traffic(realistic.for_dry_run(), _fake_tokens).closed.requests[0]
+    traffic = realistic.make_traffic(realistic.for_dry_run(), _fake_tokens)
+    request = traffic.closed[4].requests[0]
     assert realistic.request_from_json(realistic.request_to_json(request)) == request
 
 
