@@ -57,6 +57,9 @@ class Family:
     digits_per_token: int = 3
     # Texts the template's tests expect to see in a rendered system + two turns.
     turn_markers: tuple[str, ...] = field(default=())
+    # Tokens of special_tokens that the family's release marks not special, so decoding
+    # keeps them in the text: Qwen's `<tool_call>` markers, which call parsers read.
+    plain_tokens: frozenset[str] = frozenset()
 
     @property
     def vocab_size(self) -> int:
@@ -122,6 +125,8 @@ _QWEN_SPECIALS = {
     "<tool_call>": 151657,
     "</tool_call>": 151658,
 }
+# Qwen 2.5 and 3 releases add the call markers as ordinary (not special) tokens.
+_QWEN_PLAIN = frozenset({"<tool_call>", "</tool_call>"})
 
 QWEN2_5 = Family(
     name="qwen2.5",
@@ -146,6 +151,7 @@ QWEN2_5 = Family(
     },
     tokenizer_kind="byte_level",
     special_tokens=_QWEN_SPECIALS,
+    plain_tokens=_QWEN_PLAIN,
     digits_per_token=1,
     bos_token=None,
     eos_token="<|im_end|>",
@@ -181,6 +187,7 @@ QWEN3 = Family(
     },
     tokenizer_kind="byte_level",
     special_tokens=_QWEN_SPECIALS,
+    plain_tokens=_QWEN_PLAIN,
     digits_per_token=1,
     bos_token=None,
     eos_token="<|im_end|>",
@@ -352,6 +359,7 @@ QWEN2_MOE = Family(
     },
     tokenizer_kind="byte_level",
     special_tokens=_QWEN_SPECIALS,
+    plain_tokens=_QWEN_PLAIN,
     digits_per_token=1,
     bos_token=None,
     eos_token="<|im_end|>",

@@ -85,7 +85,9 @@ def _as_released(directory: Path, family: Family) -> None:
         if value is not None
     }
     specials["additional_special_tokens"] = [  # type: ignore[assignment]
-        token for token in family.special_tokens if token not in specials.values()
+        token
+        for token in family.special_tokens
+        if token not in specials.values() and token not in family.plain_tokens
     ]
     (directory / "special_tokens_map.json").write_text(
         json.dumps(specials, indent=2) + "\n", encoding="utf-8"

@@ -79,13 +79,26 @@ def _laid_out(family: Family, learned: list[str], fixed: dict[str, int]) -> dict
     return vocab
 
 
-def _specials(family: Family) -> list[Any]:
+def _add_family_tokens(tokenizer: Any, family: Family) -> None:
+    """The family's added tokens at their ids: special ones (never split, dropped when
+    decoding skips specials) and the plain ones its release decodes as text."""
     from tokenizers import AddedToken
 
-    return [
-        AddedToken(token, special=True, normalized=False)
-        for token in sorted(family.special_tokens, key=family.special_tokens.__getitem__)
-    ]
+    ordered = sorted(family.special_tokens, key=family.special_tokens.__getitem__)
+    tokenizer.add_special_tokens(
+        [
+            AddedToken(t, special=True, normalized=False)
+            for t in ordered
+            if t not in family.plain_tokens
+        ]
+    )
+    tokenizer.add_tokens(
+        [
+            AddedToken(t, special=False, normalized=False)
+            for t in ordered
+            if t in family.plain_tokens
+        ]
+    )
 
 
 def _with_bos(tokenizer: Any, family: Family) -> None:
@@ -124,7 +137,7 @@ def byte_level(family: Family) -> Any:
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tokenizer.pre_tokenizer = pre_tokenizer
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens(_specials(family))
+    _add_family_tokens(tokenizer, family)
     _with_bos(tokenizer, family)
     return tokenizer
 
@@ -151,7 +164,7 @@ def sentencepiece(family: Family) -> Any:
     if family.prefix_space:
         steps.append(decoders.Strip(" ", 1, 0))  # the space the pre-tokenizer prepended
     tokenizer.decoder = decoders.Sequence(steps)
-    tokenizer.add_special_tokens(_specials(family))
+    _add_family_tokens(tokenizer, family)
     _with_bos(tokenizer, family)
     return tokenizer
 

@@ -110,6 +110,20 @@ def test_the_special_tokens_sit_at_the_familys_ids(release: tuple[Family, Path])
         assert with_specials[0] == family.token_id(family.bos_token)
 
 
+def test_only_special_tokens_are_dropped_when_decoding_skips_specials(
+    release: tuple[Family, Path],
+) -> None:
+    """A server decodes with skip_special_tokens: Qwen's `<tool_call>` markers must stay in
+    the text (its call parser reads them), as its releases mark them not special."""
+    family, directory = release
+    tokenizer = _tokenizer(directory)
+    for token, token_id in family.special_tokens.items():
+        kept = tokenizer.decode([token_id], skip_special_tokens=True)
+        assert kept == (token if token in family.plain_tokens else ""), token
+    if family.name.startswith("qwen"):
+        assert family.plain_tokens == {"<tool_call>", "</tool_call>"}
+
+
 def test_text_with_chinese_and_emoji_round_trips(release: tuple[Family, Path]) -> None:
     family, directory = release
     tokenizer = _tokenizer(directory)
