@@ -211,3 +211,36 @@ def test_without_chunks_a_joining_prompt_runs_whole_in_one_turn(
     )
     assert interleaved == 0
     assert tokens == 4
+
+
+def test_a_prompt_cancelled_between_its_chunks_ends_once_and_the_next_long_prompt_goes_on(
+    tiny_model_dir: Path, tiny_tokenizer: Any
+) -> None:
+    async def scenario() -> tuple[list[Any], list[Any], int]:
+        worker = InferenceWorker(
+            asyncio.get_running_loop(), Faults({}), inbox_size=8, prefill_chunk_tokens=32
+        )
+        worker.loaded = load_model(
+            "primary", tiny_model_dir, "none", torch.device("cpu"), tiny_tokenizer
+        )
+        first_log: list[Any] = []
+        second_log: list[Any] = []
+        first = _job(tiny_tokenizer, tuple(range(10, 210)), 4, first_log)
+        second = _job(tiny_tokenizer, tuple(range(20, 220)), 4, second_log)
+        worker.submit(first)
+        worker.submit(second)
+        worker._turn()
+        worker._turn()  # two of the first prompt's chunks have run
+        first.cancelled.set()
+        turns = 0
+        while not second.ended.is_set() and turns < 50:
+            worker._turn()
+            turns += 1
+        await asyncio.sleep(0)  # the posted events arrive
+        return first_log, second_log, second.completion_tokens
+
+    first_log, second_log, second_tokens = asyncio.run(scenario())
+    assert [type(event) for event in first_log] == [Finished]
+    assert first_log[0].reason == "cancelled" and first_log[0].completion_tokens == 0
+    assert second_tokens == 4
+    assert isinstance(second_log[-1], Finished) and second_log[-1].reason == "length"
