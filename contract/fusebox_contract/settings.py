@@ -96,9 +96,10 @@ PREFIX_CACHE_BYTES = _s(
 PREFILL_CHUNK_TOKENS = _s(
     "prefill-chunk-tokens",
     int,
-    64,
+    None,
     "a prompt longer than this many tokens is prefilled in chunks of it, the running "
-    "streams decoding a token between chunks; 0 prefills every prompt whole",
+    "streams decoding a token between chunks; 0 prefills every prompt whole; unset: "
+    "64 on the CPU, whole on CUDA (not measured there yet)",
     wired=False,
 )
 TEMPLATES_FILE = _s("templates-file", str, None, "JSON list of prompts pre-encoded (re-read live)")

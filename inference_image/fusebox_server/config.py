@@ -109,7 +109,7 @@ class ServerConfig:
     request_timeout_seconds: float = 60.0
     tokenizer_cache_size: int = 10000
     prefix_cache_bytes: int = 1 << 30
-    prefill_chunk_tokens: int = 64
+    prefill_chunk_tokens: int | None = None  # None: the device's default (prefill_chunk_tokens_for)
     templates_file: Path | None = None
     canned_answers_file: Path | None = None
     quality_file: Path | None = None
@@ -294,6 +294,23 @@ def _config_from(args: Mapping[str, Any], *, read_files: bool = True) -> ServerC
     return config
 
 
+CPU_PREFILL_CHUNK_TOKENS = 64
+"""The CPU's chunk when --prefill-chunk-tokens is unset: measured on the llama3 zoo model,
+it bounds a running stream's stall by one chunk while keeping a 2,048-token joiner's first
+token within 1.3-1.5x of a whole prefill (docs/decisions/chunked-prefill.md)."""
+
+
+def prefill_chunk_tokens_for(device_type: str, configured: int | None) -> int:
+    """The chunk the worker prefills long prompts in; 0 prefills them whole.
+
+    Unset, CUDA prefills whole, as before chunking existed: there a chunk is one eager
+    forward pass of the whole model, launch-bound at the CPU's size, and no GPU run has
+    measured a better one yet. A set value wins on every device."""
+    if configured is not None:
+        return configured
+    return CPU_PREFILL_CHUNK_TOKENS if device_type == "cpu" else 0
+
+
 def validate(config: ServerConfig) -> None:
     for name in ("max_concurrency", "max_input_tokens", "max_new_tokens", "max_body_bytes"):
         if getattr(config, name) < 1:
@@ -301,7 +318,7 @@ def validate(config: ServerConfig) -> None:
     for name in ("max_queue", "tokenizer_cache_size", "prefix_cache_bytes", "torch_threads"):
         if getattr(config, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
-    if config.prefill_chunk_tokens < 0:
+    if config.prefill_chunk_tokens is not None and config.prefill_chunk_tokens < 0:
         raise ConfigError(
             "--prefill-chunk-tokens must not be negative (0 prefills every prompt whole)"
         )

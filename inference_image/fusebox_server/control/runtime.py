@@ -45,7 +45,7 @@ from fusebox_contract.names import (
     Variant,
     engaged_tiers,
 )
-from fusebox_server.config import ServerConfig
+from fusebox_server.config import ServerConfig, prefill_chunk_tokens_for
 from fusebox_server.control.accounting import RequestAccounting
 from fusebox_server.control.actions import ActionLog
 from fusebox_server.control.admission import Admission
@@ -220,7 +220,7 @@ class Runtime:
             self.config.max_concurrency + 64,
             self.config.torch_threads,
             self.config.prefix_cache_bytes,
-            self.config.prefill_chunk_tokens,
+            prefill_chunk_tokens_for(self.device.type, self.config.prefill_chunk_tokens),
         )
         self.variants.worker = self.worker
         self.worker.start()

@@ -21,6 +21,7 @@ from fusebox_server.config import (
     flags_table,
     parse_command_line,
     parse_config,
+    prefill_chunk_tokens_for,
 )
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "server.md"
@@ -246,3 +247,14 @@ def test_the_flags_table_in_the_docs_is_generated_from_the_settings() -> None:
     assert match.group(1) == flags_table(), (
         "docs/server.md's flags table is stale: paste fusebox_server.config.flags_table()"
     )
+
+
+def test_an_unset_prefill_chunk_is_64_on_the_cpu_and_whole_prompts_on_cuda() -> None:
+    """No GPU has measured a chunk size: CUDA keeps whole prefills unless told."""
+    unset = parse_config([], {"FUSEBOX_MODEL_DIR": "/m"}, read_files=False)
+    assert unset.prefill_chunk_tokens is None
+    assert prefill_chunk_tokens_for("cpu", unset.prefill_chunk_tokens) == 64
+    assert prefill_chunk_tokens_for("cuda", unset.prefill_chunk_tokens) == 0
+    for device in ("cpu", "cuda"):
+        assert prefill_chunk_tokens_for(device, 512) == 512
+        assert prefill_chunk_tokens_for(device, 0) == 0
