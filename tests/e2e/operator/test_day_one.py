@@ -325,7 +325,17 @@ def test_day_one_walks_from_a_tainted_pool_to_an_enforced_service(
             # assistant's scaled-down pods for a few scrapes).
             for name in ("chat", "assistant"):
                 assert f"{{'model_name': '{name}', 'service': '{name}'}} " in seen, seen
-            assert f"{ALERT} assistant-" not in seen, seen  # no leak there, no alert
+            # No leak in the assistant, so no alert that lasts. With the walk's one-minute
+            # trend window a fresh pod's warm-up (its first requests' allocations) can
+            # project past the limit for a few scrapes; a flat minute clears it, a leak
+            # would not (seen once in a loaded rehearsal).
+            wait_for(
+                "no FuseboxMemoryGrowing for the assistant, which does not leak",
+                lambda: f"{ALERT} assistant-" not in walk.run("monitoring"),
+                timeout=120,
+                every=5,
+                diagnose=lambda: walk.run("monitoring", check=False),
+            )
             assert re.search(r"\{'pod': 'day1-[\w-]+'\} [1-9]", seen), seen  # the operator ticks
 
             walk.run("enforce")

@@ -77,7 +77,10 @@ def queried_names(cluster: Any) -> set[str]:
 def test_a_pod_s_sidecar_serves_every_name_the_dashboard_and_the_alerts_read(
     cluster: Any, inference_service: ServiceFactory
 ) -> None:
-    spec = base_spec(breaker={"quality": {"sampleRate": 1.0}})
+    # A prefix cache of 512 MiB, not the default 1 GiB: the field reaches the server.
+    spec = base_spec(
+        breaker={"quality": {"sampleRate": 1.0}}, server={"prefixCache": {"maxBytes": "512Mi"}}
+    )
     service = inference_service("metrics", spec)
     wait_ready(service)
     pod = service.ready_pods()[0]
@@ -113,3 +116,4 @@ def test_a_pod_s_sidecar_serves_every_name_the_dashboard_and_the_alerts_read(
         assert samples[name.metric.bucket], name  # buckets present, queue included
     assert samples[Metric.GENERATION_TOKENS.sample][0][1] >= CHATS
     assert samples[Metric.REQUEST_QUEUE_LENGTH.sample][0][1] == 0
+    assert samples[Metric.PREFIX_CACHE_CAPACITY_BYTES.sample][0][1] == 512 * 2**20
