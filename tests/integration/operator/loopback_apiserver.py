@@ -141,3 +141,36 @@ def loopback_apiserver(
             process.wait(timeout=30)
         for log in logs:
             log.close()
+
+
+def kubectl(config: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """kubectl against the kubeconfig `config`; the caller checks the return code."""
+    return subprocess.run(
+        [str(BINARIES / "kubectl"), f"--kubeconfig={config}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@contextmanager
+def apiserver_with_crd(tmp: Path, *, token: str, namespace: str) -> Iterator[Path]:
+    """A loopback API server (RBAC, `token` an admin) holding the InferenceService CRD,
+    Established, and `namespace`: where the CRD's schema, defaults and CEL rules are
+    tested against the API server's own validation."""
+    skip_without_binaries("kubectl")
+    with loopback_apiserver(tmp, token=token, user="admin", authorization_mode="RBAC") as config:
+        applied = kubectl(config, "apply", "-f", str(REPO / "crds" / "inferenceservice.yaml"))
+        assert applied.returncode == 0, applied.stderr
+        ready = kubectl(
+            config,
+            "wait",
+            "--for=condition=Established",
+            "crd/inferenceservices.fusebox.dev",
+            "--timeout=60s",
+        )
+        assert ready.returncode == 0, ready.stderr
+        assert kubectl(config, "create", "namespace", namespace).returncode == 0
+        yield config

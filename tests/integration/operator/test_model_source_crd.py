@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .loopback_apiserver import BINARIES, REPO, loopback_apiserver, skip_without_binaries
+from .loopback_apiserver import REPO, apiserver_with_crd, kubectl
 
 pytestmark = pytest.mark.integration
 
@@ -23,37 +23,11 @@ NAMESPACE = "ml"
 EXAMPLES = REPO / "crds" / "examples"
 
 
-def kubectl(config: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(BINARIES / "kubectl"), f"--kubeconfig={config}", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 @pytest.fixture(scope="module")
 def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    skip_without_binaries("kubectl")
-    with loopback_apiserver(
-        tmp_path_factory.mktemp("apiserver"),
-        token=TOKEN,
-        user="admin",
-        authorization_mode="RBAC",
+    with apiserver_with_crd(
+        tmp_path_factory.mktemp("apiserver"), token=TOKEN, namespace=NAMESPACE
     ) as config:
-        applied = kubectl(config, "apply", "-f", str(REPO / "crds" / "inferenceservice.yaml"))
-        assert applied.returncode == 0, applied.stderr
-        ready = kubectl(
-            config,
-            "wait",
-            "--for=condition=Established",
-            "crd/inferenceservices.fusebox.dev",
-            "--timeout=60s",
-        )
-        assert ready.returncode == 0, ready.stderr
-        assert kubectl(config, "create", "namespace", NAMESPACE).returncode == 0
         yield config
 
 

@@ -222,3 +222,22 @@ def zoo_server(family: str, parent: Path, max_new_tokens: int) -> Iterator[Serve
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def streamed_calls(chunks: Any) -> tuple[dict[int, dict[str, str]], list[str | None], str]:
+    """A streamed chat's tool calls by index (id, name and arguments joined from their
+    deltas), every chunk's finish_reason (None until the last), and its content."""
+    calls: dict[int, dict[str, str]] = {}
+    finishes: list[str | None] = []
+    content = ""
+    for chunk in chunks:
+        for choice in chunk.choices:
+            finishes.append(choice.finish_reason)
+            content += choice.delta.content or ""
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] += delta.id or ""
+                if delta.function is not None:
+                    call["name"] += delta.function.name or ""
+                    call["arguments"] += delta.function.arguments or ""
+    return calls, finishes, content

@@ -19,7 +19,7 @@ from typing import Any
 
 import openai
 import pytest
-from fusebox_server_harness import MODEL_NAME, ServerProcess, zoo_server
+from fusebox_server_harness import MODEL_NAME, ServerProcess, streamed_calls, zoo_server
 
 from fusebox_contract.admin import DegradationRequest
 from fusebox_contract.names import DegradationLevel
@@ -156,26 +156,9 @@ def test_a_named_function_comes_back_as_its_call(client: openai.OpenAI) -> None:
     _check_weather_arguments(call.function.arguments)
 
 
-def _streamed_calls(chunks: Any) -> tuple[dict[int, dict[str, str]], list[str | None], str]:
-    calls: dict[int, dict[str, str]] = {}
-    finishes: list[str | None] = []
-    content = ""
-    for chunk in chunks:
-        for choice in chunk.choices:
-            finishes.append(choice.finish_reason)
-            content += choice.delta.content or ""
-            for delta in choice.delta.tool_calls or []:
-                call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
-                call["id"] += delta.id or ""
-                if delta.function is not None:
-                    call["name"] += delta.function.name or ""
-                    call["arguments"] += delta.function.arguments or ""
-    return calls, finishes, content
-
-
 def test_a_named_function_streams_as_call_deltas(client: openai.OpenAI) -> None:
     chunks = list(chat(client, tool_choice=NAMED, max_tokens=96, stream=True))
-    calls, finishes, content = _streamed_calls(chunks)
+    calls, finishes, content = streamed_calls(chunks)
     assert content == "" and finishes[-1] == "tool_calls"
     assert list(calls) == [0] and calls[0]["name"] == "get_weather"
     assert calls[0]["id"].startswith("call_")
@@ -203,7 +186,7 @@ def test_required_comes_back_as_one_or_more_calls_of_declared_tools(
     for call in calls:
         assert call.id.startswith("call_") and call.type == "function"
         _check_declared_call(call.function.name, call.function.arguments)
-    streamed, finishes, content = _streamed_calls(
+    streamed, finishes, content = streamed_calls(
         chat(client, tool_choice="required", max_tokens=128, stream=True)
     )
     assert content == "" and finishes[-1] == "tool_calls"
@@ -249,7 +232,7 @@ def test_required_gives_several_calls_when_the_model_writes_several(
             assert set(json.loads(call.function.arguments)) == expected
         counts.append(len(choice.message.tool_calls))
     assert max(counts) > 1, counts
-    streamed, finishes, _ = _streamed_calls(
+    streamed, finishes, _ = streamed_calls(
         chat(client, tools=[PING], tool_choice="required", max_tokens=128, stream=True)
     )
     assert finishes[-1] == "tool_calls" and list(streamed) == list(range(len(streamed)))
@@ -271,7 +254,7 @@ def test_required_without_parallel_calls_gives_exactly_one_call(client: openai.O
         (call,) = choice.message.tool_calls
         assert call.id.startswith("call_")
         _check_declared_call(call.function.name, call.function.arguments)
-    streamed, finishes, content = _streamed_calls(
+    streamed, finishes, content = streamed_calls(
         chat(client, tool_choice="required", parallel_tool_calls=False, max_tokens=128, stream=True)
     )
     assert content == "" and finishes[-1] == "tool_calls" and list(streamed) == [0]
@@ -316,7 +299,7 @@ def test_a_llama3_answer_in_its_call_format_comes_back_as_a_call(client: openai.
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_time"
     assert set(json.loads(call.function.arguments)) == {"zone"}
-    streamed, finishes, content = _streamed_calls(
+    streamed, finishes, content = streamed_calls(
         chat(client, response_format=shaped, max_tokens=64, stream=True)
     )
     assert content == "" and finishes[-1] == "tool_calls"

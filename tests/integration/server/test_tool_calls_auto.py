@@ -24,7 +24,7 @@ from typing import Any
 import openai
 import pytest
 import torch
-from fusebox_server_harness import MODEL_NAME, ServerProcess
+from fusebox_server_harness import MODEL_NAME, ServerProcess, streamed_calls
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Tokenizer
 
@@ -221,29 +221,13 @@ def test_a_call_of_an_undeclared_function_stays_text(server_of: Any) -> None:
     assert choice.message.content == HERMES.text
 
 
-def _streamed(chunks: list[Any]) -> tuple[str, dict[int, dict[str, str]], list[str]]:
-    content, calls, finishes = "", {}, []
-    for chunk in chunks:
-        for choice in chunk.choices:
-            content += choice.delta.content or ""
-            if choice.finish_reason:
-                finishes.append(choice.finish_reason)
-            for delta in choice.delta.tool_calls or []:
-                call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
-                call["id"] += delta.id or ""
-                if delta.function is not None:
-                    call["name"] += delta.function.name or ""
-                    call["arguments"] += delta.function.arguments or ""
-    return content, calls, finishes
-
-
 @pytest.mark.parametrize("script", [HERMES, LLAMA3_TWO_CALLS], ids=lambda s: s.family)
 def test_streamed_auto_calls_arrive_as_deltas_and_never_as_text(
     server_of: Any, script: Script
 ) -> None:
     whole = _chat(server_of(script)).choices[0]
-    content, calls, finishes = _streamed(_chat(server_of(script), stream=True))
-    assert finishes == ["tool_calls"]
+    calls, finishes, content = streamed_calls(_chat(server_of(script), stream=True))
+    assert [f for f in finishes if f] == ["tool_calls"]
     assert content == (whole.message.content or "")
     assert "<tool_call>" not in content and '"name"' not in content
     assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == _calls(
