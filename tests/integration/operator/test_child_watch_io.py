@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,7 +32,8 @@ from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import NODE_PRODUCT_LABEL, NODE_VRAM_LABEL, size_memory
 from fusebox_operator.spec import parse_spec
 
-from .loopback_apiserver import BINARIES, loopback_apiserver, skip_without_binaries
+from .loopback_apiserver import kubectl as run_kubectl
+from .loopback_apiserver import loopback_apiserver, skip_without_binaries
 
 pytestmark = pytest.mark.integration
 
@@ -45,14 +45,8 @@ RESOURCES = ("configmaps", "services", "poddisruptionbudgets", "networkpolicies"
 
 
 def kubectl(config: Path, *args: str, stdin: str = "") -> str:
-    done = subprocess.run(
-        [str(BINARIES / "kubectl"), f"--kubeconfig={config}", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    """kubectl's output; the test fails with its stderr when it fails."""
+    done = run_kubectl(config, *args, stdin=stdin)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
