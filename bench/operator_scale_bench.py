@@ -28,6 +28,13 @@ Results go to bench/results/operator.json under "fleet" (other keys kept);
 `--status-only` runs phases 1 and 2 alone, under "status": the CPU per new
 service in minutes rather than the ten a 500 x 2 fleet takes.
 Figures, never assertions: not part of `make test`.
+
+Memory: `--memory-probe DIR` runs the fleet's operator under tracemalloc
+(bench/fleet/memory_probe, a `sitecustomize` on its path only) and writes a
+snapshot and the RSS, glibc and mapping figures into DIR at the end of the
+steady window; two sizes' snapshots compared give bytes per service by line.
+`--operator-env NAME=VALUE` sets a variable in that operator alone
+(MALLOC_ARENA_MAX=2, say). docs/decisions/operator-memory.md has the findings.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ from bench.fleet.plan import fake_node, inference_service, node_blocks  # noqa: 
 from bench.operator_bench import _apiserver, _cpu_seconds, _rss, free_port  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "operator.json"
+MEMORY_PROBE = REPO / "bench" / "fleet" / "memory_probe"  # a sitecustomize: tracemalloc
 SCRAPE_INTERVAL_SECONDS = 5.0  # the CRD's default telemetry.scrapeIntervalSeconds
 CHILD_RESOURCES = (
     "secrets",
@@ -250,6 +258,17 @@ def results_key(quick: bool, status_only: bool, hung_share: float, label: str) -
     return key + ("_hung" if hung_share else "") + label
 
 
+def operator_env(pairs: list[str]) -> dict[str, str]:
+    """--operator-env NAME=VALUE pairs as a mapping (a pair without "=" is refused)."""
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--operator-env wants NAME=VALUE, not {pair!r}")
+        env[name] = value
+    return env
+
+
 def start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -288,8 +307,28 @@ def status_phase(
     }
 
 
+def probe_memory(pid: int, folder: Path, limit_seconds: float = 300.0) -> dict[str, Any]:
+    """Ask the operator's memory probe (bench/fleet/memory_probe) for a snapshot and
+    return its facts; the snapshot itself stays in `folder` for `compare_to`."""
+    done = {p.name for p in folder.glob("*.json")}
+    os.kill(pid, signal.SIGUSR1)
+    started = time.monotonic()
+    while time.monotonic() - started < limit_seconds:
+        fresh = [p for p in folder.glob("*.json") if p.name not in done]
+        if fresh:
+            time.sleep(0.5)  # written last, after the snapshot, but whole only once closed
+            return dict(json.loads(fresh[0].read_text()), file=str(fresh[0]))
+        time.sleep(1.0)
+    return {"error": f"no snapshot within {limit_seconds:.0f} s"}
+
+
 def fleet_phase(
-    run: Run, env: dict[str, str], services: int, replicas: int, window: float
+    run: Run,
+    env: dict[str, str],
+    services: int,
+    replicas: int,
+    window: float,
+    memory_probe: Path | None = None,
 ) -> dict[str, Any]:
     pods = services * replicas
     operator = start(
@@ -334,6 +373,9 @@ def fleet_phase(
             report, SCRAPE_INTERVAL_SECONDS, 3 * SCRAPE_INTERVAL_SECONDS
         )
         result["operator_peak_rss_mib"] = round(run.peak_rss / 1024**2, 1)
+        result["operator_rss_at_end_mib"] = round(_rss(operator.pid) / 1024**2, 1)
+        if memory_probe is not None:  # after the peak is read: a snapshot allocates
+            result["memory_probe"] = probe_memory(operator.pid, memory_probe)
     finally:
         stop(operator)
     without = run.rates(min(window, 60.0))
@@ -368,6 +410,22 @@ def main() -> None:
     )
     parser.add_argument(
         "--keep-work", action="store_true", help="keep the work directory (etcd, logs)"
+    )
+    parser.add_argument(
+        "--memory-probe",
+        type=Path,
+        help="run the fleet's operator under tracemalloc (bench/fleet/memory_probe) and "
+        "write a snapshot into this folder at the end of the steady window",
+    )
+    parser.add_argument(
+        "--probe-frames", type=int, default=1, help="frames kept per allocation by the probe"
+    )
+    parser.add_argument(
+        "--operator-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set in the fleet's operator only, e.g. MALLOC_ARENA_MAX=2 (repeatable)",
     )
     args = parser.parse_args()
     # A SIGTERM unwinds like Ctrl-C: every process stopped, the work directory removed.
@@ -422,10 +480,20 @@ def run_bench(args: argparse.Namespace, work: Path) -> None:
                 fusebox_env, args.status_services,
             )  # fmt: skip
             fleet_env = {**env, "FUSEBOX_WATCH_NAMESPACES": FLEET_NAMESPACE}
+            fleet_env.update(operator_env(args.operator_env))
+            if args.memory_probe is not None:
+                args.memory_probe.mkdir(parents=True, exist_ok=True)
+                fleet_env.update(
+                    PYTHONPATH=f"{MEMORY_PROBE}:{fleet_env['PYTHONPATH']}",
+                    FUSEBOX_MEMORY_PROBE_DIR=str(args.memory_probe.resolve()),
+                    FUSEBOX_MEMORY_PROBE_FRAMES=str(args.probe_frames),
+                )
             fleet = (
                 None
                 if args.status_only
-                else fleet_phase(run, fleet_env, args.services, args.replicas, args.window)
+                else fleet_phase(
+                    run, fleet_env, args.services, args.replicas, args.window, args.memory_probe
+                )
             )
     finally:
         stop(simulator)
@@ -451,6 +519,7 @@ def run_bench(args: argparse.Namespace, work: Path) -> None:
             "load_average_at_end": list(os.getloadavg()),
             "wall_seconds": round(time.time() - started, 1),
         },
+        "operator_env": operator_env(args.operator_env),
         "status_baseline": baseline,
         "status_fusebox": fusebox,
         "status_seconds_vs_baseline": ratio,
