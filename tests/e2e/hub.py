@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..model_repository import commit_model
 from .conftest import Cluster, local_claim, wait_for
 
 IMAGE = "localhost/fusebox/olah:latest"
@@ -42,31 +42,13 @@ class Hub:
     commit: str  # what the tag points at
 
 
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-c", "user.name=fusebox", "-c", "user.email=tests@fusebox.dev", *args],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip()
-
-
 def make_repository(mirrors: Path, model_dir: Path) -> str:
     """`mirrors/models/ORG/REPO`: a git repository holding `model_dir`'s files in one
     commit tagged TAG, readable by any user; returns the commit."""
-    repo = mirrors / "models" / ORG / REPO
-    repo.mkdir(parents=True)
-    git(repo, "init", "-q", "-b", "main")
-    for path in sorted(model_dir.iterdir()):
-        shutil.copy(path, repo / path.name)
-    git(repo, "add", ".")
-    git(repo, "commit", "-q", "-m", "the tiny model")
-    git(repo, "tag", TAG)
+    commit = commit_model(mirrors / "models" / ORG / REPO, model_dir, TAG)
     for path in [mirrors, *mirrors.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
-    return git(repo, "rev-parse", TAG)
+    return commit
 
 
 def config(netloc: str) -> str:

@@ -11,7 +11,6 @@ leaves the machine: olah runs with `offline = true`.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +23,8 @@ from fetch_harness import FetchRun, finished, serving, start_fetch
 from fusebox_server_harness import ServerProcess, free_port
 
 from fusebox_contract.model_fetch import FetchEnv, FetchReason
+
+from ...model_repository import commit_model
 
 pytestmark = pytest.mark.integration
 
@@ -38,17 +39,6 @@ class Hub:
     commit: str  # what TAG points at
 
 
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-c", "user.name=fusebox", "-c", "user.email=tests@fusebox.dev", *args],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def workdir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="fusebox-hub-tests-"))
@@ -59,15 +49,7 @@ def workdir() -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def hub(workdir: Path, tiny_model_dir: Path) -> Iterator[Hub]:
     assert OLAH.is_file(), f"{OLAH} is missing: run `make setup` (build-binaries.sh)"
-    repo = workdir / "mirrors" / "models" / ORG / REPO
-    repo.mkdir(parents=True)
-    git(repo, "init", "-q", "-b", "main")
-    for path in sorted(tiny_model_dir.iterdir()):
-        shutil.copy(path, repo / path.name)
-    git(repo, "add", ".")
-    git(repo, "commit", "-q", "-m", "the tiny model")
-    git(repo, "tag", TAG)
-    commit = git(repo, "rev-parse", TAG)
+    commit = commit_model(workdir / "mirrors" / "models" / ORG / REPO, tiny_model_dir, TAG)
     port = free_port()
     config = workdir / "olah.toml"
     config.write_text(
