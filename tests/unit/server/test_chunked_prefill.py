@@ -23,12 +23,11 @@ from fusebox_server.model.decode_settings import DecodeSettings
 from fusebox_server.model.engine import DecodeBatch, Decoding, LoadedModel, load_model
 from fusebox_server.model.faults import Faults
 from fusebox_server.model.prefix_kv import leading, new_prefix_cache, prompt_kv
-from fusebox_server.model.slot_batch import SlotBatch
 from fusebox_server.model.worker import Finished, GenerationJob, InferenceWorker
 from fusebox_server.zoo.release import ensure_zoo_model
 
-NEW_TOKENS = 8
-GREEDY = DecodeSettings(max_new_tokens=NEW_TOKENS, temperature=0.0, top_p=1.0, seed=None, stop=())
+from ..greedy_decoding import BATCHES, GREEDY, chat_prompts, decode_greedily
+
 SYSTEM = (
     "You are the on-call assistant of a platform team. Answer in short sentences, name the "
     "runbook section you rely on, and say so when you do not know. 你好，请用中文或英文回答。 "
@@ -42,26 +41,8 @@ QUESTIONS = (
     "Why did my pod get OOMKilled at night while its memory graph looked flat all day, and "
     "which of the cgroup's counters would have shown the page cache growing before it?",
 )
-BATCHES: dict[str, Any] = {
-    "DecodeBatch": DecodeBatch,
-    "SlotBatch": lambda loaded: SlotBatch(loaded, graphs=False),
-}
 # 7 and 50 do not divide the prompts; 16 is a prefix-cache block.
 CHUNK_SIZES = (7, 16, 50)
-
-
-def _prompts(tokenizer: Any) -> list[tuple[int, ...]]:
-    return [
-        tuple(
-            tokenizer.apply_chat_template(
-                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-                tokenize=True,
-                add_generation_prompt=True,
-                return_dict=False,
-            )
-        )
-        for question in QUESTIONS
-    ]
 
 
 @pytest.fixture(scope="module", params=["tiny", "llama3"])
@@ -76,7 +57,7 @@ def model(
         directory = ensure_zoo_model(request.param)
         tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     loaded = load_model("primary", directory, "none", torch.device("cpu"), tokenizer)
-    return request.param, loaded, _prompts(tokenizer)
+    return request.param, loaded, chat_prompts(tokenizer, SYSTEM, QUESTIONS)
 
 
 def _in_chunks(row: Decoding, chunk: int) -> int:
@@ -88,16 +69,6 @@ def _in_chunks(row: Decoding, chunk: int) -> int:
     return chunks
 
 
-def _decode(batch: Any, row: Decoding) -> list[int]:
-    tokens = [row.step()]
-    batch.add(row)
-    while len(tokens) < NEW_TOKENS:
-        [token] = batch.step()
-        assert isinstance(token, int)
-        tokens.append(token)
-    return tokens
-
-
 @pytest.mark.parametrize("batch_kind", sorted(BATCHES))
 @pytest.mark.parametrize("chunk", CHUNK_SIZES)
 def test_a_prompt_prefilled_in_chunks_decodes_the_tokens_of_its_whole_prefill(
@@ -105,11 +76,11 @@ def test_a_prompt_prefilled_in_chunks_decodes_the_tokens_of_its_whole_prefill(
 ) -> None:
     name, loaded, (prompt, _) = model
     make_batch = BATCHES[batch_kind]
-    whole = _decode(make_batch(loaded), Decoding(loaded, prompt, GREEDY))
+    whole = decode_greedily(make_batch(loaded), Decoding(loaded, prompt, GREEDY))
 
     chunked = Decoding(loaded, prompt, GREEDY)
     assert _in_chunks(chunked, chunk) == (len(prompt) - 1) // chunk  # it really ran in pieces
-    assert _decode(make_batch(loaded), chunked) == whole, f"{name}, chunks of {chunk}"
+    assert decode_greedily(make_batch(loaded), chunked) == whole, f"{name}, chunks of {chunk}"
 
 
 @pytest.mark.parametrize("chunk", CHUNK_SIZES)
@@ -117,7 +88,7 @@ def test_the_rest_after_a_prefix_cache_hit_prefilled_in_chunks_decodes_as_a_whol
     model: tuple[str, LoadedModel, list[tuple[int, ...]]], chunk: int
 ) -> None:
     name, loaded, (first, second) = model
-    whole = _decode(DecodeBatch(loaded), Decoding(loaded, second, GREEDY))
+    whole = decode_greedily(DecodeBatch(loaded), Decoding(loaded, second, GREEDY))
 
     cache = new_prefix_cache(1 << 30)
     earlier = Decoding(loaded, first, GREEDY)
@@ -129,7 +100,7 @@ def test_the_rest_after_a_prefix_cache_hit_prefilled_in_chunks_decodes_as_a_whol
     reusing = Decoding(loaded, second, GREEDY)
     reusing.start_from_prefix(leading(found.value, found.length))
     assert _in_chunks(reusing, chunk) >= 1
-    assert _decode(DecodeBatch(loaded), reusing) == whole, f"{name}, chunks of {chunk}"
+    assert decode_greedily(DecodeBatch(loaded), reusing) == whole, f"{name}, chunks of {chunk}"
 
 
 def test_a_chunk_must_leave_a_prompt_token_for_the_step_that_chooses(

@@ -16,15 +16,13 @@ from typing import Any
 import pytest
 import torch
 
-from fusebox_server.model.decode_settings import DecodeSettings
-from fusebox_server.model.engine import DecodeBatch, Decoding, LoadedModel, load_model
+from fusebox_server.model.engine import Decoding, LoadedModel, load_model
 from fusebox_server.model.prefix_cache import BLOCK_TOKENS
 from fusebox_server.model.prefix_kv import leading, new_prefix_cache, prompt_kv
-from fusebox_server.model.slot_batch import SlotBatch
 from fusebox_server.zoo.release import ensure_zoo_model
 
-NEW_TOKENS = 8
-GREEDY = DecodeSettings(max_new_tokens=NEW_TOKENS, temperature=0.0, top_p=1.0, seed=None, stop=())
+from ..greedy_decoding import BATCHES, GREEDY, chat_prompts, decode_greedily
+
 SYSTEM = (
     "You are a careful assistant for a platform team. Answer in short sentences, cite the "
     "runbook section you rely on, and say when you do not know. 你好，请用中文或英文回答。 "
@@ -32,10 +30,6 @@ SYSTEM = (
 )
 QUESTIONS = ("How do I drain a node safely?", "Why did my pod get OOMKilled at night?")
 FAMILIES = ("llama3", "qwen2.5", "mistral", "gemma2", "phi3")
-BATCHES: dict[str, Any] = {
-    "DecodeBatch": DecodeBatch,
-    "SlotBatch": lambda loaded: SlotBatch(loaded, graphs=False),
-}
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -44,29 +38,9 @@ def family(request: pytest.FixtureRequest) -> tuple[str, LoadedModel, list[tuple
 
     directory = ensure_zoo_model(request.param)
     tokenizer: Any = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-    prompts = [
-        tuple(
-            tokenizer.apply_chat_template(
-                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-                tokenize=True,
-                add_generation_prompt=True,
-                return_dict=False,
-            )
-        )
-        for question in QUESTIONS
-    ]
+    prompts = chat_prompts(tokenizer, SYSTEM, QUESTIONS)
     loaded = load_model("primary", directory, "none", torch.device("cpu"), tokenizer)
     return request.param, loaded, prompts
-
-
-def _decode(batch: Any, row: Decoding) -> list[int]:
-    tokens = [row.step()]
-    batch.add(row)
-    while len(tokens) < NEW_TOKENS:
-        [token] = batch.step()
-        assert isinstance(token, int)
-        tokens.append(token)
-    return tokens
 
 
 @pytest.mark.parametrize("batch_kind", sorted(BATCHES))
@@ -75,7 +49,7 @@ def test_a_prefix_cache_hit_decodes_the_tokens_of_a_whole_prefill(
 ) -> None:
     name, loaded, (first, second) = family
     make_batch = BATCHES[batch_kind]
-    whole = _decode(make_batch(loaded), Decoding(loaded, second, GREEDY))
+    whole = decode_greedily(make_batch(loaded), Decoding(loaded, second, GREEDY))
 
     cache = new_prefix_cache(1 << 30)
     assert cache.match(first) is None
@@ -89,4 +63,4 @@ def test_a_prefix_cache_hit_decodes_the_tokens_of_a_whole_prefill(
     reusing.start_from_prefix(leading(found.value, found.length))
     assert len(reusing.pending_prompt()) == len(second) - found.length  # only the rest runs
 
-    assert _decode(make_batch(loaded), reusing) == whole, f"{name} through {batch_kind}"
+    assert decode_greedily(make_batch(loaded), reusing) == whole, f"{name} through {batch_kind}"
