@@ -43,7 +43,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -61,6 +60,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench import gpu_servers, loopback  # noqa: E402
+from bench.gpu_budget import Budget  # noqa: E402
+from bench.gpu_servers import fusebox_command, launch, log_tail, peer_command  # noqa: E402
 from bench.server_bench import (  # noqa: E402  (the repository root is on the path only now)
     NO_PLOT,
     PROMPTS,
@@ -69,8 +71,6 @@ from bench.server_bench import (  # noqa: E402  (the repository root is on the p
     draw_latency_c1,
     pyplot,
     save_figure,
-    start_fusebox,
-    start_transformers_serve,
     stop,
     summarize,
     throughput_over_http,
@@ -85,6 +85,7 @@ TARGETS = {
     "vs_static_batch_generate_at_least": 0.6,
     "latency_c1_p50_ratio_at_most": 1.05,
 }
+START_TIMEOUT_SECONDS = 300.0  # a server that is not ready by then is recorded as failed
 SETTLE_RESERVE_SECONDS = 20.0  # stopping the servers, writing the JSON and the plot
 FILES = ("gpu.json", "gpu.png", "servers.log")
 
@@ -173,24 +174,6 @@ def round_order(settings: Sequence[str], round_index: int) -> list[str]:
         return []
     shift = round_index % len(settings)
     return [*settings[shift:], *settings[:shift]]
-
-
-@dataclass
-class Budget:
-    """A wall-clock budget; `clock` is injectable so the trimming rules are testable."""
-
-    total_seconds: float
-    clock: Callable[[], float] = time.monotonic
-    started: float = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.started = self.clock()
-
-    def elapsed(self) -> float:
-        return self.clock() - self.started
-
-    def left(self) -> float:
-        return self.total_seconds - self.elapsed()
 
 
 def phase_share(seconds_left: float, phases_left: int, reserve: float) -> float:
@@ -441,13 +424,6 @@ def http_setting(name: str, url: str, model: str, config: Config) -> Setting:
     )
 
 
-def _tail(path: Path, limit: int = 3000) -> str:
-    try:
-        return path.read_text(errors="replace")[-limit:]
-    except OSError:
-        return ""
-
-
 class Run:
     """One benchmark run: servers, in-process model, the phases, and what was trimmed."""
 
@@ -467,25 +443,10 @@ class Run:
     def start(self) -> None:
         """Start every server at once (each loads the model; starting in turn costs minutes)."""
         config = self.config
-        flags: dict[str, Any] = {
-            "device": config.device,
-            "dtype": config.dtype,
-            "max_concurrency": max(config.concurrencies),
-        }
-        if config.threads > 0:
-            flags["torch_threads"] = config.threads
-        starters: dict[str, Callable[[], tuple[Any, str, Path]]] = {
-            FUSEBOX: lambda: start_fusebox(self.model_dir, self.workdir, **flags)
-        }
+        starters: dict[str, Callable[[], tuple[Any, str, Path]]] = {FUSEBOX: self._start_fusebox}
         for name, variant_flags in config.peer_variants.items():
-            peer_flags = [*config.peer_common_flags, *variant_flags]
             starters[name] = partial(
-                start_transformers_serve,
-                self.model_dir,
-                self.workdir,
-                peer_flags,
-                config.threads,
-                config.device,
+                self._start_peer, name, [*config.peer_common_flags, *variant_flags]
             )
         with ThreadPoolExecutor(len(starters)) as pool:
             futures = {name: pool.submit(starter) for name, starter in starters.items()}
@@ -513,6 +474,31 @@ class Run:
                     partial(in_process.static_batch_round, per_client=config.per_client),
                 )
             )
+
+    def _start_fusebox(self) -> tuple[Any, str, Path]:
+        config = self.config
+        flags: dict[str, Any] = {
+            "device": config.device,
+            "dtype": config.dtype,
+            "max-concurrency": max(config.concurrencies),
+            "max-queue": 256,
+            "request-timeout": 3600,
+        }
+        if config.threads > 0:
+            flags["torch-threads"] = config.threads
+        port = loopback.free_port()
+        command = fusebox_command(self.model_dir, self.workdir, port, flags)
+        return launch(
+            FUSEBOX, command, "/readyz", port, self.workdir, config.threads, START_TIMEOUT_SECONDS
+        )
+
+    def _start_peer(self, name: str, flags: list[str]) -> tuple[Any, str, Path]:
+        """`transformers serve` in the dtype its loader picks from the model (the saved one)."""
+        port = loopback.free_port()
+        command = peer_command(self.model_dir, port, self.config.device, "auto", flags)
+        return launch(
+            name, command, "/health", port, self.workdir, self.config.threads, START_TIMEOUT_SECONDS
+        )
 
     def latency(self) -> dict[str, Any]:
         """c=1: in-process generate and one Fusebox request, alternated; the first pair warms up."""
@@ -620,18 +606,11 @@ class Run:
 
 
 def environment_report(config: Config) -> dict[str, Any]:
-    import torch
-    import transformers
+    """gpu_servers' report, with the device's memory on CUDA."""
+    report = gpu_servers.environment_report(config.device)
+    if "gpu" in report:
+        import torch
 
-    report: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "cpus": os.cpu_count(),
-        "load_average_1m_at_start": os.getloadavg()[0],
-    }
-    if config.device.startswith("cuda") and torch.cuda.is_available():
-        report["gpu"] = torch.cuda.get_device_name(0)
         report["gpu_memory_bytes"] = torch.cuda.get_device_properties(0).total_memory
     return report
 
@@ -705,7 +684,9 @@ def run(config: Config, budget: Budget, work_dir: Path, out: Path) -> dict[str, 
         finally:
             bench.stop()
             (out / "servers.log").write_text(
-                "".join(f"===== {name}\n{_tail(log, 20000)}\n" for name, log in bench.logs.items())
+                "".join(
+                    f"===== {name}\n{log_tail(log, 20000)}\n" for name, log in bench.logs.items()
+                )
             )
             finish(result, budget, out)
     result["plot"] = plot(result, out / "gpu.png")

@@ -45,6 +45,15 @@ sending when its share is spent, every server start and request has a
 timeout, and the in-process phases run in child processes killed at their
 share. What was cut, and why, is in `trimmed`.
 
+This script is the I/O: it starts the servers and the child processes and
+writes the files. What it decides is pure and tested on its own: the shape
+and presets (gpu_realistic_config.py), the budget's shares
+(gpu_realistic_budget.py), the requests and a round's figures
+(gpu_realistic_traffic.py), the comparisons and verdicts
+(gpu_realistic_verdicts.py). The loops are gpu_realistic_loops.py, the
+child phases gpu_realistic_in_process.py, and the servers start as
+gpu_bench.py's do, through gpu_servers.py.
+
 `--dry-run` runs every phase on the CPU with a narrow model (2 layers of
 128, the 128k vocabulary kept), the workload scaled down and a few clients.
 
@@ -55,11 +64,9 @@ share. What was cut, and why, is in `trimmed`.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -67,653 +74,60 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, cast
-
-import httpx
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench import loopback, traffic  # noqa: E402  (the repository root is on the path only now)
-from bench.gpu_bench import Budget  # noqa: E402
-from bench.realistic_bench import (  # noqa: E402
-    agreement,
-    paired_ttft_p99,
-    with_system_prompt,
+from bench import loopback  # noqa: E402  (the repository root is on the path only now)
+from bench.gpu_budget import Budget  # noqa: E402
+from bench.gpu_realistic_budget import (  # noqa: E402
+    MIN_REQUEST_TIMEOUT_SECONDS,
+    PHASE_WEIGHTS,
+    PHASES,
+    SEND_SHARE,
+    SETTLE_RESERVE_SECONDS,
+    next_level_fits,
+    phase_share,
+    request_timeout,
+    setting_seconds,
 )
+from bench.gpu_realistic_config import (  # noqa: E402
+    RealisticConfig,
+    admission_limit,
+    build_estimate,
+    for_dry_run,
+    for_gpu,
+)
+from bench.gpu_realistic_in_process import child_phase, write_atomically  # noqa: E402
+from bench.gpu_realistic_loops import closed_loop, open_loop  # noqa: E402
+from bench.gpu_realistic_traffic import (  # noqa: E402
+    TIMEOUT,
+    Traffic,
+    make_traffic,
+    rate_key,
+    request_to_json,
+    round_figures,
+)
+from bench.gpu_realistic_verdicts import TARGETS, best_peers, comparisons, texts_equal, verdicts  # noqa: E402
+from bench.gpu_servers import (  # noqa: E402
+    FUSEBOX_MODEL,
+    environment_report,
+    fusebox_command,
+    fusebox_stats_file,
+    launch,
+    log_tail,
+    peer_command,
+)
+from bench.realistic_bench import agreement, paired_ttft_p99  # noqa: E402
 from bench.serving_metrics import ResponseRecord, summarize  # noqa: E402
-from bench.workload import (  # noqa: E402
-    Workload,
-    WorkloadRequest,
-    WorkloadShape,
-    build_workload,
-    poisson_arrivals,
-)
+from bench.workload import poisson_arrivals  # noqa: E402
 
 FUSEBOX = "fusebox"
-FUSEBOX_MODEL = "bench"
-TIMEOUT = "timeout:"  # a request's error when it outlived its timeout
-# A round stops sending at this share of its time; what is in flight may use the rest.
-SEND_SHARE = 0.5
-MIN_REQUEST_TIMEOUT_SECONDS = 10.0
-PHASES = ("fusebox", "admission", "peers", "engine", "generate")
-# Shares of the budget left after the model is built; a phase that ends early passes
-# its rest on. Fusebox and the peers are the comparison; the rest bound and explain it.
-PHASE_WEIGHTS = {"fusebox": 3.0, "admission": 1.0, "peers": 4.0, "engine": 1.5, "generate": 2.0}
-SETTLE_RESERVE_SECONDS = 15.0  # stopping the last server and writing the files
-TARGETS = {
-    "headline_tokens_per_second_vs_best_peer_at_least": 1.2,
-    "headline_ttft_p99_vs_best_peer_at_most": 0.8,
-    "headline_http_vs_in_process_engine_at_least": 0.8,
-    "c1_latency_vs_compiled_static_generate_at_most": 1.05,
-}
-HEADLINE_CLIENTS = 64  # the targets' client count on the device (the dry run's is its first)
-
-# Llama-3.1-8B's architecture (its published config.json); the zoo's llama3 family keeps
-# every field but the width and depth, which this restores.
-LLAMA31_8B_SIZES = {
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-}
-# The dry run's narrow model: the same fields, GQA 4:1, 2 layers of 128.
-DRY_RUN_SIZES = {
-    "hidden_size": 128,
-    "intermediate_size": 448,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 1,
-    "head_dim": 32,
-}
-
-
-@dataclass(frozen=True)
-class RealisticConfig:
-    """Everything a run is parameterised by; `for_gpu` and `for_dry_run` are the presets."""
-
-    device: str
-    dtype: str
-    sizes: dict[str, int]
-    vocab_size: int
-    scale: int  # the workload's lengths are the full shape's divided by this
-    clients: tuple[int, ...]
-    requests_per_client: float
-    warmup_requests: int
-    open_rates: tuple[float, ...]
-    open_requests: int
-    admission_levels: tuple[int, ...]
-    admission_new_tokens: int
-    c1_requests: int
-    static_batch_rows: int
-    compile_generate: bool
-    threads: int  # intra-op CPU threads per process (0: torch's default)
-    start_timeout_seconds: float
-    min_peer_seconds: float  # a peer setting gets at least this (or what is left), in order
-    request_timeout_seconds: float
-    peer_variants: dict[str, str]
-    peer_common_flags: str = ""
-    skipped: dict[str, str] = field(default_factory=dict)
-
-
-def for_gpu() -> RealisticConfig:
-    return RealisticConfig(
-        device="cuda",
-        dtype="bfloat16",
-        sizes=dict(LLAMA31_8B_SIZES),
-        vocab_size=128256,
-        scale=1,
-        clients=(64, 32, 128),
-        requests_per_client=2.0,
-        warmup_requests=16,
-        open_rates=(2.0, 4.0, 8.0),
-        open_requests=40,
-        admission_levels=(64, 128, 256, 384, 512, 768, 1024),
-        admission_new_tokens=32,
-        c1_requests=4,
-        static_batch_rows=64,
-        compile_generate=True,
-        threads=0,
-        start_timeout_seconds=240.0,
-        min_peer_seconds=75.0,
-        request_timeout_seconds=180.0,
-        # Alone on the card each peer sizes its paged cache from free memory (0.9 by
-        # default); the sweep varies what 5.24 offers: CUDA graphs, compile, tokens per
-        # batch. flash_attention_2 needs a package the device lacks, so `sdpa` it is.
-        peer_variants={
-            "graphs": "--cb-use-cuda-graph",
-            "graphs_bt8k": "--cb-use-cuda-graph --cb-max-batch-tokens 8192",
-            "default": "",
-            "graphs_compile": "--cb-use-cuda-graph --compile",
-        },
-        peer_common_flags="--attn-implementation sdpa",
-    )
-
-
-def for_dry_run() -> RealisticConfig:
-    return RealisticConfig(
-        device="cpu",
-        dtype="float32",
-        sizes=dict(DRY_RUN_SIZES),
-        vocab_size=128256,
-        scale=8,
-        clients=(4, 2),
-        requests_per_client=1.0,
-        warmup_requests=2,
-        open_rates=(1.0, 2.0, 4.0),
-        open_requests=4,
-        admission_levels=(2, 4, 8),
-        admission_new_tokens=4,
-        c1_requests=2,
-        static_batch_rows=4,
-        compile_generate=False,
-        threads=1,
-        start_timeout_seconds=180.0,
-        min_peer_seconds=20.0,
-        request_timeout_seconds=120.0,
-        peer_variants={"default": "", "blocks16": "--cb-num-blocks 16"},
-        skipped={
-            "generate_compile": "dry run on 2 shared cores: compiling takes longer than the "
-            "phase; the static cache runs uncompiled",
-            "peer_cuda_graphs": "dry run on the CPU: --cb-use-cuda-graph needs CUDA",
-        },
-    )
-
-
-# --- pure parts: the model's configuration, the workload, the budget, the verdicts ---
-
-
-def llama_config(sizes: dict[str, int], vocab_size: int = 128256) -> dict[str, Any]:
-    """Llama-3.1-8B's config fields with `sizes` (width, depth, heads) and `vocab_size`."""
-    from fusebox_server.zoo.families import FAMILIES
-
-    config = dict(FAMILIES["llama3"].config)
-    config.update(sizes)
-    config["vocab_size"] = vocab_size
-    if vocab_size < 128256:
-        raise ValueError("the llama3 tokenizer's special ids need the 128,256-token vocabulary")
-    return config
-
-
-def parameter_count(config: dict[str, Any]) -> int:
-    """Parameters of a Llama of `config` (untied embeddings, no biases)."""
-    hidden, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
-    heads, kv_heads = int(config["num_attention_heads"]), int(config["num_key_value_heads"])
-    head_dim = int(config["head_dim"])
-    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
-    mlp = 3 * hidden * int(config["intermediate_size"])
-    per_layer = attention + mlp + 2 * hidden
-    return layers * per_layer + 2 * int(config["vocab_size"]) * hidden + hidden
-
-
-def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int) -> int:
-    """Keys and values of one token over every layer: the KV cache's cost of a token."""
-    layers, kv_heads = int(config["num_hidden_layers"]), int(config["num_key_value_heads"])
-    return 2 * layers * kv_heads * int(config["head_dim"]) * dtype_bytes
-
-
-def physical_request_limit(
-    device_bytes: int, weight_bytes: int, per_token_bytes: int, tokens_per_request: int
-) -> int:
-    """How many requests of `tokens_per_request` the device's memory could hold beside the
-    weights, with nothing else on it: the bound no server can pass."""
-    free = max(0, device_bytes - weight_bytes)
-    return free // max(1, per_token_bytes * tokens_per_request)
-
-
-def build_estimate(model: dict[str, Any]) -> dict[str, Any]:
-    """The 8 B model's save time at the write rate this build measured (saving is bound by
-    the disk; initialising on the device is not, so it is not scaled)."""
-    parameters = parameter_count(llama_config(LLAMA31_8B_SIZES))
-    rate = model["weight_bytes"] / max(1e-9, model["save_seconds"])
-    return {
-        "parameters_8b": parameters,
-        "save_bytes_per_second": rate,
-        "estimated_8b_save_seconds": 2 * parameters / rate,
-    }
-
-
-def round_requests(clients: int, per_client: float) -> int:
-    """Requests in a closed-loop round: at least one per client, so every client sends."""
-    return max(clients, math.ceil(clients * per_client))
-
-
-def phase_seconds(seconds_left: float, weights_left: Sequence[float], reserve: float) -> float:
-    """The next phase's share: its weight's part of what is left after the reserve."""
-    total = sum(weights_left)
-    if total <= 0:
-        return 0.0
-    return max(0.0, seconds_left - reserve) * weights_left[0] / total
-
-
-def setting_seconds(seconds_left: float, settings_left: int, minimum: float) -> float:
-    """A peer setting's time: an equal share of what is left, but at least `minimum` (or all
-    that is left), so that a short budget measures the first settings and cuts the last
-    rather than starting every one with no time to measure it."""
-    equal = seconds_left / max(1, settings_left)
-    return max(equal, min(seconds_left, minimum))
-
-
-def next_level_fits(last_cost: float | None, seconds_left: float, growth: float) -> bool:
-    """Whether the admission probe's next level fits: it costs `growth` times the last
-    (the requests grow by about that much); the first level needs only some time left."""
-    if last_cost is None:
-        return seconds_left > 0
-    return last_cost * growth <= seconds_left
-
-
-def best_by(
-    figures_by_setting: dict[str, dict[str, Any]], key: Callable[[dict[str, Any]], float | None]
-) -> str | None:
-    """The setting with the highest `key` (None values left out)."""
-    scored = {name: key(f) for name, f in figures_by_setting.items()}
-    valid = {name: value for name, value in scored.items() if value is not None}
-    return max(valid, key=lambda name: valid[name]) if valid else None
-
-
-def _tokens_per_second(figures: dict[str, Any] | None) -> float | None:
-    """A round's tokens/s, or None when it failed: an error other than a request cut at
-    the round's end (`timeouts`, the budget's doing, not the server's) disqualifies it."""
-    if not figures or not figures.get("tokens_per_second"):
-        return None
-    if figures.get("errors", 0) > figures.get("timeouts", 0):
-        return None
-    return float(figures["tokens_per_second"])
-
-
-def best_peers(peers: dict[str, Any], clients: Sequence[int]) -> dict[str, str | None]:
-    """Per client count, the peer setting with the most tokens/s (errors disqualify)."""
-    best: dict[str, str | None] = {}
-    for count in clients:
-        by_setting = {
-            name: (part.get("closed") or {}).get(str(count))
-            for name, part in peers.items()
-            if isinstance(part, dict)
-        }
-        best[str(count)] = best_by(
-            {name: f for name, f in by_setting.items() if f}, _tokens_per_second
-        )
-    return best
-
-
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or denominator is None or denominator <= 0 or math.isnan(denominator):
-        return None
-    if math.isnan(numerator):
-        return None
-    return numerator / denominator
-
-
-def comparisons(result: dict[str, Any], clients: Sequence[int]) -> dict[str, Any]:
-    """Fusebox against the best peer, its own engine in process, and compiled `generate`."""
-    fusebox = (result.get("fusebox") or {}).get("closed") or {}
-    peers = result.get("peers") or {}
-    engine = (result.get("engine") or {}).get("closed") or {}
-    best = best_peers(peers, clients)
-    per_clients: dict[str, Any] = {}
-    for count in clients:
-        key = str(count)
-        ours = fusebox.get(key)
-        peer_name = best.get(key)
-        theirs = (peers.get(peer_name) or {}).get("closed", {}).get(key) if peer_name else None
-        in_process = engine.get(key)
-        row: dict[str, Any] = {"best_peer": peer_name}
-        row["tokens_per_second_vs_best_peer"] = _ratio(
-            _tokens_per_second(ours), _tokens_per_second(theirs)
-        )
-        paired = (ours or {}).get("ttft_p99_paired_with", {}).get(peer_name or "")
-        row["ttft_p99_vs_best_peer"] = _ratio(paired["fusebox"], paired["peer"]) if paired else None
-        row["http_vs_in_process_engine"] = _ratio(
-            _tokens_per_second(ours), _tokens_per_second(in_process)
-        )
-        per_clients[key] = row
-    c1 = (result.get("generate") or {}).get("c1") or {}
-    fusebox_c1 = (result.get("fusebox") or {}).get("c1") or {}
-    return {
-        "by_clients": per_clients,
-        "c1_latency_vs_compiled_static_generate": _ratio(
-            fusebox_c1.get("median_latency_seconds"), c1.get("median_latency_seconds")
-        ),
-    }
-
-
-def verdicts(compared: dict[str, Any], headline_clients: int) -> list[dict[str, Any]]:
-    """Each target with its measured value and pass/fail; a value not measured fails. The
-    `headline_` targets are read at `headline_clients` (64 on the device)."""
-    row = compared["by_clients"].get(str(headline_clients)) or {}
-    measured = {
-        "headline_tokens_per_second_vs_best_peer_at_least": row.get(
-            "tokens_per_second_vs_best_peer"
-        ),
-        "headline_ttft_p99_vs_best_peer_at_most": row.get("ttft_p99_vs_best_peer"),
-        "headline_http_vs_in_process_engine_at_least": row.get("http_vs_in_process_engine"),
-        "c1_latency_vs_compiled_static_generate_at_most": compared[
-            "c1_latency_vs_compiled_static_generate"
-        ],
-    }
-    lines = []
-    for name, bound in TARGETS.items():
-        value = measured[name]
-        at_least = name.endswith("_at_least")
-        passed = value is not None and (value >= bound if at_least else value <= bound)
-        lines.append(
-            {
-                "target": name,
-                "clients": headline_clients if name.startswith("headline_") else 1,
-                "value": value,
-                "bound": bound,
-                "pass": passed,
-            }
-        )
-    return lines
-
-
-def texts_equal(ours: Sequence[dict[str, Any]], theirs: Sequence[dict[str, Any]]) -> str:
-    """How many of `theirs` answers Fusebox gave word for word, as "equal/compared"."""
-    by_index = {answer["index"]: answer["text"] for answer in ours}
-    compared = [answer for answer in theirs if answer["index"] in by_index]
-    equal = sum(1 for answer in compared if by_index[answer["index"]] == answer["text"])
-    return f"{equal}/{len(compared)}"
-
-
-def request_to_json(request: WorkloadRequest) -> dict[str, Any]:
-    return asdict(request)
-
-
-def request_from_json(data: dict[str, Any]) -> WorkloadRequest:
-    return WorkloadRequest(**data)
-
-
-# --- the model, built in a child process ---
-
-
-def build_model(config: RealisticConfig, work_dir: Path) -> dict[str, Any]:
-    """The model directory under work_dir, made once; returns what was built and how long
-    each step took. Weights are initialised on the device in the served dtype (8 B
-    parameters in float32 would be 32 GB before any cast)."""
-    import torch
-    import transformers
-
-    from fusebox_server.zoo.families import FAMILIES
-    from fusebox_server.zoo.release import SEED, _as_released
-    from fusebox_server.zoo.tokenizer_training import transformers_tokenizer
-
-    fields_of = llama_config(config.sizes, config.vocab_size)
-    name = f"llama31-{fields_of['num_hidden_layers']}x{fields_of['hidden_size']}-{config.dtype}"
-    target = work_dir / name
-    marker = target / "realistic-model.json"
-    if marker.exists():
-        built: dict[str, Any] = json.loads(marker.read_text())
-        return built | {"dir": str(target), "reused": True}
-    family = FAMILIES["llama3"]
-    tokenizer = transformers_tokenizer(family)
-    dtype = getattr(torch, config.dtype)
-    started = time.perf_counter()
-    torch.manual_seed(SEED)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(config.device):
-            model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**fields_of))
-    finally:
-        torch.set_default_dtype(previous)
-    model = model.to(dtype)  # a no-op when the default dtype took
-    quiet_unused_ids(model, tokenizer, family.special_tokens.values())
-    model.generation_config.eos_token_id = list(family.generation_eos)
-    model.generation_config.bos_token_id = fields_of["bos_token_id"]
-    model.config.dtype = config.dtype
-    if config.device.startswith("cuda"):
-        torch.cuda.synchronize()
-    init_seconds = time.perf_counter() - started
-    parameters = sum(p.numel() for p in model.parameters())
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=work_dir))
-    started = time.perf_counter()
-    model.save_pretrained(staging, max_shard_size="5GB")
-    tokenizer.save_pretrained(staging)
-    _as_released(staging, family)
-    save_seconds = time.perf_counter() - started
-    device_bytes = (
-        torch.cuda.get_device_properties(0).total_memory
-        if config.device.startswith("cuda")
-        else os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    )
-    built = {
-        "config": fields_of,
-        "dtype": config.dtype,
-        "parameters": parameters,
-        "weight_bytes": weight_bytes,
-        "device_memory_bytes": device_bytes,
-        "init_seconds": init_seconds,
-        "save_seconds": save_seconds,
-        "shards": len(list(staging.glob("model-*.safetensors"))) or 1,
-    }
-    (staging / "realistic-model.json").write_text(json.dumps(built, indent=2) + "\n")
-    del model
-    if target.exists():
-        import shutil
-
-        shutil.rmtree(target)
-    os.replace(staging, target)
-    return built | {"dir": str(target), "reused": False}
-
-
-def quiet_unused_ids(model: Any, tokenizer: Any, special_ids: Any) -> None:
-    """Zero the output rows of the special ids and of every id the tokenizer lacks (on the
-    model's device), so greedy text is ordinary text and never ends early."""
-    import torch
-
-    weight = model.get_output_embeddings().weight
-    used = sorted(set(tokenizer.get_vocab().values()) - set(special_ids))
-    silent = torch.ones(weight.shape[0], dtype=torch.bool, device=weight.device)
-    silent[torch.tensor(used, device=weight.device)] = False
-    with torch.no_grad():
-        weight[silent] = 0.0
-
-
-# --- load: closed and open loops with deadlines ---
-
-
-async def _timed(
-    client: httpx.AsyncClient,
-    model: str,
-    request: WorkloadRequest,
-    record: ResponseRecord,
-    timeout_seconds: float,
-) -> None:
-    try:
-        await asyncio.wait_for(traffic.stream_one(client, model, request, record), timeout_seconds)
-    except TimeoutError:
-        record.error = f"{TIMEOUT} no end within {timeout_seconds:.0f} s"
-
-
-async def _closed_loop(
-    url: str,
-    model: str,
-    requests: Sequence[WorkloadRequest],
-    clients: int,
-    stop_sending_at: float,
-    timeout_seconds: float,
-) -> list[ResponseRecord]:
-    records: list[ResponseRecord] = []
-    queue = list(reversed(requests))
-    limits = httpx.Limits(max_connections=clients + 4)
-    async with httpx.AsyncClient(
-        base_url=url, limits=limits, timeout=httpx.Timeout(timeout_seconds)
-    ) as client:
-
-        async def one_client() -> None:
-            while queue and time.perf_counter() < stop_sending_at:
-                request = queue.pop()
-                record = ResponseRecord(request.index, scheduled=time.perf_counter())
-                records.append(record)
-                await _timed(client, model, request, record, timeout_seconds)
-
-        await asyncio.gather(*(one_client() for _ in range(clients)))
-    return sorted(records, key=lambda record: record.index)
-
-
-async def _open_loop(
-    url: str,
-    model: str,
-    requests: Sequence[WorkloadRequest],
-    send_times: Sequence[float],
-    stop_sending_at: float,
-    timeout_seconds: float,
-) -> list[ResponseRecord]:
-    limits = httpx.Limits(max_connections=len(requests) + 4)
-    async with httpx.AsyncClient(
-        base_url=url, limits=limits, timeout=httpx.Timeout(timeout_seconds)
-    ) as client:
-        start = time.perf_counter()
-        due = [
-            (request, ResponseRecord(request.index, scheduled=start + offset))
-            for request, offset in zip(requests, send_times, strict=True)
-            if start + offset < stop_sending_at
-        ]
-
-        async def at_its_time(request: WorkloadRequest, record: ResponseRecord) -> None:
-            await asyncio.sleep(max(0.0, record.scheduled - time.perf_counter()))
-            await _timed(client, model, request, record, timeout_seconds)
-
-        await asyncio.gather(*(at_its_time(request, record) for request, record in due))
-    return [record for _, record in due]
-
-
-def closed_loop(
-    url: str,
-    model: str,
-    requests: Sequence[WorkloadRequest],
-    clients: int,
-    seconds: float,
-    timeout_seconds: float,
-) -> list[ResponseRecord]:
-    """`clients` clients send `requests` in turn; none is sent after `seconds`."""
-    stop_at = time.perf_counter() + seconds
-    return asyncio.run(_closed_loop(url, model, requests, clients, stop_at, timeout_seconds))
-
-
-def open_loop(
-    url: str,
-    model: str,
-    requests: Sequence[WorkloadRequest],
-    send_times: Sequence[float],
-    seconds: float,
-    timeout_seconds: float,
-) -> list[ResponseRecord]:
-    """Each request at its own time; those due after `seconds` are not sent."""
-    stop_at = time.perf_counter() + seconds
-    return asyncio.run(_open_loop(url, model, requests, send_times, stop_at, timeout_seconds))
-
-
-def request_timeout(config: RealisticConfig, round_seconds: float) -> float:
-    """A request may outlive its round's sending time by the rest of the round, at most
-    the configured timeout (and at least a floor, so a short round still measures)."""
-    rest = round_seconds * (1.0 - SEND_SHARE)
-    return min(config.request_timeout_seconds, max(MIN_REQUEST_TIMEOUT_SECONDS, rest))
-
-
-def round_figures(records: Sequence[ResponseRecord], offered: int) -> dict[str, Any]:
-    """serving_metrics' figures (over the requests that ended), how many of the round's
-    requests were not sent, and how many were cut at the round's end (`timeouts`)."""
-    timeouts = sum(1 for record in records if (record.error or "").startswith(TIMEOUT))
-    return summarize(records) | {
-        "offered": offered,
-        "not_sent": offered - len(records),
-        "timeouts": timeouts,
-    }
-
-
-# --- servers ---
-
-
-def launch(
-    name: str,
-    command: list[str],
-    health_path: str,
-    port: int,
-    workdir: Path,
-    config: RealisticConfig,
-    timeout_seconds: float,
-) -> tuple[subprocess.Popen[bytes], str, Path]:
-    """Start a server and wait for its health check, at most `timeout_seconds`."""
-    from bench.server_bench import thread_environment, wait_http
-
-    log = workdir / f"{name}-{port}.log"
-    with log.open("wb") as sink:  # the child keeps its own copy of the descriptor
-        process = subprocess.Popen(
-            command, stdout=sink, stderr=subprocess.STDOUT, env=thread_environment(config.threads)
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{url}{health_path}", process, log, timeout=timeout_seconds)
-    except RuntimeError:
-        loopback.stop(process, grace_seconds=10)
-        raise
-    return process, url, log
-
-
-def fusebox_command(
-    model_dir: Path, workdir: Path, port: int, config: RealisticConfig, max_concurrency: int
-) -> list[str]:
-    args: dict[str, Any] = {
-        "model-dir": model_dir,
-        "model-name": FUSEBOX_MODEL,
-        "host": "127.0.0.1",
-        "port": port,
-        "admin-port": loopback.free_port(),
-        "stats-file": workdir / f"stats-{port}.json",
-        "device": config.device,
-        "dtype": config.dtype,
-        "max-concurrency": max_concurrency,
-        "max-queue": 0,
-        "max-input-tokens": 4096,
-        "max-new-tokens": 1024,
-        "request-timeout": int(config.request_timeout_seconds),
-        "log-level": "warning",
-    }
-    if config.threads > 0:
-        args["torch-threads"] = config.threads
-    command = [sys.executable, "-m", "fusebox_server"]
-    for flag, value in args.items():
-        command += [f"--{flag}", str(value)]
-    return command
-
-
-def peer_command(model_dir: Path, port: int, config: RealisticConfig, flags: str) -> list[str]:
-    # The CLI's module rather than its console script: it runs where transformers comes
-    # from PYTHONPATH (the device's carried wheels).
-    return [
-        sys.executable,
-        "-m",
-        "transformers.cli.transformers",
-        "serve",
-        str(model_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--device",
-        config.device,
-        "--dtype",
-        config.dtype,
-        "--continuous-batching",
-        *shlex.split(config.peer_common_flags),
-        *shlex.split(flags),
-    ]
-
-
-def _tail(path: Path, limit: int = 3000) -> str:
-    try:
-        return path.read_text(errors="replace")[-limit:]
-    except OSError:
-        return ""
 
 
 class Run:
@@ -741,86 +155,18 @@ class Run:
         self.result["failed"] = self.failed
         self.result["elapsed_seconds"] = self.budget.elapsed()
         self.out.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.out / "realistic.json", json.dumps(self.result, indent=2) + "\n")
-        _atomic_write(
+        write_atomically(self.out / "realistic.json", json.dumps(self.result, indent=2) + "\n")
+        write_atomically(
             self.out / "realistic-responses.json",
             json.dumps(self.responses, ensure_ascii=False) + "\n",
         )
 
     def share(self, phase: str) -> float:
-        chosen = self.result.get("phases", PHASES)  # phases not run take no share
-        left = [
-            PHASE_WEIGHTS[name]
-            for name in PHASES[PHASES.index(phase) :]
-            if name == phase or name in chosen
-        ]
-        return phase_seconds(self.budget.left(), left, SETTLE_RESERVE_SECONDS)
+        """`phase`'s seconds of what is left (phases not chosen take no share)."""
+        return phase_share(self.budget.left(), phase, self.result.get("phases", PHASES))
 
     def progress(self, message: str) -> None:
         print(f"[{self.budget.elapsed():5.0f} s] {message}", flush=True)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    staging = path.with_suffix(path.suffix + ".tmp")
-    staging.write_text(text)
-    os.replace(staging, path)
-
-
-@dataclass
-class Traffic:
-    """The requests every server gets: a workload per closed round (by client count) and
-    per open rate, the warm-up, c=1 and the admission probe's 2,048-token prompts.
-
-    Each round draws its own prompts (a prompt sent twice to one server would hit
-    Fusebox's prefix cache whole, which no user's traffic does); the closed and open
-    rounds share the warm-up's system prompt, as a deployment's system prompt outlives
-    every conversation, so from the first round on its 30% are the hits a cache earns.
-    """
-
-    closed: dict[int, Workload]
-    open: dict[str, Workload]
-    warmup: Workload
-    c1: Workload
-    admission: Workload
-
-
-def make_traffic(config: RealisticConfig, count_tokens: Callable[[str], int]) -> Traffic:
-    shape = WorkloadShape().scaled(config.scale) if config.scale > 1 else WorkloadShape()
-    long_prompt = shape.prompt_tokens[1]
-    warmup = build_workload(config.warmup_requests, count_tokens, shape, seed=1034)
-
-    def drawn(count: int, seed: int) -> Workload:
-        fresh = build_workload(count, count_tokens, shape, seed=seed)
-        return with_system_prompt(fresh, warmup.system_prompt)
-
-    return Traffic(
-        closed={
-            count: drawn(round_requests(count, config.requests_per_client), 34 + position)
-            for position, count in enumerate(config.clients)
-        },
-        open={
-            rate_key(rate): drawn(config.open_requests, 134 + position)
-            for position, rate in enumerate(config.open_rates)
-        },
-        warmup=warmup,
-        c1=build_workload(config.c1_requests + 1, count_tokens, shape, seed=36),
-        admission=build_workload(
-            max(config.admission_levels),
-            count_tokens,
-            WorkloadShape(
-                prompt_tokens=(long_prompt, long_prompt),
-                output_tokens=(config.admission_new_tokens, config.admission_new_tokens),
-                system_prompt_share=0.0,
-                scale=shape.scale,
-            ),
-            seed=37,
-        ),
-    )
-
-
-def rate_key(rate: float) -> str:
-    """An open-loop rate as the results name it: 2.0 -> "2"."""
-    return f"{rate:g}"
 
 
 def serve_rounds(
@@ -965,19 +311,21 @@ def _stats_cuda(stats_file: Path) -> dict[str, Any] | None:
         return None
 
 
-def admission_limit(model: dict[str, Any], prompt_tokens: int, new_tokens: int) -> dict[str, Any]:
-    """What the device's memory could hold of such requests beside the weights."""
-    per_token = kv_bytes_per_token(model["config"], 2 if model["dtype"] != "float32" else 4)
-    tokens = prompt_tokens + new_tokens
-    return {
-        "kv_bytes_per_token": per_token,
-        "tokens_per_request": tokens,
-        "device_memory_bytes": model["device_memory_bytes"],
-        "weight_bytes": model["weight_bytes"],
-        "physical_limit_requests": physical_request_limit(
-            model["device_memory_bytes"], model["weight_bytes"], per_token, tokens
-        ),
+def fusebox_flags(config: RealisticConfig, max_concurrency: int) -> dict[str, Any]:
+    """Fusebox's flags for the run: no queue (a request over the cap is refused, which the
+    admission probe reads), prompts and answers as long as the workload's."""
+    flags: dict[str, Any] = {
+        "device": config.device,
+        "dtype": config.dtype,
+        "max-concurrency": max_concurrency,
+        "max-queue": 0,
+        "max-input-tokens": 4096,
+        "max-new-tokens": 1024,
+        "request-timeout": int(config.request_timeout_seconds),
     }
+    if config.threads > 0:
+        flags["torch-threads"] = config.threads
+    return flags
 
 
 def run_fusebox(run: Run, model_dir: Path, workdir: Path, traffic_of: Traffic) -> None:
@@ -989,11 +337,11 @@ def run_fusebox(run: Run, model_dir: Path, workdir: Path, traffic_of: Traffic) -
     try:
         process, url, log = launch(
             FUSEBOX,
-            fusebox_command(model_dir, workdir, port, config, cap),
+            fusebox_command(model_dir, workdir, port, fusebox_flags(config, cap)),
             "/readyz",
             port,
             workdir,
-            config,
+            config.threads,
             min(config.start_timeout_seconds, run.share("fusebox")),
         )
     except RuntimeError as error:
@@ -1012,7 +360,7 @@ def run_fusebox(run: Run, model_dir: Path, workdir: Path, traffic_of: Traffic) -
         run.write()
         if "admission" in run.result.get("phases", PHASES):
             probe = admission_probe(
-                run, url, workdir / f"stats-{port}.json", traffic_of, run.share("admission")
+                run, url, fusebox_stats_file(workdir, port), traffic_of, run.share("admission")
             )
             first = traffic_of.admission.requests[0]
             probe |= admission_limit(
@@ -1023,7 +371,7 @@ def run_fusebox(run: Run, model_dir: Path, workdir: Path, traffic_of: Traffic) -
             run.write()
     finally:
         loopback.stop(process, grace_seconds=20)
-        run.logs[FUSEBOX] = _tail(log, 20000)
+        run.logs[FUSEBOX] = log_tail(log, 20000)
 
 
 def run_peers(run: Run, model_dir: Path, workdir: Path, traffic_of: Traffic) -> None:
@@ -1046,11 +394,17 @@ def run_peers(run: Run, model_dir: Path, workdir: Path, traffic_of: Traffic) -> 
         try:
             process, url, log = launch(
                 f"peer-{name}",
-                peer_command(model_dir, port, config, flags),
+                peer_command(
+                    model_dir,
+                    port,
+                    config.device,
+                    config.dtype,
+                    [*shlex.split(config.peer_common_flags), *shlex.split(flags)],
+                ),
                 "/health",
                 port,
                 workdir,
-                config,
+                config.threads,
                 min(config.start_timeout_seconds, share),
             )
         except RuntimeError as error:
@@ -1064,7 +418,7 @@ def run_peers(run: Run, model_dir: Path, workdir: Path, traffic_of: Traffic) -> 
             )
         finally:
             loopback.stop(process, grace_seconds=20)
-            run.logs[f"peer {name}"] = _tail(log, 20000)
+            run.logs[f"peer {name}"] = log_tail(log, 20000)
         peers[name] = {"flags": flags, "start_seconds": start_seconds} | part
         run.responses["peers"][name] = saved
         pair_with_fusebox(run, name)
@@ -1082,9 +436,6 @@ def pair_with_fusebox(run: Run, peer: str) -> None:
         if a and b:
             figures.setdefault("ttft_p99_paired_with", {})[peer] = paired_ttft_p99(a, b)
             figures.setdefault("greedy_agreement_with", {})[peer] = agreement(run.tokenizer, a, b)
-
-
-# --- the in-process phases, each in a child process killed at its share ---
 
 
 def run_child(run: Run, phase: str, spec: dict[str, Any], seconds: float) -> dict[str, Any]:
@@ -1117,8 +468,8 @@ def run_child(run: Run, phase: str, spec: dict[str, Any], seconds: float) -> dic
     except subprocess.TimeoutExpired:
         run.trimmed.append(f"{phase}: cut at its share of {seconds:.0f} s")
     except subprocess.CalledProcessError as error:
-        run.failed[phase] = f"exit {error.returncode}: {_tail(log)}"
-    run.logs[phase] = _tail(log, 20000)
+        run.failed[phase] = f"exit {error.returncode}: {log_tail(log)}"
+    run.logs[phase] = log_tail(log, 20000)
     try:
         part: dict[str, Any] = json.loads(part_file.read_text())
     except (OSError, ValueError):
@@ -1139,257 +490,6 @@ def child_spec(run: Run, model_dir: Path, traffic_of: Traffic) -> dict[str, Any]
     }
 
 
-def _write_part(path: Path, part: dict[str, Any]) -> None:
-    _atomic_write(path, json.dumps(part, ensure_ascii=False, indent=1) + "\n")
-
-
-def engine_child(spec: dict[str, Any], part_path: Path) -> None:
-    """Fusebox's worker in this process, at each client count: the server's ceiling."""
-    import torch
-
-    from fusebox_contract.names import Dtype, Quantization
-    from fusebox_server.config import ServerConfig
-    from fusebox_server.model.decode_settings import DecodeSettings
-    from fusebox_server.model.engine import load_model
-    from fusebox_server.model.faults import Faults
-    from fusebox_server.model.tokenization import load_tokenizer
-    from fusebox_server.model.worker import Finished, GenerationJob, InferenceWorker, Piece
-
-    config = RealisticConfig(**spec["config"])
-    if config.threads > 0:
-        torch.set_num_threads(config.threads)
-    model_dir = Path(spec["model_dir"])
-    tokenizer = load_tokenizer(model_dir)
-
-    def encoded(requests: list[dict[str, Any]]) -> list[tuple[WorkloadRequest, tuple[int, ...]]]:
-        """Each request with its prompt's ids, as the server's chat template makes them."""
-        pairs = []
-        for data in requests:
-            request = request_from_json(data)
-            ids = tokenizer.apply_chat_template(
-                request.messages(), add_generation_prompt=True, tokenize=True, return_dict=True
-            )["input_ids"]
-            pairs.append((request, tuple(ids)))
-        return pairs
-
-    warmup = encoded(spec["warmup"])
-    by_clients = {int(count): encoded(requests) for count, requests in spec["closed"].items()}
-    started = time.perf_counter()
-    loaded = load_model(
-        "primary",
-        model_dir,
-        Quantization.NONE,
-        torch.device(config.device),
-        tokenizer,
-        Dtype(config.dtype),
-    )
-    part: dict[str, Any] = {"load_seconds": time.perf_counter() - started, "closed": {}}
-    defaults = ServerConfig(model_dir=model_dir)
-
-    async def rounds() -> None:
-        loop = asyncio.get_running_loop()
-        worker = InferenceWorker(
-            loop,
-            Faults({}),
-            inbox_size=max(config.clients) + 64,
-            torch_threads=config.threads,
-            prefix_cache_bytes=defaults.prefix_cache_bytes,
-            prefill_chunk_tokens=defaults.prefill_chunk_tokens,
-        )
-        worker.loaded = loaded
-        worker.start()
-
-        async def one(
-            request: WorkloadRequest, ids: tuple[int, ...], record: ResponseRecord
-        ) -> None:
-            done: asyncio.Future[Any] = loop.create_future()
-
-            def deliver(event: Any) -> None:
-                now = time.perf_counter()
-                if isinstance(event, Piece):
-                    if event.text:
-                        record.chunk_times.append(now)
-                        record.text += event.text
-                elif not done.done():
-                    done.set_result(event)
-
-            record.sent = time.perf_counter()
-            worker.submit(
-                GenerationJob(
-                    request_id=str(request.index),
-                    variant="primary",
-                    prompt_ids=ids,
-                    settings=DecodeSettings(request.max_tokens, 0.0, 1.0, None, ()),
-                    deadline_monotonic=time.monotonic() + config.request_timeout_seconds,
-                    tokenizer=tokenizer,
-                    deliver=deliver,  # the worker posts each event onto this loop
-                )
-            )
-            event = await done
-            record.finished = time.perf_counter()
-            if isinstance(event, Finished):
-                record.finish_reason = event.reason
-                record.completion_tokens = event.completion_tokens
-                record.prompt_tokens = len(ids)
-            else:
-                record.error = repr(getattr(event, "error", event))
-
-        async def closed(
-            count: int, pairs: list[tuple[WorkloadRequest, tuple[int, ...]]]
-        ) -> list[ResponseRecord]:
-            queue = list(reversed(pairs))
-            records: list[ResponseRecord] = []
-
-            async def client() -> None:
-                while queue:
-                    request, ids = queue.pop()
-                    record = ResponseRecord(request.index, scheduled=time.perf_counter())
-                    records.append(record)
-                    await one(request, ids, record)
-
-            await asyncio.gather(*(client() for _ in range(count)))
-            return records
-
-        await closed(len(warmup), warmup)  # as the server's warm-up: its system prompt cached
-        for count in config.clients:
-            records = await closed(count, by_clients[count])
-            part["closed"][str(count)] = summarize(records) | {"offered": len(by_clients[count])}
-            _write_part(part_path, part)
-        worker.stop()
-
-    asyncio.run(rounds())
-    _write_part(part_path, part)
-
-
-def generate_child(spec: dict[str, Any], part_path: Path) -> None:
-    """`generate` with a static cache, compiled: c=1, then one static batch. Everything runs
-    in inference mode: a static cache filled there can only be reset there."""
-    import torch
-
-    with torch.inference_mode():
-        _generate_baselines(spec, part_path)
-
-
-def _generate_baselines(spec: dict[str, Any], part_path: Path) -> None:
-    import torch
-    import transformers
-
-    config = RealisticConfig(**spec["config"])
-    if config.threads > 0:
-        torch.set_num_threads(config.threads)
-    model_dir = Path(spec["model_dir"])
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    started = time.perf_counter()
-    auto: Any = transformers.AutoModelForCausalLM
-    model = (
-        auto.from_pretrained(
-            str(model_dir), local_files_only=True, dtype=getattr(torch, config.dtype)
-        )
-        .to(config.device)
-        .eval()
-    )
-    part: dict[str, Any] = {
-        "load_seconds": time.perf_counter() - started,
-        "compiled": config.compile_generate,
-        "cache": "static",
-    }
-    compile_config = transformers.CompileConfig(mode="reduce-overhead")
-    if config.compile_generate:
-        cast(
-            Any, compile_config
-        )._compile_all_devices = True  # generate compiles on CUDA; also elsewhere
-    generation = {
-        "do_sample": False,
-        "compile_config": compile_config,
-        "disable_compile": not config.compile_generate,
-    }
-    c1 = [request_from_json(r) for r in spec["c1"]]
-    headline = spec["closed"][str(config.clients[0])]
-    batch = [request_from_json(r) for r in headline][: config.static_batch_rows]
-    longest = max(r.prompt_tokens for r in [*c1, *batch]) + 64  # the template's tokens
-    cache_len = longest + max(r.max_tokens for r in [*c1, *batch])
-
-    def sync() -> None:
-        if config.device.startswith("cuda"):
-            torch.cuda.synchronize()
-
-    def encode(requests: Sequence[WorkloadRequest]) -> Any:
-        texts = [
-            tokenizer.apply_chat_template(r.messages(), add_generation_prompt=True, tokenize=False)
-            for r in requests
-        ]
-        return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(
-            config.device
-        )
-
-    single: Any = transformers.StaticCache(config=model.config, max_cache_len=cache_len)
-    latencies, texts = [], []
-    for position, request in enumerate(c1):
-        inputs = encode([request])
-        single.reset()
-        sync()
-        began = time.perf_counter()
-        output = model.generate(
-            **inputs, max_new_tokens=request.max_tokens, cache=single, **generation
-        )
-        sync()
-        seconds = time.perf_counter() - began
-        text = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-        if position:
-            latencies.append(seconds)
-            texts.append({"index": request.index, "text": text, "seconds": seconds})
-        else:
-            part["c1_first_seconds_with_compile"] = seconds
-        part["c1"] = {
-            "latency_seconds": latencies,
-            "median_latency_seconds": statistics.median(latencies) if latencies else None,
-            "responses": texts,
-        }
-        _write_part(part_path, part)
-    inputs = encode(batch)
-    most = max(r.max_tokens for r in batch)
-    cache: Any = transformers.StaticCache(config=model.config, max_cache_len=cache_len)
-    for name in ("warmup", "measured"):
-        cache.reset()
-        sync()
-        began = time.perf_counter()
-        output = model.generate(**inputs, max_new_tokens=most, cache=cache, **generation)
-        sync()
-        seconds = time.perf_counter() - began
-        # Each row's own max_tokens counts; the batch runs to its longest, the rest is waste.
-        useful = sum(r.max_tokens for r in batch)
-        part[f"static_batch_{name}"] = {
-            "rows": len(batch),
-            "seconds": seconds,
-            "useful_tokens": useful,
-            "generated_tokens": int((output.shape[1] - inputs["input_ids"].shape[1]) * len(batch)),
-            "tokens_per_second": useful / seconds,
-        }
-        _write_part(part_path, part)
-
-
-# --- the run ---
-
-
-def environment_report(config: RealisticConfig) -> dict[str, Any]:
-    import torch
-    import transformers
-
-    report: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "cpus": os.cpu_count(),
-        "load_average_1m_at_start": os.getloadavg()[0],
-    }
-    if config.device.startswith("cuda") and torch.cuda.is_available():
-        report["gpu"] = torch.cuda.get_device_name(0)
-    return report
-
-
 def run_all(
     config: RealisticConfig, budget: Budget, work_dir: Path, out: Path, phases: Sequence[str]
 ) -> Run:
@@ -1401,7 +501,7 @@ def run_all(
             "every server alone on the device; closed loop at each client count, then "
             "Poisson arrivals at each rate (latency from each scheduled send)"
         ),
-        "environment": environment_report(config),
+        "environment": environment_report(config.device),
         "budget_seconds": budget.total_seconds,
         "phase_weights": PHASE_WEIGHTS,
         "phases": list(phases),
@@ -1517,16 +617,7 @@ def plot(result: dict[str, Any], path: Path) -> str:
 
 
 def child_main(phase: str, spec_path: Path, part_path: Path) -> int:
-    spec = json.loads(spec_path.read_text())
-    if phase == "build":
-        config = RealisticConfig(**spec["config"])
-        _write_part(part_path, build_model(config, Path(spec["work_dir"])))
-    elif phase == "engine":
-        engine_child(spec, part_path)
-    elif phase == "generate":
-        generate_child(spec, part_path)
-    else:
-        raise SystemExit(f"no child phase {phase!r}")
+    child_phase(phase, json.loads(spec_path.read_text()), part_path)
     return 0
 
 
