@@ -123,12 +123,27 @@ def child_phase(phase: str, spec: dict[str, Any], part_path: Path) -> None:
         raise SystemExit(f"no child phase {phase!r}")
 
 
+def server_worker_settings(model_dir: Path, device: str) -> dict[str, int]:
+    """The worker settings the server runs with by default on `device` (its prefix cache's
+    bound, its prefill chunk as resolved for the device), so the engine in process is the
+    same worker the HTTP phase measured, not one that prefills differently."""
+    from fusebox_server.config import ServerConfig, prefill_chunk_tokens_for
+
+    defaults = ServerConfig(model_dir=model_dir)
+    device_type = device.split(":")[0]
+    return {
+        "prefix_cache_bytes": defaults.prefix_cache_bytes,
+        "prefill_chunk_tokens": prefill_chunk_tokens_for(
+            device_type, defaults.prefill_chunk_tokens
+        ),
+    }
+
+
 def engine_child(spec: dict[str, Any], part_path: Path) -> None:
     """Fusebox's worker in this process, at each client count: the server's ceiling."""
     import torch
 
     from fusebox_contract.names import Dtype, Quantization
-    from fusebox_server.config import ServerConfig
     from fusebox_server.model.decode_settings import DecodeSettings
     from fusebox_server.model.engine import load_model
     from fusebox_server.model.faults import Faults
@@ -164,7 +179,7 @@ def engine_child(spec: dict[str, Any], part_path: Path) -> None:
         Dtype(config.dtype),
     )
     part: dict[str, Any] = {"load_seconds": time.perf_counter() - started, "closed": {}}
-    defaults = ServerConfig(model_dir=model_dir)
+    settings = server_worker_settings(model_dir, config.device)
 
     async def rounds() -> None:
         loop = asyncio.get_running_loop()
@@ -173,8 +188,7 @@ def engine_child(spec: dict[str, Any], part_path: Path) -> None:
             Faults({}),
             inbox_size=max(config.clients) + 64,
             torch_threads=config.threads,
-            prefix_cache_bytes=defaults.prefix_cache_bytes,
-            prefill_chunk_tokens=defaults.prefill_chunk_tokens,
+            **settings,
         )
         worker.loaded = loaded
         worker.start()

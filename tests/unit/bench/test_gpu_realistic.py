@@ -17,8 +17,9 @@ from bench import gpu_realistic as realistic
 from bench.gpu_budget import Budget
 from bench.gpu_realistic_budget import PHASE_WEIGHTS
 from bench.gpu_realistic_config import for_dry_run, for_gpu
+from bench.gpu_realistic_in_process import server_worker_settings
 from bench.gpu_servers import fusebox_command
-from fusebox_server.config import parse_config
+from fusebox_server.config import CPU_PREFILL_CHUNK_TOKENS, ServerConfig, parse_config
 
 REPO = Path(__file__).resolve().parents[3]
 PURE_MODULES = (
@@ -67,6 +68,13 @@ def test_fusebox_starts_with_the_flags_the_run_means(tmp_path: Path) -> None:
     assert (served.device, served.torch_threads) == ("cpu", config.threads)
     assert served.request_timeout_seconds == int(config.request_timeout_seconds)
     assert served.stats_file == tmp_path / "stats-8123.json"
+
+
+def test_the_engine_in_process_prefills_as_the_server_does_on_its_device(tmp_path: Path) -> None:
+    cpu = server_worker_settings(tmp_path, "cpu")
+    assert cpu["prefill_chunk_tokens"] == CPU_PREFILL_CHUNK_TOKENS  # unset: the CPU chunks
+    assert server_worker_settings(tmp_path, "cuda:0")["prefill_chunk_tokens"] == 0  # whole
+    assert cpu["prefix_cache_bytes"] == ServerConfig(model_dir=tmp_path).prefix_cache_bytes
 
 
 @pytest.mark.parametrize("module", PURE_MODULES)
