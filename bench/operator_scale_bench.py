@@ -161,6 +161,27 @@ def operator_requests(
 # ----- I/O ---------------------------------------------------------------------------------
 
 
+def open_connections(pid: int) -> dict[str, int]:
+    """The process's established TCP connections by peer: sidecars (9400), admin APIs
+    (8001), and the apiserver (every other peer: kopf's session and the client's pool).
+    kopf's pool held one 256 KiB TLS buffer per connection (operator-memory.md)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    counts = {"sidecars": 0, "admin": 0, "apiserver": 0}
+    for table in ("tcp", "tcp6"):
+        lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        for fields in (line.split() for line in lines):
+            if fields[3] != "01" or fields[9] not in inodes:  # 01: ESTABLISHED
+                continue
+            port = int(fields[2].rsplit(":", 1)[1], 16)
+            counts[{9400: "sidecars", 8001: "admin"}.get(port, "apiserver")] += 1
+    return counts
+
+
 @contextlib.contextmanager
 def scratch(keep: bool = False, parent: Path | None = None) -> Iterator[Path]:
     """The run's work directory, removed when the run ends, failed or not.
@@ -191,6 +212,7 @@ class Run:
         self.kubeconfig = kubeconfig
         self.simulator_port = simulator_port
         self.peak_rss = 0
+        self.peak_connections: dict[str, int] = {}
 
     def kubectl(self, *args: str, input_text: str | None = None) -> str:
         return kubectl(self.kubeconfig, *args, input_text=input_text)
@@ -225,6 +247,9 @@ class Run:
 
     def watch(self, pid: int) -> None:
         self.peak_rss = max(self.peak_rss, _rss(pid))
+        with contextlib.suppress(OSError):
+            for peer, count in open_connections(pid).items():
+                self.peak_connections[peer] = max(count, self.peak_connections.get(peer, 0))
 
     def services(self, namespace: str, count: int, replicas: int) -> None:
         self.kubectl("create", "namespace", namespace)
@@ -374,6 +399,7 @@ def fleet_phase(
         )
         result["operator_peak_rss_mib"] = round(run.peak_rss / 1024**2, 1)
         result["operator_rss_at_end_mib"] = round(_rss(operator.pid) / 1024**2, 1)
+        result["operator_peak_connections"] = dict(run.peak_connections)
         if memory_probe is not None:  # after the peak is read: a snapshot allocates
             result["memory_probe"] = probe_memory(operator.pid, memory_probe)
     finally:

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.operator_scale_bench import MEMORY_PROBE, operator_env
+from bench.operator_scale_bench import MEMORY_PROBE, open_connections, operator_env
 
 # Holds 2,000 lists of its own, then waits: the snapshot must show them at this line.
 HOLDER = """
@@ -71,3 +72,13 @@ def test_operator_env_takes_name_value_pairs_and_refuses_others() -> None:
     assert operator_env(["MALLOC_ARENA_MAX=2", "A=b=c"]) == {"MALLOC_ARENA_MAX": "2", "A": "b=c"}
     with pytest.raises(SystemExit, match="NAME=VALUE"):
         operator_env(["MALLOC_ARENA_MAX"])
+
+
+def test_open_connections_counts_this_process_established_connections() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        before = open_connections(os.getpid())["apiserver"]
+        with socket.create_connection(server.getsockname()):
+            accepted, _ = server.accept()
+            with accepted:
+                # Both ends are this process's: the client's and the accepted socket.
+                assert open_connections(os.getpid())["apiserver"] == before + 2
