@@ -62,7 +62,13 @@ if str(REPO) not in sys.path:
 
 from bench import gpu_servers, loopback  # noqa: E402
 from bench.gpu_budget import Budget  # noqa: E402
-from bench.gpu_servers import fusebox_command, launch, log_tail, peer_command  # noqa: E402
+from bench.gpu_servers import (  # noqa: E402
+    FUSEBOX_MODEL,
+    fusebox_command,
+    launch,
+    log_tail,
+    peer_command,
+)
 from bench.server_bench import (  # noqa: E402  (the repository root is on the path only now)
     NO_PLOT,
     PROMPTS,
@@ -464,7 +470,7 @@ class Run:
                 self.logs[name] = log
                 if name == FUSEBOX:
                     self.fusebox_url = url
-                model = "bench" if name == FUSEBOX else str(self.model_dir)
+                model = FUSEBOX_MODEL if name == FUSEBOX else str(self.model_dir)
                 self.settings.append(http_setting(name, url, model, config))
         in_process = self.in_process
         if in_process is not None:
@@ -527,7 +533,7 @@ class Run:
                 self.in_process.generate([prompt])
                 local = time.perf_counter() - started
                 started = time.perf_counter()
-                chat(client, "bench", prompt, self.config.new_tokens)
+                chat(client, FUSEBOX_MODEL, prompt, self.config.new_tokens)
                 remote = time.perf_counter() - started
                 pair_cost = time.perf_counter() - began
                 spent += pair_cost

@@ -18,7 +18,7 @@ from bench.gpu_budget import Budget
 from bench.gpu_realistic_budget import PHASE_WEIGHTS
 from bench.gpu_realistic_config import for_dry_run, for_gpu
 from bench.gpu_realistic_in_process import server_worker_settings
-from bench.gpu_servers import fusebox_command
+from bench.gpu_servers import FUSEBOX_MODEL, fusebox_command
 from fusebox_server.config import CPU_PREFILL_CHUNK_TOKENS, ServerConfig, parse_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -65,6 +65,7 @@ def test_fusebox_starts_with_the_flags_the_run_means(tmp_path: Path) -> None:
     served = parse_config(command[3:], {}, read_files=False)  # after `python -m fusebox_server`
 
     assert (served.port, served.max_concurrency, served.max_queue) == (8123, 8, 0)
+    assert served.model_name == FUSEBOX_MODEL  # the name every request asks for
     assert (served.device, served.torch_threads) == ("cpu", config.threads)
     assert served.request_timeout_seconds == int(config.request_timeout_seconds)
     assert served.stats_file == tmp_path / "stats-8123.json"
