@@ -16,7 +16,8 @@ import logging
 import os
 import secrets
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from fusebox_operator.settings import OperatorSettings
 
@@ -52,6 +53,37 @@ def peering_priority(configured: int) -> int:
 RENDER_COMMAND = "render"
 
 
+def bounded_login(connections: int | None) -> Callable[..., Awaitable[Any]]:
+    """kopf's login with the client library's credentials (kopf's own default), handed
+    to kopf as a session whose pool holds at most `connections` (kube.KOPF_REQUEST_CONNECTIONS):
+    kopf's own pool is unbounded, and its idle connections were the operator's largest
+    memory per service (docs/decisions/operator-memory.md)."""
+    import kopf
+
+    from fusebox_operator.kube import api_session
+
+    async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
+        info = kopf.login_via_client(**kwargs)
+        if info is None:
+            return None
+        session = api_session(
+            info.as_ssl_context(),
+            info.as_http_headers(),
+            connections,
+            proxy=info.proxy_url,
+            trust_env=info.trust_env,
+        )
+        return kopf.AiohttpSession(
+            aiohttp_session=session,
+            server=info.server,
+            default_namespace=info.default_namespace,
+            priority=info.priority,
+            expiration=info.expiration,
+        )
+
+    return login
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == [RENDER_COMMAND]:
@@ -73,6 +105,7 @@ def run_operator() -> None:
     import kopf
 
     from fusebox_operator import handlers, operator_metrics
+    from fusebox_operator.kube import kopf_connection_limit
 
     try:
         ours = OperatorSettings.from_env(os.environ)
@@ -92,6 +125,7 @@ def run_operator() -> None:
                 f"fusebox-operator: cannot serve metrics on FUSEBOX_METRICS_PORT="
                 f"{ours.metrics_port}: {error}"
             ) from error
+    kopf.on.login(id="login-bounded-pool")(bounded_login(kopf_connection_limit(ours)))
     kopf.run(
         standalone=ours.standalone,
         peering_name=None if ours.standalone else ours.peering_name,

@@ -15,10 +15,12 @@ import asyncio
 import base64
 import json
 import logging
+import ssl
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
+import aiohttp
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
@@ -45,6 +47,15 @@ T = TypeVar("T")
 REQUEST_TIMEOUT_SECONDS = 15
 SERVICE_GROUP, SERVICE_VERSION, SERVICE_PLURAL = "fusebox.dev", "v1alpha1", "inferenceservices"
 WATCH_RETRY_SECONDS = 5  # the pause before listing again after a failed watch
+KOPF_REQUEST_CONNECTIONS = 16
+"""Connections kopf may hold to the apiserver for its requests (status patches, events,
+finalizers), besides one per watch stream. kopf's own pool has no limit, and each of
+its connections keeps asyncio's 256 KiB TLS read buffer and OpenSSL's state while it
+idles in the pool. Every service's telemetry timer wakes on one 2.5 s grid, so their
+status patches arrive together and the pool grew with the fleet: 117 more such buffers
+at 300 services than at 100 (docs/decisions/operator-memory.md). A request beyond the
+bound waits for a free connection inside its own timeout; at 2,000 services about 50
+status patches a second leave 16 connections mostly idle."""
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +70,35 @@ def load_config() -> None:
         kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
+
+
+def kopf_connection_limit(settings: OperatorSettings) -> int | None:
+    """How many connections kopf's session may hold: KOPF_REQUEST_CONNECTIONS plus its
+    watch streams, which hold theirs for minutes (the InferenceService watch and the
+    peering watch, per namespace or once for all). None (no bound) with namespace
+    globs: kopf then watches every matching namespace, a count not known at startup,
+    and a bound below the streams would leave the requests no connection at all."""
+    namespaces = settings.watch_namespaces
+    if any(mark in name for name in namespaces for mark in "*?!"):
+        return None
+    streams_per_scope = 1 if settings.standalone else 2
+    return KOPF_REQUEST_CONNECTIONS + streams_per_scope * max(1, len(namespaces))
+
+
+def api_session(
+    tls: ssl.SSLContext | bool,
+    headers: Mapping[str, str],
+    connections: int | None,
+    proxy: str | None = None,
+    trust_env: bool = False,
+) -> aiohttp.ClientSession:
+    """The session kopf talks to the apiserver through, as kopf builds its own but with
+    at most `connections` connections (None: no bound, kopf's default). Made inside
+    the event loop (the login handler is async): aiohttp binds a session to its loop."""
+    connector = aiohttp.TCPConnector(limit=connections or 0, ssl=tls)
+    return aiohttp.ClientSession(
+        connector=connector, headers=dict(headers), proxy=proxy, trust_env=trust_env
+    )
 
 
 async def _run(function: Callable[[], T]) -> T:
