@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import threading
+import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -28,7 +29,7 @@ from fusebox_operator.manifests import SERVICE_LABEL
 
 Child = dict[str, Any]
 Key = tuple[str, str, str]  # kind, namespace, name
-Packed = bytes  # a kept child as compact JSON
+Packed = bytes  # a kept child as compact JSON, deflated
 
 
 class _Unknown:
@@ -63,14 +64,19 @@ def kept(child: Mapping[str, Any]) -> Child:
 
 
 def _pack(child: Mapping[str, Any]) -> Packed:
-    """Compact JSON: held as nested dicts, 500 services' rendered children took 23.4 MiB
-    (tracemalloc) against 3.7 MiB as text, and a resync reads each child once a
-    minute, so unpacking on read costs far less than holding dicts."""
-    return json.dumps(kept(child), separators=(",", ":")).encode()
+    """Compact JSON, deflated: held as nested dicts, 500 services' rendered children took
+    23.4 MiB (tracemalloc) against 3.7 MiB as text, and a resync reads each child once
+    a minute, so unpacking on read costs far less than holding dicts. The apiserver's
+    objects (its defaults filled in) are larger than rendered ones, about 10 KiB of text
+    per service in the fleet bench; deflate (its fastest level, tens of microseconds
+    per child) keeps about a fifth of that (docs/decisions/operator-memory.md). The same
+    child always packs to the same bytes, so comparing packed children still tells
+    whether one moved."""
+    return zlib.compress(json.dumps(kept(child), separators=(",", ":")).encode(), 1)
 
 
 def _unpack(packed: Packed) -> Child:
-    child: Child = json.loads(packed)
+    child: Child = json.loads(zlib.decompress(packed))
     return child
 
 
