@@ -444,7 +444,10 @@ def main() -> None:
         "write a snapshot into this folder at the end of the steady window",
     )
     parser.add_argument(
-        "--probe-frames", type=int, default=1, help="frames kept per allocation by the probe"
+        "--probe-frames",
+        type=int,
+        default=1,
+        help="frames kept per allocation by the probe (0: no tracemalloc, the figures alone)",
     )
     parser.add_argument(
         "--operator-env",

@@ -4,10 +4,13 @@
 
 Why: the operator's RSS grew about 0.5 MiB per service and nobody could say where.
 With FUSEBOX_MEMORY_PROBE_DIR set this starts tracemalloc (FUSEBOX_MEMORY_PROBE_FRAMES
-frames per allocation, default 1: cheap enough to leave the operator's pace alone)
-and, on SIGUSR1, writes `<n>.snapshot` (tracemalloc's own format, for
-`tracemalloc.Snapshot.load` and `compare_to`) and `<n>.json` (RSS, the traced heap,
-glibc's malloc counters, the objects the collector tracks by type) into that folder.
+frames per allocation, default 1: cheap enough to leave the operator's pace alone;
+0: no tracemalloc, the figures alone) and, on SIGUSR1, writes `<n>.snapshot`
+(tracemalloc's own format, for `tracemalloc.Snapshot.load` and `compare_to`) and
+`<n>.json` (RSS, the traced heap, glibc's malloc counters, resident bytes by kind of
+mapping, the objects the collector tracks by type, and the RSS once glibc's
+`malloc_trim(0)` has returned the free pages it held: how much of the RSS was
+fragmentation) into that folder.
 """
 
 from __future__ import annotations
@@ -46,6 +49,15 @@ def _malloc_counters() -> dict[str, int]:
     return {name: int(getattr(info, name)) for name, _ in _MallInfo2._fields_}
 
 
+def _rss_after_malloc_trim() -> int | None:
+    """The RSS once glibc has handed back every free page it can (malloc_trim(0))."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return None
+    return _status_bytes("VmRSS")
+
+
 def _status_bytes(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -80,11 +92,12 @@ def _mappings() -> dict[str, int]:
 def _dump(folder: Path, count: list[int]) -> None:
     count[0] += 1
     stem = folder / str(count[0])
-    snapshot = tracemalloc.take_snapshot()
+    rss = _status_bytes("VmRSS")
+    snapshot = tracemalloc.take_snapshot() if tracemalloc.is_tracing() else None
     current, peak = tracemalloc.get_traced_memory()
     types = Counter(type(o).__name__ for o in gc.get_objects())
     facts = {
-        "rss_bytes": _status_bytes("VmRSS"),
+        "rss_bytes": rss,
         "rss_anon_bytes": _status_bytes("RssAnon"),
         "traced_bytes": current,
         "traced_peak_bytes": peak,
@@ -94,8 +107,11 @@ def _dump(folder: Path, count: list[int]) -> None:
         "threads": len(os.listdir("/proc/self/task")),
         "gc_objects_by_type": dict(types.most_common(40)),
     }
-    snapshot.dump(str(stem) + ".snapshot.tmp")
-    os.replace(str(stem) + ".snapshot.tmp", str(stem) + ".snapshot")
+    if snapshot is not None:
+        snapshot.dump(str(stem) + ".snapshot.tmp")
+        os.replace(str(stem) + ".snapshot.tmp", str(stem) + ".snapshot")
+    # Last: the trim changes what the figures above describe.
+    facts["rss_after_malloc_trim_bytes"] = _rss_after_malloc_trim()
     Path(str(stem) + ".json").write_text(json.dumps(facts, indent=1))
 
 
@@ -103,7 +119,9 @@ def _install() -> None:
     folder = os.environ.get("FUSEBOX_MEMORY_PROBE_DIR")
     if not folder:
         return
-    tracemalloc.start(int(os.environ.get("FUSEBOX_MEMORY_PROBE_FRAMES", "1")))
+    frames = int(os.environ.get("FUSEBOX_MEMORY_PROBE_FRAMES", "1"))
+    if frames > 0:
+        tracemalloc.start(frames)
     count = [0]
 
     def on_signal(_signum: int, _frame: FrameType | None) -> None:

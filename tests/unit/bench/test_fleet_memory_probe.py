@@ -60,6 +60,18 @@ def test_sigusr1_writes_a_snapshot_and_the_memory_facts(tmp_path: Path) -> None:
     assert biggest.traceback[0].filename == "<string>" and biggest.traceback[0].lineno == 3
 
 
+def test_with_no_frames_the_probe_writes_the_figures_alone(tmp_path: Path) -> None:
+    env = {"FUSEBOX_MEMORY_PROBE_DIR": str(tmp_path), "FUSEBOX_MEMORY_PROBE_FRAMES": "0"}
+    with _holder(env) as process:
+        process.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "1.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    facts = json.loads((tmp_path / "1.json").read_text())
+    assert facts["traced_bytes"] == 0 and not (tmp_path / "1.snapshot").exists()
+    assert facts["rss_after_malloc_trim_bytes"] > 0  # loading libc may add a page or two
+
+
 def test_without_its_folder_the_probe_leaves_the_process_alone(tmp_path: Path) -> None:
     with _holder({}) as process:
         # Python's default for SIGUSR1 ends the process: no handler was installed.
