@@ -63,11 +63,12 @@ from fusebox_operator.spec import (
 )
 from fusebox_operator.status import (
     iso,
+    observed_yet,
     rebase_conditions,
     undone_wait,
 )
 from fusebox_operator.telemetry import scrape_all, scrape_session
-from fusebox_operator.tick import TickInputs, current_replicas, run_tick
+from fusebox_operator.tick import TickInputs, current_replicas, first_observation, run_tick
 
 GROUP, VERSION, PLURAL = SERVICE_GROUP, SERVICE_VERSION, SERVICE_PLURAL
 log = logging.getLogger(__name__)
@@ -238,8 +239,38 @@ async def _reconcile(
             reason=EventReason.MEMORY_SIZED,
             message=memory_sized_message(sizing, parsed),
         )
+    if not observed_yet(status):  # a new service: its first observation in this write
+        applied.update(await _first_observation(parsed, {**status, **applied}, meta, context))
     for key, value in applied.items():
         patch.status[key] = value
+
+
+async def _first_observation(
+    parsed: InferenceServiceSpec,
+    status: Mapping[str, Any],
+    meta: kopf.Meta,
+    context: OperatorContext,
+) -> Mapping[str, Any]:
+    """The first tick's status keys, when the service has no pods yet (tick.first_observation);
+    else none, and the first tick observes as before. `status`: what this reconcile writes."""
+    name, namespace = str(meta["name"]), str(meta["namespace"])
+    try:  # the pod watch's store, as the tick reads it (a LIST only while it is not synced)
+        pods = await context.kube.list_pods(namespace, manifests.selector_labels(name))
+    except KubeError as error:
+        log.info("%s/%s: first observation left to the tick: %s", namespace, name, error)
+        return {}
+    inputs = TickInputs(
+        namespace=namespace,
+        service_id=_service_id(str(meta["uid"])),
+        spec=parsed,
+        status=status,
+        pods=pods,
+        token="",  # no pod, so no call carries it
+        generation=int(status["appliedGeneration"]),
+        annotations=dict(meta.get("annotations") or {}),
+        operator_pod=context.settings.pod_name,
+    )
+    return await first_observation(inputs, time.time) or {}
 
 
 async def _apply_children(

@@ -111,7 +111,10 @@ def applied_status(
     and the applied spec the control loop protects the pods with until the next one.
 
     Ready becomes "Reconciling" only where no pod has reported yet (no Ready at all,
-    or one this reconcile's refusal or wait wrote): the tick owns it after that.
+    or one this reconcile's refusal or wait wrote): the tick owns it after that. A
+    service no tick has written yet, with no pod listed, gets the tick's first
+    observation laid over these in the same write (tick.first_observation), so its
+    Ready says "0/N pods serving" from the start instead of "Reconciling".
     """
     conditions = set_condition(
         _conditions(status),

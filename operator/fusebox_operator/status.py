@@ -689,6 +689,12 @@ def acting_operator(previous: Mapping[str, Any], pod: str, now: float) -> dict[s
     return {"pod": pod, "since": str(since or iso(now))}
 
 
+def observed_yet(status: Mapping[str, Any]) -> bool:
+    """Whether the telemetry's status was ever written (`updatedAt` is its key alone):
+    until then a reconcile makes the first observation itself (tick.first_observation)."""
+    return bool(status.get("updatedAt"))
+
+
 def should_write(previous: Mapping[str, Any], new: Mapping[str, Any], now: float) -> bool:
     """Write on a real change; figures that moved at most every REFRESH_SECONDS; else
     every QUIET_REFRESH_SECONDS.

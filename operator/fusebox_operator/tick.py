@@ -532,3 +532,68 @@ async def run_tick(
     write = bool(executed or would_act) or should_write(inputs.status, new_status, written_at)
     replicas = scale.replicas if scale and not holding else None
     return TickOutcome(new_status if write else {}, events, new_state, sample_list, replicas)
+
+
+# ----- the first observation, made by a new service's reconcile ---------------------------
+
+
+class _CallNeeded(Exception):
+    """The observation would have to scrape a pod or call one: the tick's work."""
+
+
+class _NoCalls:
+    """The actuator of an observation that may not reach any pod."""
+
+    async def execute(
+        self, namespace: str, pod: PodView | None, token: str, action: Action
+    ) -> ActionResult:
+        raise _CallNeeded(f"{action.kind.value} on {action.pod}")
+
+    async def reconcile_runtime(
+        self,
+        pod: PodView,
+        token: str,
+        target: RuntimeTarget,
+        sample: PodSample | None,
+        applied: MutableMapping[str, RuntimeTarget],
+    ) -> RuntimeCall:
+        raise _CallNeeded(f"runtime state of {pod.name}")
+
+
+async def _no_scrape(targets: Sequence[PodView]) -> list[PodSample]:
+    if targets:
+        raise _CallNeeded(f"a scrape of {len(targets)} pod(s)")
+    return []
+
+
+async def first_observation(inputs: TickInputs, clock: Clock) -> dict[str, Any] | None:
+    """The status keys the first tick would write, for the reconcile of a service with no
+    pods yet to write with its own; None when the tick must make it.
+
+    Why: a new service was written three times (kopf's finalizer, the reconcile's
+    status, the first tick's status two seconds later), and each write came back
+    as one more watch event through kopf's change detection; that last write and
+    its event were a fifth of a new service's operator CPU
+    (decisions/operator-api-cost.md, fifth pass). A service whose Deployment has
+    just been created has no pod to scrape nor to call, so the tick's first
+    observation needs nothing the reconcile lacks: it is the same `run_tick`, on
+    the pods the tick would list (none) and the status the reconcile is about to
+    write, so the first timer tick finds nothing moved and writes nothing.
+
+    Only while nothing is called: with pods listed, or with anything the tick
+    would post (an event), scale or act on, the first tick does it as before.
+    Nothing is kept for the tick either (a throwaway TickMemory): it starts from
+    the status written here, as after an operator restart.
+    """
+    if inputs.pods:
+        return None
+    try:
+        outcome = await run_tick(inputs, TickMemory(), _no_scrape, _NoCalls(), clock)
+    except _CallNeeded:
+        return None
+    scales = outcome.replicas is not None and outcome.replicas != current_replicas(
+        inputs.spec, inputs.status
+    )
+    if outcome.events or scales or not outcome.status_patch:
+        return None
+    return outcome.status_patch

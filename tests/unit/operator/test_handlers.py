@@ -24,6 +24,7 @@ from fusebox_operator.memo import (
     OperatorContext,
     ServiceMemo,
 )
+from fusebox_operator.observations import PodView
 from fusebox_operator.settings import OperatorSettings
 
 NAMESPACE = "ml"
@@ -51,6 +52,7 @@ class FakeKube:
         self.touched: set[str] = set()  # services whose children a watch saw move
         self.secret_token = "token"  # what the admin Secret holds now
         self.actuator = FakeActuator()
+        self.pods: list[PodView] = []  # what the pod watch holds
 
     async def read_service_status(self, namespace: str, name: str) -> dict[str, Any]:
         self.status_reads += 1
@@ -78,7 +80,7 @@ class FakeKube:
 
     async def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[Any]:
         self.pods_listed += 1
-        return []
+        return list(self.pods)
 
     async def read_secret_value(self, namespace: str, name: str) -> str:
         self.secret_reads += 1
@@ -216,11 +218,13 @@ def test_a_refused_edit_leaves_the_running_pods_watched_with_the_applied_spec(
     with pytest.raises(kopf.PermanentError):
         service.reconcile(REFUSED_EDIT, old=VALID)
     assert service.condition(ConditionType.INVALID_SPEC)["status"] == "True"
+    listed = service.kube.pods_listed
+    service.status["updatedAt"] = "2000-01-01T00:00:00Z"  # due for its refresh
 
     # A fresh memo, as after an operator restart: status alone says what was applied.
     written = service.tick(REFUSED_EDIT)
 
-    assert service.kube.pods_listed == 1  # the pods of generation 1 are still scraped
+    assert service.kube.pods_listed == listed + 1  # the pods of generation 1 are still scraped
     assert written["replicas"] == 0  # and the tick's status is written
     ready = service.condition(ConditionType.READY)
     assert (ready["reason"], ready["observedGeneration"]) == ("PodsNotReady", 1)
@@ -236,7 +240,8 @@ def test_a_tick_keeps_the_conditions_a_reconcile_wrote_while_it_ran(
     service = Service(FakeKube())
     service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
     service.reconcile(VALID)
-    read_by_the_tick = dict(service.status)
+    # The tick read its body when its figures were due for their refresh.
+    read_by_the_tick = {**service.status, "updatedAt": "2000-01-01T00:00:00Z"}
     # While the tick scrapes, an edit is refused: its reconcile writes InvalidSpec.
     with pytest.raises(kopf.PermanentError):
         service.reconcile(REFUSED_EDIT, old=VALID)
@@ -255,6 +260,7 @@ def test_a_tick_long_after_the_last_reconcile_writes_without_reading_its_object(
     service = Service(FakeKube())
     service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
     service.reconcile(VALID)
+    service.status["updatedAt"] = "2000-01-01T00:00:00Z"  # due for its refresh
     service.tick(VALID)
     assert service.kube.status_reads == 1  # a reconcile just wrote: its conditions kept
     assert service.kept.reconciled_at is not None
@@ -284,7 +290,7 @@ def test_the_token_a_reconcile_just_wrote_is_not_read_back_by_the_first_tick(
     service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
     service.reconcile(VALID, reason="create")  # the fake creates the Secret
     service.tick(VALID)
-    assert service.kube.pods_listed == 1
+    assert service.kube.pods_listed == 2  # the reconcile's first observation, then the tick
     assert service.kube.secret_reads == 0
     assert service.kept.admin_token  # the generated one, kept for the admin calls
 
@@ -380,7 +386,7 @@ def test_no_labelled_gpu_node_yet_is_waited_for_not_refused(
     service.reconcile(spec)
     assert f"Deployment {service.name}" in kube.written
     assert service.status["memory"]["source"] == "node label nvidia.com/gpu.memory"
-    assert service.condition(ConditionType.READY)["reason"] == "Reconciling"
+    assert service.condition(ConditionType.READY)["reason"] == "PodsNotReady"  # none listed
     assert service.condition(ConditionType.INVALID_SPEC)["reason"] == "SpecValid"
 
 
@@ -399,8 +405,9 @@ def test_waiting_for_gpu_nodes_leaves_ready_to_the_pods_already_running(
     assert service.condition(ConditionType.READY)["reason"] == "PodsNotReady"  # the tick's
     waiting = service.condition(ConditionType.INVALID_SPEC)
     assert (waiting["status"], waiting["reason"]) == ("False", EventReason.WAITING_FOR_GPU_NODES)
+    listed = kube.pods_listed
     service.tick(edited)
-    assert kube.pods_listed == 2  # generation 1's pods stay watched
+    assert kube.pods_listed == listed + 1  # generation 1's pods stay watched
 
 
 def test_undoing_an_edit_that_waited_for_gpu_nodes_accepts_the_spec_again(
@@ -474,3 +481,68 @@ def test_a_token_a_pod_refuses_is_read_again_at_the_next_tick(
 
     assert kube.secret_reads == 1
     assert service.kept.admin_token == "rotated"
+
+
+# A pod the ReplicaSet made, not yet scheduled: nothing to scrape, but the tick's to see.
+PENDING = PodView("chat-0", "uid-0", "", "Pending", False, False, False, 0, False, False)
+LONG_AGO = "2000-01-01T00:00:00Z"
+
+
+def test_a_new_service_is_written_once_with_its_first_observation(
+    events: list[tuple[str, str, str]],
+) -> None:
+    service = Service(FakeKube())
+    service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
+    service.reconcile(VALID, reason="create")
+
+    # The reconcile's write says what the first tick would have: no pod yet, so none serves.
+    assert (service.status["pods"], service.status["replicas"]) == ([], 0)
+    assert service.status["updatedAt"] and service.status["appliedGeneration"] == 1
+    ready = service.condition(ConditionType.READY)
+    assert (ready["status"], ready["reason"], ready["message"]) == (
+        "False",
+        "PodsNotReady",
+        "0/1 pods serving",
+    )
+    assert service.condition(ConditionType.INVALID_SPEC)["reason"] == "SpecValid"
+    assert [reason for _, reason, _ in events] == [EventReason.MEMORY_SIZED]
+
+    # The first timer tick lists the pods (still none), finds nothing moved, writes nothing,
+    # and so reads nothing back either.
+    assert service.tick(VALID) == {}
+    assert (service.kube.pods_listed, service.kube.status_reads) == (2, 0)
+
+
+def test_a_new_service_whose_pods_are_listed_already_is_observed_by_its_first_tick(
+    events: list[tuple[str, str, str]],
+) -> None:
+    kube = FakeKube()
+    kube.pods = [PENDING]
+    service = Service(kube)
+    service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
+    service.reconcile(VALID, reason="create")
+
+    assert "updatedAt" not in service.status and "pods" not in service.status
+    assert service.condition(ConditionType.READY)["reason"] == "Reconciling"
+    written = service.tick(VALID)
+    assert written["replicas"] == 1 and written["updatedAt"]
+
+
+def test_a_resume_observes_only_a_service_no_tick_has_written(
+    events: list[tuple[str, str, str]],
+) -> None:
+    kube = FakeKube()
+    kube.pods = [PENDING]  # the operator stops before the first tick; the pod goes
+    service = Service(kube)
+    service.reconcile(VALID, reason="create")
+    assert "updatedAt" not in service.status
+    kube.pods = []
+
+    service.reconcile(VALID, reason="resume")  # restarted: no tick status yet, so observed
+    assert service.status["updatedAt"] and service.status["pods"] == []
+
+    service.status["updatedAt"] = LONG_AGO
+    kube.pods = [PENDING]
+    service.reconcile(VALID, reason="resume")  # ticked before: its status is the tick's
+    assert service.status["updatedAt"] == LONG_AGO
+    assert service.condition(ConditionType.READY)["reason"] == "PodsNotReady"
