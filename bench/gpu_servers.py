@@ -14,13 +14,13 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from bench import loopback
-from bench.server_bench import thread_environment, wait_http
+from bench.server_bench import thread_environment, transformers_serve_command, wait_http
 
+peer_command = transformers_serve_command  # the one command line both benches start
 FUSEBOX_MODEL = "bench"  # the name Fusebox serves the bench model under
 
 
@@ -45,31 +45,6 @@ def fusebox_command(model_dir: Path, workdir: Path, port: int, flags: dict[str, 
 
 def fusebox_stats_file(workdir: Path, port: int) -> Path:
     return workdir / f"stats-{port}.json"
-
-
-def peer_command(
-    model_dir: Path, port: int, device: str, dtype: str, flags: Sequence[str]
-) -> list[str]:
-    """`transformers serve --continuous-batching` on loopback at `port` with `flags`."""
-    # The CLI's module rather than its console script: it runs where transformers comes
-    # from PYTHONPATH (the device's carried wheels).
-    return [
-        sys.executable,
-        "-m",
-        "transformers.cli.transformers",
-        "serve",
-        str(model_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--device",
-        device,
-        "--dtype",
-        dtype,
-        "--continuous-batching",
-        *flags,
-    ]
 
 
 def launch(

@@ -41,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,31 @@ def thread_environment(threads: int) -> dict[str, str]:
     return env
 
 
+def transformers_serve_command(
+    model_dir: Path, port: int, device: str, dtype: str, flags: Sequence[str]
+) -> list[str]:
+    """`transformers serve --continuous-batching` on loopback at `port` with `flags`."""
+    # The CLI's module rather than its console script: the same code, and it runs
+    # where transformers comes from PYTHONPATH (the GPU machine's carried wheels).
+    return [
+        sys.executable,
+        "-m",
+        "transformers.cli.transformers",
+        "serve",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--device",
+        device,
+        "--dtype",
+        dtype,
+        "--continuous-batching",
+        *flags,
+    ]
+
+
 def start_transformers_serve(
     model_dir: Path,
     workdir: Path,
@@ -152,27 +178,9 @@ def start_transformers_serve(
     """The peer: `transformers serve --continuous-batching` with the given `--cb-*` flags."""
     port = loopback.free_port()
     log = workdir / f"transformers-serve-{port}.log"
-    # The CLI's module rather than its console script: the same code, and it runs
-    # where transformers comes from PYTHONPATH (the GPU machine's carried wheels).
     sink = log.open("wb")  # the child keeps its own copy of the descriptor
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "transformers.cli.transformers",
-            "serve",
-            str(model_dir),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--device",
-            device,
-            "--continuous-batching",
-            "--dtype",
-            dtype,
-            *peer_flags,
-        ],
+        transformers_serve_command(model_dir, port, device, dtype, peer_flags),
         stdout=sink,
         stderr=subprocess.STDOUT,
         env=thread_environment(threads),
