@@ -67,7 +67,6 @@ from bench.gpu_servers import (  # noqa: E402
     fusebox_command,
     launch,
     log_tail,
-    peer_command,
 )
 from bench.server_bench import (  # noqa: E402  (the repository root is on the path only now)
     NO_PLOT,
@@ -80,6 +79,7 @@ from bench.server_bench import (  # noqa: E402  (the repository root is on the p
     stop,
     summarize,
     throughput_over_http,
+    transformers_serve_command,
 )
 from fusebox_server.model.tiny_model import SIZES, ModelSize  # noqa: E402
 
@@ -501,7 +501,9 @@ class Run:
     def _start_peer(self, name: str, flags: list[str]) -> tuple[Any, str, Path]:
         """`transformers serve` in the dtype its loader picks from the model (the saved one)."""
         port = loopback.free_port()
-        command = peer_command(self.model_dir, port, self.config.device, "auto", flags)
+        command = transformers_serve_command(
+            self.model_dir, port, self.config.device, "auto", flags
+        )
         return launch(
             name, command, "/health", port, self.workdir, self.config.threads, START_TIMEOUT_SECONDS
         )

@@ -121,9 +121,9 @@ from bench.gpu_servers import (  # noqa: E402
     fusebox_stats_file,
     launch,
     log_tail,
-    peer_command,
 )
 from bench.realistic_bench import agreement, paired_ttft_p99  # noqa: E402
+from bench.server_bench import transformers_serve_command  # noqa: E402
 from bench.serving_metrics import ResponseRecord, summarize  # noqa: E402
 from bench.workload import poisson_arrivals  # noqa: E402
 
@@ -394,7 +394,7 @@ def run_peers(run: Run, model_dir: Path, workdir: Path, traffic_of: Traffic) -> 
         try:
             process, url, log = launch(
                 f"peer-{name}",
-                peer_command(
+                transformers_serve_command(
                     model_dir,
                     port,
                     config.device,

@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import loopback
-from bench.server_bench import thread_environment, transformers_serve_command, wait_http
+from bench.server_bench import thread_environment, wait_http
 
-peer_command = transformers_serve_command  # the one command line both benches start
 FUSEBOX_MODEL = "bench"  # the name Fusebox serves the bench model under
 
 

@@ -1,5 +1,5 @@
-"""bench/gpu_servers.py, the launching gpu_bench.py and gpu_realistic.py share: the peer's
-command line, a server that dies or never answers, and the logs' tails."""
+"""bench/gpu_servers.py, the launching gpu_bench.py and gpu_realistic.py share (and the peer's
+command line, from server_bench): a server that dies or never answers, and the logs' tails."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from bench import gpu_servers, loopback
+from bench.server_bench import transformers_serve_command
 
 
 def test_the_peer_runs_continuous_batching_with_the_settings_flags_last(tmp_path: Path) -> None:
-    command = gpu_servers.peer_command(tmp_path, 8124, "cuda", "auto", ["--cb-use-cuda-graph"])
+    command = transformers_serve_command(tmp_path, 8124, "cuda", "auto", ["--cb-use-cuda-graph"])
 
     assert command[:5] == [
         sys.executable,
