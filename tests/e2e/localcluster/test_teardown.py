@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..multinode import conftest as multinode
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 STATE_ROOT = Path(os.environ.get("FUSEBOX_LOCALCLUSTER_DIR") or "/var/lib/fusebox-localcluster")
 NAME = "fbxdown"
@@ -122,8 +124,17 @@ def _live_shim_sockets() -> set[str]:
     return sockets
 
 
+def _of_the_multinode_cluster(item: str) -> bool:
+    """Whether an item names the multinode module's cluster, which the side lane of
+    scripts/test-all.sh may bring up or down while this test runs: its namespaces,
+    cgroups, state and firewall rules carry its name, its links and routes its veths."""
+    return any(word in item for word in (multinode.NAME, multinode.HOST_VETH, multinode.NODE_VETH))
+
+
 def _ours(kind: str, item: str) -> bool:
     """Whether an item that appeared can be of this test's cluster (else another's)."""
+    if _of_the_multinode_cluster(item):
+        return False
     if kind in ("mounts", "container log links"):
         other_state = re.search(r"/(fusebox-localcluster|containerd)/([^/]+)/", item)
         if other_state and other_state.group(2) != NAME:

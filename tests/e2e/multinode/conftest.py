@@ -29,13 +29,14 @@ from ..localcluster.conftest import Kube, new_namespace
 NAME = os.environ.get("FUSEBOX_MULTINODE_NAME", "fbxmn")
 NODES = int(os.environ.get("FUSEBOX_MULTINODE_NODES", "3"))
 NODE_CIDR, POD_CIDR, SERVICE_CIDR = "10.240.0.0/28", "10.241.0.0/16", "10.242.0.0/16"
+HOST_VETH, NODE_VETH = "fbm0", "fbm1"
 UP_FLAGS = (
     f"--nodes={NODES}",
     f"--node-cidr={NODE_CIDR}",
     f"--pod-cidr={POD_CIDR}",
     f"--service-cidr={SERVICE_CIDR}",
-    "--host-veth=fbm0",
-    "--node-veth=fbm1",
+    f"--host-veth={HOST_VETH}",
+    f"--node-veth={NODE_VETH}",
     "--images=pause,coredns,testapp",
 )
 UP_TIMEOUT_SECONDS = 600
@@ -101,7 +102,7 @@ def host_leftovers() -> list[str]:
         if n == NAME or n.startswith(f"{NAME}-node")
     ]
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    found += [f"link {link}" for link in ("fbm0", "fbm1") if f" {link}:" in links]
+    found += [f"link {link}" for link in (HOST_VETH, NODE_VETH) if f" {link}:" in links]
     routes = subprocess.run(["ip", "route", "show"], capture_output=True, text=True).stdout
     ours = [ipaddress.ip_network(c) for c in (NODE_CIDR, POD_CIDR, SERVICE_CIDR)]
     for route in routes.splitlines():
