@@ -35,6 +35,12 @@ snapshot and the RSS, glibc and mapping figures into DIR at the end of the
 steady window; two sizes' snapshots compared give bytes per service by line.
 `--operator-env NAME=VALUE` sets a variable in that operator alone
 (MALLOC_ARENA_MAX=2, say). docs/decisions/operator-memory.md has the findings.
+
+CPU: `--cpu-probe DIR` runs both status phases' operators under a sampler
+weighted by CPU time (bench/fleet/cpu_probe, a `sitecustomize` on their path
+only) and writes, per phase, the stacks and the top functions and packages of
+the CPU counted in the figure (DIR/<namespace>/2.*; 1.* is the startup).
+docs/decisions/operator-api-cost.md ("Sixth pass") has the findings.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ from bench.operator_bench import _apiserver, _cpu_seconds, _rss, free_port  # no
 
 RESULTS = REPO / "bench" / "results" / "operator.json"
 MEMORY_PROBE = REPO / "bench" / "fleet" / "memory_probe"  # a sitecustomize: tracemalloc
+CPU_PROBE = REPO / "bench" / "fleet" / "cpu_probe"  # a sitecustomize: CPU-weighted sampler
 SCRAPE_INTERVAL_SECONDS = 5.0  # the CRD's default telemetry.scrapeIntervalSeconds
 CHILD_RESOURCES = (
     "secrets",
@@ -309,26 +316,75 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def status_phase(
-    run: Run, namespace: str, command: list[str], env: dict[str, str], count: int
+    run: Run,
+    namespace: str,
+    command: list[str],
+    env: dict[str, str],
+    count: int,
+    cpu_probe: Path | None = None,
 ) -> dict[str, Any]:
-    """Seconds until `count` services applied at once all have a status, and CPU."""
+    """Seconds until `count` services applied at once all have a status, and CPU; with
+    `cpu_probe`, the operator's profile of that CPU (bench/fleet/cpu_probe)."""
+    probe_folder = None if cpu_probe is None else cpu_probe / namespace
+    if probe_folder is not None:
+        probe_folder.mkdir(parents=True, exist_ok=True)
+        env = {
+            **env,
+            "PYTHONPATH": f"{CPU_PROBE}:{env['PYTHONPATH']}",
+            "FUSEBOX_CPU_PROBE_DIR": str(probe_folder.resolve()),
+        }
     process = start(command, env, run.work / f"{namespace}.log")
+    profile = None
     try:
         time.sleep(8)  # the operator's startup (kopf's first LISTs) is not the figure
+        if probe_folder is not None:
+            probe_cpu(process.pid, probe_folder)  # 1.*: the startup, left out
         cpu_before = _cpu_seconds(process.pid)
         started = time.monotonic()
         run.services(namespace, count, replicas=0)
         seconds = run.until(lambda: run.with_status(namespace), count, process.pid, 900)
         took = time.monotonic() - started
         cpu = _cpu_seconds(process.pid) - cpu_before
+        if probe_folder is not None:
+            profile = probe_cpu(process.pid, probe_folder)
     finally:
         stop(process)
-    return {
+    result = {
         "services": count,
         "seconds_to_status": None if seconds is None else round(took, 1),
         "reached": run.with_status(namespace),
         "cpu_seconds": round(cpu, 1),
         "cpu_ms_per_service": round(cpu * 1000 / count, 1),
+    }
+    if profile is not None:
+        result["cpu_probe"] = cpu_probe_digest(profile)
+    return result
+
+
+def probe_cpu(pid: int, folder: Path, limit_seconds: float = 60.0) -> dict[str, Any]:
+    """Ask the operator's CPU probe (bench/fleet/cpu_probe) for the profile since its
+    last one; the folded stacks stay in `folder`."""
+    done = {p.name for p in folder.glob("*.json")}
+    os.kill(pid, signal.SIGUSR2)
+    started = time.monotonic()
+    while time.monotonic() - started < limit_seconds:
+        fresh = [p for p in folder.glob("*.json") if p.name not in done]
+        if fresh:
+            return dict(json.loads(fresh[0].read_text()), file=str(fresh[0]))
+        time.sleep(0.5)
+    return {"error": f"no profile within {limit_seconds:.0f} s"}
+
+
+def cpu_probe_digest(profile: dict[str, Any], top: int = 15) -> dict[str, Any]:
+    """The head of a CPU profile for operator.json (the whole one stays in its folder)."""
+    if "error" in profile:
+        return profile
+    return {
+        "file": profile["file"],
+        "sampled_cpu_seconds": profile["sampled_cpu_seconds"],
+        "own_by_package": profile["own_by_package"][:top],
+        "own_by_function": profile["own_by_function"][:top],
+        "cumulative_by_function": profile["cumulative_by_function"][:top],
     }
 
 
@@ -450,6 +506,11 @@ def main() -> None:
         help="frames kept per allocation by the probe (0: no tracemalloc, the figures alone)",
     )
     parser.add_argument(
+        "--cpu-probe",
+        type=Path,
+        help="profile both status phases' operators (bench/fleet/cpu_probe) into this folder",
+    )
+    parser.add_argument(
         "--operator-env",
         action="append",
         default=[],
@@ -501,12 +562,12 @@ def run_bench(args: argparse.Namespace, work: Path) -> None:
                 run, BASELINE_NAMESPACE,
                 [sys.executable, "-m", "kopf", "run", "--standalone",
                  f"--namespace={BASELINE_NAMESPACE}", str(baseline_operator)],
-                env, args.status_services,
+                env, args.status_services, args.cpu_probe,
             )  # fmt: skip
             fusebox_env = {**env, "FUSEBOX_WATCH_NAMESPACES": STATUS_NAMESPACE}
             fusebox = status_phase(
                 run, STATUS_NAMESPACE, [sys.executable, "-m", "fusebox_operator"],
-                fusebox_env, args.status_services,
+                fusebox_env, args.status_services, args.cpu_probe,
             )  # fmt: skip
             fleet_env = {**env, "FUSEBOX_WATCH_NAMESPACES": FLEET_NAMESPACE}
             fleet_env.update(operator_env(args.operator_env))
