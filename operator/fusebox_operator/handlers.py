@@ -370,8 +370,12 @@ def _coarse_ticks(spec: kopf.Spec, status: kopf.Status, **_: Any) -> bool:
 
 
 # Two timers, one tick: kopf's `when` gives each service exactly one (cadence.py).
+FINE_TIMER_ID, COARSE_TIMER_ID = "telemetry", "telemetry-coarse"
+TELEMETRY_TIMER_IDS = (FINE_TIMER_ID, COARSE_TIMER_ID)  # their "succeeded" lines are dropped
+
+
 @kopf.timer(
-    GROUP, VERSION, PLURAL, id="telemetry", interval=FINE_TICK_SECONDS, initial_delay=2.0,
+    GROUP, VERSION, PLURAL, id=FINE_TIMER_ID, interval=FINE_TICK_SECONDS, initial_delay=2.0,
     when=_fine_ticks,
 )  # fmt: skip
 async def telemetry(**kwargs: Any) -> None:
@@ -380,7 +384,7 @@ async def telemetry(**kwargs: Any) -> None:
 
 
 @kopf.timer(
-    GROUP, VERSION, PLURAL, id="telemetry-coarse", interval=COARSE_TICK_SECONDS, sharp=True,
+    GROUP, VERSION, PLURAL, id=COARSE_TIMER_ID, interval=COARSE_TICK_SECONDS, sharp=True,
     initial_delay=2.0, when=_coarse_ticks,
 )  # fmt: skip
 async def telemetry_coarse(**kwargs: Any) -> None:
