@@ -29,7 +29,8 @@ from fusebox_operator.manifests import SERVICE_LABEL
 
 Child = dict[str, Any]
 Key = tuple[str, str, str]  # kind, namespace, name
-Packed = bytes  # a kept child as compact JSON, deflated
+Packed = bytes  # a kept child as compact JSON, deflated, without its resourceVersion
+Held = tuple[str, Packed]  # (resourceVersion, packed): how the store keeps a child
 
 
 class _Unknown:
@@ -43,13 +44,27 @@ UNKNOWN: Final = _Unknown()
 # Written by the apiserver or a controller, never by whoever edits a child: a change
 # of these alone (a Deployment's rollout status, a new resourceVersion) is not drift.
 SERVER_OWNED_METADATA = ("resourceVersion", "managedFields", "generation")
+# The Deployment controller numbers each rollout in this annotation. No rendered child
+# sets it, so drift never compares it; counted as an edit, it touched every new service
+# a moment after its create (the controller's first sync), and the resync that followed
+# found nothing to put back: a seventh of a new service's CPU in the telemetry timer
+# (decisions/operator-api-cost.md, sixth pass). An edit of the Deployment's template
+# still touches it, by the template.
+CONTROLLER_ANNOTATIONS = ("deployment.kubernetes.io/revision",)
 
 
 def what_an_editor_sets(child: Mapping[str, Any]) -> dict[str, Any]:
-    """The child without its status and the metadata only the apiserver writes."""
+    """The child without its status and the metadata only the apiserver or a controller
+    writes."""
     kept = {key: value for key, value in child.items() if key != "status"}
     metadata = child.get("metadata") or {}
-    kept["metadata"] = {k: v for k, v in metadata.items() if k not in SERVER_OWNED_METADATA}
+    edited = {k: v for k, v in metadata.items() if k not in SERVER_OWNED_METADATA}
+    annotations = edited.get("annotations")
+    if isinstance(annotations, Mapping) and any(a in annotations for a in CONTROLLER_ANNOTATIONS):
+        edited["annotations"] = {
+            k: v for k, v in annotations.items() if k not in CONTROLLER_ANNOTATIONS
+        }
+    kept["metadata"] = edited
     return kept
 
 
@@ -63,6 +78,10 @@ def kept(child: Mapping[str, Any]) -> Child:
     return held
 
 
+def _version(child: Mapping[str, Any]) -> str:
+    return str((child.get("metadata") or {}).get("resourceVersion") or "")
+
+
 def _pack(child: Mapping[str, Any]) -> Packed:
     """Compact JSON, deflated: held as nested dicts, 500 services' rendered children took
     23.4 MiB (tracemalloc) against 3.7 MiB as text, and a resync reads each child once
@@ -71,12 +90,22 @@ def _pack(child: Mapping[str, Any]) -> Packed:
     per service in the fleet bench; deflate (its fastest level, tens of microseconds
     per child) keeps about a fifth of that (docs/decisions/operator-memory.md). The same
     child always packs to the same bytes, so comparing packed children still tells
-    whether one moved."""
-    return zlib.compress(json.dumps(kept(child), separators=(",", ":")).encode(), 1)
+    whether one moved. The resourceVersion is held beside the bytes (`Held`), so a
+    change of status alone (a new version, nothing else) packs to the same bytes."""
+    held = kept(child)
+    held["metadata"].pop("resourceVersion", None)
+    return zlib.compress(json.dumps(held, separators=(",", ":")).encode(), 1)
 
 
-def _unpack(packed: Packed) -> Child:
+def _hold(child: Mapping[str, Any]) -> Held:
+    return _version(child), _pack(child)
+
+
+def _unpack(held: Held) -> Child:
+    version, packed = held
     child: Child = json.loads(zlib.decompress(packed))
+    if version:
+        child.setdefault("metadata", {})["resourceVersion"] = version
     return child
 
 
@@ -95,7 +124,7 @@ def _service(child: Mapping[str, Any]) -> tuple[str, str] | None:
 class ChildStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._children: dict[Key, Packed] = {}
+        self._children: dict[Key, Held] = {}
         self._synced: set[str] = set()
         self._touched: set[tuple[str, str]] = set()  # services whose children moved
 
@@ -105,15 +134,15 @@ class ChildStore:
         A child gone or changed since the last view (events the watch missed)
         touches its service, as the events would have.
         """
-        fresh = {_key(kind, child): _pack(child) for child in children}
+        fresh = {_key(kind, child): _hold(child) for child in children}
         with self._lock:
             before = {key: child for key, child in self._children.items() if key[0] == kind}
-            for key, packed in before.items():
+            for key, held in before.items():
                 if key not in fresh:
-                    self._touch(_unpack(packed))
-            for key, packed in fresh.items():
-                if key in before and before[key] != packed:
-                    self._touch_if_moved(before[key], packed)
+                    self._touch(_unpack(held))
+            for key, held in fresh.items():
+                if key in before and before[key][1] != held[1]:
+                    self._touch_if_moved(before[key], held)
             for key in before:
                 del self._children[key]
             self._children.update(fresh)
@@ -121,13 +150,23 @@ class ChildStore:
 
     def put(self, kind: str, child: Child) -> None:
         """A watch event: added or modified. An edit of what an editor sets touches the
-        service; a new child does not (a create is the operator's own, or a resync's)."""
-        key, packed = _key(kind, child), _pack(child)
+        service; a new child does not (a create is the operator's own, or a resync's).
+
+        The event of a version the store holds already (the operator's own write,
+        recorded from the apiserver's answer) is not packed again: the apiserver gives
+        every change a new resourceVersion, so nothing moved. That was five of the eight
+        events a new service's children bring."""
+        key, version = _key(kind, child), _version(child)
         with self._lock:
             known = self._children.get(key)
-            if known is not None and known != packed:
-                self._touch_if_moved(known, packed)
-            self._children[key] = packed
+        if known is not None and version and known[0] == version:
+            return
+        held = _hold(child)
+        with self._lock:
+            known = self._children.get(key)
+            if known is not None and known[1] != held[1]:
+                self._touch_if_moved(known, held)
+            self._children[key] = held
 
     def remove(self, kind: str, child: Mapping[str, Any]) -> None:
         """A watch event: deleted (or no longer carrying the service label)."""
@@ -138,8 +177,9 @@ class ChildStore:
     def record(self, kind: str, child: Child) -> None:
         """The operator's own write, as the apiserver answered it: kept, touching nothing,
         so the watch event that follows finds nothing moved."""
+        held = _hold(child)
         with self._lock:
-            self._children[_key(kind, child)] = _pack(child)
+            self._children[_key(kind, child)] = held
 
     def lost(self, kind: str) -> None:
         """The watch of `kind` may have missed events: UNKNOWN until the next LIST."""
@@ -155,8 +195,8 @@ class ChildStore:
         with self._lock:
             if kind not in self._synced:
                 return UNKNOWN
-            packed = self._children.get((kind, namespace, name))
-        return None if packed is None else _unpack(packed)
+            held = self._children.get((kind, namespace, name))
+        return None if held is None else _unpack(held)
 
     def take_touched(self, namespace: str, service: str) -> bool:
         """Whether a child of this service moved since the last call (and forget it)."""
@@ -166,7 +206,7 @@ class ChildStore:
             self._touched.discard((namespace, service))
             return True
 
-    def _touch_if_moved(self, before: Packed, after: Packed) -> None:
+    def _touch_if_moved(self, before: Held, after: Held) -> None:
         old, new = _unpack(before), _unpack(after)
         if what_an_editor_sets(old) != what_an_editor_sets(new):
             self._touch(new)
