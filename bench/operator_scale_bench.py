@@ -349,7 +349,7 @@ def status_phase(
             profile = probe_cpu(process.pid, probe_folder)
     finally:
         stop(process)
-    result = {
+    result: dict[str, Any] = {
         "services": count,
         "seconds_to_status": None if seconds is None else round(took, 1),
         "reached": run.with_status(namespace),
