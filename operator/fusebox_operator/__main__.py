@@ -40,10 +40,12 @@ class TimerTickFilter(logging.Filter):
     """Drop kopf's "Timer ... succeeded." line of the telemetry timers, which wake every
     service every second or 2.5 s: one line per wake-up says nothing the status does not.
 
-    Every timer's id, not one: the coarse timer's line escaped this filter while it named
-    only the first timer, and writing those lines was an eighth of the operator's CPU
-    while 500 new services reached their status (decisions/operator-api-cost.md, sixth
-    pass). A failed tick is still logged (kopf's line says "failed").
+    Every timer's id, not one: the coarse timer's line (the default 5 s interval's) escaped
+    this filter while it named only the first timer. A log of lines that say nothing is
+    the reason; CPU is not: kopf builds the record before any filter sees it, and the
+    line's share of a new service's CPU is under a millisecond
+    (decisions/operator-api-cost.md, sixth pass). A failed tick is still logged (kopf's
+    line says "failed").
     """
 
     def __init__(self, timer_ids: Sequence[str]) -> None:

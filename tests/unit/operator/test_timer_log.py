@@ -1,9 +1,8 @@
 """kopf's per-wake-up "Timer ... succeeded." line is dropped for every telemetry timer.
 
-Why: the timers wake every service every second or 2.5 s; the coarse timer's line
-escaped the filter that named only the first timer, and writing it was an eighth of
-the operator's CPU while 500 new services reached their status
-(decisions/operator-api-cost.md, sixth pass). A failure and other handlers' lines stay.
+Why: the timers wake every service every second or 2.5 s, and a line per wake-up says
+nothing; the coarse timer's line (the default interval's) escaped the filter that named
+only the first timer. A failure and other handlers' lines stay.
 """
 
 from __future__ import annotations
