@@ -187,7 +187,8 @@ def test_the_event_of_the_operators_own_write_is_not_serialized_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The watch event of a version the store recorded from the apiserver's answer brings
-    nothing new: it costs no serialization (five of a new service's eight child events)."""
+    nothing new: it costs no serialization (the ADDED event of each child the operator
+    creates)."""
     store = synced(policy())
     written = policy(version="2", policyTypes=["Ingress"])
     store.record("NetworkPolicy", written)
