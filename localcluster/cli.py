@@ -127,7 +127,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("status", help="show each component (exit 0 only when all are healthy)")
     sub.add_parser("env", help="print shell exports for KUBECONFIG and PATH")
-    sub.add_parser("load-images", help="load built images into a running cluster's containerd")
+    load = sub.add_parser(
+        "load-images",
+        help="load built images into a running cluster's containerd",
+        description="Import the built images (all, or those named) that a node's containerd "
+        "lacks or holds in an older build; every node unless --node names one.",
+    )
+    load.add_argument(
+        "images", metavar="IMAGE", nargs="*", help="e.g. inference operator (default all)"
+    )
+    load.add_argument("--node", metavar="NAME", help="only this node (default every node)")
+    load.add_argument(
+        "--discard-unpacked-layers",
+        action="store_true",
+        help="keep only the unpacked image, not its layer blobs as well: half the disk "
+        "per node (the inference image: about 6 GB instead of 12), but an image rebuilt "
+        "later sends all its layers again, not only the changed ones",
+    )
     registry_cmd = sub.add_parser(
         "registry",
         help="push to the cluster's authenticated registry, or print a pull Secret",
@@ -275,8 +291,14 @@ def run(argv: Sequence[str]) -> int:
         monitoring_addon.install_into(_require_saved(name), say=report.say)
         return 0
     if args.command == "load-images":
-        for view in nodes.all_nodes(_require_saved(name)):
-            containerd.load_images_into_running(view)
+        config = _require_saved(name)
+        views = nodes.all_nodes(config) if args.node is None else [_node(config, args.node)]
+        for view in views:
+            containerd.load_images_into_running(
+                view,
+                only=tuple(args.images) or None,
+                discard_unpacked_layers=args.discard_unpacked_layers,
+            )
         return 0
     if args.command == "node":
         view = nodes.by_name(_require_saved(name), args.node_name)

@@ -44,8 +44,14 @@ def image_reference(name: str) -> str:
     return f"localhost/fusebox/{name}" + ("" if ":" in name else ":latest")
 
 
-def load_images(config: ClusterConfig, only: tuple[str, ...] | None = None) -> None:
-    """Load built images (all, or `only` these) through the images module."""
+def load_images(
+    config: ClusterConfig,
+    only: tuple[str, ...] | None = None,
+    *,
+    discard_unpacked_layers: bool = False,
+) -> None:
+    """Load built images (all, or `only` these) through the images module;
+    `discard_unpacked_layers` keeps the unpacked snapshots only (images.load_images)."""
     try:
         images = importlib.import_module("localcluster.images")
     except ModuleNotFoundError as err:
@@ -55,15 +61,29 @@ def load_images(config: ClusterConfig, only: tuple[str, ...] | None = None) -> N
     load: Callable[..., None] = images.load_images
     names = None if only is None else [image_reference(n) for n in only]
     try:
-        load(CTR, str(config.containerd_socket), names=names)
+        load(
+            CTR,
+            str(config.containerd_socket),
+            names=names,
+            discard_unpacked_layers=discard_unpacked_layers,
+        )
     except RuntimeError as err:  # images.ImageError: its message names the make target
         raise ClusterError(f"loading images: {err}") from err
 
 
-def load_images_into_running(config: ClusterConfig) -> None:
+def load_images_into_running(
+    config: ClusterConfig,
+    only: tuple[str, ...] | None = None,
+    *,
+    discard_unpacked_layers: bool = False,
+) -> None:
     if not ctr_ok(config):
-        raise ClusterError(f"containerd of cluster {config.name!r} is not running: run `up` first")
-    load_images(config)
+        raise ClusterError(
+            f"containerd of {config.node_name} ({config.name!r}) is not running: run `up` first"
+        )
+    load_images(config, only, discard_unpacked_layers=discard_unpacked_layers)
+    if only is not None:  # asked for by name: one never built is an error, not a warning
+        require_images(config, tuple(image_reference(n) for n in only))
 
 
 def require_images(config: ClusterConfig, names: tuple[str, ...]) -> None:

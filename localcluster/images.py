@@ -338,7 +338,11 @@ class _BytesReader:
 
 
 def load_images(
-    ctr_binary: str, containerd_address: str, names: Sequence[str] | None = None
+    ctr_binary: str,
+    containerd_address: str,
+    names: Sequence[str] | None = None,
+    *,
+    discard_unpacked_layers: bool = False,
 ) -> None:
     """Make containerd hold every built image under the name pods use.
 
@@ -349,6 +353,9 @@ def load_images(
     the inference image before its Dockerfile exists) are reported on stderr
     and skipped; `missing_images` lists them for a caller that must fail.
     `names` restricts the load to those images (default: IMAGE_NAMES).
+    `discard_unpacked_layers`: containerd drops each layer's blob once it is
+    unpacked (the node keeps the snapshot only, half the disk); the next
+    load of a rebuilt image then sends every layer, not only the new ones.
 
     Raises ImageError when the layout is absent or ctr fails.
     """
@@ -377,7 +384,7 @@ def load_images(
                 if digest not in known and digest not in needed:
                     needed.append(digest)
         print(f"images: importing {', '.join(stale)} ({len(needed)} new blobs)", file=sys.stderr)
-        _import(ctr, layout, stale, in_layout, needed)
+        _import(ctr, layout, stale, in_layout, needed, discard_unpacked_layers)
         superseded = superseded_image_ids(parse_ctr_images(_run([*ctr, "images", "ls"])))
         if superseded:
             print(f"images: dropping {len(superseded)} superseded image ids", file=sys.stderr)
@@ -390,8 +397,11 @@ def _import(
     names: Sequence[str],
     in_layout: Mapping[str, Descriptor],
     digests: Sequence[str],
+    discard_unpacked_layers: bool = False,
 ) -> None:
-    argv = [*ctr, "images", "import", "--all-platforms", "-"]
+    # ctr discards unpacked layers only in its local import, not through the transfer API.
+    discard = ["--local", "--discard-unpacked-layers"] if discard_unpacked_layers else []
+    argv = [*ctr, "images", "import", "--all-platforms", *discard, "-"]
     with subprocess.Popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     ) as proc:
