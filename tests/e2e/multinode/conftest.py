@@ -1,11 +1,11 @@
 """A cluster of its own with several nodes, beside (never instead of) the default one.
 
-`multinode` (module-scoped) brings up the localcluster named
+`multinode` (package-scoped: every module here shares it) brings up the localcluster named
 FUSEBOX_MULTINODE_NAME (default fbxmn) with FUSEBOX_MULTINODE_NODES nodes
 (default 3) on subnets, veths and a namespace of its own, so it runs while
 the rest of the e2e suite holds the default cluster `fusebox`; it takes the
-cluster down when the module ends (unless FUSEBOX_MULTINODE_KEEP=1), so
-inside a whole e2e run it is gone before the next module, and it never
+cluster down when the last module here ends (unless
+FUSEBOX_MULTINODE_KEEP=1), and it never
 touches the default one. Only the images these tests run are loaded, on
 every node. `mkube` binds it to
 a fresh `restricted` namespace per test, deleted (and waited for) afterwards.
@@ -66,7 +66,7 @@ def head_and_tail(text: str, head: int = 2000, tail: int = 2000) -> str:
     return f"{text[:head]}\n[... {len(text) - head - tail} characters ...]\n{text[-tail:]}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def multinode() -> Iterator[Cluster]:
     first = multinode_cli("up", *UP_FLAGS, timeout=UP_TIMEOUT_SECONDS, check=False)
     if first.returncode != 0:
