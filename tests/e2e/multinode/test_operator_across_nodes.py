@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import time
 import uuid
@@ -43,6 +42,7 @@ from ..operator.conftest import (
     traffic,
 )
 from ..operator.test_operator import LADDER_EVENTS, leak_spec
+from ..operator.test_operator_replicas import action_id
 from .conftest import NAME, multinode_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
@@ -179,10 +179,13 @@ def ladder_events_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in events if e["reason"] in LADDER_EVENTS]
 
 
-def action_id(event: dict[str, Any]) -> str | None:
-    """The action id an action's event ends with (`... [ID]`)."""
-    found = re.search(r"\[([^\]]+)\]$", event.get("message", ""))
-    return found.group(1) if found else None
+def wait_serving(service: Service, what: str) -> None:
+    wait_for(
+        what,
+        lambda: service.condition(ConditionType.READY).get("status") == "True",
+        timeout=120,
+        diagnose=service.diagnose,
+    )
 
 
 def ready_pod_on(service: Service, node: str) -> dict[str, Any] | None:
@@ -280,12 +283,7 @@ def test_a_node_lost_mid_ladder_leaves_its_pod_alone_and_the_replacement_is_size
                 timeout=120,
                 diagnose=service.diagnose,
             )
-            wait_for(
-                "the service Ready again",
-                lambda: service.condition(ConditionType.READY).get("status") == "True",
-                timeout=120,
-                diagnose=service.diagnose,
-            )
+            wait_serving(service, "the service Ready again")
             status, events = service.status(), service.events()
         finally:
             multinode_cli("node", "start", lost, timeout=300)
@@ -427,12 +425,7 @@ def test_a_gpu_unhealthy_on_one_node_drains_only_the_pod_there_and_it_waits_name
             timeout=300,
             diagnose=service.diagnose,
         )
-        wait_for(
-            "the service Ready 2/2",
-            lambda: service.condition(ConditionType.READY).get("status") == "True",
-            timeout=120,
-            diagnose=service.diagnose,
-        )
+        wait_serving(service, "the service Ready 2/2")
         still = next(p for p in service.ready_pods() if p["spec"]["nodeName"] == healthy_node)
         events = service.events()
 
