@@ -103,6 +103,29 @@ class PodView:
         """Ready and not being deleted: an endpoint the Service sends traffic to."""
         return self.ready and not self.terminating
 
+    @property
+    def scrapable(self) -> bool:
+        """Running with an IP and its sidecar Ready, and not being deleted: a pod whose
+        sidecar should answer a scrape. (A native sidecar is Ready while the pod is
+        still Pending, its server container not started yet: not scrapable.)"""
+        return (
+            self.phase == "Running"
+            and bool(self.ip)
+            and self.sidecar_ready
+            and not self.terminating
+        )
+
+    @property
+    def unscraped_because(self) -> str:
+        """Why a pod that exists was not scraped this tick."""
+        if not self.ip:
+            return "no pod IP yet"
+        if not self.sidecar_ready:
+            return "sidecar not ready"
+        if self.phase != "Running":
+            return f"pod {self.phase or 'not running'}, its server not started"
+        return "not scraped"
+
 
 @dataclass(frozen=True)
 class RequestCounts:

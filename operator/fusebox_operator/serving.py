@@ -230,8 +230,7 @@ def update_sightings(
         if pod.terminating:
             continue
         previous = sightings.get(pod.name, Sighting())
-        why = "sidecar not ready" if pod.ip else "no pod IP yet"
-        updated[pod.name] = previous.after(samples.get(pod.name), now, why)
+        updated[pod.name] = previous.after(samples.get(pod.name), now, pod.unscraped_because)
     return updated
 
 
@@ -240,7 +239,7 @@ class ServiceView:
     """This tick's verdicts on a service's pods, and the figures status may show."""
 
     verdicts: tuple[PodServing, ...] = ()
-    # Pods whose sidecar should answer (Ready, or its sidecar Ready) and that the
+    # Pods whose sidecar should answer (Ready, or scrapable) and that the
     # operator cannot see: what TelemetryFresh and its event name.
     blind: tuple[PodServing, ...] = ()
     figures: tuple[PodSample, ...] = ()  # the last good sample of every observed pod
@@ -270,7 +269,10 @@ def observe(
     """The service as this tick saw it, from the sightings after its scrape and the
     admin calls' reach."""
     verdicts = judge_pods(pods, sightings, wedge_after_seconds, now)
-    watched = [p for p in pods if not p.terminating and (p.serving or p.sidecar_ready)]
+    # A pod the operator should see: one that serves, or one it scrapes. Not a pod whose
+    # sidecar is Ready before its server container started (still Pending): the scrape
+    # skips it, and counting it blind named every such start in a TelemetryStale warning.
+    watched = [p for p in pods if not p.terminating and (p.serving or p.scrapable)]
     blind = [
         _unobserved(p.name, sightings.get(p.name), now)
         for p in sorted(watched, key=lambda p: p.name)

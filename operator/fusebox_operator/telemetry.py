@@ -208,9 +208,7 @@ def _stall(kind: MemoryStall) -> dict[str, str]:
 
 def scrapable(pods: Iterable[PodView]) -> list[PodView]:
     """Running pods whose sidecar answers; a wedged server's pod is not Ready but still counts."""
-    return [
-        p for p in pods if p.phase == "Running" and p.ip and p.sidecar_ready and not p.terminating
-    ]
+    return [p for p in pods if p.scrapable]
 
 
 async def scrape_pod(

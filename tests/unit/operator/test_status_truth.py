@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from fusebox_contract.names import BreakerState, ConditionType, EventReason, Variant
@@ -264,6 +265,35 @@ def test_an_unscraped_pod_is_a_miss_and_a_leaving_one_is_forgotten() -> None:
     pods = [pod("a")]
     after = update_sightings(sightings, pods, {}, T0 + 5)
     assert set(after) == {"a"} and after["a"].misses.count == 1
-    assert after["a"].misses.last_error == "sidecar not ready"
+    assert after["a"].misses.last_error == "not scraped"
+    unready = update_sightings(sightings, [replace(pod("a"), sidecar_ready=False)], {}, T0 + 5)
+    assert unready["a"].misses.last_error == "sidecar not ready"
     seen = observe(pods, after, 15, T0 + 5)
     assert seen.serving == 1 and [s.pod for s in seen.figures] == ["a"]
+
+
+def starting(name: str = "a") -> PodView:
+    """A native sidecar Ready while the pod is Pending: its server container not started."""
+    return PodView(name, f"uid-{name}", "10.0.0.1", "Pending", False, True, False, 0, False, False)
+
+
+def test_a_pod_whose_sidecar_is_ready_before_its_server_started_is_not_called_blind() -> None:
+    service = Service(pods=[starting()])
+    for _ in range(3):
+        service.tick()
+    assert EventReason.TELEMETRY_STALE not in [e.reason for e in service.events]
+    assert service.ready() == ("False", "PodsNotReady")
+    assert service.memory.sightings["a"].misses.last_error == "pod Pending, its server not started"
+    # Running now: scraped, and the first answer is good news, not a stale spell's end.
+    service.pods = [pod()]
+    service.tick(answer("a", service.now))
+    assert service.ready() == ("True", "PodsReady")
+    assert EventReason.TELEMETRY_STALE not in [e.reason for e in service.events]
+
+
+def test_a_running_pod_never_scraped_successfully_is_still_named_blind() -> None:
+    service = Service(pods=[pod()])
+    service.tick()
+    service.tick()
+    stale = [e for e in service.events if e.reason == EventReason.TELEMETRY_STALE]
+    assert len(stale) == 1 and "a not scraped" in stale[0].message
