@@ -361,18 +361,27 @@ def status_phase(
     return result
 
 
-def probe_cpu(pid: int, folder: Path, limit_seconds: float = 60.0) -> dict[str, Any]:
-    """Ask the operator's CPU probe (bench/fleet/cpu_probe) for the profile since its
-    last one; the folded stacks stay in `folder`."""
+def _signal_and_read(
+    pid: int, folder: Path, sig: signal.Signals, limit_seconds: float, what: str
+) -> dict[str, Any]:
+    """Signal a probe in the operator and read the JSON file it writes next into `folder`
+    (given a moment once it appears: a probe writes it last, whole only once closed)."""
     done = {p.name for p in folder.glob("*.json")}
-    os.kill(pid, signal.SIGUSR2)
+    os.kill(pid, sig)
     started = time.monotonic()
     while time.monotonic() - started < limit_seconds:
         fresh = [p for p in folder.glob("*.json") if p.name not in done]
         if fresh:
+            time.sleep(0.5)
             return dict(json.loads(fresh[0].read_text()), file=str(fresh[0]))
         time.sleep(0.5)
-    return {"error": f"no profile within {limit_seconds:.0f} s"}
+    return {"error": f"no {what} within {limit_seconds:.0f} s"}
+
+
+def probe_cpu(pid: int, folder: Path, limit_seconds: float = 60.0) -> dict[str, Any]:
+    """Ask the operator's CPU probe (bench/fleet/cpu_probe) for the profile since its
+    last one; the folded stacks stay in `folder`."""
+    return _signal_and_read(pid, folder, signal.SIGUSR2, limit_seconds, "profile")
 
 
 def cpu_probe_digest(profile: dict[str, Any], top: int = 15) -> dict[str, Any]:
@@ -391,16 +400,7 @@ def cpu_probe_digest(profile: dict[str, Any], top: int = 15) -> dict[str, Any]:
 def probe_memory(pid: int, folder: Path, limit_seconds: float = 300.0) -> dict[str, Any]:
     """Ask the operator's memory probe (bench/fleet/memory_probe) for a snapshot and
     return its facts; the snapshot itself stays in `folder` for `compare_to`."""
-    done = {p.name for p in folder.glob("*.json")}
-    os.kill(pid, signal.SIGUSR1)
-    started = time.monotonic()
-    while time.monotonic() - started < limit_seconds:
-        fresh = [p for p in folder.glob("*.json") if p.name not in done]
-        if fresh:
-            time.sleep(0.5)  # written last, after the snapshot, but whole only once closed
-            return dict(json.loads(fresh[0].read_text()), file=str(fresh[0]))
-        time.sleep(1.0)
-    return {"error": f"no snapshot within {limit_seconds:.0f} s"}
+    return _signal_and_read(pid, folder, signal.SIGUSR1, limit_seconds, "snapshot")
 
 
 def fleet_phase(

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from bench.operator_scale_bench import CPU_PROBE, cpu_probe_digest
+
+from .probed_process import probed_process
 
 # Spends CPU in one function on the main thread and in another on a thread of its own,
 # while a third thread only waits; then waits for the signals.
@@ -45,19 +44,8 @@ time.sleep(60)
 """
 
 
-@contextlib.contextmanager
-def _worker(env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
-    with subprocess.Popen(
-        [sys.executable, "-c", WORKER],
-        env={**os.environ, "PYTHONPATH": str(CPU_PROBE), **env},
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as process:
-        try:
-            assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-            yield process
-        finally:
-            process.kill()
+def _worker(env: dict[str, str]) -> contextlib.AbstractContextManager[subprocess.Popen[str]]:
+    return probed_process(WORKER, CPU_PROBE, env)
 
 
 def _profile(folder: Path, number: int) -> dict[str, Any]:

@@ -11,15 +11,15 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bench.operator_scale_bench import MEMORY_PROBE, open_connections, operator_env
+
+from .probed_process import probed_process
 
 # Holds 2,000 lists of its own, then waits: the snapshot must show them at this line.
 HOLDER = """
@@ -30,19 +30,8 @@ time.sleep(60)
 """
 
 
-@contextlib.contextmanager
-def _holder(env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
-    with subprocess.Popen(
-        [sys.executable, "-c", HOLDER],
-        env={**os.environ, "PYTHONPATH": str(MEMORY_PROBE), **env},
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as process:
-        try:
-            assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-            yield process
-        finally:
-            process.kill()
+def _holder(env: dict[str, str]) -> contextlib.AbstractContextManager[subprocess.Popen[str]]:
+    return probed_process(HOLDER, MEMORY_PROBE, env)
 
 
 def test_sigusr1_writes_a_snapshot_and_the_memory_facts(tmp_path: Path) -> None:
