@@ -10,6 +10,7 @@ only (the operator may run anywhere).
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import subprocess
@@ -319,17 +320,23 @@ def test_a_node_lost_mid_ladder_leaves_its_pod_alone_and_the_replacement_is_size
 
 
 def _observed_after(service: Service, pod: str, moment: float) -> dict[str, Any] | None:
+    """The pod's status entry once it serves, with figures (its memory limit among them)
+    scraped after `moment`; an entry of a server still starting has none yet."""
     for entry in service.status().get("pods") or []:
-        if entry.get("name") != pod:
-            continue
-        seen = entry.get("sampledAt") or entry.get("lastSeenAt")
-        if seen and _epoch(seen) > moment:
+        sampled = entry.get("sampledAt")
+        if (
+            entry.get("name") == pod
+            and entry.get("serving") == "Serving"
+            and "memoryLimitBytes" in entry
+            and sampled
+            and _epoch(sampled) > moment
+        ):
             return dict(entry)
     return None
 
 
 def _epoch(iso_time: str) -> float:
-    return time.mktime(time.strptime(iso_time, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+    return float(calendar.timegm(time.strptime(iso_time, "%Y-%m-%dT%H:%M:%SZ")))
 
 
 def _spread_one_per_node(service_name: str) -> list[dict[str, Any]]:
