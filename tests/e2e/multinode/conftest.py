@@ -132,11 +132,16 @@ def mkube(multinode: Cluster) -> Iterator[Kube]:
         multinode.kubectl("delete", "namespace", name, "--timeout=120s", check=False, timeout=150)
 
 
+def nodes_in_order(cluster: Cluster) -> list[str]:
+    """The cluster's nodes, node 1 (the control plane's) first."""
+    names = cluster.kubectl("get", "nodes", "-o", "name").stdout.split()
+    return sorted((n.removeprefix("node/") for n in names), key=lambda n: (len(n), n))
+
+
 @pytest.fixture
 def node_names(multinode: Cluster) -> list[str]:
     """The nodes, node 1 (the control plane's) first."""
-    names = multinode.kubectl("get", "nodes", "-o", "name").stdout.split()
-    return sorted((n.removeprefix("node/") for n in names), key=lambda n: (len(n), n))
+    return nodes_in_order(multinode)
 
 
 def pods_by_node(kube: Kube, selector: str) -> dict[str, list[dict[str, Any]]]:

@@ -1,5 +1,5 @@
 """The operator, installed from the chart, over several nodes: a node lost in the
-middle of a memory ladder.
+middle of a memory ladder, and a GPU unhealthy on one node only.
 
 Two of the cluster's nodes hold the inference image (unpacked only: `load-images
 --discard-unpacked-layers`, about 6 GB a node instead of 12) and carry a label the
@@ -26,7 +26,7 @@ import pytest
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_contract.wiring import GPU_DEVICE_CLASS, Port
 from localcluster import dra, images, nodes
-from localcluster.config import load_saved
+from localcluster.config import ClusterConfig, load_saved
 from localcluster.containerd import CTR
 
 from ..conftest import Cluster, remove_inference_services, wait_for
@@ -44,7 +44,7 @@ from ..operator.conftest import (
 )
 from ..operator.test_operator import LADDER_EVENTS, leak_spec
 from ..operator.test_operator_replicas import action_id
-from .conftest import NAME, multinode_cli
+from .conftest import NAME, multinode_cli, nodes_in_order
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 
@@ -57,21 +57,23 @@ EVICT_AFTER_SECONDS = 5
 INFERENCE_IMAGE = "localhost/fusebox/inference:dev"
 
 
-def _nodes(cluster: Cluster) -> list[str]:
-    names = cluster.kubectl("get", "nodes", "-o", "name").stdout.split()
-    return sorted((n.removeprefix("node/") for n in names), key=lambda n: (len(n), n))
+def node_view(node: str) -> ClusterConfig:
+    """localcluster's view of one node of this cluster (its sockets, its GPUs' controls)."""
+    saved = load_saved(NAME, os.environ)
+    assert saved is not None, f"cluster {NAME} is not saved"
+    return nodes.by_name(saved, node)
 
 
 @pytest.fixture(scope="module")
 def inference_nodes(multinode: Cluster) -> Iterator[list[str]]:
     """Nodes 1 and 2, holding the inference image and labelled IMAGE_LABEL; every node
     holds the operator's image. Loaded once: a node's store outlives `down`."""
-    nodes = _nodes(multinode)
-    chosen = nodes[:2]
-    for node in nodes:
-        images = ("inference:dev", "operator:dev") if node in chosen else ("operator:dev",)
+    every_node = nodes_in_order(multinode)
+    chosen = every_node[:2]
+    for node in every_node:
+        wanted = ("inference:dev", "operator:dev") if node in chosen else ("operator:dev",)
         multinode_cli(
-            "load-images", "--node", node, "--discard-unpacked-layers", *images, timeout=900
+            "load-images", "--node", node, "--discard-unpacked-layers", *wanted, timeout=900
         )
     for node in chosen:
         multinode.kubectl("label", "node", node, f"{IMAGE_LABEL}=true", "--overwrite")
@@ -96,7 +98,7 @@ def operator_across(multinode: Cluster, inference_nodes: list[str]) -> Iterator[
     try:
         # On the node no service pod can use, so losing a service's node does not
         # take the operator with it (that is the peering's case, test_operator_replicas).
-        operator_node = next(n for n in _nodes(multinode) if n not in inference_nodes)
+        operator_node = next(n for n in nodes_in_order(multinode) if n not in inference_nodes)
         release.install(
             *("--set-json", f"watchNamespaces={json.dumps([WATCHED])}"),
             *("--set-json", f"nodeSelector={json.dumps({HOSTNAME: operator_node})}"),
@@ -360,12 +362,6 @@ def _claimed_device(service: Service, pod: dict[str, Any]) -> str:
     return str(result["device"])
 
 
-def _dra_control(node: str) -> dra.DraControl:
-    saved = load_saved(NAME, os.environ)
-    assert saved is not None, f"cluster {NAME} is not saved"
-    return dra.control_for(nodes.by_name(saved, node))
-
-
 def test_a_gpu_unhealthy_on_one_node_drains_only_the_pod_there_and_it_waits_named(
     multinode: Cluster, services_kube: Kube, inference_nodes: list[str], model_root: Path
 ) -> None:
@@ -381,7 +377,7 @@ def test_a_gpu_unhealthy_on_one_node_drains_only_the_pod_there_and_it_waits_name
         "nodeSelector": {IMAGE_LABEL: "true"},
         "topologySpreadConstraints": _spread_one_per_node(name),
     }
-    control = _dra_control(sick_node)
+    control = dra.control_for(node_view(sick_node))
     with shared_model_claim(multinode, services_kube.namespace, model_root, inference_nodes):
         service = apply_service(multinode, services_kube.namespace, name, spec)
         placed = wait_for(
@@ -396,8 +392,9 @@ def test_a_gpu_unhealthy_on_one_node_drains_only_the_pod_there_and_it_waits_name
         )
         kept, sick = placed[healthy_node], placed[sick_node]
         device = _claimed_device(service, sick)
+        index = int(device.removeprefix("gpu-"))
         try:
-            dra.set_health(control, int(device.removeprefix("gpu-")), healthy=False)
+            dra.set_health(control, index, healthy=False)
             drained = wait_for(
                 "a GPUUnhealthy event",
                 lambda: [e for e in service.events() if e["reason"] == EventReason.GPU_UNHEALTHY],
@@ -425,7 +422,7 @@ def test_a_gpu_unhealthy_on_one_node_drains_only_the_pod_there_and_it_waits_name
             )
             print("while no GPU is free:", ready["reason"], ready["message"][:300])
         finally:
-            dra.set_health(control, int(device.removeprefix("gpu-")), healthy=True)
+            dra.set_health(control, index, healthy=True)
         wait_for(
             "a ready pod on each node again",
             lambda: len({p["spec"]["nodeName"] for p in service.ready_pods()}) == 2,
@@ -465,10 +462,8 @@ def test_the_inference_image_is_kept_unpacked_only_on_the_nodes_given_it(
     )
     layers = layers_of(manifest_digest) - shared
     assert layers, "the inference image has no layer of its own"
-    saved = load_saved(NAME, os.environ)
-    assert saved is not None
     for node in inference_nodes:
-        view = nodes.by_name(saved, node)
+        view = node_view(node)
         content = subprocess.run(
             [CTR, "--address", str(view.containerd_socket), "--namespace", "k8s.io"]
             + ["content", "ls", "--quiet"],
