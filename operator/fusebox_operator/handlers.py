@@ -36,6 +36,7 @@ from fusebox_operator.kube import (
     KubeError,
     load_config,
 )
+from fusebox_operator.kubelet_pressure import KubeletPressureReader
 from fusebox_operator.memo import (
     CONTEXT_KEY,
     OperatorContext,
@@ -71,6 +72,9 @@ from fusebox_operator.telemetry import scrape_all, scrape_session
 from fusebox_operator.tick import TickInputs, current_replicas, first_observation, run_tick
 
 GROUP, VERSION, PLURAL = SERVICE_GROUP, SERVICE_VERSION, SERVICE_PLURAL
+# The Nodes' MemoryPressure, one reader for the whole operator (kopf shares the
+# startup memo's values with every object's memo, as it does the OperatorContext).
+KUBELET_PRESSURE_KEY = "kubelet-pressure"
 log = logging.getLogger(__name__)
 
 
@@ -106,6 +110,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo[CONTEXT_KEY] = OperatorContext(
         ours, kube, scrape_session(), Actuator(admin_session(), kube)
     )
+    memo[KUBELET_PRESSURE_KEY] = KubeletPressureReader(kube.core)
 
 
 @kopf.on.cleanup()
@@ -449,6 +454,10 @@ async def _telemetry(
             parsed.breaker.latency.metric,
         )
 
+    reader = memo.get(KUBELET_PRESSURE_KEY)
+    kubelet = None
+    if isinstance(reader, KubeletPressureReader) and any(pod.node for pod in pods):
+        kubelet = await reader.pressured()  # one list per interval for every service
     inputs = TickInputs(
         namespace=namespace,
         service_id=_service_id(uid),
@@ -460,6 +469,7 @@ async def _telemetry(
         generation=applied_generation,
         annotations=dict(meta.get("annotations") or {}),  # the incident controls
         operator_pod=context.settings.pod_name,
+        kubelet_pressure=kubelet,
     )
     started = time.perf_counter()
     outcome = await run_tick(inputs, service.tick, scrape, context.actuator, time.time)

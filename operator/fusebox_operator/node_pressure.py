@@ -20,9 +20,20 @@ the kubelet's next pass. The node counts as recovered only
 `RECOVERY_MARGIN_BYTES` above the floor, so a node hovering at the floor
 posts one pair of events, not one per scrape.
 
-Pure: a function of the pods, their samples, what earlier ticks remembered
-(`NodePressure`, in the tick's memory), the policy state (for action ids) and
-the clock.
+The kubelet's own signal is a second trigger of the same relief: a node whose
+kubelet reports `MemoryPressure=True` (its Node's condition, read operator-wide
+by `kubelet_pressure`) counts as under exactly like a node below the floor.
+The sidecar reads /proc/meminfo, which is the host's: on localcluster every
+node is a network namespace on one host and reads the same figure, and under
+lxcfs it is the container's, so on both only the kubelet can say that one
+node, and only that one, is short. It comes back when the kubelet says False
+and the sidecar's MemAvailable, where one is reported, is back above the
+floor plus the margin. Without the kubelet's signal (RBAC refuses the read,
+the API fails) the sidecar's reading alone decides, as before.
+
+Pure: a function of the pods, their samples, the nodes under kubelet
+MemoryPressure, what earlier ticks remembered (`NodePressure`, in the tick's
+memory), the policy state (for action ids) and the clock.
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.policy_state import Action, ActionKind, PolicyState, next_action_id
 from fusebox_operator.spec import InferenceServiceSpec
-from fusebox_operator.status import EventRecord, human_bytes, set_condition
+from fusebox_operator.status import EventRecord, human_bytes, iso, set_condition
 
 MIB = 1024**2
 GIB = 1024**3
@@ -51,6 +62,11 @@ RELIEF_STEPS: tuple[ActionKind, ...] = (ActionKind.GC, ActionKind.EMPTY_CACHE)
 """In this order: what gc frees goes back to the allocator, which empty_cache then trims."""
 BELOW_FLOOR = "BelowFloor"
 ABOVE_FLOOR = "AboveFloor"
+KUBELET_PRESSURE = "KubeletMemoryPressure"
+"""The condition's reason when the kubelet's signal alone holds nodes under."""
+NO_KUBELET_PRESSURE = "NoKubeletMemoryPressure"
+"""The condition's reason for False when only the kubelet's signal was read (no sidecar
+reports its node's memory)."""
 
 
 @dataclass(frozen=True)
@@ -74,9 +90,13 @@ class NodeReading:
 
     def describe(self) -> str:
         """'node n1: MemAvailable 1.1Gi of 23.5Gi, floor 1.3Gi, memory stalls (10 s) ...'"""
+        return f"node {self.node}: {self.figures()}"
+
+    def figures(self) -> str:
+        """'MemAvailable 1.1Gi of 23.5Gi, floor 1.3Gi, memory stalls (10 s) ...'"""
         total = f" of {human_bytes(self.total_bytes)}" if self.total_bytes else ""
         text = (
-            f"node {self.node}: MemAvailable {human_bytes(self.available_bytes)}{total}, "
+            f"MemAvailable {human_bytes(self.available_bytes)}{total}, "
             f"floor {human_bytes(self.floor_bytes)}"
         )
         stalls = [
@@ -89,16 +109,56 @@ class NodeReading:
         return text
 
 
+@dataclass(frozen=True)
+class KubeletPressure:
+    """A node whose kubelet reports MemoryPressure=True, as its Node's condition says."""
+
+    node: str
+    since: float | None  # the condition's lastTransitionTime
+    message: str  # the kubelet's own words ("kubelet has insufficient memory available")
+
+    def describe(self) -> str:
+        """'the kubelet reports MemoryPressure since 2026-12-06T03:20:11Z (...)'"""
+        since = f" since {iso(self.since)}" if self.since is not None else ""
+        words = f" ({self.message})" if self.message else ""
+        return f"the kubelet reports MemoryPressure{since}{words}"
+
+
+@dataclass(frozen=True)
+class NodeUnder:
+    """Why a node counts as under: its sidecars' reading, its kubelet's signal, or both.
+
+    `reading` is the sidecars' figures (below the floor or not: they are shown
+    when known); `kubelet` is set when the kubelet reports MemoryPressure."""
+
+    node: str
+    reading: NodeReading | None
+    kubelet: KubeletPressure | None
+
+    @property
+    def below_floor(self) -> bool:
+        return self.reading is not None and self.reading.below_floor
+
+    def describe(self) -> str:
+        """'node n2: the kubelet reports MemoryPressure since ..., MemAvailable ... floor ...'"""
+        parts = [self.kubelet.describe()] if self.kubelet is not None else []
+        if self.reading is not None:
+            parts.append(self.reading.figures())
+        return f"node {self.node}: {', '.join(parts)}"
+
+
 @dataclass
 class NodePressure:
     """What node-pressure handling remembers between ticks (in memory only: after an
-    operator restart a node still under its floor is announced and relieved once more)."""
+    operator restart a node still under is announced and relieved once more)."""
 
-    # Node -> its reading when it went below the floor: the condition's figures stay
-    # put while it is under, so the status is not rewritten on every scrape.
-    under: dict[str, NodeReading] = field(default_factory=dict)
+    # Node -> why it went under, with the figures of that moment: the condition's
+    # message stays put while it is under, so the status is not rewritten on every scrape.
+    under: dict[str, NodeUnder] = field(default_factory=dict)
     relieved_at: dict[str, float] = field(default_factory=dict)  # pod UID -> last relief
     measured: bool = False  # some sidecar reported its node's memory
+    # The last tick read the kubelets' signal for the nodes of this service's pods.
+    kubelet_read: bool = False
 
 
 def floor_bytes(spec: InferenceServiceSpec, total_bytes: float | None) -> float:
@@ -142,14 +202,18 @@ def relieve_nodes(
     spec: InferenceServiceSpec,
     now: float,
     busy: set[str],
+    kubelet: Mapping[str, KubeletPressure] | None = None,
 ) -> tuple[list[Action], list[EventRecord]]:
-    """This tick's cache shedding on pods of nodes below their floor, and the events.
+    """This tick's cache shedding on pods of nodes under pressure, and the events.
 
-    A node goes under below its floor and comes back `RECOVERY_MARGIN_BYTES`
-    above it; each crossing is one event. Every ready pod on a node under
-    its floor gets gc then empty_cache, once per `RELIEF_REPEAT_SECONDS`;
-    pods in `busy` (an action of their own this tick or in flight) wait for
-    the next tick.
+    A node goes under below its floor or when its kubelet reports
+    MemoryPressure (`kubelet`: the nodes whose kubelet does; None when the
+    operator could not read the Nodes, and then the floor alone decides). It
+    comes back when the kubelet no longer reports it and its MemAvailable, if
+    reported, is `RECOVERY_MARGIN_BYTES` above the floor; each crossing is one
+    event. Every ready pod on a node under gets gc then empty_cache, once per
+    `RELIEF_REPEAT_SECONDS`; pods in `busy` (an action of their own this tick
+    or in flight) wait for the next tick. Pods on other nodes are never touched.
     """
     readings = node_readings(pods, samples, spec)
     memory.measured = memory.measured or bool(readings)
@@ -157,31 +221,32 @@ def relieve_nodes(
     for pod in pods:
         if pod.node:
             on_node.setdefault(pod.node, []).append(pod)
+    memory.kubelet_read = kubelet is not None and bool(on_node)
+    pressured = {n: p for n, p in (kubelet or {}).items() if n in on_node}
     events: list[EventRecord] = []
-    for node, reading in sorted(readings.items()):
-        if node in memory.under and reading.recovered:
-            del memory.under[node]
-            events.append(
-                EventRecord(
-                    "Normal",
-                    EventReason.NODE_MEMORY_RECOVERED,
-                    f"{reading.describe()}: back above the floor; the pods refill their "
-                    "caches with traffic",
-                )
+    for node in sorted(set(readings) | set(pressured) | set(memory.under)):
+        reading, signal = readings.get(node), pressured.get(node)
+        if node in memory.under:
+            if signal is None and _recovered(memory.under[node], reading, kubelet is not None):
+                del memory.under[node]
+                events.append(_recovered_event(node, reading, kubelet is not None))
+            continue
+        if signal is None and (reading is None or not reading.below_floor):
+            continue
+        under = NodeUnder(node, reading, signal)
+        names = ", ".join(sorted(p.name for p in on_node.get(node, [])))
+        cause = ": below the floor;" if under.below_floor else ":"
+        events.append(
+            EventRecord(
+                "Warning",
+                EventReason.NODE_MEMORY_PRESSURE,
+                f"{under.describe()}{cause} gc and empty_cache on "
+                f"{names} (never a reload or restart for another tenant's memory); "
+                "the kubelet evicts at its memory.available threshold, "
+                "Guaranteed pods last",
             )
-        elif node not in memory.under and reading.below_floor:
-            names = ", ".join(sorted(p.name for p in on_node.get(node, [])))
-            events.append(
-                EventRecord(
-                    "Warning",
-                    EventReason.NODE_MEMORY_PRESSURE,
-                    f"{reading.describe()}: below the floor; gc and empty_cache on "
-                    f"{names} (never a reload or restart for another tenant's memory); "
-                    "the kubelet evicts at its memory.available threshold, "
-                    "Guaranteed pods last",
-                )
-            )
-            memory.under[node] = reading
+        )
+        memory.under[node] = under
     for node in [n for n in memory.under if n not in on_node]:
         del memory.under[node]  # no pod of this service runs there any more
     alive = {pod.uid for pod in pods if pod.node in memory.under}
@@ -195,12 +260,39 @@ def relieve_nodes(
         last = memory.relieved_at.get(pod.uid)
         if last is not None and now - last < RELIEF_REPEAT_SECONDS:
             continue
-        now_reading = readings.get(pod.node, entered)
-        reason = f"node memory pressure ({now_reading.describe()}): shedding this pod's caches"
+        now_under = NodeUnder(
+            pod.node,
+            readings.get(pod.node, entered.reading),
+            pressured.get(pod.node, entered.kubelet),
+        )
+        reason = f"node memory pressure ({now_under.describe()}): shedding this pod's caches"
         for kind in RELIEF_STEPS:
             actions.append(Action(next_action_id(state, kind), kind, pod.name, reason, now))
         memory.relieved_at[pod.uid] = now
     return actions, events
+
+
+def _recovered(under: NodeUnder, reading: NodeReading | None, kubelet_read: bool) -> bool:
+    """Whether a node under (its kubelet no longer reporting MemoryPressure, or unread)
+    is back: its MemAvailable, where reported this tick, `RECOVERY_MARGIN_BYTES` above
+    the floor; unreported, only a node that went under by its kubelet alone, once the
+    kubelet says False (a failed scrape never ends an episode the floor started)."""
+    if reading is not None:
+        return reading.recovered
+    return kubelet_read and not under.below_floor
+
+
+def _recovered_event(node: str, reading: NodeReading | None, kubelet_read: bool) -> EventRecord:
+    said = []
+    if reading is not None:
+        said.append(f"{reading.figures()}: back above the floor")
+    if kubelet_read:
+        said.append("the kubelet reports no MemoryPressure")
+    return EventRecord(
+        "Normal",
+        EventReason.NODE_MEMORY_RECOVERED,
+        f"node {node}: {', and '.join(said)}; the pods refill their caches with traffic",
+    )
 
 
 def node_condition(
@@ -209,28 +301,35 @@ def node_condition(
     generation: int,
     now: float,
 ) -> list[dict[str, Any]]:
-    """`NodeMemoryPressure`: True naming each node below its floor with its figures when
-    it went under; False once every node is back. Left out until some sidecar reports
-    its node's memory (a sidecar from before it never does)."""
+    """`NodeMemoryPressure`: True naming each node under (below its floor, or its kubelet
+    reporting MemoryPressure) with its figures when it went under; False once every node
+    is back. Left out until some sidecar reports its node's memory or the kubelets'
+    signal is read (a sidecar from before the first, an operator refused the Nodes)."""
     if memory.under:
-        message = "; ".join(r.describe() for _, r in sorted(memory.under.items()))
+        message = "; ".join(u.describe() for _, u in sorted(memory.under.items()))
+        floor = any(u.below_floor for u in memory.under.values())
         return set_condition(
             conditions,
             ConditionType.NODE_MEMORY_PRESSURE,
             True,
-            BELOW_FLOOR,
+            BELOW_FLOOR if floor else KUBELET_PRESSURE,
             f"{message} (when it went under): shedding the pods' caches",
             generation,
             now,
         )
-    if not memory.measured:
+    said = []
+    if memory.measured:
+        said.append("every node's MemAvailable is above its floor")
+    if memory.kubelet_read:
+        said.append("no node's kubelet reports MemoryPressure")
+    if not said:
         return [dict(c) for c in conditions]
     return set_condition(
         conditions,
         ConditionType.NODE_MEMORY_PRESSURE,
         False,
-        ABOVE_FLOOR,
-        "every node's MemAvailable is above its floor",
+        ABOVE_FLOOR if memory.measured else NO_KUBELET_PRESSURE,
+        " and ".join(said),
         generation,
         now,
     )

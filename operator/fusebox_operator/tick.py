@@ -35,7 +35,12 @@ from fusebox_operator.gpu_health import drain_actions, gpu_condition
 from fusebox_operator.incident import hold_tier, incident_step, parse_controls, was_paused
 from fusebox_operator.kube import current_count
 from fusebox_operator.model_readiness import model_ready_conditions, resolved_revision
-from fusebox_operator.node_pressure import NodePressure, node_condition, relieve_nodes
+from fusebox_operator.node_pressure import (
+    KubeletPressure,
+    NodePressure,
+    node_condition,
+    relieve_nodes,
+)
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.observe_mode import NOT_ACTED, after_observing, observed
 from fusebox_operator.policy import admit_percent, decide
@@ -124,6 +129,9 @@ class TickInputs:
     annotations: Mapping[str, str] = field(default_factory=dict)
     # The operator replica running this tick (its pod), told in status.operator.
     operator_pod: str = ""
+    # Nodes whose kubelet reports MemoryPressure (kubelet_pressure.py, read operator-wide);
+    # None: not read (refused, failed), and the sidecars' MemAvailable alone decides.
+    kubelet_pressure: Mapping[str, KubeletPressure] | None = None
 
 
 @dataclass(frozen=True)
@@ -398,7 +406,14 @@ async def run_tick(
     # Another tenant eating the node: shed caches on pods that have nothing else to do.
     busy = new_state.busy_pods() | {action.pod for action in actions}
     relief, node_events = relieve_nodes(
-        inputs.pods, samples, memory.node_pressure, new_state, spec, now, busy
+        inputs.pods,
+        samples,
+        memory.node_pressure,
+        new_state,
+        spec,
+        now,
+        busy,
+        inputs.kubelet_pressure,
     )
     actions = [*actions, *relief]
 

@@ -16,6 +16,7 @@ from fusebox_operator.node_pressure import (
     MIB,
     RECOVERY_MARGIN_BYTES,
     RELIEF_REPEAT_SECONDS,
+    KubeletPressure,
     NodePressure,
     floor_bytes,
     node_condition,
@@ -51,6 +52,7 @@ def tick(
     now: float = T0,
     busy: frozenset[str] = frozenset(),
     state: PolicyState | None = None,
+    kubelet: dict[str, KubeletPressure] | None = None,
 ) -> tuple[list[tuple[ActionKind, str]], list[EventRecord]]:
     actions, events = relieve_nodes(
         pods,
@@ -60,6 +62,7 @@ def tick(
         SPEC,
         now,
         set(busy),
+        kubelet,
     )
     return [(a.kind, a.pod) for a in actions], events
 
@@ -198,3 +201,119 @@ def test_the_pod_view_names_its_node() -> None:
         status=V1PodStatus(phase="Running"),
     )
     assert _pod_view(pod).node == "worker-1"
+
+
+# ----- the kubelet's own signal (issue 36): MemoryPressure on one node of several -----
+
+N2_PRESSURE = KubeletPressure("n2", T0 - 30, "kubelet has insufficient memory available")
+ABOVE = FLOOR + GIB  # every sidecar's reading: the host is fine, as on localcluster
+
+
+def test_one_node_under_kubelet_pressure_of_two_sheds_only_its_pods_caches() -> None:
+    memory = NodePressure()
+    pods = [view("a"), view("b", node="n2"), view("c", node="n2")]
+    samples = [sample("a", ABOVE), sample("b", ABOVE), sample("c", ABOVE)]
+    actions, events = tick(pods, samples, memory, kubelet={"n2": N2_PRESSURE})
+    assert actions == [
+        (ActionKind.GC, "b"),
+        (ActionKind.EMPTY_CACHE, "b"),
+        (ActionKind.GC, "c"),
+        (ActionKind.EMPTY_CACHE, "c"),
+    ]
+    (event,) = events
+    assert event.type == "Warning" and event.reason is EventReason.NODE_MEMORY_PRESSURE
+    assert event.message.startswith("node n2: the kubelet reports MemoryPressure since ")
+    assert "(kubelet has insufficient memory available)" in event.message
+    assert "MemAvailable 11.0Gi of 24.0Gi, floor 10.0Gi" in event.message  # figures when known
+    assert "below the floor" not in event.message and "n1" not in event.message
+    assert "b, c" in event.message and "a," not in event.message
+    (condition,) = node_condition([], memory, 1, T0)
+    assert condition["status"] == "True" and condition["reason"] == "KubeletMemoryPressure"
+    assert "node n2: the kubelet reports MemoryPressure" in condition["message"]
+    assert "n1" not in condition["message"]
+    # Still reported: no second event, and no relief again before the repeat interval.
+    assert tick(pods, samples, memory, T0 + 2, kubelet={"n2": N2_PRESSURE}) == ([], [])
+
+
+def test_kubelet_pressure_on_a_node_without_pods_of_this_service_is_not_ours() -> None:
+    memory = NodePressure()
+    far = KubeletPressure("n9", T0, "")
+    assert tick([view("a")], [sample("a", ABOVE)], memory, kubelet={"n9": far}) == ([], [])
+    (condition,) = node_condition([], memory, 1, T0)
+    assert condition["status"] == "False"
+    assert condition["message"] == (
+        "every node's MemAvailable is above its floor and no node's kubelet reports MemoryPressure"
+    )
+
+
+def test_kubelet_pressure_recovers_when_the_kubelet_says_false_and_memavailable_agrees() -> None:
+    memory = NodePressure()
+    pods = [view("a"), view("b", node="n2")]
+    tick(pods, [sample("a", ABOVE), sample("b", ABOVE)], memory, kubelet={"n2": N2_PRESSURE})
+    # The kubelet says False, but the sidecar reads the node just above its floor: not yet.
+    near = [sample("a", ABOVE), sample("b", FLOOR + 1)]
+    assert tick(pods, near, memory, T0 + 2, kubelet={}) == ([], [])
+    assert list(memory.under) == ["n2"]
+    actions, events = tick(
+        pods, [sample("a", ABOVE), sample("b", ABOVE)], memory, T0 + 4, kubelet={}
+    )
+    assert actions == []
+    (event,) = events
+    assert event.type == "Normal" and event.reason is EventReason.NODE_MEMORY_RECOVERED
+    assert event.message.startswith("node n2: MemAvailable 11.0Gi of 24.0Gi, floor 10.0Gi")
+    assert "the kubelet reports no MemoryPressure" in event.message
+    (condition,) = node_condition([], memory, 1, T0 + 4)
+    assert condition["status"] == "False" and condition["reason"] == "AboveFloor"
+
+
+def test_without_sidecar_figures_the_kubelet_alone_ends_its_own_episode() -> None:
+    memory = NodePressure()
+    pods = [view("b", node="n2")]
+    actions, events = tick(pods, [sample("b", None)], memory, kubelet={"n2": N2_PRESSURE})
+    assert len(actions) == 2 and events[0].message == (
+        "node n2: the kubelet reports MemoryPressure since 2027-01-15T07:59:30Z "
+        "(kubelet has insufficient memory available): gc and empty_cache on b (never a "
+        "reload or restart for another tenant's memory); the kubelet evicts at its "
+        "memory.available threshold, Guaranteed pods last"
+    )
+    # Still reported: the kubelet's pressure outlasts anything the sidecar says.
+    assert tick(pods, [sample("b", None)], memory, T0 + 2, kubelet={"n2": N2_PRESSURE})[1] == []
+    _, events = tick(pods, [sample("b", None)], memory, T0 + 4, kubelet={})
+    (event,) = events
+    assert event.message == (
+        "node n2: the kubelet reports no MemoryPressure; the pods refill their caches with traffic"
+    )
+    (condition,) = node_condition([], memory, 1, T0 + 4)
+    assert condition["reason"] == "NoKubeletMemoryPressure"
+    assert condition["message"] == "no node's kubelet reports MemoryPressure"
+
+
+def test_a_floor_episode_never_ends_on_the_kubelets_word_without_figures() -> None:
+    memory = NodePressure()
+    pods = [view("a")]
+    tick(pods, [sample("a", FLOOR - GIB)], memory, kubelet={})
+    # A failed scrape: no figures. The kubelet says False, but it was the floor that
+    # put the node under, and only MemAvailable above the floor takes it back.
+    failed = [PodSample("a", T0, ok=False, error="timeout")]
+    assert tick(pods, failed, memory, T0 + 2, kubelet={}) == ([], [])
+    assert list(memory.under) == ["n1"]
+
+
+def test_unreadable_nodes_leave_the_floor_alone_to_decide() -> None:
+    memory = NodePressure()
+    pods = [view("a"), view("b", node="n2")]
+    # No kubelet signal (None): a node above its floor is not under, whatever its kubelet.
+    assert tick(pods, [sample("a", ABOVE), sample("b", ABOVE)], memory, kubelet=None) == ([], [])
+    (condition,) = node_condition([], memory, 1, T0)
+    assert condition["message"] == "every node's MemAvailable is above its floor"
+    # A node under by its kubelet, then the Nodes unreadable: its MemAvailable decides.
+    tick(
+        pods, [sample("a", ABOVE), sample("b", ABOVE)], memory, T0 + 2, kubelet={"n2": N2_PRESSURE}
+    )
+    _, events = tick(pods, [sample("a", ABOVE), sample("b", ABOVE)], memory, T0 + 4, kubelet=None)
+    (event,) = events
+    assert event.reason is EventReason.NODE_MEMORY_RECOVERED
+    assert event.message == (
+        "node n2: MemAvailable 11.0Gi of 24.0Gi, floor 10.0Gi: back above the floor; the "
+        "pods refill their caches with traffic"
+    )

@@ -10,6 +10,7 @@ from typing import Any
 from fusebox_contract.model_fetch import FetchReason, FetchReport
 from fusebox_contract.names import BreakerState, EventReason, Variant
 from fusebox_operator.actuator import ActionResult, RuntimeCall, RuntimeTarget
+from fusebox_operator.node_pressure import KubeletPressure
 from fusebox_operator.observations import FetchState, PodSample, PodView
 from fusebox_operator.policy_state import Action, ActionKind, Ladder, PolicyState
 from fusebox_operator.rollout import Degradation
@@ -556,3 +557,28 @@ def test_status_names_the_acting_operator_replica_and_a_handover_is_written_at_o
     # Another replica took over: status says so on its first tick, since then.
     taken = run(NO_FALLBACK, stored, [pod("a")], TickMemory(), now=T0 + 4, operator_pod="op-2")
     assert taken.status_patch["operator"] == {"pod": "op-2", "since": iso(T0 + 4)}
+
+
+def test_the_kubelets_memory_pressure_on_one_node_reaches_only_its_pod_through_the_tick() -> None:
+    spec = parse_spec({"model": MODEL, "gpu": {"count": 0}, "replicas": 2})
+    pods = [replace(pod("a"), node="n1"), replace(pod("b"), node="n2")]
+    pressured = {"n2": KubeletPressure("n2", T0 - 5, "kubelet has insufficient memory available")}
+    actuator = RecordingActuator()
+    memory = TickMemory()
+
+    async def scrape(targets: Sequence[PodView]) -> list[PodSample]:
+        return [report(p.name, 0, Variant.PRIMARY, stats_age_seconds=1.0) for p in targets]
+
+    inputs = TickInputs("ns", "svc", spec, {}, pods, "token", 1, kubelet_pressure=pressured)
+    out = asyncio.run(run_tick(inputs, memory, scrape, actuator, lambda: T0))
+    assert [(a.kind, a.pod) for a in actuator.sent] == [
+        (ActionKind.GC, "b"),
+        (ActionKind.EMPTY_CACHE, "b"),
+    ]
+    (warning,) = [e for e in out.events if e.reason is EventReason.NODE_MEMORY_PRESSURE]
+    assert warning.message.startswith("node n2: the kubelet reports MemoryPressure")
+    (condition,) = [c for c in out.status_patch["conditions"] if c["type"] == "NodeMemoryPressure"]
+    assert (condition["status"], condition["reason"]) == ("True", "KubeletMemoryPressure")
+    # Without the Nodes (unread: None), nothing on either pod: the sidecars report no figures.
+    quiet = replace(inputs, kubelet_pressure=None)
+    asyncio.run(run_tick(quiet, TickMemory(), scrape, IdleActuator(), lambda: T0))

@@ -1,0 +1,142 @@
+"""kubelet_pressure: the Nodes' MemoryPressure, listed once per interval for the whole
+operator whatever the number of services asking; a list the API refuses or fails is
+no kubelet signal (the floor alone decides), told once in the log. The API server is
+a small fake of CoreV1Api.list_node answering raw JSON, as the client does."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from fusebox_operator.kubelet_pressure import (
+    READ_INTERVAL_SECONDS,
+    KubeletPressureReader,
+    pressured_nodes,
+)
+from fusebox_operator.node_pressure import KubeletPressure
+
+
+def node(name: str, memory_pressure: str, message: str = "") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "True"},
+                {
+                    "type": "MemoryPressure",
+                    "status": memory_pressure,
+                    "lastTransitionTime": "2026-12-06T03:20:11Z",
+                    "message": message,
+                },
+            ]
+        },
+    }
+
+
+class Raw:
+    """The unparsed response the client returns with _preload_content=False."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.data = json.dumps(body).encode()
+
+
+class FakeCore:
+    """list_node as the API server answers it; `refuse` makes it fail as RBAC would."""
+
+    def __init__(self, *nodes: dict[str, Any]) -> None:
+        self.nodes = list(nodes)
+        self.lists: list[dict[str, Any]] = []
+        self.refuse: ApiException | None = None
+
+    def list_node(self, **kwargs: Any) -> Raw:
+        self.lists.append(kwargs)
+        if self.refuse is not None:
+            raise self.refuse
+        return Raw({"kind": "NodeList", "items": self.nodes})
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+FORBIDDEN = ApiException(status=403, reason="Forbidden")
+
+
+def test_only_nodes_whose_kubelet_says_true_are_under() -> None:
+    body = {
+        "items": [
+            node("n1", "False", "kubelet has sufficient memory available"),
+            node("n2", "True", "kubelet has insufficient memory available"),
+            node("n3", "Unknown", "Kubelet stopped posting node status."),
+            {"metadata": {"name": "n4"}, "status": {}},
+        ]
+    }
+    assert pressured_nodes(body) == {
+        "n2": KubeletPressure("n2", 1796527211.0, "kubelet has insufficient memory available")
+    }
+
+
+def test_one_list_per_interval_however_many_services_ask() -> None:
+    core, clock = FakeCore(node("n1", "False"), node("n2", "True")), Clock()
+    reader = KubeletPressureReader(core, clock=clock)
+
+    async def services_ask(count: int) -> list[dict[str, KubeletPressure] | None]:
+        return list(await asyncio.gather(*(reader.pressured() for _ in range(count))))
+
+    answers = asyncio.run(services_ask(50))
+    assert len(core.lists) == 1
+    # Served from the API server's watch cache, raw: no quorum read, no typed Nodes.
+    assert core.lists[0]["resource_version"] == "0"
+    assert core.lists[0]["_preload_content"] is False
+    # The first asked; those asking while its list ran got the answer before it (none
+    # yet, at startup) rather than wait on the API server or list again.
+    assert list(answers[0] or {}) == ["n2"] and answers[1:] == [None] * 49
+    clock.now += READ_INTERVAL_SECONDS - 0.1
+    assert list(asyncio.run(services_ask(50))[0] or {}) == ["n2"]
+    assert len(core.lists) == 1
+    core.nodes = [node("n1", "False"), node("n2", "False")]
+    clock.now += 0.1
+    asyncio.run(services_ask(1))
+    assert len(core.lists) == 2
+    assert asyncio.run(reader.pressured()) == {}  # n2's kubelet said False
+
+
+def test_a_refused_list_is_no_signal_told_once_and_asked_again_each_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    core, clock = FakeCore(node("n2", "True")), Clock()
+    reader = KubeletPressureReader(core, clock=clock)
+    assert list(asyncio.run(reader.pressured()) or {}) == ["n2"]
+    core.refuse = FORBIDDEN
+    caplog.set_level(logging.INFO, logger="fusebox_operator.kubelet_pressure")
+    answers = []
+    for _ in range(5):
+        clock.now += READ_INTERVAL_SECONDS
+        answers.append(asyncio.run(reader.pressured()))
+        answers.append(asyncio.run(reader.pressured()))  # a second service in the interval
+    assert answers == [None] * 10  # not the last good answer: nothing known now
+    assert len(core.lists) == 6
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "cannot read the Nodes' MemoryPressure (403 Forbidden): node memory pressure is "
+        "judged from the sidecars' MemAvailable only until they are readable"
+    ]
+    core.refuse = None
+    clock.now += READ_INTERVAL_SECONDS
+    assert list(asyncio.run(reader.pressured()) or {}) == ["n2"]
+    assert caplog.records[-1].getMessage() == "the Nodes' MemoryPressure is readable again"
+
+
+def test_a_failing_api_server_is_no_signal_too() -> None:
+    core = FakeCore()
+    core.refuse = ApiException(status=500, reason="Internal Server Error")
+    assert asyncio.run(KubeletPressureReader(core).pressured()) is None
