@@ -160,16 +160,26 @@ def _parser() -> argparse.ArgumentParser:
 
     node = sub.add_parser(
         "node",
-        help="stop, start, drain or uncordon one node",
+        help="stop, start, drain, uncordon one node, or put it under memory pressure",
         description="stop: kill the node's kubelet, containerd, other daemons and pods at "
         "once, as if the machine died; start: bring them back and wait for Ready; drain: "
         "cordon and evict its pods within their PodDisruptionBudgets (kubectl drain); "
-        "uncordon: schedule onto it again.",
+        "uncordon: schedule onto it again; pressure --on|--off: make the node's kubelet "
+        "report MemoryPressure=True (a soft threshold it is past, an hour's grace: nothing "
+        "is evicted) or take it off, restarting that kubelet only and waiting for the "
+        "condition.",
     )
-    node.add_argument("action", choices=("stop", "start", "drain", "uncordon"))
+    node.add_argument("action", choices=("stop", "start", "drain", "uncordon", "pressure"))
     node.add_argument("node_name", metavar="NAME", help="the node (`kubectl get nodes`)")
     node.add_argument(
         "--timeout", type=float, default=300, help="seconds a drain may take (default 300)"
+    )
+    on_off = node.add_mutually_exclusive_group()
+    on_off.add_argument(
+        "--on", dest="pressure", action="store_true", default=None, help="pressure: put it on"
+    )
+    on_off.add_argument(
+        "--off", dest="pressure", action="store_false", help="pressure: take it off"
     )
 
     pv = sub.add_parser("pv", help="create a `local` PersistentVolume backed by a directory")
@@ -308,6 +318,10 @@ def run(argv: Sequence[str]) -> int:
             node_control.start(view, report)
         elif args.action == "drain":
             node_control.drain(view, report, timeout_seconds=args.timeout)
+        elif args.action == "pressure":
+            if args.pressure is None:
+                raise ClusterError("node pressure: say --on or --off")
+            node_control.pressure(view, report, on=args.pressure)
         else:
             node_control.uncordon(view, report)
         return 0

@@ -63,6 +63,11 @@ class Layout:
         return self.state / "kubelet"
 
     @property
+    def kubelet_config(self) -> Path:
+        """The kubelet's configuration file (`node pressure` rewrites it)."""
+        return self.conf / "kubelet.yaml"
+
+    @property
     def pod_logs(self) -> Path:
         return self.state / "pod-logs"
 
@@ -378,8 +383,27 @@ def cni_conflist(config: ClusterConfig, layout: Layout, subnet: str) -> str:
     )
 
 
-def kubelet_config(config: ClusterConfig, layout: Layout) -> str:
+# `node pressure NAME --on`: a soft threshold the node is always past. The kubelet's
+# memory.available is the host's capacity less the whole host's working set, far under
+# 99% of it on any host, so the kubelet reports MemoryPressure=True at its next
+# housekeeping pass (10 s): soft thresholds set the condition before their grace period
+# is out, and with an hour's grace nothing is evicted. `--off` restarts the kubelet
+# without it, and a new kubelet starts with no pressure remembered, so the condition
+# clears at its first status update; the short transition period keeps it from
+# outliving the threshold by the default 5 min should the kubelet ever see it unmet.
+MEMORY_PRESSURE_EVICTION = """evictionSoft:
+  memory.available: "99%"
+evictionSoftGracePeriod:
+  memory.available: "1h"
+evictionPressureTransitionPeriod: 10s
+"""
+
+
+def kubelet_config(config: ClusterConfig, layout: Layout, *, memory_pressure: bool = False) -> str:
+    """The kubelet's configuration; `memory_pressure` puts the node under real kubelet
+    MemoryPressure without evicting anyone (MEMORY_PRESSURE_EVICTION, `node pressure`)."""
     pki = layout.pki
+    pressure = MEMORY_PRESSURE_EVICTION if memory_pressure else ""
     return f"""apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 # This machine's memory controller is cgroup v1; kubelet 1.37 refuses v1 otherwise.
@@ -431,13 +455,13 @@ serializeImagePulls: false
 # 10 s here instead of the default minute, so a live edit (quality, canned answers, a
 # Prometheus config) lands in seconds in tests. Production clusters keep the minute.
 syncFrequency: 10s
-"""
+{pressure}"""
 
 
 def kubelet_argv(config: ClusterConfig, layout: Layout) -> list[str]:
     return [
         str(Path(config.bin_dir) / "kubelet"),
-        f"--config={layout.conf / 'kubelet.yaml'}",
+        f"--config={layout.kubelet_config}",
         f"--kubeconfig={layout.kubeconfig('kubelet')}",
         f"--root-dir={layout.kubelet_root}",
         f"--cert-dir={layout.kubelet_root / 'pki'}",

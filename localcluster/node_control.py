@@ -1,4 +1,4 @@
-"""`node stop|start|drain|uncordon NAME`: what tests do to one node of a cluster.
+"""`node stop|start|drain|uncordon|pressure NAME`: what tests do to one node of a cluster.
 
 stop is a machine dying: the node's daemons (containerd, kubelet, kube-proxy,
 device plugin, DRA driver, kube-router) and every container of its pods are
@@ -7,7 +7,11 @@ turns NotReady when its lease runs out, as a real one would. On node 1 the
 control plane keeps running. start brings the daemons back with the same
 state (lifecycle.restart), so the kubelet finds its pods dead and starts them
 again. drain and uncordon are kubectl's own: cordon, then evict every pod
-through the Eviction API, which honours PodDisruptionBudgets.
+through the Eviction API, which honours PodDisruptionBudgets. pressure puts
+the node under real kubelet MemoryPressure, or takes it off: every node is a
+namespace on one host, so memory cannot be short on one node only, but the
+node's own kubelet can be told a threshold it is past (see
+components.MEMORY_PRESSURE_EVICTION).
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from __future__ import annotations
 import time
 
 from localcluster import cgroups, health, lifecycle, processes
-from localcluster.components import NODE_COMPONENTS, Layout, enabled_components
+from localcluster.components import NODE_COMPONENTS, Layout, enabled_components, kubelet_config
 from localcluster.config import ClusterConfig
+from localcluster.kubectl import Kubectl
 from localcluster.progress import ClusterError, Reporter
 
 SHIM = "containerd-shim-runc-v2"
@@ -76,3 +81,44 @@ def uncordon(view: ClusterConfig, report: Reporter) -> None:
     """Let the scheduler place pods on the node again (after a drain)."""
     health.kubectl_for(view).run("uncordon", view.node_name)
     report.say(f"node {view.node_name} uncordoned")
+
+
+def pressure(
+    view: ClusterConfig, report: Reporter, *, on: bool, timeout_seconds: float = 120
+) -> None:
+    """Put the node under the kubelet's MemoryPressure (on) or take it off, and wait
+    until its Node's condition says so.
+
+    The node's kubelet configuration is rewritten with (or without) a soft
+    memory threshold every node is past, with an hour's grace, and that kubelet
+    alone restarts: its pods keep running in containerd, the other nodes are
+    untouched, nothing is evicted. The setting stays in the node's state, so a
+    later `restart kubelet` keeps it, until `--off` or `down`.
+    """
+    layout = Layout(view.state)
+    layout.kubelet_config.write_text(kubelet_config(view, layout, memory_pressure=on))
+    lifecycle.restart(view, ["kubelet"], report=report)
+    wanted = "True" if on else "False"
+    kubectl = health.kubectl_for(view)
+    deadline = time.monotonic() + timeout_seconds
+    while _memory_pressure(kubectl, view) != wanted:
+        if time.monotonic() > deadline:
+            raise ClusterError(
+                f"node {view.node_name}: MemoryPressure is not {wanted} {timeout_seconds:.0f} s "
+                f"after its kubelet restarted; see {layout.log('kubelet')}"
+            )
+        time.sleep(1)
+    report.say(f"node {view.node_name}: MemoryPressure {wanted}")
+
+
+def _memory_pressure(kubectl: Kubectl, view: ClusterConfig) -> str:
+    """The Node's MemoryPressure status as the API server holds it ('' when unread)."""
+    result = kubectl.run(
+        "get",
+        "node",
+        view.node_name,
+        "-o",
+        "jsonpath={.status.conditions[?(@.type=='MemoryPressure')].status}",
+        check=False,
+    )
+    return result.stdout.strip()
