@@ -6,8 +6,10 @@ node labels, the pods, the children written); kopf.event is recorded."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import kopf
@@ -16,6 +18,7 @@ import pytest
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator import handlers
 from fusebox_operator.drift import Applied
+from fusebox_operator.kubelet_pressure import KubeletPressureReader
 from fusebox_operator.memo import (
     CONTEXT_KEY,
     RECONCILE_SETTLE_SECONDS,
@@ -125,6 +128,8 @@ class Service:
         # Kept between calls, as kopf keeps an object's memo in one process; None:
         # every call gets a fresh one, as after an operator restart.
         self.kept: ServiceMemo | None = None
+        # The operator-wide reader of the Nodes' MemoryPressure startup puts in the memo.
+        self.kubelet: KubeletPressureReader | None = None
 
     def body(self, spec: Mapping[str, Any]) -> dict[str, Any]:
         return {
@@ -150,7 +155,10 @@ class Service:
             self.kube.actuator,  # type: ignore[arg-type]
         )
         service = self.kept or ServiceMemo(next_resync_at=time.time() + 3600)
-        return kopf.Memo({CONTEXT_KEY: context, SERVICE_KEY: service})
+        memo = kopf.Memo({CONTEXT_KEY: context, SERVICE_KEY: service})
+        if self.kubelet is not None:
+            memo[handlers.KUBELET_PRESSURE_KEY] = self.kubelet
+        return memo
 
     def _merge(self, patch: kopf.Patch) -> None:
         self.status = {**self.status, **dict(patch.get("status") or {})}
@@ -546,3 +554,43 @@ def test_a_resume_observes_only_a_service_no_tick_has_written(
     service.reconcile(VALID, reason="resume")  # ticked before: its status is the tick's
     assert service.status["updatedAt"] == LONG_AGO
     assert service.condition(ConditionType.READY)["reason"] == "PodsNotReady"
+
+
+class NodesAPI:
+    """CoreV1Api.list_node as the API server answers it: node n2's kubelet under pressure."""
+
+    def __init__(self) -> None:
+        self.lists = 0
+
+    def list_node(self, **_: Any) -> Any:
+        self.lists += 1
+        condition = {
+            "type": "MemoryPressure",
+            "status": "True",
+            "lastTransitionTime": "2026-12-06T03:20:11Z",
+            "message": "kubelet has insufficient memory available",
+        }
+        body = {"items": [{"metadata": {"name": "n2"}, "status": {"conditions": [condition]}}]}
+        return type("Raw", (), {"data": json.dumps(body).encode()})()
+
+
+def test_the_tick_is_told_which_nodes_their_kubelet_reports_under_memory_pressure(
+    events: list[tuple[str, str, str]],
+) -> None:
+    kube = FakeKube()
+    kube.pods = [replace(PENDING, node="n2")]  # placed on n2, not yet scrapable
+    nodes = NodesAPI()
+    service = Service(kube)
+    service.kubelet = KubeletPressureReader(nodes)
+    service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
+    service.reconcile(VALID, reason="create")
+    service.tick(VALID)
+
+    (warning,) = [m for _, reason, m in events if reason == EventReason.NODE_MEMORY_PRESSURE]
+    assert warning.startswith("node n2: the kubelet reports MemoryPressure since ")
+    condition = service.condition(ConditionType.NODE_MEMORY_PRESSURE)
+    assert (condition["status"], condition["reason"]) == ("True", "KubeletMemoryPressure")
+    # The next tick within the reader's interval lists no Nodes again.
+    service.kept.next_scrape_at = 0.0
+    service.tick(VALID)
+    assert nodes.lists == 1
