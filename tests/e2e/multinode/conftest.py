@@ -9,22 +9,36 @@ FUSEBOX_MULTINODE_KEEP=1), and it never
 touches the default one. Only the images these tests run are loaded, on
 every node. `mkube` binds it to
 a fresh `restricted` namespace per test, deleted (and waited for) afterwards.
+
+The operator's modules share one install of the chart (`operator_across`, on node 3)
+and two nodes holding the inference image (`inference_nodes`, labelled IMAGE_LABEL);
+`shared_model_claim` gives a service the model wherever its pods land among them.
+Their modules are named test_operator_* so that they run after test_nodes.py, which
+stops node 3 (the operator's) and restarts daemons under the pods it finds.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ..conftest import REPO_ROOT, Cluster
+from fusebox_contract.names import ConditionType
+from localcluster import nodes
+from localcluster.config import ClusterConfig, load_saved
+
+from ..conftest import REPO_ROOT, Cluster, remove_inference_services, wait_for
 from ..localcluster.conftest import Kube, new_namespace
+from ..operator.conftest import CHART, CRD, CRD_NAME, OperatorRelease, Service
 
 NAME = os.environ.get("FUSEBOX_MULTINODE_NAME", "fbxmn")
 NODES = int(os.environ.get("FUSEBOX_MULTINODE_NODES", "3"))
@@ -155,3 +169,156 @@ def pods_by_node(kube: Kube, selector: str) -> dict[str, list[dict[str, Any]]]:
         if ready and not pod["metadata"].get("deletionTimestamp"):
             placed.setdefault(pod["spec"]["nodeName"], []).append(pod)
     return placed
+
+
+# --- the operator across nodes (shared by every module that installs it) --------------------
+
+IMAGE_LABEL = "fusebox.dev/e2e-inference-image"
+HOSTNAME = "kubernetes.io/hostname"
+WATCHED = "e2e-mn-*"  # the namespaces mkube makes
+INFERENCE_IMAGE = "localhost/fusebox/inference:dev"
+
+
+def node_view(node: str) -> ClusterConfig:
+    """localcluster's view of one node of this cluster (its sockets, its GPUs' controls)."""
+    saved = load_saved(NAME, os.environ)
+    assert saved is not None, f"cluster {NAME} is not saved"
+    return nodes.by_name(saved, node)
+
+
+@pytest.fixture(scope="package")
+def inference_nodes(multinode: Cluster) -> Iterator[list[str]]:
+    """Nodes 1 and 2, holding the inference image and labelled IMAGE_LABEL; every node
+    holds the operator's image. Loaded once: a node's store outlives `down`."""
+    every_node = nodes_in_order(multinode)
+    chosen = every_node[:2]
+    for node in every_node:
+        wanted = ("inference:dev", "operator:dev") if node in chosen else ("operator:dev",)
+        multinode_cli(
+            "load-images", "--node", node, "--discard-unpacked-layers", *wanted, timeout=900
+        )
+    for node in chosen:
+        multinode.kubectl("label", "node", node, f"{IMAGE_LABEL}=true", "--overwrite")
+    try:
+        yield chosen
+    finally:
+        for node in chosen:
+            multinode.kubectl("label", "node", node, f"{IMAGE_LABEL}-", check=False)
+
+
+@pytest.fixture(scope="package")
+def operator_across(multinode: Cluster, inference_nodes: list[str]) -> Iterator[OperatorRelease]:
+    """The chart from this checkout, watching mkube's namespaces, with the CRD."""
+    multinode.kubectl("apply", "-f", str(CRD))
+    multinode.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    suffix = uuid.uuid4().hex[:6]
+    release = OperatorRelease(multinode, f"fusebox-mn-{suffix}", f"mn-{suffix}")
+    multinode.kubectl("create", "namespace", release.namespace)
+    multinode.kubectl(
+        "label", "namespace", release.namespace, "pod-security.kubernetes.io/enforce=restricted"
+    )
+    try:
+        # On the node no service pod can use, so losing a service's node does not
+        # take the operator with it (that is the peering's case, test_operator_replicas).
+        operator_node = next(n for n in nodes_in_order(multinode) if n not in inference_nodes)
+        release.install(
+            *("--set-json", f"watchNamespaces={json.dumps([WATCHED])}"),
+            *("--set-json", f"nodeSelector={json.dumps({HOSTNAME: operator_node})}"),
+            chart=(str(CHART),),
+        )
+        wait_for(
+            "the operator pod Ready", release.ready_pod, timeout=120, diagnose=release.describe
+        )
+        yield release
+    finally:
+        release.uninstall_with_services()
+        multinode.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
+
+
+@pytest.fixture
+def services_kube(mkube: Kube, operator_across: OperatorRelease) -> Iterator[Kube]:
+    """mkube's namespace, its InferenceServices deleted while the operator still runs
+    (else their finalizers would hold the namespace Terminating for ever)."""
+    try:
+        yield mkube
+    finally:
+        remove_inference_services(mkube.cluster, mkube.namespace)
+
+
+@contextmanager
+def shared_model_claim(
+    cluster: Cluster, namespace: str, root: Path, nodes: list[str]
+) -> Iterator[None]:
+    """The PVC `models` over `root`, reachable from each of `nodes` (one host directory:
+    on real nodes, a share mounted on each), read-only, so `pvc://models/tiny` resolves
+    wherever the pod lands among them."""
+    pv_name = f"models-{namespace}"[:60]
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": pv_name},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadOnlyMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "local",
+            "local": {"path": str(root)},
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": HOSTNAME, "operator": "In", "values": nodes}]}
+                    ]
+                }
+            },
+        },
+    }
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "models", "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadOnlyMany"],
+            "storageClassName": "local",
+            "volumeName": pv_name,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    cluster.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps({"kind": "List", "apiVersion": "v1", "items": [volume, claim]}),
+    )
+    try:
+        yield
+    finally:
+        cluster.kubectl("-n", namespace, "delete", "pvc", "models", "--wait=false", check=False)
+        cluster.kubectl("delete", "pv", pv_name, "--wait=false", check=False)
+
+
+def wait_serving(service: Service, what: str) -> None:
+    wait_for(
+        what,
+        lambda: service.condition(ConditionType.READY).get("status") == "True",
+        timeout=120,
+        diagnose=service.diagnose,
+    )
+
+
+def ready_pod_on(service: Service, node: str) -> dict[str, Any] | None:
+    placed = [p for p in service.ready_pods() if p["spec"].get("nodeName") == node]
+    return placed[0] if placed else None
+
+
+def spread_one_per_node(service_name: str, **policy: str) -> list[dict[str, Any]]:
+    """At most one more of the service's pods on any node than on another (`policy`:
+    nodeTaintsPolicy, nodeAffinityPolicy)."""
+    return [
+        {
+            "maxSkew": 1,
+            "topologyKey": HOSTNAME,
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"fusebox.dev/service": service_name}},
+            **policy,
+        }
+    ]

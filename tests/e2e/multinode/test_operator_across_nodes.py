@@ -12,12 +12,8 @@ from __future__ import annotations
 
 import calendar
 import json
-import os
 import subprocess
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +21,12 @@ import pytest
 
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_contract.wiring import GPU_DEVICE_CLASS, Port
-from localcluster import dra, images, nodes
-from localcluster.config import ClusterConfig, load_saved
+from localcluster import dra, images
 from localcluster.containerd import CTR
 
-from ..conftest import Cluster, remove_inference_services, wait_for
+from ..conftest import Cluster, wait_for
 from ..localcluster.conftest import Kube
 from ..operator.conftest import (
-    CHART,
-    CRD,
-    CRD_NAME,
-    OperatorRelease,
     Service,
     apply_service,
     base_spec,
@@ -44,134 +35,23 @@ from ..operator.conftest import (
 )
 from ..operator.test_operator import LADDER_EVENTS, leak_spec
 from ..operator.test_operator_replicas import action_id
-from .conftest import NAME, multinode_cli, nodes_in_order
+from .conftest import (
+    HOSTNAME,
+    IMAGE_LABEL,
+    INFERENCE_IMAGE,
+    multinode_cli,
+    node_view,
+    ready_pod_on,
+    shared_model_claim,
+    spread_one_per_node,
+    wait_serving,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 
-IMAGE_LABEL = "fusebox.dev/e2e-inference-image"
-HOSTNAME = "kubernetes.io/hostname"
-WATCHED = "e2e-mn-*"  # the namespaces mkube makes
 # How long a pod stays on a node the node controller has marked unreachable (the
 # Pod API's default is 300 s; a GPU pool that wants its pods back sooner sets less).
 EVICT_AFTER_SECONDS = 5
-INFERENCE_IMAGE = "localhost/fusebox/inference:dev"
-
-
-def node_view(node: str) -> ClusterConfig:
-    """localcluster's view of one node of this cluster (its sockets, its GPUs' controls)."""
-    saved = load_saved(NAME, os.environ)
-    assert saved is not None, f"cluster {NAME} is not saved"
-    return nodes.by_name(saved, node)
-
-
-@pytest.fixture(scope="module")
-def inference_nodes(multinode: Cluster) -> Iterator[list[str]]:
-    """Nodes 1 and 2, holding the inference image and labelled IMAGE_LABEL; every node
-    holds the operator's image. Loaded once: a node's store outlives `down`."""
-    every_node = nodes_in_order(multinode)
-    chosen = every_node[:2]
-    for node in every_node:
-        wanted = ("inference:dev", "operator:dev") if node in chosen else ("operator:dev",)
-        multinode_cli(
-            "load-images", "--node", node, "--discard-unpacked-layers", *wanted, timeout=900
-        )
-    for node in chosen:
-        multinode.kubectl("label", "node", node, f"{IMAGE_LABEL}=true", "--overwrite")
-    try:
-        yield chosen
-    finally:
-        for node in chosen:
-            multinode.kubectl("label", "node", node, f"{IMAGE_LABEL}-", check=False)
-
-
-@pytest.fixture(scope="module")
-def operator_across(multinode: Cluster, inference_nodes: list[str]) -> Iterator[OperatorRelease]:
-    """The chart from this checkout, watching mkube's namespaces, with the CRD."""
-    multinode.kubectl("apply", "-f", str(CRD))
-    multinode.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
-    suffix = uuid.uuid4().hex[:6]
-    release = OperatorRelease(multinode, f"fusebox-mn-{suffix}", f"mn-{suffix}")
-    multinode.kubectl("create", "namespace", release.namespace)
-    multinode.kubectl(
-        "label", "namespace", release.namespace, "pod-security.kubernetes.io/enforce=restricted"
-    )
-    try:
-        # On the node no service pod can use, so losing a service's node does not
-        # take the operator with it (that is the peering's case, test_operator_replicas).
-        operator_node = next(n for n in nodes_in_order(multinode) if n not in inference_nodes)
-        release.install(
-            *("--set-json", f"watchNamespaces={json.dumps([WATCHED])}"),
-            *("--set-json", f"nodeSelector={json.dumps({HOSTNAME: operator_node})}"),
-            chart=(str(CHART),),
-        )
-        wait_for(
-            "the operator pod Ready", release.ready_pod, timeout=120, diagnose=release.describe
-        )
-        yield release
-    finally:
-        release.uninstall_with_services()
-        multinode.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
-
-
-@pytest.fixture
-def services_kube(mkube: Kube, operator_across: OperatorRelease) -> Iterator[Kube]:
-    """mkube's namespace, its InferenceServices deleted while the operator still runs
-    (else their finalizers would hold the namespace Terminating for ever)."""
-    try:
-        yield mkube
-    finally:
-        remove_inference_services(mkube.cluster, mkube.namespace)
-
-
-@contextmanager
-def shared_model_claim(
-    cluster: Cluster, namespace: str, root: Path, nodes: list[str]
-) -> Iterator[None]:
-    """The PVC `models` over `root`, reachable from each of `nodes` (one host directory:
-    on real nodes, a share mounted on each), read-only, so `pvc://models/tiny` resolves
-    wherever the pod lands among them."""
-    pv_name = f"models-{namespace}"[:60]
-    volume = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": pv_name},
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadOnlyMany"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "local",
-            "local": {"path": str(root)},
-            "nodeAffinity": {
-                "required": {
-                    "nodeSelectorTerms": [
-                        {"matchExpressions": [{"key": HOSTNAME, "operator": "In", "values": nodes}]}
-                    ]
-                }
-            },
-        },
-    }
-    claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "models", "namespace": namespace},
-        "spec": {
-            "accessModes": ["ReadOnlyMany"],
-            "storageClassName": "local",
-            "volumeName": pv_name,
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
-    cluster.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=json.dumps({"kind": "List", "apiVersion": "v1", "items": [volume, claim]}),
-    )
-    try:
-        yield
-    finally:
-        cluster.kubectl("-n", namespace, "delete", "pvc", "models", "--wait=false", check=False)
-        cluster.kubectl("delete", "pv", pv_name, "--wait=false", check=False)
 
 
 def ladder_events(service: Service) -> list[dict[str, Any]]:
@@ -180,20 +60,6 @@ def ladder_events(service: Service) -> list[dict[str, Any]]:
 
 def ladder_events_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in events if e["reason"] in LADDER_EVENTS]
-
-
-def wait_serving(service: Service, what: str) -> None:
-    wait_for(
-        what,
-        lambda: service.condition(ConditionType.READY).get("status") == "True",
-        timeout=120,
-        diagnose=service.diagnose,
-    )
-
-
-def ready_pod_on(service: Service, node: str) -> dict[str, Any] | None:
-    placed = [p for p in service.ready_pods() if p["spec"].get("nodeName") == node]
-    return placed[0] if placed else None
 
 
 def server_limits(pod: dict[str, Any]) -> dict[str, str]:
@@ -282,7 +148,7 @@ def test_a_node_lost_mid_ladder_leaves_its_pod_alone_and_the_replacement_is_size
             print(f"replacement Ready {time.time() - lost_at:.0f} s after the node was lost")
             new_pod = wait_for(
                 "status to name the replacement with figures observed after the loss",
-                lambda: _observed_after(service, second["metadata"]["name"], lost_at),
+                lambda: observed_after(service, second["metadata"]["name"], lost_at),
                 timeout=120,
                 diagnose=service.diagnose,
             )
@@ -321,7 +187,7 @@ def test_a_node_lost_mid_ladder_leaves_its_pod_alone_and_the_replacement_is_size
     assert [p["name"] for p in status["pods"]] == [second["metadata"]["name"]]
 
 
-def _observed_after(service: Service, pod: str, moment: float) -> dict[str, Any] | None:
+def observed_after(service: Service, pod: str, moment: float) -> dict[str, Any] | None:
     """The pod's status entry once it serves, with figures (its memory limit among them)
     scraped after `moment`; an entry of a server still starting has none yet."""
     for entry in service.status().get("pods") or []:
@@ -339,17 +205,6 @@ def _observed_after(service: Service, pod: str, moment: float) -> dict[str, Any]
 
 def _epoch(iso_time: str) -> float:
     return float(calendar.timegm(time.strptime(iso_time, "%Y-%m-%dT%H:%M:%SZ")))
-
-
-def _spread_one_per_node(service_name: str) -> list[dict[str, Any]]:
-    return [
-        {
-            "maxSkew": 1,
-            "topologyKey": HOSTNAME,
-            "whenUnsatisfiable": "DoNotSchedule",
-            "labelSelector": {"matchLabels": {"fusebox.dev/service": service_name}},
-        }
-    ]
 
 
 def _claimed_device(service: Service, pod: dict[str, Any]) -> str:
@@ -375,7 +230,7 @@ def test_a_gpu_unhealthy_on_one_node_drains_only_the_pod_there_and_it_waits_name
     spec = base_spec(replicas=2, gpu={"count": 1, "deviceClassName": GPU_DEVICE_CLASS})
     spec["pod"] = {
         "nodeSelector": {IMAGE_LABEL: "true"},
-        "topologySpreadConstraints": _spread_one_per_node(name),
+        "topologySpreadConstraints": spread_one_per_node(name),
     }
     control = dra.control_for(node_view(sick_node))
     with shared_model_claim(multinode, services_kube.namespace, model_root, inference_nodes):
