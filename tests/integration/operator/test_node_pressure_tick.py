@@ -1,6 +1,7 @@
 """Whole ticks against the real server and sidecar: a node below its floor gets its
 pod's caches shed through the real admin API, the event and the condition, and
-nothing else; above the floor again, the condition clears with one event.
+nothing else; above the floor again, the condition clears with one event. The
+same for a node whose kubelet reports MemoryPressure while MemAvailable is fine.
 
 The node is this machine, read by the real sidecar from /proc/meminfo; the floor
 is put where this machine is certainly below it (1Pi) and then certainly above
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -19,6 +20,7 @@ import aiohttp
 
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator.actuator import Actuator
+from fusebox_operator.node_pressure import KubeletPressure
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.spec import InferenceServiceSpec, parse_spec
 from fusebox_operator.status import EventRecord
@@ -58,6 +60,8 @@ async def ticks(
     status: dict[str, Any],
     spec: InferenceServiceSpec,
     until_status: str,
+    kubelet: Mapping[str, KubeletPressure] | None = None,
+    service_id: str = "itsvc",
 ) -> tuple[dict[str, Any], list[EventRecord]]:
     """Ticks as the kopf timer runs them, applying each patch, until the condition's status."""
     events: list[EventRecord] = []
@@ -69,7 +73,9 @@ async def ticks(
 
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            inputs = TickInputs("ns", "itsvc", spec, status, [ON_THIS_HOST], TOKEN, 1)
+            inputs = TickInputs(
+                "ns", service_id, spec, status, [ON_THIS_HOST], TOKEN, 1, kubelet_pressure=kubelet
+            )
             outcome = await run_tick(inputs, memory, scrape, actuator, time.time)
             events += outcome.events
             status = {**status, **outcome.status_patch}
@@ -102,3 +108,34 @@ def test_a_node_below_its_floor_gets_the_pods_caches_shed_and_nothing_else(
     status, events = asyncio.run(ticks(pair, memory, status, spec_with_floor("1Mi"), "False"))
     assert condition(status)["reason"] == "AboveFloor"
     assert [e.reason for e in events] == [EventReason.NODE_MEMORY_RECOVERED]
+
+
+def test_a_node_whose_kubelet_reports_memory_pressure_gets_the_pods_caches_shed(
+    pair: Pair,  # noqa: F811 (the fixture)
+) -> None:
+    memory = TickMemory()
+    base = {"memory": {"limitBytes": 8 * 1024**3}}
+    spec = spec_with_floor("1Mi")  # this host is certainly above it: only the kubelet says under
+    reported = KubeletPressure(
+        "this-host", time.time(), "kubelet has insufficient memory available"
+    )
+    status, events = asyncio.run(
+        ticks(pair, memory, base, spec, "True", {"this-host": reported}, "itkubelet")
+    )
+    pressure = condition(status)
+    assert pressure["reason"] == "KubeletMemoryPressure"
+    assert "node this-host: the kubelet reports MemoryPressure since " in pressure["message"]
+    assert ", MemAvailable " in pressure["message"]  # the sidecar's figures beside it
+    assert [e.reason for e in events] == [
+        EventReason.NODE_MEMORY_PRESSURE,
+        EventReason.GARBAGE_COLLECTED,
+        EventReason.CACHE_EMPTIED,
+    ]
+    shed = [a for a in status["recentActions"] if "node memory pressure" in a["reason"]]
+    assert [a["type"] for a in shed] == ["gc", "empty_cache"]
+    assert all(a["result"].startswith("RSS ") for a in shed), shed
+
+    status, events = asyncio.run(ticks(pair, memory, status, spec, "False", {}, "itkubelet"))
+    (recovered,) = events
+    assert recovered.reason is EventReason.NODE_MEMORY_RECOVERED
+    assert "back above the floor, and the kubelet reports no MemoryPressure" in recovered.message
