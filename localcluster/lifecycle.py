@@ -490,7 +490,7 @@ def _write_configs(config: ClusterConfig, layout: Layout) -> None:
         hosts.path.write_text(hosts.text)
     if config.node == 1:  # an extra node's is written once its Node has a podCIDR
         _write_cni_conflist(config, layout, config.node_pod_cidr)
-    (layout.conf / "kubelet.yaml").write_text(kubelet_config(config, layout))
+    layout.kubelet_config.write_text(kubelet_config(config, layout))
     (layout.conf / "kube-proxy.yaml").write_text(kube_proxy_config(config, layout))
     # No nameserver: pods with dnsPolicy Default resolve nothing, as nothing outside exists.
     (layout.conf / "resolv.conf").write_text("")
