@@ -305,6 +305,12 @@ def wait_serving(service: Service, what: str) -> None:
     )
 
 
+def one_ready_pod_per_node(service: Service) -> dict[str, dict[str, Any]] | None:
+    """The service's two ready pods by node, once each runs on a node of its own."""
+    placed = {p["spec"]["nodeName"]: p for p in service.ready_pods()}
+    return placed if len(placed) == 2 and len(service.ready_pods()) == 2 else None
+
+
 def ready_pod_on(service: Service, node: str) -> dict[str, Any] | None:
     placed = [p for p in service.ready_pods() if p["spec"].get("nodeName") == node]
     return placed[0] if placed else None

@@ -24,6 +24,7 @@ from ..operator.conftest import Service, apply_service, base_spec
 from .conftest import (
     IMAGE_LABEL,
     multinode_cli,
+    one_ready_pod_per_node,
     shared_model_claim,
     spread_one_per_node,
 )
@@ -33,11 +34,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 NAME = "kubelet-pressure"
 FLOOR = "64Mi"  # the sidecar's MemAvailable never crosses it: the kubelet alone decides
 PRESSURE_SECONDS = 150  # `node pressure` waits for the condition itself (120 s at most)
-
-
-def one_ready_pod_per_node(service: Service) -> dict[str, dict[str, Any]] | None:
-    placed = {p["spec"]["nodeName"]: p for p in service.ready_pods()}
-    return placed if len(placed) == 2 and len(service.ready_pods()) == 2 else None
 
 
 def events_of(service: Service, *reasons: str) -> list[dict[str, Any]]:
