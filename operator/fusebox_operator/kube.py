@@ -4,9 +4,13 @@ Why: keeping every API call here gives one place for timeouts, error
 classification and the create-or-update rules (a child is written only when
 it no longer carries what was rendered, drift.differences; the Deployment is
 replaced, never merge-patched; the admin Secret is created once and never
-rewritten). The official client is synchronous, so every call runs in
-a worker thread and the kopf event loop never blocks on the network; the pod
-watch (PodWatch) has a thread of its own.
+rewritten). The official client is synchronous, so its calls run in a worker
+thread and the kopf event loop never blocks on the network; the watches have a
+thread each. The children's writes (and the reads that settle a refused one) go
+instead through an aiohttp session of the operator's own with the client's
+credentials (ApiRequests): through the client and a thread each cost 1.2 ms of
+CPU, the largest single share of a new service's (decisions/operator-api-cost.md,
+sixth and seventh passes).
 """
 
 from __future__ import annotations
@@ -23,8 +27,6 @@ from typing import Any, TypeVar, cast
 import aiohttp
 import kubernetes
 from kubernetes.client.exceptions import ApiException
-from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
 
 from fusebox_contract.model_fetch import FETCH_CONTAINER
 from fusebox_contract.wiring import ADMIN_TOKEN_KEY, GPU_RESOURCE, DeviceHealth
@@ -101,8 +103,134 @@ def api_session(
     )
 
 
-async def _run(function: Callable[[], T]) -> T:
-    return await asyncio.to_thread(function)
+CHILD_WRITE_CONNECTIONS = 8
+"""Connections the children's writes may hold. They ran on asyncio's default thread pool
+(min(32, CPUs + 4) threads: 6 on a 2-core host) through the client's pool, so about as
+many were in flight at once; a burst of new services queues for a connection here, no
+longer for a thread, and the wait is not counted in a request's timeout."""
+WRITE_TIMEOUT = aiohttp.ClientTimeout(
+    total=None, sock_connect=10, sock_read=REQUEST_TIMEOUT_SECONDS
+)
+NOT_FOUND, CONFLICT = 404, 409
+# The children's kinds are built in (manifests.build_children), so their paths are known
+# without discovery: kind -> the resource's plural.
+CHILD_PLURALS: dict[str, str] = {
+    "Secret": "secrets",
+    "ConfigMap": "configmaps",
+    "Service": "services",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "NetworkPolicy": "networkpolicies",
+    "ResourceClaimTemplate": "resourceclaimtemplates",
+    "Deployment": "deployments",
+}
+
+
+def child_path(manifest: Mapping[str, Any], name: str | None = None) -> str:
+    """The manifest's collection in its namespace, or the object `name` in it."""
+    api_version, meta = str(manifest["apiVersion"]), manifest["metadata"]
+    group = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    path = f"{group}/namespaces/{meta['namespace']}/{CHILD_PLURALS[str(manifest['kind'])]}"
+    return path if name is None else f"{path}/{name}"
+
+
+class Refused(Exception):
+    """The apiserver answered with an error status. `reason` is its status line's text, as
+    the client library's ApiException carried it, so a KubeError reads as it did."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"{status} {reason}")
+        self.status, self.reason = status, reason
+
+
+def tls_context(configuration: Any) -> ssl.SSLContext:
+    """The client library's TLS settings (its rest.py pool arguments) as an SSL context."""
+    context = ssl.create_default_context(
+        cafile=configuration.ssl_ca_cert, cadata=configuration.ca_cert_data
+    )
+    if not configuration.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif configuration.assert_hostname is False:
+        context.check_hostname = False
+    if configuration.cert_file:
+        context.load_cert_chain(configuration.cert_file, configuration.key_file)
+    return context
+
+
+class ApiRequests:
+    """JSON requests to the apiserver on an aiohttp session, as the client library makes
+    them: its host, TLS, proxy and User-Agent (the apiserver names the field manager of a
+    write after it, so managedFields read as before), and its bearer token computed per
+    request, so the client's refresh hook still renews an expiring token (in a pod, the
+    projected service-account token is read again).
+
+    Why not the client: a request through it and a worker thread cost 1.2 ms of CPU in
+    the fleet bench's profile, one on this session about 0.4 (decisions/operator-api-cost.md,
+    seventh pass: 38.4 -> 34.0 ms per new service). The session is opened in the
+    running event loop on first use (aiohttp binds a session to its loop), and again if
+    a later call runs in another loop (tests run one per `asyncio.run`; `close` the one
+    before).
+    """
+
+    def __init__(self, configuration: Any, headers: Mapping[str, str], connections: int) -> None:
+        self._configuration = configuration
+        self._base = str(configuration.host).rstrip("/")
+        self._tls = tls_context(configuration)
+        self._headers = dict(headers)
+        self._connections = connections
+        hostname = configuration.tls_server_name or configuration.assert_hostname
+        self._server_hostname = hostname if isinstance(hostname, str) and hostname else None
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._loop is not loop:
+            self._session = api_session(
+                self._tls, self._headers, self._connections, proxy=self._configuration.proxy
+            )
+            self._loop = loop
+        return self._session
+
+    def _auth(self) -> dict[str, str]:
+        headers = {}
+        for setting in self._configuration.auth_settings().values():
+            if setting["in"] == "header" and setting["value"]:
+                headers[setting["key"]] = setting["value"]
+        return headers
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """The apiserver's JSON answer; Refused for an error status. Transport errors
+        (aiohttp.ClientError, TimeoutError) pass through."""
+        headers = {"Accept": "application/json", **self._auth()}
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = json.dumps(body)
+        async with self._open().request(
+            method,
+            self._base + path,
+            data=data,
+            headers=headers,
+            timeout=WRITE_TIMEOUT,
+            server_hostname=self._server_hostname,
+        ) as response:
+            answer = await response.read()
+            if not 200 <= response.status < 300:
+                raise Refused(response.status, response.reason or "")
+        found: dict[str, Any] = json.loads(answer)
+        return found
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 def _body(manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -110,22 +238,14 @@ def _body(manifest: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
 
 
-def _read(resource: Any, name: str, namespace: str) -> dict[str, Any]:
-    """The object as the apiserver sent it, as plain JSON.
-
-    The dynamic client's default wraps every field in a ResourceInstance only
-    for `.to_dict()` to unwrap it again: a fifth of the operator's CPU at 200
-    idle services, each resynced every 10 s (bench/operator_bench.py scale).
-    """
-    raw = resource.get(name=name, namespace=namespace, serialize=False)
-    body: dict[str, Any] = json.loads(raw.data)
-    return body
+async def _run(function: Callable[[], T]) -> T:
+    return await asyncio.to_thread(function)
 
 
-def _recorded(store: ChildStore | None, kind: str, written: Any) -> None:
+def _recorded(store: ChildStore | None, kind: str, written: dict[str, Any] | None) -> None:
     """Keep the apiserver's answer to the operator's own write (None: nothing written)."""
     if store is not None and written is not None and store.synced(kind):
-        store.record(kind, json.loads(written.data))
+        store.record(kind, written)
 
 
 class ScopeWatch:
@@ -367,16 +487,18 @@ class ChildWatch(ScopeWatch):
 
 
 class Kube:
-    def __init__(self) -> None:
-        self.api_client = kubernetes.client.ApiClient()
+    def __init__(self, configuration: kubernetes.client.Configuration | None = None) -> None:
+        """`configuration`: the client library's (None: its default, as load_config set it)."""
+        self.api_client = kubernetes.client.ApiClient(configuration)
         self.core = kubernetes.client.CoreV1Api(self.api_client)
         self.custom = kubernetes.client.CustomObjectsApi(self.api_client)
-        self.dynamic = DynamicClient(self.api_client)  # type: ignore[no-untyped-call]
+        self.requests = ApiRequests(
+            self.api_client.configuration, self.api_client.default_headers, CHILD_WRITE_CONNECTIONS
+        )
         self._pod_stores: dict[str | None, PodStore] = {}
         self._pod_watches: list[PodWatch] = []
         self._child_stores: dict[str | None, ChildStore] = {}
         self._child_watches: list[ChildWatch] = []
-        self._resources: dict[tuple[str, str], Any] = {}
 
     # ----- nodes -----
     async def node_vram_mib(self, product: str) -> list[int]:
@@ -417,21 +539,6 @@ class Kube:
             raise KubeError(f"InferenceService {namespace}/{name}: {error.reason}") from error
 
     # ----- children -----
-    def _resource(self, manifest: Mapping[str, Any]) -> Any:
-        """The dynamic client's handle for the manifest's kind, looked up once per kind.
-
-        The lookup walks the client's discovery cache (about 0.7 ms under a profiler,
-        five kinds per reconcile and per resync): a tenth of a new service's CPU.
-        The children's kinds are built in, so the answer never changes while we run.
-        """
-        key = (str(manifest["apiVersion"]), str(manifest["kind"]))
-        found = self._resources.get(key)
-        if found is None:
-            found = self._resources[key] = self.dynamic.resources.get(
-                api_version=key[0], kind=key[1]
-            )
-        return found
-
     async def apply(self, manifest: dict[str, Any], scale: bool = True) -> Applied:
         """Create the object, or bring it to the manifest when it differs; writes only then.
 
@@ -442,58 +549,60 @@ class Kube:
         more, never written over. With `scale` False a Deployment keeps the
         replicas it has (the autoscaler's).
         """
-        resource = self._resource(manifest)
         kind, name = manifest["kind"], manifest["metadata"]["name"]
         namespace = manifest["metadata"]["namespace"]
         store = self._child_store(namespace)
-
-        def read() -> dict[str, Any] | None:
-            try:
-                return _read(resource, name, namespace)
-            except NotFoundError:
-                return None
-
-        def call() -> Applied:
+        try:
             known = store.get(kind, namespace, name) if store is not None else UNKNOWN
             if isinstance(known, dict) or known is None:
                 try:
-                    return self._bring(resource, manifest, known, scale, store)
-                except (ConflictError, NotFoundError):
-                    pass  # the watch's view was behind the apiserver's: read it
-            current = read()
+                    return await self._bring(manifest, known, scale, store)
+                except Refused as refused:
+                    if refused.status not in (CONFLICT, NOT_FOUND):
+                        raise
+                    # the watch's view was behind the apiserver's: read it
+            current = await self._read_child(manifest)
             try:
-                return self._bring(resource, manifest, current, scale, store)
-            except ConflictError:
-                if current is None:
+                return await self._bring(manifest, current, scale, store)
+            except Refused as refused:
+                if refused.status == CONFLICT and current is None:
                     return Applied(manifest, "unchanged")  # created concurrently
                 raise
+        except Refused as error:
+            raise KubeError(f"{kind} {namespace}/{name}: {error.reason}") from error
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise KubeError(f"{kind} {namespace}/{name}: {error!r}") from error
 
+    async def _read_child(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The child as the apiserver holds it now (None: absent)."""
         try:
-            return await _run(call)
-        except ApiException as error:
-            raise KubeError(f"{manifest['kind']} {namespace}/{name}: {error.reason}") from error
+            return await self.requests.send(
+                "GET", child_path(manifest, manifest["metadata"]["name"])
+            )
+        except Refused as refused:
+            if refused.status == NOT_FOUND:
+                return None
+            raise
 
-    def _bring(
+    async def _bring(
         self,
-        resource: Any,
         manifest: dict[str, Any],
         current: dict[str, Any] | None,
         scale: bool,
         store: ChildStore | None,
     ) -> Applied:
         """One attempt to make `current` (None: absent) say what the manifest says."""
-        kind, meta = manifest["kind"], manifest["metadata"]
-        name, namespace = meta["name"], meta["namespace"]
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
         if current is None:
-            written = resource.create(body=manifest, namespace=namespace, serialize=False)
+            written = await self.requests.send("POST", child_path(manifest), manifest)
             _recorded(store, kind, written)
             return Applied(manifest, "created")
         if kind == "Deployment":
             if not scale:
                 replicas = current["spec"].get("replicas", manifest["spec"]["replicas"])
                 manifest = {**manifest, "spec": {**manifest["spec"], "replicas": replicas}}
-            applied, written = self._update_deployment(resource, current, manifest)
-            _recorded(store, kind, written)
+            applied, changed = await self._update_deployment(current, manifest)
+            _recorded(store, kind, changed)
             return applied
         body = _body(manifest)
         drifted = differences(body, current)
@@ -501,21 +610,20 @@ class Kube:
             return Applied(manifest, "unchanged")
         # The version compared against: a merge patch carrying it is refused if stale.
         version = current["metadata"]["resourceVersion"]
-        written = resource.patch(
-            body={**body, "metadata": {**body["metadata"], "resourceVersion": version}},
-            name=name,
-            namespace=namespace,
+        written = await self.requests.send(
+            "PATCH",
+            child_path(manifest, name),
+            {**body, "metadata": {**body["metadata"], "resourceVersion": version}},
             content_type="application/merge-patch+json",
-            serialize=False,
         )
         _recorded(store, kind, written)
         return Applied(manifest, "updated", drifted)
 
-    @staticmethod
-    def _update_deployment(
-        resource: Any, current: dict[str, Any], manifest: dict[str, Any]
-    ) -> tuple[Applied, Any]:
+    async def _update_deployment(
+        self, current: dict[str, Any], manifest: dict[str, Any]
+    ) -> tuple[Applied, dict[str, Any] | None]:
         meta = manifest["metadata"]
+        path = child_path(manifest, meta["name"])
         version = current["metadata"]["resourceVersion"]
         wanted_hash = meta["annotations"][TEMPLATE_HASH_ANNOTATION]
         current_hash = (current["metadata"].get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION)
@@ -533,20 +641,17 @@ class Kube:
             # Replace: a merge patch would keep stale list entries (env, volumes).
             body = dict(manifest)
             body["metadata"] = {**meta, "resourceVersion": version}
-            written = resource.replace(
-                body=body, name=meta["name"], namespace=meta["namespace"], serialize=False
-            )
+            written = await self.requests.send("PUT", path, body)
             return Applied(manifest, "updated", drifted), written
         if current["spec"].get("replicas") != manifest["spec"]["replicas"]:
-            written = resource.patch(
-                body={
+            written = await self.requests.send(
+                "PATCH",
+                path,
+                {
                     "metadata": {"resourceVersion": version},
                     "spec": {"replicas": manifest["spec"]["replicas"]},
                 },
-                name=meta["name"],
-                namespace=meta["namespace"],
                 content_type="application/merge-patch+json",
-                serialize=False,
             )
             return Applied(manifest, "scaled", ["spec.replicas"]), written
         return Applied(manifest, "unchanged"), None
@@ -564,29 +669,25 @@ class Kube:
         """
         namespace = manifest["metadata"]["namespace"]
         name = manifest["metadata"]["name"]
-
-        def call() -> bool:
-            try:
-                if not likely_absent:
-                    self.core.read_namespaced_secret(
-                        name, namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
-                    )
+        try:
+            if not likely_absent:
+                if await self._read_child(manifest) is not None:
                     return False
-            except ApiException as error:
-                if error.status != 404:
-                    raise KubeError(f"Secret {namespace}/{name}: {error.reason}") from error
             try:
-                body: Any = manifest  # the client accepts plain dicts
-                self.core.create_namespaced_secret(
-                    namespace, body, _request_timeout=REQUEST_TIMEOUT_SECONDS
-                )
+                await self.requests.send("POST", child_path(manifest), manifest)
                 return True
-            except ApiException as error:
-                if error.status == 409:
+            except Refused as refused:
+                if refused.status == CONFLICT:
                     return False  # created concurrently
-                raise KubeError(f"Secret {namespace}/{name}: {error.reason}") from error
+                raise
+        except Refused as error:
+            raise KubeError(f"Secret {namespace}/{name}: {error.reason}") from error
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise KubeError(f"Secret {namespace}/{name}: {error!r}") from error
 
-        return await _run(call)
+    async def close(self) -> None:
+        """Close the children's session (the watches stop with stop_watching)."""
+        await self.requests.close()
 
     async def check_secret(
         self, manifest: dict[str, Any], key: str = ADMIN_TOKEN_KEY

@@ -4,7 +4,9 @@ what it repairs.
 Against etcd and the API server on loopback (no nodes, no controllers), the
 operator's own Kube with its child watches running:
 - a resync of an untouched service reads no child from the apiserver (the
-  apiserver's own request counter shows no GET of any watched kind);
+  apiserver's own request counter shows no GET of any watched kind), and the
+  children the operator's own session wrote carry the client library's field
+  manager, as when the client wrote them;
 - a NetworkPolicy deleted and a PodDisruptionBudget edited by another client
   touch their service (its next tick resyncs it), and the resync puts both back;
 - a write computed from a view that fell behind is refused by the apiserver
@@ -18,16 +20,16 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import kubernetes
 import pytest
 import yaml
 
 from fusebox_operator import manifests
-from fusebox_operator.kube import WATCHED_CHILD_KINDS, Kube
+from fusebox_operator.kube import CHILD_PLURALS, WATCHED_CHILD_KINDS, Kube
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import NODE_PRODUCT_LABEL, NODE_VRAM_LABEL, size_memory
 from fusebox_operator.spec import parse_spec
@@ -42,6 +44,20 @@ NAMESPACE = "ml"
 NAME = "chat"
 SPEC = {"model": {"name": "chat", "source": "pvc://models/chat"}, "gpu": {"count": 0}}
 RESOURCES = ("configmaps", "services", "poddisruptionbudgets", "networkpolicies", "deployments")
+T = TypeVar("T")
+
+
+def in_loop(kube: Kube, call: Coroutine[Any, Any, T]) -> T:
+    """`call` in an event loop of its own, as each step of these tests is, the children's
+    session (bound to the loop that opened it) closed with it."""
+
+    async def run() -> T:
+        try:
+            return await call
+        finally:
+            await kube.close()
+
+    return asyncio.run(run())
 
 
 def kubectl(config: Path, *args: str, stdin: str = "") -> str:
@@ -114,7 +130,7 @@ def apply_all(kube: Kube) -> dict[str, str]:
     async def run() -> dict[str, str]:
         return {m["kind"]: (await kube.apply(m)).outcome for m in children()}
 
-    return asyncio.run(run())
+    return in_loop(kube, run())
 
 
 def test_a_resync_of_an_untouched_service_reads_no_child(kubeconfig: Path, kube: Kube) -> None:
@@ -135,6 +151,22 @@ def test_a_resync_of_an_untouched_service_reads_no_child(kubeconfig: Path, kube:
         RESOURCES, 0
     )
     assert kube.children_touched(NAMESPACE, NAME) is False  # its own writes touch nothing
+    # Written on the operator's own session, under the client library's field manager.
+    for child in children():
+        plural = CHILD_PLURALS[child["kind"]]
+        got = kubectl(
+            kubeconfig,
+            "-n",
+            NAMESPACE,
+            "get",
+            plural,
+            child["metadata"]["name"],
+            "-o",
+            "json",
+            "--show-managed-fields",
+        )
+        managers = {entry["manager"] for entry in json.loads(got)["metadata"]["managedFields"]}
+        assert managers == {"OpenAPI-Generator"}, child["kind"]
 
 
 def test_a_child_deleted_or_edited_elsewhere_touches_its_service_and_is_put_back(
@@ -200,7 +232,7 @@ def test_a_write_from_a_view_behind_the_apiserver_is_refused_and_made_again(
     store.record("ConfigMap", behind)
     refused_before = requests(kubeconfig, "PATCH", code="409").get("configmaps", 0)
 
-    outcome = asyncio.run(kube.apply(config_map))
+    outcome = in_loop(kube, kube.apply(config_map))
 
     assert outcome.outcome == "updated"
     assert requests(kubeconfig, "PATCH", code="409").get("configmaps", 0) == refused_before + 1
@@ -242,17 +274,17 @@ def test_a_secret_check_reads_a_rotated_token_and_recreates_a_deleted_secret(
         "first-token",
     )  # fmt: skip
     name = secret["metadata"]["name"]
-    assert asyncio.run(kube.check_secret(secret)) == (True, "first-token")
+    assert in_loop(kube, kube.check_secret(secret)) == (True, "first-token")
     kubectl(
         kubeconfig, "-n", NAMESPACE, "patch", "secret", name, "--type", "merge",
         "-p", json.dumps({"stringData": {manifests.ADMIN_TOKEN_KEY: "rotated-token"}}),
     )  # fmt: skip
     gets_before = requests(kubeconfig, "GET").get("secrets", 0)
 
-    assert asyncio.run(kube.check_secret(secret)) == (False, "rotated-token")
+    assert in_loop(kube, kube.check_secret(secret)) == (False, "rotated-token")
     assert requests(kubeconfig, "GET").get("secrets", 0) - gets_before == 1
 
     kubectl(kubeconfig, "-n", NAMESPACE, "delete", "secret", name)
-    assert asyncio.run(kube.check_secret(secret)) == (True, "first-token")
+    assert in_loop(kube, kube.check_secret(secret)) == (True, "first-token")
     kept = kubectl(kubeconfig, "-n", NAMESPACE, "get", "secret", name, "-o", "json")
     assert json.loads(kept)["data"][manifests.ADMIN_TOKEN_KEY]  # created again

@@ -1,104 +1,172 @@
 """Kube.apply writes only on drift: nothing for a child that carries the manifest, a
 merge patch for a moved ConfigMap, a replace for a Deployment edited by hand (its
 template hash unchanged), a replicas patch for one scaled by hand unless the
-autoscaler owns the count. A fake of the dynamic client's resource records writes.
-The admin Secret is read before it is created, so a resync of an untouched
-service sends the apiserver no write at all, not even a refused one.
+autoscaler owns the count. The admin Secret is read before it is created, so a
+resync of an untouched service sends the apiserver no write at all, not even a
+refused one.
 
 With a synced child store (the watches' view, child_store.py) apply reads no
 child from the apiserver: it compares against the store, creates what the store
 says is absent, and writes with the store's resourceVersion; a view behind the
-apiserver's is refused (409) and read again, never written over."""
+apiserver's is refused (409) and read again, never written over.
+
+The writes go over HTTP on the operator's own aiohttp session (kube.ApiRequests),
+here to a fake apiserver on loopback that keeps one object per path and answers
+as the apiserver does: 404 for an absent object, 409 for a create of one that
+exists or a write carrying a stale resourceVersion. The session carries the client
+library's credentials and User-Agent (the apiserver names the field manager after
+it), its token computed per request so an expiring one is renewed, and an answer
+the apiserver refuses reads as the client's ApiException did."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
+import kubernetes
+import pytest
+from aiohttp import web
 
 from fusebox_operator.child_store import ChildStore
-from fusebox_operator.kube import Kube
+from fusebox_operator.kube import CHILD_PLURALS, Kube, KubeError, child_path
 from fusebox_operator.manifests import TEMPLATE_HASH_ANNOTATION
 
-
-class Raw:
-    """The unserialized response the dynamic client returns with serialize=False."""
-
-    def __init__(self, body: dict[str, Any]) -> None:
-        self.data = json.dumps(body).encode()
+TOKEN = "apply-test-token"
 
 
-class FakeResource:
-    """One object's store; every call is recorded as (verb, body) in `calls`, writes in
-    `writes`. A write whose resourceVersion is not the stored one is refused (409)."""
+@dataclass
+class FakeApiserver:
+    """One object per path. Every request is recorded as (method, path) in `calls`,
+    every accepted write as (method, body) in `writes`, and the headers of each in
+    `headers`. A write whose resourceVersion is not the stored one is refused (409).
+    `refuse` answers a method with a status of its own instead."""
 
-    def __init__(self, current: dict[str, Any] | None) -> None:
-        self.current = current
-        self.writes: list[tuple[str, dict[str, Any]]] = []
-        self.calls: list[str] = []
+    objects: dict[str, dict[str, Any]] = field(default_factory=dict)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    writes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    content_types: list[str] = field(default_factory=list)
+    refuse: dict[str, int] = field(default_factory=dict)
+    version: int = 8
 
-    def get(self, name: str, namespace: str, serialize: bool = True) -> Raw:
-        assert not serialize, "read raw JSON: the ResourceInstance wrapping costs CPU"
-        self.calls.append("get")
-        if self.current is None:
-            raise NotFoundError(ApiException(status=404, reason="Not Found"))
-        return Raw(self.current)
-
-    def _write(self, verb: str, body: dict[str, Any]) -> Raw:
-        self.calls.append(verb)
+    async def handle(self, request: web.Request) -> web.Response:
+        method, path = request.method, request.path
+        self.calls.append((method, path))
+        self.headers.append(dict(request.headers))
+        body = await request.json() if request.can_read_body else None
+        if body is not None:
+            self.content_types.append(request.content_type)
+        if method in self.refuse:
+            return web.json_response({"kind": "Status"}, status=self.refuse[method])
+        if method == "POST":
+            path = f"{path}/{body['metadata']['name']}"
+            if path in self.objects:
+                return web.json_response({"reason": "AlreadyExists"}, status=409)
+            return self._write(method, path, body, body, 201)
+        current = self.objects.get(path)
+        if current is None:
+            return web.json_response({"reason": "NotFound"}, status=404)
+        if method == "GET":
+            return web.json_response(current)
         version = (body.get("metadata") or {}).get("resourceVersion")
-        if verb == "create" and self.current is not None:
-            raise ConflictError(ApiException(status=409, reason="AlreadyExists"))
-        if verb != "create" and self.current is None:
-            raise NotFoundError(ApiException(status=404, reason="Not Found"))
-        if version is not None and self.current is not None:
-            if version != self.current["metadata"]["resourceVersion"]:
-                raise ConflictError(ApiException(status=409, reason="Conflict"))
-        self.writes.append((verb, body))
-        written = copy.deepcopy(body)
-        written.setdefault("metadata", {})["resourceVersion"] = "8"
-        return Raw(written)
+        if version is not None and version != current["metadata"]["resourceVersion"]:
+            return web.json_response({"reason": "Conflict"}, status=409)
+        stored = merged(current, body) if method == "PATCH" else body
+        return self._write(method, path, body, stored, 200)
 
-    def create(self, body: dict[str, Any], namespace: str, serialize: bool = True) -> Raw:
-        return self._write("create", body)
+    def _write(
+        self, method: str, path: str, body: dict[str, Any], stored: dict[str, Any], status: int
+    ) -> web.Response:
+        self.writes.append((method, body))
+        stored = copy.deepcopy(stored)
+        stored["metadata"]["resourceVersion"] = str(self.version)
+        self.version += 1
+        self.objects[path] = stored
+        return web.json_response(stored, status=status)
 
-    def patch(self, body: dict[str, Any], **_: Any) -> Raw:
-        return self._write("patch", body)
 
-    def replace(self, body: dict[str, Any], **_: Any) -> Raw:
-        return self._write("replace", body)
+def merged(current: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch (RFC 7386) of `patch` onto `current`."""
+    out = copy.deepcopy(current)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def against(
+    apiserver: FakeApiserver,
+    call: Callable[[Kube], Awaitable[Any]],
+    store: ChildStore | None = None,
+    configure: Callable[[kubernetes.client.Configuration], None] = lambda _: None,
+) -> Any:
+    """`call` on a Kube whose client library is configured for the fake apiserver."""
+
+    async def run() -> Any:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", apiserver.handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        configuration = kubernetes.client.Configuration(
+            host=f"http://127.0.0.1:{runner.addresses[0][1]}",
+            api_key={"authorization": TOKEN},
+            api_key_prefix={"authorization": "Bearer"},
+        )
+        configure(configuration)
+        kube = Kube(configuration)
+        if store is not None:
+            kube._child_stores = {None: store}
+        try:
+            return await call(kube)
+        finally:
+            await kube.close()
+            await runner.cleanup()
+
+    return asyncio.run(run())
+
+
+def holding(current: dict[str, Any] | None) -> FakeApiserver:
+    """A fake apiserver that holds `current` (None: nothing) at its path."""
+    apiserver = FakeApiserver()
+    if current is not None:
+        apiserver.objects[child_path(current, current["metadata"]["name"])] = current
+    return apiserver
 
 
 def apply(
-    manifest: dict[str, Any],
-    current: dict[str, Any] | None,
-    scale: bool = True,
-    store: ChildStore | None = None,
-) -> Any:
-    kube = object.__new__(Kube)  # no API client: _resource is the fake
-    kube._child_stores = {} if store is None else {None: store}
-    resource = FakeResource(current)
-    kube._resource = lambda _: resource  # type: ignore[method-assign]
-    applied = asyncio.run(kube.apply(manifest, scale=scale))
-    return applied, resource.writes
+    manifest: dict[str, Any], current: dict[str, Any] | None, scale: bool = True
+) -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
+    apiserver = holding(current)
+    applied = against(apiserver, lambda kube: kube.apply(manifest, scale=scale))
+    return applied, [(verb_of[method], body) for method, body in apiserver.writes]
+
+
+verb_of = {"POST": "create", "PATCH": "patch", "PUT": "replace", "GET": "get"}
 
 
 def apply_with_store(
     manifest: dict[str, Any], current: dict[str, Any] | None, seen: dict[str, Any] | None
-) -> tuple[Any, FakeResource, ChildStore]:
+) -> tuple[Any, FakeApiserver, ChildStore]:
     """Apply with a synced store that saw `seen` (None: nothing) where the apiserver
     holds `current`."""
     store = ChildStore()
     store.replace(manifest["kind"], [] if seen is None else [seen])
-    kube = object.__new__(Kube)
-    kube._child_stores = {None: store}
-    resource = FakeResource(current)
-    kube._resource = lambda _: resource  # type: ignore[method-assign]
-    return asyncio.run(kube.apply(manifest)), resource, store
+    apiserver = holding(current)
+    applied = against(apiserver, lambda kube: kube.apply(manifest), store)
+    return applied, apiserver, store
+
+
+def verbs(apiserver: FakeApiserver) -> list[str]:
+    return [verb_of[method] for method, _ in apiserver.calls]
 
 
 def config_map(answer: str) -> dict[str, Any]:
@@ -127,6 +195,15 @@ def deployment(replicas: int = 2, image: str = "fusebox/inference:1") -> dict[st
     }
 
 
+def secret() -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "chat-admin", "namespace": "team"},
+        "data": {"token": "dA=="},
+    }
+
+
 def stored(manifest: dict[str, Any], **spec: Any) -> dict[str, Any]:
     current = copy.deepcopy(manifest)
     current["metadata"]["resourceVersion"] = "7"
@@ -145,10 +222,15 @@ def test_a_missing_child_is_created() -> None:
 
 
 def test_a_moved_config_map_is_merge_patched_and_named() -> None:
-    applied, writes = apply(config_map('{"hi": "hello"}'), stored(config_map("{}")))
+    apiserver = holding(stored(config_map("{}")))
+    applied = against(apiserver, lambda kube: kube.apply(config_map('{"hi": "hello"}')))
     assert applied.outcome == "updated"
     assert applied.drifted == ["data.canned-answers.json"]
-    assert [verb for verb, _ in writes] == ["patch"]
+    assert verbs(apiserver) == ["get", "patch"]
+    assert apiserver.content_types == ["application/merge-patch+json"]
+    assert apiserver.objects[child_path(config_map(""), "chat-config")]["data"] == {
+        "canned-answers.json": '{"hi": "hello"}'
+    }
 
 
 def test_a_deployment_edited_by_hand_is_replaced_though_its_hash_is_unchanged() -> None:
@@ -174,62 +256,49 @@ def test_a_deployment_scaled_by_hand_gets_the_count_back_unless_the_autoscaler_o
     assert (applied.outcome, writes) == ("unchanged", [])
 
 
-class FakeCore:
-    """The core client's Secret calls, each recorded as (verb, name)."""
-
-    def __init__(self, exists: bool, race: bool = False) -> None:
-        self.exists, self.race = exists, race
-        self.calls: list[str] = []
-
-    def read_namespaced_secret(self, name: str, namespace: str, **_: Any) -> None:
-        self.calls.append("read")
-        if not self.exists:
-            raise ApiException(status=404, reason="Not Found")
-
-    def create_namespaced_secret(self, namespace: str, body: dict[str, Any], **_: Any) -> None:
-        self.calls.append("create")
-        if self.race:
-            raise ApiException(status=409, reason="AlreadyExists")
-
-
-def create_secret_once(core: FakeCore) -> bool:
-    kube = object.__new__(Kube)
-    kube.core = core  # type: ignore[assignment]
-    secret = {"kind": "Secret", "metadata": {"name": "chat-admin", "namespace": "team"}}
-    return asyncio.run(kube.create_secret_once(secret))
+def create_secret_once(apiserver: FakeApiserver, likely_absent: bool = False) -> bool:
+    created: bool = against(
+        apiserver, lambda kube: kube.create_secret_once(secret(), likely_absent=likely_absent)
+    )
+    return created
 
 
 def test_an_existing_secret_is_read_and_never_created_again() -> None:
-    core = FakeCore(exists=True)
-    assert create_secret_once(core) is False
-    assert core.calls == ["read"]
+    apiserver = holding(stored(secret()))
+    assert create_secret_once(apiserver) is False
+    assert verbs(apiserver) == ["get"]
 
 
 def test_a_missing_secret_is_created_and_a_concurrent_create_is_not_an_error() -> None:
-    core = FakeCore(exists=False)
-    assert create_secret_once(core) is True
-    assert core.calls == ["read", "create"]
-    assert create_secret_once(FakeCore(exists=False, race=True)) is False
+    apiserver = holding(None)
+    assert create_secret_once(apiserver) is True
+    assert verbs(apiserver) == ["get", "create"]
+    assert apiserver.calls[-1] == ("POST", "/api/v1/namespaces/team/secrets")
+    # A new service's Secret is created without a read; one there already is a 409 once.
+    raced = holding(stored(secret()))
+    assert create_secret_once(raced, likely_absent=True) is False
+    assert verbs(raced) == ["create"]
 
 
 def test_with_a_synced_store_an_unchanged_child_costs_no_request() -> None:
     current = stored(config_map("{}"))
-    applied, resource, _ = apply_with_store(config_map("{}"), current, current)
-    assert (applied.outcome, resource.calls) == ("unchanged", [])
+    applied, apiserver, _ = apply_with_store(config_map("{}"), current, current)
+    assert (applied.outcome, apiserver.calls) == ("unchanged", [])
 
 
 def test_with_a_synced_store_a_missing_child_is_created_without_a_read() -> None:
-    applied, resource, store = apply_with_store(config_map("{}"), None, None)
-    assert (applied.outcome, resource.calls) == ("created", ["create"])
+    applied, apiserver, store = apply_with_store(config_map("{}"), None, None)
+    assert (applied.outcome, verbs(apiserver)) == ("created", ["create"])
     # The apiserver's answer is kept: the next resync compares against it.
-    assert store.get("ConfigMap", "team", "chat-config") is not None
+    kept = store.get("ConfigMap", "team", "chat-config")
+    assert isinstance(kept, dict) and kept["metadata"]["resourceVersion"] == "8"
 
 
 def test_a_drifted_child_is_patched_with_the_version_the_store_saw() -> None:
     current = stored(config_map("{}"))
-    applied, resource, store = apply_with_store(config_map('{"hi": "hello"}'), current, current)
-    assert applied.outcome == "updated" and resource.calls == ["patch"]
-    assert resource.writes[0][1]["metadata"]["resourceVersion"] == "7"
+    applied, apiserver, store = apply_with_store(config_map('{"hi": "hello"}'), current, current)
+    assert applied.outcome == "updated" and verbs(apiserver) == ["patch"]
+    assert apiserver.writes[0][1]["metadata"]["resourceVersion"] == "7"
     kept = store.get("ConfigMap", "team", "chat-config")
     assert isinstance(kept, dict) and kept["metadata"]["resourceVersion"] == "8"
 
@@ -238,40 +307,112 @@ def test_a_store_behind_the_apiserver_is_refused_then_read_and_compared_again() 
     seen = stored(config_map("{}"))  # the store missed the operator's last write
     current = stored(config_map('{"hi": "hello"}'))
     current["metadata"]["resourceVersion"] = "9"
-    applied, resource, _ = apply_with_store(config_map('{"hi": "hello"}'), current, seen)
-    assert resource.calls == ["patch", "get"]  # refused (409), read, found as rendered
-    assert (applied.outcome, resource.writes) == ("unchanged", [])
+    applied, apiserver, _ = apply_with_store(config_map('{"hi": "hello"}'), current, seen)
+    assert verbs(apiserver) == ["patch", "get"]  # refused (409), read, found as rendered
+    assert (applied.outcome, apiserver.writes) == ("unchanged", [])
 
 
 def test_a_child_the_store_missed_being_created_is_read_and_compared() -> None:
     current = stored(config_map("{}"))
-    applied, resource, _ = apply_with_store(config_map("{}"), current, None)
-    assert resource.calls == ["create", "get"]  # AlreadyExists, then read
+    applied, apiserver, _ = apply_with_store(config_map("{}"), current, None)
+    assert verbs(apiserver) == ["create", "get"]  # AlreadyExists, then read
     assert applied.outcome == "unchanged"
 
 
 def test_a_child_deleted_since_the_store_saw_it_is_created_again() -> None:
     seen = stored(config_map("{}"))
-    applied, resource, _ = apply_with_store(config_map('{"hi": "x"}'), None, seen)
-    assert resource.calls == ["patch", "get", "create"]
+    applied, apiserver, _ = apply_with_store(config_map('{"hi": "x"}'), None, seen)
+    assert verbs(apiserver) == ["patch", "get", "create"]
     assert applied.outcome == "created"
 
 
-def test_each_kind_is_looked_up_in_discovery_once() -> None:
-    lookups: list[tuple[str, str]] = []
+def test_a_write_the_apiserver_refuses_reads_as_the_client_library_said_it() -> None:
+    # The text the handler turns into a TemporaryError: the status line's reason, as
+    # kubernetes.client's ApiException carried it.
+    apiserver = holding(None)
+    apiserver.refuse["POST"] = 422
+    with pytest.raises(KubeError, match=r"^ConfigMap team/chat-config: Unprocessable Entity$"):
+        against(apiserver, lambda kube: kube.apply(config_map("{}")))
+    apiserver.refuse["POST"] = 403
+    with pytest.raises(KubeError, match=r"^Secret team/chat-admin: Forbidden$"):
+        create_secret_once(apiserver, likely_absent=True)
 
-    class Resources:
-        def get(self, api_version: str, kind: str) -> str:
-            lookups.append((api_version, kind))
-            return f"{kind} handle"
 
-    kube = object.__new__(Kube)
-    kube.dynamic = type("Dynamic", (), {"resources": Resources()})()
-    kube._resources = {}
-    deployment = {"apiVersion": "apps/v1", "kind": "Deployment"}
-    service = {"apiVersion": "v1", "kind": "Service"}
+def test_an_apiserver_out_of_reach_is_a_kube_error() -> None:
+    async def unreachable(kube: Kube) -> Any:
+        kube.requests._base = "http://127.0.0.1:9"  # the discard port: nothing listens
+        return await kube.apply(config_map("{}"))
 
-    handles = [kube._resource(m) for m in (deployment, service, deployment, service)]
+    with pytest.raises(KubeError, match=r"^ConfigMap team/chat-config: "):
+        against(holding(None), unreachable)
 
-    assert handles == ["Deployment handle", "Service handle"] * 2
-    assert lookups == [("apps/v1", "Deployment"), ("v1", "Service")]
+
+def test_writes_carry_the_client_librarys_token_and_user_agent() -> None:
+    # The apiserver names the field manager of a write after the User-Agent's first
+    # word: kept, managedFields read as they did through the client library.
+    apiserver = holding(None)
+    against(apiserver, lambda kube: kube.apply(config_map("{}")))
+    assert verbs(apiserver) == ["get", "create"]
+    for headers in apiserver.headers:
+        assert headers["Authorization"] == f"Bearer {TOKEN}"
+        assert headers["User-Agent"] == kubernetes.client.ApiClient().user_agent
+        assert headers["User-Agent"].startswith("OpenAPI-Generator/")
+
+
+def test_a_token_the_client_library_renews_is_sent_from_the_next_request() -> None:
+    # In a pod, load_incluster_config's hook reads the projected token again when it
+    # is due; the session asks the configuration per request, as the client does.
+    renewals = iter(range(1, 100))
+
+    def renew(configuration: kubernetes.client.Configuration) -> None:
+        configuration.api_key["authorization"] = f"token-{next(renewals)}"
+
+    def with_hook(configuration: kubernetes.client.Configuration) -> None:
+        configuration.refresh_api_key_hook = renew
+
+    async def two_writes(kube: Kube) -> None:
+        await kube.apply(config_map("{}"))
+        await kube.apply(deployment())
+
+    apiserver = holding(None)
+    against(apiserver, two_writes, configure=with_hook)
+    assert verbs(apiserver) == ["get", "create", "get", "create"]
+    assert [h["Authorization"] for h in apiserver.headers] == [
+        f"Bearer token-{n}" for n in (1, 2, 3, 4)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("manifest", "path"),
+    [
+        (config_map("{}"), "/api/v1/namespaces/team/configmaps/chat-config"),
+        (deployment(), "/apis/apps/v1/namespaces/team/deployments/chat"),
+        (
+            {
+                "apiVersion": "networking.k8s.io/v1",
+                "kind": "NetworkPolicy",
+                "metadata": {"name": "chat", "namespace": "team"},
+            },
+            "/apis/networking.k8s.io/v1/namespaces/team/networkpolicies/chat",
+        ),
+    ],
+)
+def test_a_childs_path_needs_no_discovery(manifest: dict[str, Any], path: str) -> None:
+    assert child_path(manifest, manifest["metadata"]["name"]) == path
+
+
+def test_every_kind_the_operator_renders_has_a_path() -> None:
+    from fusebox_operator import manifests
+    from fusebox_operator.settings import OperatorSettings
+    from fusebox_operator.sizing import size_memory
+    from fusebox_operator.spec import parse_spec
+
+    kinds = set()
+    for gpu in ({"count": 0}, {"count": 1, "memoryGiB": 80, "deviceClassName": "gpu.example"}):
+        parsed = parse_spec({"model": {"name": "m", "source": "pvc://models/m"}, "gpu": gpu})
+        children = manifests.build_children(
+            parsed, "chat", "team", size_memory(parsed, [81920]), OperatorSettings.from_env({}), "t"
+        )
+        kinds |= {child["kind"] for child in children}
+    assert kinds <= set(CHILD_PLURALS)
+    assert "ResourceClaimTemplate" in kinds
