@@ -117,6 +117,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     context = operator_context(memo)
     context.kube.stop_watching()
+    await context.kube.close()
     await context.scrape_session.close()
     await context.actuator.session.close()
 

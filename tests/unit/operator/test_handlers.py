@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
+import aiohttp
 import kopf
 import pytest
 
@@ -594,3 +595,33 @@ def test_the_tick_is_told_which_nodes_their_kubelet_reports_under_memory_pressur
     service.kept.next_scrape_at = 0.0
     service.tick(VALID)
     assert nodes.lists == 1
+
+
+class ClosingKube:
+    """The Kube methods the cleanup calls, recording them."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def stop_watching(self) -> None:
+        self.calls.append("stop_watching")
+
+    async def close(self) -> None:
+        self.calls.append("close")
+
+
+def test_cleanup_stops_the_watches_and_closes_every_session() -> None:
+    """At exit nothing stays open: the children's watches and write session (else aiohttp
+    logs "Unclosed client session"), the scrapes' and the admin calls' sessions."""
+    kube = ClosingKube()
+
+    async def exit_with_sessions() -> tuple[aiohttp.ClientSession, aiohttp.ClientSession]:
+        scrapes, admin = aiohttp.ClientSession(), aiohttp.ClientSession()
+        actuator = type("Actuator", (), {"session": admin})()
+        context = OperatorContext(OperatorSettings.from_env({}), kube, scrapes, actuator)  # type: ignore[arg-type]
+        await handlers.cleanup(memo=kopf.Memo({CONTEXT_KEY: context}))
+        return scrapes, admin
+
+    scrapes, admin = asyncio.run(exit_with_sessions())
+    assert kube.calls == ["stop_watching", "close"]
+    assert scrapes.closed and admin.closed
