@@ -22,6 +22,7 @@ not once per tick.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -37,6 +38,8 @@ READ_INTERVAL_SECONDS = 10.0
 """How old the shared reading may be: the kubelet posts its node status every 10 s by
 default, and a soft eviction threshold's grace period is minutes."""
 REQUEST_TIMEOUT_SECONDS = 15
+WAIT_SECONDS = 1.0
+"""How long a tick waits for a list under way before it goes on with the last answer."""
 MEMORY_PRESSURE = "MemoryPressure"
 
 
@@ -104,15 +107,33 @@ class KubeletPressureReader:
         self._read_at: float | None = None
         self._last: dict[str, KubeletPressure] | None = None
         self._unreadable = False  # told in the log; told again only once readable
+        self._listing: asyncio.Task[None] | None = None
 
     async def pressured(self) -> dict[str, KubeletPressure] | None:
-        """Node -> its kubelet's MemoryPressure; None: no kubelet signal (unreadable)."""
+        """Node -> its kubelet's MemoryPressure; None: no kubelet signal (unreadable).
+
+        A tick waits at most `WAIT_SECONDS` for a list under way, then goes on with
+        the last answer while the list finishes in the background: an API server
+        that is restarting can swallow a connection attempt for seconds, and the
+        pods' ticks (a new operator's first admin calls among them) must not wait
+        on a signal that moves every few minutes at most.
+        """
+        loop = asyncio.get_running_loop()
+        if self._listing is not None and self._listing.get_loop() is not loop:
+            self._listing = None  # begun in an event loop that has ended
         now = self._clock()
-        if self._read_at is not None and now - self._read_at < self._interval_seconds:
-            return self._last
-        # Marked before the await: a tick that asks meanwhile gets the last answer. A
-        # failed try counts too: an API that refuses is asked once per interval.
-        self._read_at = now
+        due = self._read_at is None or now - self._read_at >= self._interval_seconds
+        if self._listing is None and due:
+            # Marked before the list: a failed try counts too, so an API that refuses
+            # is asked once per interval.
+            self._read_at = now
+            self._listing = loop.create_task(self._read())
+        if self._listing is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._listing), WAIT_SECONDS)
+        return self._last
+
+    async def _read(self) -> None:
         try:
             body = await asyncio.to_thread(self._list)
         # Whatever the client raises (ApiException, urllib3's errors, a body that is
@@ -126,12 +147,13 @@ class KubeletPressureReader:
                     "is judged from the sidecars' MemAvailable only until they are readable",
                     _why(error),
                 )
-            return None
+            return
+        finally:
+            self._listing = None
         self._last = pressured_nodes(body)
         if self._unreadable:
             self._unreadable = False
             log.info("the Nodes' MemoryPressure is readable again")
-        return self._last
 
     def _list(self) -> Mapping[str, Any]:
         # Raw JSON: typing every Node (its images, its addresses) to read one condition
