@@ -35,7 +35,7 @@ SCRAPE_INTERVAL_SECONDS = 2.0  # base_spec's telemetry.scrapeIntervalSeconds
 # The bound on a new operator's blind window on localcluster. The issue asked for 10 s
 # (five of the suite's scrape intervals; a new operator tries each pod once an
 # interval), and 0.0 s was measured on 2026-12-05. On a new machine on 2026-12-06,
-# kube-router admitted the new pod's IP 10.3-12.7 s after an API server restart that
+# kube-router admitted the new pod's IP 10.3-15.4 s after an API server restart that
 # followed an earlier one (the chaos tier's), the operator calling every 2 s meanwhile:
 # that is the policy agent's latency, not the operator's. 30 s still fails the ~70 s
 # episode this test was written for (docs/runbook.md).
