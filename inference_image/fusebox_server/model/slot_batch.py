@@ -19,6 +19,13 @@ touches must keep its address and shape. So here:
   and the mask (column <= position) is computed inside the graph from the
   positions, so a step copies in only the rows' tokens and positions and
   copies out their greedy tokens;
+- the cache follows the load down too: once the running rows have needed a
+  quarter of its slots or of its columns (or less) for SHRINK_AFTER_SECONDS,
+  a step cuts that dimension to twice what they need and gives the memory
+  back to the device. A shrink drops the graphs like a growth does; the
+  margin and the wait keep a load that comes and goes from paying a capture
+  (0.08-0.13 s on the H200) every few steps (docs/decisions/speed.md, "A
+  slot cache that shrinks");
 - the cache and the graphs stay while the batch is empty, so the next burst
   starts without capturing again; `InferenceWorker.release_idle_batch` (the
   `empty_cache` action, the memory guard) and unload/swap drop them.
@@ -32,7 +39,8 @@ code runs eagerly, which is how the unit tests hold it to `Decoding` alone.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
@@ -51,6 +59,11 @@ log = structlog.get_logger("fusebox_server")
 
 # The narrowest cache a step attends over; positions past it round up to a power of two.
 MIN_COLUMNS = 64
+# A dimension this many times what the running rows need, for this long, is cut to
+# SHRUNK_MARGIN times it.
+SHRINK_AT = 4
+SHRUNK_MARGIN = 2
+SHRINK_AFTER_SECONDS = 2.0
 # How far a graph's logits may be from the eager step's (bfloat16 rounding) and still count.
 GRAPH_CHECK_TOLERANCE = 5e-2
 
@@ -60,6 +73,13 @@ def bucket(count: int, floor: int = 1) -> int:
     size = max(floor, 1)
     while size < count:
         size *= 2
+    return size
+
+
+def shrunk(size: int, needed: int) -> int:
+    """What a cache dimension of `size` keeps when the rows need `needed` (a power of two)."""
+    if size >= SHRINK_AT * needed:
+        return SHRUNK_MARGIN * needed
     return size
 
 
@@ -108,7 +128,9 @@ class SlotBatch:
     are this class's own order.
     """
 
-    def __init__(self, loaded: LoadedModel, graphs: bool) -> None:
+    def __init__(
+        self, loaded: LoadedModel, graphs: bool, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.loaded = loaded
         self.rows: list[Decoding] = []
         self._slots: list[Decoding] = []  # the row in each occupied slot, departed or not
@@ -120,6 +142,8 @@ class SlotBatch:
         self._graphs: dict[tuple[int, int], tuple[Any, tuple[torch.Tensor, torch.Tensor]]] = {}
         self._pool: Any = None
         self._stream: Any = None
+        self._clock = clock
+        self._oversized_since: float | None = None  # when the rows began to need far less
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -184,6 +208,7 @@ class SlotBatch:
             return
         self._slots, self._keys, self._values = [], [], []
         self._graphs, self._pool = {}, None
+        self._oversized_since = None
 
     @torch.inference_mode()
     def _compact(self) -> None:
@@ -228,6 +253,28 @@ class SlotBatch:
         self._keys, self._values, self._inputs = keys, values, inputs
         self._graphs, self._pool = {}, None  # captured over the old buffers' addresses
 
+    def _shrink(self, rows: int, columns: int) -> None:
+        """Cut what the running rows have left unused for a while (they fill the first slots,
+        after `_compact`), to `rows` x `columns` slots and columns with the margin."""
+        slots, width = self.capacity
+        kept = (shrunk(slots, rows), shrunk(width, columns))
+        if kept == (slots, width):
+            self._oversized_since = None
+            return
+        now = self._clock()
+        if self._oversized_since is None:
+            self._oversized_since = now
+        if now - self._oversized_since < SHRINK_AFTER_SECONDS:
+            return
+        self._oversized_since = None
+        self._keys = [layer[: kept[0], :, : kept[1]].clone() for layer in self._keys]
+        self._values = [layer[: kept[0], :, : kept[1]].clone() for layer in self._values]
+        self._inputs = self._inputs.new_zeros((2, kept[0], 1))
+        self._graphs, self._pool = {}, None
+        if self.loaded.device.type == "cuda":  # the old buffers and graph pool, to the device
+            torch.cuda.empty_cache()
+        log.info("slot_cache_shrunk", slots=kept[0], columns=kept[1], bytes=self.cache_bytes())
+
     @torch.inference_mode()
     def step(self) -> list[int | Exception]:
         """One decode step for every row; each row's next token, or its sampling error."""
@@ -236,8 +283,9 @@ class SlotBatch:
         count = len(slots)
         rows = bucket(count)
         needed = max(row.position for row in slots) + 1
-        self._reserve(rows, needed)
         columns = bucket(needed, MIN_COLUMNS)
+        self._shrink(rows, columns)
+        self._reserve(rows, needed)
         padding = [0] * (rows - count)
         staged = torch.tensor(
             [

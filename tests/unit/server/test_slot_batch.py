@@ -18,7 +18,7 @@ from fusebox_server.model import slot_batch
 from fusebox_server.model.decode_settings import DecodeSettings
 from fusebox_server.model.engine import DecodeBatch, Decoding, load_model, prefill
 from fusebox_server.model.faults import Faults
-from fusebox_server.model.slot_batch import MIN_COLUMNS, SlotBatch, bucket, new_batch
+from fusebox_server.model.slot_batch import MIN_COLUMNS, SlotBatch, bucket, new_batch, shrunk
 from fusebox_server.model.worker import ControlJob, Finished, InferenceWorker
 
 from .worker_jobs import GREEDY, cpu_worker, submit_job
@@ -56,8 +56,9 @@ def test_rows_joining_and_leaving_the_slots_decode_as_each_would_alone(
 ) -> None:
     # Four columns: the cache doubles its columns three times in this test (prompts of 1-6
     # tokens, 30 more each), and its slots once (3 rows, then 5), each growth keeping what
-    # the rows already hold.
+    # the rows already hold; it shrinks as soon as the rows need a quarter.
     monkeypatch.setattr(slot_batch, "MIN_COLUMNS", 4)
+    monkeypatch.setattr(slot_batch, "SHRINK_AFTER_SECONDS", 0.0)
     prompts = _prompts(tiny_tokenizer)
     alone = [_alone(loaded, prompt, 30) for prompt in prompts]
     batch = SlotBatch(loaded, graphs=False)
@@ -76,8 +77,81 @@ def test_rows_joining_and_leaving_the_slots_decode_as_each_would_alone(
         for member in list(batch.rows):
             if len(outputs[id(member)]) == 30:
                 batch.remove(member)
-    assert batch.capacity == (8, 64)
+    # 8 slots until the first three left; two rows need a quarter of them, so the cache halved.
+    assert batch.capacity == (4, 64)
     assert [outputs[id(row)] for row in [*first, *later]] == alone
+
+
+def test_a_dimension_the_rows_use_a_quarter_of_is_halved_to_twice_their_need() -> None:
+    assert [shrunk(64, need) for need in (1, 8, 16, 32, 64)] == [2, 16, 32, 64, 64]
+    assert shrunk(8, 2) == 4 and shrunk(8, 4) == 8 and shrunk(0, 1) == 0
+
+
+def test_the_cache_follows_the_running_rows_down_and_up_and_they_decode_as_alone(
+    loaded: Any, tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(slot_batch, "MIN_COLUMNS", 4)
+    monkeypatch.setattr(slot_batch, "SHRINK_AFTER_SECONDS", 0.0)
+    long_prompt = tuple(tiny_tokenizer.backend_tokenizer.encode("Once upon a time " * 12).ids)
+    prompts = [*_prompts(tiny_tokenizer), *_prompts(tiny_tokenizer)[:2], long_prompt]
+    rows = [Decoding(loaded, prompt, GREEDY) for prompt in prompts]
+    outputs = {id(row): [token] for row, token in zip(rows, prefill(loaded, rows), strict=True)}
+    batch = SlotBatch(loaded, graphs=False)
+    batch.add(*rows)
+    for _ in range(3):
+        _step(batch, outputs)
+    assert len(long_prompt) == 132 and batch.capacity == (8, 256)
+    full = batch.cache_bytes()
+    for row in [*rows[1:6], rows[-1]]:  # the long row and five others leave; two stay
+        batch.remove(row)
+    _step(batch, outputs)
+    # Two rows at positions up to 10 need 2 slots of 16 columns: both dimensions were 4x
+    # that or more, so each is cut to twice the need, a sixteenth of the bytes.
+    assert batch.capacity == (4, 32) and batch.cache_bytes() == full // 16
+    later = [Decoding(loaded, prompt, GREEDY) for prompt in prompts[1:4]]
+    outputs |= {id(row): [token] for row, token in zip(later, prefill(loaded, later), strict=True)}
+    batch.add(*later)  # the shrunk cache grows again, keeping what the two rows hold
+    assert batch.capacity == (8, 32)
+    while len(batch):
+        _step(batch, outputs)
+        for member in list(batch.rows):
+            if len(outputs[id(member)]) == 24:
+                batch.remove(member)
+    stayed_and_joined = [(rows[0], prompts[0]), (rows[6], prompts[6])]
+    stayed_and_joined += list(zip(later, prompts[1:4], strict=True))
+    for row, prompt in stayed_and_joined:
+        assert outputs[id(row)] == _alone(loaded, prompt, 24)
+
+
+def test_the_cache_shrinks_only_once_the_rows_have_needed_far_less_for_a_while(
+    loaded: Any,
+) -> None:
+    now = [0.0]
+    rows = [Decoding(loaded, (5, 6, 7), GREEDY) for _ in range(8)]
+    prefill(loaded, rows)
+    batch = SlotBatch(loaded, graphs=False, clock=lambda: now[0])
+    batch.add(*rows)
+    batch.step()
+    for row in rows[2:]:
+        batch.remove(row)
+    wait = slot_batch.SHRINK_AFTER_SECONDS
+    for moment in (0.0, wait / 2, wait * 0.99):  # two rows in 8 slots, not for long enough
+        now[0] = moment
+        batch.step()
+        assert batch.capacity == (8, MIN_COLUMNS)
+    joiner = Decoding(loaded, (5, 6, 7), GREEDY)
+    prefill(loaded, [joiner])
+    batch.add(joiner)  # 3 rows need 4 slots: half of 8, no longer a quarter
+    now[0] = wait * 1.5
+    batch.step()
+    batch.remove(joiner)
+    for moment in (wait * 2, wait * 2.99):  # the wait starts again from here
+        now[0] = moment
+        batch.step()
+        assert batch.capacity == (8, MIN_COLUMNS)
+    now[0] = wait * 3
+    batch.step()
+    assert batch.capacity == (4, MIN_COLUMNS)
 
 
 def test_the_last_rows_fill_the_slots_of_rows_that_left(loaded: Any, tiny_tokenizer: Any) -> None:
