@@ -113,6 +113,7 @@ SUITE: tuple[Benchmark, ...] = (
     # The same comparison on a real shape: the llama3 zoo model under bench/workload.py.
     Benchmark("server-realistic", "realistic_bench.py", missing=_transformers_cli),
     Benchmark("kernels", "kernels_bench.py"),
+    Benchmark("slot-cache", "slot_cache_bench.py"),
     Benchmark("sampling", "sampling_bench.py"),
     Benchmark("structured-output", "structured_output_bench.py"),
     Benchmark("grammar-engines", "grammar_engines_bench.py", missing=_grammar_libraries),
