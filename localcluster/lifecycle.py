@@ -315,7 +315,7 @@ def _start(
         started.append(component)
 
     def wait(condition: Callable[[], bool], timeout_seconds: float, what: str) -> None:
-        _wait(config, layout, tuple(started), condition, timeout_seconds, what)
+        wait_for(config, layout, tuple(started), condition, timeout_seconds, what)
 
     launch("etcd")
     launch("kube-apiserver")
@@ -401,7 +401,7 @@ def _start_extra_node(
         started.append(component)
 
     def wait(condition: Callable[[], bool], timeout_seconds: float, what: str) -> None:
-        _wait(view, layout, tuple(started), condition, timeout_seconds, what)
+        wait_for(view, layout, tuple(started), condition, timeout_seconds, what)
 
     launch("containerd")
     wait(lambda: containerd.ctr_ok(view), 30, f"containerd of {view.node_name}")
@@ -512,7 +512,7 @@ def _launch(config: ClusterConfig, layout: Layout, component: str) -> None:
     )
 
 
-def _wait(
+def wait_for(
     config: ClusterConfig,
     layout: Layout,
     watched: tuple[str, ...],
@@ -607,7 +607,7 @@ def _wait_serving(config: ClusterConfig, component: str) -> None:
     layout = Layout(config.state)
     timeout_seconds = READY_TIMEOUT_SECONDS.get(component, DEFAULT_READY_TIMEOUT_SECONDS)
     try:
-        _wait(
+        wait_for(
             config,
             layout,
             (component,),

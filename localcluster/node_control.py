@@ -16,13 +16,11 @@ components.MEMORY_PRESSURE_EVICTION).
 
 from __future__ import annotations
 
-import time
-
 from localcluster import cgroups, health, lifecycle, processes
 from localcluster.components import NODE_COMPONENTS, Layout, enabled_components, kubelet_config
 from localcluster.config import ClusterConfig
 from localcluster.kubectl import Kubectl
-from localcluster.progress import ClusterError, Reporter
+from localcluster.progress import Reporter
 
 SHIM = "containerd-shim-runc-v2"
 
@@ -53,14 +51,14 @@ def start(view: ClusterConfig, report: Reporter, *, timeout_seconds: float = 120
         cgroups.create_root(view.cgroup_root)
         lifecycle.restart(view, dead, report=report)
     kubectl = health.kubectl_for(view)
-    deadline = time.monotonic() + timeout_seconds
-    while not health.node_ready(kubectl, view):
-        if time.monotonic() > deadline:
-            raise ClusterError(
-                f"node {view.node_name} is not Ready {timeout_seconds:.0f} s after its "
-                f"daemons started; see {Layout(view.state).logs}"
-            )
-        time.sleep(1)
+    lifecycle.wait_for(
+        view,
+        Layout(view.state),
+        tuple(c for c in enabled_components(view) if c in NODE_COMPONENTS),
+        lambda: health.node_ready(kubectl, view),
+        timeout_seconds,
+        f"node {view.node_name} to be Ready after its daemons started",
+    )
     report.say(f"node {view.node_name} Ready")
 
 
@@ -100,14 +98,14 @@ def pressure(
     lifecycle.restart(view, ["kubelet"], report=report)
     wanted = "True" if on else "False"
     kubectl = health.kubectl_for(view)
-    deadline = time.monotonic() + timeout_seconds
-    while _memory_pressure(kubectl, view) != wanted:
-        if time.monotonic() > deadline:
-            raise ClusterError(
-                f"node {view.node_name}: MemoryPressure is not {wanted} {timeout_seconds:.0f} s "
-                f"after its kubelet restarted; see {layout.log('kubelet')}"
-            )
-        time.sleep(1)
+    lifecycle.wait_for(
+        view,
+        layout,
+        ("kubelet",),
+        lambda: _memory_pressure(kubectl, view) == wanted,
+        timeout_seconds,
+        f"node {view.node_name}'s MemoryPressure to be {wanted} after its kubelet restarted",
+    )
     report.say(f"node {view.node_name}: MemoryPressure {wanted}")
 
 
