@@ -75,13 +75,29 @@ def plan_up(found: Found) -> Plan:
 
 # Restarting a daemon alone can leave its clients waiting out their reconnect
 # backoff: the apiserver's etcd clients, after etcd was down for a minute,
-# left requests hanging for a minute more while /readyz already said ok.
-RESTART_WITH = {"etcd": ("kube-apiserver",)}
+# left requests hanging for a minute more while /readyz already said ok. The
+# node daemons' client-go watches back off while the only API server is down
+# (0.8 s doubling to 30 s, reset only after two quiet minutes), where an HA
+# control plane's clients fail over to another API server; two of them hide
+# what the API server serves from pods: kube-proxy (a stopping API server
+# empties the `kubernetes` Service's endpoints, so pods were refused the API
+# for 8 s after it served again) and kube-router (after a few restarts within
+# minutes it admitted a new pod's IP 12-85 s late; 2026-12-06). Restarted with
+# it, each lists afresh within a second or two.
+RESTART_WITH = {
+    "etcd": ("kube-apiserver",),
+    "kube-apiserver": ("kube-proxy", "kube-router"),
+}
 
 
 def restart_order(components: Sequence[str], start_order: Sequence[str]) -> tuple[str, ...]:
-    """components and the clients they drag along (RESTART_WITH), in start order, once each."""
+    """components and the clients they drag along (RESTART_WITH, and theirs), in start
+    order, once each; a client that is not in `start_order` (not enabled) is left out."""
     wanted = set(components)
-    for component in components:
-        wanted.update(RESTART_WITH.get(component, ()))
+    pending = list(components)
+    while pending:
+        for client in RESTART_WITH.get(pending.pop(), ()):
+            if client not in wanted:
+                wanted.add(client)
+                pending.append(client)
     return tuple(c for c in start_order if c in wanted)

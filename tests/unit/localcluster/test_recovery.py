@@ -79,7 +79,26 @@ def test_restart_order_follows_the_start_order_and_names_each_once() -> None:
 
 
 def test_etcd_restarts_with_the_apiserver_whose_clients_would_wait_out_their_backoff() -> None:
-    assert restart_order(["kubelet", "etcd"], COMPONENTS) == ("etcd", "kube-apiserver", "kubelet")
+    # ... and the API server with the policy agent, whose watches would back off in turn.
+    assert restart_order(["kubelet", "etcd"], COMPONENTS) == (
+        "etcd",
+        "kube-apiserver",
+        "kubelet",
+        "kube-proxy",
+        "kube-router",
+    )
+
+
+def test_the_api_server_restarts_with_the_service_proxy_and_the_policy_agent_where_it_runs() -> (
+    None
+):
+    assert restart_order(["kube-apiserver"], COMPONENTS) == (
+        "kube-apiserver",
+        "kube-proxy",
+        "kube-router",
+    )
+    without_policy = tuple(c for c in COMPONENTS if c != "kube-router")
+    assert restart_order(["kube-apiserver"], without_policy) == ("kube-apiserver", "kube-proxy")
 
 
 @pytest.mark.parametrize(
