@@ -172,6 +172,8 @@ def test_a_slow_list_delays_a_tick_by_at_most_the_wait_and_answers_a_later_one()
         return waited, first, await reader.pressured()
 
     waited, first, second = asyncio.run(two_ticks())
-    assert first is None and waited < WAIT_SECONDS + 0.5
+    # The list hangs 10 s: a tick that waited on it would take that long, not the 1 s wait
+    # (the margin is a loaded CI host's, not a figure).
+    assert first is None and waited < WAIT_SECONDS + 4
     assert list(second or {}) == ["n2"]
     assert len(core.lists) == 1
