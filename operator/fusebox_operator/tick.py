@@ -33,7 +33,6 @@ from fusebox_operator.autoscaling import (
 )
 from fusebox_operator.gpu_health import drain_actions, gpu_condition
 from fusebox_operator.incident import hold_tier, incident_step, parse_controls, was_paused
-from fusebox_operator.kube import current_count
 from fusebox_operator.model_readiness import model_ready_conditions, resolved_revision
 from fusebox_operator.node_pressure import (
     KubeletPressure,
@@ -43,6 +42,7 @@ from fusebox_operator.node_pressure import (
 )
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.observe_mode import NOT_ACTED, after_observing, observed
+from fusebox_operator.pod_view import current_count
 from fusebox_operator.policy import admit_percent, decide
 from fusebox_operator.policy_state import DISRUPTIVE, Action, ActionKind, PolicyState
 from fusebox_operator.rollout import Degradation, PodReadiness, Rollout, pod_degradations

@@ -20,7 +20,6 @@ from fusebox_contract.wiring import GPU_DEVICE_CLASS, GPU_RESOURCE
 from fusebox_operator import spec as spec_module
 from fusebox_operator.autoscaling import pending_for_gpu
 from fusebox_operator.claims import CLAIM_NAME, build_claim_template, claim_template_name
-from fusebox_operator.kube import _pod_view
 from fusebox_operator.manifests import build_children, build_deployment
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import size_memory
@@ -28,6 +27,7 @@ from fusebox_operator.spec import GpuSpec, SpecError, parse_spec
 
 from .conftest import REPO, load_example
 from .pod_security import restricted_violations
+from .served import view_of
 
 Snapshot = Callable[[str, Any], None]
 SETTINGS = OperatorSettings()
@@ -147,7 +147,7 @@ def test_the_kubelets_health_of_a_claimed_gpu_is_read_from_the_servers_status() 
         metadata=V1ObjectMeta(name="p", uid="u"),
         status=V1PodStatus(phase="Running", container_statuses=[server]),
     )
-    assert _pod_view(pod).unhealthy_gpus == ("k8s.gpu.nvidia.com/claim=u-gpu-0",)
+    assert view_of(pod).unhealthy_gpus == ("k8s.gpu.nvidia.com/claim=u-gpu-0",)
 
 
 GPU_SCHEMA = yaml.safe_load((REPO / "crds" / "inferenceservice.yaml").read_text(encoding="utf-8"))[

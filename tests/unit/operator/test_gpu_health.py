@@ -13,10 +13,11 @@ from kubernetes.client import (
 
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator.gpu_health import drain_actions, gpu_condition
-from fusebox_operator.kube import _pod_view
 from fusebox_operator.observations import PodView
 from fusebox_operator.policy_state import ActionKind, PolicyState
 from fusebox_operator.status import ACTION_EVENT_REASONS
+
+from .served import view_of
 
 T0 = 1_800_000_000.0
 
@@ -43,7 +44,7 @@ def test_the_kubelets_device_health_is_read_from_the_servers_status() -> None:
         metadata=V1ObjectMeta(name="p", uid="u"),
         status=V1PodStatus(phase="Running", container_statuses=[server]),
     )
-    assert _pod_view(pod).unhealthy_gpus == ("GPU-a",)
+    assert view_of(pod).unhealthy_gpus == ("GPU-a",)
 
 
 def test_a_pod_on_an_unhealthy_gpu_is_drained_once_and_others_are_left_alone() -> None:

@@ -9,7 +9,6 @@ import pytest
 from kubernetes.client import V1ObjectMeta, V1Pod, V1PodSpec, V1PodStatus
 
 from fusebox_contract.names import ConditionType, EventReason
-from fusebox_operator.kube import _pod_view
 from fusebox_operator.node_pressure import (
     GIB,
     KUBELET_EVICTION_HARD_BYTES,
@@ -28,6 +27,8 @@ from fusebox_operator.policy_state import ActionKind, PolicyState
 from fusebox_operator.spec import SpecError, parse_spec
 from fusebox_operator.status import EventRecord
 from fusebox_operator.telemetry import parse_metrics, sample_from_metrics
+
+from .served import view_of
 
 T0 = 1_800_000_000.0
 MODEL = {"name": "chat", "source": "pvc://models/tiny"}
@@ -200,7 +201,7 @@ def test_the_pod_view_names_its_node() -> None:
         spec=V1PodSpec(containers=[], node_name="worker-1"),
         status=V1PodStatus(phase="Running"),
     )
-    assert _pod_view(pod).node == "worker-1"
+    assert view_of(pod).node == "worker-1"
 
 
 # ----- the kubelet's own signal (issue 36): MemoryPressure on one node of several -----

@@ -1,4 +1,4 @@
-"""kube._pod_view: what the operator reads from a pod's status."""
+"""pod_view.pod_view: what the operator reads from a pod as the API serves it."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from kubernetes.client import (
 )
 
 from fusebox_contract.model_fetch import FETCH_CONTAINER, FetchReason, FetchReport
-from fusebox_operator.kube import _pod_view
 from fusebox_operator.manifests import SERVER_CONTAINER, SIDECAR_CONTAINER
+
+from .served import view_of
 
 
 def status(name: str, *, ready: bool, restarts: int = 0, oom: bool = False) -> V1ContainerStatus:
@@ -50,12 +51,12 @@ def pod(*, sidecar_ready: bool) -> V1Pod:
 
 
 def test_the_native_sidecars_readiness_is_read_from_the_init_container_statuses() -> None:
-    assert _pod_view(pod(sidecar_ready=True)).sidecar_ready
-    assert not _pod_view(pod(sidecar_ready=False)).sidecar_ready
+    assert view_of(pod(sidecar_ready=True)).sidecar_ready
+    assert not view_of(pod(sidecar_ready=False)).sidecar_ready
 
 
 def test_the_servers_start_restarts_and_oom_come_from_its_own_status() -> None:
-    view = _pod_view(pod(sidecar_ready=True))
+    view = view_of(pod(sidecar_ready=True))
     assert view.server_started
     assert view.server_restarts == 2
     assert view.oom_killed
@@ -88,7 +89,7 @@ def pod_with(server: V1ContainerStatus) -> V1Pod:
 
 def test_a_crash_looping_server_is_failing_with_its_last_exit() -> None:
     server = waiting_server("CrashLoopBackOff", "back-off 40s restarting", last_exit=1)
-    assert _pod_view(pod_with(server)).failing == (
+    assert view_of(pod_with(server)).failing == (
         "server CrashLoopBackOff (last exit 1: Error): back-off 40s restarting"
     )
 
@@ -96,29 +97,29 @@ def test_a_crash_looping_server_is_failing_with_its_last_exit() -> None:
 def test_an_image_that_cannot_be_pulled_is_failing() -> None:
     server = waiting_server("ImagePullBackOff", 'Back-off pulling image "x"', last_exit=None)
     assert (
-        _pod_view(pod_with(server)).failing == 'server ImagePullBackOff: Back-off pulling image "x"'
+        view_of(pod_with(server)).failing == 'server ImagePullBackOff: Back-off pulling image "x"'
     )
 
 
 def test_a_container_still_being_created_is_not_failing() -> None:
     server = waiting_server("ContainerCreating", "", last_exit=None)
-    assert _pod_view(pod_with(server)).failing == ""
+    assert view_of(pod_with(server)).failing == ""
 
 
 def test_a_crash_looping_server_between_back_offs_is_still_failing() -> None:
     # The kubelet runs it again after each back-off: running, not ready, last run failed.
     server = waiting_server("CrashLoopBackOff", "", last_exit=1)
     server.state = V1ContainerState(running=V1ContainerStateRunning())
-    assert _pod_view(pod_with(server)).failing == "server restarted 3 time(s) (last exit 1: Error)"
+    assert view_of(pod_with(server)).failing == "server restarted 3 time(s) (last exit 1: Error)"
     server.ready = True
-    assert _pod_view(pod_with(server)).failing == ""
+    assert view_of(pod_with(server)).failing == ""
 
 
 def test_a_server_that_just_exited_non_zero_is_failing_before_its_back_off() -> None:
     server = waiting_server("CrashLoopBackOff", "", last_exit=None)
     ended = V1ContainerStateTerminated(exit_code=1, reason="Error")
     server.state = V1ContainerState(terminated=ended)
-    assert _pod_view(pod_with(server)).failing == "server exited 1: Error"
+    assert view_of(pod_with(server)).failing == "server exited 1: Error"
 
 
 def test_the_servers_own_last_words_replace_the_kubelets_back_off_message() -> None:
@@ -127,25 +128,25 @@ def test_the_servers_own_last_words_replace_the_kubelets_back_off_message() -> N
     assert server.last_state is not None and server.last_state.terminated is not None
     server.last_state.terminated.message = f"first line\n{words}\n\n"
     expected = f"server CrashLoopBackOff (last exit 2: Error): {words}"
-    assert _pod_view(pod_with(server)).failing == expected
+    assert view_of(pod_with(server)).failing == expected
     server.state = V1ContainerState(running=V1ContainerStateRunning())
-    assert _pod_view(pod_with(server)).failing.endswith(f"(last exit 2: Error): {words}")
+    assert view_of(pod_with(server)).failing.endswith(f"(last exit 2: Error): {words}")
 
 
 def test_a_server_that_just_exited_is_quoted_and_a_long_line_is_cut() -> None:
     server = waiting_server("CrashLoopBackOff", "", last_exit=None)
     ended = V1ContainerStateTerminated(exit_code=1, reason="Error", message="x" * 500)
     server.state = V1ContainerState(terminated=ended)
-    assert _pod_view(pod_with(server)).failing == "server exited 1: Error: " + "x" * 160
+    assert view_of(pod_with(server)).failing == "server exited 1: Error: " + "x" * 160
 
 
 def test_a_terminating_pods_grace_ends_at_its_deletion_timestamp() -> None:
     running = pod(sidecar_ready=True)
-    assert not _pod_view(running).terminating
-    assert _pod_view(running).grace_ends_at is None
+    assert not view_of(running).terminating
+    assert view_of(running).grace_ends_at is None
     deadline = dt.datetime(2027, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
     running.metadata.deletion_timestamp = deadline
-    view = _pod_view(running)
+    view = view_of(running)
     assert view.terminating
     assert view.grace_ends_at == deadline.timestamp()
 
@@ -172,11 +173,11 @@ def test_the_model_fetchers_report_is_read_from_its_termination_message() -> Non
             phase="Pending", init_container_statuses=[fetch_status(1, refused.dumps())]
         ),
     )
-    view = _pod_view(fetching)
+    view = view_of(fetching)
     assert view.fetch is not None and view.fetch.failed and view.fetch.report == refused
     # Its failure is the pod's: the sidecar and the server never start behind it.
     assert view.failing.startswith(f"{FETCH_CONTAINER} exited 1: Error")
-    assert _pod_view(pod(sidecar_ready=True)).fetch is None  # a local source has no fetcher
+    assert view_of(pod(sidecar_ready=True)).fetch is None  # a local source has no fetcher
 
 
 def test_a_fetcher_retrying_after_a_failure_still_carries_that_failure() -> None:
@@ -188,6 +189,6 @@ def test_a_fetcher_retrying_after_a_failure_still_carries_that_failure() -> None
             init_container_statuses=[fetch_status(1, refused.dumps(), running_again=True)],
         ),
     )
-    view = _pod_view(retrying)
+    view = view_of(retrying)
     assert view.fetch is not None and view.fetch.running and view.fetch.failed
     assert view.fetch.report == refused

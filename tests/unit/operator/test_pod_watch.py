@@ -10,9 +10,11 @@ included), a 410 lists again at once, any other failure marks the store lost
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import kubernetes
 import pytest
 from kubernetes.client import V1ListMeta, V1ObjectMeta, V1Pod, V1PodList, V1PodStatus
 from kubernetes.client.exceptions import ApiException
@@ -22,6 +24,8 @@ from fusebox_operator.kube import Kube, PodWatch
 from fusebox_operator.manifests import SERVICE_LABEL
 from fusebox_operator.pod_store import PodStore
 from fusebox_operator.settings import OperatorSettings
+
+from .served import served
 
 Event = dict[str, Any]
 
@@ -40,31 +44,38 @@ def pod(name: str, service: str = "chat", namespace: str = "team", phase: str = 
 
 
 def event(kind: str, item: V1Pod, version: str) -> Event:
+    """A watch event as the untyped watch hands it over: the object as the API's JSON."""
     item.metadata.resource_version = version
-    return {"type": kind, "object": item, "raw_object": {}}
+    return {"type": kind, "object": served(item), "raw_object": served(item)}
 
 
 def bookmark(version: str) -> Event:
-    return {
-        "type": "BOOKMARK",
-        "object": {},
-        "raw_object": {"metadata": {"resourceVersion": version}},
-    }
+    marked = {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": version}}
+    return {"type": "BOOKMARK", "object": marked, "raw_object": marked}
+
+
+class Answer:
+    """What a client method returns with `_preload_content=False`: the body unread."""
+
+    def __init__(self, pods: list[V1Pod], version: str) -> None:
+        listed = V1PodList(items=pods, metadata=V1ListMeta(resource_version=version))
+        self.data = json.dumps(served(listed)).encode()
 
 
 class FakeCore:
-    """The LISTs, each answering the next prepared pod list."""
+    """The LISTs, each answering the next prepared pod list, unread as the watch asks."""
 
     def __init__(self, lists: list[tuple[list[V1Pod], str]]) -> None:
         self.lists = lists
         self.selectors: list[str] = []
 
-    def list_pod_for_all_namespaces(self, **kwargs: Any) -> V1PodList:
+    def list_pod_for_all_namespaces(self, **kwargs: Any) -> Answer:
+        assert kwargs["_preload_content"] is False  # JSON, never the typed V1PodList
         self.selectors.append(kwargs["label_selector"])
         items, version = self.lists.pop(0)
-        return V1PodList(items=items, metadata=V1ListMeta(resource_version=version))
+        return Answer(items, version)
 
-    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> V1PodList:
+    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Answer:
         return self.list_pod_for_all_namespaces(**kwargs)
 
 
@@ -181,7 +192,7 @@ def test_a_store_not_yet_synced_answers_none_and_a_synced_one_filters() -> None:
     store = PodStore()
     assert store.select("team", {SERVICE_LABEL: "chat"}) is None
     pods = [pod("chat-a"), pod("chat-a", namespace="other"), pod("x", service="x")]
-    store.replace(kube_module._stored(item) for item in pods)
+    store.replace(kube_module._stored(served(item)) for item in pods)
     assert names(store) == ["chat-a"]
     store.lost()
     assert names(store) is None
@@ -191,9 +202,10 @@ class ListingCore:
     def __init__(self) -> None:
         self.calls = 0
 
-    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> V1PodList:
+    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Answer:
+        assert kwargs["_preload_content"] is False
         self.calls += 1
-        return V1PodList(items=[pod("chat-listed")], metadata=V1ListMeta(resource_version="1"))
+        return Answer([pod("chat-listed")], "1")
 
 
 def test_ticks_read_a_synced_store_and_list_only_while_it_is_not() -> None:
@@ -207,7 +219,7 @@ def test_ticks_read_a_synced_store_and_list_only_while_it_is_not() -> None:
     assert [view.name for view in listed] == ["chat-listed"]
     assert core.calls == 1
 
-    store.replace([kube_module._stored(pod("chat-watched"))])
+    store.replace([kube_module._stored(served(pod("chat-watched")))])
     watched = asyncio.run(kube.list_pods("team", {SERVICE_LABEL: "chat"}))
     assert [view.name for view in watched] == ["chat-watched"]
     assert core.calls == 1  # no request
@@ -242,9 +254,21 @@ def test_a_service_in_a_namespace_matched_by_a_pattern_reads_the_cluster_wide_st
     kube._pod_stores, kube._pod_watches = {}, []
     kube.watch_pods(OperatorSettings.from_env({"FUSEBOX_WATCH_NAMESPACES": "e2e-*"}))
     assert started == ["all namespaces"]
-    kube._pod_stores[None].replace([kube_module._stored(pod("chat-a", namespace="e2e-x"))])
+    kube._pod_stores[None].replace([kube_module._stored(served(pod("chat-a", namespace="e2e-x")))])
 
     listed = asyncio.run(kube.list_pods("e2e-x", {SERVICE_LABEL: "chat"}))
 
     assert [view.name for view in listed] == ["chat-a"]
     assert core.selectors == []  # no LIST: the watched store answered
+
+
+def test_the_client_watch_hands_the_pod_watch_json_not_typed_pods() -> None:
+    # The client's Watch types an event's object after the method's declared return
+    # type; the watch's methods declare none, so each pod stays the API's JSON.
+    core = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient())
+    typed = kubernetes.watch.Watch().get_return_type(core.list_pod_for_all_namespaces)
+    assert typed in ("V1Pod", kubernetes.client.V1Pod)
+    pod_watch = PodWatch(core, "team", PodStore(), 300, 330)
+    assert not kubernetes.watch.Watch().get_return_type(pod_watch._list)
+    raw = json.dumps({"type": "MODIFIED", "object": served(pod("chat-a"))})
+    assert isinstance(kubernetes.watch.Watch().unmarshal_event(raw, None)["object"], dict)
