@@ -259,7 +259,7 @@ class ScopeWatch:
 
     Neither the LIST nor the events are turned into the client's typed objects:
     each object reaches the store as the apiserver's JSON. Typing a running
-    pod's event cost 1.2 ms of CPU against 0.05 ms for its JSON, and the stores
+    pod's event cost 1.0-1.2 ms of CPU against 0.05 ms for its JSON, and the stores
     read a dozen fields (pod_view.py) or compare JSON (child_store.py).
     Subclasses fill their store: `replace`, `put`, `remove` and `lost`.
     """

@@ -1,9 +1,9 @@
 """A PodView from a pod as the API serves it (camelCase JSON), never a typed client object.
 
 Why: the pod watch hands every pod event to this reader, and turning an event
-into the client's typed `V1Pod` first cost 1.2 ms of CPU for a running pod's
-10 KiB (its spec's every nested model, its timestamps parsed) against 0.05 ms
-for the JSON alone, to read a dozen fields. A new service's pods bring five to
+into the client's typed `V1Pod` first cost 1.0-1.2 ms of CPU for a running
+pod's 10 KiB (its spec's every nested model, its timestamps parsed) against
+0.05 ms for the JSON alone, to read a dozen fields. A new service's pods bring five to
 ten events each (docs/decisions/operator-memory.md, "The pod watch reads
 JSON"). Pure: no client, no I/O.
 """
