@@ -462,7 +462,7 @@ def build_status(
 
     `samples`: this tick's scrapes (failed ones included); `seen`: the verdict on
     every pod and the figures still fresh enough to show (serving.observe).
-    `desired_pods`: the autoscaler's count this tick; None means `spec.replicas`.
+    `desired_pods`: the count the Deployment is set to run; None means `spec.replicas`.
     `unschedulable`: pod -> the scheduler's message, for pods it cannot place;
     `failing`: pod -> the container the kubelet cannot run, and why.
     """

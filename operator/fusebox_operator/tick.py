@@ -488,6 +488,10 @@ async def run_tick(
     events += blind_events(memory.blind, seen)
     memory.blind = {(v.reason.value, v.pod) for v in (*seen.blind, *seen.unreachable)}
     sample_list = sorted(samples.values(), key=lambda s: s.pod)
+    # The count the Deployment is set to run: the autoscaler's when it acts; while
+    # holding, the one reconcile applies (status.autoscaling), never the would-be
+    # count, or Ready would count pods nobody asked for.
+    replicas = scale.replicas if scale and not holding else current_replicas(spec, inputs.status)
     new_status = build_status(
         inputs.status,
         new_state,
@@ -497,7 +501,7 @@ async def run_tick(
         spec,
         inputs.generation,
         written_at,
-        desired_pods=scale.replicas if scale else None,
+        desired_pods=replicas,
         unschedulable=unplaced(inputs.pods, now),
         failing={p.name: p.failing for p in inputs.pods if p.failing and not p.terminating},
     )
@@ -545,8 +549,8 @@ async def run_tick(
     if scale is None:
         drop_autoscaling_status(new_status, inputs.status)
     write = bool(executed or would_act) or should_write(inputs.status, new_status, written_at)
-    replicas = scale.replicas if scale and not holding else None
-    return TickOutcome(new_status if write else {}, events, new_state, sample_list, replicas)
+    scaled = scale.replicas if scale and not holding else None
+    return TickOutcome(new_status if write else {}, events, new_state, sample_list, scaled)
 
 
 # ----- the first observation, made by a new service's reconcile ---------------------------

@@ -15,6 +15,7 @@ import pytest
 
 from fusebox_contract.names import EventReason
 from fusebox_operator.actuator import ActionResult, RuntimeCall
+from fusebox_operator.incident import PAUSE_ACTIONS
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.observe_mode import NOT_ACTED
 from fusebox_operator.policy_state import Action, ActionKind, PolicyState
@@ -60,11 +61,12 @@ def tick(
     scraped: PodSample,
     memory: TickMemory | None = None,
     now: float = T0,
+    annotations: dict[str, str] | None = None,
 ) -> TickOutcome:
     async def scrape(pods: Sequence[PodView]) -> list[PodSample]:
         return [scraped]
 
-    inputs = TickInputs("ns", "svc", spec, status, [POD], "token", 1)
+    inputs = TickInputs("ns", "svc", spec, status, [POD], "token", 1, annotations or {})
     return asyncio.run(run_tick(inputs, memory or TickMemory(), scrape, actuator, lambda: now))
 
 
@@ -172,6 +174,57 @@ def test_a_scale_in_observe_is_told_once_and_the_deployment_keeps_its_count() ->
 
     enforced = tick(spec_in("Enforce", **AUTOSCALED), status, RecordingActuator(), busy)
     assert enforced.replicas == 4
+
+
+def ready_of(status: dict[str, Any]) -> tuple[str, str, str]:
+    [ready] = [c for c in status["conditions"] if c["type"] == "Ready"]
+    return ready["status"], ready["reason"], ready["message"]
+
+
+# The two ways to hold: spec.mode Observe, or the pause-actions annotation in Enforce.
+HOLDS = [
+    pytest.param("Observe", {}, id="observe"),
+    pytest.param("Enforce", {PAUSE_ACTIONS: "INC-42"}, id="pause-actions"),
+]
+
+
+@pytest.mark.parametrize(("mode", "annotations"), HOLDS)
+def test_a_held_scale_up_counts_ready_against_the_pods_the_deployment_runs(
+    mode: str, annotations: dict[str, str]
+) -> None:
+    # The Deployment keeps its one pod, and that pod serves: Ready, "1/1", not the
+    # would-be "1/4" of pods that were never asked for.
+    busy = sample(queue_length=40.0, requests_running=8.0)
+    status: dict[str, Any] = {"memory": {"limitBytes": LIMIT}}
+    spec = spec_in(mode, **AUTOSCALED)
+    outcome = tick(spec, status, RecordingActuator(), busy, annotations=annotations)
+    assert would_act(outcome)  # the scale-up was decided
+    assert outcome.replicas is None
+    assert ready_of(outcome.status_patch) == ("True", "PodsReady", "1/1 pods serving")
+    assert outcome.status_patch["summary"]["ready"] == "1/1"
+
+
+@pytest.mark.parametrize(("mode", "annotations"), HOLDS)
+def test_a_held_scale_counts_against_the_count_status_autoscaling_records(
+    mode: str, annotations: dict[str, str]
+) -> None:
+    # An earlier Enforce scale set the Deployment to 2 (status.autoscaling): held at 2.
+    busy = sample(queue_length=40.0, requests_running=8.0)
+    status: dict[str, Any] = {"memory": {"limitBytes": LIMIT}, "autoscaling": {"replicas": 2}}
+    spec = spec_in(mode, **AUTOSCALED)
+    outcome = tick(spec, status, RecordingActuator(), busy, annotations=annotations)
+    assert would_act(outcome)
+    assert outcome.status_patch["summary"]["ready"] == "1/2"
+
+
+def test_the_same_scale_up_in_enforce_counts_the_pods_it_asked_for() -> None:
+    # The control: in Enforce the Deployment is set to 4, so one serving pod is 1/4.
+    busy = sample(queue_length=40.0, requests_running=8.0)
+    status: dict[str, Any] = {"memory": {"limitBytes": LIMIT}}
+    outcome = tick(spec_in("Enforce", **AUTOSCALED), status, RecordingActuator(), busy)
+    assert outcome.replicas == 4
+    assert outcome.status_patch["summary"]["ready"] == "1/4"
+    assert ready_of(outcome.status_patch)[0] == "False"
 
 
 def test_enforce_after_observe_acts_at_once_from_the_first_rung_with_fresh_ids() -> None:
