@@ -18,7 +18,7 @@ import enum
 import json
 import re
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -391,19 +391,86 @@ def forced_schema(use: ToolUse) -> dict[str, Any]:
         tool = use.tool(use.named or "")
         assert tool is not None  # parse_tool_use checked the name
         return dict(tool.parameters)
-    calls = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": tool.name}, "parameters": dict(tool.parameters)},
-            "required": ["name", "parameters"],
-            "additionalProperties": False,
+    definitions: dict[str, Any] = {}
+    calls = []
+    for index, tool in enumerate(use.tools):
+        parameters = _rebased(tool.parameters, f"tool{index}", definitions)
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": tool.name}, "parameters": parameters},
+                "required": ["name", "parameters"],
+                "additionalProperties": False,
+            }
+        )
+    call: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    schema = call if not use.parallel else {"type": "array", "items": call, "minItems": 1}
+    return {"$defs": definitions, **schema} if definitions else schema
+
+
+_DEFINITION_KEYS: Final = ("$defs", "definitions")
+_DATA_KEYS: Final = frozenset({"const", "enum", "default", "examples"})
+"""Keys whose values are JSON data, not schemas: a `$ref` inside them is not a reference."""
+_NAMED_SCHEMA_KEYS: Final = frozenset(
+    {"properties", "patternProperties", "dependentSchemas", *_DEFINITION_KEYS}
+)
+"""Keys whose values map names to schemas: a property may be called `$ref` or `enum`."""
+
+
+def _rebased(
+    parameters: Mapping[str, Any], prefix: str, definitions: dict[str, Any]
+) -> dict[str, Any]:
+    """A tool's parameters schema as it reads when nested in the forced schema.
+
+    A tool's `$ref`s point into its own document (`#/$defs/Address`, as pydantic writes
+    nested models); nested under the call's `parameters`, `#` would be the combined
+    schema's root. So its `$defs` / `definitions` move to the root's `$defs` under
+    `{prefix}.$defs.NAME` (a flat `#/$defs/NAME`, which ours' closing bookkeeping follows
+    too), and any other local reference (`#`, `#/properties/..`) points into a copy of
+    the whole schema at `$defs[prefix]`. A schema without `$ref` is left as it is.
+    """
+    references: list[str] = []
+    _walk(parameters, lambda reference: references.append(reference) or reference)
+    if not references:
+        return dict(parameters)
+    own = {key: item for key, item in parameters.items() if key not in _DEFINITION_KEYS}
+
+    def rebase(reference: str) -> str:
+        for key in _DEFINITION_KEYS:
+            head = f"#/{key}/"
+            if reference.startswith(head):
+                return f"#/$defs/{prefix}.{key}.{reference.removeprefix(head)}"
+        if reference != "#" and not reference.startswith("#/"):
+            return reference  # not local: compiled as the client sent it (refused there)
+        if prefix not in definitions:
+            definitions[prefix] = {}  # taken before the copy is rewritten: it may refer to itself
+            definitions[prefix] = _walk(own, rebase)
+        return f"#/$defs/{prefix}{reference[1:]}"
+
+    for key in _DEFINITION_KEYS:
+        named = parameters.get(key)
+        if isinstance(named, Mapping):
+            for name, definition in named.items():
+                definitions[f"{prefix}.{key}.{name}"] = _walk(definition, rebase)
+    return dict(_walk(own, rebase))
+
+
+def _walk(schema: Any, rebase: Callable[[str], str], names: bool = False) -> Any:
+    """The schema with each `$ref` replaced by `rebase(ref)`."""
+    if isinstance(schema, Mapping):
+        if names:
+            return {name: _walk(item, rebase) for name, item in schema.items()}
+        return {
+            key: rebase(item)
+            if key == "$ref" and isinstance(item, str)
+            else item
+            if key in _DATA_KEYS
+            else _walk(item, rebase, key in _NAMED_SCHEMA_KEYS)
+            for key, item in schema.items()
         }
-        for tool in use.tools
-    ]
-    call = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    if not use.parallel:
-        return call
-    return {"type": "array", "items": call, "minItems": 1}
+    if isinstance(schema, list):
+        return [_walk(item, rebase) for item in schema]
+    return schema
 
 
 def forced_format(use: ToolUse) -> OutputFormat:
@@ -425,7 +492,17 @@ def forced_format(use: ToolUse) -> OutputFormat:
                 f"'{param}': {reason}",
                 param,
             ) from None
-    return OutputFormat.json(forced_schema(use))
+    try:
+        return OutputFormat.json(forced_schema(use))
+    except (UnsupportedSchema, RecursionError) as error:
+        # Each tool compiled alone; their combination (nested a few levels deeper, refs
+        # rebased) can still be refused, as a whole: a 400 on `tools`, never a 500.
+        reason = "it nests too deeply" if isinstance(error, RecursionError) else str(error)
+        raise _bad(
+            f"'tool_choice' {use.mode.value!r} cannot be enforced over these 'tools' "
+            f"together: {reason}",
+            "tools",
+        ) from None
 
 
 def parse_forced(text: str, use: ToolUse) -> ParsedReply:

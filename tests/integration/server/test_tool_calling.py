@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import pydantic
 import pytest
 from fusebox_server_harness import MODEL_NAME, ServerProcess, streamed_calls, zoo_server
 
@@ -260,6 +261,38 @@ def test_required_without_parallel_calls_gives_exactly_one_call(client: openai.O
     assert content == "" and finishes[-1] == "tool_calls" and list(streamed) == [0]
     assert streamed[0]["id"].startswith("call_")
     _check_declared_call(streamed[0]["name"], streamed[0]["arguments"])
+
+
+class Address(pydantic.BaseModel):
+    city: str
+    zip: int
+
+
+class Order(pydantic.BaseModel):
+    ship_to: Address
+    items: list[Address]
+
+
+def test_required_enforces_a_pydantic_tool_with_nested_models(client: openai.OpenAI) -> None:
+    """pydantic writes nested models as `$ref`s into the tool's `$defs`: the forced list
+    of calls still enforces them (they are rebased, not left pointing at its root)."""
+    tool = openai.pydantic_function_tool(Order)
+    for stream in (False, True):
+        answer = chat(client, tools=[tool], tool_choice="required", max_tokens=128, stream=stream)
+        if stream:
+            streamed, finishes, _ = streamed_calls(answer)
+            assert finishes[-1] == "tool_calls"
+            calls = [(call["name"], call["arguments"]) for call in streamed.values()]
+        else:
+            assert answer.choices[0].finish_reason == "tool_calls"
+            calls = [
+                (c.function.name, c.function.arguments)
+                for c in answer.choices[0].message.tool_calls
+            ]
+        assert calls
+        for name, arguments in calls:
+            assert name == "Order"
+            Order.model_validate_json(arguments)
 
 
 def test_an_unknown_named_function_is_a_400_naming_tool_choice(client: openai.OpenAI) -> None:

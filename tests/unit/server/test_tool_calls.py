@@ -363,6 +363,100 @@ def test_random_logits_always_give_parseable_calls_within_a_tight_budget(paralle
         assert parallel or len(reply.calls) == 1
 
 
+ORDER: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "place_order",
+        "parameters": {  # as pydantic writes nested models: `$ref`s into the tool's `$defs`
+            "$defs": {
+                "Address": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "zip": {"type": "integer"}},
+                    "required": ["city", "zip"],
+                    "additionalProperties": False,
+                },
+            },
+            "type": "object",
+            "properties": {"ship_to": {"$ref": "#/$defs/Address"}},
+            "required": ["ship_to"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_required_enforces_a_tools_references_to_its_own_definitions(parallel: bool) -> None:
+    use = parse_tool_use(
+        {"tools": [WEATHER, ORDER], "tool_choice": "required", "parallel_tool_calls": parallel}
+    )
+    assert use is not None
+    start = forced_format(use).start()
+    assert start is not None
+    call = '{"name":"place_order","parameters":{"ship_to":{"city":"Oslo","zip":150}}}'
+    wrong = '{"name":"place_order","parameters":{"ship_to":{"city":"Oslo","zip":"x"}}}'
+    if parallel:
+        call, wrong = f"[{call}]", f"[{wrong}]"
+    assert start.feed(call.encode()).finished
+    assert not start.feed(wrong.encode()).valid
+    (parsed,) = parse_forced(call, use).calls
+    assert json.loads(parsed.arguments) == {"ship_to": {"city": "Oslo", "zip": 150}}
+
+
+def test_required_enforces_a_tools_references_to_itself() -> None:
+    """`#` and `#/properties/..` point into the tool's own schema, not the forced list."""
+    tree = {
+        "type": "object",
+        "properties": {
+            "label": {"type": "string"},
+            "children": {"type": "array", "items": {"$ref": "#"}},
+            "first": {"$ref": "#/properties/label"},
+        },
+        "required": ["label"],
+        "additionalProperties": False,
+    }
+    tool = {"type": "function", "function": {"name": "tree", "parameters": tree}}
+    use = parse_tool_use({"tools": [tool], "tool_choice": "required"})
+    assert use is not None
+    output_format = forced_format(use)
+    constrained = ConstrainedRow(output_format, BYTES_VOCABULARY, [BYTES_END], 400)
+    good = b'[{"name":"tree","parameters":{"label":"a","children":[{"label":"b"}],"first":"c"}}]'
+    bad = b'[{"name":"tree","parameters":{"label":"a","children":[{"name":'
+    assert _grammar_accepts(constrained, good)
+    assert not _grammar_accepts(
+        ConstrainedRow(output_format, BYTES_VOCABULARY, [BYTES_END], 400), bad
+    )
+
+
+def _grammar_accepts(constrained: ConstrainedRow, text: bytes) -> bool:
+    """Whether llguidance's grammar lets a byte-per-token model write `text`."""
+    for byte in text:
+        logits = torch.full((257,), -1e9)
+        logits[byte] = 0.0
+        if constrained.choose(logits, None) != byte:
+            return False
+        constrained.took(byte)
+    return True
+
+
+def test_tools_that_compile_alone_but_not_together_are_a_400_naming_tools() -> None:
+    deep: dict[str, Any] = {"type": "string"}
+    for _ in range(61):  # passes llguidance's recursion limit alone, not wrapped in the list
+        deep = {"type": "object", "properties": {"a": deep}}
+    tool = {"type": "function", "function": {"name": "deep", "parameters": deep}}
+    named = parse_tool_use(
+        {"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "deep"}}}
+    )
+    assert named is not None
+    forced_format(named)
+    required = parse_tool_use({"tools": [tool], "tool_choice": "required"})
+    assert required is not None
+    with pytest.raises(InvalidRequest) as caught:
+        forced_format(required)
+    assert caught.value.param == "tools"
+    assert "recursion" in str(caught.value)
+
+
 def test_a_forced_schema_compiles_and_an_unenforceable_keyword_is_a_400_naming_it() -> None:
     assert forced_format(_use(tool_choice="required")).schema == forced_schema(
         _use(tool_choice="required")
