@@ -182,6 +182,9 @@ N_MAX: Final = 128
 CHAT_TOP_LOGPROBS_MAX: Final = 20
 COMPLETION_LOGPROBS_MAX: Final = 5
 LOGIT_BIAS_MAX: Final = 100.0
+LOGIT_BIAS_ID_DIGITS_MAX: Final = 18
+"""A token id longer than this (leading zeros aside) is in no vocabulary; it is refused
+before `int()`, which raises past 4,300 digits."""
 LOGIT_BIAS_ENTRIES_MAX: Final = 1024
 """Each entry is a scatter into every step's logits; OpenAI documents no count limit."""
 
@@ -208,14 +211,29 @@ def _logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
         raise InvalidRequest(
             f"'logit_bias' takes at most {LOGIT_BIAS_ENTRIES_MAX} tokens", param="logit_bias"
         )
+    keys: dict[int, str] = {}
     pairs: list[tuple[int, float]] = []
     for key, bias in value.items():
         if not (key.isascii() and key.isdigit()):
             raise InvalidRequest(
                 f"'logit_bias' keys must be token ids, got {key!r}", param="logit_bias"
             )
+        digits = key.lstrip("0") or "0"
+        if len(digits) > LOGIT_BIAS_ID_DIGITS_MAX:  # and before int(): over 4,300 digits raises
+            raise InvalidRequest(
+                f"'logit_bias' names a token id of {len(digits)} digits, outside any vocabulary",
+                param="logit_bias",
+            )
+        token = int(digits)
+        if token in keys:
+            # Two spellings of one id ("1", "01") would add up past -100..100.
+            raise InvalidRequest(
+                f"'logit_bias' names token id {token} twice: {keys[token]!r} and {key!r}",
+                param="logit_bias",
+            )
+        keys[token] = key
         number = _number({"logit_bias": bias}, "logit_bias", 0.0, -LOGIT_BIAS_MAX, LOGIT_BIAS_MAX)
-        pairs.append((int(key), number))
+        pairs.append((token, number))
     return tuple(pairs)
 
 

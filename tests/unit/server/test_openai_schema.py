@@ -293,6 +293,21 @@ def test_a_seed_beyond_64_bits_is_a_400(seed: int) -> None:
     assert caught.value.param == "seed"
 
 
+@pytest.mark.parametrize("key", ["1" * 5000, "9" * 19])
+def test_a_logit_bias_id_too_long_for_any_vocabulary_is_a_400(key: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_chat_request({**_base(Kind.CHAT), "logit_bias": {key: 1}})
+    assert caught.value.param == "logit_bias"
+    zeros = parse_chat_request({**_base(Kind.CHAT), "logit_bias": {"0" * 5000 + "7": 1}})
+    assert zeros.sampling.logit_bias == ((7, 1.0),)
+
+
+def test_two_spellings_of_one_logit_bias_id_are_a_400_not_a_summed_bias() -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_chat_request({**_base(Kind.CHAT), "logit_bias": {"1": 100, "01": 100}})
+    assert caught.value.param == "logit_bias" and "'1' and '01'" in caught.value.message
+
+
 def test_duplicate_keys_are_refused_naming_the_key() -> None:
     with pytest.raises(InvalidRequest) as caught:
         parse_json_body(b'{"model": "a", "prompt": "x", "model": "b"}')
