@@ -326,6 +326,7 @@ def ready_explanation(
     desired_pods: int,
     unschedulable: Mapping[str, str],
     failing: Mapping[str, str],
+    breaker_sent: bool = True,
 ) -> tuple[bool | None, str, str]:
     """Ready's status, reason and message: what keeps the service from serving, by name.
 
@@ -337,10 +338,12 @@ def ready_explanation(
     a container the kubelet cannot run (crash loop, image pull, bad config)
     never becomes ready by waiting, so it is named with the scheduler's or the
     kubelet's own words rather than counted as "not ready".
+    `breaker_sent`: False while holding (Observe, pause-actions): the breaker's
+    state never reached the pods, so an open one refuses nothing.
     """
     serving = seen.serving
     counted = f"{serving}/{desired_pods} pods serving"
-    if state.breaker is BreakerState.OPEN:
+    if state.breaker is BreakerState.OPEN and breaker_sent:
         return False, "BreakerOpen", state.breaker_reason
     if serving >= desired_pods:
         return True, "PodsReady", counted
@@ -356,10 +359,13 @@ def ready_explanation(
     return (False if known else None), cause.value, f"{counted}; {not_serving_note(seen)}"
 
 
-def available_explanation(state: PolicyState, seen: ServiceView) -> tuple[bool | None, str, str]:
-    """Available: at least one pod serves. Unknown while the only candidates are unseen."""
+def available_explanation(
+    state: PolicyState, seen: ServiceView, breaker_sent: bool = True
+) -> tuple[bool | None, str, str]:
+    """Available: at least one pod serves. Unknown while the only candidates are unseen.
+    `breaker_sent`: as for `ready_explanation`."""
     serving = seen.serving
-    if state.breaker is BreakerState.OPEN:
+    if state.breaker is BreakerState.OPEN and breaker_sent:
         return False, "BreakerOpen", f"{serving} pod(s) up, the breaker refuses requests"
     if serving > 0:
         return True, "MinimumPodsReady", f"{serving} pod(s) serving"
@@ -457,6 +463,7 @@ def build_status(
     desired_pods: int | None = None,
     unschedulable: Mapping[str, str] | None = None,
     failing: Mapping[str, str] | None = None,
+    holding: bool = False,
 ) -> dict[str, Any]:
     """The whole telemetry-owned status, from the policy state and this scrape.
 
@@ -465,16 +472,19 @@ def build_status(
     `desired_pods`: the count the Deployment is set to run; None means `spec.replicas`.
     `unschedulable`: pod -> the scheduler's message, for pods it cannot place;
     `failing`: pod -> the container the kubelet cannot run, and why.
+    `holding`: the tick sent nothing to the pods (Observe, pause-actions): the
+    breaker is what the operator would hold (status.breaker, the BREAKER column),
+    and Ready and Available say what the pods do, which is not to refuse for it.
     """
     desired_pods = spec.replicas if desired_pods is None else desired_pods
     conditions: list[dict[str, Any]] = list(previous.get("conditions") or [])
     ready, ready_reason, ready_message = ready_explanation(
-        state, seen, desired_pods, unschedulable or {}, failing or {}
+        state, seen, desired_pods, unschedulable or {}, failing or {}, not holding
     )
     conditions = set_condition(
         conditions, ConditionType.READY, ready, ready_reason, ready_message, generation, now
     )
-    available, available_reason, available_message = available_explanation(state, seen)
+    available, available_reason, available_message = available_explanation(state, seen, not holding)
     conditions = set_condition(
         conditions,
         ConditionType.AVAILABLE,

@@ -504,6 +504,7 @@ async def run_tick(
         desired_pods=replicas,
         unschedulable=unplaced(inputs.pods, now),
         failing={p.name: p.failing for p in inputs.pods if p.failing and not p.terminating},
+        holding=holding,
     )
     events += stuck_pod_events(inputs.status, new_status)
     new_status["mode"] = spec.mode.value  # the mode this tick ran in

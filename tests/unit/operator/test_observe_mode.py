@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from fusebox_contract.names import EventReason
+from fusebox_contract.names import BreakerState, EventReason
 from fusebox_operator.actuator import ActionResult, RuntimeCall
 from fusebox_operator.incident import PAUSE_ACTIONS
 from fusebox_operator.observations import PodSample, PodView
@@ -225,6 +225,63 @@ def test_the_same_scale_up_in_enforce_counts_the_pods_it_asked_for() -> None:
     assert outcome.replicas == 4
     assert outcome.status_patch["summary"]["ready"] == "1/4"
     assert ready_of(outcome.status_patch)[0] == "False"
+
+
+SLOW = "p99 ttft 450 ms > 200 ms"
+
+
+def open_breaker_status(mode: str) -> dict[str, Any]:
+    """A status whose breaker the operator opened (or, held, would have) 5 s ago."""
+    state = PolicyState("svc", breaker=BreakerState.OPEN, breaker_since=T0 - 5, breaker_reason=SLOW)
+    return {
+        "memory": {"limitBytes": LIMIT},
+        "mode": mode,
+        "policy": state.to_status(),
+        "breaker": {"state": "Open", "reason": SLOW, "trips": 1},
+    }
+
+
+def conditions_of(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+@pytest.mark.parametrize(("mode", "annotations"), HOLDS)
+def test_a_held_open_breaker_leaves_ready_and_available_to_the_pods_that_serve(
+    mode: str, annotations: dict[str, str]
+) -> None:
+    # Nothing was sent: the pod admits every request, so Ready and Available say it
+    # serves; the would-be Open stays in status.breaker and the BREAKER column.
+    status = open_breaker_status("Observe" if mode == "Observe" else "Enforce")
+    calm = sample(rss_bytes=0.2 * LIMIT, memory_limit_bytes=LIMIT)
+    actuator = RecordingActuator()
+    outcome = tick(spec_in(mode), status, actuator, calm, annotations=annotations)
+    assert actuator.runtime_calls == 0
+    patch = outcome.status_patch
+    assert conditions_of(patch)["Ready"] == ("True", "PodsReady")
+    assert conditions_of(patch)["Available"] == ("True", "MinimumPodsReady")
+    assert patch["breaker"]["state"] == "Open"
+    assert patch["summary"]["breaker"] == "Open"
+
+
+def test_in_observe_a_pod_enforce_left_refusing_still_makes_ready_false() -> None:
+    # Switching to Observe freezes the pods: a breaker Enforce opened on a pod still
+    # refuses there, and Ready and Available say so from the pod's own report.
+    refusing = sample(
+        rss_bytes=0.2 * LIMIT, memory_limit_bytes=LIMIT, breaker_state=BreakerState.OPEN
+    )
+    outcome = tick(
+        spec_in("Observe"), open_breaker_status("Observe"), RecordingActuator(), refusing
+    )
+    assert conditions_of(outcome.status_patch)["Ready"] == ("False", "PodBreakerOpen")
+    assert conditions_of(outcome.status_patch)["Available"] == ("False", "PodBreakerOpen")
+
+
+def test_an_open_breaker_in_enforce_makes_ready_and_available_false() -> None:
+    # The control: in Enforce the pods were told to admit nothing.
+    calm = sample(rss_bytes=0.2 * LIMIT, memory_limit_bytes=LIMIT)
+    outcome = tick(spec_in("Enforce"), open_breaker_status("Enforce"), RecordingActuator(), calm)
+    assert conditions_of(outcome.status_patch)["Ready"] == ("False", "BreakerOpen")
+    assert conditions_of(outcome.status_patch)["Available"] == ("False", "BreakerOpen")
 
 
 def test_enforce_after_observe_acts_at_once_from_the_first_rung_with_fresh_ids() -> None:
