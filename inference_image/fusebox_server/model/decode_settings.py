@@ -57,3 +57,12 @@ def choice_seed(seed: int, index: int) -> int:
     seed, so its text is the same with n=1 and with n=3."""
     value = seed + index
     return value if value <= SEED_HIGHEST else value - (1 << 64)
+
+
+def earliest_stop(text: str, stops: tuple[str, ...], searched_to: int = 0) -> int | None:
+    """Where the text ends for its stop sequences: the earliest index at which any of
+    them occurs (not the first of the list that occurs anywhere: one piece of text can
+    hold two), or None. `searched_to`: the text before it was searched already, so a stop
+    can only end past it."""
+    found = (text.find(stop, max(0, searched_to - len(stop))) if stop else -1 for stop in stops)
+    return min((index for index in found if index >= 0), default=None)

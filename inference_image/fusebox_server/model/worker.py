@@ -30,7 +30,7 @@ from fusebox_server.errors import (
     ServerError,
     memory_exhausted,
 )
-from fusebox_server.model.decode_settings import DecodeSettings
+from fusebox_server.model.decode_settings import DecodeSettings, earliest_stop
 from fusebox_server.model.engine import (
     DecodeBatch,
     Decoding,
@@ -622,13 +622,12 @@ class InferenceWorker(threading.Thread):
         """Add text; emit what is safe; returns True when a stop sequence ended it."""
         job.text += piece
         stops = job.settings.stop
-        for stop in stops:
-            index = job.text.find(stop, max(0, job.emitted_chars - len(stop)))
-            if index >= 0:
-                self._emit(job, job.text[job.emitted_chars : index])
-                job.text = job.text[:index]
-                job.emitted_chars = index
-                return True
+        index = earliest_stop(job.text, stops, job.emitted_chars)
+        if index is not None:
+            self._emit(job, job.text[job.emitted_chars : index])
+            job.text = job.text[:index]
+            job.emitted_chars = index
+            return True
         safe_end = len(job.text) if final else len(job.text) - _held_back_chars(job.text, stops)
         if safe_end > job.emitted_chars:
             self._emit(job, job.text[job.emitted_chars : safe_end])

@@ -155,6 +155,19 @@ def check_stop(client: openai.OpenAI, server: ServerProcess) -> None:
     stopped = chat(client, max_tokens=16, stop=[stop]).choices[0]
     assert stopped.message.content == text[: text.find(stop)]
     assert stopped.finish_reason == "stop"
+    # One token's text holding two stops: the text ends at the earlier one in the text,
+    # whatever the order of the list.
+    scored = chat(client, max_tokens=16, logprobs=True).choices[0].logprobs.content
+    offset = 0
+    for score in scored:
+        first, last = score.token[:1], score.token[-1:]
+        if first != last and first not in text[:offset] and last not in text[:offset]:
+            break
+        offset += len(score.token)
+    else:
+        pytest.fail(f"no token with two new characters in {text!r}")
+    stopped = chat(client, max_tokens=16, stop=[last, first]).choices[0]
+    assert stopped.message.content == text[:offset] and stopped.finish_reason == "stop"
 
 
 def check_n(client: openai.OpenAI, server: ServerProcess) -> None:

@@ -376,3 +376,24 @@ def test_a_final_event_lost_to_failed_allocations_frees_its_slot_when_the_caller
     assert held.job.cancelled.is_set() and releases == ["lost"]
     held.end()
     assert releases == ["lost", "held"]
+
+
+def test_a_piece_holding_two_stops_ends_at_the_earlier_one_in_the_text() -> None:
+    from fusebox_server.model.decode_settings import earliest_stop
+
+    text = "Hello" + ".\n"  # one token's text ".\n" after "Hello"
+    assert earliest_stop(text, ("\n", "."), searched_to=5) == 5
+    assert earliest_stop(text, (".", "\n"), searched_to=5) == 5
+    assert earliest_stop("Hello", ("\n", "."), searched_to=5) is None
+
+
+@settings(max_examples=300, derandomize=True)
+@given(
+    text=st.text(alphabet="ab.\n", max_size=12),
+    stops=st.lists(st.text(alphabet="ab.\n", min_size=1, max_size=3), max_size=4),
+)
+def test_the_text_ends_at_the_earliest_stop_of_any_in_the_list(text: str, stops: list[str]) -> None:
+    from fusebox_server.model.decode_settings import earliest_stop
+
+    found = [text.find(stop) for stop in stops if stop in text]
+    assert earliest_stop(text, tuple(stops)) == (min(found) if found else None)
