@@ -58,7 +58,12 @@ H, R, C = Treatment.HONOURED, Treatment.REFUSED, Treatment.CLIENT_SIDE
 PARAMETERS: Final[tuple[Parameter, ...]] = (
     # ----- honoured -----
     Parameter("model", H, "must name the served model (`--model-name`), else 404"),
-    Parameter("messages", H, "rendered by the model's chat template", CHAT_ONLY),
+    Parameter(
+        "messages",
+        H,
+        "rendered by the model's chat template; `developer` as `system`",
+        CHAT_ONLY,
+    ),
     Parameter(
         "prompt",
         H,

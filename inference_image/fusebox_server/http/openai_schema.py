@@ -383,7 +383,9 @@ def _message(message: dict[str, Any], role: str, index: int) -> ChatMessage:
         param = f"messages[{index}].tool_call_id"
         raise InvalidRequest(f"'{param}' must be a string on a tool message", param=param)
     return ChatMessage(
-        role=role,
+        # OpenAI's `developer` is the system turn of its newer models: templates know
+        # `system`, and a `developer` header would be one the model never saw in training.
+        role="system" if role == "developer" else role,
         content=content,
         tool_calls=calls,
         tool_call_id=call_id if role == "tool" else None,

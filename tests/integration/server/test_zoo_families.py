@@ -73,3 +73,21 @@ def test_the_server_answers_and_streams_what_transformers_generates(
     assert answer.choices[0].message.content == expected
     assert "".join(pieces) == expected
     assert answer.usage is not None and answer.usage.completion_tokens == NEW_TOKENS
+
+
+def test_a_developer_message_is_the_system_turn(family_server: ServerProcess) -> None:
+    """OpenAI's `developer` role means system: Gemma's template, which folds a system turn
+    into the first user turn and refuses roles it does not know, renders it as one."""
+    client = openai.OpenAI(base_url=f"{family_server.url}/v1", api_key="unused", max_retries=0)
+    answers = [
+        client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=[{**MESSAGES[0], "role": role}, *MESSAGES[1:]],  # type: ignore[list-item]
+            max_tokens=4,
+            temperature=0,
+        )
+        for role in ("system", "developer")
+    ]
+    assert answers[1].choices[0].message.content == answers[0].choices[0].message.content
+    assert answers[1].usage is not None and answers[0].usage is not None
+    assert answers[1].usage.prompt_tokens == answers[0].usage.prompt_tokens

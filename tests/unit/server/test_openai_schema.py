@@ -349,3 +349,9 @@ def test_a_stop_sequence_over_the_cap_is_refused_naming_stop() -> None:
     with pytest.raises(InvalidRequest) as refused:
         parse_completion_request(body)
     assert refused.value.param == "stop" and str(STOP_MAX_CHARS) in refused.value.message
+
+
+def test_a_developer_message_reaches_the_template_as_a_system_turn() -> None:
+    body = {**_base(Kind.CHAT), "messages": [{"role": "developer", "content": "Be brief."}]}
+    (message,) = parse_chat_request(body).messages
+    assert message.template_message() == {"role": "system", "content": "Be brief."}
