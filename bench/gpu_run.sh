@@ -24,6 +24,10 @@
 #      - bench/slot_cache_bench.py's drain with graphs on (issue 34: the slot cache held,
 #        shrinking vs growing only, and the decode time with the recaptures a shrink
 #        costs), about a minute, only when GPU_STEPS names "slotcache";
+#      - bench/host_profile.py on CUDA (issue 34: the server's CPU per streamed token at
+#        64 clients on gpu_bench's 1 B model, split into the model's step, the worker's
+#        host work and the event loop), about a minute, only when GPU_STEPS names
+#        "hostprofile";
 #      - bench/gpu_bench.py (issue 12: generation speed against the peers),
 #        with what is left of the call (GPU_BENCH_SECONDS, 220 by default);
 #      - bench/gpu_realistic.py (issue 34: Llama-3.1-8B's full configuration, random bf16
@@ -36,7 +40,7 @@
 #        hangs. One call: GPU_STEPS=realistic bash bench/gpu_run.sh device
 #        (docs/decisions/realistic-workload.md, "On the GPU").
 #    Device results come back as $OUT/results.tar.gz (gpu-check/, gpu/, profile/, zoo/, sampling/,
-#    slot-cache/, realistic/),
+#    slot-cache/, host-profile/, realistic/),
 #    beside run.log and nvidia-smi.txt: the device returns at most 8 files.
 #    Unpack with: tar -xzf results.tar.gz -C bench/results
 #    Arguments after `device` go to gpu_bench.py (e.g. --concurrency 32).
@@ -73,13 +77,16 @@ device)
   export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
   results=/tmp/gpu-results
   mkdir -p "$results/gpu-check" "$results/gpu" "$results/profile" "$results/zoo" "$results/sampling" \
-    "$results/slot-cache" "$results/realistic"
+    "$results/slot-cache" "$results/host-profile" "$results/realistic"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/nvidia-smi.txt"
   python3 -c 'import fusebox_server.http.app, fusebox_sidecar.__main__, torchao.quantization
 import transformers.cli.serving.server, transformers, torch, torchao
 print("imports ok: transformers", transformers.__version__, "torch", torch.__version__,
       "torchao", torchao.__version__)' 2>&1 | tee "$OUT/run.log"
-  pack() { tar -czf "$OUT/results.tar.gz" -C "$results" gpu-check gpu profile zoo sampling slot-cache realistic; }
+  pack() {
+    tar -czf "$OUT/results.tar.gz" -C "$results" \
+      gpu-check gpu profile zoo sampling slot-cache host-profile realistic
+  }
   trap pack EXIT
   steps=" ${GPU_STEPS:-check profile bench} "
   # Each script keeps to its budget and writes its files as it goes; the
@@ -113,6 +120,13 @@ print("imports ok: transformers", transformers.__version__, "torch", torch.__ver
     timeout -k 5 150 python3 bench/slot_cache_bench.py --requests 64 --scale 1 \
       --out "$results/slot-cache/slot-cache.json" 2>&1 | tee -a "$OUT/run.log" \
       || echo "slot_cache_bench: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
+    pack
+  fi
+  if [[ $steps == *" hostprofile "* ]]; then
+    echo "== host_profile ==" | tee -a "$OUT/run.log"
+    timeout -k 5 150 python3 bench/host_profile.py --device cuda --work-dir /tmp/gpu-bench \
+      --out "$results/host-profile" --clients 64 --seconds 20 2>&1 | tee -a "$OUT/run.log" \
+      || echo "host_profile: exit ${PIPESTATUS[0]}" | tee -a "$OUT/run.log"
     pack
   fi
   if [[ $steps == *" bench "* ]]; then

@@ -107,7 +107,11 @@ def stop(process: subprocess.Popen[bytes]) -> None:
     loopback.stop(process, grace_seconds=20)
 
 
-def start_fusebox(model_dir: Path, workdir: Path, **flags: Any) -> tuple[Any, str, Path]:
+def start_fusebox(
+    model_dir: Path, workdir: Path, extra_env: dict[str, str] | None = None, **flags: Any
+) -> tuple[Any, str, Path]:
+    """The server on loopback with `flags` as its options (and `extra_env` in its
+    environment); its process, URL and log, once it is ready."""
     port = loopback.free_port()
     args = {
         "model-dir": model_dir,
@@ -126,7 +130,7 @@ def start_fusebox(model_dir: Path, workdir: Path, **flags: Any) -> tuple[Any, st
     for name, value in args.items():
         command += [f"--{name}", str(value)]
     log = workdir / f"fusebox-{port}.log"
-    env = thread_environment(int(flags.get("torch_threads", 0)))
+    env = {**thread_environment(int(flags.get("torch_threads", 0))), **(extra_env or {})}
     with log.open("wb") as sink:  # the child keeps its own copy of the descriptor
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"

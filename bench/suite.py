@@ -114,6 +114,8 @@ SUITE: tuple[Benchmark, ...] = (
     Benchmark("server-realistic", "realistic_bench.py", missing=_transformers_cli),
     Benchmark("kernels", "kernels_bench.py"),
     Benchmark("slot-cache", "slot_cache_bench.py"),
+    # Where the server's CPU per streamed token goes: the model, the worker's host work, the loop.
+    Benchmark("host-profile", "host_profile.py"),
     Benchmark("sampling", "sampling_bench.py"),
     Benchmark("structured-output", "structured_output_bench.py"),
     Benchmark("grammar-engines", "grammar_engines_bench.py", missing=_grammar_libraries),
