@@ -364,7 +364,9 @@ class Api:
             return await self.runtime.encode_prompt(parsed.prompt, True)
         tools = parsed.tool_use.tools if parsed.tool_use is not None else ()
         try:
-            if tools or any(m.tool_calls or m.tool_call_id for m in parsed.messages):
+            if tools or any(
+                m.tool_calls or m.tool_call_id or m.name is not None for m in parsed.messages
+            ):
                 text = self.runtime.encoder().render_conversation(
                     [message.template_message() for message in parsed.messages],
                     [tool.template_entry() for tool in tools],

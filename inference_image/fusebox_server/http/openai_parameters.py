@@ -72,7 +72,10 @@ PARAMETERS: Final[tuple[Parameter, ...]] = (
     ),
     Parameter("max_tokens", H, "caps new tokens; at most `--max-new-tokens`, else 400"),
     Parameter(
-        "max_completion_tokens", H, "as `max_tokens`, and wins when both are sent", CHAT_ONLY
+        "max_completion_tokens",
+        H,
+        "as `max_tokens`; both may be sent only with the same value, else 400",
+        CHAT_ONLY,
     ),
     Parameter("temperature", H, "0 is greedy; 0 to 2"),
     Parameter("top_p", H, "nucleus sampling; above 0, at most 1"),

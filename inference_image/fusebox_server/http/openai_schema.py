@@ -69,10 +69,14 @@ class ChatMessage:
     """An assistant turn's calls, sent back as history."""
     tool_call_id: str | None = None
     """A `tool` turn: the call it answers."""
+    name: str | None = None
+    """The participant's name: passed to the template, which decides what it shows."""
 
     def template_message(self) -> dict[str, Any]:
         """The message as chat templates read it (calls with decoded arguments)."""
         message: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.name is not None:
+            message["name"] = self.name
         if self.tool_calls:
             message["tool_calls"] = [call.template_entry() for call in self.tool_calls]
         if self.tool_call_id is not None:
@@ -289,11 +293,17 @@ def _common(body: dict[str, Any]) -> tuple[str, bool, bool, OpenAISampling]:
     n = _bounded_int(body, "n", 1, N_MAX) or 1
     stream = _bool(body, "stream")
     include_usage = _stream_options(body, stream)
+    legacy_max_tokens = _optional_int(body, "max_tokens")  # checked even when not used
     max_tokens_param = "max_completion_tokens"
     max_tokens = _optional_int(body, max_tokens_param)
     if max_tokens is None:
-        max_tokens_param = "max_tokens"
-        max_tokens = _optional_int(body, max_tokens_param)
+        max_tokens_param, max_tokens = "max_tokens", legacy_max_tokens
+    elif legacy_max_tokens is not None and legacy_max_tokens != max_tokens:
+        raise InvalidRequest(
+            f"'max_tokens' ({legacy_max_tokens}) and 'max_completion_tokens' ({max_tokens}) "
+            "differ: send one of them",
+            param="max_tokens",
+        )
     seed = body.get("seed")
     if seed is not None and not _is_int(seed):
         raise SchemaError("'seed' must be an integer", param="seed")
@@ -372,8 +382,40 @@ def _content(value: object, index: int) -> str:
     raise SchemaError(f"'{param}' must be a string or a list of text parts", param=param)
 
 
+MESSAGE_KEYS: Final = {
+    "system": frozenset({"role", "content", "name"}),
+    "developer": frozenset({"role", "content", "name"}),
+    "user": frozenset({"role", "content", "name"}),
+    "assistant": frozenset({"role", "content", "name", "tool_calls", "refusal"}),
+    "tool": frozenset({"role", "content", "tool_call_id", "name"}),
+}
+"""The keys each role's message may carry; any other is a 400 naming it, never dropped."""
+ASSISTANT_OFF_KEYS: Final = {"function_call": (None,), "audio": (None,), "annotations": (None, [])}
+"""Keys of an OpenAI reply's message that a client sends back as history, accepted only
+with the value that means none (this server writes no such thing)."""
+
+
 def _message(message: dict[str, Any], role: str, index: int) -> ChatMessage:
+    for key, value in message.items():
+        if key in MESSAGE_KEYS[role]:
+            continue
+        param = f"messages[{index}].{key}"
+        if role == "assistant" and value in ASSISTANT_OFF_KEYS.get(key, ()):
+            continue
+        raise InvalidRequest(f"'{param}' is not supported on a {role} message", param=param)
+    name = message.get("name")
+    if name is not None and not isinstance(name, str):
+        param = f"messages[{index}].name"
+        raise SchemaError(f"'{param}' must be a string", param=param)
     content = _content(message.get("content"), index)
+    refusal = message.get("refusal")
+    if refusal is not None:
+        param = f"messages[{index}].refusal"
+        if not isinstance(refusal, str):
+            raise SchemaError(f"'{param}' must be a string", param=param)
+        if content and refusal:
+            raise InvalidRequest(f"'{param}' and 'content' cannot both be sent", param=param)
+        content = content or refusal  # the assistant's words, as the template reads them
     calls = parse_history_calls(message.get("tool_calls"), index)
     if calls and role != "assistant":
         param = f"messages[{index}].tool_calls"
@@ -389,6 +431,7 @@ def _message(message: dict[str, Any], role: str, index: int) -> ChatMessage:
         content=content,
         tool_calls=calls,
         tool_call_id=call_id if role == "tool" else None,
+        name=name,
     )
 
 

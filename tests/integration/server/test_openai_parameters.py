@@ -117,8 +117,18 @@ def check_max_tokens(client: openai.OpenAI, server: ServerProcess) -> None:
 
 
 def check_max_completion_tokens(client: openai.OpenAI, server: ServerProcess) -> None:
-    capped = chat(client, max_tokens=16, max_completion_tokens=2)
+    capped = chat(client, max_tokens=None, max_completion_tokens=2)
     assert capped.usage.completion_tokens <= 2
+    assert chat(client, max_tokens=2, max_completion_tokens=2).usage.completion_tokens <= 2
+    with pytest.raises(openai.BadRequestError) as differ:
+        chat(client, max_tokens=16, max_completion_tokens=2)
+    assert differ.value.param == "max_tokens" and "max_completion_tokens" in differ.value.message
+    with pytest.raises(openai.BadRequestError) as negative:
+        chat(client, max_tokens=-5, max_completion_tokens=2)
+    assert negative.value.param == "max_tokens"
+    with pytest.raises(openai.UnprocessableEntityError) as wrong_type:  # as any non-integer
+        chat(client, max_tokens="abc", max_completion_tokens=2)
+    assert wrong_type.value.param == "max_tokens"
 
 
 def check_temperature(client: openai.OpenAI, server: ServerProcess) -> None:
@@ -541,3 +551,18 @@ def test_every_row_of_the_table_is_tested_here() -> None:
     }
     for treatment, tested in expected.items():
         assert {row.name for row in PARAMETERS if row.treatment == treatment} == tested
+
+
+def test_a_message_key_that_would_be_dropped_is_a_400_naming_it(client: openai.OpenAI) -> None:
+    messages: Any = [{"role": "user", "content": "hi", "nickname": "ada"}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, messages=messages)
+    assert caught.value.param == "messages[0].nickname"
+
+
+def test_a_reply_sent_back_as_history_is_accepted(client: openai.OpenAI) -> None:
+    """`messages.append(reply.message)`, as the openai docs do, with a user `name`."""
+    first: Any = [{"role": "user", "content": "hi", "name": "ada"}]
+    reply = chat(client, messages=first).choices[0].message
+    follow_up = [*first, reply, {"role": "user", "content": [{"type": "text", "text": "more"}]}]
+    assert chat(client, messages=follow_up).choices[0].finish_reason in ("stop", "length")

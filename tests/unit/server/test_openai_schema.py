@@ -355,3 +355,80 @@ def test_a_developer_message_reaches_the_template_as_a_system_turn() -> None:
     body = {**_base(Kind.CHAT), "messages": [{"role": "developer", "content": "Be brief."}]}
     (message,) = parse_chat_request(body).messages
     assert message.template_message() == {"role": "system", "content": "Be brief."}
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ({"role": "user", "content": "hi", "nickname": "x"}, "messages[0].nickname"),
+        ({"role": "user", "content": "hi", "tool_call_id": "c"}, "messages[0].tool_call_id"),
+        ({"role": "system", "content": "hi", "refusal": "no"}, "messages[0].refusal"),
+        (
+            {"role": "assistant", "content": "hi", "function_call": {"name": "f"}},
+            "messages[0].function_call",
+        ),
+        ({"role": "assistant", "content": "hi", "audio": {"id": "a"}}, "messages[0].audio"),
+        ({"role": "assistant", "content": "a", "refusal": "b"}, "messages[0].refusal"),
+        ({"role": "user", "content": "hi", "name": 5}, "messages[0].name"),
+    ],
+)
+def test_a_message_key_that_would_be_dropped_is_a_400_naming_it(
+    message: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(ServerError) as caught:
+        parse_chat_request({**_base(Kind.CHAT), "messages": [message]})
+    assert 400 <= caught.value.status < 500 and caught.value.param == param
+
+
+def test_a_message_name_reaches_the_template_and_a_refusal_is_the_assistants_words() -> None:
+    messages: list[Any] = [
+        {"role": "user", "content": "hi", "name": "ada"},
+        {"role": "assistant", "content": None, "refusal": "I can't."},
+    ]
+    parsed = parse_chat_request({**_base(Kind.CHAT), "messages": messages}).messages
+    assert [message.template_message() for message in parsed] == [
+        {"role": "user", "content": "hi", "name": "ada"},
+        {"role": "assistant", "content": "I can't."},
+    ]
+
+
+def test_the_message_shapes_the_openai_client_sends_back_are_accepted() -> None:
+    """A reply's message sent back as history (`messages.append(reply.message)`), with
+    the keys OpenAI's own replies carry as none, a tool result with its tool's name."""
+    from openai.types.chat import ChatCompletionMessage
+
+    reply = ChatCompletionMessage.model_validate(
+        {
+            "role": "assistant",
+            "content": None,
+            "refusal": None,
+            "annotations": [],
+            "audio": None,
+            "function_call": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        }
+    )
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        reply.model_dump(mode="json"),
+        {"role": "tool", "tool_call_id": "c1", "name": "f", "content": "{}"},
+    ]
+    parsed = parse_chat_request({**_base(Kind.CHAT), "messages": messages}).messages
+    assert [message.role for message in parsed] == ["user", "assistant", "tool"]
+    assert parsed[1].tool_calls[0].name == "f" and parsed[2].tool_call_id == "c1"
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "error"), [(-5, InvalidRequest), ("abc", SchemaError), (16, InvalidRequest)]
+)
+def test_max_tokens_is_checked_beside_max_completion_tokens(
+    max_tokens: object, error: type[ServerError]
+) -> None:
+    body = {**_base(Kind.CHAT), "max_tokens": max_tokens, "max_completion_tokens": 2}
+    with pytest.raises(error) as caught:
+        parse_chat_request(body)
+    assert caught.value.param == "max_tokens"
+    agreeing = {**_base(Kind.CHAT), "max_tokens": 2, "max_completion_tokens": 2}
+    assert parse_chat_request(agreeing).sampling.max_tokens == 2
