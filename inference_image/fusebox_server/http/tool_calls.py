@@ -44,6 +44,8 @@ class FunctionTool:
     description: str | None
     parameters: Mapping[str, Any]
     """A JSON schema of the arguments object (`{"type": "object"}` when the tool sent none)."""
+    strict: bool = False
+    """The client asks for arguments that conform: enforced only on a forced call."""
 
     def template_entry(self) -> dict[str, Any]:
         """The tool as chat templates read it (the OpenAI shape, as transformers passes it)."""
@@ -151,7 +153,7 @@ def _function_tool(value: object, index: int) -> FunctionTool:
             f"'{path}.function.parameters' must describe an object (type 'object')",
             f"{path}.function.parameters.type",
         )
-    return FunctionTool(name=name, description=description, parameters=parameters)
+    return FunctionTool(name, description, parameters, strict=bool(strict))
 
 
 def _choice(value: object, names: Sequence[str]) -> tuple[ChoiceMode, str | None]:
@@ -203,6 +205,17 @@ def parse_tool_use(body: Mapping[str, Any]) -> ToolUse | None:
         if parallel is not None:
             raise _bad("'parallel_tool_calls' needs 'tools'", "parallel_tool_calls")
         return None
+    if mode == ChoiceMode.AUTO:
+        for index, tool in enumerate(tools):
+            if tool.strict:
+                # The model writes a call freely under auto; nothing holds its arguments
+                # to the schema, so strict would be a promise not kept.
+                param = f"tools[{index}].function.strict"
+                raise _bad(
+                    f"'{param}': strict arguments are enforced only when 'tool_choice' is "
+                    "'required' or names the function; send strict false, or force the call",
+                    param,
+                )
     return ToolUse(tools, mode, named, True if parallel is None else parallel)
 
 

@@ -295,6 +295,13 @@ def test_required_enforces_a_pydantic_tool_with_nested_models(client: openai.Ope
             Order.model_validate_json(arguments)
 
 
+def test_a_strict_tool_under_auto_is_a_400_naming_strict(client: openai.OpenAI) -> None:
+    """`pydantic_function_tool` sends strict: true; under auto nothing would enforce it."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, tools=[WEATHER, openai.pydantic_function_tool(Order)])
+    assert caught.value.param == "tools[1].function.strict"
+
+
 def test_an_unknown_named_function_is_a_400_naming_tool_choice(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         chat(client, tool_choice={"type": "function", "function": {"name": "launch"}})

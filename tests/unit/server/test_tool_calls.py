@@ -641,3 +641,22 @@ def test_a_stream_without_calls_sends_the_whole_text_as_content(
         assert deltas and all(d["function"]["name"] in ("get_weather", "get_time") for d in deltas)
     else:
         assert content == text and deltas == []
+
+
+def _strict(tool: dict[str, Any]) -> dict[str, Any]:
+    return {**tool, "function": {**tool["function"], "strict": True}}
+
+
+def test_strict_under_auto_is_a_400_naming_it_and_forced_calls_keep_it() -> None:
+    """Under auto the model writes a call freely: strict would be a promise not kept."""
+    for choice in (None, "auto"):
+        with pytest.raises(InvalidRequest) as caught:
+            parse_tool_use({"tools": [WEATHER, _strict(TIME)], "tool_choice": choice})
+        assert caught.value.param == "tools[1].function.strict"
+        assert "'required'" in caught.value.message
+    strict_off = {**TIME, "function": {**TIME["function"], "strict": False}}
+    assert parse_tool_use({"tools": [WEATHER, strict_off]}) is not None
+    named = {"type": "function", "function": {"name": "get_time"}}
+    for choice in ("required", named, "none"):
+        use = parse_tool_use({"tools": [WEATHER, _strict(TIME)], "tool_choice": choice})
+        assert use is not None and use.tools[1].strict
