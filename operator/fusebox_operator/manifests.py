@@ -218,7 +218,7 @@ def server_settings_env(spec: InferenceServiceSpec) -> list[tuple[Setting, str]]
     values: list[tuple[Setting, str]] = [
         (s.MODEL_DIR, _source_dir(spec, spec.model.source)),
         (s.MODEL_NAME, spec.model.name),
-        (s.MODEL_REVISION, spec.model.revision),
+        (s.MODEL_REVISION, spec.model.reported_revision),
         (s.DTYPE, spec.model.dtype.value),
         (s.HOST, "0.0.0.0"),
         (s.PORT, str(int(Port.API))),
@@ -586,8 +586,13 @@ def build_pod_template(
             | {
                 "prometheus.io/scrape": "true",
                 "prometheus.io/port": str(int(Port.METRICS)),
-                MODEL_REVISION_ANNOTATION: spec.model.revision,
-            },
+            }
+            # An s3:// copy has no revision to carry (model.reported_revision).
+            | (
+                {MODEL_REVISION_ANNOTATION: spec.model.reported_revision}
+                if spec.model.reported_revision
+                else {}
+            ),
         },
         "spec": pod_spec,
     }

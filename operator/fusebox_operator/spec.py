@@ -279,6 +279,18 @@ class ModelSpec:
         """The revision the fetcher asks for: the source's @REVISION, else model.revision."""
         return self.source.revision or self.revision
 
+    @property
+    def reported_revision(self) -> str:
+        """The revision the pods serve, as the server, the pod annotation and status tell
+        it: for hf:// the one fetched (@REVISION wins over model.revision); for s3:// none
+        ("": a bucket has no revisions, the copy is named by its ETags in
+        status.modelRevision); for a local source model.revision, the user's label."""
+        if self.source.scheme == "hf":
+            return self.fetch_revision
+        if self.source.scheme == "s3":
+            return ""
+        return self.revision
+
 
 @dataclass(frozen=True)
 class FallbackSpec:
@@ -626,11 +638,20 @@ def _parse_model(raw: Mapping[str, Any], schema: SpecSchema) -> ModelSpec:
             f"hf://ORG/NAME), got {_show(source_text)}"
         )
     source = ModelSource.parse(source_text)
+    revision = _string(raw, "model.revision", schema)
+    if source.scheme == "s3" and revision != schema.field("model.revision").default:
+        # The fetcher takes every object under the prefix as it is now: the revision
+        # would change nothing fetched, yet be reported as the one served.
+        raise SpecError(
+            f"model.revision {revision!r} has no effect on an s3:// source (every object "
+            "under the prefix is fetched as it is; status.modelRevision names the copy by "
+            "its ETags): leave model.revision unset"
+        )
     return ModelSpec(
         name,
         source,
         source_text,
-        _string(raw, "model.revision", schema),
+        revision,
         _choice(raw, "model.dtype", Dtype, schema),
         _parse_model_fetch(raw, source, schema),
     )

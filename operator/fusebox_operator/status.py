@@ -292,7 +292,11 @@ def active_variant(samples: Sequence[PodSample], previous: Mapping[str, Any]) ->
 
 
 def model_entry(spec: InferenceServiceSpec) -> dict[str, str]:
-    return {"name": spec.model.name, "revision": spec.model.revision, "dtype": spec.model.dtype}
+    return {
+        "name": spec.model.name,
+        "revision": spec.model.reported_revision,
+        "dtype": spec.model.dtype,
+    }
 
 
 def fallback_note(state: PolicyState, spec: InferenceServiceSpec) -> str:

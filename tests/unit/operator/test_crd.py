@@ -530,6 +530,18 @@ def test_fetched_sources_are_refused_for_the_fallback_by_a_rule_with_a_message()
         parse_spec({"model": MODEL, "fallback": {"source": "hf://org/repo"}})
 
 
+def test_a_revision_on_an_s3_source_is_refused_by_a_rule_with_the_parsers_message() -> None:
+    model = SPEC_SCHEMA["properties"]["model"]
+    default = model["properties"]["revision"]["default"]
+    [rule] = [r for r in model["x-kubernetes-validations"] if "self.revision" in r["rule"]]
+    assert f"self.revision == '{default}'" in rule["rule"]
+    with pytest.raises(SpecError) as refused:
+        parse_spec({"model": {**MODEL, "source": "s3://models/tiny", "revision": "v2"}})
+    # The API server's message is the parser's, less the value it quotes.
+    assert rule["message"] == str(refused.value).replace(" 'v2'", "")
+    parse_spec({"model": {**MODEL, "source": "s3://models/tiny", "revision": default}})
+
+
 def test_cross_field_rules_mirror_the_parser() -> None:
     spec_rules = " ".join(rules(SPEC_SCHEMA))
     assert "'fallback-model' in self.degradation.tiers" in spec_rules

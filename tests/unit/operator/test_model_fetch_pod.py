@@ -15,10 +15,15 @@ import pytest
 
 from fusebox_contract.model_fetch import FETCH_CONTAINER, MODEL_CACHE_DIR, FetchEnv
 from fusebox_contract.settings import FALLBACK_DIR, MODEL_DIR
-from fusebox_operator.manifests import MODEL_CACHE_VOLUME, build_deployment
+from fusebox_operator.manifests import (
+    MODEL_CACHE_VOLUME,
+    MODEL_REVISION_ANNOTATION,
+    build_deployment,
+)
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import size_memory
-from fusebox_operator.spec import parse_spec
+from fusebox_operator.spec import SpecError, parse_spec
+from fusebox_operator.status import model_entry
 from fusebox_server.config import parse_config
 from fusebox_server.fetch.__main__ import fetch_config
 
@@ -186,3 +191,48 @@ def test_a_local_model_has_no_fetcher_and_no_cache(source: str) -> None:
     pod = pod_of({"source": source})
     assert [c["name"] for c in pod["initContainers"]] == ["sidecar"]
     assert all(v["name"] != MODEL_CACHE_VOLUME for v in pod["volumes"])
+
+
+def template_of(model: dict[str, Any]) -> dict[str, Any]:
+    parsed = parse_spec({"model": {"name": "chat", **model}, "gpu": {"count": 0}})
+    deployment = build_deployment(
+        parsed, "chat", "ml", size_memory(parsed, [1024]), OperatorSettings()
+    )
+    template: dict[str, Any] = deployment["spec"]["template"]
+    return template
+
+
+def reported_revisions(model: dict[str, Any]) -> tuple[str, str | None, str]:
+    """The revision as the server reports it, as the pods carry it, and in status.model."""
+    template = template_of(model)
+    served = parse_config([], plain_env(container(template["spec"], "server")), read_files=False)
+    annotation = template["metadata"]["annotations"].get(MODEL_REVISION_ANNOTATION)
+    status_model = model_entry(parse_spec({"model": {"name": "chat", **model}}))
+    return served.model_revision, annotation, status_model["revision"]
+
+
+def test_an_hf_model_reports_the_revision_it_fetches_everywhere() -> None:
+    # @REVISION wins over model.revision (its default "main" here): v2 is downloaded,
+    # so v2 is what the server, the pods and status say it serves.
+    model = {"source": "hf://org/name@v2"}
+    fetched = fetch_config([], plain_env(container(template_of(model)["spec"], FETCH_CONTAINER)))
+    assert fetched.revision == "v2"
+    assert reported_revisions(model) == ("v2", "v2", "v2")
+    assert reported_revisions({"source": "hf://org/name", "revision": "v3"}) == ("v3", "v3", "v3")
+
+
+def test_an_s3_model_reports_no_revision_a_bucket_has_none() -> None:
+    assert reported_revisions({"source": "s3://models/tiny"}) == ("", None, "")
+
+
+def test_a_local_model_reports_model_revision_as_given() -> None:
+    assert reported_revisions({"source": "pvc://models/tiny", "revision": "v7"}) == (
+        "v7",
+        "v7",
+        "v7",
+    )
+
+
+def test_a_revision_on_an_s3_source_is_refused_naming_it() -> None:
+    with pytest.raises(SpecError, match=r"model.revision 'v2' has no effect on an s3:// source"):
+        parse_spec({"model": {"name": "chat", "source": "s3://models/tiny", "revision": "v2"}})

@@ -541,6 +541,25 @@ def test_the_tick_shows_the_model_download_and_the_commit_it_was_verified_at() -
     assert gone.status_patch["modelRevision"] is None  # no pod holds a copy any more
 
 
+def test_an_s3_copy_is_named_by_its_etags_digest_and_no_revision_is_claimed() -> None:
+    bucket = parse_spec({"model": {"name": "chat", "source": "s3://models/chat"}, "replicas": 2})
+
+    def verified(name: str, digest: str) -> PodView:
+        report = FetchReport(FetchReason.VERIFIED, "ok", GIB, GIB, 1e8, revision=digest)
+        state = FetchState(name, running=False, succeeded=True, failed=False, report=report)
+        return replace(pod(name), fetch=state)
+
+    memory = TickMemory()
+    same = [verified("a", "etags:0123456789abcdef"), verified("b", "etags:0123456789abcdef")]
+    out = run(bucket, {}, same, memory)
+    assert out.status_patch["modelRevision"] == "etags:0123456789abcdef"
+    assert out.status_patch["model"]["revision"] == ""  # a bucket has no revision to report
+    # An object replaced between the two downloads: the pods hold different copies.
+    moved = [verified("a", "etags:0123456789abcdef"), verified("b", "etags:fedcba9876543210")]
+    later = run(bucket, merged({}, out.status_patch), moved, memory, now=T0 + 2)
+    assert later.status_patch["modelRevision"] is None
+
+
 def test_a_local_source_has_no_model_ready_condition_in_the_tick() -> None:
     out = run(NO_FALLBACK, {}, [pod("a")], TickMemory())
     assert "ModelReady" not in condition_types(out.status_patch)
