@@ -88,7 +88,12 @@ from fusebox_server.http.tool_calls import (
     new_call_id,
     read_reply,
 )
-from fusebox_server.model.decode_settings import DecodeSettings, RepeatPenalties, choice_seed
+from fusebox_server.model.decode_settings import (
+    DecodeSettings,
+    RepeatPenalties,
+    choice_seed,
+    earliest_stop,
+)
 from fusebox_server.model.worker import Failed, Finished, Piece, ScoredToken
 
 CHAT_PATH: Final = "/v1/chat/completions"
@@ -245,9 +250,16 @@ class Api:
         parsed = parse_chat_request(data) if kind == Kind.CHAT else parse_completion_request(data)
         record.fields.update(parsed.identifiers)
         prepared = self._prepare(parsed, kind, record)
-        # A canned answer is one text with no scores or calls: n > 1, logprobs and tools go
-        # to the model.
-        plain = prepared.choices == 1 and not prepared.logprobs and prepared.tool_use is None
+        # A canned answer is one free text with no scores or calls: n > 1, logprobs, tools,
+        # a response_format (the stored text may not be JSON) and logit_bias (a bias would
+        # change the text) go to the model.
+        plain = (
+            prepared.choices == 1
+            and not prepared.logprobs
+            and prepared.tool_use is None
+            and parsed.sampling.output_format is None
+            and not parsed.sampling.logit_bias
+        )
         if plain and DegradationTier.CANNED_ANSWERS in self.runtime.degradation_tiers:
             answer = self.runtime.live.canned_answers.get(canned_key(parsed))
             if answer is not None:
@@ -382,10 +394,15 @@ class Api:
     ) -> Response:
         """The canned answer, as JSON or (when the request asked to stream) as one SSE event.
 
+        Cut at its earliest stop sequence, as a generated text is; `max_tokens` is not
+        applied (the stored answer is sent whole, `finish_reason: "stop"`).
+
         Its usage is counted with the serving variant's tokenizer, which needs no model:
         the prompt as the model would have read it, and the answer's tokens.
         """
         prepared.record.fields["served_by"] = SERVED_BY_CANNED
+        stop_index = earliest_stop(answer, parsed.sampling.stop)
+        answer = answer if stop_index is None else answer[:stop_index]
         prompt_tokens = len(await self._encode(parsed))
         completion_tokens = len(await self.runtime.encode_prompt(answer, False))
         prepared.input_length = prompt_tokens

@@ -204,6 +204,29 @@ def test_canned_answers_are_reread_when_the_file_is_replaced(
         seamed.send(DegradationRequest(DegradationLevel.NONE)).raise_for_status()
 
 
+def test_canned_answers_meet_stop_and_leave_what_they_cannot_honour_to_the_model(
+    seamed: ServerProcess,
+) -> None:
+    seamed.send(DegradationRequest(DegradationLevel.CANNED_ANSWERS)).raise_for_status()
+    try:
+        stopped = seamed.chat("ping", stop=["x", " "])  # "answer A": cut before the space
+        assert stopped.headers["x-fusebox-served-by"] == "canned"
+        assert stopped.json()["choices"][0]["message"]["content"] == "answer"
+        assert stopped.json()["choices"][0]["finish_reason"] == "stop"
+        for fields in (
+            {"n": 2},
+            {"response_format": {"type": "json_object"}},
+            {"logit_bias": {"5": 1}},
+        ):
+            answer = seamed.chat("ping", **fields)
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["x-fusebox-served-by"] != "canned", fields
+        outside = seamed.chat("ping", logit_bias={"100000000": 1})
+        assert outside.status_code == 400 and outside.json()["error"]["param"] == "logit_bias"
+    finally:
+        seamed.send(DegradationRequest(DegradationLevel.NONE)).raise_for_status()
+
+
 def replace(path: Path, text: str) -> None:
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}")
     temporary.write_text(text)
