@@ -77,10 +77,26 @@ PARAMETERS: Final[tuple[Parameter, ...]] = (
         "as `max_tokens`; both may be sent only with the same value, else 400",
         CHAT_ONLY,
     ),
-    Parameter("temperature", H, "0 is greedy; 0 to 2"),
-    Parameter("top_p", H, "nucleus sampling; above 0, at most 1"),
-    Parameter("seed", H, "the same seed and body give the same output; a signed 64-bit integer"),
-    Parameter("stop", H, "up to 4 non-empty strings; the output ends before the first one"),
+    Parameter(
+        "temperature",
+        H,
+        "0 is greedy (so is anything below 1e-5, which float32 sampling cannot divide by); 0 to 2",
+    ),
+    Parameter(
+        "top_p", H, "nucleus sampling; above 0, at most 1; the most likely token is always kept"
+    ),
+    Parameter(
+        "seed",
+        H,
+        "the same seed and body give the same output; "
+        "an integer from -2^63 to 2^64 - 1 (signed or unsigned 64-bit)",
+    ),
+    Parameter(
+        "stop",
+        H,
+        "up to 4 non-empty strings of at most 256 characters; "
+        "the output ends before the earliest one in it",
+    ),
     Parameter(
         "n",
         H,

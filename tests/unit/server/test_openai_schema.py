@@ -327,17 +327,28 @@ def test_a_surrogate_pair_is_one_character() -> None:
 def test_docs_server_md_has_the_table_row_for_row() -> None:
     docs = (Path(__file__).resolve().parents[3] / "docs" / "server.md").read_text()
     documented = {
-        line.split("|")[1].strip().strip("`"): line.split("|")[3].strip()
+        line.split("|")[1].strip().strip("`"): (
+            line.split("|")[3].strip(),
+            line.split("|")[4].strip(),
+        )
         for line in docs.splitlines()
-        if line.startswith("| `")
+        if line.startswith("| `") and line.count("|") >= 5
     }
     words = {
         Treatment.HONOURED: "honoured",
         Treatment.REFUSED: "refused (400)",
         Treatment.CLIENT_SIDE: "client-side",
     }
-    for row in PARAMETERS:
-        assert documented.get(row.name) == words[row.treatment], row.name
+    for row in PARAMETERS:  # the treatment and the how, so neither copy drifts
+        assert documented.get(row.name) == (words[row.treatment], row.how), row.name
+
+
+def test_the_table_states_the_limits_the_parser_applies() -> None:
+    from fusebox_server.http.openai_schema import SEED_RANGE, STOP_MAX_CHARS
+
+    how = {row.name: row.how for row in PARAMETERS}
+    assert f"at most {STOP_MAX_CHARS} characters" in how["stop"]
+    assert SEED_RANGE == (-(2**63), 2**64 - 1) and "-2^63 to 2^64 - 1" in how["seed"]
 
 
 def test_a_stop_sequence_over_the_cap_is_refused_naming_stop() -> None:
