@@ -390,7 +390,11 @@ MESSAGE_KEYS: Final = {
     "tool": frozenset({"role", "content", "tool_call_id", "name"}),
 }
 """The keys each role's message may carry; any other is a 400 naming it, never dropped."""
-ASSISTANT_OFF_KEYS: Final = {"function_call": (None,), "audio": (None,), "annotations": (None, [])}
+ASSISTANT_OFF_KEYS: Final[dict[str, tuple[object, ...]]] = {
+    "function_call": (None,),
+    "audio": (None,),
+    "annotations": (None, []),
+}
 """Keys of an OpenAI reply's message that a client sends back as history, accepted only
 with the value that means none (this server writes no such thing)."""
 

@@ -443,7 +443,12 @@ def _rebased(
     the whole schema at `$defs[prefix]`. A schema without `$ref` is left as it is.
     """
     references: list[str] = []
-    _walk(parameters, lambda reference: references.append(reference) or reference)
+
+    def note(reference: str) -> str:
+        references.append(reference)
+        return reference
+
+    _walk(parameters, note)
     if not references:
         return dict(parameters)
     own = {key: item for key, item in parameters.items() if key not in _DEFINITION_KEYS}
