@@ -74,10 +74,14 @@ CHANGES = [
     " `--quality-file`.",
     "The schema admits exactly what the operator accepts: `memory.limit` is `auto` or a byte"
     " quantity, `server.cpu` a CPU quantity above zero, sources are `pvc://CLAIM[/path]`"
-    " (claim a DNS label of at most 63 characters, no whitespace) or `file:///path` (`hf://`"
-    " is refused with a message), `gpu.product` a label value, and every number has the"
-    " operator's minimum and maximum. Model volumes are named `model-0`, `model-1`, so any"
-    " valid claim name fits.",
+    " (claim a DNS label of at most 63 characters, no whitespace), `file:///path`,"
+    " `s3://BUCKET[/PREFIX]` or `hf://ORG/NAME[@REVISION]` (these two for `model.source`"
+    " only, fetched by the pod's `model-fetch` init container), `gpu.product` a label value,"
+    " and every number of Fusebox's own has the operator's minimum and maximum; the three"
+    " Kubernetes numbers `spec.pod` passes through (`tolerations[].tolerationSeconds`,"
+    " `topologySpreadConstraints[].maxSkew` and `minDomains`) are checked by Kubernetes when"
+    " the Deployment is applied (the operator refuses a `maxSkew` below 1 itself, with a"
+    " message). Model volumes are named `model-0`, `model-1`, so any valid claim name fits.",
     "`degradation.tiers` are switches, not a ladder's floor: a level engages only the listed"
     " tiers at or below it. `[no-streaming, canned-answers]` with a fallback reaches canned"
     " answers without swapping the model, `[canned-answers]` keeps streaming, and an edit"
