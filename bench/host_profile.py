@@ -94,10 +94,12 @@ def split(stacks: Counter[tuple[str, ...]], tokens: int, top: int = 12) -> dict[
     """Microseconds of CPU per streamed token by part, with each part's costliest leaves."""
     totals: Counter[str] = Counter()
     leaves: dict[str, Counter[str]] = {part: Counter() for part in PARTS}
+    callers: dict[str, Counter[str]] = {part: Counter() for part in PARTS}
     for stack, micros in stacks.items():
         part = part_of(stack)
         totals[part] += micros
         leaves[part][_short(stack[-1])] += micros
+        callers[part][_short(_deepest_own_frame(stack))] += micros
     count = max(tokens, 1)
     per_token = {part: round(totals[part] / count, 1) for part in PARTS}
     return {
@@ -105,17 +107,30 @@ def split(stacks: Counter[tuple[str, ...]], tokens: int, top: int = 12) -> dict[
         "cpu_seconds": {part: round(totals[part] / 1e6, 3) for part in PARTS},
         "cpu_us_per_token": per_token,
         "host_us_per_token": round(per_token["worker_host"] + per_token["loop"], 1),
-        "top_leaves_us_per_token": {
-            part: [[name, round(us / count, 2)] for name, us in leaves[part].most_common(top)]
-            for part in PARTS
-        },
+        "top_leaves_us_per_token": _top(leaves, count, top),
+        # The probe samples a thread other than the main one when it gives up the
+        # interpreter (a socket write, a torch kernel), so those threads' leaves lean
+        # towards such calls; their callers in Fusebox's own code are the reliable part.
+        "top_fusebox_frames_us_per_token": _top(callers, count, top),
     }
+
+
+def _top(by_part: dict[str, Counter[str]], tokens: int, top: int) -> dict[str, list[list[Any]]]:
+    return {
+        part: [[name, round(us / tokens, 2)] for name, us in by_part[part].most_common(top)]
+        for part in PARTS
+    }
+
+
+def _deepest_own_frame(stack: tuple[str, ...]) -> str:
+    """The innermost frame in Fusebox's server code (the leaf when there is none)."""
+    return next((frame for frame in reversed(stack) if "fusebox_server/" in frame), stack[-1])
 
 
 def _short(frame: str) -> str:
     """A frame without the checkout's path: `fusebox_server/model/worker.py:_append`."""
-    marker = "/inference_image/"
-    return frame.split(marker, 1)[1] if marker in frame else frame
+    at = frame.rfind("fusebox_server/")
+    return frame[at:] if at >= 0 else frame
 
 
 async def _client(url: str, stop_at: float, max_tokens: int, seen: Counter[str]) -> None:
@@ -235,6 +250,8 @@ def report(result: dict[str, Any]) -> str:
         f"| host (worker_host + loop) | {result['host_us_per_token']} |",
     ]
     for part in PARTS:
+        lines += ["", f"## {part}: costliest Fusebox frames (us per token)", ""]
+        lines += [f"- `{n}`: {us}" for n, us in result["top_fusebox_frames_us_per_token"][part]]
         lines += ["", f"## {part}: costliest leaves (us per token)", ""]
         lines += [f"- `{name}`: {us}" for name, us in result["top_leaves_us_per_token"][part]]
     return "\n".join(lines) + "\n"

@@ -51,6 +51,9 @@ def test_the_split_is_microseconds_per_token_with_each_parts_costliest_leaves() 
         "other": 10.0,
     }
     assert result["host_us_per_token"] == 300.0
+    assert result["top_fusebox_frames_us_per_token"]["worker_host"] == [
+        ["fusebox_server/model/worker.py:_append", 100.0]
+    ]
     assert result["top_leaves_us_per_token"]["loop"] == [
         ["fusebox_server/http/rendering.py:sse", 200.0]
     ]
