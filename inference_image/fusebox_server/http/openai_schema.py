@@ -302,7 +302,7 @@ def _common(body: dict[str, Any]) -> tuple[str, bool, bool, OpenAISampling]:
         raise InvalidRequest(
             f"'max_tokens' ({legacy_max_tokens}) and 'max_completion_tokens' ({max_tokens}) "
             "differ: send one of them",
-            param="max_tokens",
+            param="max_completion_tokens",  # the field a client varies (max_tokens is legacy)
         )
     seed = body.get("seed")
     if seed is not None and not _is_int(seed):

@@ -122,7 +122,7 @@ def check_max_completion_tokens(client: openai.OpenAI, server: ServerProcess) ->
     assert chat(client, max_tokens=2, max_completion_tokens=2).usage.completion_tokens <= 2
     with pytest.raises(openai.BadRequestError) as differ:
         chat(client, max_tokens=16, max_completion_tokens=2)
-    assert differ.value.param == "max_tokens" and "max_completion_tokens" in differ.value.message
+    assert differ.value.param == "max_completion_tokens" and "max_tokens" in differ.value.message
     with pytest.raises(openai.BadRequestError) as negative:
         chat(client, max_tokens=-5, max_completion_tokens=2)
     assert negative.value.param == "max_tokens"

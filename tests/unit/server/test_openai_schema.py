@@ -432,14 +432,19 @@ def test_the_message_shapes_the_openai_client_sends_back_are_accepted() -> None:
 
 
 @pytest.mark.parametrize(
-    ("max_tokens", "error"), [(-5, InvalidRequest), ("abc", SchemaError), (16, InvalidRequest)]
+    ("max_tokens", "error", "param"),
+    [
+        (-5, InvalidRequest, "max_tokens"),
+        ("abc", SchemaError, "max_tokens"),
+        (16, InvalidRequest, "max_completion_tokens"),  # they differ: the message names both
+    ],
 )
 def test_max_tokens_is_checked_beside_max_completion_tokens(
-    max_tokens: object, error: type[ServerError]
+    max_tokens: object, error: type[ServerError], param: str
 ) -> None:
     body = {**_base(Kind.CHAT), "max_tokens": max_tokens, "max_completion_tokens": 2}
     with pytest.raises(error) as caught:
         parse_chat_request(body)
-    assert caught.value.param == "max_tokens"
+    assert caught.value.param == param and "max_tokens" in caught.value.message
     agreeing = {**_base(Kind.CHAT), "max_tokens": 2, "max_completion_tokens": 2}
     assert parse_chat_request(agreeing).sampling.max_tokens == 2
