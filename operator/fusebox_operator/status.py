@@ -455,6 +455,55 @@ def stuck_pod_events(previous: Mapping[str, Any], new: Mapping[str, Any]) -> lis
     return [EventRecord("Warning", EventReason(reason), str(ready_of(new).get("message")))]
 
 
+FULL_SERVICE = "primary model, every feature on"
+
+
+def degradation_explanation(
+    state: PolicyState, spec: InferenceServiceSpec
+) -> tuple[bool, str, str]:
+    """Degraded's status, reason and message: the tier and breaker the operator set."""
+    unremedied = state.quality_unremedied
+    if not (state.level > 0 or state.breaker is not BreakerState.CLOSED or unremedied):
+        return False, "FullService", FULL_SERVICE
+    message = (
+        f"tier {tier_name(state.level)} (level {state.level}); breaker {state.breaker.status_name}"
+        + fallback_note(state, spec)
+        + (f"; {unremedied}" if unremedied else "")
+    )
+    return True, NO_QUALITY_REMEDY if unremedied else "Degraded", message
+
+
+def held_degradation(state: PolicyState, samples: Sequence[PodSample]) -> tuple[bool, str, str]:
+    """Degraded while holding (Observe, pause-actions): what the pods report they run,
+    for the operator set nothing; what it would set follows in the message.
+
+    A tier or breaker Enforce left on the pods (a pause in the middle of an
+    incident) is still theirs, and quality failing with no tier to help is
+    observed whatever the mode."""
+    reported = [sample for sample in samples if sample.ok]
+    levels = [sample.degradation_level or 0 for sample in reported]
+    refusing = [
+        sample.pod for sample in reported if sample.breaker_state not in (None, BreakerState.CLOSED)
+    ]
+    would = (
+        f"held: the operator would set tier {tier_name(state.level)} (level {state.level}), "
+        f"breaker {state.breaker.status_name}"
+    )
+    unremedied = state.quality_unremedied
+    parts = []
+    if levels and max(levels) > 0:
+        parts.append(f"pods report tier {tier_name(max(levels))} (level {max(levels)})")
+    if refusing:
+        parts.append(f"breaker not closed on {', '.join(sorted(refusing))}")
+    if unremedied:
+        parts.append(unremedied)
+    if state.level > 0 or state.breaker is not BreakerState.CLOSED:
+        parts.append(would)
+    if not (levels and max(levels) > 0) and not refusing and not unremedied:
+        return False, "FullService", "; ".join([FULL_SERVICE, *parts])
+    return True, NO_QUALITY_REMEDY if unremedied else "Degraded", "; ".join(parts)
+
+
 def build_status(
     previous: Mapping[str, Any],
     state: PolicyState,
@@ -498,20 +547,16 @@ def build_status(
         generation,
         now,
     )
-    unremedied = state.quality_unremedied
-    degraded = state.level > 0 or state.breaker is not BreakerState.CLOSED or bool(unremedied)
-    degraded_message = (
-        f"tier {tier_name(state.level)} (level {state.level}); breaker {state.breaker.status_name}"
-        + fallback_note(state, spec)
-        + (f"; {unremedied}" if unremedied else "")
-    )
-    degraded_reason = NO_QUALITY_REMEDY if unremedied else "Degraded"
+    if holding:
+        degraded, degraded_reason, degraded_message = held_degradation(state, samples)
+    else:
+        degraded, degraded_reason, degraded_message = degradation_explanation(state, spec)
     conditions = set_condition(
         conditions,
         ConditionType.DEGRADED,
         degraded,
-        degraded_reason if degraded else "FullService",
-        degraded_message if degraded else "primary model, every feature on",
+        degraded_reason,
+        degraded_message,
         generation,
         now,
     )

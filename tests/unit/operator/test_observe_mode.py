@@ -276,6 +276,53 @@ def test_in_observe_a_pod_enforce_left_refusing_still_makes_ready_false() -> Non
     assert conditions_of(outcome.status_patch)["Available"] == ("False", "PodBreakerOpen")
 
 
+def degraded_of(status: dict[str, Any]) -> tuple[str, str, str]:
+    found = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    return found["status"], found["reason"], found["message"]
+
+
+@pytest.mark.parametrize(("mode", "annotations"), HOLDS)
+def test_a_held_open_breaker_leaves_degraded_to_what_the_pods_run(
+    mode: str, annotations: dict[str, str]
+) -> None:
+    # The pods run the primary with their breakers closed: the service is not
+    # degraded, and the message says what the operator would have set instead.
+    status = open_breaker_status("Observe" if mode == "Observe" else "Enforce")
+    calm = sample(
+        rss_bytes=0.2 * LIMIT,
+        memory_limit_bytes=LIMIT,
+        breaker_state=BreakerState.CLOSED,
+        degradation_level=0,
+    )
+    outcome = tick(spec_in(mode), status, RecordingActuator(), calm, annotations=annotations)
+    state, reason, message = degraded_of(outcome.status_patch)
+    assert (state, reason) == ("False", "FullService")
+    assert "would set" in message and "breaker Open" in message
+
+
+def test_a_pause_keeps_degraded_true_while_the_pods_still_run_the_tier_enforce_set() -> None:
+    status = open_breaker_status("Enforce")
+    degraded = sample(
+        rss_bytes=0.2 * LIMIT,
+        memory_limit_bytes=LIMIT,
+        breaker_state=BreakerState.CLOSED,
+        degradation_level=1,
+    )
+    outcome = tick(
+        spec_in("Enforce"), status, RecordingActuator(), degraded, annotations={PAUSE_ACTIONS: ""}
+    )
+    state, reason, message = degraded_of(outcome.status_patch)
+    assert (state, reason) == ("True", "Degraded")
+    assert message.startswith("pods report tier")
+
+
+def test_an_open_breaker_in_enforce_makes_degraded_true_from_the_operators_state() -> None:
+    calm = sample(rss_bytes=0.2 * LIMIT, memory_limit_bytes=LIMIT)
+    outcome = tick(spec_in("Enforce"), open_breaker_status("Enforce"), RecordingActuator(), calm)
+    state, reason, message = degraded_of(outcome.status_patch)
+    assert (state, reason) == ("True", "Degraded") and "breaker Open" in message
+
+
 def test_an_open_breaker_in_enforce_makes_ready_and_available_false() -> None:
     # The control: in Enforce the pods were told to admit nothing.
     calm = sample(rss_bytes=0.2 * LIMIT, memory_limit_bytes=LIMIT)
