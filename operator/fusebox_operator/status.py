@@ -481,25 +481,25 @@ def held_degradation(state: PolicyState, samples: Sequence[PodSample]) -> tuple[
     incident) is still theirs, and quality failing with no tier to help is
     observed whatever the mode."""
     reported = [sample for sample in samples if sample.ok]
-    levels = [sample.degradation_level or 0 for sample in reported]
-    refusing = [
+    level = max((sample.degradation_level or 0 for sample in reported), default=0)
+    refusing = sorted(
         sample.pod for sample in reported if sample.breaker_state not in (None, BreakerState.CLOSED)
-    ]
-    would = (
-        f"held: the operator would set tier {tier_name(state.level)} (level {state.level}), "
-        f"breaker {state.breaker.status_name}"
     )
     unremedied = state.quality_unremedied
     parts = []
-    if levels and max(levels) > 0:
-        parts.append(f"pods report tier {tier_name(max(levels))} (level {max(levels)})")
+    if level > 0:
+        parts.append(f"pods report tier {tier_name(level)} (level {level})")
     if refusing:
-        parts.append(f"breaker not closed on {', '.join(sorted(refusing))}")
+        parts.append(f"breaker not closed on {', '.join(refusing)}")
     if unremedied:
         parts.append(unremedied)
+    degraded = bool(parts)
     if state.level > 0 or state.breaker is not BreakerState.CLOSED:
-        parts.append(would)
-    if not (levels and max(levels) > 0) and not refusing and not unremedied:
+        parts.append(
+            f"held: the operator would set tier {tier_name(state.level)} (level {state.level}), "
+            f"breaker {state.breaker.status_name}"
+        )
+    if not degraded:
         return False, "FullService", "; ".join([FULL_SERVICE, *parts])
     return True, NO_QUALITY_REMEDY if unremedied else "Degraded", "; ".join(parts)
 
