@@ -81,7 +81,10 @@ the rules are granted cluster-wide (kopf still acts only in matching ones).
 {{/*
 Rules on namespaced resources: a ClusterRole's in cluster-wide mode, a Role's
 in each watched namespace otherwise. Together with fusebox.rules.cluster they
-equal operator/rbac/clusterrole.yaml (a unit test compares them).
+equal, at the defaults (every namespace, one replica),
+operator/rbac/clusterrole.yaml (a unit test compares them). Only the verbs the
+code sends: children are created, merge-patched and, Deployments only,
+replaced (kube.py); kopf patches the status and POSTs core/v1 Events.
 */}}
 {{- define "fusebox.rules.namespaced" -}}
 - apiGroups: [fusebox.dev]
@@ -89,37 +92,40 @@ equal operator/rbac/clusterrole.yaml (a unit test compares them).
   verbs: [get, list, watch, patch]
 - apiGroups: [fusebox.dev]
   resources: [inferenceservices/status]
-  verbs: [get, patch, update]
+  verbs: [get, patch]
+{{- if and (not (include "fusebox.standalone" .)) .Values.watchNamespaces }}
+# Several replicas watching named namespaces peer through a KopfPeering in each.
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]
   verbs: [get, list, watch, patch]
+{{- end }}
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, update, patch]
 - apiGroups: [""]
   resources: [services, configmaps]
-  verbs: [get, list, watch, create, update, patch]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [get, list, watch, create, update, patch]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [get, list, watch, create, update, patch]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaimtemplates]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, create, patch]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, delete]
 - apiGroups: [""]
   resources: [pods/resize]
   verbs: [patch]
-- apiGroups: ["", events.k8s.io]
+- apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
 {{- end -}}
 
 {{/* Rules on cluster-scoped resources: always a ClusterRole (a Role cannot grant them). */}}
@@ -127,12 +133,18 @@ equal operator/rbac/clusterrole.yaml (a unit test compares them).
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [get, list, watch]
+{{- if and (not (include "fusebox.standalone" .)) (not .Values.watchNamespaces) }}
+# Several replicas watching every namespace peer through a ClusterKopfPeering.
 - apiGroups: [kopf.dev]
   resources: [clusterkopfpeerings]
   verbs: [get, list, watch, patch]
+{{- end }}
+{{- if .Values.watchNamespaces }}
+# kopf lists and watches namespaces to find the watched ones (not when cluster-wide).
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [get, list, watch]
+{{- end }}
 - apiGroups: [""]
   resources: [nodes]
   verbs: [get, list]

@@ -125,11 +125,12 @@ def test_watch_namespaces_grants_namespaced_rules_only_in_those_namespaces(
     bindings = by_kind(documents, "RoleBinding")
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     cluster_role = one(documents, "ClusterRole")
-    cluster_scoped = {"customresourcedefinitions", "clusterkopfpeerings", "namespaces", "nodes"}
+    cluster_scoped = {"customresourcedefinitions", "namespaces", "nodes"}
     assert {resource for _, resource, _ in rule_triples(cluster_role["rules"])} == cluster_scoped
-    # Nothing lost and nothing added: the split is the canonical set.
+    # Nothing lost: the split is the canonical set, plus kopf's Namespace reads.
+    namespaces = {("", "namespaces", verb) for verb in ("get", "list", "watch")}
     assert rule_triples(cluster_role["rules"]) | rule_triples(roles[0]["rules"]) == (
-        canonical_rules()
+        canonical_rules() | namespaces
     )
     assert env_of(one(documents, "Deployment"))["FUSEBOX_WATCH_NAMESPACES"] == "team-a,team-b"
 
@@ -183,7 +184,8 @@ def test_a_namespace_glob_is_watched_with_cluster_wide_rules(render: Render) -> 
     each, so the rules are the cluster-wide ones, and kopf filters by the glob."""
     documents = render(sets=("watchNamespaces={e2e-*}", "monitoring.podMonitor.enabled=true"))
     assert by_kind(documents, "Role") == [] and by_kind(documents, "RoleBinding") == []
-    assert rule_triples(one(documents, "ClusterRole")["rules"]) == canonical_rules()
+    namespaces = {("", "namespaces", verb) for verb in ("get", "list", "watch")}
+    assert rule_triples(one(documents, "ClusterRole")["rules"]) == canonical_rules() | namespaces
     binding = one(documents, "ClusterRoleBinding")
     assert binding["subjects"][0]["name"] == "fusebox-operator"
     assert env_of(one(documents, "Deployment"))["FUSEBOX_WATCH_NAMESPACES"] == "e2e-*"

@@ -142,7 +142,7 @@ def test_the_uninstall_guard_lists_cluster_wide_and_deletes_nothing_by_default(
     assert_prerequisites_come_first(guard)
     assert rules(the(guard, "ClusterRole")) == [
         {"apiGroups": ["fusebox.dev"], "resources": ["inferenceservices"],
-         "verbs": ["get", "list"]}
+         "verbs": ["list"]}
     ]  # fmt: skip
     job = the(guard, "Job")
     assert_restricted_hook_job(job, one(documents, "Deployment"))
@@ -160,7 +160,7 @@ def test_delete_services_grants_delete_and_waits_within_the_jobs_deadline(
     render: Render,
 ) -> None:
     guard = hooks(render(sets=("uninstall.deleteServices=true",)), "pre-delete")
-    assert rules(the(guard, "ClusterRole"))[0]["verbs"] == ["get", "list", "delete"]
+    assert rules(the(guard, "ClusterRole"))[0]["verbs"] == ["list", "delete"]
     job = the(guard, "Job")
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[-2:] == ["--timeout-seconds=180", "--delete-services"]
@@ -175,7 +175,7 @@ def test_watched_namespaces_get_the_guards_rights_only_there(render: Render) -> 
     assert of_kind(guard, "ClusterRole") == [] and of_kind(guard, "ClusterRoleBinding") == []
     roles = of_kind(guard, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    assert all(rules(r)[0]["verbs"] == ["get", "list", "delete"] for r in roles)
+    assert all(rules(r)[0]["verbs"] == ["list", "delete"] for r in roles)
     bindings = of_kind(guard, "RoleBinding")
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     assert {b["subjects"][0]["namespace"] for b in bindings} == {"fusebox-system"}

@@ -1,0 +1,84 @@
+"""The operator's RBAC per scope and replica count: exactly the verbs the code and
+kopf send in that mode, and no peering kind or Namespace read the mode never uses."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import Render, by_kind, one
+from .test_chart import canonical_rules, rule_triples
+
+Triples = set[tuple[str, str, str]]
+
+
+def grants(group: str, resources: tuple[str, ...], verbs: str) -> Triples:
+    return {(group, resource, verb) for resource in resources for verb in verbs.split()}
+
+
+# Children: created, merge-patched, Deployments replaced (update); events POSTed only.
+NAMESPACED = (
+    grants("fusebox.dev", ("inferenceservices",), "get list watch patch")
+    | grants("fusebox.dev", ("inferenceservices/status",), "get patch")
+    | grants("apps", ("deployments",), "get list watch create update patch")
+    | grants("", ("services", "configmaps"), "get list watch create patch")
+    | grants("", ("secrets",), "get create")
+    | grants("policy", ("poddisruptionbudgets",), "get list watch create patch")
+    | grants("networking.k8s.io", ("networkpolicies",), "get list watch create patch")
+    | grants("resource.k8s.io", ("resourceclaimtemplates",), "get create patch")
+    | grants("", ("pods",), "get list watch delete")
+    | grants("", ("pods/resize",), "patch")
+    | grants("", ("events",), "create")
+)
+CLUSTER = grants("apiextensions.k8s.io", ("customresourcedefinitions",), "get list watch") | (
+    grants("", ("nodes",), "get list")
+)
+NAMESPACES = grants("", ("namespaces",), "get list watch")
+PEERINGS = grants("kopf.dev", ("kopfpeerings",), "get list watch patch")
+CLUSTER_PEERINGS = grants("kopf.dev", ("clusterkopfpeerings",), "get list watch patch")
+
+
+@pytest.mark.parametrize(
+    ("replicas", "expected"),
+    [(1, NAMESPACED | CLUSTER), (3, NAMESPACED | CLUSTER | CLUSTER_PEERINGS)],
+)
+def test_watching_every_namespace_grants_cluster_peerings_only_with_several_replicas(
+    render: Render, replicas: int, expected: Triples
+) -> None:
+    """One replica runs kopf standalone (no peering object); several peer through a
+    ClusterKopfPeering. kopf reads no Namespace when it watches all of them."""
+    documents = render(sets=(f"replicaCount={replicas}",))
+    assert rule_triples(one(documents, "ClusterRole")["rules"]) == expected
+    assert by_kind(documents, "Role") == []
+
+
+@pytest.mark.parametrize(("replicas", "expected"), [(1, NAMESPACED), (2, NAMESPACED | PEERINGS)])
+def test_named_namespaces_grant_namespaced_peerings_only_with_several_replicas(
+    render: Render, replicas: int, expected: Triples
+) -> None:
+    documents = render(sets=(f"replicaCount={replicas}", "watchNamespaces={team-a,team-b}"))
+    roles = by_kind(documents, "Role")
+    assert [role["metadata"]["namespace"] for role in roles] == ["team-a", "team-b"]
+    assert all(rule_triples(role["rules"]) == expected for role in roles)
+    # kopf lists and watches Namespaces to find the named ones.
+    assert rule_triples(one(documents, "ClusterRole")["rules"]) == CLUSTER | NAMESPACES
+
+
+def test_a_namespace_glob_grants_the_namespaced_rules_cluster_wide_and_namespace_reads(
+    render: Render,
+) -> None:
+    documents = render(sets=("watchNamespaces={e2e-*}",))
+    assert rule_triples(one(documents, "ClusterRole")["rules"]) == (
+        NAMESPACED | CLUSTER | NAMESPACES
+    )
+
+
+def test_the_static_cluster_role_is_the_charts_default() -> None:
+    """operator/rbac/clusterrole.yaml: every namespace, one replica."""
+    assert canonical_rules() == NAMESPACED | CLUSTER
+
+
+def test_rbac_create_false_renders_no_rbac_object(render: Render) -> None:
+    for sets in ((), ("watchNamespaces={team-a}",)):
+        documents = render(sets=("rbac.create=false", *sets))
+        kinds = {doc["kind"] for doc in documents if "helm.sh/hook" not in str(doc["metadata"])}
+        assert not kinds & {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
