@@ -7,10 +7,16 @@ default or a bound changes in one place and the operator cannot drift from the
 API server. The operator package carries a byte copy of the CRD
 (fusebox_operator/crds/, refreshed by scripts/gen_api_docs.py and checked by a
 test), read once per process. No Kubernetes client: the file ships in the image.
+
+`SpecSchema.violations` walks a raw spec along the same schema for what the API
+server refuses by the schema's shape alone: a field it does not declare, and a
+string, list or map over its maxLength, maxItems or maxProperties. Driven by the
+schema, it covers a field added later without a line of parser code.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -54,6 +60,7 @@ class SpecSchema:
     def __init__(self, crd: Mapping[str, Any]) -> None:
         version = crd["spec"]["versions"][0]
         spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        self._node: Mapping[str, Any] = spec
         self._fields = dict(_fields(spec, ""))
 
     def field(self, path: str) -> FieldSchema:
@@ -70,6 +77,49 @@ class SpecSchema:
             for name in self._fields
             if name.startswith(prefix) and "." not in name[len(prefix) :]
         )
+
+    def violations(self, raw: Any) -> Iterator[str]:
+        """What the API server would refuse in `raw` (a `.spec`) by the schema's shape:
+        each unknown field and each value over its declared size, as a message naming
+        the field's full path. Values of another type are the parser's to refuse."""
+        return _violations(raw, self._node, "spec")
+
+
+def _violations(value: Any, node: Mapping[str, Any], path: str) -> Iterator[str]:
+    if isinstance(value, str):
+        most = node.get("maxLength")
+        if most is not None and len(value) > most:
+            yield f"{path} must be at most {most} characters, got {len(value)}"
+    elif isinstance(value, list):
+        most = node.get("maxItems")
+        if most is not None and len(value) > most:
+            yield f"{path} must have at most {most} items, got {len(value)}"
+        items = node.get("items") or {}
+        for index, item in enumerate(value):
+            yield from _violations(item, items, f"{path}[{index}]")
+    elif isinstance(value, Mapping):
+        yield from _object_violations(value, node, path)
+
+
+def _object_violations(
+    value: Mapping[Any, Any], node: Mapping[str, Any], path: str
+) -> Iterator[str]:
+    most = node.get("maxProperties")
+    if most is not None and len(value) > most:
+        yield f"{path} must have at most {most} entries, got {len(value)}"
+    declared: Mapping[str, Any] = node.get("properties") or {}
+    free = node.get("additionalProperties")
+    for key, item in value.items():
+        if key in declared:
+            yield from _violations(item, declared[key], f"{path}.{key}")
+        elif isinstance(free, Mapping):  # a map: any key, each value as the schema says
+            yield from _violations(item, free, f"{path}[{key!r}]")
+        elif not node.get("x-kubernetes-preserve-unknown-fields"):
+            # The API server prunes such a field (kubectl's strict validation refuses
+            # it): a typo would silently fall back to the default.
+            close = difflib.get_close_matches(str(key), declared, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            yield f"{path}.{key}: unknown field{hint}"
 
 
 def _fields(node: Mapping[str, Any], path: str) -> Iterator[tuple[str, FieldSchema]]:

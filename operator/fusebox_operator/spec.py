@@ -474,6 +474,8 @@ class InferenceServiceSpec:
 # The readers below refuse what the API server's schema refuses: a value of another
 # type (a boolean is no number, though Python's True is an int), and what YAML can say
 # but JSON cannot (NaN, infinities), so `render` reports them as the InvalidSpec they are.
+# Unknown fields and the schema's size bounds (maxLength, maxItems, maxProperties) are
+# checked once for the whole spec, by SpecSchema.violations, before the readers run.
 
 
 def _field(where: str, key: str) -> str:
@@ -1052,6 +1054,16 @@ def parse_spec(
     schema = schema or spec_schema()
     if not isinstance(raw, Mapping):
         raise SpecError(f"spec must be an object, got {_show(raw)}")
+    # spec.pod first: its refusals say which pod fields Fusebox owns, where the schema
+    # would only call them unknown.
+    pod = _parse_pod(raw.get("pod"))
+    if not running:
+        # Before the sections, so a typo is named rather than a check its default fails.
+        # Not of a running spec: one applied before a field was dropped or a bound
+        # tightened keeps being watched, as with check_servable.
+        problem = next(schema.violations(raw), None)
+        if problem is not None:
+            raise SpecError(problem)
     if "model" not in raw:
         raise SpecError("spec.model is required")
     fallback_raw = raw.get("fallback")
@@ -1070,7 +1082,7 @@ def parse_spec(
         degradation=_parse_degradation(_section(raw, "degradation"), fallback is not None, schema),
         telemetry=_parse_telemetry(_section(raw, "telemetry"), schema),
         autoscaling=_parse_autoscaling(raw.get("autoscaling"), server, schema),
-        pod=_parse_pod(raw.get("pod")),
+        pod=pod,
         mode=_choice(raw, "mode", Mode, schema),
     )
     if DegradationTier.FALLBACK_MODEL in parsed.degradation.tiers and parsed.fallback is None:

@@ -1,0 +1,334 @@
+"""The parser refuses what the API server refuses by the CRD schema's shape alone:
+a field the schema does not declare, and a string, list or map over its maxLength,
+maxItems or maxProperties, each with a message naming the field's full path.
+
+In a cluster the API server does this first; `render` (docs/api.md, "Validate before
+applying") has only the parser. Every bound is walked out of the CRD, and a bounded
+field without a row here fails `test_every_bound_in_the_crd_has_a_row`.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fusebox_contract.names import DegradationTier
+from fusebox_operator.render import EXIT_INVALID_SPEC, main
+from fusebox_operator.spec import SpecError, parse_applied, parse_spec
+
+from .conftest import REPO
+
+CRD = yaml.safe_load((REPO / "crds" / "inferenceservice.yaml").read_text(encoding="utf-8"))
+SPEC_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+BOUND_KEYWORDS = ("maxLength", "maxItems", "maxProperties")
+MODEL = {"name": "chat", "source": "pvc://models/tiny"}
+S3_MODEL = {"name": "chat", "source": "s3://bucket/prefix"}
+BASE: dict[str, Any] = {"model": MODEL, "gpu": {"count": 0}}
+
+
+def bounds(node: Mapping[str, Any], path: str) -> Iterator[tuple[str, int]]:
+    """(path, bound) of every bounded node below .spec: `[]` an item, `{}` a map's value."""
+    for keyword in BOUND_KEYWORDS:
+        if keyword in node:
+            yield path, node[keyword]
+    for name, child in (node.get("properties") or {}).items():
+        yield from bounds(child, f"{path}.{name}" if path else name)
+    if isinstance(node.get("items"), Mapping):
+        yield from bounds(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), Mapping):
+        yield from bounds(node["additionalProperties"], f"{path}{{}}")
+
+
+BOUNDS = dict(bounds(SPEC_SCHEMA, ""))
+
+
+def spec(**sections: Any) -> dict[str, Any]:
+    """A valid CPU spec with `sections` replacing its own."""
+    return copy.deepcopy(BASE) | sections
+
+
+def text(size: int, prefix: str = "") -> str:
+    return prefix + "a" * (size - len(prefix))
+
+
+def quantity(size: int, unit: str) -> str:
+    """A valid quantity of exactly `size` characters: 1.000...0<unit>."""
+    return "1." + "0" * (size - 2 - len(unit)) + unit
+
+
+def tiers(count: int) -> list[str]:
+    """`count` tiers; past all of them, the first again."""
+    every = [tier.value for tier in DegradationTier]
+    return (every * 2)[:count]
+
+
+FALLBACK = {"source": "pvc://models/small", "quantization": "int8"}
+GPU = {"count": 1, "memoryGiB": 24}
+
+# Per bounded field: a spec whose value there has `size` characters, items or entries
+# (valid at the bound), and the path a refusal names.
+ROWS: dict[str, tuple[Callable[[int], dict[str, Any]], str]] = {
+    "model.source": (
+        lambda n: spec(model={"name": "chat", "source": text(n, "pvc://models/")}),
+        "spec.model.source",
+    ),
+    "model.revision": (lambda n: spec(model=MODEL | {"revision": text(n)}), "spec.model.revision"),
+    "model.endpoint": (
+        lambda n: spec(model=S3_MODEL | {"endpoint": text(n, "https://minio/")}),
+        "spec.model.endpoint",
+    ),
+    "model.region": (lambda n: spec(model=S3_MODEL | {"region": text(n)}), "spec.model.region"),
+    "model.credentials.secretName": (
+        lambda n: spec(model=S3_MODEL | {"credentials": {"secretName": text(n)}}),
+        "spec.model.credentials.secretName",
+    ),
+    "model.cache.claimName": (
+        lambda n: spec(model=S3_MODEL | {"cache": {"claimName": text(n)}}),
+        "spec.model.cache.claimName",
+    ),
+    "model.cache.sizeLimit": (
+        lambda n: spec(model=S3_MODEL | {"cache": {"sizeLimit": quantity(n, "Gi")}}),
+        "spec.model.cache.sizeLimit",
+    ),
+    "fallback.source": (
+        lambda n: spec(fallback=FALLBACK | {"source": text(n, "pvc://models/")}),
+        "spec.fallback.source",
+    ),
+    "gpu.product": (lambda n: spec(gpu=GPU | {"product": text(n, "X")}), "spec.gpu.product"),
+    "gpu.deviceClassName": (
+        lambda n: spec(gpu=GPU | {"deviceClassName": text(n)}),
+        "spec.gpu.deviceClassName",
+    ),
+    "memory.limit": (lambda n: spec(memory={"limit": quantity(n, "Gi")}), "spec.memory.limit"),
+    "memory.nodeAvailableFloor": (
+        lambda n: spec(memory={"nodeAvailableFloor": quantity(n, "Gi")}),
+        "spec.memory.nodeAvailableFloor",
+    ),
+    "server.prefixCache.maxBytes": (
+        lambda n: spec(server={"prefixCache": {"maxBytes": quantity(n, "Mi")}}),
+        "spec.server.prefixCache.maxBytes",
+    ),
+    "server.templates": (
+        lambda n: spec(server={"templates": [f"t{i}" for i in range(n)]}),
+        "spec.server.templates",
+    ),
+    "server.cpu": (lambda n: spec(server={"cpu": quantity(n, "")}), "spec.server.cpu"),
+    "server.env": (
+        lambda n: spec(server={"env": [{"name": f"V{i}", "value": ""} for i in range(n)]}),
+        "spec.server.env",
+    ),
+    "breaker.quality.blockedTerms": (
+        lambda n: spec(breaker={"quality": {"blockedTerms": [f"b{i}" for i in range(n)]}}),
+        "spec.breaker.quality.blockedTerms",
+    ),
+    "degradation.tiers": (
+        lambda n: spec(fallback=FALLBACK, degradation={"tiers": tiers(n)}),
+        "spec.degradation.tiers",
+    ),
+    "degradation.cannedAnswers": (
+        lambda n: spec(degradation={"cannedAnswers": {f"p{i}": "a" for i in range(n)}}),
+        "spec.degradation.cannedAnswers",
+    ),
+    "pod.tolerations": (
+        lambda n: spec(
+            pod={"tolerations": [{"key": f"k{i}", "operator": "Exists"} for i in range(n)]}
+        ),
+        "spec.pod.tolerations",
+    ),
+    "pod.tolerations[].key": (
+        lambda n: spec(pod={"tolerations": [{"key": text(n), "operator": "Exists"}]}),
+        "spec.pod.tolerations[0].key",
+    ),
+    "pod.tolerations[].value": (
+        lambda n: spec(pod={"tolerations": [{"key": "k", "value": text(n)}]}),
+        "spec.pod.tolerations[0].value",
+    ),
+    "pod.nodeSelector": (
+        lambda n: spec(pod={"nodeSelector": {f"k{i}": "v" for i in range(n)}}),
+        "spec.pod.nodeSelector",
+    ),
+    "pod.nodeSelector{}": (
+        lambda n: spec(pod={"nodeSelector": {"k0": text(n)}}),
+        "spec.pod.nodeSelector['k0']",
+    ),
+    "pod.topologySpreadConstraints": (
+        lambda n: spec(
+            pod={
+                "topologySpreadConstraints": [
+                    {"maxSkew": 1, "topologyKey": f"k{i}", "whenUnsatisfiable": "ScheduleAnyway"}
+                    for i in range(n)
+                ]
+            }
+        ),
+        "spec.pod.topologySpreadConstraints",
+    ),
+    "pod.topologySpreadConstraints[].topologyKey": (
+        lambda n: spec(
+            pod={
+                "topologySpreadConstraints": [
+                    {"maxSkew": 1, "topologyKey": text(n), "whenUnsatisfiable": "DoNotSchedule"}
+                ]
+            }
+        ),
+        "spec.pod.topologySpreadConstraints[0].topologyKey",
+    ),
+    "pod.imagePullSecrets": (
+        lambda n: spec(pod={"imagePullSecrets": [{"name": f"s{i}"} for i in range(n)]}),
+        "spec.pod.imagePullSecrets",
+    ),
+    "pod.imagePullSecrets[].name": (
+        lambda n: spec(pod={"imagePullSecrets": [{"name": text(n)}]}),
+        "spec.pod.imagePullSecrets[0].name",
+    ),
+    "pod.runtimeClassName": (
+        lambda n: spec(pod={"runtimeClassName": text(n)}),
+        "spec.pod.runtimeClassName",
+    ),
+    "pod.priorityClassName": (
+        lambda n: spec(pod={"priorityClassName": text(n)}),
+        "spec.pod.priorityClassName",
+    ),
+    "pod.serviceAccountName": (
+        lambda n: spec(pod={"serviceAccountName": text(n)}),
+        "spec.pod.serviceAccountName",
+    ),
+    "pod.labels": (
+        lambda n: spec(pod={"labels": {f"k{i}": "v" for i in range(n)}}),
+        "spec.pod.labels",
+    ),
+    "pod.labels{}": (lambda n: spec(pod={"labels": {"k0": text(n)}}), "spec.pod.labels['k0']"),
+    "pod.annotations": (
+        lambda n: spec(pod={"annotations": {f"k{i}": "v" for i in range(n)}}),
+        "spec.pod.annotations",
+    ),
+    "pod.annotations{}": (
+        lambda n: spec(pod={"annotations": {"k0": text(n)}}),
+        "spec.pod.annotations['k0']",
+    ),
+    "pod.image": (
+        lambda n: spec(pod={"image": text(n, "registry.example/fusebox@sha256:")}),
+        "spec.pod.image",
+    ),
+}
+
+
+def test_every_bound_in_the_crd_has_a_row() -> None:
+    assert set(ROWS) == set(BOUNDS)
+
+
+@pytest.mark.parametrize("path", sorted(BOUNDS))
+def test_a_value_at_its_crd_bound_is_accepted(path: str) -> None:
+    build, _ = ROWS[path]
+    parse_spec(build(BOUNDS[path]))
+
+
+@pytest.mark.parametrize("path", sorted(BOUNDS))
+def test_a_value_one_past_its_crd_bound_is_refused_naming_the_field(path: str) -> None:
+    build, named = ROWS[path]
+    with pytest.raises(SpecError) as refused:
+        parse_spec(build(BOUNDS[path] + 1))
+    assert named in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (spec(replica=2), "spec.replica: unknown field (did you mean replicas?)"),
+        (
+            spec(server={"maxConcurency": 16}),
+            "spec.server.maxConcurency: unknown field (did you mean maxConcurrency?)",
+        ),
+        (
+            spec(breaker={"latency": {"p99Threshold": 900}}),
+            "spec.breaker.latency.p99Threshold: unknown field (did you mean p99ThresholdMillis?)",
+        ),
+        (
+            spec(server={"env": [{"name": "A", "valueFrom": {}}]}),
+            "spec.server.env[0].valueFrom: unknown field (did you mean value?)",
+        ),
+        (spec(model=MODEL | {"sha256": "x"}), "spec.model.sha256: unknown field"),
+        (spec(status={}), "spec.status: unknown field"),
+    ],
+)
+def test_an_unknown_field_is_refused_naming_its_full_path(
+    raw: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(SpecError) as refused:
+        parse_spec(raw)
+    assert str(refused.value) == message
+
+
+def test_a_typo_is_named_before_a_check_that_its_default_fails() -> None:
+    # The default targetPerReplica (4) against maxQueue 2: the typo, not the target, is
+    # what the user got wrong.
+    raw = spec(server={"maxQueue": 2, "maxConcurency": 16}, autoscaling={"maxReplicas": 2})
+    with pytest.raises(SpecError, match=r"^spec\.server\.maxConcurency: unknown field"):
+        parse_spec(raw)
+
+
+def test_the_pod_apis_own_fields_inside_affinity_and_label_selector_pass_through() -> None:
+    # x-kubernetes-preserve-unknown-fields: the API server checks them on the pods.
+    term = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    raw = spec(
+        pod={
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+                }
+            },
+            "topologySpreadConstraints": [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "topology.kubernetes.io/zone",
+                    "whenUnsatisfiable": "DoNotSchedule",
+                    "labelSelector": {"matchLabels": {"fusebox.dev/service": "chat"}},
+                }
+            ],
+        }
+    )
+    parsed = parse_spec(raw)
+    assert parsed.pod.affinity == raw["pod"]["affinity"]
+
+
+def test_a_pod_field_fusebox_owns_is_still_refused_as_fusebox_s() -> None:
+    with pytest.raises(SpecError, match=r"spec\.pod\.hostPID cannot be set: Fusebox owns it"):
+        parse_spec(spec(pod={"hostPID": True}))
+
+
+def test_a_running_spec_with_a_field_the_crd_no_longer_declares_stays_watched() -> None:
+    # status.appliedSpec is text the API server never prunes: a spec applied before a
+    # field was dropped keeps its pods protected, as with check_servable.
+    applied = parse_applied(json.dumps(spec(server={"retiredSetting": 1})))
+    assert applied.model.name == "chat"
+
+
+def render(tmp_path: Path, raw: dict[str, Any]) -> tuple[int, str]:
+    document = {
+        "apiVersion": "fusebox.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "probe"},
+        "spec": raw,
+    }
+    path = tmp_path / "probe.yaml"
+    path.write_text(yaml.safe_dump(document), encoding="utf-8")
+    out, err = io.StringIO(), io.StringIO()
+    return main([str(path)], out, err), err.getvalue()
+
+
+def test_render_refuses_an_unknown_field_with_exit_2(tmp_path: Path) -> None:
+    code, err = render(tmp_path, spec(server={"maxConcurency": 16}))
+    assert code == EXIT_INVALID_SPEC
+    assert "spec.server.maxConcurency: unknown field (did you mean maxConcurrency?)" in err
+
+
+def test_render_refuses_an_over_long_model_source_with_exit_2(tmp_path: Path) -> None:
+    code, err = render(tmp_path, spec(model={"name": "chat", "source": text(513, "pvc://models/")}))
+    assert code == EXIT_INVALID_SPEC
+    assert "spec.model.source must be at most 512 characters, got 513" in err
