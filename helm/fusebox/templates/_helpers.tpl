@@ -163,12 +163,43 @@ failed (5xx), were refused (429, 503) or timed out (504) over a window: (window,
 sum by (namespace, service) (rate(fusebox_requests_total{outcome=~"failed|rejected|timed_out"}[{{ $window }}])) / sum by (namespace, service) (rate(fusebox_requests_total[{{ $window }}]))
 {{- end -}}
 
+{{/*
+The latency histograms slo.latency.metric may name (as JSON): each one's series
+name and its finite bucket bounds as the sidecar writes the `le` label (Python's
+str of the float: "1.0", "0.25"). A copy of fusebox_contract.metrics'
+LatencyHistogram buckets, which the chart cannot import; a unit test keeps
+them equal.
+*/}}
+{{- define "fusebox.latencyHistograms" -}}
+{{- toJson (dict
+  "ttft" (dict "name" "fusebox_time_to_first_token_seconds" "bounds" (list "0.005" "0.01" "0.025" "0.05" "0.075" "0.1" "0.15" "0.2" "0.25" "0.3" "0.4" "0.5" "0.75" "1.0" "2.5" "5.0" "10.0" "20.0" "60.0"))
+  "itl" (dict "name" "fusebox_inter_token_latency_seconds" "bounds" (list "0.001" "0.0025" "0.005" "0.01" "0.02" "0.03" "0.04" "0.05" "0.075" "0.1" "0.15" "0.2" "0.3" "0.5" "0.75" "1.0" "2.5"))
+  "e2e" (dict "name" "fusebox_e2e_request_latency_seconds" "bounds" (list "0.1" "0.25" "0.5" "1.0" "2.0" "3.0" "5.0" "7.5" "10.0" "15.0" "20.0" "30.0" "45.0" "60.0" "120.0" "300.0"))
+  "queue" (dict "name" "fusebox_request_queue_time_seconds" "bounds" (list "0.001" "0.005" "0.01" "0.025" "0.05" "0.1" "0.25" "0.5" "1.0" "2.5" "5.0" "10.0" "20.0" "30.0" "60.0"))
+) -}}
+{{- end -}}
+
+{{/*
+Fails unless slo.latency.thresholdSeconds is exactly one of the chosen
+histogram's `le` labels: any other string ("1.5", "1.00", "1") selects no
+series, and the latency alerts could never fire.
+*/}}
+{{- define "fusebox.checkLatencyThreshold" -}}
+{{- $latency := .Values.monitoring.prometheusRule.slo.latency -}}
+{{- $histogram := get (include "fusebox.latencyHistograms" . | fromJson) $latency.metric -}}
+{{- $threshold := toString $latency.thresholdSeconds -}}
+{{- if not (has $threshold $histogram.bounds) -}}
+{{- fail (printf "monitoring.prometheusRule.slo.latency.thresholdSeconds %q is not a bucket bound of the %s histogram (%s), so the latency alerts could never fire; use one of: %s" $threshold $latency.metric $histogram.name (join ", " $histogram.bounds)) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Per namespace and service, the share of requests slower than the latency SLO's
 threshold (a bucket bound of the chosen histogram) over a window: (window, root). */}}
 {{- define "fusebox.slowRatio" -}}
 {{- $window := index . 0 -}}
-{{- $latency := (index . 1).Values.monitoring.prometheusRule.slo.latency -}}
-{{- $histogram := get (dict "ttft" "fusebox_time_to_first_token_seconds" "itl" "fusebox_inter_token_latency_seconds" "e2e" "fusebox_e2e_request_latency_seconds" "queue" "fusebox_request_queue_time_seconds") $latency.metric -}}
+{{- $root := index . 1 -}}
+{{- $latency := $root.Values.monitoring.prometheusRule.slo.latency -}}
+{{- $histogram := (get (include "fusebox.latencyHistograms" $root | fromJson) $latency.metric).name -}}
 1 - sum by (namespace, service) (rate({{ $histogram }}_bucket{le="{{ $latency.thresholdSeconds }}"}[{{ $window }}])) / sum by (namespace, service) (rate({{ $histogram }}_count[{{ $window }}]))
 {{- end -}}
 

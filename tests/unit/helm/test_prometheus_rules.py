@@ -418,3 +418,54 @@ def test_each_latency_metric_value_selects_its_histogram(
     )
     rule = alerts(one(render(sets=sets), "PrometheusRule"))["FuseboxLatencyBudgetBurnSlow"]
     assert f"{histogram.metric.value}_count[" in rule["expr"]
+
+
+def latency_refusal(helm: Path, metric: str, threshold: str) -> str:
+    result = run_helm(
+        helm,
+        *("template", "fusebox", str(CHART)),
+        *("--set", f"monitoring.prometheusRule.slo.latency.metric={metric}"),
+        *("--set-string", f"monitoring.prometheusRule.slo.latency.thresholdSeconds={threshold}"),
+    )
+    assert result.returncode != 0, f"{metric} {threshold} rendered"
+    return result.stderr
+
+
+@pytest.mark.parametrize("histogram", list(LatencyHistogram))
+def test_the_charts_bucket_bounds_are_the_le_labels_the_sidecar_exports(
+    helm: Path, histogram: LatencyHistogram
+) -> None:
+    """The chart keeps a copy of the contract's buckets; the refusal lists it."""
+    stderr = latency_refusal(helm, histogram.value, "0.0")
+    listed = re.search(r"use one of: ([0-9., ]+)", stderr)
+    assert listed, stderr
+    # The sidecar writes `le` as str(bound) (collectors.py), as prometheus_client does.
+    assert listed.group(1).strip().split(", ") == [str(bound) for bound in histogram.buckets]
+    assert [str(bound) for bound in histogram.buckets] == [
+        floatToGoString(bound) for bound in histogram.buckets
+    ]
+
+
+@pytest.mark.parametrize(
+    ("metric", "threshold"),
+    [("ttft", "1.5"), ("ttft", "1.00"), ("e2e", "2.50"), ("itl", "300.0"), ("queue", "0.0025")],
+)
+def test_a_latency_threshold_that_is_no_bucket_bound_of_its_metric_is_refused(
+    helm: Path, metric: str, threshold: str
+) -> None:
+    """Such a `le` selects no series: the latency alerts would never fire."""
+    stderr = latency_refusal(helm, metric, threshold)
+    assert (
+        f'monitoring.prometheusRule.slo.latency.thresholdSeconds "{threshold}" is not a '
+        f"bucket bound of the {metric} histogram"
+    ) in stderr, stderr
+
+
+def test_another_metrics_own_bound_selects_its_bucket(render: Render) -> None:
+    sets = (
+        "monitoring.prometheusRule.enabled=true",
+        "monitoring.prometheusRule.slo.latency.metric=e2e",
+        "monitoring.prometheusRule.slo.latency.thresholdSeconds=300.0",
+    )
+    rule = alerts(one(render(sets=sets), "PrometheusRule"))["FuseboxLatencyBudgetBurn"]
+    assert 'fusebox_e2e_request_latency_seconds_bucket{le="300.0"}' in rule["expr"]
