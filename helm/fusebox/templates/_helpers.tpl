@@ -317,8 +317,12 @@ spec:
 {{/*
 A hook Job's pod settings shared by every hook: its ServiceAccount, the
 operator's pull secrets, restricted Pod Security (the operator's own contexts,
-which the schema holds to the restricted standard) and the operator's placement.
-(component, root)
+which the schema holds to the restricted standard) and the operator's node
+placement: priorityClassName, nodeSelector, tolerations and affinity's
+nodeAffinity, so a hook runs on the nodes the operator may run on. Not the pod
+(anti-)affinity terms nor topologySpreadConstraints: they place the operator's
+replicas relative to each other, and a required anti-affinity to the operator
+pods could leave a one-node cluster no node for the hook. (component, root)
 */}}
 {{- define "fusebox.hookPodSpec" -}}
 {{- $component := index . 0 -}}
@@ -333,7 +337,7 @@ imagePullSecrets:
   {{- end }}
 {{- end }}
 {{- with $root.Values.priorityClassName }}
-priorityClassName: {{ . }}
+priorityClassName: {{ . | quote }}
 {{- end }}
 securityContext:
   {{- toYaml $root.Values.podSecurityContext | nindent 2 }}
@@ -344,6 +348,11 @@ nodeSelector:
 {{- with $root.Values.tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $root.Values.affinity.nodeAffinity }}
+affinity:
+  nodeAffinity:
+    {{- toYaml . | nindent 4 }}
 {{- end }}
 {{- end -}}
 

@@ -4,11 +4,12 @@ least-privilege RBAC, restricted Pod Security, and gone when its value is off.""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import CHART, Render, by_kind, hooks, one
+from .conftest import CHART, Render, by_kind, hooks, one, run_helm
 
 HOOK_ANNOTATIONS = "helm.sh/hook-delete-policy"
 PULL_SECRET_SETS = ("imagePullSecrets={regcred}", "image.tag=1.2.3")
@@ -215,3 +216,87 @@ def test_turning_a_hook_off_removes_all_of_it(render: Render, value: str, event:
 def test_both_hooks_off_render_the_release_as_before(render: Render) -> None:
     documents = render(sets=("crds.upgradeOnHelmUpgrade=false", "uninstall.guard=false"))
     assert [d for d in documents if "helm.sh/hook" in d["metadata"].get("annotations", {})] == []
+
+
+def test_delete_services_without_the_guard_is_refused_naming_both(helm: Path) -> None:
+    """The guard's Job is what deletes: with guard off, deleteServices would do nothing."""
+    result = run_helm(
+        helm,
+        *("template", "fusebox", str(CHART)),
+        *("--set", "uninstall.deleteServices=true", "--set", "uninstall.guard=false"),
+    )
+    assert result.returncode != 0
+    assert "uninstall.deleteServices=true needs uninstall.guard=true" in result.stderr, (
+        result.stderr
+    )
+
+
+HELM_DEFAULT_TIMEOUT_SECONDS = 300
+
+
+def test_the_guards_longest_wait_ends_before_helms_default_timeout(
+    render: Render, helm: Path
+) -> None:
+    """The Job, not helm's 5m --timeout, must be what reports a wait that ran out."""
+    guard = hooks(
+        render(sets=("uninstall.deleteServices=true", "uninstall.deleteTimeoutSeconds=180")),
+        "pre-delete",
+    )
+    job = the(guard, "Job")
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"][-2] == "--timeout-seconds=180"
+    assert 180 < job["spec"]["activeDeadlineSeconds"] < HELM_DEFAULT_TIMEOUT_SECONDS
+    result = run_helm(
+        helm, "template", "fusebox", str(CHART), "--set", "uninstall.deleteTimeoutSeconds=181"
+    )
+    assert result.returncode != 0
+    assert "at '/uninstall/deleteTimeoutSeconds': maximum: got 181, want 180" in result.stderr
+
+
+def test_hook_pods_are_placed_on_the_nodes_the_operator_may_use(render: Render) -> None:
+    node_affinity = {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}
+            ]
+        }
+    }
+    anti_affinity = {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "fusebox-operator"}},
+            }
+        ]
+    }
+    documents = render(
+        sets=(
+            "nodeSelector.pool=system",
+            "tolerations[0].key=dedicated",
+            "tolerations[0].operator=Exists",
+            "tolerations[0].effect=NoSchedule",
+            "priorityClassName=platform-critical",
+            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+            ".nodeSelectorTerms[0].matchExpressions[0].key=pool",
+            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+            ".nodeSelectorTerms[0].matchExpressions[0].operator=In",
+            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+            ".nodeSelectorTerms[0].matchExpressions[0].values={system}",
+            "affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0]"
+            ".topologyKey=kubernetes.io/hostname",
+            "affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0]"
+            ".labelSelector.matchLabels.app\\.kubernetes\\.io/name=fusebox-operator",
+        )
+    )
+    operator = one(documents, "Deployment")["spec"]["template"]["spec"]
+    assert operator["affinity"] == {"nodeAffinity": node_affinity, "podAntiAffinity": anti_affinity}
+    for event in ("pre-upgrade", "pre-delete"):
+        pod = the(hooks(documents, event), "Job")["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"pool": "system"}
+        assert pod["tolerations"] == [
+            {"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+        assert pod["priorityClassName"] == "platform-critical"
+        # Only the node terms: an anti-affinity to the operator pods could leave a
+        # one-node cluster no node for the hook.
+        assert pod["affinity"] == {"nodeAffinity": node_affinity}
+        assert "topologySpreadConstraints" not in pod

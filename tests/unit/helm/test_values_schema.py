@@ -17,7 +17,7 @@ from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import size_memory
 from fusebox_operator.spec import parse_spec
 
-from .conftest import CHART, Render, env_of, one, run_helm
+from .conftest import CHART, Render, env_of, load_documents, one, run_helm
 
 SCHEMA_REFUSAL = "values don't meet the specifications of the schema"
 DEFAULTS = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -262,3 +262,27 @@ def test_pod_labels_cannot_repeat_the_selector_labels(helm: Path, render: Render
         "metadata"
     ]["labels"]
     assert labels == {**selector, "team": "platform"}
+
+
+@pytest.mark.parametrize("name", ["a: b", "Team_A", "-critical", "a" * 254])
+def test_an_operator_priority_class_that_is_no_dns_subdomain_is_refused(
+    helm: Path, name: str
+) -> None:
+    stderr = template(helm, "--set-string", f"priorityClassName={name}")
+    assert SCHEMA_REFUSAL in stderr, stderr
+    assert "at '/priorityClassName'" in stderr, stderr
+
+
+def test_the_operator_priority_class_reaches_its_pods_as_a_string(helm: Path) -> None:
+    """Quoted: a name YAML would read as a boolean or number stays a string."""
+    result = run_helm(
+        helm, "template", "fusebox", str(CHART), "--set-string", "priorityClassName=true"
+    )
+    assert result.returncode == 0, result.stderr
+    pods = [
+        doc["spec"]["template"]["spec"]
+        for doc in load_documents(result.stdout)
+        if doc["kind"] in ("Deployment", "Job")
+    ]
+    assert len(pods) == 3  # the operator and both hooks
+    assert {pod["priorityClassName"] for pod in pods} == {"true"}
