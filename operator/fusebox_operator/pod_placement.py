@@ -287,8 +287,29 @@ def _spread(raw: Any, where: str) -> tuple[Manifest, ...] | None:
         for key in ("nodeAffinityPolicy", "nodeTaintsPolicy"):
             if entry.get(key) not in (None, *NODE_POLICIES):
                 raise PlacementError(f"{at}.{key} must be one of {', '.join(NODE_POLICIES)}")
+        _spread_extras(entry, at)
         parsed.append(dict(entry))
     return tuple(parsed)
+
+
+def _spread_extras(entry: Mapping[str, Any], at: str) -> None:
+    """The optional fields the CRD types but does not bound: refused here as the API
+    server refuses them, at the latest when it creates the Deployment (the Pod API's
+    rules on minDomains), rather than on every reconcile after."""
+    domains = entry.get("minDomains")
+    if domains is not None:
+        if isinstance(domains, bool) or not isinstance(domains, int) or domains < 1:
+            raise PlacementError(f"{at}.minDomains must be a whole number of at least 1")
+        if entry.get("whenUnsatisfiable") != "DoNotSchedule":
+            raise PlacementError(f"{at}.minDomains needs whenUnsatisfiable DoNotSchedule")
+    keys = entry.get("matchLabelKeys")
+    if keys is not None and (
+        not isinstance(keys, list) or not all(isinstance(key, str) for key in keys)
+    ):
+        raise PlacementError(f"{at}.matchLabelKeys must be a list of label keys")
+    selector = entry.get("labelSelector")
+    if selector is not None and not isinstance(selector, Mapping):
+        raise PlacementError(f"{at}.labelSelector must be an object")
 
 
 def _pull_secrets(raw: Any, where: str) -> tuple[str, ...] | None:

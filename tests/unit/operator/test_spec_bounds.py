@@ -332,3 +332,36 @@ def test_render_refuses_an_over_long_model_source_with_exit_2(tmp_path: Path) ->
     code, err = render(tmp_path, spec(model={"name": "chat", "source": text(513, "pvc://models/")}))
     assert code == EXIT_INVALID_SPEC
     assert "spec.model.source must be at most 512 characters, got 513" in err
+
+
+SPREAD = {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone"}
+
+
+@pytest.mark.parametrize(
+    ("constraint", "named"),
+    [
+        ({"whenUnsatisfiable": "DoNotSchedule", "minDomains": 0}, "minDomains"),
+        ({"whenUnsatisfiable": "DoNotSchedule", "minDomains": "3"}, "minDomains"),
+        ({"whenUnsatisfiable": "ScheduleAnyway", "minDomains": 3}, "minDomains"),
+        ({"whenUnsatisfiable": "DoNotSchedule", "matchLabelKeys": "team"}, "matchLabelKeys"),
+        ({"whenUnsatisfiable": "DoNotSchedule", "labelSelector": ["app"]}, "labelSelector"),
+    ],
+)
+def test_a_spread_constraint_the_pod_api_refuses_is_refused_naming_the_field(
+    constraint: dict[str, Any], named: str
+) -> None:
+    # The CRD types these without bounds; the API server refuses the rest when it
+    # creates the Deployment, so render must say it first.
+    raw = spec(pod={"topologySpreadConstraints": [SPREAD | constraint]})
+    with pytest.raises(SpecError, match=rf"spec\.pod\.topologySpreadConstraints\[0\]\.{named}"):
+        parse_spec(raw)
+
+
+def test_a_spread_constraint_with_min_domains_and_match_label_keys_is_accepted() -> None:
+    constraint = SPREAD | {
+        "whenUnsatisfiable": "DoNotSchedule",
+        "minDomains": 3,
+        "matchLabelKeys": ["pod-template-hash"],
+    }
+    parsed = parse_spec(spec(pod={"topologySpreadConstraints": [constraint]}))
+    assert parsed.pod.topology_spread_constraints == (constraint,)
