@@ -286,3 +286,21 @@ def test_the_operator_priority_class_reaches_its_pods_as_a_string(helm: Path) ->
     ]
     assert len(pods) == 3  # the operator and both hooks
     assert {pod["priorityClassName"] for pod in pods} == {"true"}
+
+
+@pytest.mark.parametrize(
+    ("value", "key"),
+    [
+        ("tolerations[0].foo=bar", "/tolerations/0"),
+        ("tolerations[0].operator=Exists,tolerations[0].value=x", "/tolerations/0/value"),
+        ("topologySpreadConstraints[0].maxSkew=1", "/topologySpreadConstraints/0"),
+        ("affinity.nodeAffinty.x=y", "/affinity"),
+        ("nodeSelector.pool=a b", "/nodeSelector/pool"),
+        ("podLabels.team=a b", "/podLabels"),
+    ],
+)
+def test_the_operator_pods_placement_and_labels_have_the_apis_shapes(
+    helm: Path, value: str, key: str
+) -> None:
+    """Refused by helm naming the key, not later by the API server mid-install."""
+    assert f"at '{key}" in refusal(helm, value)

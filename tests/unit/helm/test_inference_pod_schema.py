@@ -1,0 +1,135 @@
+"""values.schema.json refuses at `helm install` the inference.pod values the operator
+refuses when it starts (settings.parse_pod_defaults): caught there, they would make
+the install succeed and the operator crash-loop. Each case crosses both ends: the
+schema names the key, and the operator's own parser refuses the same value; what
+the schema admits, the parser admits too."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fusebox_operator.settings import parse_pod_defaults
+
+from .conftest import CHART, Render, env_of, one, run_helm
+
+SCHEMA_REFUSAL = "values don't meet the specifications of the schema"
+SPREAD = {
+    "maxSkew": 1,
+    "topologyKey": "kubernetes.io/hostname",
+    "whenUnsatisfiable": "DoNotSchedule",
+}
+AT = "/inference/pod/"
+
+
+def with_pod(tmp_path: Path, pod: dict[str, Any]) -> Path:
+    path = tmp_path / "pod.yaml"
+    path.write_text(yaml.safe_dump({"inference": {"pod": pod}}))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("pod", "pointer"),
+    [
+        ({"tolerations": [{"key": "a", "foo": "bar"}]}, "tolerations/0"),
+        ({"tolerations": [{"key": "a", "operator": "Maybe"}]}, "tolerations/0/operator"),
+        (
+            {"tolerations": [{"key": "a", "operator": "Exists", "value": "x"}]},
+            "tolerations/0/value",
+        ),
+        ({"tolerations": [{"operator": "Equal", "value": "x"}]}, "tolerations/0"),
+        ({"tolerations": [{"key": "a", "effect": "Sometimes"}]}, "tolerations/0/effect"),
+        (
+            {"tolerations": [{"key": "a", "effect": "NoSchedule", "tolerationSeconds": 30}]},
+            "tolerations/0/effect",
+        ),
+        (
+            {"tolerations": [{"key": "a", "effect": "NoExecute", "tolerationSeconds": "30"}]},
+            "tolerations/0/tolerationSeconds",
+        ),
+        ({"affinity": {"nodeAffinity": "gpu"}}, "affinity/nodeAffinity"),
+        ({"affinity": {"nodeSelector": {}}}, "affinity"),
+        ({"nodeSelector": {"pool": "a b"}}, "nodeSelector/pool"),
+        ({"nodeSelector": {"Bad_Prefix/pool": "a"}}, "nodeSelector"),
+        (
+            {"topologySpreadConstraints": [{**SPREAD, "maxSkew": 0}]},
+            "topologySpreadConstraints/0/maxSkew",
+        ),
+        (
+            {"topologySpreadConstraints": [{**SPREAD, "whenUnsatisfiable": "Never"}]},
+            "topologySpreadConstraints/0/whenUnsatisfiable",
+        ),
+        (
+            {
+                "topologySpreadConstraints": [
+                    {**SPREAD, "whenUnsatisfiable": "ScheduleAnyway", "minDomains": 2}
+                ]
+            },
+            "topologySpreadConstraints/0/whenUnsatisfiable",
+        ),
+        (
+            {"topologySpreadConstraints": [{**SPREAD, "nodeTaintsPolicy": "Maybe"}]},
+            "topologySpreadConstraints/0/nodeTaintsPolicy",
+        ),
+        ({"topologySpreadConstraints": [{**SPREAD, "foo": 1}]}, "topologySpreadConstraints/0"),
+        ({"imagePullSecrets": [{"name": "regcred"}, {"name": "regcred"}]}, "imagePullSecrets"),
+        ({"labels": {"fusebox.dev/service": "chat"}}, "labels/fusebox.dev~1service"),
+        (
+            {"labels": {"app.kubernetes.io/managed-by": "me"}},
+            "labels/app.kubernetes.io~1managed-by",
+        ),
+        ({"labels": {"team": "a b"}}, "labels/team"),
+        ({"annotations": {"prometheus.io/port": "1"}}, "annotations/prometheus.io~1port"),
+        ({"annotations": {"fusebox.dev/x": "1"}}, "annotations/fusebox.dev~1x"),
+        ({"annotations": {"owner name": "ml"}}, "annotations"),
+    ],
+)
+def test_the_schema_refuses_what_the_operator_would_refuse_at_start(
+    helm: Path, tmp_path: Path, pod: dict[str, Any], pointer: str
+) -> None:
+    result = run_helm(
+        helm, "template", "fusebox", str(CHART), "--values", str(with_pod(tmp_path, pod))
+    )
+    assert result.returncode != 0, "rendered"
+    assert SCHEMA_REFUSAL in result.stderr, result.stderr
+    assert f"at '{AT}{pointer}" in result.stderr, result.stderr
+    with pytest.raises(ValueError):
+        parse_pod_defaults(json.dumps(pod))
+
+
+def test_what_the_schema_admits_the_operator_parses(render: Render, tmp_path: Path) -> None:
+    pod = {
+        "tolerations": [
+            {"operator": "Exists"},
+            {"key": "pool", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},
+            {
+                "key": "node.kubernetes.io/unreachable",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 30,
+            },
+        ],
+        "affinity": {"nodeAffinity": {}, "podAntiAffinity": {}},
+        "nodeSelector": {"example.com/pool": "gpu-a"},
+        "topologySpreadConstraints": [
+            {
+                **SPREAD,
+                "minDomains": 2,
+                "nodeAffinityPolicy": "Honor",
+                "matchLabelKeys": ["pod-template-hash"],
+                "labelSelector": {},
+            },
+        ],
+        "imagePullSecrets": [{"name": "a"}, {"name": "b"}],
+        "labels": {"example.com/team": "ml", "tier": ""},
+        "annotations": {"example.com/owner": "ml team, on call"},
+    }
+    env = env_of(one(render(with_pod(tmp_path, pod)), "Deployment"))
+    defaults = parse_pod_defaults(env["FUSEBOX_POD_DEFAULTS"])
+    assert dict(defaults.labels) == {"example.com/team": "ml", "tier": ""}
+    assert defaults.image_pull_secrets == ("a", "b")
+    assert defaults.tolerations is not None and len(defaults.tolerations) == 3
