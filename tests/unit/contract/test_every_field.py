@@ -8,7 +8,10 @@ here fails. Each row names its proof:
 - Pod: the rendered objects carry it (resources, probes, nodeSelector,
   volumes, replicas, annotations);
 - Operator: a named unit test of the operator's policy or telemetry shows
-  the field acting (that test must exist).
+  the field acting (that test must exist);
+- Crossing: a named integration or e2e test shows the field acting across the
+  process boundary, on the real server and sidecar (that test must exist, under
+  tests/integration or tests/e2e).
 Paths the server reads (ConfigMap files, model and token volumes) are
 rewritten to a temporary directory holding the rendered ConfigMap data, the
 generated tiny model and the Secret's token, so the server parses what the
@@ -149,7 +152,12 @@ class Operator:
     test: str  # node id of the unit test that shows the field acting
 
 
-Proof = Server | Pod | Operator
+@dataclass(frozen=True)
+class Crossing:
+    test: str  # node id of the integration or e2e test that shows the field acting
+
+
+Proof = Server | Pod | Operator | Crossing
 
 
 def server_container(children: dict[str, Manifest]) -> Manifest:
@@ -223,6 +231,7 @@ AUTOSCALING = "tests/unit/operator/test_autoscaling.py"
 OBSERVE = "tests/unit/operator/test_observe_mode.py"
 GROW = "tests/unit/operator/test_grow_limit.py"
 NODE_PRESSURE = "tests/unit/operator/test_node_pressure.py"
+FIELD_EFFECTS = "tests/integration/operator/test_field_effects_io.py"
 OTHER_SOURCE = {"source": "pvc://weights/chat-int8", "quantization": "none"}
 
 ROWS: dict[str, list[Proof]] = {
@@ -437,7 +446,11 @@ ROWS: dict[str, list[Proof]] = {
         Operator(f"{POLICY}::test_above_ratio_but_flat_does_nothing")
     ],
     "breaker.resource.gpuMemory.ratioOfVRAM": [
-        Operator(f"{POLICY}::test_gpu_memory_above_ratio_of_vram_and_growing_climbs_the_ladder")
+        Operator(f"{POLICY}::test_gpu_memory_above_ratio_of_vram_and_growing_climbs_the_ladder"),
+        Crossing(
+            f"{FIELD_EFFECTS}::"
+            "test_gpu_memory_over_ratio_of_vram_climbs_the_ladder_and_under_it_does_not"
+        ),
     ],
     "breaker.resource.gpuMemory.growthMiBPerMinute": [
         Operator(f"{POLICY}::test_gpu_memory_above_ratio_of_vram_and_growing_climbs_the_ladder")
@@ -461,7 +474,11 @@ ROWS: dict[str, list[Proof]] = {
         Operator(f"{POLICY}::test_half_open_reopens_when_p99_not_under_recovery")
     ],
     "breaker.halfOpen.minSuccessRate": [
-        Operator(f"{POLICY}::test_half_open_reopens_when_success_rate_is_too_low")
+        Operator(f"{POLICY}::test_half_open_reopens_when_success_rate_is_too_low"),
+        Crossing(
+            f"{FIELD_EFFECTS}::"
+            "test_half_open_closes_at_min_success_rate_half_and_reopens_at_99_on_the_same_outcomes"
+        ),
     ],
     "degradation.tiers": [
         Operator(f"{STATUS}::test_status_shows_the_model_and_the_effective_tiers"),
@@ -564,7 +581,8 @@ ROWS: dict[str, list[Proof]] = {
         Operator(f"{AUTOSCALING}::test_load_scales_up_at_once_and_says_why_in_the_decision")
     ],
     "autoscaling.scaleUpStabilizationSeconds": [
-        Operator(f"{AUTOSCALING}::test_scale_up_waits_for_load_to_last_through_its_window")
+        Operator(f"{AUTOSCALING}::test_scale_up_waits_for_load_to_last_through_its_window"),
+        Crossing(f"{FIELD_EFFECTS}::test_scale_up_waits_out_a_30s_window_and_acts_at_once_at_0"),
     ],
     "autoscaling.scaleDownStabilizationSeconds": [
         Operator(f"{AUTOSCALING}::test_scale_down_takes_the_highest_recommendation_of_its_window")
@@ -751,6 +769,9 @@ POD_PROOFS = [
 OPERATOR_PROOFS = sorted(
     {proof.test for proofs in ROWS.values() for proof in proofs if isinstance(proof, Operator)}
 )
+CROSSING_PROOFS = sorted(
+    {proof.test for proofs in ROWS.values() for proof in proofs if isinstance(proof, Crossing)}
+)
 
 
 @pytest.mark.parametrize("proof", SERVER_PROOFS)
@@ -788,6 +809,15 @@ def function_names(path: Path) -> set[str]:
 @pytest.mark.parametrize("node_id", OPERATOR_PROOFS, ids=lambda n: n.rpartition("::")[2])
 def test_operator_field_has_its_named_policy_test(node_id: str) -> None:
     file_name, _, function = node_id.partition("::")
+    path = REPO / file_name
+    assert path.exists(), file_name
+    assert function in function_names(path), f"{node_id} does not exist"
+
+
+@pytest.mark.parametrize("node_id", CROSSING_PROOFS, ids=lambda n: n.rpartition("::")[2])
+def test_crossing_field_has_its_named_integration_test(node_id: str) -> None:
+    file_name, _, function = node_id.partition("::")
+    assert file_name.startswith(("tests/integration/", "tests/e2e/")), node_id
     path = REPO / file_name
     assert path.exists(), file_name
     assert function in function_names(path), f"{node_id} does not exist"
