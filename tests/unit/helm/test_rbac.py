@@ -75,10 +75,3 @@ def test_a_namespace_glob_grants_the_namespaced_rules_cluster_wide_and_namespace
 def test_the_static_cluster_role_is_the_charts_default() -> None:
     """operator/rbac/clusterrole.yaml: every namespace, one replica."""
     assert canonical_rules() == NAMESPACED | CLUSTER
-
-
-def test_rbac_create_false_renders_no_rbac_object(render: Render) -> None:
-    for sets in ((), ("watchNamespaces={team-a}",)):
-        documents = render(sets=("rbac.create=false", *sets))
-        kinds = {doc["kind"] for doc in documents if "helm.sh/hook" not in str(doc["metadata"])}
-        assert not kinds & {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
