@@ -570,7 +570,7 @@ class GenerationResponse:
         if not reply.calls:
             return Choice(index, text, finish_reason, logprobs)
         calls = message_calls(reply.calls, [new_call_id() for _ in reply.calls])
-        return Choice(index, reply.content, "tool_calls", logprobs, calls)
+        return Choice(index, reply.content, reply.finish_reason(finish_reason), logprobs, calls)
 
     async def _complete(self, send: Send) -> None:
         pending = len(self.states)
@@ -662,8 +662,8 @@ class GenerationResponse:
             state = self.states[index]
             final = self._held_chunk(index)
             reason = event.reason
-            if state.splitter is not None and state.splitter.called:
-                reason = "tool_calls"
+            if state.splitter is not None:
+                reason = state.splitter.finish_reason(reason)
             text = "" if not state.started else None
             final += sse(chunk_body(self.reply, text, reason, not state.started, index))
             state.started = True

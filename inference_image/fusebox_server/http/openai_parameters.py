@@ -170,7 +170,10 @@ PARAMETERS: Final[tuple[Parameter, ...]] = (
         H,
         "`none`, `auto`, or a call forced by constraining the output with llguidance: a "
         "named function to its `parameters`, `required` to a list of one or more calls of "
-        "the tools (a keyword it refuses: 400 naming the tool's `parameters`)",
+        "the tools (a keyword it refuses: 400 naming the tool's `parameters`); a forced "
+        "call cut short (`max_tokens`, a stop sequence) is still the call, its arguments as "
+        'far as written, with the generation\'s `finish_reason` (`"length"`), streamed or '
+        "not, as OpenAI does",
         CHAT_ONLY,
     ),
     Parameter(

@@ -283,6 +283,15 @@ def format_of_template(source: str) -> CallFormat | None:
 class ParsedReply:
     content: str | None
     calls: tuple[FunctionCall, ...]
+    cut: bool = False
+    """A forced call the generation stopped before it closed (`max_tokens`, a stop
+    sequence): `calls` hold what was written, the last one's arguments as far as they
+    go, and the finish reason stays the generation's, as OpenAI's does."""
+
+    def finish_reason(self, generated: str) -> str:
+        """The choice's `finish_reason`: `tool_calls` for whole calls, else the
+        generation's own (`length` for a call cut by `max_tokens`)."""
+        return "tool_calls" if self.calls and not self.cut else generated
 
 
 HERMES_CALL: Final = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -524,15 +533,22 @@ def forced_format(use: ToolUse) -> OutputFormat:
 
 
 def parse_forced(text: str, use: ToolUse) -> ParsedReply:
-    """A forced output as calls, in order; text cut short (`length`) that does not parse
-    stays content."""
+    """A forced output as calls, in order.
+
+    Text cut short (`max_tokens`, a stop sequence) is still the calls it began, marked
+    `cut`, as OpenAI answers a forced call cut by `length`: a named function's output is
+    its arguments, whatever they are; a `required` list gives its whole calls and the one
+    being written once its name is. Only a list cut before any name stays content.
+    """
     try:
-        value = json.loads(text)
+        value: Any = json.loads(text)
     except (ValueError, RecursionError):
-        return ParsedReply(text, ())
+        if use.mode != ChoiceMode.NAMED:
+            return _cut_forced_calls(text, use)
+        value = None
     if use.mode == ChoiceMode.NAMED:
-        if not isinstance(value, dict):
-            return ParsedReply(text, ())
+        if not isinstance(value, dict):  # cut: the arguments as far as they were written
+            return ParsedReply(None, (FunctionCall(use.named or "", text),), cut=True)
         arguments = json.dumps(value, ensure_ascii=False)
         return ParsedReply(None, (FunctionCall(use.named or "", arguments),))
     values = value if use.parallel and isinstance(value, list) else [value]
@@ -540,6 +556,50 @@ def parse_forced(text: str, use: ToolUse) -> ParsedReply:
     if not calls or any(call is None or use.tool(call.name) is None for call in calls):
         return ParsedReply(text, ())
     return ParsedReply(None, tuple(call for call in calls if call is not None))
+
+
+_FORCED_LIST_OPENING: Final = re.compile(r"\s*\[")
+_FORCED_CALL_NAME: Final = re.compile(r'\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"')
+"""A forced call up to its name, the first of its keys as `forced_schema` orders them."""
+_FORCED_CALL_ARGUMENTS: Final = re.compile(r'\s*,\s*"parameters"\s*:\s*')
+"""What comes between a forced call's name and its arguments."""
+_FORCED_CALL_CLOSING: Final = re.compile(r"\s*\}\s*,")
+"""The end of one call of a forced list and the comma before the next."""
+
+
+def _cut_forced_calls(text: str, use: ToolUse) -> ParsedReply:
+    """A `required` output that does not parse, read as far as it goes: each call whose
+    name was written, the last one's arguments as written (a prefix of its JSON)."""
+    position = 0
+    if use.parallel:
+        opening = _FORCED_LIST_OPENING.match(text)
+        if opening is None:
+            return ParsedReply(text, ())
+        position = opening.end()
+    calls: list[FunctionCall] = []
+    while (head := _FORCED_CALL_NAME.match(text, position)) is not None:
+        name = head.group(1)
+        if use.tool(name) is None:
+            return ParsedReply(text, ())
+        key = _FORCED_CALL_ARGUMENTS.match(text, head.end())
+        if key is None:  # cut between the name and the arguments: none written yet
+            calls.append(FunctionCall(name, ""))
+            break
+        try:
+            arguments, position = _DECODER.raw_decode(text, key.end())
+        except (ValueError, RecursionError):
+            calls.append(FunctionCall(name, text[key.end() :]))
+            break
+        if not isinstance(arguments, dict):
+            return ParsedReply(text, ())
+        calls.append(FunctionCall(name, json.dumps(arguments, ensure_ascii=False)))
+        closing = _FORCED_CALL_CLOSING.match(text, position)
+        if not use.parallel or closing is None:
+            break
+        position = closing.end()
+    if not calls:
+        return ParsedReply(text, ())
+    return ParsedReply(None, tuple(calls), cut=True)
 
 
 def read_reply(text: str, call_format: CallFormat | None, use: ToolUse) -> ParsedReply:
@@ -686,7 +746,7 @@ class StreamSplitter:
         self.sent = len(self.text)
         return (rest or None), None
 
-    @property
-    def called(self) -> bool:
-        """Whether the stream's reply is calls (its finish reason is then `tool_calls`)."""
-        return bool(read_reply(self.text, self.call_format, self.use).calls)
+    def finish_reason(self, generated: str) -> str:
+        """The stream's `finish_reason`, as the same text unstreamed would have it:
+        `tool_calls` for whole calls, else the generation's own."""
+        return read_reply(self.text, self.call_format, self.use).finish_reason(generated)

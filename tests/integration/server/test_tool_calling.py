@@ -168,6 +168,69 @@ def test_a_named_function_streams_as_call_deltas(client: openai.OpenAI) -> None:
     assert len(argument_chunks) > 1, "the arguments did not stream piece by piece"
 
 
+def test_a_named_call_cut_by_max_tokens_is_its_call_with_finish_reason_length(
+    client: openai.OpenAI,
+) -> None:
+    """As OpenAI answers a forced function cut by `max_tokens`: the call, its arguments
+    as far as they were written, and `length`; the stream and the whole answer agree."""
+    answer = chat(client, tool_choice=NAMED, max_tokens=3)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "length" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.function.name == "get_weather"
+    arguments = call.function.arguments
+    assert arguments.startswith("{") and answer.usage.completion_tokens == 3
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(arguments)
+    streamed, finishes, content = streamed_calls(
+        chat(client, tool_choice=NAMED, max_tokens=3, stream=True)
+    )
+    assert content == "" and finishes[-1] == "length"
+    assert [(c["name"], c["arguments"]) for c in streamed.values()] == [("get_weather", arguments)]
+
+
+def _answer_and_stream(client: openai.OpenAI, **fields: Any) -> tuple[Any, Any]:
+    """(finish_reason, calls, content) of the same greedy request, whole and streamed."""
+    choice = chat(client, **fields).choices[0]
+    calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+    answered = (choice.finish_reason, calls, choice.message.content or "")
+    streamed, finishes, content = streamed_calls(chat(client, stream=True, **fields))
+    joined = [(call["name"], call["arguments"]) for call in streamed.values()]
+    return answered, (finishes[-1], joined, content)
+
+
+def test_a_required_call_cut_short_answers_alike_streamed_or_not(client: openai.OpenAI) -> None:
+    """A forced list cut before it closed: the call being written, named, with its
+    arguments as far as they go, and the generation's finish reason, streamed or not.
+    A stop sequence on the tools' first argument names cuts it inside the arguments
+    (a random model under the grammar pads every gap, so `max_tokens` cuts it before
+    the arguments, then closes it in time)."""
+    answered, streamed = _answer_and_stream(
+        client, tool_choice="required", max_tokens=128, stop=['"city"', '"zone"']
+    )
+    assert answered == streamed
+    finish_reason, calls, content = answered
+    assert finish_reason == "stop" and content == ""
+    (name, arguments), *_ = calls
+    assert name in ("get_weather", "get_time") and arguments.startswith("{")
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(arguments)
+    cut_calls = []
+    for max_tokens in (3, 30, 44, 46):  # before a name, after it, then closed in time
+        answered, streamed = _answer_and_stream(
+            client, tool_choice="required", max_tokens=max_tokens
+        )
+        assert answered == streamed, max_tokens
+        finish_reason, calls, content = answered
+        assert bool(calls) != bool(content), answered  # cut before any name: content
+        if finish_reason == "length" and calls:
+            cut_calls.append(calls[-1])
+        else:
+            assert finish_reason == ("tool_calls" if calls else "length"), answered
+    assert cut_calls, "no budget cut the list after a call's name"
+    assert all(name in ("get_weather", "get_time") for name, _ in cut_calls)
+
+
 def _check_declared_call(name: str, arguments: str) -> None:
     if name == "get_weather":
         _check_weather_arguments(arguments)

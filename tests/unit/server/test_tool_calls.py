@@ -15,6 +15,7 @@ from fusebox_server.http.openai_schema import parse_chat_request
 from fusebox_server.http.tool_calls import (
     CallFormat,
     ChoiceMode,
+    FunctionCall,
     ParsedReply,
     StreamSplitter,
     ToolUse,
@@ -281,7 +282,7 @@ def test_a_named_function_is_forced_to_its_parameters() -> None:
     reply = parse_forced('{"city": "Oslo"}', use)
     assert reply.content is None and reply.calls[0].name == "get_weather"
     assert json.loads(reply.calls[0].arguments) == {"city": "Oslo"}
-    assert parse_forced('{"city": "Os', use).calls == ()
+    assert reply.finish_reason("stop") == "tool_calls"
 
 
 def test_required_is_forced_to_a_list_of_one_or_more_calls_of_declared_tools() -> None:
@@ -300,8 +301,100 @@ def test_required_is_forced_to_a_list_of_one_or_more_calls_of_declared_tools() -
     assert json.loads(calls[1].arguments) == {"city": "Oslo"}
     assert parse_forced('[{"name": "nope", "parameters": {}}]', use).calls == ()
     assert parse_forced("[]", use) == ParsedReply("[]", ())
-    cut = '[{"name": "get_time", "parameters": {}}, {"na'
-    assert parse_forced(cut, use) == ParsedReply(cut, ())
+    cut = '[{"name": "get_time", "parameters": {}}, {"na'  # no name yet: no second call
+    assert parse_forced(cut, use) == ParsedReply(None, (FunctionCall("get_time", "{}"),), cut=True)
+
+
+NAMED_WEATHER: Any = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def test_a_named_call_cut_short_is_still_its_call_with_the_arguments_written() -> None:
+    """As OpenAI answers a forced function cut by `max_tokens`: the call, its arguments
+    as far as they go (not JSON), and the generation's own finish reason."""
+    reply = parse_forced('{"city": "Os', _use(tool_choice=NAMED_WEATHER))
+    assert reply == ParsedReply(None, (FunctionCall("get_weather", '{"city": "Os'),), cut=True)
+    assert reply.finish_reason("length") == "length"
+    assert parse_forced("", _use(tool_choice=NAMED_WEATHER)).calls[0].arguments == ""
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_a_required_call_cut_short_keeps_its_whole_calls_and_the_one_being_written(
+    parallel: bool,
+) -> None:
+    use = _use(tool_choice="required", parallel_tool_calls=parallel)
+    whole = '{"name": "get_time", "parameters": {}}'
+    cut = '{ "name":"get_weather" , "parameters" : {"city": "Os'
+    text = f"[{whole}, {cut}" if parallel else cut
+    reply = parse_forced(text, use)
+    expected = [("get_time", "{}")] if parallel else []
+    expected.append(("get_weather", '{"city": "Os'))
+    assert [(call.name, call.arguments) for call in reply.calls] == expected
+    assert reply.content is None and reply.finish_reason("length") == "length"
+    closed_but_cut = f"[{whole}" if parallel else whole[:-1]  # `]` / `}` not written yet
+    assert parse_forced(closed_but_cut, use).finish_reason("length") == "length"
+    assert parse_forced(closed_but_cut, use).calls == (FunctionCall("get_time", "{}"),)
+    for before_a_name in ('[{"name": "get_ti', '{"na', "["):
+        assert parse_forced(before_a_name, use) == ParsedReply(before_a_name, ())
+    for before_arguments in ('{"name": "get_time"', '{"name": "get_time", "para'):
+        text = f"[{before_arguments}" if parallel else before_arguments
+        assert parse_forced(text, use).calls == (FunctionCall("get_time", ""),)
+    undeclared = '[{"name": "launch", "parameters": {"x' if parallel else '{"name": "launch", "'
+    assert parse_forced(undeclared, use).calls == ()
+
+
+FORCED_OUTPUTS: Any = [
+    (NAMED_WEATHER, True, '{"city": "Oslo, Norway"}'),
+    (
+        "required",
+        True,
+        '[{"name": "get_time", "parameters": {}}, '
+        '{"name":"get_weather","parameters":{"city":"Oslo"}}]',
+    ),
+    ("required", False, '{"name": "get_weather", "parameters": {"city": "Oslo"}}'),
+]
+
+
+@pytest.mark.parametrize(("choice", "parallel", "whole"), FORCED_OUTPUTS)
+def test_a_forced_call_cut_anywhere_streams_as_it_answers_unstreamed(
+    choice: Any, parallel: bool, whole: str
+) -> None:
+    """Every prefix of a forced output, as `max_tokens` may cut it: the stream's call
+    deltas, content and finish reason are the unstreamed answer's."""
+    body = {"tool_choice": choice, "parallel_tool_calls": parallel}
+    use = _use(**body)
+    for end in range(len(whole) + 1):
+        text = whole[:end]
+        reply = read_reply(text, None, use)
+        unstreamed = (
+            reply.content or "",
+            [(call.name, call.arguments) for call in reply.calls],
+            reply.finish_reason("length"),
+        )
+        splitter = StreamSplitter(use, None)
+        content = ""
+        joined: dict[int, list[str]] = {}
+        for piece in [text[at : at + 3] for at in range(0, len(text), 3)]:
+            sent, deltas = splitter.push(piece)
+            content += sent or ""
+            for delta in deltas or []:
+                call = joined.setdefault(delta["index"], ["", ""])
+                call[0] += delta["function"].get("name") or ""
+                call[1] += delta["function"]["arguments"]
+        sent, deltas = splitter.finish()
+        content += sent or ""
+        for delta in deltas or []:
+            call = joined.setdefault(delta["index"], ["", ""])
+            call[0] += delta["function"].get("name") or ""
+            call[1] += delta["function"]["arguments"]
+        streamed = (
+            content,
+            [(name, arguments) for name, arguments in joined.values()],
+            splitter.finish_reason("length"),
+        )
+        assert streamed == unstreamed, text
+        if choice == NAMED_WEATHER:  # a named call is always the call
+            assert unstreamed[1] and unstreamed[1][0][0] == "get_weather"
+    assert read_reply(whole, None, use).finish_reason("length") == "tool_calls"
 
 
 def test_required_without_parallel_calls_is_forced_to_exactly_one_call() -> None:
@@ -315,7 +408,7 @@ def test_required_without_parallel_calls_is_forced_to_exactly_one_call() -> None
     assert [call.name for call in parse_forced(text, use).calls] == ["get_time"]
     assert parse_forced('{"name": "nope", "parameters": {}}', use).calls == ()
     assert parse_forced("[" + text + "]", use).calls == ()  # not the shape it was forced to
-    assert parse_forced('{"name": "get_time", "para', use).content == '{"name": "get_time", "para'
+    assert parse_forced('{"name": "get_ti', use).content == '{"name": "get_ti'
 
 
 def test_a_forced_list_of_calls_may_not_be_empty_and_closes_as_soon_as_one_call_is_written() -> (
@@ -518,7 +611,8 @@ def test_a_hermes_stream_sends_text_at_once_and_holds_the_call() -> None:
     assert splitter.push('_call>{"name": "get_time", ') == (None, None)
     assert splitter.push('"arguments": {}}</tool_call>') == (None, None)
     text, calls = splitter.finish()
-    assert text is None and calls is not None and splitter.called
+    assert text is None and calls is not None
+    assert splitter.finish_reason("stop") == "tool_calls"
     assert calls[0]["index"] == 0 and calls[0]["id"].startswith("call_")
     assert calls[0]["function"] == {"name": "get_time", "arguments": "{}"}
 
