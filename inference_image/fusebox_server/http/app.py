@@ -82,6 +82,7 @@ from fusebox_server.http.tool_calls import (
     CallFormat,
     StreamSplitter,
     ToolUse,
+    check_json_answer,
     forced_format,
     format_of_template,
     message_calls,
@@ -367,6 +368,8 @@ class Api:
                 "Llama 3 JSON, Mistral [TOOL_CALLS])",
                 param="tools",
             )
+        if parsed.sampling.output_format is not None:
+            check_json_answer(use, call_format)
         return call_format
 
     async def _encode(self, parsed: ChatRequest | CompletionRequest) -> tuple[int, ...]:

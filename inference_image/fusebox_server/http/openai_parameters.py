@@ -162,7 +162,10 @@ PARAMETERS: Final[tuple[Parameter, ...]] = (
         "tools",
         H,
         "functions rendered by the chat template and the reply parsed in the family's call "
-        "format into `tool_calls`; a template without tools: 400",
+        "format into `tool_calls`; a template without tools: 400; with a JSON "
+        "`response_format` under `auto`, 400 naming `response_format` where the family's "
+        "call is not JSON (Hermes, Mistral: it could never be written), accepted for "
+        "Llama 3, whose JSON call comes back as a call",
         CHAT_ONLY,
     ),
     Parameter(

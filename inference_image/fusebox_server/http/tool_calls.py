@@ -279,6 +279,29 @@ def format_of_template(source: str) -> CallFormat | None:
     return None
 
 
+JSON_CALL_FORMATS: Final = frozenset({CallFormat.LLAMA3_JSON})
+"""Formats whose call is a bare JSON document, which a JSON `response_format` can allow."""
+
+
+def check_json_answer(use: ToolUse | None, call_format: CallFormat | None) -> None:
+    """A JSON `response_format` with tools under `auto`: a 400 naming `response_format`
+    when the JSON grammar would forbid the family's call (Hermes' `<tool_call>`,
+    Mistral's `[TOOL_CALLS]`), so the model could never call a tool and the client would
+    not be told. Llama 3 writes a call as a JSON object, which the format can shape, and
+    `auto` reads it back as a call; `none` asks for no calls; a forced call is refused
+    with `response_format` already (`tool_choice`), both constraining the output."""
+    if use is None or use.mode != ChoiceMode.AUTO or call_format in JSON_CALL_FORMATS:
+        return
+    marker = MARKERS.get(call_format) if call_format is not None else None
+    raise _bad(
+        "'response_format' constrains the answer to JSON, and this model writes a tool "
+        f"call as {marker or 'text'} outside JSON, so under tool_choice 'auto' it could "
+        "never call the tools: drop 'response_format', or send tool_choice 'none' for "
+        "a JSON answer",
+        "response_format",
+    )
+
+
 @dataclass(frozen=True)
 class ParsedReply:
     content: str | None

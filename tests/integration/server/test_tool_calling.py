@@ -412,6 +412,25 @@ def test_a_llama3_answer_in_its_call_format_comes_back_as_a_call(client: openai.
     assert json.loads(undeclared.message.content)["name"] == "get_time"  # stays content
 
 
+# Qwen 2.5 (Hermes) writes a call as `<tool_call>` text, which no JSON document holds.
+@pytest.mark.parametrize("family", ["qwen2.5"], indirect=True)
+def test_a_json_response_format_that_forbids_the_call_format_is_a_400_under_auto(
+    client: openai.OpenAI,
+) -> None:
+    """Under `auto` the JSON grammar would forbid `<tool_call>`: the tools could never
+    be called, so the request is refused naming `response_format`, not silently served."""
+    shaped = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    for response_format in ({"type": "json_object"}, shaped):
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as caught:
+                chat(client, response_format=response_format, stream=stream)
+            assert caught.value.param == "response_format"
+            assert "<tool_call>" in caught.value.message
+    answer = chat(client, response_format={"type": "json_object"}, tool_choice="none")
+    assert isinstance(json.loads(answer.choices[0].message.content), dict)  # only JSON wanted
+    assert chat(client, response_format={"type": "text"}).choices[0].finish_reason
+
+
 def test_the_no_streaming_tier_sends_a_forced_call_whole_in_one_chunk(
     client: openai.OpenAI, family_server: ServerProcess
 ) -> None:

@@ -13,12 +13,14 @@ from hypothesis import strategies as st
 from fusebox_server.errors import InvalidRequest, ServerError
 from fusebox_server.http.openai_schema import parse_chat_request
 from fusebox_server.http.tool_calls import (
+    MARKERS,
     CallFormat,
     ChoiceMode,
     FunctionCall,
     ParsedReply,
     StreamSplitter,
     ToolUse,
+    check_json_answer,
     forced_format,
     forced_schema,
     format_of_template,
@@ -754,3 +756,22 @@ def test_strict_under_auto_is_a_400_naming_it_and_forced_calls_keep_it() -> None
     for choice in ("required", named, "none"):
         use = parse_tool_use({"tools": [WEATHER, _strict(TIME)], "tool_choice": choice})
         assert use is not None and use.tools[1].strict
+
+
+@pytest.mark.parametrize("call_format", [CallFormat.HERMES, CallFormat.MISTRAL])
+def test_a_json_answer_that_forbids_the_call_format_is_a_400_naming_response_format(
+    call_format: CallFormat,
+) -> None:
+    """Hermes' `<tool_call>` and Mistral's `[TOOL_CALLS]` are not JSON: under `auto` a
+    JSON `response_format` would leave the tools uncallable, silently."""
+    for choice in (None, "auto"):
+        with pytest.raises(InvalidRequest) as caught:
+            check_json_answer(_use(tool_choice=choice), call_format)
+        assert caught.value.param == "response_format"
+        assert MARKERS[call_format] in caught.value.message
+    check_json_answer(_use(tool_choice="none"), call_format)
+
+
+def test_a_json_answer_keeps_llama3s_json_calls_callable() -> None:
+    check_json_answer(_use(), CallFormat.LLAMA3_JSON)
+    check_json_answer(None, CallFormat.HERMES)
