@@ -6,10 +6,12 @@ Mistral's `[TOOL_CALLS][...]`); OpenAI clients expect `message.tool_calls`.
 This module validates `tools` / `tool_choice` / `parallel_tool_calls` (a 400
 naming the bad path), picks the parser from the chat template's own text,
 turns generated text into calls (text that does not parse stays content,
-never an error), builds the JSON schema that forces a call when the request
-requires one (compiled by `model.structured_output`), and splits a stream
-into content and call deltas. Pure functions and one small stateful
-splitter; no I/O.
+never an error; a forced call cut short is still the call, as OpenAI's is),
+builds the JSON schema that forces a call when the request requires one
+(compiled by `model.structured_output`), refuses a JSON `response_format`
+that would leave `auto`'s calls unwritable, and splits a stream into content
+and call deltas, with the finish reason the whole answer would have. Pure
+functions and one small stateful splitter; no I/O.
 """
 
 from __future__ import annotations
