@@ -300,8 +300,12 @@ def render_api_docs(crd: Schema) -> str:
         " The flags stand in for the nodes' `nvidia.com/gpu.memory` (MiB) and"
         " `nvidia.com/gpu.product` labels; without either, a GPU service needs `gpu.memoryGiB`"
         " or a known `gpu.product`. The admin token is shown as a placeholder. An invalid spec"
-        " prints the operator's InvalidSpec message on stderr and exits 2. Feed the server"
-        " container's env to `python -m fusebox_server --check-config` to check the server side.",
+        " prints the operator's InvalidSpec message on stderr and exits 2. Like `kubectl"
+        " apply`'s strict field validation, a field the CRD does not declare and a value over"
+        " its maxLength, maxItems or maxProperties are refused, naming the field"
+        " (`spec.server.maxConcurency: unknown field (did you mean maxConcurrency?)`)."
+        " Feed the server container's env to `python -m fusebox_server --check-config` to"
+        " check the server side.",
         "",
         "### Liveness and wedges",
         "",
