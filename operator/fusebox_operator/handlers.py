@@ -261,7 +261,7 @@ async def _first_observation(
     else none, and the first tick observes as before. `status`: what this reconcile writes."""
     name, namespace = str(meta["name"]), str(meta["namespace"])
     try:  # the pod watch's store, as the tick reads it (a LIST only while it is not synced)
-        pods = await context.kube.list_pods(namespace, manifests.selector_labels(name))
+        pods = await context.kube.list_pods(namespace, manifests.selector_labels(name), name)
     except KubeError as error:
         log.info("%s/%s: first observation left to the tick: %s", namespace, name, error)
         return {}
@@ -441,7 +441,7 @@ async def _telemetry(
         await _resync(body, parsed, status, meta, context, service)
     kube = context.kube
     try:
-        pods = await kube.list_pods(namespace, manifests.selector_labels(name))
+        pods = await kube.list_pods(namespace, manifests.selector_labels(name), name)
         token = await _token(service, kube, namespace, name)
     except KubeError as error:
         log.warning("%s/%s: %s", namespace, name, error)

@@ -40,7 +40,7 @@ from fusebox_operator.manifests import (
 )
 from fusebox_operator.observations import PodView
 from fusebox_operator.pod_store import PodStore, StoredPod
-from fusebox_operator.pod_view import pod_view
+from fusebox_operator.pod_view import controlling_deployment, pod_view
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import NODE_PRODUCT_LABEL, NODE_VRAM_LABEL
 
@@ -417,6 +417,7 @@ def _stored(pod: Mapping[str, Any]) -> StoredPod:
     return StoredPod(
         namespace=metadata["namespace"],
         labels=dict(metadata.get("labels") or {}),
+        deployment=controlling_deployment(pod),
         view=pod_view(pod),
     )
 
@@ -777,10 +778,14 @@ class Kube:
         for watch in [*self._pod_watches, *self._child_watches]:
             watch.stop()
 
-    async def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[PodView]:
-        """From the watched store when it is synced, else one LIST."""
+    async def list_pods(
+        self, namespace: str, labels: Mapping[str, str], deployment: str
+    ) -> list[PodView]:
+        """The pods carrying `labels` that `deployment` controls (a pod someone else made
+        with the label is not the service's: pod_view.controlling_deployment), from the
+        watched store when it is synced, else one LIST."""
         store = self._pod_stores.get(namespace) or self._pod_stores.get(None)
-        watched = store.select(namespace, labels) if store is not None else None
+        watched = store.select(namespace, labels, deployment) if store is not None else None
         if watched is not None:
             return watched
         selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
@@ -793,7 +798,8 @@ class Kube:
                 _request_timeout=REQUEST_TIMEOUT_SECONDS,
                 _preload_content=False,
             )
-            return [pod_view(pod) for pod in json.loads(answer.data).get("items") or []]
+            items = json.loads(answer.data).get("items") or []
+            return [pod_view(pod) for pod in items if controlling_deployment(pod) == deployment]
 
         try:
             return await _run(call)

@@ -23,6 +23,7 @@ from fusebox_operator.observations import PodView
 class StoredPod:
     namespace: str
     labels: Mapping[str, str]
+    deployment: str  # the Deployment whose ReplicaSet controls it, "" for none (pod_view.py)
     view: PodView
 
 
@@ -57,8 +58,11 @@ class PodStore:
         with self._lock:
             return self._synced
 
-    def select(self, namespace: str, labels: Mapping[str, str]) -> list[PodView] | None:
-        """The namespace's pods carrying every label, by name; None while not synced."""
+    def select(
+        self, namespace: str, labels: Mapping[str, str], deployment: str
+    ) -> list[PodView] | None:
+        """The namespace's pods carrying every label that `deployment` controls, by name;
+        None while not synced."""
         with self._lock:
             if not self._synced:
                 return None
@@ -66,6 +70,7 @@ class PodStore:
                 pod.view
                 for (pod_namespace, _), pod in self._pods.items()
                 if pod_namespace == namespace
+                and pod.deployment == deployment
                 and all(pod.labels.get(key) == value for key, value in labels.items())
             ]
         return sorted(chosen, key=lambda view: view.name)

@@ -35,6 +35,8 @@ FAILING_WAIT_REASONS = frozenset(
     }
 )
 FAILING_TEXT_CHARS = 160
+# The label a Deployment puts on its ReplicaSets' pods, which ends each ReplicaSet's name.
+TEMPLATE_HASH_LABEL = "pod-template-hash"
 # How the kubelet names a ResourceClaim's devices in allocatedResourcesStatus.
 CLAIM_RESOURCE_PREFIX = "claim:"
 
@@ -84,6 +86,32 @@ def pod_view(pod: Json) -> PodView:
         grace_ends_at=_epoch_seconds(deleting),
         fetch=fetch_state(name, init_statuses) if fetch is not None else None,
     )
+
+
+def controlling_deployment(pod: Json) -> str:
+    """The Deployment whose ReplicaSet controls the pod, "" for any other pod.
+
+    Why: a service's pods are found by its label, and anyone who may create pods
+    in the namespace can put that label on one. The operator sends such a pod
+    the admin token, reads its figures into status and acts on it; so a pod
+    counts only when its controller is a ReplicaSet the Deployment made: named
+    `<deployment>-<pod-template-hash>`, the hash the pod carries as a label.
+    """
+    metadata: Json = pod.get("metadata") or {}
+    template_hash = (metadata.get("labels") or {}).get(TEMPLATE_HASH_LABEL)
+    if not template_hash:
+        return ""
+    suffix = f"-{template_hash}"
+    for owner in metadata.get("ownerReferences") or []:
+        name = str(owner.get("name") or "")
+        if (
+            owner.get("controller")
+            and owner.get("kind") == "ReplicaSet"
+            and owner.get("apiVersion") == "apps/v1"
+            and name.endswith(suffix)
+        ):
+            return name[: -len(suffix)]
+    return ""
 
 
 def current_count(pods: Sequence[PodView]) -> int:

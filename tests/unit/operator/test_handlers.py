@@ -82,7 +82,9 @@ class FakeKube:
         self.written.append(f"{manifest['kind']} {manifest['metadata']['name']}")
         return Applied(manifest, "created")
 
-    async def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[Any]:
+    async def list_pods(
+        self, namespace: str, labels: Mapping[str, str], deployment: str
+    ) -> list[Any]:
         self.pods_listed += 1
         return list(self.pods)
 

@@ -16,7 +16,14 @@ from typing import Any
 
 import kubernetes
 import pytest
-from kubernetes.client import V1ListMeta, V1ObjectMeta, V1Pod, V1PodList, V1PodStatus
+from kubernetes.client import (
+    V1ListMeta,
+    V1ObjectMeta,
+    V1OwnerReference,
+    V1Pod,
+    V1PodList,
+    V1PodStatus,
+)
 from kubernetes.client.exceptions import ApiException
 
 from fusebox_operator import kube as kube_module
@@ -30,13 +37,33 @@ from .served import served
 Event = dict[str, Any]
 
 
-def pod(name: str, service: str = "chat", namespace: str = "team", phase: str = "Running") -> V1Pod:
+def pod(
+    name: str,
+    service: str = "chat",
+    namespace: str = "team",
+    phase: str = "Running",
+    owner: str | None = None,
+) -> V1Pod:
+    """A pod the service's Deployment (named as the service) made through its ReplicaSet,
+    unless `owner` names another controlling ReplicaSet ("" for none)."""
+    owner = f"{service}-5d8f7c9b4" if owner is None else owner
     return V1Pod(
         metadata=V1ObjectMeta(
             name=name,
             namespace=namespace,
             uid=f"uid-{name}",
-            labels={SERVICE_LABEL: service},
+            labels={SERVICE_LABEL: service, "pod-template-hash": "5d8f7c9b4"},
+            owner_references=[
+                V1OwnerReference(
+                    api_version="apps/v1",
+                    kind="ReplicaSet",
+                    name=owner,
+                    uid=f"uid-{owner}",
+                    controller=True,
+                )
+            ]
+            if owner
+            else None,
             resource_version="0",
         ),
         status=V1PodStatus(phase=phase),
@@ -107,7 +134,7 @@ class FakeWatches:
 
 
 def names(store: PodStore, service: str = "chat", namespace: str = "team") -> list[str] | None:
-    views = store.select(namespace, {SERVICE_LABEL: service})
+    views = store.select(namespace, {SERVICE_LABEL: service}, service)
     return None if views is None else [view.name for view in views]
 
 
@@ -132,7 +159,9 @@ def test_events_after_the_list_keep_the_store_current_and_a_410_lists_again() ->
 
     def expired(_: PodWatch) -> Iterator[Event]:
         seen["resumed"] = names(store)
-        seen["phase"] = {v.name: v.phase for v in store.select("team", {}) or []}
+        seen["phase"] = {
+            v.name: v.phase for d in ("chat", "other") for v in store.select("team", {}, d) or []
+        }
         raise ApiException(status=410, reason="Expired")
         yield  # pragma: no cover
 
@@ -190,7 +219,7 @@ def test_a_failed_watch_marks_the_store_lost_until_the_next_list(
 
 def test_a_store_not_yet_synced_answers_none_and_a_synced_one_filters() -> None:
     store = PodStore()
-    assert store.select("team", {SERVICE_LABEL: "chat"}) is None
+    assert store.select("team", {SERVICE_LABEL: "chat"}, "chat") is None
     pods = [pod("chat-a"), pod("chat-a", namespace="other"), pod("x", service="x")]
     store.replace(kube_module._stored(served(item)) for item in pods)
     assert names(store) == ["chat-a"]
@@ -215,12 +244,12 @@ def test_ticks_read_a_synced_store_and_list_only_while_it_is_not() -> None:
     store = PodStore()
     kube._pod_stores = {None: store}
 
-    listed = asyncio.run(kube.list_pods("team", {SERVICE_LABEL: "chat"}))
+    listed = asyncio.run(kube.list_pods("team", {SERVICE_LABEL: "chat"}, "chat"))
     assert [view.name for view in listed] == ["chat-listed"]
     assert core.calls == 1
 
     store.replace([kube_module._stored(served(pod("chat-watched")))])
-    watched = asyncio.run(kube.list_pods("team", {SERVICE_LABEL: "chat"}))
+    watched = asyncio.run(kube.list_pods("team", {SERVICE_LABEL: "chat"}, "chat"))
     assert [view.name for view in watched] == ["chat-watched"]
     assert core.calls == 1  # no request
 
@@ -256,7 +285,7 @@ def test_a_service_in_a_namespace_matched_by_a_pattern_reads_the_cluster_wide_st
     assert started == ["all namespaces"]
     kube._pod_stores[None].replace([kube_module._stored(served(pod("chat-a", namespace="e2e-x")))])
 
-    listed = asyncio.run(kube.list_pods("e2e-x", {SERVICE_LABEL: "chat"}))
+    listed = asyncio.run(kube.list_pods("e2e-x", {SERVICE_LABEL: "chat"}, "chat"))
 
     assert [view.name for view in listed] == ["chat-a"]
     assert core.selectors == []  # no LIST: the watched store answered
@@ -272,3 +301,38 @@ def test_the_client_watch_hands_the_pod_watch_json_not_typed_pods() -> None:
     assert not kubernetes.watch.Watch().get_return_type(pod_watch._list)
     raw = json.dumps({"type": "MODIFIED", "object": served(pod("chat-a"))})
     assert isinstance(kubernetes.watch.Watch().unmarshal_event(raw, None)["object"], dict)
+
+
+@pytest.mark.parametrize(
+    "owner",
+    [
+        "",  # no controller: a pod someone made by hand with the service's label
+        "chat-6f5c8d7b9",  # a ReplicaSet whose name does not end in the pod's template hash
+        "chatbot-5d8f7c9b4",  # another Deployment's ReplicaSet
+    ],
+)
+def test_a_pod_with_the_service_label_that_its_deployment_did_not_make_is_not_the_services(
+    owner: str,
+) -> None:
+    kube = object.__new__(Kube)
+    core = ListingCoreOf([pod("chat-a"), pod("chat-impostor", owner=owner)])
+    kube.core = core  # type: ignore[assignment]
+    store = PodStore()
+    kube._pod_stores = {None: store}
+
+    listed = asyncio.run(kube.list_pods("team", {SERVICE_LABEL: "chat"}, "chat"))
+    assert [view.name for view in listed] == ["chat-a"]
+
+    store.replace(
+        [kube_module._stored(served(p)) for p in (pod("chat-a"), pod("chat-impostor", owner=owner))]
+    )
+    watched = asyncio.run(kube.list_pods("team", {SERVICE_LABEL: "chat"}, "chat"))
+    assert [view.name for view in watched] == ["chat-a"]
+
+
+class ListingCoreOf:
+    def __init__(self, pods: list[V1Pod]) -> None:
+        self.pods = pods
+
+    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Answer:
+        return Answer(self.pods, "1")
