@@ -17,7 +17,9 @@ to an old server and an old operator to a new one.
 `tests/unit/contract/test_admin.py` pins a golden example of every body.
 
 Parsing raises `AdminBodyError` (a ValueError) naming the field. Requests
-are read strictly, with the messages the server has always answered. A
+are read strictly, with the messages the server has always answered: a key
+outside the body's own is refused by name (a misspelt key would otherwise
+get 200 and do nothing), as is a `variant` on an action that ignores it. A
 result is read as an old or a new server writes it: keys this module does
 not know are ignored, and in `ServerState` (a view for people and tests) a
 missing key is None, as in the stats file; a key present with the wrong
@@ -47,6 +49,8 @@ from fusebox_contract.names import (
 )
 
 MAX_ACTION_ID_CHARS: Final = 256
+VARIANT_ACTIONS: Final = frozenset({ActionType.LOAD, ActionType.SWAP})
+"""The action types a `variant` means something to; the others refuse one."""
 
 _E = TypeVar("_E", bound=enum.Enum)
 
@@ -100,12 +104,23 @@ def _member(enum_type: type[_E], value: object, name: str) -> _E:
     for member in enum_type:
         if member.value == value and isinstance(value, bool) == isinstance(member.value, bool):
             return member
-    allowed = ", ".join(str(m.value) for m in enum_type)
-    raise AdminBodyError(name, f"'{name}' must be one of {allowed}")
+    raise AdminBodyError(name, f"'{name}' must be one of {_allowed(enum_type)}")
 
 
 def _is_integer(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _known_keys(body: Mapping[str, object], known: tuple[str, ...]) -> None:
+    """Refuse a key the body does not have: a misspelt or snake_case key must not
+    get 200 and do nothing (a half-open breaker would keep admitting everything)."""
+    for key in body:
+        if key not in known:
+            raise AdminBodyError(key, f"unknown key {key!r} (known: {', '.join(known)})")
+
+
+def _allowed(enum_type: type[enum.Enum]) -> str:
+    return ", ".join(str(m.value) for m in enum_type)
 
 
 # ----- requests (the operator writes them, the server reads them) -----
@@ -116,6 +131,7 @@ class ActionRequest:
     """`POST /admin/v1/actions`: run one action, once per id (a repeat replays)."""
 
     path: ClassVar[AdminPath] = AdminPath.ACTIONS
+    keys: ClassVar[tuple[str, ...]] = ("id", "type", "variant")
     id: str
     type: ActionType
     variant: Variant | None = None  # load: which one; swap: to which (None: the other one)
@@ -129,6 +145,7 @@ class ActionRequest:
     @classmethod
     def parse(cls, raw: object) -> Self:
         body = _object(raw)
+        _known_keys(body, cls.keys)
         action_id = body.get("id")
         if not isinstance(action_id, str) or not action_id:
             raise AdminBodyError("id", "'id' must be a non-empty string", malformed=True)
@@ -140,6 +157,10 @@ class ActionRequest:
         variant = body.get("variant")
         if variant is not None and not isinstance(variant, str):
             raise AdminBodyError("variant", "'variant' must be a string", malformed=True)
+        if variant is not None and action_type not in VARIANT_ACTIONS:
+            # gc, empty_cache and unload ignore it, and it is part of the id's
+            # idempotency key: accepting it would only make a repeat a 409.
+            raise AdminBodyError("variant", "'variant' applies only to load and swap")
         return cls(
             action_id,
             action_type,
@@ -152,8 +173,11 @@ class BreakerRequest:
     """`PUT /admin/v1/breaker`: the state the operator decided; the answer is `ServerState`."""
 
     path: ClassVar[AdminPath] = AdminPath.BREAKER
+    keys: ClassVar[tuple[str, ...]] = ("state", "admitPercent")
     state: BreakerState
-    admit_percent: int | None = None  # what HALF_OPEN admits, 0..100; None: keep (100 if closed)
+    # What HALF_OPEN admits: 1..100 there (the CRD's bound), 0..100 with the other
+    # states (the operator sends 0 with OPEN, 100 with CLOSED); None: keep (100 if closed).
+    admit_percent: int | None = None
 
     def encode(self) -> dict[str, Any]:
         body: dict[str, Any] = {"state": self.state.value}
@@ -164,12 +188,25 @@ class BreakerRequest:
     @classmethod
     def parse(cls, raw: object) -> Self:
         body = _object(raw)
-        state = _member(BreakerState, body.get("state"), "state")
+        _known_keys(body, cls.keys)
+        if not isinstance(body.get("state"), str):
+            message = f"'state' must be one of {_allowed(BreakerState)}"
+            raise AdminBodyError("state", message, malformed=True)
+        state = _member(BreakerState, body["state"], "state")
         percent = body.get("admitPercent")
         if percent is None:
             return cls(state)
-        if isinstance(percent, bool) or not isinstance(percent, int) or not 0 <= percent <= 100:
+        if isinstance(percent, bool) or not isinstance(percent, int):
+            message = "'admitPercent' must be an integer 0..100"
+            raise AdminBodyError("admitPercent", message, malformed=True)
+        if not 0 <= percent <= 100:
             raise AdminBodyError("admitPercent", "'admitPercent' must be an integer 0..100")
+        if percent == 0 and state is BreakerState.HALF_OPEN:
+            # A half-open breaker that admits nothing never gets the requests it
+            # needs to close, while the pod looks ready: that is OPEN, say so.
+            raise AdminBodyError(
+                "admitPercent", "'admitPercent' must be 1..100 when half_open (0: use open)"
+            )
         return cls(state, percent)
 
 
@@ -177,8 +214,8 @@ def _tiers(raw: object) -> tuple[DegradationTier, ...] | None:
     """`tiers`: the service's degradation tiers (absent: every tier)."""
     if raw is None:
         return None
-    if not isinstance(raw, list):
-        raise AdminBodyError("tiers", "'tiers' must be a list of tier names")
+    if not isinstance(raw, list) or not all(isinstance(name, str) for name in raw):
+        raise AdminBodyError("tiers", "'tiers' must be a list of tier names", malformed=True)
     tiers = tuple(_member(DegradationTier, name, "tiers") for name in raw)
     if len(set(tiers)) != len(tiers):
         raise AdminBodyError("tiers", "'tiers' must not repeat a tier")
@@ -190,6 +227,7 @@ class DegradationRequest:
     """`PUT /admin/v1/degradation`: the level, and the service's tiers (None: every tier)."""
 
     path: ClassVar[AdminPath] = AdminPath.DEGRADATION
+    keys: ClassVar[tuple[str, ...]] = ("level", "tiers")
     level: DegradationLevel
     tiers: tuple[DegradationTier, ...] | None = None
 
@@ -202,10 +240,11 @@ class DegradationRequest:
     @classmethod
     def parse(cls, raw: object) -> Self:
         body = _object(raw)
+        _known_keys(body, cls.keys)
         level = body.get("level")
         if not _is_integer(level):
             top = int(max(DegradationLevel))
-            raise AdminBodyError("level", f"'level' must be an integer 0..{top}")
+            raise AdminBodyError("level", f"'level' must be an integer 0..{top}", malformed=True)
         return cls(_member(DegradationLevel, level, "level"), _tiers(body.get("tiers")))
 
 

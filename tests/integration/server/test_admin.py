@@ -17,6 +17,7 @@ from fusebox_server_harness import ADMIN_TOKEN, ServerProcess
 from fusebox_contract.admin import (
     AdminPath,
     BreakerRequest,
+    BreakerView,
     DegradationRequest,
     DegradationResult,
     ErrorAnswer,
@@ -179,6 +180,22 @@ def test_an_action_id_reused_for_another_action_is_refused(server: ServerProcess
         pytest.param(
             ["gc"], 422, "invalid_schema", None, "request body must be a JSON object", id="a-list"
         ),
+        pytest.param(
+            {"id": "c", "type": "unload", "varient": "fallback"},
+            400,
+            "invalid_request",
+            "varient",
+            "unknown key 'varient' (known: id, type, variant)",
+            id="unknown-key",
+        ),
+        pytest.param(
+            {"id": "d", "type": "unload", "variant": "fallback"},
+            400,
+            "invalid_request",
+            "variant",
+            "'variant' applies only to load and swap",
+            id="variant-on-unload",
+        ),
     ],
 )
 def test_bad_actions_get_clear_errors(
@@ -188,6 +205,94 @@ def test_bad_actions_get_clear_errors(
     assert response.status_code == status
     error = ErrorAnswer.parse(response.json())
     assert (error.code, error.param, error.message) == (code, param, message)
+    assert server.state().model_loaded is True  # nothing was unloaded
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param", "message"),
+    [
+        pytest.param(
+            AdminPath.BREAKER,
+            {"state": "half_open", "admit_percent": 5},
+            400,
+            "admit_percent",
+            "unknown key 'admit_percent' (known: state, admitPercent)",
+            id="breaker-unknown-key",
+        ),
+        pytest.param(
+            AdminPath.BREAKER,
+            {"state": "half_open", "admitPercent": 0},
+            400,
+            "admitPercent",
+            "'admitPercent' must be 1..100 when half_open (0: use open)",
+            id="half-open-admitting-nothing",
+        ),
+        pytest.param(
+            AdminPath.BREAKER,
+            {"admitPercent": 5},
+            422,
+            "state",
+            "'state' must be one of closed, open, half_open",
+            id="breaker-no-state",
+        ),
+        pytest.param(
+            AdminPath.BREAKER,
+            {"state": "half_open", "admitPercent": "5"},
+            422,
+            "admitPercent",
+            "'admitPercent' must be an integer 0..100",
+            id="admit-percent-a-string",
+        ),
+        pytest.param(
+            AdminPath.DEGRADATION,
+            {"level": 1, "tier": ["no-streaming"]},
+            400,
+            "tier",
+            "unknown key 'tier' (known: level, tiers)",
+            id="degradation-unknown-key",
+        ),
+        pytest.param(
+            AdminPath.DEGRADATION,
+            {"level": "1"},
+            422,
+            "level",
+            "'level' must be an integer 0..3",
+            id="level-a-string",
+        ),
+        pytest.param(
+            AdminPath.DEGRADATION,
+            {"tiers": []},
+            422,
+            "level",
+            "'level' must be an integer 0..3",
+            id="no-level",
+        ),
+    ],
+)
+def test_bad_breaker_and_degradation_bodies_are_refused_by_name(
+    clean_server: ServerProcess,
+    path: AdminPath,
+    body: dict[str, Any],
+    status: int,
+    param: str,
+    message: str,
+) -> None:
+    response = clean_server.admin.put(path, json=body)
+    assert response.status_code == status
+    error = ErrorAnswer.parse(response.json())
+    code = "invalid_schema" if status == 422 else "invalid_request"
+    assert (error.code, error.param, error.message) == (code, param, message)
+    state = clean_server.state()  # nothing half-applied
+    assert (state.breaker.state, state.breaker.admit_percent) == (BreakerState.CLOSED, 100)
+    assert state.degradation_level == 0
+
+
+def test_an_open_breaker_takes_admit_percent_zero_as_the_operator_sends_it(
+    clean_server: ServerProcess,
+) -> None:
+    answer = clean_server.send(BreakerRequest(BreakerState.OPEN, 0))  # policy.admit_percent
+    assert answer.status_code == 200
+    assert ServerState.parse(answer.json()).breaker == BreakerView(BreakerState.OPEN, 0)
 
 
 def test_breaker_and_degradation_reject_invalid_values(server: ServerProcess) -> None:
@@ -201,25 +306,25 @@ def test_breaker_and_degradation_reject_invalid_values(server: ServerProcess) ->
         "invalid_request",
     )
     assert server.admin.put(AdminPath.DEGRADATION, json={"level": 4}).status_code == 400
-    assert server.admin.put(AdminPath.DEGRADATION, json={"level": "1"}).status_code == 400
+    assert server.admin.put(AdminPath.DEGRADATION, json={"level": "1"}).status_code == 422
     assert server.admin.put(AdminPath.DEGRADATION, content=b"{").status_code == 400
     assert server.state().breaker.state is BreakerState.CLOSED
 
 
 @pytest.mark.parametrize(
-    ("tiers", "says"),
+    ("tiers", "status", "says"),
     [
-        ("canned-answers", "must be a list"),
-        (["canned-answers", "shrug"], "must be one of no-streaming, fallback-model"),
-        ([3], "must be one of"),
-        (["canned-answers", "canned-answers"], "must not repeat"),
+        ("canned-answers", 422, "must be a list"),
+        (["canned-answers", "shrug"], 400, "must be one of no-streaming, fallback-model"),
+        ([3], 422, "must be a list of tier names"),
+        (["canned-answers", "canned-answers"], 400, "must not repeat"),
     ],
 )
 def test_degradation_refuses_tiers_it_cannot_read_by_name(
-    server: ServerProcess, tiers: object, says: str
+    server: ServerProcess, tiers: object, status: int, says: str
 ) -> None:
     response = server.admin.put(AdminPath.DEGRADATION, json={"level": 3, "tiers": tiers})
-    assert response.status_code == 400
+    assert response.status_code == status
     error = ErrorAnswer.parse(response.json())
     assert error.param == "tiers" and says in error.message
     assert server.state().degradation_level == 0  # nothing half-applied
