@@ -57,6 +57,7 @@ from fusebox_operator.spec import (
 Manifest = dict[str, Any]
 
 NONROOT_UID = 65532
+SIDECAR_UID = 65533  # the group stays NONROOT_UID, the pod's fsGroup
 SIDECAR_COMMAND = ["/opt/venv/bin/python", "-m", "fusebox_sidecar"]
 FETCH_COMMAND = ["/opt/venv/bin/python", "-m", "fusebox_server.fetch"]
 MODEL_CACHE_VOLUME = "model-cache"
@@ -176,12 +177,12 @@ def memory_quantity(size_bytes: int) -> str:
     return str(size_bytes)
 
 
-def _restricted_container_security() -> Manifest:
+def _restricted_container_security(uid: int = NONROOT_UID) -> Manifest:
     return {
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
-        "runAsUser": NONROOT_UID,
+        "runAsUser": uid,
         "runAsGroup": NONROOT_UID,
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
@@ -472,7 +473,10 @@ def _sidecar_container(image: str) -> Manifest:
             "requests": dict(resources) | ephemeral_storage(LOG_ALLOWANCE_BYTES),
             "limits": dict(resources) | ephemeral_storage(LOG_ALLOWANCE_BYTES),
         },
-        "securityContext": _restricted_container_security(),
+        # Its own user: with the pod's shared process namespace, the server's user could
+        # open /proc/<server>/root and /environ, and so the admin token the sidecar does
+        # not mount. /proc/<pid>/status and the 0644 stats file are readable by any user.
+        "securityContext": _restricted_container_security(SIDECAR_UID),
         "volumeMounts": [
             {"name": "runtime", "mountPath": RUNTIME_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},

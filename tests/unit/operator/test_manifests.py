@@ -65,6 +65,29 @@ def test_the_sidecar_is_native_started_before_the_server_and_stopped_after_it(
     assert sidecar["startupProbe"]["tcpSocket"] == {"port": "metrics"}
 
 
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_only_the_server_s_user_can_reach_its_process_and_the_sidecar_runs_as_another(
+    example: str,
+) -> None:
+    # The pod shares one process namespace: a container under the server's user
+    # could open /proc/<server>/root/... and read the admin token it does not mount.
+    pod = deployment_of(example)["spec"]["template"]["spec"]
+    assert pod["shareProcessNamespace"] is True
+    users = {
+        c["name"]: c["securityContext"]["runAsUser"]
+        for c in [*pod["initContainers"], *pod["containers"]]
+    }
+    server_user = users.pop("server")
+    assert users.pop("sidecar") != server_user
+    # Everything else runs before the server starts (the model fetcher), or not at all.
+    assert set(users) <= {"model-fetch"}
+    # One group, the pod's fsGroup: the sidecar still reads the stats file the server writes.
+    groups = {
+        c["securityContext"]["runAsGroup"] for c in [*pod["initContainers"], *pod["containers"]]
+    }
+    assert groups == {pod["securityContext"]["fsGroup"]}
+
+
 def test_pod_security_checker_catches_a_privileged_pod() -> None:
     pod = {
         "hostNetwork": True,
