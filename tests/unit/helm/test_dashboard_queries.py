@@ -70,6 +70,23 @@ def test_latency_panels_take_quantiles_from_the_histograms_not_the_p99_gauge(
     assert {Metric.PROMPT_TOKENS.sample, Metric.GENERATION_TOKENS.sample} <= queried
 
 
+def _seconds(duration: str) -> float:
+    """A Prometheus duration such as 1m or 1h30m in seconds."""
+    unit_seconds = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+    parts = re.findall(r"([0-9]+)(ms|s|m|h|d|w|y)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(int(number) * unit_seconds[unit] for number, unit in parts)
+
+
+def test_no_rate_window_is_a_fixed_one_a_slow_scrape_leaves_empty(render: Render) -> None:
+    """`monitoring.podMonitor.interval` takes any duration: at 1m a fixed `[1m]` window
+    holds one sample and `rate` draws nothing, without an error. `$__rate_interval`
+    follows the scrape interval; a fixed window must be long enough for any sane one."""
+    for title, expression in dashboard_queries(render):
+        for window in re.findall(r"\[([^\]:]+)\]", expression):
+            assert window == "$__rate_interval" or _seconds(window) >= 300, (title, expression)
+
+
 def test_every_query_is_valid_promql(render: Render, tmp_path: Path) -> None:
     """promtool parses each query (Grafana's variables substituted) as a recording rule."""
     rules: dict[str, Any] = {
