@@ -34,6 +34,14 @@ the PDB and the NetworkPolicy select the pods by them."""
 FUSEBOX_ANNOTATIONS = ("prometheus.io/scrape", "prometheus.io/port")
 """The annotations the pod template carries besides fusebox.dev/*."""
 
+CONFINEMENT_ANNOTATION_PREFIXES = (
+    "container.apparmor.security.beta.kubernetes.io/",
+    "seccomp.security.alpha.kubernetes.io/",
+    "container.seccomp.security.alpha.kubernetes.io/",
+)
+"""Annotations that choose a container's AppArmor or seccomp profile."""
+CONFINED_PROFILES = ("runtime/default", "docker/default")
+
 OWNED_FIELDS: dict[str, str] = {
     "securityContext": "restricted Pod Security is Fusebox's, whatever else is set",
     "containers": "Fusebox renders the server and its sidecar",
@@ -184,10 +192,13 @@ def parse_placement(
             f"{where}.labels",
             is_reserved_label,
         ),
-        annotations=_reserved_free(
-            _string_map(raw.get("annotations"), f"{where}.annotations", label_values=False),
+        annotations=_confined(
+            _reserved_free(
+                _string_map(raw.get("annotations"), f"{where}.annotations", label_values=False),
+                f"{where}.annotations",
+                is_reserved_annotation,
+            ),
             f"{where}.annotations",
-            is_reserved_annotation,
         ),
         image=_image(raw.get("image"), f"{where}.image"),
     )
@@ -369,6 +380,21 @@ def _reserved_free(
             raise PlacementError(
                 f"{where}[{key!r}] cannot be set: Fusebox sets it (keys under "
                 f"{FUSEBOX_KEY_PREFIX} and the ones it selects or scrapes pods by are its own)"
+            )
+    return pairs
+
+
+def _confined(pairs: tuple[tuple[str, str], ...], where: str) -> tuple[tuple[str, str], ...]:
+    """AppArmor and seccomp annotations may only name the runtime's default profile or
+    a node's own (`localhost/...`), as restricted Pod Security allows: an `unconfined`
+    one would loosen the pod wherever the namespace does not enforce that profile."""
+    for key, value in pairs:
+        if key.startswith(CONFINEMENT_ANNOTATION_PREFIXES) and not (
+            value in CONFINED_PROFILES or value.startswith("localhost/")
+        ):
+            raise PlacementError(
+                f"{where}[{key!r}] cannot be {value!r}: Fusebox's pods keep restricted Pod"
+                f" Security (only {', '.join(CONFINED_PROFILES)} or localhost/PROFILE)"
             )
     return pairs
 

@@ -187,6 +187,30 @@ def test_fuseboxs_own_labels_and_annotations_cannot_be_overridden(section: str, 
     assert f"spec.pod.{section}[{key!r}] cannot be set: Fusebox sets it" in message
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("container.apparmor.security.beta.kubernetes.io/server", "unconfined"),
+        ("container.apparmor.security.beta.kubernetes.io/sidecar", "unconfined"),
+        ("seccomp.security.alpha.kubernetes.io/pod", "unconfined"),
+        ("container.seccomp.security.alpha.kubernetes.io/server", "unconfined"),
+    ],
+)
+def test_an_annotation_that_would_unconfine_a_container_is_refused(key: str, value: str) -> None:
+    message = refusal({"annotations": {key: value}})
+    assert f"spec.pod.annotations[{key!r}] cannot be {value!r}" in message
+    assert "restricted Pod Security" in message
+
+
+@pytest.mark.parametrize(
+    "value", ["runtime/default", "docker/default", "localhost/fusebox-inference"]
+)
+def test_an_annotation_naming_a_confining_profile_reaches_the_pod(value: str) -> None:
+    key = "container.apparmor.security.beta.kubernetes.io/server"
+    pod = pod_of(pod={"annotations": {key: value}})
+    assert pod["metadata"]["annotations"][key] == value
+
+
 def test_every_label_and_annotation_fusebox_renders_is_reserved() -> None:
     # The reserved lists and the builder are two places: this keeps them one set.
     metadata = pod_of(gpu={"product": "NVIDIA-H100"})["metadata"]
