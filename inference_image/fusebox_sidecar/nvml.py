@@ -13,6 +13,10 @@ absent and `fusebox_gpu_lost 1`; any other error reading a device's memory →
 its figures fall back to the server's own (`read_error` says why, for the
 log); per-process memory unavailable → only the device-level numbers.
 
+NVML that fails to initialise is tried again every `RETRY_INIT_EVERY_READS`
+reads: a driver or a DRA claim that is not ready when the sidecar starts
+must not leave the GPU unmeasured for the container's whole life.
+
 NVML reports host PIDs. The server's own share of a device can only be told
 apart when the sidecar sees host PIDs (it runs in the host's PID namespace,
 as in `bench/gpu_check.py`); inside a pod the PIDs differ and the per-process
@@ -25,6 +29,12 @@ import importlib
 from dataclasses import dataclass
 from enum import StrEnum
 from types import ModuleType
+from typing import Final
+
+RETRY_INIT_EVERY_READS: Final = 20
+"""While NVML is unavailable, `nvmlInit` is tried again every this many reads (scrapes):
+every 5 minutes at the chart's 15 s interval, cheap enough, and soon enough for a
+driver that came up late."""
 
 
 class GpuAccess(StrEnum):
@@ -73,11 +83,16 @@ def load_pynvml() -> ModuleType | None:
 
 
 class NvmlReader:
-    """Initialises NVML once and reads every visible device per scrape."""
+    """Initialises NVML (again every `retry_every_reads` reads while it fails) and reads
+    every visible device per scrape."""
 
-    def __init__(self, nvml: ModuleType | None) -> None:
+    def __init__(
+        self, nvml: ModuleType | None, retry_every_reads: int = RETRY_INIT_EVERY_READS
+    ) -> None:
         self._nvml = nvml
         self._device_count = 0
+        self._retry_every_reads = retry_every_reads
+        self._reads_unavailable = 0
         self._access, self._detail = self._initialise()
 
     def _initialise(self) -> tuple[GpuAccess, str]:
@@ -86,16 +101,23 @@ class NvmlReader:
             return GpuAccess.NOT_INSTALLED, "nvidia-ml-py (pynvml) is not installed"
         try:
             nvml.nvmlInit()
-            self._device_count = int(nvml.nvmlDeviceGetCount())
-        except nvml.NVMLError as error:
+        except (nvml.NVMLError, OSError) as error:
             return GpuAccess.UNAVAILABLE, f"NVML did not initialise: {error}"
-        except OSError as error:
+        try:
+            self._device_count = int(nvml.nvmlDeviceGetCount())
+        except (nvml.NVMLError, OSError) as error:
+            self._shutdown()  # nvmlInit counts references: a retry must not add one
             return GpuAccess.UNAVAILABLE, f"NVML did not initialise: {error}"
         if self._device_count == 0:
             return GpuAccess.NO_GPU, "NVML sees no GPU"
         return GpuAccess.OK, f"NVML sees {self._device_count} GPU(s)"
 
     def read(self, server_pid: int | None) -> GpuReading:
+        if self._access is GpuAccess.UNAVAILABLE:
+            self._reads_unavailable += 1
+            if self._reads_unavailable >= self._retry_every_reads:
+                self._reads_unavailable = 0
+                self._access, self._detail = self._initialise()
         if self._access is not GpuAccess.OK:
             return GpuReading(self._access, detail=self._detail)
         devices = tuple(self._read_device(index, server_pid) for index in range(self._device_count))
@@ -129,7 +151,11 @@ class NvmlReader:
         return getattr(error, "value", None) == getattr(nvml, "NVML_ERROR_GPU_IS_LOST", None)
 
     def close(self) -> None:
-        if self._access is GpuAccess.OK and self._nvml is not None:
+        if self._access is GpuAccess.OK:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._nvml is not None:
             try:
                 self._nvml.nvmlShutdown()
             except self._nvml.NVMLError:

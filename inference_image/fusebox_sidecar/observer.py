@@ -188,10 +188,7 @@ class ServerObserver:
             "server RSS not measurable from /proc",
             "server RSS measured again",
         )
-        if gpu.access is not GpuAccess.OK:
-            if "gpu_access" not in self._reported:
-                self._reported["gpu_access"] = gpu.detail
-                log.info("GPU metrics come from the server only", extra={"reason": gpu.detail})
+        self._report_gpu_access(gpu, stats.document)
         lost = [str(device.index) for device in gpu.devices if device.lost]
         self._transition(
             "gpu_lost",
@@ -207,6 +204,28 @@ class ServerObserver:
             "NVML reads every GPU's memory again",
         )
 
+    def _report_gpu_access(self, gpu: GpuReading, document: StatsDocument | None) -> None:
+        """Once at INFO that NVML is not there (normal in a CPU pod); once at WARNING when
+        the server's own figures show it uses a GPU (the sidecar should see it: a driver or
+        claim not ready, tried again every few scrapes); once at INFO when NVML comes back."""
+        logged = self._reported.get("gpu_access")
+        if gpu.access is GpuAccess.OK:
+            if logged is not None:
+                self._reported["gpu_access"] = None
+                log.info("GPU metrics measured by the sidecar again", extra={"reason": gpu.detail})
+            return
+        if not _server_uses_gpu(document):
+            if logged is None:
+                self._reported["gpu_access"] = "info"
+                log.info("GPU metrics come from the server only", extra={"reason": gpu.detail})
+        elif logged != "warning":
+            self._reported["gpu_access"] = "warning"
+            log.warning(
+                "the server uses a GPU the sidecar's NVML cannot see; "
+                "GPU metrics come from the server only",
+                extra={"problem": gpu.detail},
+            )
+
     def _transition(self, key: str, problem: str | None, warning: str, recovery: str) -> None:
         previous = self._reported.get(key)
         if problem == previous:
@@ -216,3 +235,10 @@ class ServerObserver:
             log.warning(warning, extra={"problem": problem})
         elif previous is not None:
             log.info(recovery)
+
+
+def _server_uses_gpu(document: StatsDocument | None) -> bool:
+    """Whether the server's stats show it on a GPU: CUDA memory, or GPUs its NVML sees."""
+    if document is None:
+        return False
+    return document.cuda.reserved_bytes is not None or bool(document.nvml)

@@ -94,8 +94,8 @@ def _make_fake_pynvml(devices: list[FakeDevice], init_error: int | None = None) 
 
     def nvml_init() -> None:
         calls["init"] += 1
-        if init_error is not None:
-            raise errors[init_error]()
+        if module.init_error is not None:  # type: ignore[attr-defined]
+            raise errors[module.init_error]()  # type: ignore[attr-defined]
 
     def get_handle(index: int) -> FakeDevice:
         return devices[index]
@@ -128,6 +128,7 @@ def _make_fake_pynvml(devices: list[FakeDevice], init_error: int | None = None) 
     module.nvmlDeviceGetMemoryInfo = get_memory_info  # type: ignore[attr-defined]
     module.nvmlDeviceGetComputeRunningProcesses = get_processes  # type: ignore[attr-defined]
     module.calls = calls  # type: ignore[attr-defined]
+    module.init_error = init_error  # type: ignore[attr-defined]  # None: the driver is up now
     return module
 
 

@@ -145,6 +145,38 @@ def test_nvml_that_cannot_initialise_means_no_gpu_metrics(
     assert registry.get_sample_value("fusebox_gpu_memory_used_bytes", {"gpu": "0"}) is None
 
 
+def test_nvml_that_failed_to_initialise_is_tried_again_every_few_scrapes(
+    fake_pynvml: FakeNvml, device_class: type[Any]
+) -> None:
+    nvml = fake_pynvml([device_class(used_bytes=5 * GiB)], init_error=9)  # Driver Not Loaded
+    reader = NvmlReader(nvml, retry_every_reads=3)
+
+    assert reader.read(SERVER_PID).access is GpuAccess.UNAVAILABLE
+    nvml.init_error = None  # type: ignore[attr-defined]  # the driver came up after the sidecar
+    assert reader.read(SERVER_PID).access is GpuAccess.UNAVAILABLE  # not tried yet
+    registry = _scrape(reader.read(SERVER_PID))  # the third read tries again
+
+    assert registry.get_sample_value("fusebox_gpu_visible") == 1
+    assert registry.get_sample_value("fusebox_gpu_memory_used_bytes", {"gpu": "0"}) == 5 * GiB
+    assert nvml.calls["init"] == 2  # type: ignore[attr-defined]
+    for _ in range(5):
+        reader.read(SERVER_PID)
+    reader.close()
+    assert nvml.calls == {"init": 2, "shutdown": 1}  # type: ignore[attr-defined]
+
+
+def test_nvml_that_never_initialises_is_retried_and_stays_unavailable(
+    fake_pynvml: FakeNvml,
+) -> None:
+    nvml = fake_pynvml([], init_error=12)
+    reader = NvmlReader(nvml, retry_every_reads=2)
+
+    readings = [reader.read(SERVER_PID) for _ in range(6)]
+
+    assert {reading.access for reading in readings} == {GpuAccess.UNAVAILABLE}
+    assert nvml.calls["init"] == 4  # type: ignore[attr-defined]  # at start, then every 2 reads
+
+
 def test_nvidia_ml_py_not_installed_means_no_gpu_metrics() -> None:
     reading = NvmlReader(None).read(SERVER_PID)
 

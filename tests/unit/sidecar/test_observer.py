@@ -20,7 +20,7 @@ from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from fusebox_contract.names import HeartbeatThread
-from fusebox_contract.stats import StatsDocument, dumps
+from fusebox_contract.stats import CudaMemory, StatsDocument, dumps
 from fusebox_sidecar.collectors import SidecarCollector
 from fusebox_sidecar.nvml import NvmlReader
 from fusebox_sidecar.observer import MAX_STATS_BYTES, ServerObserver
@@ -308,3 +308,38 @@ def test_a_gpu_whose_memory_nvml_cannot_read_is_relayed_and_logged_once(
     assert used == stats_document.nvml[0].memory_used_bytes
     warnings = [r for r in caplog.records if r.getMessage().startswith("NVML cannot read")]
     assert len(warnings) == 1 and getattr(warnings[0], "problem", "") == "GPU 0: Not Supported"
+
+
+@pytest.mark.parametrize(
+    ("cpu_pod", "level"), [(False, logging.WARNING), (True, logging.INFO)], ids=["gpu", "cpu"]
+)
+def test_nvml_the_sidecar_cannot_open_warns_once_on_a_pod_whose_server_uses_a_gpu(
+    tmp_path: Path,
+    stats_document: StatsDocument,
+    fake_pynvml: Callable[..., Any],
+    device_class: type[Any],
+    caplog: pytest.LogCaptureFixture,
+    cpu_pod: bool,
+    level: int,
+) -> None:
+    document = replace(stats_document, cuda=CudaMemory(), nvml=()) if cpu_pod else stats_document
+    _write(tmp_path / "stats.json", document)
+    fake = fake_pynvml([device_class()], init_error=9)  # Driver Not Loaded
+    nvml = NvmlReader(fake, retry_every_reads=3)
+    observer = ServerObserver(tmp_path / "stats.json", Path("/proc"), nvml)
+
+    with caplog.at_level(logging.INFO):
+        for _ in range(4):
+            observer.observe()
+        fake.init_error = None  # the driver is up: the next retry opens NVML
+        for _ in range(3):
+            observer.observe()
+
+    told = [r for r in caplog.records if "GPU metrics come from the server only" in r.getMessage()]
+    assert [r.levelno for r in told] == [level]
+    detail = getattr(told[0], "problem", None) or getattr(told[0], "reason", "")
+    assert "Driver Not Loaded" in detail
+    back = [
+        r for r in caplog.records if r.getMessage() == "GPU metrics measured by the sidecar again"
+    ]
+    assert len(back) == 1
