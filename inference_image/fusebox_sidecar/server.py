@@ -9,6 +9,7 @@ kubelet would restart the one container that is reporting the wedge.
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Iterable
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -47,9 +48,40 @@ def make_app(registry: CollectorRegistry) -> WSGIApplication:
     return app
 
 
+# A scrape is one short request; a client that holds a connection longer, or more
+# clients at once than this, are not scrapers (a slow client must not use up the
+# sidecar's threads and memory, or its liveness on this same server fails).
+IDLE_TIMEOUT_SECONDS = 10.0
+MAX_CONNECTIONS = 32
+
+
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    """A thread per connection, at most `max_connections` at once: one more is closed
+    unanswered (the kubelet's probe and the scrapers retry)."""
+
     daemon_threads = True
     allow_reuse_address = True
+    max_connections = MAX_CONNECTIONS
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class _ThreadingServerV6(_ThreadingServer):
@@ -57,12 +89,25 @@ class _ThreadingServerV6(_ThreadingServer):
 
 
 class _QuietHandler(WSGIRequestHandler):
-    """No access log: a scrape every few seconds is not news."""
+    """No access log: a scrape every few seconds is not news. A connection idle for
+    `timeout` seconds (no request line, no body) is closed."""
+
+    timeout = IDLE_TIMEOUT_SECONDS
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
-def make_http_server(host: str, port: int, app: WSGIApplication) -> WSGIServer:
-    server_class = _ThreadingServerV6 if ":" in host else _ThreadingServer
-    return make_server(host, port, app, server_class=server_class, handler_class=_QuietHandler)
+def make_http_server(
+    host: str,
+    port: int,
+    app: WSGIApplication,
+    idle_timeout_seconds: float = IDLE_TIMEOUT_SECONDS,
+    max_connections: int = MAX_CONNECTIONS,
+) -> WSGIServer:
+    base = _ThreadingServerV6 if ":" in host else _ThreadingServer
+    server_class = type(base.__name__, (base,), {"max_connections": max_connections})
+    handler_class = type(
+        _QuietHandler.__name__, (_QuietHandler,), {"timeout": idle_timeout_seconds}
+    )
+    return make_server(host, port, app, server_class=server_class, handler_class=handler_class)
