@@ -9,15 +9,26 @@ The cgroup figure is the working set (usage minus inactive file cache), as
 the kubelet computes it for eviction: page cache the kernel can drop is not
 pressure. The cgroup is looked up on every read, because a process can be
 moved into another cgroup after it starts (the memory-guard test does).
+
+NVML errors are logged, not swallowed: one device that NVML cannot read is
+left out alone (the others are still reported), and the failure is logged
+once per device and message every `NVML_ERROR_LOG_SECONDS`, so a GPU that
+vanishes from the stats file has a reason in the log without one line a
+second.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, Final
 
+import structlog
 import torch
 
 from fusebox_contract.admin import MemoryFigures
@@ -26,6 +37,9 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 SELF_CGROUP = Path("/proc/self/cgroup")
 # cgroup v1 reports "no limit" as a huge page-aligned number.
 UNLIMITED_BYTES = 1 << 60
+NVML_ERROR_LOG_SECONDS: Final = 300.0  # one line per device and message this often at most
+
+log = structlog.get_logger("fusebox_server")
 
 
 def cuda_initialized() -> bool:
@@ -155,40 +169,78 @@ def cuda_total_bytes(device: torch.device) -> int | None:
     return int(torch.cuda.get_device_properties(device).total_memory)
 
 
+def _load_pynvml() -> ModuleType | None:
+    try:
+        return importlib.import_module("pynvml")
+    except ImportError:
+        return None
+
+
 class Nvml:
-    """Device memory per visible GPU through NVML; [] where there is no driver."""
+    """Device memory per visible GPU through NVML; [] where there is no driver.
 
-    def __init__(self) -> None:
-        self._nvml: Any = None
+    `load` gives pynvml, or None when nvidia-ml-py is not installed (tests hand
+    in a fake: NVML is the hardware edge).
+    """
+
+    def __init__(
+        self,
+        load: Callable[[], ModuleType | None] = _load_pynvml,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self._logged_at: dict[tuple[str, int | None, str], float] = {}
+        self._nvml: Any = load()
+        if self._nvml is None:
+            return
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml = pynvml
-        except Exception:
+            self._nvml.nvmlInit()
+        except Exception as error:  # any failure of a C library's binding: no GPU figures
+            # Normal in a CPU pod, so INFO; the sidecar warns when the server is on a GPU.
+            log.info("nvml_unavailable", error=_error_text(error))
             self._nvml = None
 
     def devices(self) -> list[dict[str, Any]]:
         if self._nvml is None:
             return []
         nvml = self._nvml
-        found: list[dict[str, Any]] = []
         try:
-            for index in range(nvml.nvmlDeviceGetCount()):
+            count = int(nvml.nvmlDeviceGetCount())
+        except Exception as error:
+            self._log_error("nvml_device_count_failed", None, error)
+            return []
+        found: list[dict[str, Any]] = []
+        for index in range(count):
+            try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 info = nvml.nvmlDeviceGetMemoryInfo(handle)
                 uuid = nvml.nvmlDeviceGetUUID(handle)
-                found.append(
-                    {
-                        "index": index,
-                        "uuid": uuid.decode() if isinstance(uuid, bytes) else str(uuid),
-                        "memory_used_bytes": int(info.used),
-                        "memory_total_bytes": int(info.total),
-                    }
-                )
-        except Exception:
-            return []
+            except Exception as error:
+                self._log_error("nvml_device_read_failed", index, error)
+                continue  # this device only: the others are still reported
+            found.append(
+                {
+                    "index": index,
+                    "uuid": uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                    "memory_used_bytes": int(info.used),
+                    "memory_total_bytes": int(info.total),
+                }
+            )
         return found
+
+    def _log_error(self, event: str, index: int | None, error: Exception) -> None:
+        text = _error_text(error)
+        key = (event, index, text)
+        now = self._clock()
+        last = self._logged_at.get(key)
+        if last is not None and now - last < NVML_ERROR_LOG_SECONDS:
+            return
+        self._logged_at[key] = now
+        log.warning(event, gpu=index, error=text)
+
+
+def _error_text(error: Exception) -> str:
+    return str(error) or type(error).__name__
 
 
 def memory_snapshot(device: torch.device) -> MemoryFigures:
