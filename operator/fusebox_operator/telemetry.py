@@ -86,14 +86,16 @@ def parse_metrics(text: str) -> Samples:
 
 
 def _one(samples: Samples, name: Metric, **match: str) -> float | None:
+    """The first matching sample's value; None when absent, NaN or infinite: no figure
+    the sidecar exports is infinite, so one that is was not measured."""
     for labels, value in samples.get(name.sample, []):
-        if all(labels.get(k) == v for k, v in match.items()) and not math.isnan(value):
+        if all(labels.get(k) == v for k, v in match.items()) and math.isfinite(value):
             return value
     return None
 
 
 def _total(samples: Samples, name: Metric) -> float | None:
-    values = [v for _, v in samples.get(name.sample, []) if not math.isnan(v)]
+    values = [v for _, v in samples.get(name.sample, []) if math.isfinite(v)]
     return sum(values) if values else None
 
 
@@ -118,6 +120,21 @@ def _flag(value: float | None) -> bool | None:
     return None if value is None else value >= 1
 
 
+def _whole(value: float | None) -> int | None:
+    """A gauge that holds a whole number (a level, an enum's code); an infinite one is
+    no number this operator knows, so "not measured", like an unknown code."""
+    return int(value) if value is not None and math.isfinite(value) else None
+
+
+def _bound(text: str) -> float | None:
+    """A bucket's `le`, or None for one that is not a number (that bucket is skipped)."""
+    try:
+        bound = float(text)
+    except ValueError:
+        return None
+    return None if math.isnan(bound) else bound
+
+
 def _label(samples: Samples, name: Metric, label: str) -> str | None:
     """One label's value of an info gauge (value 1); None when it is absent."""
     for labels, value in samples.get(name.sample, []):
@@ -134,9 +151,11 @@ def _buckets(samples: Samples, metric: str) -> Buckets | None:
     except ValueError:
         return None
     buckets = sorted(
-        (float(labels[BUCKET_LABEL]), value)
+        (bound, value)
         for labels, value in samples.get(histogram.bucket, [])
-        if BUCKET_LABEL in labels and not math.isnan(value)
+        if BUCKET_LABEL in labels
+        and (bound := _bound(labels[BUCKET_LABEL])) is not None
+        and not math.isnan(value)
     )
     if not buckets or not math.isinf(buckets[-1][0]):
         return None
@@ -144,10 +163,11 @@ def _buckets(samples: Samples, metric: str) -> Buckets | None:
 
 
 def _breaker(value: float | None) -> BreakerState | None:
-    if value is None:
+    code = _whole(value)
+    if code is None:
         return None
     try:
-        return BreakerState.from_gauge_value(int(value))
+        return BreakerState.from_gauge_value(code)
     except ValueError:
         return None  # a state this operator does not know is "not measured"
 
@@ -159,7 +179,7 @@ def sample_from_metrics(pod: str, samples: Samples, sampled_at: float, metric: s
         for thread in HeartbeatThread
         if (v := _one(samples, Metric.HEARTBEAT_AGE_SECONDS, thread=thread.value)) is not None
     ]
-    level = _one(samples, Metric.DEGRADATION_LEVEL)
+    level = _whole(_one(samples, Metric.DEGRADATION_LEVEL))
     loaded = _one(samples, Metric.MODEL_LOADED)
     fallback = _one(samples, Metric.FALLBACK_ACTIVE)
     moving = _one(samples, Metric.VARIANT_CONVERGING)
@@ -178,7 +198,7 @@ def sample_from_metrics(pod: str, samples: Samples, sampled_at: float, metric: s
         heartbeat_age_seconds=max(heartbeats) if heartbeats else None,
         requests=_request_counts(samples),
         breaker_state=_breaker(_one(samples, Metric.BREAKER_STATE)),
-        degradation_level=None if level is None else int(level),
+        degradation_level=level,
         model_loaded=None if loaded is None else loaded >= 1,
         memory_guard_active=_flag(_one(samples, Metric.MEMORY_GUARD_ACTIVE)),
         variant=None if fallback is None else (Variant.FALLBACK if fallback else Variant.PRIMARY),
@@ -227,18 +247,27 @@ async def scrape_pod(
                 METRICS.scrape_error(ScrapeErrorKind.HTTP)
                 return PodSample(pod.name, sampled_at, ok=False, error=f"HTTP {response.status}")
             text = await response.text()
+    except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError) as error:
+        return _failed(pod.name, sampled_at, error)
+    try:
         return sample_from_metrics(pod.name, parse_metrics(text), sampled_at, metric)
-    except (aiohttp.ClientError, TimeoutError, ParseError) as error:
-        METRICS.scrape_error(scrape_error_kind(error))
-        return PodSample(pod.name, sampled_at, ok=False, error=f"{type(error).__name__}: {error}")
+    except (ValueError, ArithmeticError, KeyError, TypeError) as error:
+        # Whatever answered is not a sidecar this operator can read (version skew,
+        # something else on the pod IP): that pod's failed scrape, never the tick's.
+        return _failed(pod.name, sampled_at, error)
+
+
+def _failed(pod: str, sampled_at: float, error: Exception) -> PodSample:
+    METRICS.scrape_error(scrape_error_kind(error))
+    return PodSample(pod, sampled_at, ok=False, error=f"{type(error).__name__}: {error}")
 
 
 def scrape_error_kind(error: Exception) -> ScrapeErrorKind:
-    if isinstance(error, ParseError):
-        return ScrapeErrorKind.BAD_METRICS
     if isinstance(error, TimeoutError):
         return ScrapeErrorKind.TIMEOUT
-    return ScrapeErrorKind.UNREACHABLE
+    if isinstance(error, aiohttp.ClientError):
+        return ScrapeErrorKind.UNREACHABLE
+    return ScrapeErrorKind.BAD_METRICS  # answered, but not metrics this operator can read
 
 
 async def scrape_all(

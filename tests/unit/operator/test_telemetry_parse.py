@@ -15,7 +15,14 @@ from aiohttp import web
 from fusebox_contract.metrics import Metric
 from fusebox_contract.names import BreakerState, Variant
 from fusebox_operator.observations import PodSample, PodView, RequestCounts
-from fusebox_operator.telemetry import ParseError, parse_metrics, sample_from_metrics, scrape_pod
+from fusebox_operator.operator_metrics import METRICS, OperatorMetric, ScrapeErrorKind
+from fusebox_operator.telemetry import (
+    ParseError,
+    parse_metrics,
+    sample_from_metrics,
+    scrape_all,
+    scrape_pod,
+)
 
 TEXT = f"""\
 # HELP {Metric.PROCESS_RESIDENT_MEMORY_BYTES} RSS
@@ -148,3 +155,75 @@ def test_a_scrape_slower_than_scrape_timeout_is_a_failed_sample() -> None:
     assert not late.ok and late.error.startswith("TimeoutError")
     assert late.rss_bytes is None
     assert in_time.ok and in_time.rss_bytes == 846204928
+
+
+def test_infinite_gauges_are_not_measured_and_raise_nothing() -> None:
+    text = (
+        f"{Metric.DEGRADATION_LEVEL} +Inf\n{Metric.BREAKER_STATE} -Inf\n"
+        f"{Metric.PROCESS_RESIDENT_MEMORY_BYTES} +Inf\n"
+    )
+    sample = sample_from_metrics("p", parse_metrics(text), 1.0, "ttft")
+    assert (sample.degradation_level, sample.breaker_state, sample.rss_bytes) == (None, None, None)
+
+
+def test_a_bucket_whose_bound_is_not_a_number_is_skipped() -> None:
+    bucket = Metric.TIME_TO_FIRST_TOKEN_SECONDS.bucket
+    text = f'{bucket}{{le="0.1"}} 3\n{bucket}{{le="abc"}} 4\n{bucket}{{le="+Inf"}} 5\n'
+    sample = sample_from_metrics("p", parse_metrics(text), 1.0, "ttft")
+    assert sample.latency_buckets == ((0.1, 3.0), (float("inf"), 5.0))
+
+
+def _bad_metrics() -> float:
+    value = METRICS.registry.get_sample_value(
+        f"{OperatorMetric.SCRAPE_ERRORS.value}_total", {"kind": ScrapeErrorKind.BAD_METRICS.value}
+    )
+    return value or 0.0
+
+
+def test_one_sidecar_answering_malformed_values_fails_alone() -> None:
+    """Real HTTP: one pod answers values no sidecar exports, another garbage bytes, a
+    third good metrics; every pod gets its sample and the good one is read."""
+    odd = (
+        f"{Metric.DEGRADATION_LEVEL} +Inf\n{Metric.SERVER_STATS_AGE_SECONDS} 1\n"
+        f'{Metric.E2E_REQUEST_LATENCY_SECONDS.bucket}{{le="abc"}} 1\n'
+    )
+    answers = {  # by the loopback address the scrape reached
+        "127.0.0.1": web.Response(text=odd),
+        "127.0.0.2": web.Response(body=b"\xff\xfe\xfa", content_type="text/plain", charset="utf-8"),
+        "127.0.0.3": web.Response(text=TEXT),
+    }
+
+    async def metrics(request: web.Request) -> web.Response:
+        assert request.transport is not None
+        return answers[request.transport.get_extra_info("sockname")[0]]
+
+    async def go() -> list[PodSample]:
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        first = web.TCPSite(runner, "127.0.0.1", 0)
+        await first.start()
+        port = runner.addresses[0][1]
+        for address in ("127.0.0.2", "127.0.0.3"):
+            await web.TCPSite(runner, address, port).start()
+        pods = [
+            PodView(f"p{n}", "uid", address, "Running", True, True, True, 0, False, False)
+            for n, address in enumerate(answers)
+        ]
+        try:
+            async with aiohttp.ClientSession() as session:
+                return await scrape_all(session, pods, 5.0, "e2e", port=port)
+        finally:
+            await runner.cleanup()
+
+    before = _bad_metrics()
+    odd_sample, garbled, good = asyncio.run(go())
+    assert (
+        odd_sample.ok
+        and odd_sample.degradation_level is None
+        and odd_sample.latency_buckets is None
+    )
+    assert not garbled.ok and garbled.error.startswith("UnicodeDecodeError")
+    assert good.ok and good.rss_bytes == 846204928
+    assert _bad_metrics() == before + 1
