@@ -34,7 +34,7 @@ from aiohttp import web
 from bench.fleet.curves import CurveSettings, MemoryCurve, Shape
 from bench.fleet.plan import POD_NETWORK, hangs, shape_of
 from fusebox_contract import admin
-from fusebox_contract.metrics import Metric
+from fusebox_contract.metrics import QUANTITY_LABEL, MeasuredQuantity, Metric
 from fusebox_contract.names import (
     ActionType,
     BreakerState,
@@ -127,7 +127,10 @@ def metrics_text(pod: FakePod, now: float) -> str:
     gauge(Metric.CGROUP_MEMORY_USAGE_BYTES, rss)
     gauge(Metric.LATENCY_P99_SECONDS, 0.05, metric=LatencyMetric.TTFT.value)
     gauge(Metric.QUALITY_FAILURE_RATIO, 0.0)
+    gauge(Metric.STATS_VALID, 1.0)
     gauge(Metric.SERVER_STATS_AGE_SECONDS, 0.5)
+    # RSS follows the curve at this scrape, as a sidecar reading /proc measures it.
+    gauge(Metric.SIDECAR_MEASURED, 1.0, **{QUANTITY_LABEL: MeasuredQuantity.RSS.value})
     for thread in HeartbeatThread:
         gauge(Metric.HEARTBEAT_AGE_SECONDS, 0.2, thread=thread.value)
     for outcome in RequestOutcome:

@@ -155,6 +155,17 @@ BUCKET_LABEL: Final = "le"  # Prometheus' own name for a bucket's upper bound
 STALL_LABEL: Final = "stall"  # NODE_MEMORY_PRESSURE_RATIO's label: a MemoryStall value
 
 
+QUANTITY_LABEL: Final = "quantity"  # SIDECAR_MEASURED's label: a MeasuredQuantity value
+
+
+class MeasuredQuantity(enum.StrEnum):
+    """What SIDECAR_MEASURED says the sidecar measured itself (1) or relays from the
+    server's stats file (0): a relayed figure is as old as that file."""
+
+    RSS = "rss"  # /proc/<pid>/status VmRSS, else the server's own figure
+    GPU_MEMORY = "gpu_memory"  # NVML, else the server's NVML figures
+
+
 class MemoryStall(enum.StrEnum):
     """The two lines of the kernel's memory pressure (PSI, /proc/pressure/memory)."""
 

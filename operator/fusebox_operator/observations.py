@@ -193,6 +193,11 @@ class PodSample:
     # the breaker's p99 comes from (latency.py). None from a sidecar without one.
     latency_buckets: Buckets | None = None
     quality_failure_ratio: float | None = None
+    # fusebox_stats_valid: whether the sidecar read the server's stats file, and
+    # every field had its contracted type, at this scrape (None: not reported).
+    stats_valid: bool | None = None
+    # Seconds since the server last wrote a valid stats file: how old every figure
+    # the sidecar relays from it is (None: no valid file seen in the sidecar's life).
     stats_age_seconds: float | None = None
     heartbeat_age_seconds: float | None = None
     requests: RequestCounts | None = None
@@ -217,7 +222,35 @@ class PodSample:
     node_total_bytes: float | None = None
     node_pressure_some: float | None = None
     node_pressure_full: float | None = None
+    # fusebox_sidecar_measured{quantity}: the sidecar read RSS from /proc and GPU
+    # memory from NVML itself (True), or relays the server's figure (False, None).
+    rss_measured: bool | None = None
+    gpu_memory_measured: bool | None = None
     error: str = ""
+
+    @property
+    def stats_observed(self) -> bool:
+        """The server's own report was seen: a valid stats file whose age is known.
+
+        Without it nothing says whether the server runs, refuses or is wedged (the
+        state, the heartbeats and the age all come from that file), so the pod is
+        judged unobserved (serving.StatsInvalid), never Serving.
+        """
+        return self.ok and self.stats_valid is not False and self.stats_age_seconds is not None
+
+    @property
+    def relayed_at(self) -> float:
+        """When the figures relayed from the stats file were measured: when the server
+        wrote it, not when the sidecar was scraped."""
+        return self.sampled_at - (self.stats_age_seconds or 0.0)
+
+    @property
+    def rss_measured_at(self) -> float:
+        return self.sampled_at if self.rss_measured else self.relayed_at
+
+    @property
+    def gpu_memory_measured_at(self) -> float:
+        return self.sampled_at if self.gpu_memory_measured else self.relayed_at
 
     @property
     def cannot_swap(self) -> bool:

@@ -553,6 +553,10 @@ def decide(
             continue
         if pod in state.stale_pods:
             continue
+        if not sample.stats_observed:
+            # No valid stats file: the server's state is unknown (serving.StatsInvalid),
+            # and a figure the sidecar still measures is no ground to act on it.
+            continue
         if sample.model_loaded is False:
             # Loading its model: memory climbs with the weights, not with a leak (a new
             # pod showed OOM-IN 106s). The trend starts again from the loaded model.

@@ -39,6 +39,8 @@ class ServingReason(enum.StrEnum):
     SERVER_WEDGED = "ServerWedged"  # the sidecar answers, the server's stats stopped
     POD_BREAKER_OPEN = "PodBreakerOpen"  # the pod's own breaker refuses every request
     METRICS_UNREACHABLE = "MetricsUnreachable"  # the operator cannot scrape the sidecar
+    # The sidecar answers without the server's report: no valid stats file, no age.
+    STATS_INVALID = "StatsInvalid"
     # The operator cannot call the pod's admin API: it serves, but cannot be acted on.
     ADMIN_UNREACHABLE = "AdminUnreachable"
 
@@ -46,6 +48,11 @@ class ServingReason(enum.StrEnum):
     def refusing(self) -> bool:
         """Seen answering, and answering every request with an error."""
         return self in REFUSING
+
+    @property
+    def unobserved(self) -> bool:
+        """The operator cannot tell whether the pod serves: Unknown, not False."""
+        return self in UNOBSERVED
 
 
 REFUSING = frozenset(
@@ -56,6 +63,7 @@ REFUSING = frozenset(
         ServingReason.POD_BREAKER_OPEN,
     }
 )
+UNOBSERVED = frozenset({ServingReason.METRICS_UNREACHABLE, ServingReason.STATS_INVALID})
 # The order Ready names a cause in when pods fail for several: what a user must act
 # on first (a server refusing work) before what only hides the truth (a blind operator).
 REASON_PRECEDENCE = (
@@ -64,6 +72,7 @@ REASON_PRECEDENCE = (
     ServingReason.MODEL_UNAVAILABLE,
     ServingReason.POD_BREAKER_OPEN,
     ServingReason.METRICS_UNREACHABLE,
+    ServingReason.STATS_INVALID,
     ServingReason.NOT_READY,
 )
 
@@ -123,7 +132,7 @@ class PodServing:
 
     @property
     def unobserved(self) -> bool:
-        return self.reason is ServingReason.METRICS_UNREACHABLE
+        return self.reason.unobserved
 
     def describe(self) -> str:
         return f"{self.pod} {self.detail}" if self.detail else self.pod
@@ -168,6 +177,18 @@ def _admin_unreachable(pod: str, calls: Misses, now: float) -> PodServing:
     return PodServing(pod, ServingReason.ADMIN_UNREACHABLE, detail)
 
 
+def _stats_unseen(sample: PodSample) -> str:
+    """Why a good scrape carries no report of the server, in the sidecar's terms."""
+    if sample.stats_valid is False and sample.stats_age_seconds is not None:
+        return (
+            f"stats file invalid (fusebox_stats_valid 0), last valid "
+            f"{sample.stats_age_seconds:.0f} s ago: server state unknown"
+        )
+    if sample.stats_valid is False:
+        return "stats file never valid (fusebox_stats_valid 0, no age): server state unknown"
+    return "sidecar reports no stats age (fusebox_server_stats_age_seconds): server state unknown"
+
+
 def judge_sample(pod: str, sample: PodSample, wedge_after_seconds: float) -> PodServing:
     """A Ready pod's verdict from a good scrape of its sidecar."""
     ages = [a for a in (sample.stats_age_seconds, sample.heartbeat_age_seconds) if a is not None]
@@ -175,6 +196,10 @@ def judge_sample(pod: str, sample: PodSample, wedge_after_seconds: float) -> Pod
         return PodServing(
             pod, ServingReason.SERVER_WEDGED, f"server stats {max(ages):.0f} s old: wedged"
         )
+    if not sample.stats_observed:
+        # The state, the heartbeats and the age all come from the stats file: without
+        # it, a scrape that answers says nothing of the server. Not Serving: unknown.
+        return PodServing(pod, ServingReason.STATS_INVALID, _stats_unseen(sample))
     if sample.memory_guard_active:
         return PodServing(
             pod, ServingReason.MEMORY_GUARD, "memory guard refusing new requests (503)"
@@ -240,7 +265,8 @@ class ServiceView:
 
     verdicts: tuple[PodServing, ...] = ()
     # Pods whose sidecar should answer (Ready, or scrapable) and that the
-    # operator cannot see: what TelemetryFresh and its event name.
+    # operator cannot see, or Ready ones whose server's stats it cannot read:
+    # what TelemetryFresh and its event name.
     blind: tuple[PodServing, ...] = ()
     figures: tuple[PodSample, ...] = ()  # the last good sample of every observed pod
     # Ready pods whose admin API the operator's calls do not reach: it cannot act on them.
@@ -275,9 +301,13 @@ def observe(
     watched = [p for p in pods if not p.terminating and (p.serving or p.scrapable)]
     blind = [
         _unobserved(p.name, sightings.get(p.name), now)
-        for p in sorted(watched, key=lambda p: p.name)
+        for p in watched
         if not (s := sightings.get(p.name)) or not s.observed
     ]
+    # A Ready pod whose sidecar answers without the server's stats is as blind: only a
+    # Ready one, for a starting server has written none yet and its kubelet says so.
+    blind += [v for v in verdicts if v.reason is ServingReason.STATS_INVALID]
+    blind.sort(key=lambda v: v.pod)
     observed = [sightings[v.pod] for v in verdicts if not v.unobserved and v.pod in sightings]
     figures = [s.last_ok for s in observed if s.observed and s.last_ok is not None]
     last_seen = {

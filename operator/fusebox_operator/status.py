@@ -37,7 +37,6 @@ MAX_PODS_LISTED = 20
 MAX_RECENT_ACTIONS = 10
 MAX_TROUBLED_PODS_LISTED = 3  # stuck pods named in Ready's message
 NOT_READY = ServingReason.NOT_READY
-METRICS_UNREACHABLE = ServingReason.METRICS_UNREACHABLE
 SPEC_VALID = "SpecValid"  # InvalidSpec's reason once a spec is accepted
 SCALE_LIMIT_GPU = "PodsPendingForGPU"  # ScalingLimited's reason while scale-up is held
 NO_QUALITY_REMEDY = "NoQualityRemedy"  # Degraded's reason: quality fails, no tier helps
@@ -359,7 +358,7 @@ def ready_explanation(
     cause = service_reason([v for v in seen.verdicts if v.reason is not NOT_READY])
     if cause is None:
         return False, "PodsNotReady", counted
-    known = serving + seen.unobserved < desired_pods or cause is not METRICS_UNREACHABLE
+    known = serving + seen.unobserved < desired_pods or not cause.unobserved
     return (False if known else None), cause.value, f"{counted}; {not_serving_note(seen)}"
 
 
@@ -376,7 +375,7 @@ def available_explanation(
     cause = service_reason([v for v in seen.verdicts if v.reason is not NOT_READY])
     if cause is None:
         return False, "NoPodReady", "0 pod(s) serving"
-    unknown = cause is METRICS_UNREACHABLE
+    unknown = cause.unobserved
     return (None if unknown else False), cause.value, f"0 pod(s) serving; {not_serving_note(seen)}"
 
 
@@ -395,6 +394,17 @@ def breaker_column(state: PolicyState, seen: ServiceView) -> str:
     if up:
         return "Unknown"
     return state.breaker.status_name
+
+
+def measured_at(sample: PodSample) -> float:
+    """When the oldest of a pod's summary figures was measured: its scrape, or for one
+    relayed from the server's stats file, when the server wrote that file."""
+    times = [sample.sampled_at]
+    if sample.gpu_memory_used_bytes is not None:
+        times.append(sample.gpu_memory_measured_at)
+    if sample.rss_bytes is not None:
+        times.append(sample.rss_measured_at)
+    return min(times)
 
 
 def figure(values: Sequence[float], seen: ServiceView) -> str:
@@ -632,10 +642,12 @@ def build_status(
         "updatedAt": iso(now),
     }
     # The oldest figure shown: the SEEN column is its age, counted by kubectl at
-    # display time, so it grows on its own when the operator stops writing. With no
-    # figure fresh enough to show, the last ones' time stands: their age goes on.
+    # display time, so it grows on its own when the operator stops writing. A figure
+    # the sidecar relays from the server's stats file is as old as that file, not the
+    # scrape (a wedged server's last GPU memory is not news). With no figure fresh
+    # enough to show, the last ones' time stands: their age goes on.
     observed_at = (
-        iso(min(s.sampled_at for s in figures))
+        iso(min(measured_at(s) for s in figures))
         if figures
         else (previous.get("summary") or {}).get("observedAt")
     )

@@ -26,8 +26,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fusebox_contract.metrics import (
     BUCKET_LABEL,
+    QUANTITY_LABEL,
     STALL_LABEL,
     LatencyHistogram,
+    MeasuredQuantity,
     MemoryStall,
     Metric,
 )
@@ -172,6 +174,10 @@ def _breaker(value: float | None) -> BreakerState | None:
         return None  # a state this operator does not know is "not measured"
 
 
+def _measured(samples: Samples, quantity: MeasuredQuantity) -> bool | None:
+    return _flag(_one(samples, Metric.SIDECAR_MEASURED, **{QUANTITY_LABEL: quantity.value}))
+
+
 def sample_from_metrics(pod: str, samples: Samples, sampled_at: float, metric: str) -> PodSample:
     """The sidecar's samples -> one PodSample (absent metrics stay None)."""
     heartbeats = [
@@ -194,6 +200,7 @@ def sample_from_metrics(pod: str, samples: Samples, sampled_at: float, metric: s
         latency_p99_seconds=_one(samples, Metric.LATENCY_P99_SECONDS, metric=metric),
         latency_buckets=_buckets(samples, metric),
         quality_failure_ratio=_one(samples, Metric.QUALITY_FAILURE_RATIO),
+        stats_valid=_flag(_one(samples, Metric.STATS_VALID)),
         stats_age_seconds=_one(samples, Metric.SERVER_STATS_AGE_SECONDS),
         heartbeat_age_seconds=max(heartbeats) if heartbeats else None,
         requests=_request_counts(samples),
@@ -218,6 +225,8 @@ def sample_from_metrics(pod: str, samples: Samples, sampled_at: float, metric: s
         node_pressure_full=_one(
             samples, Metric.NODE_MEMORY_PRESSURE_RATIO, **_stall(MemoryStall.FULL)
         ),
+        rss_measured=_measured(samples, MeasuredQuantity.RSS),
+        gpu_memory_measured=_measured(samples, MeasuredQuantity.GPU_MEMORY),
     )
 
 

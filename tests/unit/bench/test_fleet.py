@@ -124,6 +124,9 @@ def test_the_simulators_metrics_read_as_a_pod_sample_by_the_operators_own_parser
     assert sample.latency_p99_seconds == 0.05
     assert sample.model_loaded is True
     assert sample.heartbeat_age_seconds is not None
+    # A healthy sidecar's report of its server: valid stats, RSS measured at the scrape.
+    assert sample.stats_valid is True and sample.stats_observed
+    assert sample.rss_measured is True
 
 
 def test_a_reload_keeps_the_first_crossing_it_ended_for_the_reaction_figure() -> None:

@@ -31,7 +31,8 @@ from fusebox_operator.tick import TickInputs, TickMemory, TickOutcome, run_tick
 
 T0 = 1_800_000_000.0
 INTERVAL = 5.0
-SPEC = parse_spec({"model": {"name": "chat", "source": "pvc://models/tiny"}, "replicas": 1})
+SPEC_RAW: dict[str, Any] = {"model": {"name": "chat", "source": "pvc://models/tiny"}, "replicas": 1}
+SPEC = parse_spec(SPEC_RAW)
 TWO = parse_spec({"model": {"name": "chat", "source": "pvc://models/tiny"}, "replicas": 2})
 REFUSED = (
     "ClientConnectorError: Cannot connect to host 10.0.0.1:9400 ssl:default "
@@ -49,8 +50,10 @@ def answer(name: str, at: float, **extra: Any) -> PodSample:
         "model_loaded": True,
         "degradation_level": 0,
         "variant": Variant.PRIMARY,
+        "stats_valid": True,
         "stats_age_seconds": 1.0,
         "rss_bytes": 800 * MIB,
+        "rss_measured": True,  # the sidecar reads /proc (a shared process namespace)
         "memory_guard_active": False,
     }
     values.update(extra)
@@ -297,3 +300,118 @@ def test_a_running_pod_never_scraped_successfully_is_still_named_blind() -> None
     service.tick()
     stale = [e for e in service.events if e.reason == EventReason.TELEMETRY_STALE]
     assert len(stale) == 1 and "a not scraped" in stale[0].message
+
+
+GIB = 1024**3
+
+
+def test_a_relayed_figure_is_shown_as_old_as_the_stats_file_it_came_from() -> None:
+    """No NVML in the sidecar: GPU memory is the server's, as it last wrote its stats
+    file 20 s ago; SEEN counts from then, not from the scrape."""
+    service = Service(parse_spec({**SPEC_RAW, "telemetry": {"wedgeAfterSeconds": 60}}))
+    service.tick(
+        answer(
+            "a",
+            T0,
+            stats_age_seconds=20.0,
+            gpu_memory_used_bytes=30 * GIB,
+            gpu_memory_measured=False,
+        )
+    )
+    summary = service.status["summary"]
+    assert (summary["gpuMemory"], summary["observedAt"]) == ("30.0Gi", iso(T0 - 20))
+    # Measured by the sidecar's own NVML at this scrape: as fresh as the scrape.
+    measured = Service(service.spec)
+    measured.tick(
+        answer(
+            "a",
+            T0,
+            stats_age_seconds=20.0,
+            gpu_memory_used_bytes=30 * GIB,
+            gpu_memory_measured=True,
+        )
+    )
+    assert measured.status["summary"]["observedAt"] == iso(T0)
+
+
+def test_a_wedged_servers_last_figures_carry_their_age() -> None:
+    """In Observe no restart clears a wedge: its last relayed RSS still shows, as old as it is."""
+    service = Service(parse_spec({**SPEC_RAW, "mode": "Observe"}))
+    service.tick(answer("a", T0, stats_age_seconds=600.0, rss_measured=False))
+    assert service.ready() == ("False", "ServerWedged")
+    summary = service.status["summary"]
+    assert (summary["rss"], summary["observedAt"]) == ("800.0Mi", iso(T0 - 600))
+
+
+def never_valid(name: str, at: float, **extra: Any) -> PodSample:
+    """What the real sidecar answers while the server's stats file has never been valid:
+    fusebox_stats_valid 0, no age, nothing relayed; its own /proc and NVML readings only."""
+    return PodSample(name, at, stats_valid=False, **extra)
+
+
+def test_a_ready_pod_whose_stats_file_was_never_valid_is_not_called_serving() -> None:
+    service = Service()
+    outcome = service.tick(
+        never_valid("a", T0, gpu_memory_used_bytes=GIB, gpu_memory_measured=True)
+    )
+    assert service.ready() == ("Unknown", "StatsInvalid")
+    assert service.condition(ConditionType.AVAILABLE)["status"] == "Unknown"
+    fresh = service.condition(ConditionType.TELEMETRY_FRESH)
+    assert (fresh["status"], fresh["reason"]) == ("False", "StatsInvalid")
+    assert fresh["message"].startswith("a stats file never valid")
+    summary = service.status["summary"]
+    assert (summary["ready"], summary["breaker"], summary["gpuMemory"]) == ("0/1", "Unknown", "?")
+    assert service.status["pods"][0]["serving"] == "StatsInvalid"
+    (stale,) = [e for e in outcome.events if e.reason is EventReason.TELEMETRY_STALE]
+    assert stale.message.startswith("a stats file never valid")
+    # The server writes its stats again: serving, telemetry fresh.
+    service.tick(answer("a", service.now))
+    assert service.ready() == ("True", "PodsReady")
+    assert service.condition(ConditionType.TELEMETRY_FRESH)["status"] == "True"
+
+
+def test_a_scrape_without_a_stats_age_says_nothing_of_the_server() -> None:
+    """Something answers on the metrics port with none of the server's figures."""
+    service = Service()
+    service.tick(PodSample("a", T0))
+    assert service.ready() == ("Unknown", "StatsInvalid")
+    fresh = service.condition(ConditionType.TELEMETRY_FRESH)
+    assert (fresh["status"], fresh["reason"]) == ("False", "StatsInvalid")
+    assert "no stats age" in fresh["message"]
+
+
+def test_a_stats_file_that_goes_bad_is_unknown_then_wedged() -> None:
+    service = Service()
+    service.tick(answer("a", T0))
+    service.tick(never_valid("a", service.now, stats_age_seconds=6.0))
+    assert service.ready() == ("Unknown", "StatsInvalid")
+    message = service.condition(ConditionType.TELEMETRY_FRESH)["message"]
+    assert "stats file invalid (fusebox_stats_valid 0), last valid 6 s ago" in message
+    restarted = service.tick(never_valid("a", service.now, stats_age_seconds=40.0))
+    assert service.ready() == ("False", "ServerWedged")
+    assert [e.reason for e in restarted.events] == [EventReason.POD_RESTARTED]
+
+
+def test_no_memory_action_on_a_pod_whose_server_stats_are_not_seen() -> None:
+    """RSS at 99% of the limit, measured by the sidecar: with the server's stats the
+    ladder acts at once; without them it holds."""
+    over = {"rss_bytes": 0.99 * 4 * GIB, "rss_measured": True, "memory_limit_bytes": 4 * GIB}
+    acted = Service().tick(answer("a", T0, **over))
+    assert acted.state.in_flight or acted.state.ladders
+    held = Service().tick(never_valid("a", T0, **over))
+    assert not held.state.in_flight and not held.state.ladders
+
+
+def test_a_starting_pod_before_its_first_stats_file_reads_as_starting() -> None:
+    """Model loading: the kubelet says not Ready and the server has written no stats yet.
+    Not serving, and no telemetry alarm: then Ready once loaded."""
+    service = Service(pods=[pod("a", ready=False)])
+    outcome = service.tick(never_valid("a", T0))
+    assert service.ready() == ("False", "PodsNotReady")
+    assert service.condition(ConditionType.TELEMETRY_FRESH)["status"] == "True"
+    assert not [e for e in outcome.events if e.reason is EventReason.TELEMETRY_STALE]
+    service.tick(answer("a", service.now, model_loaded=False, converging=True))
+    assert service.ready() == ("False", "PodsNotReady")
+    service.pods = [pod("a")]
+    service.tick(answer("a", service.now))
+    assert service.ready() == ("True", "PodsReady")

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from fusebox_contract.metrics import Metric
+from fusebox_contract.metrics import QUANTITY_LABEL, MeasuredQuantity, Metric
 from fusebox_contract.names import BreakerState, Variant
 from fusebox_operator.observations import PodSample, PodView, RequestCounts
 from fusebox_operator.operator_metrics import METRICS, OperatorMetric, ScrapeErrorKind
@@ -155,6 +155,34 @@ def test_a_scrape_slower_than_scrape_timeout_is_a_failed_sample() -> None:
     assert not late.ok and late.error.startswith("TimeoutError")
     assert late.rss_bytes is None
     assert in_time.ok and in_time.rss_bytes == 846204928
+
+
+def test_the_stats_files_validity_and_what_the_sidecar_measured_itself_are_read() -> None:
+    text = (
+        f"{Metric.STATS_VALID} 0\n"
+        f'{Metric.SIDECAR_MEASURED}{{{QUANTITY_LABEL}="{MeasuredQuantity.RSS}"}} 1\n'
+        f'{Metric.SIDECAR_MEASURED}{{{QUANTITY_LABEL}="{MeasuredQuantity.GPU_MEMORY}"}} 0\n'
+    )
+    sample = sample_from_metrics("p", parse_metrics(text), 1.0, "ttft")
+    assert (sample.stats_valid, sample.rss_measured, sample.gpu_memory_measured) == (
+        False,
+        True,
+        False,
+    )
+    assert not sample.stats_observed  # the server's own report was not seen
+    assert sample_from_metrics("p", parse_metrics(TEXT), 1.0, "ttft").stats_observed
+
+
+def test_the_sidecars_measured_quantities_are_the_contracts() -> None:
+    """The quantity labels the real sidecar exports are the ones the operator reads."""
+    from fusebox_sidecar.collectors import measured_families
+    from fusebox_sidecar.nvml import GpuAccess, GpuReading
+    from fusebox_sidecar.readings import ProcOutcome, ProcReading
+
+    (family,) = measured_families(
+        ProcReading(ProcOutcome.MEASURED, rss_bytes=1), GpuReading(GpuAccess.NO_GPU)
+    )
+    assert {s.labels[QUANTITY_LABEL] for s in family.samples} == {q.value for q in MeasuredQuantity}
 
 
 def test_infinite_gauges_are_not_measured_and_raise_nothing() -> None:
