@@ -67,6 +67,23 @@ RESTRICTED_POD: dict[str, Any] = {
 }
 
 
+def _wait_established(kubectl: Kubectl, crds: Path, timeout_seconds: float = 90) -> None:
+    """`kubectl wait --for=condition=Established`, again while a CRD just created still
+    reads `status.conditions: null` (kubectl wait fails at once on that instead of
+    waiting: ".status.conditions accessor error")."""
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        waited = kubectl.run(
+            "wait", "--for=condition=Established", "-f", str(crds), "--timeout=60s",
+            check=False, timeout_seconds=timeout_seconds,
+        )  # fmt: skip
+        if waited.returncode == 0:
+            return
+        if "accessor error" not in waited.stderr or time.monotonic() > deadline:
+            raise ClusterError(f"monitoring CRDs not Established: {waited.stderr.strip()}")
+        time.sleep(1)
+
+
 def prometheus_version(go_mod: str) -> str:
     """Prometheus' release from its Go module's version: v0.316.0 is v3.16.0
     (Prometheus 3 publishes v0.3MM.P module versions for release 3.MM.P)."""
@@ -270,9 +287,7 @@ def install(
         raise ClusterError(f"{crds} is missing: run localcluster/build-binaries.sh")
     say("monitoring: applying the Prometheus Operator's CRDs")
     _server_side_apply(kubectl, "-f", str(crds))
-    kubectl.run(
-        "wait", "--for=condition=Established", "-f", str(crds), "--timeout=60s", timeout_seconds=90
-    )
+    _wait_established(kubectl, crds)
     version = prometheus_version(go_mod.read_text())
     say(f"monitoring: applying the operator and Prometheus {version} in {NAMESPACE}")
     document = {"apiVersion": "v1", "kind": "List", "items": all_objects(version)}

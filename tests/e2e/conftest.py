@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import queue
@@ -77,6 +78,29 @@ class Cluster:
         if check and result.returncode != 0:
             pytest.fail(f"kubectl {' '.join(args)} exited {result.returncode}: {result.stderr}")
         return result
+
+
+def wait_established(cluster: Cluster, *crds: str, timeout: float = 60) -> None:
+    """Wait until each CRD (`crd/NAME` or NAME) is Established.
+
+    Not `kubectl wait --for=condition=Established`: a CRD the apiserver has just
+    created can read `status.conditions: null` until its controller writes them,
+    and kubectl wait then fails at once (".status.conditions accessor error: <nil>")
+    instead of waiting; that happened on a loaded host."""
+
+    def established(name: str) -> bool:
+        path = '{.status.conditions[?(@.type=="Established")].status}'
+        answer = cluster.kubectl("get", "crd", name, "-o", f"jsonpath={path}", check=False)
+        return answer.stdout.strip() == "True"
+
+    for crd in crds:
+        name = crd.removeprefix("crd/")
+        wait_for(
+            f"CRD {name} Established",
+            functools.partial(established, name),
+            timeout=timeout,
+            every=0.5,
+        )
 
 
 def helm(cluster: Cluster, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ..conftest import helm, wait_for
+from ..conftest import helm, wait_established, wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 # The Prometheus Operator's own CRDs, copied out of its module by build-binaries.sh.
@@ -56,8 +56,7 @@ def chart_crds(cluster: Any) -> Iterator[None]:
             cluster.kubectl(
                 "apply", "--server-side", "-f", str(MONITORING_CRDS / f"{group}_{plural}.yaml")
             )
-    for name in CHART_CRD_NAMES:
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    wait_established(cluster, *CHART_CRD_NAMES)
     try:
         yield
     finally:

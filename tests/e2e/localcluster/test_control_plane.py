@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..conftest import wait_established
+
 
 def test_apiserver_is_ready_and_a_new_service_account_may_not_list_pods(
     cluster: Any, kube: Any
@@ -57,9 +59,7 @@ CRD: dict[str, Any] = {
 def test_crd_with_status_subresource_shows_printer_columns(cluster: Any, kube: Any) -> None:
     cluster.kubectl("apply", "-f", "-", input=json.dumps(CRD))
     try:
-        cluster.kubectl(
-            "wait", "--for=condition=Established", "crd/widgets.e2e.fusebox.dev", "--timeout=60s"
-        )
+        wait_established(cluster, "widgets.e2e.fusebox.dev")
         widget = {
             "apiVersion": "e2e.fusebox.dev/v1",
             "kind": "Widget",

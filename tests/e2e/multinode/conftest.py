@@ -36,7 +36,13 @@ from fusebox_contract.names import ConditionType
 from localcluster import nodes
 from localcluster.config import ClusterConfig, load_saved
 
-from ..conftest import REPO_ROOT, Cluster, remove_inference_services, wait_for
+from ..conftest import (
+    REPO_ROOT,
+    Cluster,
+    remove_inference_services,
+    wait_established,
+    wait_for,
+)
 from ..localcluster.conftest import Kube, new_namespace
 from ..operator.conftest import CHART, CRD, CRD_NAME, OperatorRelease, Service
 
@@ -210,7 +216,7 @@ def inference_nodes(multinode: Cluster) -> Iterator[list[str]]:
 def operator_across(multinode: Cluster, inference_nodes: list[str]) -> Iterator[OperatorRelease]:
     """The chart from this checkout, watching mkube's namespaces, with the CRD."""
     multinode.kubectl("apply", "-f", str(CRD))
-    multinode.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    wait_established(multinode, CRD_NAME)
     suffix = uuid.uuid4().hex[:6]
     release = OperatorRelease(multinode, f"fusebox-mn-{suffix}", f"mn-{suffix}")
     multinode.kubectl("create", "namespace", release.namespace)

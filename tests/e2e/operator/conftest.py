@@ -45,7 +45,14 @@ from fusebox_contract.names import EventReason, Fault
 from fusebox_contract.wiring import Port
 from localcluster.config import default_name, load_saved
 
-from ..conftest import Cluster, helm, localcluster, pod_port_forwards, wait_for
+from ..conftest import (
+    Cluster,
+    helm,
+    localcluster,
+    pod_port_forwards,
+    wait_established,
+    wait_for,
+)
 from ..monitoring import monitoring_installed, prometheus  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parents[3]
@@ -301,7 +308,7 @@ def crd(cluster: Cluster) -> Iterator[None]:
     someone else installed, the demo's, keeps their InferenceServices)."""
     existed = cluster.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
     cluster.kubectl("apply", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    wait_established(cluster, CRD_NAME)
     try:
         yield
     finally:

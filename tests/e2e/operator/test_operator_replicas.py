@@ -26,7 +26,7 @@ import pytest
 
 from fusebox_contract.names import ConditionType, EventReason
 
-from ..conftest import Cluster, fresh_namespace, local_claim
+from ..conftest import Cluster, fresh_namespace, local_claim, wait_established
 from .conftest import (
     CHART,
     OperatorRelease,
@@ -58,8 +58,7 @@ def peering_crds(cluster: Cluster) -> Iterator[None]:
         if cluster.kubectl("get", "crd", name, check=False).returncode == 0
     }
     cluster.kubectl("apply", "-f", str(PEERING_CRDS))
-    for name in PEERING_CRD_NAMES:
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    wait_established(cluster, *PEERING_CRD_NAMES)
     try:
         yield
     finally:
