@@ -26,7 +26,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.core import Metric as Family
 from prometheus_client.registry import Collector
 
-from fusebox_contract.metrics import STALL_LABEL, LatencyHistogram, Metric
+from fusebox_contract.metrics import (
+    QUANTITY_LABEL,
+    STALL_LABEL,
+    LatencyHistogram,
+    MeasuredQuantity,
+    Metric,
+)
 from fusebox_contract.names import HeartbeatThread, Variant
 from fusebox_contract.stats import StatsDocument, StatsReading
 from fusebox_sidecar.node_memory import NodeMemory
@@ -38,7 +44,6 @@ OUTCOME_LABEL = "outcome"
 LATENCY_LABEL = "metric"
 THREAD_LABEL = "thread"
 GPU_LABEL = "gpu"
-QUANTITY_LABEL = "quantity"
 REASON_LABEL = "reason"
 MODEL_INFO_LABELS = ("model", "variant", "quantization", "dtype", "revision")
 
@@ -498,7 +503,10 @@ def measured_families(proc: ProcReading, gpu: GpuReading) -> Iterator[Family]:
         "1 when the sidecar measured the quantity itself, 0 when it relays the server's figure "
         "or has none",
         QUANTITY_LABEL,
-        {"rss": float(_rss_measured(proc)), "gpu_memory": float(gpu_measured)},
+        {
+            MeasuredQuantity.RSS: float(_rss_measured(proc)),
+            MeasuredQuantity.GPU_MEMORY: float(gpu_measured),
+        },
     )
 
 
