@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,8 @@ from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.spec import parse_spec
 from fusebox_operator.telemetry import scrape_all
 from fusebox_operator.tick import TickInputs, TickMemory, run_tick
+
+from .test_operator_io import free_port
 
 SPEC = parse_spec({"model": {"name": "chat", "source": "pvc://models/tiny"}, "replicas": 1})
 MIB = 1024**2
@@ -67,9 +68,7 @@ class Sidecar:
 @pytest.fixture
 def sidecar(tmp_path: Path) -> Iterator[Sidecar]:
     """The real sidecar on loopback, pointed at a stats file nobody has written yet."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     stats_file = tmp_path / "stats.json"
     log = open(tmp_path / "sidecar.log", "wb")  # noqa: SIM115
     process = subprocess.Popen(
