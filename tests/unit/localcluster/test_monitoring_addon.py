@@ -132,3 +132,38 @@ def test_the_addon_is_a_localcluster_command() -> None:
     from localcluster import cli
 
     assert cli._parser().parse_args(["monitoring"]).command == "monitoring"
+
+
+class WaitingKubectl:
+    """Answers `kubectl wait` with the prepared (returncode, stderr) in turn."""
+
+    def __init__(self, answers: list[tuple[int, str]]) -> None:
+        self.answers = answers
+        self.calls = 0
+
+    def run(self, *args: str, **_: Any) -> subprocess.CompletedProcess[str]:
+        assert args[:2] == ("wait", "--for=condition=Established")
+        self.calls += 1
+        code, stderr = self.answers.pop(0)
+        return subprocess.CompletedProcess(list(args), code, "", stderr)
+
+
+NULL_CONDITIONS = (
+    "error: .status.conditions accessor error: <nil> is of the type <nil>, expected []interface{}"
+)
+
+
+def test_a_crd_whose_conditions_are_not_written_yet_is_waited_for_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(monitoring_addon.time, "sleep", lambda _: None)
+    kubectl = WaitingKubectl([(1, NULL_CONDITIONS), (1, NULL_CONDITIONS), (0, "")])
+    monitoring_addon._wait_established(kubectl, Path("crds"))  # type: ignore[arg-type]
+    assert kubectl.calls == 3
+
+
+def test_any_other_failure_to_establish_is_an_error_naming_kubectl_s_words() -> None:
+    kubectl = WaitingKubectl([(1, "error: timed out waiting for the condition")])
+    with pytest.raises(ClusterError, match="timed out waiting for the condition"):
+        monitoring_addon._wait_established(kubectl, Path("crds"))  # type: ignore[arg-type]
+    assert kubectl.calls == 1
