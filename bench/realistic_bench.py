@@ -20,6 +20,10 @@ alone and the file keeps the others; each records its load average):
 - `c1`: one request at a time, Fusebox over HTTP vs in-process `generate`
   (transformers' own kernels, dynamic cache) on the same requests, one of
   each in turn; the figure is the median of the per-request ratios.
+  Fusebox runs without its prefix cache (`--prefix-cache-bytes 0`): each
+  prompt is sent to it twice (streamed, then unstreamed) and the shared
+  system prompt recurs, so with the cache it would skip prefill work that
+  `generate` does (the unstreamed figure did, before 2026-12-06).
   The compiled static-cache `generate` the issue names is not run on the
   CPU: compiling on the 2 shared cores takes longer than the phase.
 - `sweep`: `transformers serve --continuous-batching` in each peer setting
@@ -242,37 +246,41 @@ def latency_c1(model_dir: Path, url: str, workload: Workload, threads: int) -> d
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True).eval()
     pairs, texts_agree = [], 0
     records: list[ResponseRecord] = []
-    for position, request in enumerate(workload.requests):
-        ids = tokenizer.apply_chat_template(
-            request.messages(), add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )
-        started = time.perf_counter()
-        with torch.inference_mode():
-            output = model.generate(**ids, max_new_tokens=request.max_tokens, do_sample=False)
-        local = time.perf_counter() - started
-        local_text = tokenizer.decode(
-            output[0, ids["input_ids"].shape[1] :], skip_special_tokens=True
-        )
-        [record] = traffic.closed_loop(url, FUSEBOX_MODEL, [request], clients=1)
-        if record.error:
-            raise RuntimeError(f"c=1 request {request.index}: {record.error}")
-        summarize([record])  # fails the run on a missing usage
-        remote = record.finished - record.scheduled
-        whole = traffic.complete_unstreamed(url, FUSEBOX_MODEL, request)
-        if whole.error:
-            raise RuntimeError(f"c=1 request {request.index} unstreamed: {whole.error}")
-        summarize([whole])
-        if position:
-            pairs.append(
-                {
-                    "index": request.index,
-                    "in_process": local,
-                    "fusebox": remote,
-                    "fusebox_unstreamed": whole.finished - whole.scheduled,
-                }
+    with httpx.Client(timeout=traffic.REQUEST_TIMEOUT_SECONDS) as client:
+        for position, request in enumerate(workload.requests):
+            ids = tokenizer.apply_chat_template(
+                request.messages(),
+                add_generation_prompt=True,
+                return_tensors="pt",
+                return_dict=True,
             )
-            records.append(record)
-            texts_agree += record.text == local_text
+            started = time.perf_counter()
+            with torch.inference_mode():
+                output = model.generate(**ids, max_new_tokens=request.max_tokens, do_sample=False)
+            local = time.perf_counter() - started
+            local_text = tokenizer.decode(
+                output[0, ids["input_ids"].shape[1] :], skip_special_tokens=True
+            )
+            [record] = traffic.closed_loop(url, FUSEBOX_MODEL, [request], clients=1)
+            if record.error:
+                raise RuntimeError(f"c=1 request {request.index}: {record.error}")
+            summarize([record])  # fails the run on a missing usage
+            remote = record.finished - record.scheduled
+            whole = traffic.complete_unstreamed(url, FUSEBOX_MODEL, request, client)
+            if whole.error:
+                raise RuntimeError(f"c=1 request {request.index} unstreamed: {whole.error}")
+            summarize([whole])
+            if position:
+                pairs.append(
+                    {
+                        "index": request.index,
+                        "in_process": local,
+                        "fusebox": remote,
+                        "fusebox_unstreamed": whole.finished - whole.scheduled,
+                    }
+                )
+                records.append(record)
+                texts_agree += record.text == local_text
     del model
     gc.collect()
     ratios = [pair["fusebox"] / pair["in_process"] for pair in pairs]
@@ -398,7 +406,9 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
             result["lever"] = logits_lever(model_dir, workload, arguments.lever_rounds)
             write(arguments, result, responses)
         if "c1" in phases:
-            fusebox, url, _ = server_bench.start_fusebox(model_dir, workdir, **fusebox_flags)
+            fusebox, url, _ = server_bench.start_fusebox(
+                model_dir, workdir, **fusebox_flags, prefix_cache_bytes=0
+            )
             try:
                 part = latency_c1(model_dir, url, c1, arguments.threads)
             finally:

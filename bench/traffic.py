@@ -129,16 +129,20 @@ async def _open_loop(
     return records
 
 
-def complete_unstreamed(url: str, model: str, request: WorkloadRequest) -> ResponseRecord:
-    """One request without streaming: the whole answer in one body (its latency alone)."""
-    record = ResponseRecord(request.index, scheduled=time.perf_counter())
-    record.sent = record.scheduled
+def complete_unstreamed(
+    url: str, model: str, request: WorkloadRequest, client: httpx.Client | None = None
+) -> ResponseRecord:
+    """One request without streaming: the whole answer in one body (its latency alone).
+
+    `client`: one kept across requests, as an SDK keeps its own, so the latency
+    is the request's, not a new client's setup."""
     body = chat_body(model, request) | {"stream": False}
     del body["stream_options"]
+    post = client.post if client is not None else httpx.post
+    record = ResponseRecord(request.index, scheduled=time.perf_counter())
+    record.sent = record.scheduled
     try:
-        response = httpx.post(
-            f"{url}/v1/chat/completions", json=body, timeout=REQUEST_TIMEOUT_SECONDS
-        )
+        response = post(f"{url}/v1/chat/completions", json=body, timeout=REQUEST_TIMEOUT_SECONDS)
         record.finished = time.perf_counter()
         if response.status_code != 200:
             record.error = f"HTTP {response.status_code}: {response.text[:300]}"

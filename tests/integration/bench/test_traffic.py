@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from bench import server_bench, traffic
@@ -60,10 +61,13 @@ def test_an_unstreamed_answer_is_the_streamed_one(fusebox: str, workload: Worklo
     request = workload.requests[0]
     [streamed] = traffic.closed_loop(fusebox, "bench", [request], clients=1)
     whole = traffic.complete_unstreamed(fusebox, "bench", request)
-    assert whole.error is None
-    assert whole.text == streamed.text
-    assert whole.completion_tokens == streamed.completion_tokens
-    assert whole.finish_reason == streamed.finish_reason
+    with httpx.Client() as client:  # kept across requests, as the c=1 phase keeps it
+        kept = [traffic.complete_unstreamed(fusebox, "bench", request, client) for _ in range(2)]
+    for answer in (whole, *kept):
+        assert answer.error is None
+        assert answer.text == streamed.text
+        assert answer.completion_tokens == streamed.completion_tokens
+        assert answer.finish_reason == streamed.finish_reason
 
 
 def test_an_open_loop_schedules_each_request_at_its_own_time(
