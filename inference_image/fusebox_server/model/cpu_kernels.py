@@ -12,7 +12,13 @@ blocked layout took 40% less time; and SDPA's CPU flash kernel spent
 matmul does it in a fraction. A lone request's step is one-row products,
 which oneDNN runs slower than four-row ones on the same weight, so they are
 padded to four (a 1-row step 1.19x faster in all); and one wide product of
-q, k and v stacked (and of gate and up) beats several narrow ones. All keep
+q, k and v stacked (and of gate and up) beats several narrow ones. Which of
+the plain and the packed weight is faster for one row depends on the shape
+and on the host's CPU (the llama3 zoo's 64 x 128,256 vocabulary projection:
+equal on the 2026-12-02 host, 1.8x faster plain on the 2026-12-06 one), so
+each layer is timed both ways as it is packed, and keeps its plain weight
+for a lone row's product where that is clearly faster (`SingleRowChoice`,
+within a memory budget). All keep
 the model's arithmetic (greedy outputs are unchanged; the products differ
 from `F.linear` by rounding, about 1e-6), so every variant still decodes as
 in-process transformers.
@@ -26,7 +32,8 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import torch
@@ -47,37 +54,62 @@ MAX_ROWS_PER_CALL: Final = 64
 # products): fewer rows are padded to this many, the extra rows' output dropped.
 MIN_ROWS_PER_CALL: Final = 4
 ATTENTION: Final = "fusebox_cpu"
+# A packed layer keeps its plain weight for one-row products where, timed as it is packed,
+# the padded packed product takes at least this many times as long (`SingleRowChoice`).
+SINGLE_ROW_MARGIN: Final = 1.2
+# The most bytes of plain weights kept beside the packed ones, over the whole model.
+SINGLE_ROW_BUDGET_BYTES: Final = 256 << 20
+# Calls timed each way (after one warm-up call): the fastest counts.
+SINGLE_ROW_TIMED_CALLS: Final = 5
 # Projections of one module that read the same input (Llama-family names).
 SIBLING_PROJECTIONS: Final = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 class PackedLinear(nn.Module):
-    """A linear layer whose weight oneDNN reordered once; the original weight is dropped."""
+    """A linear layer whose weight oneDNN reordered once; the original weight is dropped,
+    unless `single_rows` keeps it for one-row products (`SingleRowChoice`)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        single_rows: SingleRowChoice | None = None,
+    ) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         # An opaque oneDNN tensor: not a parameter (it has no storage to save or move).
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT)
         self.bias = bias
         self.min_rows = MIN_ROWS_PER_CALL
+        # The plain weight, for a lone row's product; not a parameter either (never saved).
+        self.single_row_weight: torch.Tensor | None = None
+        if single_rows is not None and single_rows.keeps(weight.detach(), self):
+            self.single_row_weight = weight.detach()
 
     @classmethod
-    def of(cls, linear: nn.Linear) -> PackedLinear:
-        return cls(linear.weight, linear.bias)
+    def of(cls, linear: nn.Linear, single_rows: SingleRowChoice | None = None) -> PackedLinear:
+        return cls(linear.weight, linear.bias, single_rows)
 
     @classmethod
-    def stacked(cls, linears: Sequence[nn.Linear]) -> PackedLinear:
+    def stacked(
+        cls, linears: Sequence[nn.Linear], single_rows: SingleRowChoice | None = None
+    ) -> PackedLinear:
         """One packed product of several layers' weights stacked: their outputs side by side."""
         weight = torch.cat([linear.weight.detach() for linear in linears])
         biases = [linear.bias.detach() for linear in linears if linear.bias is not None]
-        return cls(weight, torch.cat(biases) if biases else None)
+        return cls(weight, torch.cat(biases) if biases else None, single_rows)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         rows = inputs.reshape(-1, self.in_features)
-        parts = [self._product(chunk) for chunk in torch.split(rows, MAX_ROWS_PER_CALL)]
-        output = parts[0] if len(parts) == 1 else torch.cat(parts)
+        if rows.shape[0] == 1 and self.single_row_weight is not None:
+            output = torch.nn.functional.linear(rows, self.single_row_weight, self._bias())
+        else:
+            parts = [self._product(chunk) for chunk in torch.split(rows, MAX_ROWS_PER_CALL)]
+            output = parts[0] if len(parts) == 1 else torch.cat(parts)
         return output.view(*inputs.shape[:-1], self.out_features)
+
+    def _bias(self) -> torch.Tensor | None:
+        return None if self.bias is None else self.bias.detach()
 
     def _product(self, rows: torch.Tensor) -> torch.Tensor:
         """One oneDNN call; fewer than `min_rows` rows are padded with zeros to that many."""
@@ -86,14 +118,80 @@ class PackedLinear(nn.Module):
             padded = rows.new_zeros((self.min_rows, self.in_features))
             padded[:count] = rows
             rows = padded
-        bias = None if self.bias is None else self.bias.detach()
         output: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
-            rows, self.packed, bias, "none", [], ""
+            rows, self.packed, self._bias(), "none", [], ""
         )
         return output[:count]
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed"
+        kept = ", plain weight kept for one row" if self.single_row_weight is not None else ""
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed{kept}"
+        )
+
+
+SingleRowTimer = Callable[[torch.Tensor, PackedLinear], tuple[float, float]]
+
+
+def time_single_row(weight: torch.Tensor, layer: PackedLinear) -> tuple[float, float]:
+    """Seconds of a one-row product through the plain `weight` and through `layer`'s packed
+    one (padded as it pads): the fastest of a few calls each, after a warm-up call."""
+    row = weight.new_zeros((1, layer.in_features))
+    bias = layer._bias()
+
+    def fastest(product: Callable[[], object]) -> float:
+        product()
+        best = float("inf")
+        for _ in range(SINGLE_ROW_TIMED_CALLS):
+            started = time.perf_counter()
+            product()
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    with torch.inference_mode():
+        plain = fastest(lambda: torch.nn.functional.linear(row, weight, bias))
+        packed = fastest(lambda: layer._product(row))
+    return plain, packed
+
+
+class SingleRowChoice:
+    """Which packed layers also keep their plain weight, for a lone row's product.
+
+    From a few rows up oneDNN's packed product is the faster one, but for one
+    row (a lone request's decode step) the plain weight can be much faster:
+    on the llama3 zoo's vocabulary projection, 64 x 128,256 on one thread,
+    1.15-1.28 ms through `F.linear` against 2.0-2.2 ms packed and padded to
+    four rows, most of a 5.5 ms step (2026-12-06; on 2026-12-02's host the
+    two were equal). It depends on the shape and the host's CPU, so each
+    layer is timed both ways on the thread that loads it (the inference
+    worker, with its thread count) as it is packed, and keeps its plain
+    weight where the packed product takes `SINGLE_ROW_MARGIN` times as long
+    or more, while the kept weights fit `SINGLE_ROW_BUDGET_BYTES`, taken in
+    the model's order. A kept weight costs its size again in memory; the
+    load's log line says how many layers and bytes (`pack_for_cpu`).
+    Either product is the layer's own arithmetic: greedy outputs are those
+    of transformers.
+    """
+
+    def __init__(
+        self, budget_bytes: int = SINGLE_ROW_BUDGET_BYTES, timer: SingleRowTimer | None = None
+    ) -> None:
+        self.budget_left = budget_bytes
+        self.timer = timer or time_single_row
+        self.layers = 0
+        self.bytes = 0
+
+    def keeps(self, weight: torch.Tensor, layer: PackedLinear) -> bool:
+        size = weight.numel() * weight.element_size()
+        if size > self.budget_left:
+            return False
+        plain, packed = self.timer(weight, layer)
+        if packed < plain * SINGLE_ROW_MARGIN:
+            return False
+        self.budget_left -= size
+        self.layers += 1
+        self.bytes += size
+        return True
 
 
 class SharedProduct:
@@ -109,8 +207,10 @@ class SharedProduct:
     its own layer computes whatever the model does in between.
     """
 
-    def __init__(self, linears: Sequence[nn.Linear]) -> None:
-        self.product = PackedLinear.stacked(linears)
+    def __init__(
+        self, linears: Sequence[nn.Linear], single_rows: SingleRowChoice | None = None
+    ) -> None:
+        self.product = PackedLinear.stacked(linears, single_rows)
         ends = list(itertools.accumulate(linear.out_features for linear in linears))
         self.columns = [
             (end - linear.out_features, end) for linear, end in zip(linears, ends, strict=True)
@@ -181,7 +281,7 @@ def _stackable(siblings: Sequence[object], tied: set[int]) -> list[nn.Linear] | 
     return linears if alike else None
 
 
-def fuse_sibling_projections(model: nn.Module) -> int:
+def fuse_sibling_projections(model: nn.Module, single_rows: SingleRowChoice | None = None) -> int:
     """Serve each group of `SIBLING_PROJECTIONS` from one `SharedProduct`; how many groups."""
     tied = _tied_weights(model)
     groups = 0
@@ -190,21 +290,21 @@ def fuse_sibling_projections(model: nn.Module) -> int:
             linears = _stackable([getattr(parent, name, None) for name in names], tied)
             if linears is None:
                 continue
-            shared = SharedProduct(linears)
+            shared = SharedProduct(linears, single_rows)
             for sibling, name in enumerate(names):
                 setattr(parent, name, ProjectionSlice(shared, sibling))
             groups += 1
     return groups
 
 
-def pack_linear_layers(model: nn.Module) -> int:
+def pack_linear_layers(model: nn.Module, single_rows: SingleRowChoice | None = None) -> int:
     """Replace every packable `nn.Linear` by a `PackedLinear`; how many were replaced."""
     tied = _tied_weights(model)
     packed = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear) and _packable(child, tied):
-                setattr(parent, name, PackedLinear.of(child))
+                setattr(parent, name, PackedLinear.of(child, single_rows))
                 packed += 1
     return packed
 
@@ -334,13 +434,19 @@ def pack_for_cpu(model: Any, device: torch.device) -> dict[str, Any]:
         return {
             "fused_projection_groups": 0,
             "packed_linear_layers": 0,
+            "single_row_plain_layers": 0,
+            "single_row_plain_bytes": 0,
             "single_query_attention": False,
             "single_query_attention_declined": f"not on the CPU with oneDNN ({device.type})",
         }
     declined = single_query_refusal(model.config)  # before the switch changes the answer
+    single_rows = SingleRowChoice()
     return {
-        "fused_projection_groups": fuse_sibling_projections(model),
-        "packed_linear_layers": pack_linear_layers(model),
+        "fused_projection_groups": fuse_sibling_projections(model, single_rows),
+        "packed_linear_layers": pack_linear_layers(model, single_rows),
+        # Of the packed products (fused ones included), those that keep their plain weight.
+        "single_row_plain_layers": single_rows.layers,
+        "single_row_plain_bytes": single_rows.bytes,
         "single_query_attention": use_single_query_attention(model),
         "single_query_attention_declined": declined,
         # The bounds torch loaded with (kernel_caches.py); None: oneDNN's default, 1,024.

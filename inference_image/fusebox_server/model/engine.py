@@ -90,6 +90,12 @@ class LoadedModel:
     # Linear layers the quantization left in the model's dtype (`quantization.quantize`).
     unquantized_layers: tuple[str, ...] = ()
 
+    @property
+    def footprint_bytes(self) -> int:
+        """What the load holds: its weights, and the plain copies some packed layers keep
+        for one-row products (`cpu_kernels.SingleRowChoice`)."""
+        return self.parameter_bytes + int(self.kernels.get("single_row_plain_bytes", 0))
+
 
 class UnsoundVariant(RuntimeError):
     """A loaded variant computes non-finite logits: serving it would sample from NaN.

@@ -156,7 +156,7 @@ class Variants:
         if self.worker.loaded is not None:
             self._unload_on_worker()
         self.worker.loaded = loaded
-        self.footprint_bytes[variant] = loaded.parameter_bytes
+        self.footprint_bytes[variant] = loaded.footprint_bytes
         self.loads_total += 1  # every completed load, the first one included
 
     def _warm_model_on_worker(self, variant: Variant, source: VariantSource) -> engine.LoadedModel:

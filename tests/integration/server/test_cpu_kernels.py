@@ -31,6 +31,10 @@ def test_the_server_process_loads_with_packed_layers_and_bounded_kernel_caches(
     assert first["packed_linear_layers"] > 0
     assert first["fused_projection_groups"] > 0
     assert first["single_query_attention"] is True
+    # Which layers keep a plain weight for one row is timed on the host: only consistent.
+    kept_layers, kept_bytes = first["single_row_plain_layers"], first["single_row_plain_bytes"]
+    assert 0 <= kept_layers <= first["packed_linear_layers"] + first["fused_projection_groups"]
+    assert (kept_layers == 0) == (kept_bytes == 0)
     assert first["kernel_cache_entries"] == {
         name: str(KERNEL_CACHE_ENTRIES) for name in KERNEL_CACHE_ENVS
     }

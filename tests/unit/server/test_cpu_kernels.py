@@ -21,13 +21,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fusebox_server.model import cpu_kernels
 from fusebox_server.model.cpu_kernels import (
     ATTENTION,
     PackedLinear,
     ProjectionSlice,
+    SingleRowChoice,
     fuse_sibling_projections,
     pack_for_cpu,
     single_query_attention,
+    time_single_row,
 )
 from fusebox_server.model.decode_settings import DecodeSettings
 from fusebox_server.model.engine import DecodeBatch, Decoding, load_model, prefill
@@ -61,6 +64,15 @@ def test_a_packed_linear_computes_what_linear_does_for_any_row_count(
 def test_onednn_sees_between_four_and_64_rows_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
     # Its 1-3 row kernels are the slow ones, and every row count is a cached kernel.
     layer = PackedLinear.of(nn.Linear(32, 8, bias=False))
+    seen = _onednn_row_counts(monkeypatch)
+    with torch.inference_mode():
+        for count in (1, 2, 3, 65, 130):
+            assert layer(torch.randn(count, 32)).shape == (count, 8)
+    assert seen == [4, 4, 4, 64, 4, 64, 64, 4]
+
+
+def _onednn_row_counts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The row counts of every oneDNN product from now on."""
     product = torch.ops.mkldnn._linear_pointwise
     seen: list[int] = []
 
@@ -69,10 +81,114 @@ def test_onednn_sees_between_four_and_64_rows_per_call(monkeypatch: pytest.Monke
         return product(rows, *args)
 
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counting)
+    return seen
+
+
+def _timed(plain: float, packed: float) -> Any:
+    """A timer that reports these seconds for any layer (the real one is host-dependent)."""
+    return lambda weight, layer: (plain, packed)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_layer_timed_faster_plain_takes_one_row_through_its_plain_weight(
+    bias: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48, bias=bias)
+    choice = SingleRowChoice(timer=_timed(plain=1.0, packed=1.2))  # exactly the margin
+    layer = PackedLinear.of(linear, choice)
+    assert layer.single_row_weight is not None
+    assert (choice.layers, choice.bytes) == (1, 64 * 48 * 4)
+    seen = _onednn_row_counts(monkeypatch)
     with torch.inference_mode():
-        for count in (1, 2, 3, 65, 130):
-            assert layer(torch.randn(count, 32)).shape == (count, 8)
-    assert seen == [4, 4, 4, 64, 4, 64, 64, 4]
+        lone = torch.randn(1, 1, 64)
+        assert torch.equal(layer(lone), F.linear(lone, linear.weight, linear.bias))
+        assert seen == []  # a lone row never reached oneDNN
+        several = torch.randn(3, 64)
+        torch.testing.assert_close(layer(several), linear(several), rtol=1e-5, atol=1e-5)
+    assert seen == [4]
+    assert "plain weight kept for one row" in repr(layer)
+
+
+def test_a_layer_not_clearly_faster_plain_keeps_only_its_packed_weight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    choice = SingleRowChoice(timer=_timed(plain=1.0, packed=1.19))
+    layer = PackedLinear.of(nn.Linear(64, 48), choice)
+    assert layer.single_row_weight is None and (choice.layers, choice.bytes) == (0, 0)
+    seen = _onednn_row_counts(monkeypatch)
+    with torch.inference_mode():
+        layer(torch.randn(1, 64))
+    assert seen == [4]
+
+
+def test_kept_plain_weights_stay_within_the_budget_in_the_models_order() -> None:
+    timed: list[tuple[int, int]] = []
+
+    def timer(weight: torch.Tensor, layer: PackedLinear) -> tuple[float, float]:
+        timed.append(tuple(weight.shape))
+        return 1.0, 2.0
+
+    size = 32 * 16 * 4
+    choice = SingleRowChoice(budget_bytes=size * 2 + size // 2, timer=timer)
+    layers = [PackedLinear.of(nn.Linear(16, 32), choice) for _ in range(3)]
+    kept = [layer.single_row_weight is not None for layer in layers]
+    assert kept == [True, True, False]
+    assert (choice.layers, choice.bytes, choice.budget_left) == (2, 2 * size, size // 2)
+    assert len(timed) == 2  # a layer past the budget is not timed at all
+
+
+def test_fused_siblings_are_timed_and_kept_as_one_stacked_weight() -> None:
+    torch.manual_seed(0)
+    module = _Siblings(bias=False)
+    choice = SingleRowChoice(timer=_timed(plain=1.0, packed=3.0))
+    assert fuse_sibling_projections(module, choice) == 1
+    assert isinstance(module.q_proj, ProjectionSlice)
+    stacked = module.q_proj.shared.product
+    assert stacked.single_row_weight is not None
+    assert stacked.single_row_weight.shape == (stacked.out_features, stacked.in_features)
+    assert choice.layers == 1
+
+
+def test_the_real_timer_times_both_products_of_a_layer() -> None:
+    layer = PackedLinear.of(nn.Linear(64, 256))
+    plain, packed = time_single_row(torch.randn(256, 64), layer)
+    assert plain > 0 and packed > 0  # seconds of each, whatever their order on this host
+
+
+def test_pack_for_cpu_reports_the_kept_plain_weights(
+    monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path, tiny_tokenizer: Any
+) -> None:
+    monkeypatch.setattr(cpu_kernels, "time_single_row", _timed(plain=1.0, packed=2.0))
+    loaded = load_model("primary", tiny_model_dir, "none", CPU, tiny_tokenizer)
+    packed = [m for m in loaded.model.modules() if isinstance(m, PackedLinear)]
+    stacked = {
+        id(m.shared.product): m.shared.product
+        for m in loaded.model.modules()
+        if isinstance(m, ProjectionSlice)
+    }
+    every = packed + list(stacked.values())
+    assert all(layer.single_row_weight is not None for layer in every)
+    assert loaded.kernels["single_row_plain_layers"] == len(every)
+    kept_bytes = sum(layer.in_features * layer.out_features * 4 for layer in every)
+    assert loaded.kernels["single_row_plain_bytes"] == kept_bytes
+    assert loaded.footprint_bytes == loaded.parameter_bytes + kept_bytes
+
+
+def test_a_lone_row_through_kept_plain_weights_decodes_what_transformers_decodes(
+    monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path, tiny_tokenizer: Any
+) -> None:
+    monkeypatch.setattr(cpu_kernels, "time_single_row", _timed(plain=1.0, packed=2.0))
+    loaded = load_model("primary", tiny_model_dir, "none", CPU, tiny_tokenizer)
+    assert loaded.kernels["single_row_plain_layers"] > 0
+    prompt = tuple(tiny_tokenizer.backend_tokenizer.encode("A lone request.").ids)
+    row = Decoding(loaded, prompt, GREEDY)
+    produced = prefill(loaded, [row])
+    batch = DecodeBatch(loaded)
+    batch.add(row)
+    for _ in range(GREEDY.max_new_tokens - 1):
+        produced += batch.step()
+    assert produced == _transformers_greedy(tiny_model_dir, prompt, GREEDY.max_new_tokens)
 
 
 class _Siblings(nn.Module):
@@ -229,6 +345,8 @@ def test_nothing_is_packed_off_the_cpu() -> None:
     assert pack_for_cpu(model, torch.device("meta")) == {
         "fused_projection_groups": 0,
         "packed_linear_layers": 0,
+        "single_row_plain_layers": 0,
+        "single_row_plain_bytes": 0,
         "single_query_attention": False,
         "single_query_attention_declined": "not on the CPU with oneDNN (meta)",
     }

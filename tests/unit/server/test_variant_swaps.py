@@ -14,7 +14,7 @@ from fusebox_contract.stats import StatsDocument
 from fusebox_server.config import ServerConfig
 from fusebox_server.control.runtime import Runtime
 from fusebox_server.errors import FallbackUnavailable
-from fusebox_server.model import engine
+from fusebox_server.model import cpu_kernels, engine
 from fusebox_server.model.load_order import LoadOrder, MemoryRoom, load_order, weights_on_disk_bytes
 
 from .runtime_runs import run_with_runtime, settled
@@ -161,3 +161,21 @@ def test_a_good_fallback_loads_beside_the_primary_when_both_fit(tiny_model_dir: 
     order, serving = run_with_runtime(config, scenario, ROOM)
     assert order is LoadOrder.LOAD_FIRST
     assert serving == (Variant.FALLBACK, True, "int8")
+
+
+def test_a_loaded_variants_footprint_counts_the_plain_weights_it_keeps_for_one_row(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every layer timed faster plain: each keeps its plain weight beside the packed one.
+    monkeypatch.setattr(cpu_kernels, "time_single_row", lambda weight, layer: (1.0, 2.0))
+    config = ServerConfig(model_dir=tiny_model_dir, torch_threads=1)
+
+    async def scenario(runtime: Runtime) -> tuple[int, int, int]:
+        loaded = runtime.variants.loaded
+        assert loaded is not None
+        kept = loaded.kernels["single_row_plain_bytes"]
+        return runtime.variants.footprint_bytes[Variant.PRIMARY], loaded.parameter_bytes, kept
+
+    footprint, weights, kept = run_with_runtime(config, scenario, ROOM)
+    assert kept > 0
+    assert footprint == weights + kept  # what a swap back to it must find room for
