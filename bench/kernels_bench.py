@@ -2,11 +2,14 @@
 
 The engine's 16-row decode step, 16-prompt prefill and 1-row decode step
 (what a lone request costs) on the `small` model,
-in process (no HTTP), under six settings loaded side by side: transformers'
+in process (no HTTP), under seven settings loaded side by side: transformers'
 own kernels, oneDNN-packed linear layers only, the same without padding
 one- to three-row products to four, packed layers with sibling projections
-fused into one product, the single-query attention only, and all of them
-(what `load_model` does on CPU). Rounds visit the settings in
+fused into one product, the same with a lone row through the plain weight
+where that timed faster at load, layer by layer and then the whole forward
+(`SingleRowChoice`), the single-query
+attention only, and all of them (`pack_for_cpu`, what `load_model` does
+on CPU). Rounds visit the settings in
 turn, so a change in the machine's load hits all alike; the figure is each
 setting's median step time and its ratio to transformers' kernels. Every
 setting's greedy tokens are checked against transformers' own: a fast path
@@ -53,6 +56,8 @@ def without_row_padding(model: Any) -> None:
 
 
 def settings() -> dict[str, Setting]:
+    import torch
+
     from fusebox_server.model import cpu_kernels
 
     def packed_without_row_padding(model: Any) -> None:
@@ -63,15 +68,21 @@ def settings() -> dict[str, Setting]:
         cpu_kernels.fuse_sibling_projections(model)
         cpu_kernels.pack_linear_layers(model)
 
+    def packed_fused_one_row_plain(model: Any) -> None:
+        single_rows = cpu_kernels.SingleRowChoice()
+        cpu_kernels.fuse_sibling_projections(model, single_rows)
+        cpu_kernels.pack_linear_layers(model, single_rows)
+        single_rows.confirm(model)
+
     def all_of_them(model: Any) -> None:
-        packed_and_fused(model)
-        cpu_kernels.use_single_query_attention(model)
+        cpu_kernels.pack_for_cpu(model, torch.device("cpu"))
 
     return {
         "transformers_kernels": lambda model: None,
         "packed_linear_only": cpu_kernels.pack_linear_layers,
         "packed_without_row_padding": packed_without_row_padding,
         "packed_and_fused_projections": packed_and_fused,
+        "packed_fused_one_row_plain": packed_fused_one_row_plain,
         "single_query_attention_only": cpu_kernels.use_single_query_attention,
         "all": all_of_them,
     }
@@ -187,7 +198,7 @@ def run(rounds: int, steps: int, threads: int, out: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7, help="rounds over all six settings")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds over all seven settings")
     parser.add_argument("--steps", type=int, default=24, help="decode steps per round")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--out", type=Path, default=Path("bench/results/kernels.json"))

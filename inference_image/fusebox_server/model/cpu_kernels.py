@@ -61,6 +61,13 @@ SINGLE_ROW_MARGIN: Final = 1.2
 SINGLE_ROW_BUDGET_BYTES: Final = 256 << 20
 # Calls timed each way (after one warm-up call): the fastest counts.
 SINGLE_ROW_TIMED_CALLS: Final = 5
+# The candidates' plain weights stay only if the one-token forward with them takes at most
+# this share of its time without them (the fastest of each, over these many alternations).
+SINGLE_ROW_FORWARD_SHARE: Final = 0.95
+SINGLE_ROW_FORWARD_ROUNDS: Final = 4
+SINGLE_ROW_FORWARD_CALLS: Final = 3
+# Untimed rounds each way first: a just-loaded model's first forwards fault its pages in.
+SINGLE_ROW_FORWARD_WARMUPS: Final = 1
 # Projections of one module that read the same input (Llama-family names).
 SIBLING_PROJECTIONS: Final = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -154,6 +161,20 @@ def time_single_row(weight: torch.Tensor, layer: PackedLinear) -> tuple[float, f
     return plain, packed
 
 
+def time_one_row_forward(model: Any) -> float:
+    """Seconds of the model's forward over one token without a cache, where every product
+    has one row: the fastest of a few calls, after a warm-up call."""
+    token = torch.zeros((1, 1), dtype=torch.long, device=model.device)
+    best = float("inf")
+    with torch.inference_mode():
+        model(input_ids=token, use_cache=False)
+        for _ in range(SINGLE_ROW_FORWARD_CALLS):
+            started = time.perf_counter()
+            model(input_ids=token, use_cache=False)
+            best = min(best, time.perf_counter() - started)
+    return best
+
+
 class SingleRowChoice:
     """Which packed layers also keep their plain weight, for a lone row's product.
 
@@ -162,26 +183,49 @@ class SingleRowChoice:
     on the llama3 zoo's vocabulary projection, 64 x 128,256 on one thread,
     1.15-1.28 ms through `F.linear` against 2.0-2.2 ms packed and padded to
     four rows, most of a 5.5 ms step (2026-12-06; on 2026-12-02's host the
-    two were equal). It depends on the shape and the host's CPU, so each
-    layer is timed both ways on the thread that loads it (the inference
-    worker, with its thread count) as it is packed, and keeps its plain
-    weight where the packed product takes `SINGLE_ROW_MARGIN` times as long
-    or more, while the kept weights fit `SINGLE_ROW_BUDGET_BYTES`, taken in
-    the model's order. A kept weight costs its size again in memory; the
-    load's log line says how many layers and bytes (`pack_for_cpu`).
-    Either product is the layer's own arithmetic: greedy outputs are those
-    of transformers.
+    two were equal). It depends on the shape and the host's CPU, so it is
+    measured on the thread that loads the model (the inference worker, with
+    its thread count), in two stages:
+
+    - as each layer is packed, a one-row product is timed both ways
+      (`keeps`); the layer is a candidate where the packed one takes
+      `SINGLE_ROW_MARGIN` times as long or more, while the candidates' plain
+      weights fit `SINGLE_ROW_BUDGET_BYTES`, taken in the model's order;
+    - a layer timed alone has its weight in the CPU's caches, which a real
+      step, going through every layer, does not: on the `small` model each
+      layer timed faster plain, and the whole one-row step was 1.25x slower
+      that way. So once the model is packed, its one-token forward is timed
+      with the candidates' plain weights and without, alternated (`confirm`),
+      and they are all kept only if the forward takes at most
+      `SINGLE_ROW_FORWARD_SHARE` of its time without them; else all dropped.
+
+    A kept weight costs its size again in memory; the load's log line says
+    how many layers, how many bytes, and the two forward times
+    (`pack_for_cpu`). Either product is the layer's own arithmetic: greedy
+    outputs are those of transformers.
     """
 
     def __init__(
-        self, budget_bytes: int = SINGLE_ROW_BUDGET_BYTES, timer: SingleRowTimer | None = None
+        self,
+        budget_bytes: int = SINGLE_ROW_BUDGET_BYTES,
+        timer: SingleRowTimer | None = None,
+        forward_timer: Callable[[Any], float] | None = None,
     ) -> None:
         self.budget_left = budget_bytes
         self.timer = timer or time_single_row
-        self.layers = 0
-        self.bytes = 0
+        self.forward_timer = forward_timer or time_one_row_forward
+        self.candidates: list[tuple[PackedLinear, torch.Tensor]] = []
+
+    @property
+    def layers(self) -> int:
+        return len(self.candidates)
+
+    @property
+    def bytes(self) -> int:
+        return sum(weight.numel() * weight.element_size() for _, weight in self.candidates)
 
     def keeps(self, weight: torch.Tensor, layer: PackedLinear) -> bool:
+        """Whether `layer` (packing `weight`) is a candidate; it then holds the weight."""
         size = weight.numel() * weight.element_size()
         if size > self.budget_left:
             return False
@@ -189,9 +233,48 @@ class SingleRowChoice:
         if packed < plain * SINGLE_ROW_MARGIN:
             return False
         self.budget_left -= size
-        self.layers += 1
-        self.bytes += size
+        self.candidates.append((layer, weight))
         return True
+
+    def confirm(self, model: Any) -> dict[str, Any]:
+        """Keep the candidates' plain weights only if the whole one-row forward is faster
+        with them (see the class); the forward's milliseconds both ways, for the log."""
+        if not self.candidates:
+            return {}
+        with_plain: list[float] = []
+        packed_only: list[float] = []
+        try:
+            for on in (True, False):
+                self._switch(on)
+                for _ in range(SINGLE_ROW_FORWARD_WARMUPS):
+                    self.forward_timer(model)
+            for _ in range(SINGLE_ROW_FORWARD_ROUNDS):
+                self._switch(on=True)
+                with_plain.append(self.forward_timer(model))
+                self._switch(on=False)
+                packed_only.append(self.forward_timer(model))
+        except Exception as error:  # a model whose bare forward fails: keep what is measured
+            self._drop()
+            return {"single_row_check_failed": repr(error)}
+        plain, packed = min(with_plain), min(packed_only)
+        if plain <= packed * SINGLE_ROW_FORWARD_SHARE:
+            self._switch(on=True)
+        else:
+            self._drop()
+        return {
+            "single_row_forward_ms": {
+                "plain_where_faster": round(plain * 1e3, 3),
+                "packed": round(packed * 1e3, 3),
+            }
+        }
+
+    def _switch(self, on: bool) -> None:
+        for layer, weight in self.candidates:
+            layer.single_row_weight = weight if on else None
+
+    def _drop(self) -> None:
+        self._switch(on=False)
+        self.candidates = []
 
 
 class SharedProduct:
@@ -441,14 +524,18 @@ def pack_for_cpu(model: Any, device: torch.device) -> dict[str, Any]:
         }
     declined = single_query_refusal(model.config)  # before the switch changes the answer
     single_rows = SingleRowChoice()
-    return {
+    done: dict[str, Any] = {
         "fused_projection_groups": fuse_sibling_projections(model, single_rows),
         "packed_linear_layers": pack_linear_layers(model, single_rows),
+        "single_query_attention": use_single_query_attention(model),
+        "single_query_attention_declined": declined,
+    }
+    checked = single_rows.confirm(model)  # the whole forward, as it will run
+    return done | {
         # Of the packed products (fused ones included), those that keep their plain weight.
         "single_row_plain_layers": single_rows.layers,
         "single_row_plain_bytes": single_rows.bytes,
-        "single_query_attention": use_single_query_attention(model),
-        "single_query_attention_declined": declined,
+        **checked,
         # The bounds torch loaded with (kernel_caches.py); None: oneDNN's default, 1,024.
         "kernel_cache_entries": {name: os.environ.get(name) for name in KERNEL_CACHE_ENVS},
     }

@@ -156,29 +156,88 @@ def test_the_real_timer_times_both_products_of_a_layer() -> None:
     assert plain > 0 and packed > 0  # seconds of each, whatever their order on this host
 
 
-def test_pack_for_cpu_reports_the_kept_plain_weights(
+def _packed_products(model: nn.Module) -> list[PackedLinear]:
+    """Every packed product of a model: layers packed alone and fused siblings' products."""
+    products = {id(m): m for m in model.modules() if isinstance(m, PackedLinear)}
+    for module in model.modules():
+        if isinstance(module, ProjectionSlice):
+            products[id(module.shared.product)] = module.shared.product
+    return list(products.values())
+
+
+def _forward_faster_plain(model: nn.Module) -> float:
+    """A forward timer: 1 s with the plain weights switched on, 2 s without."""
+    return 1.0 if any(p.single_row_weight is not None for p in _packed_products(model)) else 2.0
+
+
+def test_pack_for_cpu_keeps_the_plain_weights_when_the_whole_forward_is_faster(
     monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path, tiny_tokenizer: Any
 ) -> None:
     monkeypatch.setattr(cpu_kernels, "time_single_row", _timed(plain=1.0, packed=2.0))
+    monkeypatch.setattr(cpu_kernels, "time_one_row_forward", _forward_faster_plain)
     loaded = load_model("primary", tiny_model_dir, "none", CPU, tiny_tokenizer)
-    packed = [m for m in loaded.model.modules() if isinstance(m, PackedLinear)]
-    stacked = {
-        id(m.shared.product): m.shared.product
-        for m in loaded.model.modules()
-        if isinstance(m, ProjectionSlice)
-    }
-    every = packed + list(stacked.values())
-    assert all(layer.single_row_weight is not None for layer in every)
+    every = _packed_products(loaded.model)
+    assert every and all(layer.single_row_weight is not None for layer in every)
     assert loaded.kernels["single_row_plain_layers"] == len(every)
     kept_bytes = sum(layer.in_features * layer.out_features * 4 for layer in every)
     assert loaded.kernels["single_row_plain_bytes"] == kept_bytes
+    assert loaded.kernels["single_row_forward_ms"] == {
+        "plain_where_faster": 1000.0,
+        "packed": 2000.0,
+    }
     assert loaded.footprint_bytes == loaded.parameter_bytes + kept_bytes
+
+
+@pytest.mark.parametrize("packed_seconds", [1.0, 1.05])  # not faster; under 5% faster
+def test_plain_weights_faster_layer_by_layer_but_not_in_the_whole_forward_are_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+    tiny_model_dir: Path,
+    tiny_tokenizer: Any,
+    packed_seconds: float,
+) -> None:
+    # A layer timed alone has its weight in the caches: the whole forward is what counts.
+    monkeypatch.setattr(cpu_kernels, "time_single_row", _timed(plain=1.0, packed=2.0))
+
+    def forward(model: nn.Module) -> float:
+        return 1.0 if _forward_faster_plain(model) == 1.0 else packed_seconds
+
+    monkeypatch.setattr(cpu_kernels, "time_one_row_forward", forward)
+    loaded = load_model("primary", tiny_model_dir, "none", CPU, tiny_tokenizer)
+    assert all(layer.single_row_weight is None for layer in _packed_products(loaded.model))
+    assert loaded.kernels["single_row_plain_layers"] == 0
+    assert loaded.kernels["single_row_plain_bytes"] == 0
+    assert loaded.kernels["single_row_forward_ms"]["packed"] == packed_seconds * 1e3
+    assert loaded.footprint_bytes == loaded.parameter_bytes
+
+
+def test_a_forward_that_fails_drops_the_plain_weights_and_says_why() -> None:
+    choice = SingleRowChoice(timer=_timed(plain=1.0, packed=2.0))
+    layer = PackedLinear.of(nn.Linear(16, 8), choice)
+
+    def failing(model: Any) -> float:
+        raise RuntimeError("no bare forward")
+
+    choice.forward_timer = failing
+    assert choice.confirm(object()) == {
+        "single_row_check_failed": "RuntimeError('no bare forward')"
+    }
+    assert layer.single_row_weight is None and choice.layers == 0 and choice.bytes == 0
+
+
+def test_the_real_forward_timer_times_a_one_token_forward(
+    tiny_model_dir: Path, tiny_tokenizer: Any
+) -> None:
+    loaded = load_model("primary", tiny_model_dir, "none", CPU, tiny_tokenizer)
+    assert cpu_kernels.time_one_row_forward(loaded.model) > 0
+    ran = loaded.kernels.get("single_row_forward_ms")  # present when a layer was a candidate
+    assert ran is None or (ran["plain_where_faster"] > 0 and ran["packed"] > 0)
 
 
 def test_a_lone_row_through_kept_plain_weights_decodes_what_transformers_decodes(
     monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path, tiny_tokenizer: Any
 ) -> None:
     monkeypatch.setattr(cpu_kernels, "time_single_row", _timed(plain=1.0, packed=2.0))
+    monkeypatch.setattr(cpu_kernels, "time_one_row_forward", _forward_faster_plain)
     loaded = load_model("primary", tiny_model_dir, "none", CPU, tiny_tokenizer)
     assert loaded.kernels["single_row_plain_layers"] > 0
     prompt = tuple(tiny_tokenizer.backend_tokenizer.encode("A lone request.").ids)
