@@ -864,7 +864,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--sweep-requests", type=int, default=16, help="per peer setting")
     parser.add_argument("--rounds", type=int, default=2, help="alternated rounds per server")
-    parser.add_argument("--c1-requests", type=int, default=6, help="c=1 pairs after a warm-up")
+    parser.add_argument("--c1-requests", type=int, default=24, help="c=1 pairs after a warm-up")
     parser.add_argument("--lever-rounds", type=int, default=3)
     parser.add_argument("--open-rate", type=float, default=0.5, help="open-loop requests/s")
     parser.add_argument("--seed", type=int, default=34)
