@@ -33,7 +33,7 @@ from fusebox_server.model.cpu_kernels import (
     time_single_row,
 )
 from fusebox_server.model.decode_settings import DecodeSettings
-from fusebox_server.model.engine import DecodeBatch, Decoding, load_model, prefill
+from fusebox_server.model.engine import DecodeBatch, Decoding, LoadedModel, load_model, prefill
 from fusebox_server.model.kernel_caches import (
     KERNEL_CACHE_ENTRIES,
     KERNEL_CACHE_ENVS,
@@ -170,12 +170,20 @@ def _forward_faster_plain(model: nn.Module) -> float:
     return 1.0 if any(p.single_row_weight is not None for p in _packed_products(model)) else 2.0
 
 
-def test_pack_for_cpu_keeps_the_plain_weights_when_the_whole_forward_is_faster(
+@pytest.fixture
+def plain_kept(
     monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path, tiny_tokenizer: Any
-) -> None:
+) -> LoadedModel:
+    """The tiny model loaded where every layer, and the whole forward, timed faster plain."""
     monkeypatch.setattr(cpu_kernels, "time_single_row", _timed(plain=1.0, packed=2.0))
     monkeypatch.setattr(cpu_kernels, "time_one_row_forward", _forward_faster_plain)
-    loaded = load_model("primary", tiny_model_dir, "none", CPU, tiny_tokenizer)
+    return load_model("primary", tiny_model_dir, "none", CPU, tiny_tokenizer)
+
+
+def test_pack_for_cpu_keeps_the_plain_weights_when_the_whole_forward_is_faster(
+    plain_kept: LoadedModel,
+) -> None:
+    loaded = plain_kept
     every = _packed_products(loaded.model)
     assert every and all(layer.single_row_weight is not None for layer in every)
     assert loaded.kernels["single_row_plain_layers"] == len(every)
@@ -234,11 +242,9 @@ def test_the_real_forward_timer_times_a_one_token_forward(
 
 
 def test_a_lone_row_through_kept_plain_weights_decodes_what_transformers_decodes(
-    monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path, tiny_tokenizer: Any
+    plain_kept: LoadedModel, tiny_model_dir: Path, tiny_tokenizer: Any
 ) -> None:
-    monkeypatch.setattr(cpu_kernels, "time_single_row", _timed(plain=1.0, packed=2.0))
-    monkeypatch.setattr(cpu_kernels, "time_one_row_forward", _forward_faster_plain)
-    loaded = load_model("primary", tiny_model_dir, "none", CPU, tiny_tokenizer)
+    loaded = plain_kept
     assert loaded.kernels["single_row_plain_layers"] > 0
     prompt = tuple(tiny_tokenizer.backend_tokenizer.encode("A lone request.").ids)
     row = Decoding(loaded, prompt, GREEDY)
