@@ -133,3 +133,42 @@ def test_what_the_schema_admits_the_operator_parses(render: Render, tmp_path: Pa
     assert dict(defaults.labels) == {"example.com/team": "ml", "tier": ""}
     assert defaults.image_pull_secrets == ("a", "b")
     assert defaults.tolerations is not None and len(defaults.tolerations) == 3
+
+
+PROFILE_ANNOTATIONS = (
+    "container.apparmor.security.beta.kubernetes.io/server",
+    "seccomp.security.alpha.kubernetes.io/pod",
+    "container.seccomp.security.alpha.kubernetes.io/sidecar",
+)
+"""One key under each prefix the operator holds to a confining profile
+(pod_placement.CONFINEMENT_ANNOTATION_PREFIXES)."""
+
+
+@pytest.mark.parametrize("key", PROFILE_ANNOTATIONS)
+@pytest.mark.parametrize("profile", ["unconfined", "RuntimeDefault", "runtime/default ", ""])
+def test_the_schema_refuses_an_unconfining_profile_annotation(
+    helm: Path, tmp_path: Path, key: str, profile: str
+) -> None:
+    """An unconfined (or misspelt) AppArmor or seccomp profile would loosen every
+    inference pod where the namespace does not enforce restricted Pod Security; the
+    operator refuses it at start, so the install must refuse it too, naming it."""
+    pod = {"annotations": {key: profile}}
+    result = run_helm(
+        helm, "template", "fusebox", str(CHART), "--values", str(with_pod(tmp_path, pod))
+    )
+    assert result.returncode != 0, "rendered"
+    assert SCHEMA_REFUSAL in result.stderr, result.stderr
+    pointer = f"{AT}annotations/{key.replace('/', '~1')}"
+    assert f"at '{pointer}': '{profile}' does not match pattern" in result.stderr, result.stderr
+    with pytest.raises(ValueError, match="restricted Pod"):
+        parse_pod_defaults(json.dumps(pod))
+
+
+@pytest.mark.parametrize("key", PROFILE_ANNOTATIONS)
+@pytest.mark.parametrize("profile", ["runtime/default", "docker/default", "localhost/x"])
+def test_a_confining_profile_annotation_reaches_the_operator(
+    render: Render, tmp_path: Path, key: str, profile: str
+) -> None:
+    annotations = {key: profile, "example.com/unconfined": "a note, not a profile"}
+    env = env_of(one(render(with_pod(tmp_path, {"annotations": annotations})), "Deployment"))
+    assert dict(parse_pod_defaults(env["FUSEBOX_POD_DEFAULTS"]).annotations) == annotations
