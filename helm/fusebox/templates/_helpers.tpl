@@ -349,7 +349,8 @@ nodeSelector:
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with $root.Values.affinity.nodeAffinity }}
+{{- /* affinity may be absent (null, rendered with --skip-schema-validation) or hold only pod terms: get, not .affinity.nodeAffinity. */}}
+{{- with get (default (dict) $root.Values.affinity) "nodeAffinity" }}
 affinity:
   nodeAffinity:
     {{- toYaml . | nindent 4 }}

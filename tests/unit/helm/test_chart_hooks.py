@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from .conftest import CHART, Render, by_kind, hooks, one, run_helm
+from .conftest import CHART, Render, by_kind, hooks, load_documents, one, run_helm
 
 HOOK_ANNOTATIONS = "helm.sh/hook-delete-policy"
 PULL_SECRET_SETS = ("imagePullSecrets={regcred}", "image.tag=1.2.3")
@@ -300,3 +301,55 @@ def test_hook_pods_are_placed_on_the_nodes_the_operator_may_use(render: Render) 
         # one-node cluster no node for the hook.
         assert pod["affinity"] == {"nodeAffinity": node_affinity}
         assert "topologySpreadConstraints" not in pod
+
+
+POD_TERM = {
+    "topologyKey": "kubernetes.io/hostname",
+    "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "fusebox-operator"}},
+}
+NODE_AFFINITY = {
+    "preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": {"matchExpressions": [{"key": "pool", "operator": "Exists"}]}}
+    ]
+}
+
+
+@pytest.mark.parametrize(
+    "affinity",
+    [
+        {},
+        None,
+        {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+        {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [POD_TERM]}},
+        {"nodeAffinity": {}, "podAntiAffinity": {}},
+        {"nodeAffinity": NODE_AFFINITY},
+        {
+            "nodeAffinity": NODE_AFFINITY,
+            "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [POD_TERM]},
+        },
+    ],
+    ids=["empty", "null", "pod-only", "anti-only", "empty-node", "node-only", "node-and-pod"],
+)
+def test_hook_pods_get_the_node_affinity_only_when_one_is_given(
+    helm: Path, tmp_path: Path, affinity: dict[str, Any] | None
+) -> None:
+    """The hooks read affinity's nodeAffinity, whatever else affinity holds or lacks.
+    The schema refuses a null affinity at install (a removed key); a render that
+    skips the schema must still work rather than fail on a nil map."""
+    values = tmp_path / "affinity.yaml"
+    values.write_text(yaml.safe_dump({"affinity": affinity}))
+    args = ["template", "fusebox", str(CHART), "--values", str(values)]
+    if affinity is None:
+        args.append("--skip-schema-validation")
+    result = run_helm(helm, *args)
+    assert result.returncode == 0, result.stderr
+    documents = load_documents(result.stdout)
+    operator = one(documents, "Deployment")["spec"]["template"]["spec"]
+    assert operator.get("affinity") == (affinity or None)
+    node_affinity = (affinity or {}).get("nodeAffinity")
+    for event in ("pre-upgrade", "pre-delete"):
+        pod = the(hooks(documents, event), "Job")["spec"]["template"]["spec"]
+        if node_affinity:
+            assert pod["affinity"] == {"nodeAffinity": node_affinity}
+        else:
+            assert "affinity" not in pod
