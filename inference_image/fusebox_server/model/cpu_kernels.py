@@ -253,7 +253,7 @@ class SingleRowChoice:
                 with_plain.append(self.forward_timer(model))
                 self._switch(on=False)
                 packed_only.append(self.forward_timer(model))
-        except Exception as error:  # a model whose bare forward fails: keep what is measured
+        except Exception as error:  # a model whose bare forward fails keeps none: nothing measured
             self._drop()
             return {"single_row_check_failed": repr(error)}
         plain, packed = min(with_plain), min(packed_only)
