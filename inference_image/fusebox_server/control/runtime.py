@@ -303,6 +303,14 @@ class Runtime:
             return await asyncio.to_thread(encoder.encode_uncached, text, add_special_tokens)
         return encoder.encode(text, add_special_tokens)
 
+    async def cut_to_tokens(self, text: str, limit: int) -> tuple[str, int]:
+        """`text` cut to at most `limit` tokens of the serving tokenizer, and its count
+        (`PromptEncoder.cut_to_tokens`); a long text off the loop, as a long prompt."""
+        encoder = self.encoder()
+        if len(text) > LONG_PROMPT_CHARS:
+            return await asyncio.to_thread(encoder.cut_to_tokens, text, limit)
+        return encoder.cut_to_tokens(text, limit)
+
     async def start_generations(
         self,
         request_id: str,

@@ -397,20 +397,27 @@ class Api:
     ) -> Response:
         """The canned answer, as JSON or (when the request asked to stream) as one SSE event.
 
-        Cut at its earliest stop sequence, as a generated text is; `max_tokens` is not
-        applied (the stored answer is sent whole, `finish_reason: "stop"`).
+        Cut as a generated text is: at its earliest stop sequence, and to `max_tokens`
+        tokens of the serving variant's tokenizer (`finish_reason: "length"`, never inside
+        a character).
 
-        Its usage is counted with the serving variant's tokenizer, which needs no model:
-        the prompt as the model would have read it, and the answer's tokens.
+        Its usage is counted with that tokenizer, which needs no model: the prompt as the
+        model would have read it, and the answer's tokens.
         """
         prepared.record.fields["served_by"] = SERVED_BY_CANNED
         stop_index = earliest_stop(answer, parsed.sampling.stop)
         answer = answer if stop_index is None else answer[:stop_index]
         prompt_tokens = len(await self._encode(parsed))
-        completion_tokens = len(await self.runtime.encode_prompt(answer, False))
+        whole = answer
+        answer, completion_tokens = await self.runtime.cut_to_tokens(
+            answer, prepared.max_new_tokens
+        )
+        finish_reason = "stop" if answer == whole else "length"
         prepared.input_length = prompt_tokens
         prepared.record.fields.update(
-            input_length=prompt_tokens, output_length=completion_tokens, finish_reason="stop"
+            input_length=prompt_tokens,
+            output_length=completion_tokens,
+            finish_reason=finish_reason,
         )
         headers = {
             REQUEST_ID_HEADER: prepared.reply.request_id,
@@ -421,11 +428,13 @@ class Api:
             events = whole_answer_events(
                 prepared.reply,
                 answer,
-                "stop",
+                finish_reason,
                 (prompt_tokens, completion_tokens) if prepared.include_usage else None,
             )
             return Response(events, media_type=EVENT_STREAM, headers=headers)
-        body = completion_body(prepared.reply, answer, "stop", prompt_tokens, completion_tokens)
+        body = completion_body(
+            prepared.reply, answer, finish_reason, prompt_tokens, completion_tokens
+        )
         return JSONResponse(body, headers=headers)
 
 

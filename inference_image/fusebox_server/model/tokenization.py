@@ -120,6 +120,25 @@ class PromptEncoder:
         )
         return tuple(encoding.ids)
 
+    def cut_to_tokens(self, text: str, limit: int) -> tuple[str, int]:
+        """The longest prefix of `text` that ends at a token boundary, never inside a
+        character, and encodes to at most `limit` tokens; with its token count.
+
+        For a stored answer sent in place of a generated one (the canned answers):
+        `max_tokens` caps it as it caps a generation.
+        """
+        encoding = self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
+        if len(encoding.ids) <= limit:
+            return text, len(encoding.ids)
+        # A token's start offset is where its character starts: bytes of one character
+        # split over tokens share the span, so the cut drops that character whole.
+        for first_left_out in range(limit, -1, -1):
+            cut = text[: encoding.offsets[first_left_out][0]]
+            count = len(self.encode_uncached(cut, False))
+            if count <= limit:
+                return cut, count
+        return "", 0
+
     def encode(self, text: str, add_special_tokens: bool) -> tuple[int, ...]:
         key = (text, add_special_tokens)
         template = self._templates.get(key)

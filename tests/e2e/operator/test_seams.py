@@ -608,7 +608,9 @@ def test_editing_quality_and_canned_answers_reaches_the_running_pod_without_a_re
     merge_patch(service, {"degradation": {"cannedAnswers": {"你好": "你好，请稍后再试。"}}})
     wait_for(
         "the edited canned answer",
-        lambda: answer_text(chat_reply(url, "你好")) == "你好，请稍后再试。",
+        # 11 tokens: the answer is cut to max_tokens, as a generation is, and
+        # base_spec caps a request at server.maxNewTokens 16 (more is a 400).
+        lambda: answer_text(chat_reply(url, "你好", max_tokens=16)) == "你好，请稍后再试。",
         timeout=240,
         every=3,
     )

@@ -187,7 +187,10 @@ def test_canned_answers_are_reread_when_the_file_is_replaced(
         # As the kubelet does: write a new file beside it, then rename over.
         replace(canned_file, json.dumps({"ping": "answer B"}))
         seamed.wait_for(
-            lambda: seamed.chat("ping").json()["choices"][0]["message"]["content"] == "answer B",
+            lambda: (
+                seamed.chat("ping", max_tokens=16).json()["choices"][0]["message"]["content"]
+                == "answer B"
+            ),
             timeout=15,
             what="the new canned answer",
         )
@@ -197,7 +200,10 @@ def test_canned_answers_are_reread_when_the_file_is_replaced(
         seamed.wait_for(
             lambda: "config_file_rejected" in seamed.log_text(), what="the rejection warning"
         )
-        assert seamed.chat("ping").json()["choices"][0]["message"]["content"] == "answer B"
+        assert (
+            seamed.chat("ping", max_tokens=16).json()["choices"][0]["message"]["content"]
+            == "answer B"
+        )
         assert seamed.client.get("/healthz").status_code == 200
     finally:
         replace(canned_file, json.dumps({"ping": "answer A"}))
@@ -223,6 +229,52 @@ def test_canned_answers_meet_stop_and_leave_what_they_cannot_honour_to_the_model
             assert answer.headers["x-fusebox-served-by"] != "canned", fields
         outside = seamed.chat("ping", logit_bias={"100000000": 1})
         assert outside.status_code == 400 and outside.json()["error"]["param"] == "logit_bias"
+    finally:
+        seamed.send(DegradationRequest(DegradationLevel.NONE)).raise_for_status()
+
+
+def test_a_canned_answer_is_cut_to_max_tokens_as_a_generation_is(seamed: ServerProcess) -> None:
+    seamed.send(DegradationRequest(DegradationLevel.CANNED_ANSWERS)).raise_for_status()
+    try:
+        seamed.wait_for(  # a test before may have left the file being re-read
+            lambda: (
+                seamed.chat("ping", max_tokens=16).json()["choices"][0]["message"]["content"]
+                == "answer A"
+            ),
+            timeout=15,
+            what="the canned answer",
+        )
+        # "answer A" is 4 tokens of the tiny model's tokenizer.
+        whole = seamed.chat("ping", max_tokens=4).json()
+        assert whole["choices"][0]["message"]["content"] == "answer A"
+        assert whole["choices"][0]["finish_reason"] == "stop"
+        assert whole["usage"]["completion_tokens"] == 4
+        cut = seamed.chat("ping", max_tokens=2)
+        assert cut.headers["x-fusebox-served-by"] == "canned"
+        body = cut.json()
+        text = body["choices"][0]["message"]["content"]
+        assert "answer A".startswith(text) and text != "answer A"
+        assert body["choices"][0]["finish_reason"] == "length"
+        assert 0 < body["usage"]["completion_tokens"] <= 2
+        streamed = seamed.client.post(
+            "/v1/chat/completions",
+            json={
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "ping"}],
+                "max_tokens": 2,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        )
+        events = [
+            json.loads(line[len("data: ") :])
+            for line in streamed.text.splitlines()
+            if line.startswith("data: {")
+        ]
+        deltas = [e["choices"][0] for e in events if e["choices"]]
+        assert "".join(d["delta"].get("content") or "" for d in deltas) == text
+        assert deltas[-1]["finish_reason"] == "length"
+        assert events[-1]["usage"]["completion_tokens"] == body["usage"]["completion_tokens"]
     finally:
         seamed.send(DegradationRequest(DegradationLevel.NONE)).raise_for_status()
 

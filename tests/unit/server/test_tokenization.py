@@ -75,3 +75,22 @@ def test_incremental_decoding_reassembles_mixed_text(tiny_tokenizer: Any) -> Non
     assert "".join(pieces) == text
     assert all("\ufffd" not in piece for piece in pieces)
     assert sum(1 for piece in pieces if piece) > 5
+
+
+def test_a_text_cut_to_a_token_limit_keeps_whole_characters_and_counts_them(
+    tiny_tokenizer: Any,
+) -> None:
+    encoder = PromptEncoder(tiny_tokenizer, cache_size=0)
+    text = "Hello 世界, a stored answer: 你好吗? ünïcödé"
+    whole = len(encoder.encode_uncached(text, False))
+    assert encoder.cut_to_tokens(text, whole) == (text, whole)  # within the limit: untouched
+    assert encoder.cut_to_tokens(text, whole + 5) == (text, whole)
+    previous = ""
+    for limit in range(whole):
+        cut, count = encoder.cut_to_tokens(text, limit)
+        assert text.startswith(cut) and len(cut) < len(text)
+        assert "\ufffd" not in cut  # never half a character
+        assert count == len(encoder.encode_uncached(cut, False)) <= limit
+        assert count >= limit - 4 and len(cut) >= len(previous)  # only a character's tokens
+        previous = cut
+    assert encoder.cut_to_tokens(text, 0) == ("", 0)
