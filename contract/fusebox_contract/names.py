@@ -211,6 +211,8 @@ class EventReason(enum.StrEnum):
     CHILD_RESTORED = "ChildRestored"  # a child deleted or edited outside Fusebox, put back
     # No node tells the GPU memory yet (a pool scaling from zero): retried, not refused.
     WAITING_FOR_GPU_NODES = "WaitingForGPUNodes"
+    # The Secret of the admin token's name is not one the operator wrote for the service.
+    ADMIN_SECRET_REFUSED = "AdminSecretRefused"
     # spec.mode Observe: an action (or breaker, tier or scale change) decided and not taken.
     WOULD_ACT = "WouldAct"
     # Incident annotations (fusebox_operator.incident): set, removed, or refused.

@@ -20,6 +20,7 @@ import kopf
 from fusebox_contract.names import EventReason
 from fusebox_operator import manifests
 from fusebox_operator.actuator import Actuator, admin_session
+from fusebox_operator.admin_secret import CONFLICT_RETRY_SECONDS, AdminSecretRefused
 from fusebox_operator.cadence import (
     COARSE_TICK_SECONDS,
     FINE_TICK_SECONDS,
@@ -48,6 +49,7 @@ from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.operator_metrics import METRICS, timed
 from fusebox_operator.reconcile_status import (
     GPU_NODES_RETRY_SECONDS,
+    admin_secret_refused_status,
     applied_status,
     invalid_status,
     memory_sized_message,
@@ -143,6 +145,31 @@ def _waiting_for_gpu_nodes(
     return kopf.TemporaryError(text, delay=GPU_NODES_RETRY_SECONDS)
 
 
+def _admin_secret_conflict(
+    body: kopf.Body,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    generation: int,
+    service: ServiceMemo,
+    error: AdminSecretRefused,
+) -> kopf.TemporaryError:
+    """A Secret of the token's name Fusebox did not write: no child is applied (the pods
+    would mount it); say so, look again until it is deleted or renamed."""
+    text = f"{error}; looking again every {CONFLICT_RETRY_SECONDS} s"
+    for key, value in admin_secret_refused_status(status, text, generation, time.time()).items():
+        patch.status[key] = value
+    _admin_secret_refused(body, service, error)
+    return kopf.TemporaryError(text, delay=CONFLICT_RETRY_SECONDS)
+
+
+def _admin_secret_refused(body: kopf.Body, service: ServiceMemo, error: AdminSecretRefused) -> None:
+    """One Warning per spell of a refused admin Secret (the reason names it, never the token)."""
+    if service.secret_refused(str(error)):
+        kopf.event(
+            body, type="Warning", reason=EventReason.ADMIN_SECRET_REFUSED, message=str(error)
+        )
+
+
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
@@ -231,6 +258,8 @@ async def _reconcile(
             service.applied_generation = generation
             if created:  # the token this reconcile wrote: the first tick need not read it
                 service.token_known(token, time.time())
+    except AdminSecretRefused as error:
+        raise _admin_secret_conflict(body, status, patch, generation, service, error) from error
     except KubeError as error:
         raise kopf.TemporaryError(str(error), delay=10) from error
     if edited is not None:
@@ -343,6 +372,9 @@ async def _resync(
                 secret_created, held = await context.kube.check_secret(secret)
                 service.token_known(held, now)  # a rotated token is picked up here
             applied = await _apply_rest(context.kube, children, scale=spec.autoscaling is None)
+        except AdminSecretRefused as error:
+            _admin_secret_refused(body, service, error)
+            return
         except KubeError as error:
             log.warning("%s/%s: resync: %s", namespace, name, error)
             return
@@ -357,12 +389,13 @@ def _service_id(uid: str) -> str:
     return uid.replace("-", "")[:8]
 
 
-async def _token(service: ServiceMemo, kube: Kube, namespace: str, name: str) -> str:
+async def _token(service: ServiceMemo, kube: Kube, namespace: str, name: str, uid: str) -> str:
     """The admin token as last read (a resync reads it again now and then); read now
     when unknown: after a restart, or after a pod refused it."""
     if not service.admin_token:
         secret = manifests.admin_secret_name(name)
-        service.token_known(await kube.read_secret_value(namespace, secret), time.time())
+        held = await kube.read_admin_token(namespace, secret, uid)
+        service.token_known(held, time.time())
     assert service.admin_token is not None
     return service.admin_token
 
@@ -442,7 +475,12 @@ async def _telemetry(
     kube = context.kube
     try:
         pods = await kube.list_pods(namespace, manifests.selector_labels(name), name)
-        token = await _token(service, kube, namespace, name)
+        token = await _token(service, kube, namespace, name, uid)
+    except AdminSecretRefused as error:
+        # Observed all the same; an action carries no token the operator did not write,
+        # so it fails (401) and says so.
+        _admin_secret_refused(body, service, error)
+        token = ""
     except KubeError as error:
         log.warning("%s/%s: %s", namespace, name, error)
         return

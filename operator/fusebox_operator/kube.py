@@ -16,7 +16,6 @@ sixth and seventh passes).
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import ssl
@@ -29,6 +28,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from fusebox_contract.wiring import ADMIN_TOKEN_KEY
+from fusebox_operator.admin_secret import admin_token, controller_uid
 from fusebox_operator.child_store import UNKNOWN, ChildStore
 from fusebox_operator.drift import Applied, differences
 from fusebox_operator.manifests import (
@@ -130,6 +130,17 @@ def child_path(manifest: Mapping[str, Any], name: str | None = None) -> str:
     group = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     path = f"{group}/namespaces/{meta['namespace']}/{CHILD_PLURALS[str(manifest['kind'])]}"
     return path if name is None else f"{path}/{name}"
+
+
+def _secret_text(manifest: Mapping[str, Any]) -> str:
+    meta = manifest["metadata"]
+    return f"Secret {meta['namespace']}/{meta['name']}"
+
+
+def _admin_secret_of(manifest: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(namespace, name, owner uid) of a rendered and adopted admin Secret."""
+    meta = manifest["metadata"]
+    return str(meta["namespace"]), str(meta["name"]), controller_uid(manifest) or ""
 
 
 class Refused(Exception):
@@ -663,77 +674,68 @@ class Kube:
         with 409 would be a failed write per service per interval in the
         apiserver's request metrics and audit log. For a service just created
         (`likely_absent`) the read would only say 404: it creates at once, and a
-        Secret already there is a 409 once, not a read every time.
+        Secret already there is a 409 and one read. A Secret already there must be
+        this service's (admin_secret.admin_token): else AdminSecretRefused.
         """
-        namespace = manifest["metadata"]["namespace"]
-        name = manifest["metadata"]["name"]
+        held_by = _admin_secret_of(manifest)
         try:
-            if not likely_absent:
-                if await self._read_child(manifest) is not None:
-                    return False
+            if not likely_absent and await self._served_admin_token(*held_by) is not None:
+                return False
             try:
                 await self.requests.send("POST", child_path(manifest), manifest)
                 return True
             except Refused as refused:
-                if refused.status == CONFLICT:
-                    return False  # created concurrently
-                raise
+                if refused.status != CONFLICT:
+                    raise
+            await self._served_admin_token(*held_by)  # there before us, or created concurrently
+            return False
         except Refused as error:
-            raise KubeError(f"Secret {namespace}/{name}: {error.reason}") from error
+            raise KubeError(f"{_secret_text(manifest)}: {error.reason}") from error
         except (aiohttp.ClientError, TimeoutError) as error:
-            raise KubeError(f"Secret {namespace}/{name}: {error!r}") from error
+            raise KubeError(f"{_secret_text(manifest)}: {error!r}") from error
+
+    async def _served_admin_token(self, namespace: str, name: str, owner_uid: str) -> str | None:
+        """The token of the Secret the apiserver holds at that name (None: absent), if it
+        is the service `owner_uid`'s (else AdminSecretRefused)."""
+        where = {"namespace": namespace, "name": name}
+        served = await self._read_child({"apiVersion": "v1", "kind": "Secret", "metadata": where})
+        if served is None:
+            return None
+        return admin_token(served, owner_uid)
 
     async def close(self) -> None:
         """Close the children's session (the watches stop with stop_watching)."""
         await self.requests.close()
 
-    async def check_secret(
-        self, manifest: dict[str, Any], key: str = ADMIN_TOKEN_KEY
-    ) -> tuple[bool, str]:
+    async def check_secret(self, manifest: dict[str, Any]) -> tuple[bool, str]:
         """The admin Secret as a resync sees it, in one read: (created, the token it holds).
 
         Absent (deleted outside Fusebox): created from `manifest`, whose token is then the
-        one held. Present: its token, which may have been rotated since the last read.
+        one held. Present: its token, which may have been rotated since the last read;
+        AdminSecretRefused where it is no longer this service's Secret.
         """
-        namespace = manifest["metadata"]["namespace"]
-        name = manifest["metadata"]["name"]
-
-        def read() -> str | None:
-            try:
-                secret = self.core.read_namespaced_secret(
-                    name, namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
-                )
-            except ApiException as error:
-                if error.status == 404:
-                    return None
-                raise KubeError(f"Secret {namespace}/{name}: {error.reason}") from error
-            raw = (secret.data or {}).get(key)
-            if raw is None:
-                raise KubeError(f"Secret {namespace}/{name} has no key {key}")
-            return base64.b64decode(raw).decode()
-
-        held = await _run(read)
+        held = await self._admin_token_held(*_admin_secret_of(manifest))
         if held is not None:
             return False, held
-        created = await self.create_secret_once(manifest, likely_absent=True)
-        if created:
-            return True, str(manifest["stringData"][key])
-        return False, await self.read_secret_value(namespace, name, key)  # created meanwhile
+        if await self.create_secret_once(manifest, likely_absent=True):
+            return True, str(manifest["stringData"][ADMIN_TOKEN_KEY])
+        return False, await self.read_admin_token(*_admin_secret_of(manifest))  # created meanwhile
 
-    async def read_secret_value(self, namespace: str, name: str, key: str = ADMIN_TOKEN_KEY) -> str:
-        def call() -> str:
-            secret = self.core.read_namespaced_secret(
-                name, namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS
-            )
-            raw = (secret.data or {}).get(key)
-            if raw is None:
-                raise KubeError(f"Secret {namespace}/{name} has no key {key}")
-            return base64.b64decode(raw).decode()
+    async def read_admin_token(self, namespace: str, name: str, owner_uid: str) -> str:
+        """The token of the service `owner_uid`'s admin Secret `name`: a KubeError where
+        it cannot be read, AdminSecretRefused where it is not that service's."""
+        held = await self._admin_token_held(namespace, name, owner_uid)
+        if held is None:
+            raise KubeError(f"Secret {namespace}/{name}: Not Found")
+        return held
 
+    async def _admin_token_held(self, namespace: str, name: str, owner_uid: str) -> str | None:
         try:
-            return await _run(call)
-        except ApiException as error:
+            return await self._served_admin_token(namespace, name, owner_uid)
+        except Refused as error:
             raise KubeError(f"Secret {namespace}/{name}: {error.reason}") from error
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise KubeError(f"Secret {namespace}/{name}: {error!r}") from error
 
     # ----- pods -----
     def watch_pods(self, settings: OperatorSettings) -> None:

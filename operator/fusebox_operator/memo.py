@@ -61,6 +61,9 @@ class ServiceMemo:
     # When the Secret was last read or written: the token above is at most
     # SECRET_CHECK_EVERY_RESYNCS resyncs old, or dropped at once when a pod refuses it.
     secret_seen_at: float | None = None
+    # Why the Secret of the token's name was last refused (admin_secret.py), while it
+    # is: one Warning per spell, not one per retry or tick.
+    admin_secret_refusal: str | None = None
     # The generation whose children this process applied: a resync renders only those.
     applied_generation: int | None = None
     # One writer of a service's children at a time: the reconcile or the resync.
@@ -114,6 +117,13 @@ class ServiceMemo:
     def token_known(self, token: str, now: float) -> None:
         """The Secret was just read or written and holds `token`."""
         self.admin_token, self.secret_seen_at = token, now
+        self.admin_secret_refusal = None
+
+    def secret_refused(self, reason: str) -> bool:
+        """The Secret was refused for `reason`: whether that is news worth a Warning."""
+        news = reason != self.admin_secret_refusal
+        self.admin_secret_refusal = reason
+        return news
 
     def forget_token(self) -> None:
         """A pod refused the token (rotated, or the Secret recreated): read it again."""

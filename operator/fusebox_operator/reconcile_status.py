@@ -1,6 +1,7 @@
-"""The status a reconcile writes: the spec refused, waiting for GPU nodes, or applied.
+"""The status a reconcile writes: the spec refused, waiting for GPU nodes or for a
+foreign admin Secret to go, or applied.
 
-Why: the reconcile handler decides which of the three happened; what each
+Why: the reconcile handler decides which of these happened; what each
 one says in status (the conditions, the recorded sizing, the applied spec the
 control loop watches with) is a pure function of the stored status and the
 outcome, tested without kopf. The tick owns Ready once pods of an applied spec
@@ -21,7 +22,11 @@ from fusebox_operator.status import SPEC_VALID, set_condition
 GPU_NODES_RETRY_SECONDS = 60
 """How often a reconcile waiting for labelled GPU nodes looks again."""
 # Ready's reasons a reconcile wrote itself; an applied spec clears them.
-HELD_BACK = (EventReason.INVALID_SPEC, EventReason.WAITING_FOR_GPU_NODES)
+HELD_BACK = (
+    EventReason.INVALID_SPEC,
+    EventReason.WAITING_FOR_GPU_NODES,
+    EventReason.ADMIN_SECRET_REFUSED,
+)
 
 
 def _conditions(status: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -67,6 +72,20 @@ def waiting_for_gpu_nodes(
             conditions, ConditionType.READY, False, waiting, text, generation, now
         )
     return {"conditions": conditions, "observedGeneration": generation}, text, not already
+
+
+def admin_secret_refused_status(
+    status: Mapping[str, Any], message: str, generation: int, now: float
+) -> dict[str, Any]:
+    """Ready False with the refusal while no spec was ever applied; else nothing: the
+    pods of an applied spec keep running and the tick reports them."""
+    if "memory" in status:
+        return {}
+    conditions = set_condition(
+        _conditions(status), ConditionType.READY, False, EventReason.ADMIN_SECRET_REFUSED,
+        message, generation, now,
+    )  # fmt: skip
+    return {"conditions": conditions, "observedGeneration": generation}
 
 
 def memory_entry(sizing: MemorySizing) -> dict[str, Any]:

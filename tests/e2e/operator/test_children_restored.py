@@ -9,6 +9,7 @@ keeps its admin token. An untouched service's resyncs write nothing.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from typing import Any
@@ -96,3 +97,39 @@ def test_children_deleted_or_edited_by_hand_are_put_back_and_named(
     assert child(service, "pdb", name)["spec"]["maxUnavailable"] == 1
     # Putting the Deployment back changed no pod template: the same pod serves on.
     assert [p["metadata"]["name"] for p in service.ready_pods()] == [pod["metadata"]["name"]]
+
+
+def test_an_admin_secret_planted_before_the_service_is_refused_until_it_is_deleted(
+    inference_service: ServiceFactory, cluster: Any, namespace: str
+) -> None:
+    """Someone who may create Secrets in the namespace makes `<name>-admin` first, with
+    a token they know: the operator takes no token it did not write. Ready False names
+    the Secret and why, a Warning says it once, no pod is made to mount it; deleted,
+    the operator writes its own (controlled by the service) and applies the rest."""
+    name, planted = "planted", "p" * 43
+    secret = f"{name}-admin"
+    cluster.kubectl(
+        "-n", namespace, "create", "secret", "generic", secret, f"--from-literal=token={planted}"
+    )
+    service = inference_service(name, base_spec())
+
+    def refused() -> dict[str, Any] | None:
+        ready = service.condition("Ready")
+        return ready if ready.get("reason") == EventReason.ADMIN_SECRET_REFUSED else None
+
+    ready = wait_for("Ready AdminSecretRefused", refused, timeout=90, diagnose=service.diagnose)
+    assert ready["status"] == "False"
+    assert f"Secret {namespace}/{secret} was not written by Fusebox" in ready["message"]
+    assert planted not in json.dumps(service.get()) + json.dumps(service.events())
+    assert child(service, "deployment", name) is None
+    warnings = [e for e in service.events() if e["reason"] == EventReason.ADMIN_SECRET_REFUSED]
+    assert [e["type"] for e in warnings] == ["Warning"]
+
+    service.kubectl("delete", "secret", secret)
+    wait_for("the Deployment", lambda: child(service, "deployment", name), timeout=120)
+    written = child(service, "secret", secret)
+    assert written is not None
+    (owner,) = written["metadata"]["ownerReferences"]
+    assert (owner["uid"], owner["controller"]) == (service.get()["metadata"]["uid"], True)
+    assert written["data"]["token"] != base64.b64encode(planted.encode()).decode()
+    service.kubectl("delete", "inferenceservice", name, "--wait=false")  # no pod to start

@@ -17,6 +17,7 @@ operator's own Kube with its child watches running:
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import time
@@ -29,6 +30,7 @@ import pytest
 import yaml
 
 from fusebox_operator import manifests
+from fusebox_operator.admin_secret import AdminSecretRefused
 from fusebox_operator.kube import CHILD_PLURALS, WATCHED_CHILD_KINDS, Kube
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import NODE_PRODUCT_LABEL, NODE_VRAM_LABEL, size_memory
@@ -263,28 +265,64 @@ def test_sizing_reads_the_gpu_memory_label_of_the_nodes_of_a_product(
     assert sorted(asyncio.run(kube.node_vram_mib(""))) == [23034, 81559, 81920]
 
 
+OWNER_UID = "0123abcd-0000-0000-0000-000000000000"
+FIRST, ROTATED = "f" * 43, "r" * 43  # tokens as long as secrets.token_urlsafe(32)
+
+
+def adopted_secret(name: str, token: str) -> dict[str, Any]:
+    """The admin Secret a reconcile renders and adopts (kopf.adopt's owner reference)."""
+    parsed = parse_spec(SPEC)
+    secret, *_ = manifests.build_children(
+        parsed, name, NAMESPACE, size_memory(parsed, []), OperatorSettings.from_env({}), token
+    )
+    secret["metadata"]["ownerReferences"] = [{
+        "apiVersion": "fusebox.dev/v1alpha1", "kind": "InferenceService", "name": name,
+        "uid": OWNER_UID, "controller": True, "blockOwnerDeletion": True,
+    }]  # fmt: skip
+    return secret
+
+
 def test_a_secret_check_reads_a_rotated_token_and_recreates_a_deleted_secret(
     kubeconfig: Path, kube: Kube
 ) -> None:
     """One GET per check: the token the Secret holds now (rotated by hand), or, the
     Secret deleted, a create with the token the pods hold."""
-    parsed = parse_spec(SPEC)
-    secret, *_ = manifests.build_children(
-        parsed, "rotated", NAMESPACE, size_memory(parsed, []), OperatorSettings.from_env({}),
-        "first-token",
-    )  # fmt: skip
+    secret = adopted_secret("rotated", FIRST)
     name = secret["metadata"]["name"]
-    assert in_loop(kube, kube.check_secret(secret)) == (True, "first-token")
+    assert in_loop(kube, kube.check_secret(secret)) == (True, FIRST)
     kubectl(
         kubeconfig, "-n", NAMESPACE, "patch", "secret", name, "--type", "merge",
-        "-p", json.dumps({"stringData": {manifests.ADMIN_TOKEN_KEY: "rotated-token"}}),
+        "-p", json.dumps({"stringData": {manifests.ADMIN_TOKEN_KEY: ROTATED}}),
     )  # fmt: skip
     gets_before = requests(kubeconfig, "GET").get("secrets", 0)
 
-    assert in_loop(kube, kube.check_secret(secret)) == (False, "rotated-token")
+    assert in_loop(kube, kube.check_secret(secret)) == (False, ROTATED)
     assert requests(kubeconfig, "GET").get("secrets", 0) - gets_before == 1
 
     kubectl(kubeconfig, "-n", NAMESPACE, "delete", "secret", name)
-    assert in_loop(kube, kube.check_secret(secret)) == (True, "first-token")
+    assert in_loop(kube, kube.check_secret(secret)) == (True, FIRST)
     kept = kubectl(kubeconfig, "-n", NAMESPACE, "get", "secret", name, "-o", "json")
     assert json.loads(kept)["data"][manifests.ADMIN_TOKEN_KEY]  # created again
+
+
+def test_a_secret_planted_before_the_service_is_refused_and_left_untouched(
+    kubeconfig: Path, kube: Kube
+) -> None:
+    """Made with kubectl before the service (no owner), its token is never taken: the
+    create and the resync check both refuse it, naming it and why, and write nothing."""
+    secret = adopted_secret("planted", FIRST)
+    name = secret["metadata"]["name"]
+    kubectl(
+        kubeconfig, "-n", NAMESPACE, "create", "secret", "generic", name,
+        f"--from-literal={manifests.ADMIN_TOKEN_KEY}={ROTATED}",
+    )  # fmt: skip
+    refused = f"Secret {NAMESPACE}/{name} was not written by Fusebox"
+    with pytest.raises(AdminSecretRefused, match=refused):
+        in_loop(kube, kube.create_secret_once(secret, likely_absent=True))
+    with pytest.raises(AdminSecretRefused, match=refused):
+        in_loop(kube, kube.check_secret(secret))
+    with pytest.raises(AdminSecretRefused, match=refused):
+        in_loop(kube, kube.read_admin_token(NAMESPACE, name, OWNER_UID))
+    kept = json.loads(kubectl(kubeconfig, "-n", NAMESPACE, "get", "secret", name, "-o", "json"))
+    assert kept["data"][manifests.ADMIN_TOKEN_KEY] == base64.b64encode(ROTATED.encode()).decode()
+    assert "ownerReferences" not in kept["metadata"]

@@ -18,6 +18,7 @@ import pytest
 
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator import handlers
+from fusebox_operator.admin_secret import CONFLICT_RETRY_SECONDS, AdminSecretRefused
 from fusebox_operator.drift import Applied
 from fusebox_operator.kubelet_pressure import KubeletPressureReader
 from fusebox_operator.memo import (
@@ -55,6 +56,7 @@ class FakeKube:
         self.secrets_likely_absent: list[bool] = []
         self.touched: set[str] = set()  # services whose children a watch saw move
         self.secret_token = "token"  # what the admin Secret holds now
+        self.secret_refusal: str | None = None  # why the Secret there is not the service's
         self.actuator = FakeActuator()
         self.pods: list[PodView] = []  # what the pod watch holds
 
@@ -71,9 +73,14 @@ class FakeKube:
     async def node_vram_mib(self, product: str) -> list[int]:
         return list(self.node_vram)
 
+    def _refuse_a_foreign_secret(self) -> None:
+        if self.secret_refusal is not None:
+            raise AdminSecretRefused(self.secret_refusal)
+
     async def create_secret_once(
         self, manifest: Mapping[str, Any], likely_absent: bool = False
     ) -> bool:
+        self._refuse_a_foreign_secret()
         self.written.append(f"{manifest['kind']} {manifest['metadata']['name']}")
         self.secrets_likely_absent.append(likely_absent)
         return True
@@ -88,12 +95,14 @@ class FakeKube:
         self.pods_listed += 1
         return list(self.pods)
 
-    async def read_secret_value(self, namespace: str, name: str) -> str:
+    async def read_admin_token(self, namespace: str, name: str, owner_uid: str) -> str:
         self.secret_reads += 1
+        self._refuse_a_foreign_secret()
         return self.secret_token
 
     async def check_secret(self, manifest: Mapping[str, Any]) -> tuple[bool, str]:
         self.secret_reads += 1
+        self._refuse_a_foreign_secret()
         return False, self.secret_token
 
 
@@ -492,6 +501,82 @@ def test_a_token_a_pod_refuses_is_read_again_at_the_next_tick(
 
     assert kube.secret_reads == 1
     assert service.kept.admin_token == "rotated"
+
+
+FOREIGN = "Secret team/chat-admin was not written by Fusebox for this InferenceService"
+
+
+def refusals(events: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    return [event for event in events if event[1] == EventReason.ADMIN_SECRET_REFUSED]
+
+
+def test_a_foreign_admin_secret_holds_a_new_service_back_until_it_is_gone(
+    events: list[tuple[str, str, str]],
+) -> None:
+    kube = FakeKube()
+    kube.secret_refusal = FOREIGN  # someone made chat-admin before the service existed
+    service = Service(kube)
+    service.kept = ServiceMemo(next_resync_at=time.time() + 3600)  # kopf's, across retries
+    with pytest.raises(kopf.TemporaryError) as raised:
+        service.reconcile(VALID, reason="create")
+    assert raised.value.delay == CONFLICT_RETRY_SECONDS
+    ready = service.condition(ConditionType.READY)
+    assert (ready["status"], ready["reason"]) == ("False", EventReason.ADMIN_SECRET_REFUSED)
+    assert ready["message"].startswith(FOREIGN)
+    assert kube.written == []  # no Deployment would mount a token Fusebox did not write
+    assert "memory" not in service.status
+
+    # kopf retries the same generation: one Warning for the spell, not one per retry.
+    service.generation -= 1
+    with pytest.raises(kopf.TemporaryError):
+        service.reconcile(VALID, reason="create")
+    assert refusals(events) == [("Warning", EventReason.ADMIN_SECRET_REFUSED, FOREIGN)]
+
+    kube.secret_refusal = None  # deleted: the operator writes its own
+    service.generation -= 1
+    service.reconcile(VALID, reason="create")
+    assert f"Deployment {service.name}" in kube.written
+    assert service.condition(ConditionType.READY)["reason"] != EventReason.ADMIN_SECRET_REFUSED
+
+
+def test_a_tick_observes_without_a_token_from_a_secret_it_refuses(
+    events: list[tuple[str, str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kube = FakeKube()
+    service = created_with_a_token(kube)
+    service.kept.forget_token()  # a pod refused it: the next tick reads the Secret
+    kube.secret_refusal = FOREIGN  # replaced by one of someone else's meanwhile
+    tokens: list[str] = []
+    run_tick = handlers.run_tick
+
+    async def recorded(inputs: Any, *args: Any) -> Any:
+        tokens.append(inputs.token)
+        return await run_tick(inputs, *args)
+
+    monkeypatch.setattr(handlers, "run_tick", recorded)
+    service.tick(VALID)
+    service.kept.next_scrape_at = 0.0
+    service.tick(VALID)
+
+    assert tokens == ["", ""]  # observed all the same; an admin call carries no token
+    assert service.kept.admin_token is None  # the foreign token is never taken
+    assert refusals(events) == [("Warning", EventReason.ADMIN_SECRET_REFUSED, FOREIGN)]
+
+
+def test_a_resync_that_finds_a_foreign_secret_says_so_once_and_keeps_the_token_it_had(
+    events: list[tuple[str, str, str]],
+) -> None:
+    kube = FakeKube()
+    service = created_with_a_token(kube)
+    token = service.kept.admin_token
+    kube.secret_refusal = FOREIGN
+    for _ in range(2):
+        service.kept.next_scrape_at = service.kept.next_resync_at = 0.0
+        service.kept.secret_seen_at = 0.0  # the Secret check is due
+        service.tick(VALID)
+    assert kube.secret_reads == 2
+    assert service.kept.admin_token == token
+    assert refusals(events) == [("Warning", EventReason.ADMIN_SECRET_REFUSED, FOREIGN)]
 
 
 # A pod the ReplicaSet made, not yet scheduled: nothing to scrape, but the tick's to see.

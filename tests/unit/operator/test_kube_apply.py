@@ -21,6 +21,7 @@ the apiserver refuses reads as the client's ApiException did."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ import kubernetes
 import pytest
 from aiohttp import web
 
+from fusebox_operator.admin_secret import AdminSecretRefused
 from fusebox_operator.child_store import ChildStore
 from fusebox_operator.kube import CHILD_PLURALS, Kube, KubeError, child_path
 from fusebox_operator.manifests import TEMPLATE_HASH_ANNOTATION
@@ -195,12 +197,22 @@ def deployment(replicas: int = 2, image: str = "fusebox/inference:1") -> dict[st
     }
 
 
-def secret() -> dict[str, Any]:
+SERVICE_UID = "0123abcd-0000-0000-0000-000000000000"
+TOKEN = "t" * 43  # as long as secrets.token_urlsafe(32)
+
+
+def secret(controller: str | None = SERVICE_UID, token: str = TOKEN) -> dict[str, Any]:
+    """The admin Secret adopted by the service `controller` (None: by nothing)."""
+    owners = [{"kind": "InferenceService", "uid": controller, "controller": True}]
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": "chat-admin", "namespace": "team"},
-        "data": {"token": "dA=="},
+        "metadata": {
+            "name": "chat-admin",
+            "namespace": "team",
+            **({"ownerReferences": owners} if controller else {}),
+        },
+        "data": {"token": base64.b64encode(token.encode()).decode()},
     }
 
 
@@ -274,10 +286,45 @@ def test_a_missing_secret_is_created_and_a_concurrent_create_is_not_an_error() -
     assert create_secret_once(apiserver) is True
     assert verbs(apiserver) == ["get", "create"]
     assert apiserver.calls[-1] == ("POST", "/api/v1/namespaces/team/secrets")
-    # A new service's Secret is created without a read; one there already is a 409 once.
+    # A new service's Secret is created without a read; one there already is a 409, then
+    # one read to see whose it is.
     raced = holding(stored(secret()))
     assert create_secret_once(raced, likely_absent=True) is False
-    assert verbs(raced) == ["create"]
+    assert verbs(raced) == ["create", "get"]
+
+
+@pytest.mark.parametrize("likely_absent", [False, True])
+def test_a_secret_someone_else_made_is_refused_and_left_as_it_is(likely_absent: bool) -> None:
+    apiserver = holding(stored(secret(controller=None)))
+    with pytest.raises(AdminSecretRefused, match="has no controller") as refused:
+        create_secret_once(apiserver, likely_absent=likely_absent)
+    assert TOKEN not in str(refused.value)
+    assert apiserver.writes == []
+    # Made by Fusebox for another service of that name (deleted, made again): refused too.
+    apiserver = holding(stored(secret(controller="another-uid")))
+    with pytest.raises(AdminSecretRefused, match="controlled by uid another-uid"):
+        create_secret_once(apiserver, likely_absent=likely_absent)
+
+
+def test_a_secret_of_the_service_with_a_short_token_is_refused() -> None:
+    apiserver = holding(stored(secret(token="guessable")))
+    with pytest.raises(
+        AdminSecretRefused, match="a token of 9 characters, fewer than 32"
+    ) as refused:
+        create_secret_once(apiserver)
+    assert "guessable" not in str(refused.value)
+
+
+def test_a_resync_check_refuses_a_foreign_secret_and_reads_a_rotated_one() -> None:
+    rotated = "r" * 40
+    held = against(holding(stored(secret(token=rotated))), lambda kube: kube.check_secret(secret()))
+    assert held == (False, rotated)
+    foreign = holding(stored(secret(controller=None)))
+    with pytest.raises(AdminSecretRefused):
+        against(foreign, lambda kube: kube.check_secret(secret()))
+    assert foreign.writes == []
+    with pytest.raises(AdminSecretRefused):
+        against(foreign, lambda kube: kube.read_admin_token("team", "chat-admin", SERVICE_UID))
 
 
 def test_with_a_synced_store_an_unchanged_child_costs_no_request() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator.reconcile_status import (
+    admin_secret_refused_status,
     applied_status,
     invalid_status,
     memory_sized_message,
@@ -41,6 +42,19 @@ def test_a_wait_for_gpu_nodes_is_new_once_and_leaves_ready_to_running_pods() -> 
     ready = set_condition([], ConditionType.READY, True, "PodsReady", "1/1", 1, T0)
     running, _, _ = waiting_for_gpu_nodes({"conditions": ready, "memory": {}}, "x", 2, T0)
     assert condition(running, ConditionType.READY)["reason"] == "PodsReady"
+
+
+def test_a_refused_admin_secret_holds_ready_until_applied_and_never_the_pods_ready() -> None:
+    refused = admin_secret_refused_status({}, "Secret team/chat-admin has no controller", 1, T0)
+    ready = condition(refused, ConditionType.READY)
+    assert (ready["status"], ready["reason"]) == ("False", EventReason.ADMIN_SECRET_REFUSED)
+    assert ready["message"] == "Secret team/chat-admin has no controller"
+    # Deleted, then applied: the refusal is cleared like any reconcile's own.
+    applied = applied_status(refused, RAW, SIZING, "chat", 1, T0 + 30)
+    assert condition(applied, ConditionType.READY)["reason"] == "Reconciling"
+    # Pods of an applied spec run (status.memory): Ready is theirs, the tick's.
+    ready_rows = set_condition([], ConditionType.READY, True, "PodsReady", "1/1", 1, T0)
+    assert admin_secret_refused_status({"conditions": ready_rows, "memory": {}}, "x", 2, T0) == {}
 
 
 def test_an_applied_spec_records_its_sizing_and_the_spec_the_loop_watches_with() -> None:
