@@ -697,7 +697,19 @@ def build_pdb(name: str, namespace: str) -> Manifest:
     }
 
 
-def build_network_policy(name: str, namespace: str, settings: OperatorSettings) -> Manifest:
+def build_network_policy(
+    name: str, namespace: str, settings: OperatorSettings, egress_closed: bool = True
+) -> Manifest:
+    """Who may reach which port of the pods; with `egress_closed`, nothing leaves them.
+
+    The API port admits anyone, the admin port the operator pods, the metrics port
+    those and the monitoring namespace. Egress is closed (policy type Egress with no
+    rule: no connection out, DNS included) unless the pods fetch their model (the
+    fetcher reaches a store whose addresses the operator cannot know) or the chart
+    allows it (`inference.egress: allow`, e.g. for a mesh proxy): the server loads
+    from local files and calls out to nothing, so a compromised one cannot reach the
+    API server, the other pods or the world.
+    """
     operator_peer: Manifest = {
         "namespaceSelector": {
             "matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}
@@ -719,7 +731,8 @@ def build_network_policy(name: str, namespace: str, settings: OperatorSettings) 
         "metadata": _metadata(name, namespace, name),
         "spec": {
             "podSelector": {"matchLabels": selector_labels(name)},
-            "policyTypes": ["Ingress"],
+            # No `egress` key: an empty list is not kept by the apiserver (drift).
+            "policyTypes": ["Ingress", "Egress"] if egress_closed else ["Ingress"],
             "ingress": [
                 {"ports": [{"port": int(Port.API), "protocol": "TCP"}]},
                 {"from": [operator_peer], "ports": [{"port": int(Port.ADMIN), "protocol": "TCP"}]},
@@ -748,7 +761,12 @@ def build_children(
         build_config_map(spec, name, namespace),
         build_service(name, namespace),
         build_pdb(name, namespace),
-        build_network_policy(name, namespace, settings),
+        build_network_policy(
+            name,
+            namespace,
+            settings,
+            egress_closed=spec.model.fetch is None and not settings.inference_egress_allowed,
+        ),
         *(
             [claims.build_claim_template(spec.gpu, name, namespace, common_labels(name))]
             if spec.gpu.through_claim

@@ -30,6 +30,19 @@ MIN_RESYNC_SECONDS = 5  # the chart's minimum too (values.schema.json)
 MIN_PEERING_LIFETIME_SECONDS = 10  # the chart's minimum too
 POD_DEFAULTS_ENV = "FUSEBOX_POD_DEFAULTS"
 """JSON of the chart's `inference.pod`: every service's spec.pod defaults."""
+INFERENCE_EGRESS_ENV = "FUSEBOX_INFERENCE_EGRESS"
+"""The chart's `inference.egress`: `deny` (the default) or `allow`."""
+INFERENCE_EGRESS_CHOICES = ("deny", "allow")
+
+
+def parse_inference_egress(text: str) -> bool:
+    """Whether the pods of a service whose model is on a PVC may open connections out."""
+    choice = text.strip() or INFERENCE_EGRESS_CHOICES[0]
+    if choice not in INFERENCE_EGRESS_CHOICES:
+        raise ValueError(
+            f"{INFERENCE_EGRESS_ENV}={text!r} must be one of {', '.join(INFERENCE_EGRESS_CHOICES)}"
+        )
+    return choice == "allow"
 
 
 def parse_pod_defaults(text: str) -> PodPlacement:
@@ -104,6 +117,9 @@ class OperatorSettings:
     resync_seconds: int = 60
     # The chart's inference.pod: what every service's spec.pod starts from.
     pod_defaults: PodPlacement = PodPlacement()
+    # The chart's inference.egress: False closes the egress of the pods that load
+    # from a PVC (manifests.build_network_policy); fetching pods always keep it.
+    inference_egress_allowed: bool = False
 
     @property
     def pod_watch_scopes(self) -> tuple[str | None, ...]:
@@ -171,4 +187,5 @@ class OperatorSettings:
             request_timeout_seconds=integer("FUSEBOX_REQUEST_TIMEOUT_SECONDS", 30),
             resync_seconds=at_least("FUSEBOX_RESYNC_SECONDS", 60, MIN_RESYNC_SECONDS),
             pod_defaults=parse_pod_defaults(env.get(POD_DEFAULTS_ENV, "")),
+            inference_egress_allowed=parse_inference_egress(env.get(INFERENCE_EGRESS_ENV, "")),
         )

@@ -124,7 +124,7 @@ def admin_state(service: Service, pod: dict[str, Any]) -> ServerState:
 
 
 def test_apply_creates_owned_children_ready_pods_and_a_serving_endpoint(
-    inference_service: ServiceFactory,
+    inference_service: ServiceFactory, operator: OperatorRelease
 ) -> None:
     # spec.pod's labels, annotations and a toleration ride along (checked on the pod below).
     spec = base_spec(gpu={"count": 1}, memory={"limit": "auto"}, pod=E2E_POD)
@@ -180,6 +180,40 @@ def test_apply_creates_owned_children_ready_pods_and_a_serving_endpoint(
     ]
     # VARIANT primary is what the pod serves, not only what the status says.
     assert served_variants(service) == [Variant.PRIMARY] * 3
+    # Nothing leaves a pod whose model is on a PVC: the operator's health port, open to
+    # every pod and listening (the kubelet's probes keep the operator Ready), is out of
+    # its reach. Before: "connected". kube-router rejects (refused); others drop (timeout).
+    reached = connect_from(service, pod["metadata"]["name"], health_address(operator))
+    assert reached in ("ConnectionRefusedError", "timeout")
+
+
+CONNECT = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=4).close()
+    print("connected")
+except socket.timeout:
+    print("timeout")
+except OSError as error:
+    print(type(error).__name__)
+"""
+
+
+def health_address(operator: OperatorRelease) -> tuple[str, int]:
+    """The operator pod's IP and health port (the chart admits anyone there)."""
+    pod = wait_for("the operator pod Ready", operator.ready_pod, timeout=60)
+    (container,) = pod["spec"]["containers"]
+    (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == "health"]
+    return pod["status"]["podIP"], int(port)
+
+
+def connect_from(service: Service, pod: str, address: tuple[str, int]) -> str:
+    """Open a TCP connection from the pod's server container: what came of it."""
+    host, port = address
+    result = service.kubectl(
+        "exec", pod, "-c", "server", "--", "/opt/venv/bin/python", "-c", CONNECT, host, str(port)
+    )
+    return str(result.stdout).strip()
 
 
 # --- 4: the apiserver rejects inconsistent specs ----------------------------------------------

@@ -119,3 +119,10 @@ def test_rbac_create_false_leaves_the_operators_rbac_to_the_platform(render: Ren
     assert not rbac_kinds & {doc["kind"] for doc in release_objects(documents)}
     # The hooks keep their own short-lived RBAC: they are not the operator's.
     assert {doc["kind"] for doc in hooks(documents, "pre-delete")} & rbac_kinds
+
+
+def test_inference_egress_reaches_the_settings_the_operator_parses(render: Render) -> None:
+    default = OperatorSettings.from_env(env_of(one(render(), "Deployment")))
+    assert default.inference_egress_allowed is False
+    allowed = one(render(sets=("inference.egress=allow",)), "Deployment")
+    assert OperatorSettings.from_env(env_of(allowed)).inference_egress_allowed is True

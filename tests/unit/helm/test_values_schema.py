@@ -304,3 +304,8 @@ def test_the_operator_pods_placement_and_labels_have_the_apis_shapes(
 ) -> None:
     """Refused by helm naming the key, not later by the API server mid-install."""
     assert f"at '{key}" in refusal(helm, value)
+
+
+def test_inference_egress_is_deny_or_allow(helm: Path) -> None:
+    stderr = refusal(helm, "inference.egress=open")
+    assert pointer("inference", "egress") in stderr and "deny" in stderr, stderr

@@ -327,6 +327,33 @@ def test_network_policy_admin_port_only_from_operator_pods() -> None:
     assert metrics_rule["from"] == admin_rule["from"]  # no monitoring namespace configured
 
 
+def egress_of(example: str, settings: OperatorSettings = SETTINGS) -> list[str]:
+    """The policy types of the NetworkPolicy build_children renders for an example."""
+    spec = parse_spec(load_example(example)["spec"])
+    children = build_children(spec, "x", "ml", size_memory(spec, [81920]), settings, "t" * 43)
+    (policy,) = [child for child in children if child["kind"] == "NetworkPolicy"]
+    assert "egress" not in policy["spec"]  # no rule: nothing may leave the pods
+    return list(policy["spec"]["policyTypes"])
+
+
+def test_pods_that_load_from_a_pvc_open_no_connection_out() -> None:
+    assert egress_of("tiny-chat.yaml") == ["Ingress", "Egress"]
+
+
+def test_pods_that_fetch_their_model_keep_egress_to_reach_the_store() -> None:
+    assert egress_of("s3-model.yaml") == ["Ingress"]
+    assert egress_of("hf-model.yaml") == ["Ingress"]
+
+
+def test_the_chart_may_leave_egress_open_and_a_bad_choice_names_the_variable() -> None:
+    allowed = OperatorSettings.from_env({"FUSEBOX_INFERENCE_EGRESS": "allow"})
+    assert egress_of("tiny-chat.yaml", allowed) == ["Ingress"]
+    denied = OperatorSettings.from_env({"FUSEBOX_INFERENCE_EGRESS": "deny"})
+    assert egress_of("tiny-chat.yaml", denied) == ["Ingress", "Egress"]
+    with pytest.raises(ValueError, match="FUSEBOX_INFERENCE_EGRESS='open' must be one of deny"):
+        OperatorSettings.from_env({"FUSEBOX_INFERENCE_EGRESS": "open"})
+
+
 def test_bad_operator_setting_names_the_variable() -> None:
     with pytest.raises(ValueError, match="FUSEBOX_LIVENESS_PORT='abc' must be a whole number"):
         OperatorSettings.from_env({"FUSEBOX_LIVENESS_PORT": "abc"})
