@@ -13,6 +13,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from fusebox_operator.crd_schema import spec_schema
 from fusebox_operator.gpu_products import PRODUCT_LABEL
 from fusebox_operator.pod_placement import (
     PlacementError,
@@ -68,6 +69,11 @@ def parse_pod_defaults(text: str) -> PodPlacement:
                 f"{POD_DEFAULTS_ENV}: {where}.image: set the chart's inferenceImage instead"
             ) from None
         raise ValueError(f"{POD_DEFAULTS_ENV}: {error}") from None
+    # The sizes the CRD bounds a spec.pod by (a toleration list, a label value...):
+    # a default is a value of every service's spec.pod.
+    oversized = next(spec_schema().violations({"pod": raw}), None) if raw else None
+    if oversized is not None:
+        raise ValueError(f"{POD_DEFAULTS_ENV}: {oversized.replace('spec.pod', where, 1)}")
     if PRODUCT_LABEL in dict(defaults.node_selector):
         raise ValueError(
             f"{POD_DEFAULTS_ENV}: {where}.nodeSelector may not set {PRODUCT_LABEL}: each "

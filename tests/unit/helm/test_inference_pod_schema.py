@@ -86,6 +86,16 @@ def with_pod(tmp_path: Path, pod: dict[str, Any]) -> Path:
         ({"annotations": {"prometheus.io/port": "1"}}, "annotations/prometheus.io~1port"),
         ({"annotations": {"fusebox.dev/x": "1"}}, "annotations/fusebox.dev~1x"),
         ({"annotations": {"owner name": "ml"}}, "annotations"),
+        # The CRD's sizes of a spec.pod: a default is a value of every service's.
+        ({"tolerations": [{"operator": "Exists"}] * 33}, "tolerations"),
+        ({"nodeSelector": {f"k{i}": "v" for i in range(33)}}, "nodeSelector"),
+        ({"topologySpreadConstraints": [SPREAD] * 9}, "topologySpreadConstraints"),
+        (
+            {"imagePullSecrets": [{"name": f"s{i}"} for i in range(17)]},
+            "imagePullSecrets",
+        ),
+        ({"labels": {f"k{i}": "v" for i in range(65)}}, "labels"),
+        ({"annotations": {f"k{i}": "v" for i in range(65)}}, "annotations"),
     ],
 )
 def test_the_schema_refuses_what_the_operator_would_refuse_at_start(

@@ -312,6 +312,19 @@ def test_the_charts_empty_values_are_no_defaults() -> None:
         ({"image": "x:1"}, "inference.pod.image: set the chart's inferenceImage"),
         ({"nodeSelector": {"nvidia.com/gpu.product": "H100"}}, "gpu.product"),
         ({"labels": {"fusebox.dev/service": "x"}}, "inference.pod.labels['fusebox.dev/service']"),
+        # Past the sizes the CRD bounds a spec.pod by, at any depth.
+        (
+            {"annotations": {"example.com/x": "v" * 4097}},
+            "inference.pod.annotations['example.com/x'] must be at most 4096 characters",
+        ),
+        (
+            {"tolerations": [{"key": "k" * 318, "operator": "Exists"}]},
+            "inference.pod.tolerations[0].key must be at most 317 characters",
+        ),
+        (
+            {"tolerations": [{"operator": "Exists"}] * 33},
+            "inference.pod.tolerations must have at most 32 items",
+        ),
     ],
 )
 def test_a_bad_chart_default_stops_the_operator_naming_it(
