@@ -163,8 +163,9 @@ def _admin_secret_conflict(
 
 
 def _admin_secret_refused(body: kopf.Body, service: ServiceMemo, error: AdminSecretRefused) -> None:
-    """One Warning per spell of a refused admin Secret (the reason names it, never the token)."""
-    if service.secret_refused(str(error)):
+    """A read refused the admin Secret: one Warning per spell (the reason names it, never
+    the token)."""
+    if service.secret_refused(str(error), time.time()):
         kopf.event(
             body, type="Warning", reason=EventReason.ADMIN_SECRET_REFUSED, message=str(error)
         )
@@ -389,10 +390,15 @@ def _service_id(uid: str) -> str:
     return uid.replace("-", "")[:8]
 
 
-async def _token(service: ServiceMemo, kube: Kube, namespace: str, name: str, uid: str) -> str:
+async def _token(
+    service: ServiceMemo, kube: Kube, namespace: str, name: str, uid: str, resync_seconds: float
+) -> str:
     """The admin token as last read (a resync reads it again now and then); read now
-    when unknown: after a restart, or after a pod refused it."""
+    when unknown: after a restart, or after a pod refused it. None ("") while a read
+    refused the Secret lately: it is read again a resync period after."""
     if not service.admin_token:
+        if service.refused_lately(time.time(), resync_seconds):
+            return ""
         secret = manifests.admin_secret_name(name)
         held = await kube.read_admin_token(namespace, secret, uid)
         service.token_known(held, time.time())
@@ -475,7 +481,7 @@ async def _telemetry(
     kube = context.kube
     try:
         pods = await kube.list_pods(namespace, manifests.selector_labels(name), name)
-        token = await _token(service, kube, namespace, name, uid)
+        token = await _token(service, kube, namespace, name, uid, context.settings.resync_seconds)
     except AdminSecretRefused as error:
         # Observed all the same; an action carries no token the operator did not write,
         # so it fails (401) and says so.

@@ -62,8 +62,10 @@ class ServiceMemo:
     # SECRET_CHECK_EVERY_RESYNCS resyncs old, or dropped at once when a pod refuses it.
     secret_seen_at: float | None = None
     # Why the Secret of the token's name was last refused (admin_secret.py), while it
-    # is: one Warning per spell, not one per retry or tick.
+    # is, and when a read found that: one Warning per spell, not one per retry or
+    # tick, and no read at every tick while it stands.
     admin_secret_refusal: str | None = None
+    secret_refused_at: float | None = None
     # The generation whose children this process applied: a resync renders only those.
     applied_generation: int | None = None
     # One writer of a service's children at a time: the reconcile or the resync.
@@ -117,13 +119,18 @@ class ServiceMemo:
     def token_known(self, token: str, now: float) -> None:
         """The Secret was just read or written and holds `token`."""
         self.admin_token, self.secret_seen_at = token, now
-        self.admin_secret_refusal = None
+        self.admin_secret_refusal = self.secret_refused_at = None
 
-    def secret_refused(self, reason: str) -> bool:
-        """The Secret was refused for `reason`: whether that is news worth a Warning."""
+    def secret_refused(self, reason: str, now: float) -> bool:
+        """A read found the Secret refused for `reason`: whether that is news worth a Warning."""
         news = reason != self.admin_secret_refusal
-        self.admin_secret_refusal = reason
+        self.admin_secret_refusal, self.secret_refused_at = reason, now
         return news
+
+    def refused_lately(self, now: float, resync_seconds: float) -> bool:
+        """Whether a read found the Secret refused within the last resync period: a tick
+        then goes without a token rather than GET it again every few seconds."""
+        return self.secret_refused_at is not None and now - self.secret_refused_at < resync_seconds
 
     def forget_token(self) -> None:
         """A pod refused the token (rotated, or the Secret recreated): read it again."""

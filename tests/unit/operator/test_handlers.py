@@ -554,6 +554,7 @@ def test_a_tick_observes_without_a_token_from_a_secret_it_refuses(
         return await run_tick(inputs, *args)
 
     monkeypatch.setattr(handlers, "run_tick", recorded)
+    reads = kube.secret_reads
     service.tick(VALID)
     service.kept.next_scrape_at = 0.0
     service.tick(VALID)
@@ -561,6 +562,15 @@ def test_a_tick_observes_without_a_token_from_a_secret_it_refuses(
     assert tokens == ["", ""]  # observed all the same; an admin call carries no token
     assert service.kept.admin_token is None  # the foreign token is never taken
     assert refusals(events) == [("Warning", EventReason.ADMIN_SECRET_REFUSED, FOREIGN)]
+    # One read found it refused; the next tick does not GET it again until a resync
+    # period has passed, then reads it (deleted meanwhile: the token the pods hold).
+    assert kube.secret_reads == reads + 1
+    kube.secret_refusal = None
+    assert service.kept.secret_refused_at is not None
+    service.kept.secret_refused_at -= OperatorSettings.from_env({}).resync_seconds
+    service.kept.next_scrape_at = 0.0
+    service.tick(VALID)
+    assert kube.secret_reads == reads + 2 and tokens[-1] == kube.secret_token
 
 
 def test_a_resync_that_finds_a_foreign_secret_says_so_once_and_keeps_the_token_it_had(
