@@ -394,8 +394,8 @@ async def _token(
     service: ServiceMemo, kube: Kube, namespace: str, name: str, uid: str, resync_seconds: float
 ) -> str:
     """The admin token as last read (a resync reads it again now and then); read now
-    when unknown: after a restart, or after a pod refused it. None ("") while a read
-    refused the Secret lately: it is read again a resync period after."""
+    when unknown: after a restart, or after a pod refused it. No token ("") while a
+    read refused the Secret lately: it is read again a resync period after."""
     if not service.admin_token:
         if service.refused_lately(time.time(), resync_seconds):
             return ""

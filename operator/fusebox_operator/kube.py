@@ -132,11 +132,6 @@ def child_path(manifest: Mapping[str, Any], name: str | None = None) -> str:
     return path if name is None else f"{path}/{name}"
 
 
-def _secret_text(manifest: Mapping[str, Any]) -> str:
-    meta = manifest["metadata"]
-    return f"Secret {meta['namespace']}/{meta['name']}"
-
-
 def _admin_secret_of(manifest: Mapping[str, Any]) -> tuple[str, str, str]:
     """(namespace, name, owner uid) of a rendered and adopted admin Secret."""
     meta = manifest["metadata"]
@@ -677,31 +672,23 @@ class Kube:
         Secret already there is a 409 and one read. A Secret already there must be
         this service's (admin_secret.admin_token): else AdminSecretRefused.
         """
-        held_by = _admin_secret_of(manifest)
-        try:
-            if not likely_absent and await self._served_admin_token(*held_by) is not None:
-                return False
-            try:
-                await self.requests.send("POST", child_path(manifest), manifest)
-                return True
-            except Refused as refused:
-                if refused.status != CONFLICT:
-                    raise
-            await self._served_admin_token(*held_by)  # there before us, or created concurrently
-            return False
-        except Refused as error:
-            raise KubeError(f"{_secret_text(manifest)}: {error.reason}") from error
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise KubeError(f"{_secret_text(manifest)}: {error!r}") from error
+        held = None if likely_absent else await self._admin_token_held(*_admin_secret_of(manifest))
+        return held is None and await self._create_secret(manifest) is None
 
-    async def _served_admin_token(self, namespace: str, name: str, owner_uid: str) -> str | None:
-        """The token of the Secret the apiserver holds at that name (None: absent), if it
-        is the service `owner_uid`'s (else AdminSecretRefused)."""
-        where = {"namespace": namespace, "name": name}
-        served = await self._read_child({"apiVersion": "v1", "kind": "Secret", "metadata": where})
-        if served is None:
+    async def _create_secret(self, manifest: dict[str, Any]) -> str | None:
+        """POST the admin Secret: None when created; else (409) the token of the one
+        already there, there before us or created concurrently (AdminSecretRefused
+        where it is not this service's)."""
+        namespace, name, owner_uid = _admin_secret_of(manifest)
+        try:
+            await self.requests.send("POST", child_path(manifest), manifest)
             return None
-        return admin_token(served, owner_uid)
+        except Refused as refused:
+            if refused.status != CONFLICT:
+                raise KubeError(f"Secret {namespace}/{name}: {refused.reason}") from refused
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise KubeError(f"Secret {namespace}/{name}: {error!r}") from error
+        return await self.read_admin_token(namespace, name, owner_uid)
 
     async def close(self) -> None:
         """Close the children's session (the watches stop with stop_watching)."""
@@ -717,9 +704,10 @@ class Kube:
         held = await self._admin_token_held(*_admin_secret_of(manifest))
         if held is not None:
             return False, held
-        if await self.create_secret_once(manifest, likely_absent=True):
+        held = await self._create_secret(manifest)
+        if held is None:
             return True, str(manifest["stringData"][ADMIN_TOKEN_KEY])
-        return False, await self.read_admin_token(*_admin_secret_of(manifest))  # created meanwhile
+        return False, held  # created meanwhile
 
     async def read_admin_token(self, namespace: str, name: str, owner_uid: str) -> str:
         """The token of the service `owner_uid`'s admin Secret `name`: a KubeError where
@@ -730,12 +718,18 @@ class Kube:
         return held
 
     async def _admin_token_held(self, namespace: str, name: str, owner_uid: str) -> str | None:
+        """The token of the Secret the apiserver holds at that name (None: absent), if it
+        is the service `owner_uid`'s (else AdminSecretRefused)."""
+        where = {"namespace": namespace, "name": name}
         try:
-            return await self._served_admin_token(namespace, name, owner_uid)
+            served = await self._read_child(
+                {"apiVersion": "v1", "kind": "Secret", "metadata": where}
+            )
         except Refused as error:
             raise KubeError(f"Secret {namespace}/{name}: {error.reason}") from error
         except (aiohttp.ClientError, TimeoutError) as error:
             raise KubeError(f"Secret {namespace}/{name}: {error!r}") from error
+        return None if served is None else admin_token(served, owner_uid)
 
     # ----- pods -----
     def watch_pods(self, settings: OperatorSettings) -> None:
