@@ -1,5 +1,7 @@
-"""Arguments of the chart's hook Jobs and their exit codes (0 done, 1 refused or
-failed with a one-line reason, 2 bad arguments)."""
+"""Arguments of the chart's hook Jobs and their exit codes: 0 done; 1 failed, with a
+one-line reason (an API error: a retry may pass); 2 bad arguments; 3 refused, with a
+one-line reason (the cluster's state or the chart's files say no, and would again:
+the Jobs' podFailurePolicy fails them at once instead of retrying)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 from fusebox_operator.chart_hooks import cluster, crds, services
 
 DEFAULT_CRDS_DIR = "/etc/fusebox/crds"
+EXIT_FAILED, EXIT_REFUSED = 1, 3
 
 
 def parser() -> argparse.ArgumentParser:
@@ -31,6 +34,9 @@ def parser() -> argparse.ArgumentParser:
     )
     guard.add_argument("--release", required=True, help="the Helm release (for the message)")
     guard.add_argument("--release-namespace", required=True)
+    guard.add_argument(
+        "--revision", type=int, help="the release revision being uninstalled (for the message)"
+    )
     guard.add_argument(
         "--watch-namespaces", default="", help="the chart's watchNamespaces, comma-separated"
     )
@@ -62,12 +68,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             arguments.release_namespace,
             arguments.delete_services,
             arguments.timeout_seconds,
+            revision=arguments.revision,
         )
         if deleted:
             print(f"deleted, and gone: {services.named(deleted)}")
         else:
             print("no InferenceService where the operator watches: uninstall may go on")
         return 0
-    except (cluster.HookError, crds.ChartCrdError, OSError) as error:
+    except (cluster.HookRefused, crds.ChartCrdError) as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
+        return EXIT_REFUSED
+    except (cluster.HookError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAILED

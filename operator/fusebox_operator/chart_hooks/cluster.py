@@ -33,6 +33,11 @@ class HookError(RuntimeError):
     """A hook cannot go on; the message says what and why, for the Job's log."""
 
 
+class HookRefused(HookError):
+    """The cluster's state says no and would say it again (services remain, a CRD is
+    missing): the Job fails at once rather than retrying (cli.EXIT_REFUSED)."""
+
+
 def api_client(kubeconfig: str | None = None) -> kubernetes.client.ApiClient:
     """The Job's service account in a pod, else KUBECONFIG / ~/.kube/config."""
     if kubeconfig is None:
@@ -93,7 +98,7 @@ def apply_crds(
     # Every CRD is checked before any is changed: a half-upgraded set is worse than none.
     for name in names:
         if _read_crd(extensions, name) is None:
-            raise HookError(crds.missing_message(name))
+            raise HookRefused(crds.missing_message(name))
     for name, document in zip(names, documents, strict=True):
         try:
             extensions.patch_custom_resource_definition(
@@ -188,6 +193,7 @@ def guard_uninstall(
     delete: bool,
     timeout_seconds: float,
     clock: Clock = time.monotonic,
+    revision: int | None = None,
 ) -> list[services.ServiceRef]:
     """Pass when no InferenceService is in scope; otherwise refuse naming them, or
     (with `delete`) delete them and wait. Returns the services deleted."""
@@ -195,6 +201,6 @@ def guard_uninstall(
     if not found:
         return []
     if not delete:
-        raise HookError(services.refusal_message(found, release, release_namespace))
+        raise HookRefused(services.refusal_message(found, release, release_namespace, revision))
     delete_services(api, found, scope, timeout_seconds, clock)
     return found

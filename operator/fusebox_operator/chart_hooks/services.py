@@ -86,20 +86,28 @@ def named(services: Sequence[ServiceRef], at_most: int = NAMED_AT_MOST) -> str:
     return f"{shown} and {rest} more" if rest > 0 else shown
 
 
-def refusal_message(services: Sequence[ServiceRef], release: str, namespace: str) -> str:
-    """Why `helm uninstall` stopped, which services, and the three ways on."""
+def refusal_message(
+    services: Sequence[ServiceRef], release: str, namespace: str, revision: int | None = None
+) -> str:
+    """Why `helm uninstall` stopped, which services, and the three ways on. A refused
+    uninstall leaves the release "uninstalling", which `helm upgrade` will not touch:
+    the ways that change a value go through `helm rollback` to `revision` (the one being
+    uninstalled) first."""
     count = len(services)
     noun = "InferenceService remains" if count == 1 else "InferenceServices remain"
+    target = str(revision) if revision is not None else "REVISION"
     return (
         f"helm uninstall {release} -n {namespace} refused: {count} {noun} where its"
         f" operator watches: {named(services)}. Each carries kopf's finalizer, which only"
         f" a running operator releases; uninstalled first, their deletion (and their"
         f" namespace's) would never finish. Either delete them first"
-        f" (`kubectl delete inferenceservices --all -n NAMESPACE`, then uninstall again),"
-        f" or `helm upgrade {release} -n {namespace} --reuse-values"
-        f" --set uninstall.deleteServices=true` and uninstall again to have the"
-        f" uninstall delete them while the operator runs, or set uninstall.guard=false"
-        f" the same way to leave them behind."
+        f" (`kubectl delete inferenceservices --all -n NAMESPACE`), then uninstall again;"
+        f" or have the uninstall delete them while the operator runs: this refusal left"
+        f" the release 'uninstalling', which `helm upgrade` refuses, so"
+        f" `helm rollback {release} {target} -n {namespace}` (it deploys this revision"
+        f" again), then `helm upgrade {release} -n {namespace} --reuse-values"
+        f" --set uninstall.deleteServices=true`, then uninstall again; or set"
+        f" uninstall.guard=false the same way to leave them behind."
     )
 
 

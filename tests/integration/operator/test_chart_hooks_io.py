@@ -162,7 +162,9 @@ def service_names(config: Path, namespace: str) -> list[str]:
 
 def test_apply_crds_names_a_crd_the_cluster_lacks_and_may_not_create_it(kubeconfig: Path) -> None:
     hook = as_account(kubeconfig, f"{RELEASE}-operator-crds")
-    with pytest.raises(cluster.HookError, match="CRD clusterkopfpeerings.kopf.dev does not exist"):
+    with pytest.raises(
+        cluster.HookRefused, match="CRD clusterkopfpeerings.kopf.dev does not exist"
+    ):
         cluster.apply_crds(hook, crds.chart_crds(chart_crd_files()), timeout_seconds=30)
     # Checked before anything changed: the installed CRD is as it was.
     assert read_crd(kubeconfig, CRD_NAME)["spec"]["names"]["shortNames"] == ["fisold"]
@@ -211,7 +213,7 @@ def test_the_apply_crds_command_reads_the_mounted_files_and_exits_by_outcome(
     )
     (tmp_path / "extra.yaml").write_text("apiVersion: v1\nkind: Secret\nmetadata: {name: x}\n")
     refused = command(tmp_path)
-    assert refused.returncode == 1
+    assert refused.returncode == 3  # a file the chart ships would fail every retry
     assert "extra.yaml: a Secret is not an apiextensions.k8s.io/v1 CustomResourceDefinition" in (
         refused.stderr
     )
@@ -254,16 +256,18 @@ def test_guard_uninstall_refuses_naming_the_services_where_the_operator_watches(
     assert "unwatched" not in message
     assert service_names(kubeconfig, "prod") == ["chat", "embed"]  # nothing deleted
 
-    # The Job's command: exit 1, the same message on stderr.
+    # The Job's command: exit 3 (refused: the Job's podFailurePolicy fails it at once),
+    # the same message on stderr with the revision to roll back to.
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     result = subprocess.run(
         [sys.executable, "-m", "fusebox_operator.chart_hooks", "--kubeconfig", str(kubeconfig),
          "guard-uninstall", f"--release={RELEASE}", f"--release-namespace={RELEASE_NAMESPACE}",
-         "--watch-namespaces=prod"],
+         "--revision=7", "--watch-namespaces=prod"],
         capture_output=True, text=True, env=env, timeout=60, check=False,
     )  # fmt: skip
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 3, result.stderr
     assert "prod/chat, prod/embed" in result.stderr
+    assert f"helm rollback {RELEASE} 7 -n {RELEASE_NAMESPACE}" in result.stderr
 
 
 def test_guard_uninstall_passes_when_no_service_remains(kubeconfig: Path) -> None:

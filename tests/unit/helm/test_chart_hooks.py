@@ -59,6 +59,13 @@ def assert_restricted_hook_job(job: dict[str, Any], operator: dict[str, Any]) ->
     # Its own labels: the operator's Service, PDB and NetworkPolicy never select it.
     labels = job["spec"]["template"]["metadata"]["labels"]
     assert not operator["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    # A refusal (exit 3, chart_hooks.cli) would say the same again: no retry.
+    assert job["spec"]["podFailurePolicy"]["rules"] == [
+        {
+            "action": "FailJob",
+            "onExitCodes": {"containerName": container["name"], "operator": "In", "values": [3]},
+        }
+    ]
 
 
 def assert_prerequisites_come_first(event_hooks: list[dict[str, Any]]) -> None:
@@ -153,6 +160,7 @@ def test_the_uninstall_guard_lists_cluster_wide_and_deletes_nothing_by_default(
         "guard-uninstall",
         "--release=fusebox",
         "--release-namespace=fusebox-system",
+        "--revision=1",  # helm template's; on uninstall, the revision being removed
         "--watch-namespaces=",
         "--timeout-seconds=180",
     ]

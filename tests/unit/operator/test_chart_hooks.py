@@ -107,14 +107,19 @@ def test_services_outside_the_watched_namespaces_do_not_block_the_uninstall() ->
 
 def test_the_refusal_names_each_service_and_says_how_to_proceed() -> None:
     found = [ServiceRef("prod", "chat"), ServiceRef("prod", "embed")]
-    message = services.refusal_message(found, "fusebox", "fusebox-system")
+    message = services.refusal_message(found, "fusebox", "fusebox-system", 4)
     assert message.startswith("helm uninstall fusebox -n fusebox-system refused: 2")
     assert "prod/chat, prod/embed." in message
     assert "kubectl delete inferenceservices" in message
     assert "--set uninstall.deleteServices=true" in message
     assert "uninstall.guard=false" in message
+    # The refusal leaves the release "uninstalling", which `helm upgrade` refuses
+    # ("has no deployed releases"): the revision being removed is deployed again first.
+    rollback = message.index("`helm rollback fusebox 4 -n fusebox-system`")
+    assert rollback < message.index("helm upgrade fusebox -n fusebox-system --reuse-values")
     one = services.refusal_message(found[:1], "fusebox", "fusebox-system")
     assert "1 InferenceService remains" in one
+    assert "`helm rollback fusebox REVISION -n fusebox-system`" in one
 
 
 def test_many_services_are_named_up_to_twenty_then_counted() -> None:
