@@ -436,10 +436,8 @@ def install_operator(cluster: Cluster) -> None:
         # act on services of other namespaces (or of tests reusing the cluster).
         "--set",
         f"watchNamespaces={{{NAMESPACE}}}",
-        # A rerun is an upgrade: its CRD hook Job (docs/releases.md) is not yet proven
-        # on localcluster's images, so the demo keeps upgrading as before.
-        "--set",
-        "crds.upgradeOnHelmUpgrade=false",
+        # A rerun is an upgrade: the chart's pre-upgrade hook Job applies crds/ first,
+        # as for any user (docs/releases.md).
         timeout=300,
     )
     summary = [
