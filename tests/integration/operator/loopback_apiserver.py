@@ -155,6 +155,21 @@ def kubectl(config: Path, *args: str, stdin: str = "") -> subprocess.CompletedPr
     )
 
 
+def wait_established(config: Path, name: str, timeout_seconds: float = 60) -> None:
+    """Poll the CRD until it is Established. Not `kubectl wait`: a CRD just created can
+    read `status.conditions: null` until its controller writes them, and kubectl wait
+    then fails at once (".status.conditions accessor error: <nil>"); seen in a CI
+    rehearsal with the e2e tier beside it."""
+    path = '{.status.conditions[?(@.type=="Established")].status}'
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        answer = kubectl(config, "get", "crd", name, "-o", f"jsonpath={path}")
+        if answer.stdout.strip() == "True":
+            return
+        assert time.monotonic() < deadline, f"CRD {name} not Established: {answer.stderr}"
+        time.sleep(0.2)
+
+
 @contextmanager
 def apiserver_with_crd(tmp: Path, *, token: str, namespace: str) -> Iterator[Path]:
     """A loopback API server (RBAC, `token` an admin) holding the InferenceService CRD,
@@ -164,13 +179,6 @@ def apiserver_with_crd(tmp: Path, *, token: str, namespace: str) -> Iterator[Pat
     with loopback_apiserver(tmp, token=token, user="admin", authorization_mode="RBAC") as config:
         applied = kubectl(config, "apply", "-f", str(REPO / "crds" / "inferenceservice.yaml"))
         assert applied.returncode == 0, applied.stderr
-        ready = kubectl(
-            config,
-            "wait",
-            "--for=condition=Established",
-            "crd/inferenceservices.fusebox.dev",
-            "--timeout=60s",
-        )
-        assert ready.returncode == 0, ready.stderr
+        wait_established(config, "inferenceservices.fusebox.dev")
         assert kubectl(config, "create", "namespace", namespace).returncode == 0
         yield config
