@@ -25,6 +25,8 @@ FIELD_MANAGER = "fusebox-chart"
 REQUEST_TIMEOUT_SECONDS = 30
 POLL_SECONDS = 0.5
 APPLY_PATCH = "application/apply-patch+yaml"
+REFUSED_STATUSES = (400, 422)
+"""The API server's answers to an apply that refuse the CRD itself (BadRequest, Invalid)."""
 
 Clock = Callable[[], float]
 
@@ -80,6 +82,25 @@ def _read_crd(extensions: Any, name: str) -> dict[str, Any] | None:
     return body
 
 
+def _apply_crd(extensions: Any, name: str, document: Mapping[str, Any], dry_run: bool) -> None:
+    """One forced server-side apply; a 400 or 422 (the CRD itself refused) is a
+    HookRefused, any other error a HookError (a retry may pass)."""
+    try:
+        extensions.patch_custom_resource_definition(
+            name,
+            dict(document),
+            field_manager=FIELD_MANAGER,
+            force=True,
+            dry_run="All" if dry_run else None,
+            _content_type=APPLY_PATCH,
+            _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT_SECONDS,
+        )
+    except ApiException as error:
+        refused = HookRefused if error.status in REFUSED_STATUSES else HookError
+        raise refused(crds.refused_message(name, *server_reason(error))) from error
+
+
 def apply_crds(
     api: kubernetes.client.ApiClient,
     documents: Sequence[Mapping[str, Any]],
@@ -87,7 +108,9 @@ def apply_crds(
     clock: Clock = time.monotonic,
 ) -> list[str]:
     """Server-side apply every CRD (forcing conflicts: the chart owns these fields),
-    then wait for each to be Established; returns their names.
+    then wait for each to be Established; returns their names. Each apply is first
+    made as a dry run, so a CRD the API server refuses fails the hook before any
+    CRD changed.
 
     A CRD that does not exist yet is refused before the apply: creating one would
     need `create` on every CRD (RBAC cannot restrict create by name), which the
@@ -99,19 +122,11 @@ def apply_crds(
     for name in names:
         if _read_crd(extensions, name) is None:
             raise HookRefused(crds.missing_message(name))
-    for name, document in zip(names, documents, strict=True):
-        try:
-            extensions.patch_custom_resource_definition(
-                name,
-                dict(document),
-                field_manager=FIELD_MANAGER,
-                force=True,
-                _content_type=APPLY_PATCH,
-                _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT_SECONDS,
-            )
-        except ApiException as error:
-            raise HookError(crds.refused_message(name, *server_reason(error))) from error
+    # The same for what the API server would refuse: every apply is tried as a dry run
+    # (validated, admitted, not stored) before the first is made.
+    for dry_run in (True, False):
+        for name, document in zip(names, documents, strict=True):
+            _apply_crd(extensions, name, document, dry_run)
     deadline = clock() + timeout_seconds
     for name in names:
         while True:

@@ -1,5 +1,6 @@
 """The chart's hooks as a platform team meets them: `helm install` with its CRDs, then
-`helm upgrade` (the pre-upgrade Job re-applies crds/), then `helm uninstall` while an
+`helm upgrade` (the pre-upgrade Job re-applies crds/), an upgrade to a chart whose CRDs
+the API server refuses (refused at once, nothing changed), then `helm uninstall` while an
 InferenceService is left (the pre-delete Job refuses at once, naming it, and helm shows
 why), then the way on its message gives: `helm rollback` (a refused uninstall leaves
 the release "uninstalling", which `helm upgrade` refuses), `helm upgrade --set
@@ -20,9 +21,11 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,11 +94,37 @@ def crd(cluster: Cluster, name: str) -> dict[str, Any]:
     return document
 
 
+def broken_chart(folder: Path) -> Path:
+    """The chart with the InferenceService CRD's short names changed (valid) and the
+    kopfpeerings CRD's schema made invalid: listed in that order, the valid one first."""
+    chart = folder / "fusebox"
+    shutil.copytree(CHART, chart)
+    services = chart / "crds" / "inferenceservice.yaml"
+    text = services.read_text()
+    assert "shortNames: [fis]\n" in text, "the CRD's short names are written another way now"
+    services.write_text(text.replace("shortNames: [fis]\n", "shortNames: [fisnew]\n"))
+    peerings = chart / "crds" / "kopf-peerings.yaml"
+    documents = [d for d in yaml.safe_load_all(peerings.read_text()) if d]
+    for document in documents:
+        if document["metadata"]["name"] == "kopfpeerings.kopf.dev":
+            document["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["type"] = "sometimes"
+    peerings.write_text(yaml.safe_dump_all(documents))
+    return chart
+
+
+def assert_failed_at_once(job: dict[str, Any]) -> None:
+    """A refusal is not retried (exit 3, the Job's podFailurePolicy): one pod, one log."""
+    assert job["status"].get("failed") == 1, job["status"]
+    failed = [c for c in job["status"]["conditions"] if c["type"] == "Failed"]
+    assert failed and failed[0]["reason"] == "PodFailurePolicy", job["status"]
+
+
 def test_upgrade_reapplies_the_crds_and_uninstall_is_guarded_by_hook_jobs(
     multinode: Cluster,
     inference_nodes: list[str],  # every node holds the operator's image (the hooks' image)
     chart_crds_left_as_found: None,
     mkube: Kube,
+    tmp_path: Path,
 ) -> None:
     suffix = uuid.uuid4().hex[:6]
     release = OperatorRelease(multinode, mkube.namespace, f"fbx-hooks-{suffix}")
@@ -132,6 +161,25 @@ def test_upgrade_reapplies_the_crds_and_uninstall_is_guarded_by_hook_jobs(
         left = mkube("get", "jobs,configmaps,serviceaccounts", "-o", "name").stdout.split()
         assert not [name for name in left if name.endswith(f"{release.release}-operator-crds")]
 
+        # A chart whose CRDs the API server refuses: the upgrade fails at once, helm's
+        # output names the CRD and the reason, and no CRD changed (each apply is tried
+        # as a dry run first), not even the valid one applied before the refused one.
+        refused_upgrade = run_helm(
+            multinode,
+            *("upgrade", release.release, str(broken_chart(tmp_path)), "-n", mkube.namespace),
+            *("--reuse-values", "--wait", "--timeout", HOOK_TIMEOUT),
+        )
+        assert refused_upgrade.returncode != 0, refused_upgrade.stdout
+        assert "CRD kopfpeerings.kopf.dev: the API server refused the upgrade (Invalid)" in (
+            refused_upgrade.stderr
+        ), refused_upgrade.stderr
+        assert crd(multinode, SERVICES_CRD)["spec"]["names"]["shortNames"] == chart_short_names()
+        assert_failed_at_once(mkube.get("job", f"{release.release}-operator-crds"))
+        assert release.ready_pod() is not None, "a refused upgrade left the operator running"
+        history = helm(multinode, "history", release.release, "-n", mkube.namespace, "-o", "json")
+        states = [(entry["revision"], entry["status"]) for entry in json.loads(history.stdout)]
+        assert states[-2:] == [(2, "deployed"), (3, "failed")], states
+
         # A service the operator holds (kopf's finalizer): uninstall must not strand it.
         mkube.apply(
             {
@@ -156,17 +204,14 @@ def test_upgrade_reapplies_the_crds_and_uninstall_is_guarded_by_hook_jobs(
         assert "uninstall.deleteServices" in refused.stderr, refused.stderr
         assert release.ready_pod() is not None, "a refused uninstall left the operator running"
         assert mkube.get("inferenceservice", service)["metadata"]["name"] == service
-        # A refusal is not retried (podFailurePolicy on exit 3): one pod, one log.
-        guard = mkube.get("job", f"{release.release}-operator-uninstall-guard")
-        assert guard["status"].get("failed") == 1, guard["status"]
-        failed = [c for c in guard["status"]["conditions"] if c["type"] == "Failed"]
-        assert failed and failed[0]["reason"] == "PodFailurePolicy", guard["status"]
+        assert_failed_at_once(mkube.get("job", f"{release.release}-operator-uninstall-guard"))
 
         # Asked to, the guard deletes it while the operator runs, then helm goes on. The
         # refusal left the release "uninstalling", which `helm upgrade` refuses: first
-        # the rollback the message names, to the revision being uninstalled (the upgrade's).
+        # the rollback the message names, to the revision being uninstalled (the last in
+        # the history: the refused upgrade's, 3, which changed nothing but its record).
         rollback = re.search(r"`(helm rollback \S+ (\d+) -n \S+)`", refused.stderr)
-        assert rollback and rollback.group(2) == "2", refused.stderr
+        assert rollback and rollback.group(2) == "3", refused.stderr
         helm(multinode, *rollback.group(1).split()[1:], "--wait", timeout=300)
         upgraded = run_helm(
             multinode,

@@ -220,20 +220,27 @@ def test_the_apply_crds_command_reads_the_mounted_files_and_exits_by_outcome(
 
 
 def test_apply_crds_reports_a_crd_the_api_server_refuses_by_name(kubeconfig: Path) -> None:
-    (crd, *_) = crds.chart_crds(chart_crd_files())
-    bad = copy.deepcopy(crd)
+    """Refused (exit 3, no retry), and before any CRD changed: every apply is tried as a
+    dry run first, so a valid CRD listed before the refused one is left as it was."""
+    crd, peering, *_ = crds.chart_crds(chart_crd_files())
+    changed = copy.deepcopy(crd)
+    changed["spec"]["names"]["shortNames"] = ["fisnew"]
+    bad = copy.deepcopy(peering)
     bad["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["type"] = "sometimes"
+    before = read_crd(kubeconfig, CRD_NAME)["spec"]["names"]["shortNames"]
     hook = as_account(kubeconfig, f"{RELEASE}-operator-crds")
-    with pytest.raises(cluster.HookError) as refused:
-        cluster.apply_crds(hook, [bad], timeout_seconds=30)
+    with pytest.raises(cluster.HookRefused) as refused:
+        cluster.apply_crds(hook, [changed, bad], timeout_seconds=30)
     message = str(refused.value)
-    assert message.startswith(f"CRD {CRD_NAME}: the API server refused the upgrade (Invalid)")
+    name = peering["metadata"]["name"]
+    assert message.startswith(f"CRD {name}: the API server refused the upgrade (Invalid)")
     assert "sometimes" in message
-    # Nothing was changed.
+    # Nothing was changed: neither the refused CRD nor the valid one before it.
     assert (
-        read_crd(kubeconfig, CRD_NAME)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["type"]
+        read_crd(kubeconfig, name)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["type"]
         == "object"
     )
+    assert read_crd(kubeconfig, CRD_NAME)["spec"]["names"]["shortNames"] == before != ["fisnew"]
 
 
 def guard_account(config: Path) -> kubernetes.client.ApiClient:
