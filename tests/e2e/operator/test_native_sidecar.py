@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fusebox_contract.metrics import Metric
 from fusebox_contract.wiring import FAULTS_ENV, HttpPath, Port
 
-from .conftest import Service, ServiceFactory, base_spec, chat_reply, wait_for
+from .conftest import Service, ServiceFactory, base_spec, chat_reply, pod_url, wait_for
 
 SIDECAR = "sidecar"
 SERVER = "server"
@@ -80,10 +80,12 @@ def test_the_sidecar_starts_before_the_server_and_serves_while_the_server_drains
     (sidecar_status,) = pod["status"]["initContainerStatuses"]
     assert sidecar_status["name"] == SIDECAR and sidecar_status["started"], sidecar_status
 
-    # A request in flight, then the pod deleted: the server drains it.
+    # A request in flight, then the pod deleted: the server drains it. Sent to the pod
+    # itself: through the Service, a pod Ready a moment ago may not be an endpoint yet
+    # (a refused connection, then no request ever running; seen in a CI rehearsal).
     replies: list[int] = []
     request = threading.Thread(
-        target=lambda: replies.append(chat_reply(service.service_url(), max_tokens=16).status),
+        target=lambda: replies.append(chat_reply(pod_url(pod, Port.API), max_tokens=16).status),
         daemon=True,
     )
     request.start()
@@ -92,6 +94,7 @@ def test_the_sidecar_starts_before_the_server_and_serves_while_the_server_drains
         lambda: gauge(sidecar_metrics(service, name), Metric.REQUESTS_RUNNING) == 1,
         timeout=30,
         every=0.5,
+        diagnose=lambda: f"replies so far (status 0: no connection): {replies}",
     )
     service.kubectl("delete", "pod", name, "--wait=false")
     # Past the SIGTERM a plain sidecar container would have obeyed at once, and
