@@ -333,6 +333,7 @@ async def _apply_rest(
 async def _resync(
     body: kopf.Body,
     spec: InferenceServiceSpec,
+    spec_generation: int,
     status: Mapping[str, Any],
     meta: kopf.Meta,
     context: OperatorContext,
@@ -340,10 +341,10 @@ async def _resync(
 ) -> None:
     """Put back a child deleted or edited outside Fusebox, with a Warning naming it.
 
-    It renders what the last reconcile applied (the sizing it recorded in
-    status.memory) and writes only what drifted, so an untouched service costs
-    reads and posts nothing. An autoscaled Deployment keeps its count: the
-    autoscaler owns it.
+    It renders what the last reconcile applied (`spec`, of `spec_generation`, and the
+    sizing it recorded in status.memory) and writes only what drifted, so an untouched
+    service costs reads and posts nothing. An autoscaled Deployment keeps its count:
+    the autoscaler owns it.
     """
     name, namespace = str(meta["name"]), str(meta["namespace"])
     sizing = recorded_sizing(status.get("memory") or {})
@@ -353,8 +354,12 @@ async def _resync(
     check_secret = service.secret_check_due(now, context.settings.resync_seconds)
     async with service.children_lock:
         # Only children this process applied for this very generation: a newer
-        # spec (or one a reconcile still retries) is the reconcile's to apply.
-        if sizing is None or service.applied_generation != meta.get("generation"):
+        # spec (or one a reconcile still retries) is the reconcile's to apply. And
+        # only from that generation's record: a body read before the reconcile's
+        # status patch landed still holds the previous appliedSpec, whose children
+        # would "restore" over the ones just applied.
+        ours = service.applied_generation
+        if sizing is None or ours != meta.get("generation") or ours != spec_generation:
             return
         rendered = manifests.build_children(
             spec,
@@ -477,7 +482,7 @@ async def _telemetry(
     # periodic resync (from the watches' view, no reads) is the safety net.
     touched = context.kube.children_touched(namespace, name)
     if service.resync_due(now, context.settings.resync_seconds) or touched:
-        await _resync(body, parsed, status, meta, context, service)
+        await _resync(body, parsed, applied_generation, status, meta, context, service)
     kube = context.kube
     try:
         pods = await kube.list_pods(namespace, manifests.selector_labels(name), name)

@@ -335,6 +335,36 @@ def test_a_child_a_watch_saw_move_is_resynced_at_the_next_tick(
     assert "NetworkPolicy chat was missing (deleted outside Fusebox): recreated" in restored
 
 
+def test_a_tick_that_read_the_status_before_an_edits_reconcile_landed_restores_nothing(
+    events: list[tuple[str, str, str]],
+) -> None:
+    """The reconcile of an edit applied its children, and the watch saw them move; a
+    tick whose body still holds the previous appliedSpec must not put the previous
+    children back (seen in a CI rehearsal: two "edited outside Fusebox" Warnings for a
+    ConfigMap only the operator had written)."""
+    kube = FakeKube()
+    service = Service(kube)
+    service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
+    service.reconcile(VALID)
+    before_edit = dict(service.status)
+    edited = {**VALID, "telemetry": {"scrapeIntervalSeconds": 7, "wedgeAfterSeconds": 30}}
+    service.reconcile(edited, old=VALID)
+    assert service.status["appliedGeneration"] == 2 != before_edit["appliedGeneration"]
+    kube.written.clear()
+    kube.touched.add(service.name)
+    service.kept.next_scrape_at = 0.0
+
+    service.tick(edited, read=before_edit)
+
+    assert kube.written == []
+    assert [r for _, r, _ in events if r == EventReason.CHILD_RESTORED] == []
+    # With the status the reconcile wrote, the next tick compares the children again.
+    kube.touched.add(service.name)
+    service.kept.next_scrape_at = 0.0
+    service.tick(edited)
+    assert "NetworkPolicy chat" in kube.written
+
+
 def test_before_any_spec_is_applied_nothing_is_watched(
     events: list[tuple[str, str, str]],
 ) -> None:
