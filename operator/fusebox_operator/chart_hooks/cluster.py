@@ -37,7 +37,8 @@ class HookError(RuntimeError):
 
 class HookRefused(HookError):
     """The cluster's state says no and would say it again (services remain, a CRD is
-    missing): the Job fails at once rather than retrying (cli.EXIT_REFUSED)."""
+    missing or refused by the API server): the Job fails at once rather than retrying
+    (cli.EXIT_REFUSED)."""
 
 
 def api_client(kubeconfig: str | None = None) -> kubernetes.client.ApiClient:
