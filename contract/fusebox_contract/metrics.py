@@ -81,6 +81,14 @@ class Metric(enum.StrEnum):
     NODE_MEMORY_AVAILABLE_BYTES = "fusebox_node_memory_available_bytes"
     NODE_MEMORY_TOTAL_BYTES = "fusebox_node_memory_total_bytes"
     NODE_MEMORY_PRESSURE_RATIO = "fusebox_node_memory_pressure_ratio"  # {stall}, avg10
+    # The model fetcher's report file (a pod whose model is s3:// or hf://): what it has of
+    # the model, how fast, and how long since it last wrote (a stalled download's grows).
+    MODEL_FETCH_INFO = "fusebox_model_fetch_info"  # {reason}, value 1
+    MODEL_FETCH_DOWNLOADED_BYTES = "fusebox_model_fetch_downloaded_bytes"
+    MODEL_FETCH_TOTAL_BYTES = "fusebox_model_fetch_total_bytes"
+    MODEL_FETCH_RATE_BYTES_PER_SECOND = "fusebox_model_fetch_rate_bytes_per_second"
+    MODEL_FETCH_REPORT_AGE_SECONDS = "fusebox_model_fetch_report_age_seconds"
+    MODEL_FETCH_WAITING = "fusebox_model_fetch_waiting"  # another pod's download holds the cache
 
     @property
     def is_counter(self) -> bool:
@@ -142,6 +150,18 @@ MEASURED_ONLY_WITH_A_GPU: Final = frozenset(
         Metric.CUDA_CONTEXTS,
     }
 )
+# Exported only by the sidecar of a pod whose model the fetcher downloads (its report file).
+ONLY_WITH_A_FETCHED_MODEL: Final = frozenset(
+    {
+        Metric.MODEL_FETCH_INFO,
+        Metric.MODEL_FETCH_DOWNLOADED_BYTES,
+        Metric.MODEL_FETCH_TOTAL_BYTES,
+        Metric.MODEL_FETCH_RATE_BYTES_PER_SECOND,
+        Metric.MODEL_FETCH_REPORT_AGE_SECONDS,
+        Metric.MODEL_FETCH_WAITING,
+    }
+)
+FETCH_REASON_LABEL: Final = "reason"  # MODEL_FETCH_INFO's label: a FetchReason value
 _HISTOGRAMS = frozenset(
     {
         Metric.TIME_TO_FIRST_TOKEN_SECONDS,

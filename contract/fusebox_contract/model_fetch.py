@@ -94,6 +94,8 @@ class FetchReport:
 
     `revision`: what the copy is, as the source names it (the hub's commit hash,
     S3's ETags digest). `cached`: a complete verified copy was already there.
+    `waiting`: another pod's download of the same model holds the shared cache;
+    this one waits for it (rewritten at each look, so the report stays fresh).
     """
 
     reason: FetchReason
@@ -104,6 +106,7 @@ class FetchReport:
     revision: str = ""
     cached: bool = False
     files: int = 0
+    waiting: bool = False
 
     def dumps(self) -> str:
         body = asdict(self)
@@ -150,6 +153,7 @@ def parse(text: str) -> FetchReport | None:
         revision=revision if isinstance(revision, str) else "",
         cached=body.get("cached") is True,
         files=_int(body.get("files")) or 0,
+        waiting=body.get("waiting") is True,
     )
 
 

@@ -29,7 +29,9 @@ def main(argv: Sequence[str]) -> int:
     config = parse_config(argv, os.environ)
     jsonlog.configure(config.log_level)
     nvml = NvmlReader(load_pynvml())
-    observer = ServerObserver(config.stats_file, config.proc_root, nvml)
+    observer = ServerObserver(
+        config.stats_file, config.proc_root, nvml, fetch_report_path=config.fetch_report_file
+    )
     registry = CollectorRegistry()
     registry.register(SidecarCollector(observer.observe))
     httpd = make_http_server(config.host, config.port, make_app(registry))

@@ -27,12 +27,14 @@ from prometheus_client.core import Metric as Family
 from prometheus_client.registry import Collector
 
 from fusebox_contract.metrics import (
+    FETCH_REASON_LABEL,
     QUANTITY_LABEL,
     STALL_LABEL,
     LatencyHistogram,
     MeasuredQuantity,
     Metric,
 )
+from fusebox_contract.model_fetch import FetchReport
 from fusebox_contract.names import HeartbeatThread, Variant
 from fusebox_contract.stats import StatsDocument, StatsReading
 from fusebox_sidecar.node_memory import NodeMemory
@@ -46,6 +48,17 @@ THREAD_LABEL = "thread"
 GPU_LABEL = "gpu"
 REASON_LABEL = "reason"
 MODEL_INFO_LABELS = ("model", "variant", "quantization", "dtype", "revision")
+
+
+@dataclass(frozen=True)
+class FetchReading:
+    """The model fetcher's last report (its file in the runtime volume) and the file's
+    modification time: the fetcher rewrites it as bytes arrive, so its age is how long
+    the download has not moved. `unchanged_seconds` as for the stats file's stamp."""
+
+    report: FetchReport
+    written_at: float
+    unchanged_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +76,7 @@ class Observation:
     # hide (see `age_seconds`).
     stats_unchanged_seconds: float = 0.0
     heartbeats_unchanged_seconds: Mapping[HeartbeatThread, float] = field(default_factory=dict)
+    fetch: FetchReading | None = None  # the model fetcher's report file, when there is one
 
 
 def age_seconds(now_seconds: float, stamp: float, unchanged_seconds: float) -> float:
@@ -529,6 +543,46 @@ def node_memory_families(node: NodeMemory) -> Iterator[Family]:
     )
 
 
+def fetch_families(fetch: FetchReading | None, now_seconds: float) -> Iterator[Family]:
+    """The model download as the fetcher last reported it; nothing without a report."""
+    if fetch is None:
+        return
+    report = fetch.report
+    yield from _labelled_gauge(
+        Metric.MODEL_FETCH_INFO,
+        "The model fetcher's last report: Downloading, Verified or the failure's name",
+        FETCH_REASON_LABEL,
+        {report.reason.value: 1.0},
+    )
+    yield from _gauge(
+        Metric.MODEL_FETCH_DOWNLOADED_BYTES,
+        "Bytes of the model the fetcher has (resumed bytes included)",
+        float(report.bytes_done),
+    )
+    yield from _gauge(
+        Metric.MODEL_FETCH_TOTAL_BYTES,
+        "The model's size as its source lists it (absent until listed)",
+        None if report.bytes_total is None else float(report.bytes_total),
+    )
+    yield from _gauge(
+        Metric.MODEL_FETCH_RATE_BYTES_PER_SECOND,
+        "Bytes per second the fetcher's current run has downloaded (absent before any)",
+        report.rate_bytes_per_second,
+    )
+    yield from _gauge(
+        Metric.MODEL_FETCH_WAITING,
+        "1 while the fetcher waits for another pod's download of the same model (a shared "
+        "cache), 0 otherwise",
+        float(report.waiting),
+    )
+    yield from _gauge(
+        Metric.MODEL_FETCH_REPORT_AGE_SECONDS,
+        "Seconds since the fetcher last wrote its report: it writes as bytes arrive, so a "
+        "stalled download's age grows",
+        age_seconds(now_seconds, fetch.written_at, fetch.unchanged_seconds),
+    )
+
+
 def build_families(observation: Observation) -> list[Family]:
     """All families for one scrape."""
     document = observation.stats.document
@@ -546,6 +600,7 @@ def build_families(observation: Observation) -> list[Family]:
         *gpu_families(observation.gpu, document),
         *measured_families(observation.proc, observation.gpu),
         *node_memory_families(observation.node),
+        *fetch_families(observation.fetch, observation.now_seconds),
     ]
 
 

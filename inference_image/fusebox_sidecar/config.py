@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fusebox_contract.model_fetch import FETCH_REPORT_FILE
+
 ENV_PREFIX = "FUSEBOX_SIDECAR_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -20,6 +22,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 @dataclass(frozen=True)
 class SidecarConfig:
     stats_file: Path
+    fetch_report_file: Path | None
     host: str
     port: int
     proc_root: Path
@@ -53,6 +56,12 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         type=Path,
         default=env("STATS_FILE", "/run/fusebox/stats.json"),
         help="the server's stats file (env FUSEBOX_SIDECAR_STATS_FILE; default %(default)s)",
+    )
+    parser.add_argument(
+        "--fetch-report-file",
+        default=env("FETCH_REPORT_FILE", FETCH_REPORT_FILE),
+        help="the model fetcher's report, exported while it downloads; empty: none "
+        "(env FUSEBOX_SIDECAR_FETCH_REPORT_FILE; default %(default)s)",
     )
     parser.add_argument(
         "--host",
@@ -89,6 +98,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> SidecarConf
         _parser(environ).error(f"--log-level: {arguments.log_level!r} is not one of {LOG_LEVELS}")
     return SidecarConfig(
         stats_file=arguments.stats_file,
+        fetch_report_file=Path(report) if (report := arguments.fetch_report_file) else None,
         host=arguments.host,
         port=arguments.port,
         proc_root=arguments.proc_root,

@@ -17,6 +17,7 @@ rate.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import stat
@@ -26,9 +27,10 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Final
 
+from fusebox_contract.model_fetch import parse as parse_fetch_report
 from fusebox_contract.names import HeartbeatThread
 from fusebox_contract.stats import StatsDocument, StatsReading, parse
-from fusebox_sidecar.collectors import Observation
+from fusebox_sidecar.collectors import FetchReading, Observation
 from fusebox_sidecar.node_memory import read_node_memory
 from fusebox_sidecar.nvml import GpuAccess, GpuReading, NvmlReader
 from fusebox_sidecar.readings import ProcOutcome, ProcReading, parse_proc_status
@@ -37,31 +39,63 @@ log = logging.getLogger(__name__)
 
 # A stats file is a few KiB; anything much larger is not ours and is not read.
 MAX_STATS_BYTES: Final = 1024 * 1024
+# The fetcher's report is one short JSON document (model_fetch.FetchReport).
+MAX_FETCH_REPORT_BYTES: Final = 64 * 1024
 # The server and the sidecar share the node's clock, so a stamp further
 # ahead than this was written before the clock stepped back (or is wrong).
 FUTURE_STAMP_TOLERANCE_SECONDS: Final = 5.0
 
 
-def read_stats_file(path: Path) -> StatsReading:
+class Unreadable(Exception):
+    """A file the sidecar reads is there but cannot be used; the message says why."""
+
+
+def read_regular_file(path: Path, limit: int) -> tuple[bytes, float]:
+    """A small file's bytes and its modification time.
+
+    Raises FileNotFoundError, or Unreadable naming the path and the cause.
+    """
     try:
         # O_NONBLOCK: a FIFO planted at the path must not hang every scrape.
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
-        return StatsReading(None, f"stats file {path} is missing")
+        raise
     except OSError as error:
-        return StatsReading(None, f"stats file {path} is unreadable: {error.strerror or error}")
+        raise Unreadable(f"{path} is unreadable: {error.strerror or error}") from None
     try:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            return StatsReading(None, f"stats file {path} is not a regular file")
-        with os.fdopen(descriptor, "rb", closefd=False) as stats_file:
-            raw = stats_file.read(MAX_STATS_BYTES + 1)
+        found = os.fstat(descriptor)
+        if not stat.S_ISREG(found.st_mode):
+            raise Unreadable(f"{path} is not a regular file")
+        with os.fdopen(descriptor, "rb", closefd=False) as opened:
+            raw = opened.read(limit + 1)
     except OSError as error:
-        return StatsReading(None, f"stats file {path} is unreadable: {error.strerror or error}")
+        raise Unreadable(f"{path} is unreadable: {error.strerror or error}") from None
     finally:
         os.close(descriptor)
-    if len(raw) > MAX_STATS_BYTES:
-        return StatsReading(None, f"stats file {path} is larger than {MAX_STATS_BYTES} bytes")
+    if len(raw) > limit:
+        raise Unreadable(f"{path} is larger than {limit} bytes")
+    return raw, found.st_mtime
+
+
+def read_stats_file(path: Path) -> StatsReading:
+    try:
+        raw, _ = read_regular_file(path, MAX_STATS_BYTES)
+    except FileNotFoundError:
+        return StatsReading(None, f"stats file {path} is missing")
+    except Unreadable as error:
+        return StatsReading(None, f"stats file {error}")
     return parse(raw)
+
+
+def read_fetch_report(path: Path) -> FetchReading | None:
+    """The model fetcher's last report and when it was written; None without one (a
+    local model, a fetcher not started yet, a file that holds no report)."""
+    try:
+        raw, written_at = read_regular_file(path, MAX_FETCH_REPORT_BYTES)
+    except (FileNotFoundError, Unreadable):
+        return None
+    report = parse_fetch_report(raw.decode("utf-8", errors="replace"))
+    return None if report is None else FetchReading(report, written_at)
 
 
 def read_proc(proc_root: Path, pid: int | None, own_pid: int) -> ProcReading:
@@ -111,8 +145,10 @@ class ServerObserver:
         nvml: NvmlReader,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        fetch_report_path: Path | None = None,
     ) -> None:
         self._stats_path = stats_path
+        self._fetch_report_path = fetch_report_path
         self._proc_root = proc_root
         self._nvml = nvml
         self._clock = clock
@@ -144,6 +180,14 @@ class ServerObserver:
             gpu = self._nvml.read(self._last_pid)
             self._report(stats, now_seconds, proc, gpu)
             node = read_node_memory(self._proc_root)
+            fetch = None
+            if self._fetch_report_path is not None:
+                fetch = read_fetch_report(self._fetch_report_path)
+            if fetch is not None:
+                unchanged = self._stamps.unchanged_seconds(
+                    "fetch_report", fetch.written_at, monotonic_now
+                )
+                fetch = dataclasses.replace(fetch, unchanged_seconds=unchanged)
             return Observation(
                 now_seconds,
                 stats,
@@ -153,6 +197,7 @@ class ServerObserver:
                 node,
                 stats_unchanged,
                 heartbeats_unchanged,
+                fetch,
             )
 
     def _heartbeats_unchanged(

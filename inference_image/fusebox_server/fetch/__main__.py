@@ -100,7 +100,7 @@ def fetch(config: FetchConfig, progress: Progress) -> FetchReport:
     total = sum(f.size for f in files)
     size_only = sum(1 for f in files if set(f.digests) <= {"size"} or not f.digests)
     checked = f"; {size_only} checked by size only (no hash at the source)" if size_only else ""
-    with store.locked(progress.note):
+    with store.locked(progress.waiting):
         if store.complete(config.source, revision, files):
             return FetchReport(
                 FetchReason.VERIFIED,

@@ -66,8 +66,9 @@ class Progress:
             files=self.files,
         )
 
-    def note(self, message: str) -> None:
-        """A Downloading report that says something else (waiting for a lock)."""
+    def waiting(self, message: str) -> None:
+        """A Downloading report that waits for another pod's download (the shared
+        cache's lock), written at each look so its age says the waiter is alive."""
         report = self._downloading()
         self._write(
             FetchReport(
@@ -77,6 +78,7 @@ class Progress:
                 report.bytes_total,
                 report.rate_bytes_per_second,
                 files=report.files,
+                waiting=True,
             ),
             force=True,
         )

@@ -111,22 +111,19 @@ class ModelStore:
 
     @contextmanager
     def locked(self, waiting: Callable[[str], None]) -> Iterator[None]:
-        """Hold the model's lock; `waiting` is told while another pod holds it."""
+        """Hold the model's lock; `waiting` is told at each look while another pod holds it."""
         try:
             self.model_dir.mkdir(parents=True, exist_ok=True)
             handle = open(self.model_dir.parent / f"{self.model_dir.name}.lock", "a+b")  # noqa: SIM115
         except OSError as error:
             raise disk_error(error, self.model_dir) from None
         with handle:
-            told = False
             while True:
                 try:
                     fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
-                    if not told:
-                        waiting("waiting for another pod's download of this model (shared cache)")
-                        told = True
+                    waiting("waiting for another pod's download of this model (shared cache)")
                     time.sleep(LOCK_POLL_SECONDS)
             try:
                 yield

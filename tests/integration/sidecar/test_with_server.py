@@ -17,7 +17,9 @@ import pytest
 
 from fusebox_contract.admin import FaultsRequest
 from fusebox_contract.metrics import MEASURED_ONLY_WITH_A_GPU, LatencyHistogram, Metric
+from fusebox_contract.model_fetch import FetchReason, FetchReport
 from fusebox_contract.names import Fault, RequestOutcome
+from fusebox_server.fetch.progress import Progress
 
 Sidecar = Any  # conftest's Sidecar (importlib mode cannot import it)
 Server = Any  # conftest's Server
@@ -157,12 +159,21 @@ NOT_HERE = {
 
 
 def test_a_live_scrape_after_traffic_carries_every_contract_name_but_the_gpu_ones(
-    leaky_server: Server, start_sidecar: Callable[..., Sidecar]
+    leaky_server: Server,
+    start_sidecar: Callable[..., Sidecar],
+    tmp_path: Path,
+    promtool: Callable[[str], Any],
 ) -> None:
     """The other half of the dashboard and alert checks (tests/unit/helm): those
     compare each query with the contract; this compares the contract with what a
     real sidecar next to a real server serves, so a queried name has data."""
-    sidecar = start_sidecar(leaky_server.stats_path)
+    # The report the model fetcher leaves in a pod whose model it downloaded, written
+    # by the fetcher's own code.
+    fetched = tmp_path / "model-fetch.json"
+    Progress(fetched, None).finish(
+        FetchReport(FetchReason.VERIFIED, "verified", 1 << 20, 1 << 20, 5e6, files=3)
+    )
+    sidecar = start_sidecar(leaky_server.stats_path, "--fetch-report-file", str(fetched))
     for prompt in ("one", "two", "three"):
         leaky_server.complete(prompt, max_tokens=4)
     first = leaky_server.stats()["written_at"]
@@ -177,6 +188,8 @@ def test_a_live_scrape_after_traffic_carries_every_contract_name_but_the_gpu_one
         if sample not in served
     }
     assert missing == set(), sorted(missing)
+    assert sidecar.scrape().value("fusebox_model_fetch_info", reason="Verified") == 1
+    assert promtool(sidecar.scrape_text()).returncode == 0
 
 
 def test_histograms_and_token_counters_count_the_requests_served(

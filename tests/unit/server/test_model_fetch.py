@@ -7,6 +7,7 @@ tests/integration/server/test_model_sources_s3.py.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 from pathlib import Path
@@ -28,6 +29,7 @@ from fusebox_contract.model_fetch import (
     model_cache_subdir,
     parse,
 )
+from fusebox_server.fetch import store as store_module
 from fusebox_server.fetch.hub import HubSource
 from fusebox_server.fetch.hub import named_error as hub_named_error
 from fusebox_server.fetch.progress import Progress
@@ -283,3 +285,33 @@ def hub_reply(status: int) -> httpx2.Response:
 )
 def test_hub_errors_are_named(error: Exception, reason: FetchReason) -> None:
     assert hub_named_error(error, "hf://o/n@main").reason is reason
+
+
+def test_a_fetcher_waiting_for_another_pod_s_download_says_so_at_each_look(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "LOCK_POLL_SECONDS", 0.01)
+    store = ModelStore(tmp_path / "m")
+    report_file = tmp_path / "report.json"
+    progress = Progress(report_file, None)
+    writes: list[str] = []
+
+    def waiting(message: str) -> None:
+        progress.waiting(message)
+        writes.append(report_file.read_text())
+        if len(writes) == 3:
+            fcntl.flock(other, fcntl.LOCK_UN)  # the other pod's download ends
+
+    (tmp_path / "m").mkdir()
+    with open(tmp_path / "m.lock", "a+b") as other:  # another pod holds the lock
+        fcntl.flock(other, fcntl.LOCK_EX)
+        with store.locked(waiting):
+            pass
+    assert len(writes) == 3  # told at each look, so the report's age stays fresh
+    report = parse(writes[-1])
+    assert report is not None and report.waiting and report.reason is FetchReason.DOWNLOADING
+    assert "another pod's download" in report.message
+    # A report without the key (an older fetcher) is not waiting.
+    assert parse('{"reason": "Downloading", "message": ""}') == FetchReport(
+        FetchReason.DOWNLOADING, ""
+    )

@@ -13,6 +13,7 @@ def test_defaults_match_the_pod_layout() -> None:
     config = parse_config([], {})
 
     assert config.stats_file == Path("/run/fusebox/stats.json")
+    assert config.fetch_report_file == Path("/run/fusebox/model-fetch.json")  # FETCH_REPORT_FILE
     assert (config.host, config.port) == ("0.0.0.0", 9400)
     assert config.proc_root == Path("/proc")
 
@@ -26,8 +27,10 @@ def test_env_vars_set_every_flag() -> None:
             "FUSEBOX_SIDECAR_PORT": "9500",
             "FUSEBOX_SIDECAR_PROC_ROOT": "/host/proc",
             "FUSEBOX_SIDECAR_LOG_LEVEL": "WARNING",
+            "FUSEBOX_SIDECAR_FETCH_REPORT_FILE": "/tmp/fetch.json",
         },
     )
+    assert config.fetch_report_file == Path("/tmp/fetch.json")
 
     assert config.stats_file == Path("/tmp/s.json")
     assert (config.host, config.port) == ("127.0.0.1", 9500)
@@ -63,3 +66,7 @@ def test_a_bad_value_stops_with_a_message_naming_the_flag(
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert message in error and "--" in error
+
+
+def test_an_empty_fetch_report_file_turns_the_fetch_figures_off() -> None:
+    assert parse_config(["--fetch-report-file", ""], {}).fetch_report_file is None

@@ -21,6 +21,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from fusebox_contract.names import HeartbeatThread
 from fusebox_contract.stats import CudaMemory, StatsDocument, dumps
+from fusebox_server.fetch.progress import Progress
 from fusebox_sidecar.collectors import SidecarCollector
 from fusebox_sidecar.nvml import NvmlReader
 from fusebox_sidecar.observer import MAX_STATS_BYTES, ServerObserver
@@ -343,3 +344,53 @@ def test_nvml_the_sidecar_cannot_open_warns_once_on_a_pod_whose_server_uses_a_gp
         r for r in caplog.records if r.getMessage() == "GPU metrics measured by the sidecar again"
     ]
     assert len(back) == 1
+
+
+def test_the_model_fetcher_s_report_file_is_exported_with_how_long_it_has_not_moved(
+    tmp_path: Path,
+) -> None:
+    report_path = tmp_path / "model-fetch.json"
+    wall, monotonic = Clock(2e9), Clock(1000.0)
+    observer = ServerObserver(
+        tmp_path / "stats.json",
+        Path("/proc"),
+        NvmlReader(None),
+        wall,
+        monotonic,
+        fetch_report_path=report_path,
+    )
+    registry = _registry(observer)
+    # A local model (or a fetcher not started): no fetch figure, not a fake zero.
+    assert registry.get_sample_value("fusebox_model_fetch_downloaded_bytes") is None
+
+    # The fetcher's own writer, as the init container runs it.
+    fetcher_clock = Clock(0.0)
+    progress = Progress(report_path, None, clock=fetcher_clock)
+    progress.start(4 << 30, files=3, already=1 << 30)
+    written_at = report_path.stat().st_mtime
+    wall.now = written_at + 2
+    assert registry.get_sample_value("fusebox_model_fetch_info", {"reason": "Downloading"}) == 1
+    assert registry.get_sample_value("fusebox_model_fetch_downloaded_bytes") == 1 << 30
+    assert registry.get_sample_value("fusebox_model_fetch_total_bytes") == 4 << 30
+    assert registry.get_sample_value("fusebox_model_fetch_rate_bytes_per_second") is None
+    assert registry.get_sample_value("fusebox_model_fetch_report_age_seconds") == 2
+    assert registry.get_sample_value("fusebox_model_fetch_waiting") == 0
+
+    fetcher_clock.now = 4.0
+    progress.add(1 << 30)  # a second after the last write: written
+    assert registry.get_sample_value("fusebox_model_fetch_downloaded_bytes") == 2 << 30
+    assert registry.get_sample_value("fusebox_model_fetch_rate_bytes_per_second") == (1 << 30) / 4
+
+    # Nothing written for 90 s of the sidecar's clock while the wall clock stepped back:
+    # the download has not moved for that long whatever the file's stamp says.
+    wall.now = report_path.stat().st_mtime - 600
+    assert registry.get_sample_value("fusebox_model_fetch_report_age_seconds") == 0
+    monotonic.now += 90
+    assert registry.get_sample_value("fusebox_model_fetch_report_age_seconds") == 90
+
+    progress.waiting("waiting for another pod's download of this model (shared cache)")
+    assert registry.get_sample_value("fusebox_model_fetch_waiting") == 1
+
+    report_path.write_text("not a report")
+    assert registry.get_sample_value("fusebox_model_fetch_downloaded_bytes") is None
+    assert registry.get_sample_value("fusebox_process_resident_memory_bytes") is None  # no pid
