@@ -63,8 +63,11 @@ FETCH_COMMAND = ["/opt/venv/bin/python", "-m", "fusebox_server.fetch"]
 MODEL_CACHE_VOLUME = "model-cache"
 TERMINATION_LOG = "/dev/termination-log"
 """The kubelet's default terminationMessagePath: the fetcher writes its outcome there."""
-FETCH_RESOURCES = {"cpu": "500m", "memory": "512Mi"}
-"""The fetcher streams 1 MiB chunks and hashes them: it needs little, and no GPU."""
+SIDECAR_RESOURCES = {"cpu": "100m", "memory": "160Mi"}
+FETCH_RESOURCES = {"cpu": "400m", "memory": "512Mi"}
+"""The fetcher streams 1 MiB chunks and hashes them: it needs little, and no GPU. With
+the sidecar that runs beside it, half a core: what the fetcher alone asked before the
+sidecar started first, so no pod asks the scheduler for more than it did."""
 SERVER_CONTAINER = "server"
 SIDECAR_CONTAINER = "sidecar"
 TEMPLATE_HASH_ANNOTATION = "fusebox.dev/pod-template-hash"
@@ -389,9 +392,12 @@ def _fetch_env(model: ModelSpec) -> list[Manifest]:
 def _fetch_container(spec: InferenceServiceSpec, image: str) -> Manifest:
     """The init container that downloads and verifies an s3:// or hf:// model.
 
-    Before the sidecar and the server: neither starts until the model is there,
-    so a failed download is this container's back-off (Init:CrashLoopBackOff,
-    its termination message naming why), never a crash loop of the server.
+    Before the server: it does not start until the model is there, so a failed
+    download is this container's back-off (Init:CrashLoopBackOff, its termination
+    message naming why), never a crash loop of the server. After the sidecar (a
+    native sidecar runs on while later init containers run): the sidecar exports
+    the fetcher's report file, so the operator reads a first download's progress
+    while it runs, not only its outcome.
     """
     return {
         "name": FETCH_CONTAINER,
@@ -428,7 +434,7 @@ def _model_cache_volume(spec: InferenceServiceSpec) -> list[Manifest]:
 
 
 def _sidecar_container(image: str) -> Manifest:
-    resources = {"cpu": "100m", "memory": "160Mi"}
+    resources = SIDECAR_RESOURCES
     return {
         "name": SIDECAR_CONTAINER,
         # A native sidecar (an init container that keeps running): the
@@ -573,7 +579,7 @@ def build_pod_template(
             "fsGroup": NONROOT_UID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "initContainers": [*fetchers, _sidecar_container(image)],
+        "initContainers": [_sidecar_container(image), *fetchers],
         "containers": [_server_container(spec, sizing, image)],
         "volumes": volumes,
         **_placement_fields(spec, placement),

@@ -18,6 +18,23 @@ from fusebox_operator.latency import Buckets
 
 
 @dataclass(frozen=True)
+class FetchProgress:
+    """A download under way as the pod's sidecar exports the fetcher's report file.
+
+    The termination message says how a run ended; this says how the running one
+    goes. `age_seconds`: since the fetcher last wrote (it writes as bytes arrive,
+    so a stalled download's grows); `read_at`: when the operator scraped it.
+    """
+
+    bytes_done: int
+    bytes_total: int | None
+    rate_bytes_per_second: float | None
+    age_seconds: float | None
+    read_at: float
+    waiting: bool = False  # for another pod's download of the same model (a shared cache)
+
+
+@dataclass(frozen=True)
 class FetchState:
     """One pod's model-fetch init container, as the kubelet reports it.
 
@@ -32,6 +49,9 @@ class FetchState:
     report: FetchReport | None
     restarts: int = 0
     exit_message: str = ""  # the termination message when it holds no report (a log tail)
+    # The running download's figures, read through the sidecar this tick (None: not
+    # running, or not read: the sidecar not Ready yet, its scrape failed).
+    live: FetchProgress | None = None
 
 
 def _terminated(state: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
@@ -110,6 +130,18 @@ class PodView:
         still Pending, its server container not started yet: not scrapable.)"""
         return (
             self.phase == "Running"
+            and bool(self.ip)
+            and self.sidecar_ready
+            and not self.terminating
+        )
+
+    @property
+    def downloading(self) -> bool:
+        """Its model fetcher runs and its sidecar (started first) is Ready: a pod whose
+        sidecar can say how the download goes."""
+        return (
+            self.fetch is not None
+            and self.fetch.running
             and bool(self.ip)
             and self.sidecar_ready
             and not self.terminating
@@ -226,6 +258,8 @@ class PodSample:
     # memory from NVML itself (True), or relays the server's figure (False, None).
     rss_measured: bool | None = None
     gpu_memory_measured: bool | None = None
+    # The model fetcher's report, while the pod's sidecar exports one.
+    fetch: FetchProgress | None = None
     error: str = ""
 
     @property

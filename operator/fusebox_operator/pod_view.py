@@ -81,7 +81,7 @@ def pod_view(pod: Json) -> PodView:
         unschedulable=unschedulable,
         unhealthy_gpus=_unhealthy_gpus(server),
         node=str((pod.get("spec") or {}).get("nodeName") or ""),
-        # The fetcher first: while it fails, the sidecar and server never start.
+        # The fetcher first: while it fails, the server never starts.
         failing=_failing([s for s in (fetch, server, sidecar) if s is not None]),
         grace_ends_at=_epoch_seconds(deleting),
         fetch=fetch_state(name, init_statuses) if fetch is not None else None,

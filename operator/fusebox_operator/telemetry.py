@@ -42,7 +42,7 @@ from fusebox_contract.names import (
 )
 from fusebox_contract.wiring import Port
 from fusebox_operator.latency import Buckets
-from fusebox_operator.observations import PodSample, PodView, RequestCounts
+from fusebox_operator.observations import FetchProgress, PodSample, PodView, RequestCounts
 from fusebox_operator.operator_metrics import METRICS, ScrapeErrorKind
 
 Labels = dict[str, str]
@@ -227,6 +227,24 @@ def sample_from_metrics(pod: str, samples: Samples, sampled_at: float, metric: s
         ),
         rss_measured=_measured(samples, MeasuredQuantity.RSS),
         gpu_memory_measured=_measured(samples, MeasuredQuantity.GPU_MEMORY),
+        fetch=_fetch_progress(samples, sampled_at),
+    )
+
+
+def _fetch_progress(samples: Samples, sampled_at: float) -> FetchProgress | None:
+    """The fetcher's report as the sidecar exports it; None without its byte count."""
+    done = _whole(_one(samples, Metric.MODEL_FETCH_DOWNLOADED_BYTES))
+    if done is None or done < 0:
+        return None
+    total = _whole(_one(samples, Metric.MODEL_FETCH_TOTAL_BYTES))
+    rate = _one(samples, Metric.MODEL_FETCH_RATE_BYTES_PER_SECOND)
+    return FetchProgress(
+        bytes_done=done,
+        bytes_total=total if total is not None and total >= 0 else None,
+        rate_bytes_per_second=rate if rate is not None and rate >= 0 else None,
+        age_seconds=_one(samples, Metric.MODEL_FETCH_REPORT_AGE_SECONDS),
+        read_at=sampled_at,
+        waiting=_flag(_one(samples, Metric.MODEL_FETCH_WAITING)) is True,
     )
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from fusebox_contract.names import ConditionType, DegradationTier, Variant
@@ -114,6 +114,9 @@ class TickMemory:
     # (reason, pod) last named unobserved or unreachable: each spell is told once.
     blind: set[tuple[str, str]] = field(default_factory=set)
     reach: dict[str, Misses] = field(default_factory=dict)  # failed admin calls, per pod
+    # When ModelReady last told a download's figures (model_readiness): they are
+    # rewritten at most every PROGRESS_REFRESH_SECONDS.
+    fetch_progress_told_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -393,7 +396,11 @@ async def run_tick(
     state.memory_limit_bytes = sized_limit_bytes(inputs.status)
     targets = scrapable(inputs.pods)
     by_name = {pod.name: pod for pod in targets}
-    samples = {s.pod: s for s in await scrape(targets)}
+    # Pods still downloading their model: only the fetcher's figures are read of them.
+    downloading = [pod for pod in inputs.pods if pod.downloading and pod.name not in by_name]
+    scraped = await scrape([*targets, *downloading])
+    samples = {s.pod: s for s in scraped if s.pod in by_name}
+    live = {s.pod: s.fetch for s in scraped if s.pod not in by_name and s.ok and s.fetch}
 
     rollout = readiness(inputs.pods, samples, state, memory.applied, spec)
     # A pod whose sidecar is briefly unready is not scraped but still exists: its
@@ -525,11 +532,22 @@ async def run_tick(
     new_status["conditions"] = node_condition(
         new_status.get("conditions") or [], memory.node_pressure, inputs.generation, written_at
     )
-    fetches = [p.fetch for p in inputs.pods if p.fetch is not None and not p.terminating]
-    new_status["conditions"], fetch_events = model_ready_conditions(
-        new_status["conditions"], spec, fetches, inputs.generation, written_at
+    fetches = [
+        replace(p.fetch, live=live.get(p.name))
+        for p in inputs.pods
+        if p.fetch is not None and not p.terminating
+    ]
+    model = model_ready_conditions(
+        new_status["conditions"],
+        spec,
+        fetches,
+        inputs.generation,
+        written_at,
+        memory.fetch_progress_told_at,
     )
-    events += fetch_events
+    new_status["conditions"] = model.conditions
+    events += model.events
+    memory.fetch_progress_told_at = model.progress_told_at
     revision = resolved_revision(fetches)
     if revision:
         new_status["modelRevision"] = revision

@@ -78,7 +78,8 @@ def shortfall(allocatable: str, pods: Iterable[Mapping[str, Any]]) -> str | None
 
 def scheduled_cpu_millis(pod: Mapping[str, Any]) -> int:
     """The CPU the scheduler counts for a pod: its pod-level request, else the larger of
-    its containers' sum and its largest init container's (those run one at a time)."""
+    what runs (its containers and its native sidecars) and its init containers' peak
+    (each one with the sidecars started before it: those run on beside it)."""
     spec = pod.get("spec", {})
     pod_level = spec.get("resources", {}).get("requests", {}).get("cpu")
     if pod_level:
@@ -87,8 +88,16 @@ def scheduled_cpu_millis(pod: Mapping[str, Any]) -> int:
     def request(container: Mapping[str, Any]) -> int:
         return cpu_millis(container.get("resources", {}).get("requests", {}).get("cpu", "0"))
 
-    running = sum(request(c) for c in spec.get("containers", []))
-    return max([running, *(request(c) for c in spec.get("initContainers", []))])
+    sidecars = 0
+    init_peak = 0
+    for container in spec.get("initContainers", []):
+        if container.get("restartPolicy") == "Always":
+            sidecars += request(container)
+            init_peak = max(init_peak, sidecars)
+        else:
+            init_peak = max(init_peak, sidecars + request(container))
+    running = sum(request(c) for c in spec.get("containers", [])) + sidecars
+    return max(running, init_peak)
 
 
 def free_cpu_millis(allocatable: str, pods: Iterable[Mapping[str, Any]]) -> int:

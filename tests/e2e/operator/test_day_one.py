@@ -71,7 +71,9 @@ ALERT_TIMINGS = {
 }
 ALERT = "FuseboxMemoryGrowing"
 HUB_REPLICAS = 3
-FETCH_CPU_MILLIS = 500  # what each replica's model-fetch asks (the operator's FETCH_RESOURCES)
+# What each replica asks while it fetches: its model-fetch and the sidecar beside it
+# (the operator's FETCH_RESOURCES and SIDECAR_RESOURCES).
+FETCH_CPU_MILLIS = 500
 
 
 def doc_steps() -> dict[str, str]:

@@ -11,6 +11,7 @@ pipeline would fill its bucket.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -19,16 +20,30 @@ from typing import Any
 
 import pytest
 from minio import Minio
+from prometheus_client.parser import text_string_to_metric_families
 
 from fusebox_contract.model_fetch import FETCH_CONTAINER, SecretKey
 from fusebox_contract.names import ConditionType, EventReason
+from fusebox_contract.wiring import HttpPath, Port
 from fusebox_operator.manifests import SERVER_CONTAINER
 
 from ..conftest import Cluster, local_claim, wait_for
-from .conftest import Service, ServiceFactory, base_spec, chat_reply
+from .conftest import (
+    OPERATOR_IMAGE,
+    Service,
+    ServiceFactory,
+    base_spec,
+    chat_reply,
+)
 
 GATEWAY = "s3"
 GATEWAY_PORT = 7070
+SLOW_STORE = "s3-slow"
+SLOW_BYTES_PER_SECOND = 256 * 1024
+# "pod-x 1.2Mi of 6.1Mi (20%) at 256.0Ki/s": a download under way as ModelReady tells it.
+LIVE_FIGURES = re.compile(
+    r" \d+(\.\d)?(B|Ki|Mi|Gi) of \d+(\.\d)?(Ki|Mi|Gi) \(\d+%\) at \d+(\.\d)?(B|Ki|Mi)/s"
+)
 BUCKET = "models"
 ACCESS_KEY = "fusebox-e2e"
 SECRET_KEY = "fusebox-e2e-secret-key"  # noqa: S105 - a throwaway key of a test server
@@ -155,17 +170,121 @@ def fetch_statuses(service: Service) -> list[dict[str, Any]]:
     ]
 
 
-def test_a_model_from_s3_is_fetched_once_for_two_replicas_and_served(
-    inference_service: ServiceFactory, bucket: str, cache_claim: str
+def sidecar_metrics(cluster: Cluster, pod: dict[str, Any]) -> dict[str, float]:
+    """What a pod's sidecar serves on /metrics (sample name -> value), asked from inside
+    the sidecar: kubectl port-forward refuses a pod still in its init containers."""
+    fetched = cluster.kubectl(
+        "-n", pod["metadata"]["namespace"], "exec", pod["metadata"]["name"], "-c", "sidecar",
+        "--", "/opt/venv/bin/python", "-c",
+        "import urllib.request, sys; sys.stdout.write(urllib.request.urlopen("
+        f"'http://127.0.0.1:{int(Port.METRICS)}{HttpPath.METRICS.value}').read().decode())",
+    )  # fmt: skip
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(fetched.stdout)
+        for sample in family.samples
+    }
+
+
+def slow_store(cluster: Cluster, namespace: str) -> str:
+    """The gateway behind slow_proxy.py (SLOW_BYTES_PER_SECOND for all connections), in a
+    pod of the operator's image; returns the endpoint pods reach it at."""
+    script = (Path(__file__).resolve().parents[1] / "slow_proxy.py").read_text()
+    labels = {"app": SLOW_STORE}
+    manifests: list[dict[str, Any]] = [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": SLOW_STORE, "namespace": namespace},
+            "data": {"slow_proxy.py": script},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": SLOW_STORE, "namespace": namespace, "labels": labels},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "proxy",
+                        "image": OPERATOR_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "command": ["/opt/venv/bin/python", "/proxy/slow_proxy.py"],
+                        "args": [
+                            str(GATEWAY_PORT),
+                            GATEWAY,
+                            str(GATEWAY_PORT),
+                            str(SLOW_BYTES_PER_SECOND),
+                        ],  # fmt: skip
+                        "ports": [{"containerPort": GATEWAY_PORT}],
+                        "readinessProbe": {"tcpSocket": {"port": GATEWAY_PORT}, "periodSeconds": 1},
+                        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+                        "securityContext": RESTRICTED | {"runAsUser": 65532},
+                        "volumeMounts": [{"name": "proxy", "mountPath": "/proxy"}],
+                    }
+                ],
+                "volumes": [{"name": "proxy", "configMap": {"name": SLOW_STORE}}],
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": SLOW_STORE, "namespace": namespace},
+            "spec": {"selector": labels, "ports": [{"port": GATEWAY_PORT}]},
+        },
+    ]
+    for manifest in manifests:
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+    cluster.kubectl(
+        "-n", namespace, "wait", "--for=condition=Ready", f"pod/{SLOW_STORE}", "--timeout=120s"
+    )
+    return f"http://{SLOW_STORE}.{namespace}.svc:{GATEWAY_PORT}"
+
+
+def test_a_model_from_s3_is_told_while_it_downloads_fetched_once_for_two_replicas_and_served(
+    cluster: Cluster,
+    namespace: str,
+    inference_service: ServiceFactory,
+    bucket: str,
+    cache_claim: str,
 ) -> None:
     model = {
         "name": "chat",
         "source": f"s3://{BUCKET}/tiny",
-        "endpoint": bucket,
+        # The store answers at SLOW_BYTES_PER_SECOND: the tiny model takes about 25 s.
+        "endpoint": slow_store(cluster, namespace),
         "credentials": {"secretName": "model-store"},
         "cache": {"claimName": cache_claim},
     }
     service = inference_service("from-s3", base_spec(model=model, replicas=2))
+
+    # While the fetcher runs, its figures come through the pod's sidecar (started before
+    # it), with when they were read.
+    def under_way() -> dict[str, Any] | None:
+        condition = model_ready(service)
+        running = any("running" in s.get("state", {}) for s in fetch_statuses(service))
+        if not (running and condition and condition["reason"] == "Downloading"):
+            return None
+        return condition if LIVE_FIGURES.search(condition["message"]) else None
+
+    told = wait_for(
+        "ModelReady with a download's figures", under_way, timeout=240, diagnose=service.diagnose
+    )
+    assert "(read 20" in told["message"], told  # the time they were read, in UTC
+    print(f"ModelReady while downloading: {told['message']}")
+    # The same figures on the pod's sidecar, as Prometheus scrapes them.
+    exported = [
+        sidecar_metrics(cluster, pod)
+        for pod in service.pods()
+        if any(
+            s["name"] == "sidecar" and "running" in s.get("state", {})
+            for s in pod.get("status", {}).get("initContainerStatuses", [])
+        )
+    ]
+    assert any(
+        m.get("fusebox_model_fetch_downloaded_bytes", 0) > 0
+        and m.get("fusebox_model_fetch_total_bytes", 0) > 0
+        for m in exported
+    ), (exported, told)
 
     def verified() -> dict[str, Any] | None:
         condition = model_ready(service)

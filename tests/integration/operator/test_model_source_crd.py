@@ -123,6 +123,6 @@ def test_the_rendered_children_of_a_fetched_model_pass_the_api_servers_validatio
         d for d in yaml.safe_load_all(rendered.stdout) if d and d["kind"] == "Deployment"
     )
     init = deployment["spec"]["template"]["spec"]["initContainers"]
-    assert init[0]["name"] == "model-fetch"
+    assert [c["name"] for c in init] == ["sidecar", "model-fetch"]
     admitted = dry_run(kubeconfig, yaml.safe_dump(deployment))
     assert admitted.returncode == 0, admitted.stderr

@@ -57,8 +57,9 @@ def test_the_sidecar_is_native_started_before_the_server_and_stopped_after_it(
     # only once its startupProbe passes and stops it only after the server exited.
     pod = deployment_of(example)["spec"]["template"]["spec"]
     assert [c["name"] for c in pod["containers"]] == ["server"]
-    # A fetched model's init container runs to completion first (test_model_fetch_pod).
-    *fetchers, sidecar = pod["initContainers"]
+    # First: a fetched model's init container runs after it, the sidecar exporting its
+    # progress (test_model_fetch_pod).
+    sidecar, *fetchers = pod["initContainers"]
     assert [c["name"] for c in fetchers] in ([], ["model-fetch"])
     assert sidecar["name"] == "sidecar"
     assert sidecar["restartPolicy"] == "Always"

@@ -71,7 +71,8 @@ def volume(pod: dict[str, Any], name: str) -> dict[str, Any]:
 
 def test_an_s3_model_is_fetched_first_into_the_directory_the_server_loads() -> None:
     pod = pod_of({"source": "s3://models/tiny", "endpoint": "http://s3.local:7070"})
-    assert [c["name"] for c in pod["initContainers"]] == [FETCH_CONTAINER, "sidecar"]
+    # The native sidecar first: it runs on beside the fetcher and exports its progress.
+    assert [c["name"] for c in pod["initContainers"]] == ["sidecar", FETCH_CONTAINER]
     fetcher, server = container(pod, FETCH_CONTAINER), container(pod, "server")
     config = fetch_config([], plain_env(fetcher))
     assert config.source == "s3://models/tiny"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from fusebox_contract.model_fetch import FETCH_CONTAINER, FetchReason, FetchReport
@@ -11,7 +12,7 @@ from fusebox_operator.model_readiness import (
     model_ready_conditions,
     resolved_revision,
 )
-from fusebox_operator.observations import FetchState, fetch_state
+from fusebox_operator.observations import FetchProgress, FetchState, fetch_state
 from fusebox_operator.spec import parse_spec
 
 S3 = parse_spec({"model": {"name": "chat", "source": "s3://models/tiny"}})
@@ -99,25 +100,76 @@ def test_a_failure_on_any_pod_outweighs_the_others() -> None:
 def test_a_local_source_has_no_model_ready_condition() -> None:
     conditions = [{"type": ConditionType.MODEL_READY, "status": "True"}]
     assert model_ready(LOCAL, []) is None
-    updated, events = model_ready_conditions(conditions, LOCAL, [], 1, 0.0)
+    updated, events, _ = model_ready_conditions(conditions, LOCAL, [], 1, 0.0)
     assert updated == [] and events == []
 
 
 def test_events_follow_the_reason_once_per_spell() -> None:
     downloading = [FetchState("p-1", True, False, False, None)]
-    conditions, events = model_ready_conditions([], S3, downloading, 1, 0.0)
+    conditions, events, _ = model_ready_conditions([], S3, downloading, 1, 0.0)
     assert [e.reason for e in events] == [EventReason.MODEL_DOWNLOADING]
-    again, events = model_ready_conditions(conditions, S3, downloading, 1, 5.0)
+    again, events, _ = model_ready_conditions(conditions, S3, downloading, 1, 5.0)
     assert events == []
     failed = [FetchState("p-1", False, False, True, FetchReport(FetchReason.DISK_FULL, "full"))]
-    conditions, events = model_ready_conditions(again, S3, failed, 1, 10.0)
+    conditions, events, _ = model_ready_conditions(again, S3, failed, 1, 10.0)
     assert [(e.type, e.reason) for e in events] == [("Warning", EventReason.MODEL_FETCH_FAILED)]
     assert events[0].message.startswith("DiskFull: ")
     done = [FetchState("p-1", False, True, False, verified())]
-    conditions, events = model_ready_conditions(conditions, S3, done, 1, 20.0)
+    conditions, events, _ = model_ready_conditions(conditions, S3, done, 1, 20.0)
     assert [e.reason for e in events] == [EventReason.MODEL_VERIFIED]
     (condition,) = conditions
     assert (condition["status"], condition["reason"]) == ("True", "Verified")
+
+
+def live(done: int, total: int | None, age: float = 0.5, read_at: float = 100.0) -> FetchProgress:
+    return FetchProgress(done, total, 1e8 if done else None, age, read_at)
+
+
+def test_a_running_download_is_told_with_its_live_figures_and_when_they_were_read() -> None:
+    running = FetchState("p-1", True, False, False, None, live=live(GIB, 4 * GIB))
+    unsized = FetchState("p-2", True, False, False, None, live=live(0, None, read_at=90.0))
+    assert model_ready(S3, [running, unsized]) == (
+        False,
+        "Downloading",
+        "s3://models/tiny: p-1 1.0Gi of 4.0Gi (25%) at 95.4Mi/s; p-2 0B so far "
+        "(read 1970-01-01T00:01:40Z)",
+    )
+
+
+def test_a_download_whose_report_has_not_moved_for_thirty_seconds_is_told_as_stalled() -> None:
+    stalled = FetchState("p-1", True, False, False, None, live=live(GIB, 4 * GIB, age=95.0))
+    _, _, message = model_ready(S3, [stalled]) or (None, "", "")
+    assert "p-1 1.0Gi of 4.0Gi (25%), no bytes for 95s" in message, message
+    assert "/s" not in message  # no rate next to a download that does not move
+
+
+def test_the_figures_of_a_fetcher_that_ended_are_not_live_ones() -> None:
+    # The kubelet says the run ended (its report is the termination message): what the
+    # sidecar last exported of it is not a download under way.
+    refused = FetchReport(FetchReason.BAD_CREDENTIALS, "SignatureDoesNotMatch")
+    failed = FetchState("p-1", False, False, True, refused, live=live(GIB, 4 * GIB))
+    assert model_ready(S3, [failed]) == (
+        False,
+        "BadCredentials",
+        "s3://models/tiny: p-1: SignatureDoesNotMatch",
+    )
+
+
+def test_a_download_s_figures_are_rewritten_at_most_every_ten_seconds() -> None:
+    def at(done: int, now: float) -> list[FetchState]:
+        return [FetchState("p-1", True, False, False, None, live=live(done, 4 * GIB, read_at=now))]
+
+    first = model_ready_conditions([], S3, at(GIB, 100.0), 1, 100.0)
+    assert first.progress_told_at == 100.0
+    held = model_ready_conditions(first.conditions, S3, at(2 * GIB, 105.0), 1, 105.0, 100.0)
+    assert held.conditions == first.conditions and held.progress_told_at == 100.0
+    fresh = model_ready_conditions(held.conditions, S3, at(3 * GIB, 110.0), 1, 110.0, 100.0)
+    assert "3.0Gi of 4.0Gi" in fresh.conditions[0]["message"] and fresh.progress_told_at == 110.0
+    # An outcome is told at once, and a later download starts a new clock.
+    done = [FetchState("p-1", False, True, False, verified())]
+    verified_now = model_ready_conditions(fresh.conditions, S3, done, 1, 111.0, 110.0)
+    assert verified_now.conditions[0]["reason"] == "Verified"
+    assert verified_now.progress_told_at is None
 
 
 def test_the_resolved_revision_is_the_one_every_verified_copy_agrees_on() -> None:
@@ -125,3 +177,26 @@ def test_the_resolved_revision_is_the_one_every_verified_copy_agrees_on() -> Non
     other = FetchState("p-2", False, True, False, verified(revision="f" * 40))
     assert resolved_revision([one]) == COMMIT
     assert resolved_revision([one, other]) == ""
+
+
+def test_a_download_s_first_figures_are_told_at_once() -> None:
+    waiting = [FetchState("p-1", False, False, False, None)]  # the fetcher not started
+    first = model_ready_conditions([], S3, waiting, 1, 100.0)
+    assert first.conditions[0]["message"] == "s3://models/tiny: p-1 downloading"
+    assert first.progress_told_at is None
+    running = [FetchState("p-1", True, False, False, None, live=live(GIB, 4 * GIB, read_at=101))]
+    second = model_ready_conditions(first.conditions, S3, running, 1, 101.0)
+    assert "p-1 1.0Gi of 4.0Gi (25%)" in second.conditions[0]["message"]
+    assert second.progress_told_at == 101.0
+
+
+def test_a_pod_waiting_for_another_pod_s_download_is_told_as_waiting_not_as_stalled() -> None:
+    waiter = replace(live(0, None, age=1.0), waiting=True)
+    downloading = FetchState("p-1", True, False, False, None, live=live(GIB, 4 * GIB))
+    waiting = FetchState("p-2", True, False, False, None, live=waiter)
+    _, _, message = model_ready(S3, [downloading, waiting]) or (None, "", "")
+    assert "p-2 waiting for another pod's download (shared cache) (read" in message, message
+    # A waiter whose report stopped moving (it rewrites it every 2 s while it waits).
+    silent = FetchState("p-2", True, False, False, None, live=replace(waiter, age_seconds=40.0))
+    _, _, message = model_ready(S3, [silent]) or (None, "", "")
+    assert "p-2 waiting for another pod's download (shared cache), no word for 40s" in message

@@ -175,7 +175,7 @@ def test_the_model_fetchers_report_is_read_from_its_termination_message() -> Non
     )
     view = view_of(fetching)
     assert view.fetch is not None and view.fetch.failed and view.fetch.report == refused
-    # Its failure is the pod's: the sidecar and the server never start behind it.
+    # Its failure is the pod's: the server never starts behind it.
     assert view.failing.startswith(f"{FETCH_CONTAINER} exited 1: Error")
     assert view_of(pod(sidecar_ready=True)).fetch is None  # a local source has no fetcher
 
@@ -192,3 +192,30 @@ def test_a_fetcher_retrying_after_a_failure_still_carries_that_failure() -> None
     view = view_of(retrying)
     assert view.fetch is not None and view.fetch.running and view.fetch.failed
     assert view.fetch.report == refused
+
+
+def test_a_pending_pod_whose_sidecar_is_ready_beside_a_running_fetcher_is_downloading() -> None:
+    running = V1ContainerStatus(
+        name=FETCH_CONTAINER,
+        image="i",
+        image_id="",
+        ready=False,
+        restart_count=0,
+        state=V1ContainerState(running=V1ContainerStateRunning()),
+    )
+
+    def pending(sidecar_ready: bool, ip: str = "10.0.0.9") -> V1Pod:
+        return V1Pod(
+            metadata=V1ObjectMeta(name="p", uid="u"),
+            status=V1PodStatus(
+                phase="Pending",
+                pod_ip=ip,
+                init_container_statuses=[status(SIDECAR_CONTAINER, ready=sidecar_ready), running],
+            ),
+        )
+
+    view = view_of(pending(sidecar_ready=True))
+    assert view.downloading and not view.scrapable  # its fetch figures only
+    assert not view_of(pending(sidecar_ready=False)).downloading
+    assert not view_of(pending(sidecar_ready=True, ip="")).downloading
+    assert not view_of(pod(sidecar_ready=True)).downloading  # no fetcher

@@ -7,6 +7,7 @@ counter samples, `_created` companions), with the contract's metric names.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import aiohttp
 import pytest
@@ -14,7 +15,7 @@ from aiohttp import web
 
 from fusebox_contract.metrics import QUANTITY_LABEL, MeasuredQuantity, Metric
 from fusebox_contract.names import BreakerState, Variant
-from fusebox_operator.observations import PodSample, PodView, RequestCounts
+from fusebox_operator.observations import FetchProgress, PodSample, PodView, RequestCounts
 from fusebox_operator.operator_metrics import METRICS, OperatorMetric, ScrapeErrorKind
 from fusebox_operator.telemetry import (
     ParseError,
@@ -255,3 +256,34 @@ def test_one_sidecar_answering_malformed_values_fails_alone() -> None:
     assert not garbled.ok and garbled.error.startswith("UnicodeDecodeError")
     assert good.ok and good.rss_bytes == 846204928
     assert _bad_metrics() == before + 1
+
+
+def test_the_fetcher_s_figures_the_sidecar_exports_are_read_with_when_they_were_read() -> None:
+    from prometheus_client import generate_latest
+    from prometheus_client.registry import Collector, CollectorRegistry
+
+    from fusebox_contract.model_fetch import FetchReason, FetchReport
+    from fusebox_sidecar.collectors import FetchReading, fetch_families
+
+    report = FetchReport(FetchReason.DOWNLOADING, "", 3 << 30, 8 << 30, 5e7)
+
+    class Fetching(Collector):
+        def collect(self) -> Any:
+            yield from fetch_families(FetchReading(report, written_at=990.0), now_seconds=1000.0)
+
+    registry = CollectorRegistry()
+    registry.register(Fetching())
+    text = generate_latest(registry).decode()
+    sample = sample_from_metrics("p", parse_metrics(text), 1001.0, "ttft")
+    assert sample.fetch == FetchProgress(3 << 30, 8 << 30, 5e7, 10.0, 1001.0)
+    # Without a report file the sidecar exports none of it, and nothing is made up.
+    assert sample_from_metrics("p", parse_metrics(TEXT), 1001.0, "ttft").fetch is None
+    unsized = parse_metrics(f"{Metric.MODEL_FETCH_DOWNLOADED_BYTES} 0\n")
+    assert sample_from_metrics("p", unsized, 5.0, "ttft").fetch == FetchProgress(
+        0, None, None, None, 5.0
+    )
+    waiting = parse_metrics(
+        f"{Metric.MODEL_FETCH_DOWNLOADED_BYTES} 0\n{Metric.MODEL_FETCH_WAITING} 1\n"
+    )
+    fetch = sample_from_metrics("p", waiting, 5.0, "ttft").fetch
+    assert fetch is not None and fetch.waiting

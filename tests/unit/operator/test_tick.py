@@ -11,7 +11,7 @@ from fusebox_contract.model_fetch import FetchReason, FetchReport
 from fusebox_contract.names import BreakerState, EventReason, Variant
 from fusebox_operator.actuator import ActionResult, RuntimeCall, RuntimeTarget
 from fusebox_operator.node_pressure import KubeletPressure
-from fusebox_operator.observations import FetchState, PodSample, PodView
+from fusebox_operator.observations import FetchProgress, FetchState, PodSample, PodView
 from fusebox_operator.policy_state import Action, ActionKind, Ladder, PolicyState
 from fusebox_operator.rollout import Degradation
 from fusebox_operator.spec import InferenceServiceSpec, parse_spec
@@ -539,6 +539,57 @@ def test_the_tick_shows_the_model_download_and_the_commit_it_was_verified_at() -
     assert EventReason.MODEL_VERIFIED in [e.reason for e in second.events]
     gone = run(hub, merged({}, second.status_patch), [], memory, now=T0 + 4)
     assert gone.status_patch["modelRevision"] is None  # no pod holds a copy any more
+
+
+def test_a_first_download_s_figures_are_read_through_the_sidecar_and_told_every_ten_s() -> None:
+    bucket = parse_spec({"model": {"name": "chat", "source": "s3://models/chat"}})
+    # Pending: the native sidecar (started before the fetcher) is Ready, the server not.
+    state = FetchState("a", running=True, succeeded=False, failed=False, report=None)
+    waiting = replace(pod("a", ready=False), phase="Pending", server_started=False, fetch=state)
+    scraped: list[list[str]] = []
+
+    def tick(done: int, now: float, status: dict[str, Any], memory: TickMemory) -> TickOutcome:
+        progress = FetchProgress(done, 4 * GIB, 1e8, 0.5, now)
+
+        async def scrape(targets: Sequence[PodView]) -> list[PodSample]:
+            scraped.append([p.name for p in targets])
+            # What else the sidecar exports (a node's memory) is no sample of a serving pod.
+            return [PodSample(p.name, now, node_available_bytes=GIB, fetch=progress)
+                    for p in targets]  # fmt: skip
+
+        inputs = TickInputs("ns", "svc", bucket, status, [waiting], "token", 1)
+        return asyncio.run(run_tick(inputs, memory, scrape, IdleActuator(), lambda: now))
+
+    memory = TickMemory()
+    first = tick(GIB, T0, {}, memory)
+    assert scraped == [["a"]]
+    assert first.samples == []  # the policy saw no pod: nothing of it is served yet
+    model = next(c for c in first.status_patch["conditions"] if c["type"] == "ModelReady")
+    assert model["reason"] == "Downloading"
+    assert model["message"] == (
+        f"s3://models/chat: a 1.0Gi of 4.0Gi (25%) at 95.4Mi/s (read {iso(T0)})"
+    )
+    # Four seconds on: the same message (the figures it holds say when they were read).
+    status = merged({}, first.status_patch)
+    soon = tick(2 * GIB, T0 + 4, status, memory)
+    assert soon.status_patch == {}
+    later = tick(3 * GIB, T0 + 10, status, memory)
+    model = next(c for c in later.status_patch["conditions"] if c["type"] == "ModelReady")
+    assert "a 3.0Gi of 4.0Gi (75%)" in model["message"], model
+    assert f"(read {iso(T0 + 10)})" in model["message"], model
+    assert [e.reason for e in later.events] == []  # one ModelDownloading per spell
+
+    # A sidecar not Ready yet is not asked: the download is told without figures.
+    unready = replace(waiting, sidecar_ready=False)
+    inputs = TickInputs("ns", "svc", bucket, {}, [unready], "token", 1)
+
+    async def no_scrape(targets: Sequence[PodView]) -> list[PodSample]:
+        assert not targets
+        return []
+
+    out = asyncio.run(run_tick(inputs, TickMemory(), no_scrape, IdleActuator(), lambda: T0))
+    model = next(c for c in out.status_patch["conditions"] if c["type"] == "ModelReady")
+    assert model["message"] == "s3://models/chat: a downloading"
 
 
 def test_an_s3_copy_is_named_by_its_etags_digest_and_no_revision_is_claimed() -> None:

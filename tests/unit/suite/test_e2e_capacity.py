@@ -80,6 +80,19 @@ def test_the_scheduler_counts_an_init_container_only_when_it_asks_more_than_the_
     assert capacity.scheduled_cpu_millis(pod("team", "1", pod_level="1500m")) == 1500
 
 
+def test_a_native_sidecar_counts_while_the_server_runs_and_beside_later_init_containers() -> None:
+    sidecar = {"restartPolicy": "Always", "resources": {"requests": {"cpu": "100m"}}}
+    fetch = {"resources": {"requests": {"cpu": "400m"}}}
+    fetching = pod("team", "200m")
+    fetching["spec"]["initContainers"] = [sidecar, fetch]
+    assert capacity.scheduled_cpu_millis(fetching) == 500  # the fetch with the sidecar
+    fetching["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "500m"
+    assert capacity.scheduled_cpu_millis(fetching) == 600  # the server with the sidecar
+    # An init container before the sidecar runs alone.
+    fetching["spec"]["initContainers"] = [{"resources": {"requests": {"cpu": "900m"}}}, sidecar]
+    assert capacity.scheduled_cpu_millis(fetching) == 900
+
+
 def test_free_cpu_counts_terminating_pods_and_not_finished_ones() -> None:
     pods = [pod("a", "600m"), pod("b", "300m", phase="Succeeded"), pod("c", "0.5")]
     pods[2]["metadata"]["deletionTimestamp"] = "2026-12-05T15:00:00Z"  # still holds its CPU
