@@ -330,6 +330,7 @@ def ready_explanation(
     unschedulable: Mapping[str, str],
     failing: Mapping[str, str],
     breaker_sent: bool = True,
+    starting: Mapping[str, str] | None = None,
 ) -> tuple[bool | None, str, str]:
     """Ready's status, reason and message: what keeps the service from serving, by name.
 
@@ -343,6 +344,8 @@ def ready_explanation(
     kubelet's own words rather than counted as "not ready".
     `breaker_sent`: False while holding (Observe, pause-actions): the breaker's
     state never reached the pods, so an open one refuses nothing.
+    `starting`: pod -> what it does before it can serve (its model downloading), told
+    with PodsNotReady so the message says what is being waited for.
     """
     serving = seen.serving
     counted = f"{serving}/{desired_pods} pods serving"
@@ -357,7 +360,8 @@ def ready_explanation(
         return False, EventReason.PODS_FAILING, f"{counted}; {pods_note(failing, 'failing')}"
     cause = service_reason([v for v in seen.verdicts if v.reason is not NOT_READY])
     if cause is None:
-        return False, "PodsNotReady", counted
+        note = f"; {pods_note(starting, 'starting')}" if starting else ""
+        return False, "PodsNotReady", counted + note
     known = serving + seen.unobserved < desired_pods or not cause.unobserved
     return (False if known else None), cause.value, f"{counted}; {not_serving_note(seen)}"
 
@@ -527,6 +531,7 @@ def build_status(
     unschedulable: Mapping[str, str] | None = None,
     failing: Mapping[str, str] | None = None,
     holding: bool = False,
+    starting: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The whole telemetry-owned status, from the policy state and this scrape.
 
@@ -535,6 +540,7 @@ def build_status(
     `desired_pods`: the count the Deployment is set to run; None means `spec.replicas`.
     `unschedulable`: pod -> the scheduler's message, for pods it cannot place;
     `failing`: pod -> the container the kubelet cannot run, and why.
+    `starting`: pod -> what a pod not ready yet is doing (its model downloading).
     `holding`: the tick sent nothing to the pods (Observe, pause-actions): the
     breaker is what the operator would hold (status.breaker, the BREAKER column),
     and Ready and Available say what the pods do, which is not to refuse for it.
@@ -542,7 +548,7 @@ def build_status(
     desired_pods = spec.replicas if desired_pods is None else desired_pods
     conditions: list[dict[str, Any]] = list(previous.get("conditions") or [])
     ready, ready_reason, ready_message = ready_explanation(
-        state, seen, desired_pods, unschedulable or {}, failing or {}, not holding
+        state, seen, desired_pods, unschedulable or {}, failing or {}, not holding, starting or {}
     )
     conditions = set_condition(
         conditions, ConditionType.READY, ready, ready_reason, ready_message, generation, now

@@ -303,6 +303,20 @@ def _leaving(pod: PodView, now: float) -> bool:
     return pod.grace_ends_at is None or now < pod.grace_ends_at + STUCK_TERMINATING_SECONDS
 
 
+def fetching(pods: Sequence[PodView]) -> dict[str, str]:
+    """Pods that cannot serve yet because their model is still being fetched: what Ready
+    waits for, pointing at ModelReady for the figures or the failure."""
+    return {
+        pod.name: (
+            "its model download failed, retried (ModelReady)"
+            if pod.fetch.failed
+            else "its model downloading (ModelReady)"
+        )
+        for pod in pods
+        if pod.fetch is not None and not pod.fetch.succeeded and not pod.terminating
+    }
+
+
 def crash_looping(pod: PodView) -> bool:
     """The server is failing and not running (waiting out a back-off)."""
     return bool(pod.failing) and not pod.server_started
@@ -512,6 +526,7 @@ async def run_tick(
         unschedulable=unplaced(inputs.pods, now),
         failing={p.name: p.failing for p in inputs.pods if p.failing and not p.terminating},
         holding=holding,
+        starting=fetching(inputs.pods),
     )
     events += stuck_pod_events(inputs.status, new_status)
     new_status["mode"] = spec.mode.value  # the mode this tick ran in

@@ -258,13 +258,17 @@ def test_a_model_from_s3_is_told_while_it_downloads_fetched_once_for_two_replica
     service = inference_service("from-s3", base_spec(model=model, replicas=2))
 
     # While the fetcher runs, its figures come through the pod's sidecar (started before
-    # it), with when they were read.
+    # it), with when they were read; Ready says what it waits for.
     def under_way() -> dict[str, Any] | None:
-        condition = model_ready(service)
+        conditions = {c["type"]: c for c in service.status().get("conditions") or []}
+        condition = conditions.get(ConditionType.MODEL_READY)
+        ready = conditions.get(ConditionType.READY) or {}
         running = any("running" in s.get("state", {}) for s in fetch_statuses(service))
         if not (running and condition and condition["reason"] == "Downloading"):
             return None
-        return condition if LIVE_FIGURES.search(condition["message"]) else None
+        figures = LIVE_FIGURES.search(condition["message"])
+        waits = "its model downloading (ModelReady)" in ready.get("message", "")
+        return condition if figures and waits else None
 
     told = wait_for(
         "ModelReady with a download's figures", under_way, timeout=240, diagnose=service.diagnose

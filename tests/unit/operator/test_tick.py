@@ -569,6 +569,12 @@ def test_a_first_download_s_figures_are_read_through_the_sidecar_and_told_every_
     assert model["message"] == (
         f"s3://models/chat: a 1.0Gi of 4.0Gi (25%) at 95.4Mi/s (read {iso(T0)})"
     )
+    # Ready says what it waits for.
+    ready = next(c for c in first.status_patch["conditions"] if c["type"] == "Ready")
+    assert (ready["reason"], ready["message"]) == (
+        "PodsNotReady",
+        "0/1 pods serving; a starting: its model downloading (ModelReady)",
+    )
     # Four seconds on: the same message (the figures it holds say when they were read).
     status = merged({}, first.status_patch)
     soon = tick(2 * GIB, T0 + 4, status, memory)
