@@ -9,7 +9,8 @@ and the environment names from here, so neither side spells them alone.
 
 `parse` never raises: a termination message comes from another process and may
 be a log tail (a fetcher killed before it wrote its report) or cut by the
-kubelet at 4096 bytes. Stdlib only.
+kubelet at 4096 bytes; the report file, read by the sidecar, may hold anything.
+Stdlib only.
 """
 
 from __future__ import annotations
@@ -118,8 +119,12 @@ class FetchReport:
         return json.dumps(body, sort_keys=True, ensure_ascii=False)
 
 
+MAX_BYTES: Final = 2**63 - 1
+"""No model is larger: a figure beyond it is not a measurement (and would overflow a float)."""
+
+
 def _int(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BYTES:
         return None
     return value
 
@@ -134,7 +139,7 @@ def parse(text: str) -> FetchReport | None:
     """The report in a termination message or report file; None if it holds none."""
     try:
         body = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
         return None
     if not isinstance(body, Mapping):
         return None

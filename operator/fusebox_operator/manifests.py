@@ -468,7 +468,8 @@ def _sidecar_container(image: str) -> Manifest:
             "periodSeconds": 5,
             "timeoutSeconds": 2,
         },
-        # The server container starts once this passes: the sidecar listens.
+        # The containers after it (a model's fetcher, then the server) start once this
+        # passes: the sidecar listens.
         "startupProbe": {
             "tcpSocket": {"port": "metrics"},
             "periodSeconds": 1,

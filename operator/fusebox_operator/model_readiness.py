@@ -20,11 +20,12 @@ every pod that runs the service has its verified copy.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from fusebox_contract.model_fetch import FetchReason, FetchReport
 from fusebox_contract.names import ConditionType, EventReason
-from fusebox_operator.observations import FetchProgress, FetchState
+from fusebox_operator.observations import FetchProgress, FetchState, PodSample, PodView
 from fusebox_operator.spec import InferenceServiceSpec
 from fusebox_operator.status import (
     EventRecord,
@@ -39,6 +40,8 @@ MAX_PODS_NAMED = 3
 NO_PODS = "NoPods"
 PROGRESS_REFRESH_SECONDS = 10.0
 """A download's figures in ModelReady are rewritten at most this often."""
+FIGURES_KEPT_SECONDS = 20.0
+"""A pod's last figures stand in for this long when its sidecar's scrape fails."""
 STALLED_SECONDS = 30.0
 """A fetcher that has written no report for this long is told as stalled: it writes
 at least every second while bytes arrive, and every 2 s while it waits for another
@@ -54,13 +57,17 @@ def _rate(report: FetchReport) -> str:
 def _figures(done: int, total: int | None) -> str:
     if total is None:
         return f"{human_bytes(done)} so far"
-    share = f" ({100 * done / total:.0f}%)" if total > 0 else ""
+    share = f" ({100.0 * float(done) / float(total):.0f}%)" if total > 0 else ""
     return f"{human_bytes(done)} of {human_bytes(total)}{share}"
+
+
+def _stalled(progress: FetchProgress) -> bool:
+    return progress.age_seconds is not None and progress.age_seconds >= STALLED_SECONDS
 
 
 def _live(progress: FetchProgress) -> str:
     age = progress.age_seconds
-    stalled = age is not None and age >= STALLED_SECONDS
+    stalled = _stalled(progress)
     if progress.waiting:
         text = "waiting for another pod's download (shared cache)"
         return f"{text}, no word for {human_seconds(age)}" if stalled else text
@@ -72,9 +79,35 @@ def _live(progress: FetchProgress) -> str:
     return text
 
 
+def _shown_live(state: FetchState) -> FetchProgress | None:
+    """The figures told for a pod: those of a fetcher the kubelet says runs."""
+    return state.live if state.running else None
+
+
+def _kind(state: FetchState) -> str:
+    """What a pod's part of a Downloading message says, without its figures."""
+    live = _shown_live(state)
+    if live is None:
+        return "report" if state.report is not None and state.report.bytes_total else "none"
+    return ("waiting " if live.waiting else "") + ("stalled" if _stalled(live) else "moving")
+
+
+def download_shape(spec: InferenceServiceSpec, states: Sequence[FetchState]) -> tuple[str, ...]:
+    """What a Downloading message says, figures aside: the source, and each pod named with
+    the kind of its part. Figures alone moving may wait for the next refresh; a new
+    shape (a pod gone or come, a download stalled or waiting) is told at once."""
+    named = [s for s in states if not s.succeeded]
+    return (
+        spec.model.source_text,
+        *(f"{s.pod} {_kind(s)}" for s in named[:MAX_PODS_NAMED]),
+        str(len(named)),
+    )
+
+
 def _progress(state: FetchState) -> str:
-    if state.running and state.live is not None:
-        return _live(state.live)
+    live = _shown_live(state)
+    if live is not None:
+        return _live(live)
     report = state.report
     if report is None or report.bytes_total is None:
         return "downloading"
@@ -109,8 +142,9 @@ def model_ready(
     waiting = [s for s in states if not s.succeeded]
     if waiting:
         text = _named(waiting, lambda s: f"{s.pod} {_progress(s)}")
-        read = [s.live.read_at for s in waiting if s.running and s.live is not None]
-        when = f" (read {iso(max(read))})" if read else ""
+        # The oldest read: every figure shown is at least that fresh.
+        read = [live.read_at for s in waiting if (live := _shown_live(s)) is not None]
+        when = f" (read {iso(min(read))})" if read else ""
         return False, FetchReason.DOWNLOADING.value, f"{source}: {text}{when}"
     if not states:
         return False, NO_PODS, f"{source}: no pod has started its download yet"
@@ -138,11 +172,39 @@ def resolved_revision(states: Sequence[FetchState]) -> str:
     return revisions.pop() if len(revisions) == 1 else ""
 
 
+def fetch_figures(
+    pods: Sequence[PodView],
+    samples: Sequence[PodSample],
+    kept: Mapping[str, FetchProgress],
+    now: float,
+) -> dict[str, FetchProgress]:
+    """Each pod's figures of the download its fetcher runs: this tick's scrape of its
+    sidecar, else the last ones read within FIGURES_KEPT_SECONDS (one failed scrape
+    does not make the message lose them and come back, a status write each time; the
+    message's read time is its oldest figure's)."""
+    running = {p.name for p in pods if p.fetch is not None and p.fetch.running}
+    fresh = {s.pod: s.fetch for s in samples if s.ok and s.fetch is not None and s.pod in running}
+    older = {
+        pod: figures
+        for pod, figures in kept.items()
+        if pod in running and pod not in fresh and now - figures.read_at <= FIGURES_KEPT_SECONDS
+    }
+    return older | fresh
+
+
+@dataclass(frozen=True)
+class ProgressTold:
+    """What ModelReady last told of a download under way: when, and its shape."""
+
+    at: float
+    shape: tuple[str, ...]
+
+
 class ModelReadiness(NamedTuple):
     conditions: list[dict[str, Any]]
     events: list[EventRecord]
-    # When ModelReady last got a download's figures; None when none is under way.
-    progress_told_at: float | None = None
+    # What ModelReady last told of a download's figures; None when none is under way.
+    progress_told: ProgressTold | None = None
 
 
 def model_ready_conditions(
@@ -151,16 +213,15 @@ def model_ready_conditions(
     states: Sequence[FetchState],
     generation: int,
     now: float,
-    progress_told_at: float | None = None,
+    progress_told: ProgressTold | None = None,
 ) -> ModelReadiness:
     """The conditions with ModelReady set (or dropped for a local source), and an event
     when its reason changes: ModelDownloading, ModelVerified, or ModelFetchFailed
     (a Warning) naming the failure, once per spell.
 
-    `progress_told_at`: when the figures of a download under way were last told (the
-    previous call's answer). Sooner than PROGRESS_REFRESH_SECONDS after it, a
-    Downloading message with new figures is kept as it was: it says when its
-    figures were read.
+    `progress_told`: the previous call's answer. Sooner than PROGRESS_REFRESH_SECONDS
+    after it, a Downloading message of the same shape (download_shape) whose figures
+    moved is kept as it was: it says when its figures were read.
     """
     verdict = model_ready(spec, states)
     if verdict is None:
@@ -168,27 +229,27 @@ def model_ready_conditions(
     status, reason, message = verdict
     before = next((c for c in conditions if c.get("type") == ConditionType.MODEL_READY), None)
     downloading = reason == FetchReason.DOWNLOADING
-    # Only figures read this tick are held back: a download's first figures, and any
-    # change of what is known without them, are told at once.
-    figures = downloading and any(s.running and s.live is not None for s in states)
-    told_at = now if figures else None
+    figures = downloading and any(_shown_live(s) is not None for s in states)
+    told = ProgressTold(now, download_shape(spec, states)) if figures else None
     if (
-        figures
+        told is not None
+        and progress_told is not None
         and before is not None
         and before.get("reason") == reason
-        and progress_told_at is not None
-        and 0 <= now - progress_told_at < PROGRESS_REFRESH_SECONDS
+        and before.get("observedGeneration") == generation
+        and progress_told.shape == told.shape
+        and 0 <= now - progress_told.at < PROGRESS_REFRESH_SECONDS
     ):
-        message, told_at = str(before.get("message") or message), progress_told_at
+        message, told = str(before.get("message") or message), progress_told
     updated = set_condition(
         conditions, ConditionType.MODEL_READY, status, reason, message, generation, now
     )
     if (before is not None and before.get("reason") == reason) or reason == NO_PODS:
-        return ModelReadiness(updated, [], told_at)
+        return ModelReadiness(updated, [], told)
     if downloading:
         event = EventRecord("Normal", EventReason.MODEL_DOWNLOADING, message)
     elif reason == FetchReason.VERIFIED:
         event = EventRecord("Normal", EventReason.MODEL_VERIFIED, message)
     else:
         event = EventRecord("Warning", EventReason.MODEL_FETCH_FAILED, f"{reason}: {message}")
-    return ModelReadiness(updated, [event], told_at)
+    return ModelReadiness(updated, [event], told)

@@ -33,6 +33,7 @@ from fusebox_contract.metrics import (
     MemoryStall,
     Metric,
 )
+from fusebox_contract.model_fetch import MAX_BYTES
 from fusebox_contract.names import (
     BreakerState,
     HeartbeatThread,
@@ -231,17 +232,23 @@ def sample_from_metrics(pod: str, samples: Samples, sampled_at: float, metric: s
     )
 
 
+def _byte_count(value: float | None) -> int | None:
+    """A count of bytes a model can have; anything else (negative, beyond MAX_BYTES)
+    is not a measurement."""
+    count = _whole(value)
+    return count if count is not None and 0 <= count <= MAX_BYTES else None
+
+
 def _fetch_progress(samples: Samples, sampled_at: float) -> FetchProgress | None:
     """The fetcher's report as the sidecar exports it; None without its byte count."""
-    done = _whole(_one(samples, Metric.MODEL_FETCH_DOWNLOADED_BYTES))
-    if done is None or done < 0:
+    done = _byte_count(_one(samples, Metric.MODEL_FETCH_DOWNLOADED_BYTES))
+    if done is None:
         return None
-    total = _whole(_one(samples, Metric.MODEL_FETCH_TOTAL_BYTES))
     rate = _one(samples, Metric.MODEL_FETCH_RATE_BYTES_PER_SECOND)
     return FetchProgress(
         bytes_done=done,
-        bytes_total=total if total is not None and total >= 0 else None,
-        rate_bytes_per_second=rate if rate is not None and rate >= 0 else None,
+        bytes_total=_byte_count(_one(samples, Metric.MODEL_FETCH_TOTAL_BYTES)),
+        rate_bytes_per_second=rate if rate is not None and 0 <= rate <= MAX_BYTES else None,
         age_seconds=_one(samples, Metric.MODEL_FETCH_REPORT_AGE_SECONDS),
         read_at=sampled_at,
         waiting=_flag(_one(samples, Metric.MODEL_FETCH_WAITING)) is True,

@@ -33,14 +33,19 @@ from fusebox_operator.autoscaling import (
 )
 from fusebox_operator.gpu_health import drain_actions, gpu_condition
 from fusebox_operator.incident import hold_tier, incident_step, parse_controls, was_paused
-from fusebox_operator.model_readiness import model_ready_conditions, resolved_revision
+from fusebox_operator.model_readiness import (
+    ProgressTold,
+    fetch_figures,
+    model_ready_conditions,
+    resolved_revision,
+)
 from fusebox_operator.node_pressure import (
     KubeletPressure,
     NodePressure,
     node_condition,
     relieve_nodes,
 )
-from fusebox_operator.observations import PodSample, PodView
+from fusebox_operator.observations import FetchProgress, PodSample, PodView
 from fusebox_operator.observe_mode import NOT_ACTED, after_observing, observed
 from fusebox_operator.pod_view import current_count
 from fusebox_operator.policy import admit_percent, decide
@@ -114,9 +119,10 @@ class TickMemory:
     # (reason, pod) last named unobserved or unreachable: each spell is told once.
     blind: set[tuple[str, str]] = field(default_factory=set)
     reach: dict[str, Misses] = field(default_factory=dict)  # failed admin calls, per pod
-    # When ModelReady last told a download's figures (model_readiness): they are
-    # rewritten at most every PROGRESS_REFRESH_SECONDS.
-    fetch_progress_told_at: float | None = None
+    # What ModelReady last told of a download's figures, and each downloading pod's
+    # last figures (model_readiness): rewritten at most every PROGRESS_REFRESH_SECONDS.
+    fetch_progress_told: ProgressTold | None = None
+    fetch_figures: dict[str, FetchProgress] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -414,7 +420,7 @@ async def run_tick(
     downloading = [pod for pod in inputs.pods if pod.downloading and pod.name not in by_name]
     scraped = await scrape([*targets, *downloading])
     samples = {s.pod: s for s in scraped if s.pod in by_name}
-    live = {s.pod: s.fetch for s in scraped if s.pod not in by_name and s.ok and s.fetch}
+    memory.fetch_figures = fetch_figures(inputs.pods, scraped, memory.fetch_figures, now)
 
     rollout = readiness(inputs.pods, samples, state, memory.applied, spec)
     # A pod whose sidecar is briefly unready is not scraped but still exists: its
@@ -548,7 +554,7 @@ async def run_tick(
         new_status.get("conditions") or [], memory.node_pressure, inputs.generation, written_at
     )
     fetches = [
-        replace(p.fetch, live=live.get(p.name))
+        replace(p.fetch, live=memory.fetch_figures.get(p.name))
         for p in inputs.pods
         if p.fetch is not None and not p.terminating
     ]
@@ -558,11 +564,11 @@ async def run_tick(
         fetches,
         inputs.generation,
         written_at,
-        memory.fetch_progress_told_at,
+        memory.fetch_progress_told,
     )
     new_status["conditions"] = model.conditions
     events += model.events
-    memory.fetch_progress_told_at = model.progress_told_at
+    memory.fetch_progress_told = model.progress_told
     revision = resolved_revision(fetches)
     if revision:
         new_status["modelRevision"] = revision

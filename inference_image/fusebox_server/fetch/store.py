@@ -67,8 +67,10 @@ def check_relative(path: str) -> str:
     return "/".join(parts)
 
 
-def digest_file(path: Path, algorithm: str) -> str:
-    """The file's digest; "git-sha1" is git's blob hash, as the hub lists small files."""
+def digest_file(path: Path, algorithm: str, working: Callable[[], None] = lambda: None) -> str:
+    """The file's digest; "git-sha1" is git's blob hash, as the hub lists small files.
+    `working` is called at each chunk: hashing a multi-GB shard takes tens of seconds,
+    and the report must not look like a stalled download meanwhile."""
     size = path.stat().st_size
     hasher = hashlib.sha1() if algorithm == "git-sha1" else hashlib.new(algorithm)
     if algorithm == "git-sha1":
@@ -76,10 +78,11 @@ def digest_file(path: Path, algorithm: str) -> str:
     with path.open("rb") as handle:
         while chunk := handle.read(CHUNK_BYTES):
             hasher.update(chunk)
+            working()
     return hasher.hexdigest()
 
 
-def verify(path: Path, remote: RemoteFile) -> None:
+def verify(path: Path, remote: RemoteFile, working: Callable[[], None] = lambda: None) -> None:
     """Refuse bytes that are not the source's: the size, then every digest it gave."""
     size = path.stat().st_size
     if size != remote.size:
@@ -88,7 +91,7 @@ def verify(path: Path, remote: RemoteFile) -> None:
             f"{remote.path}: {size} bytes downloaded, the source lists {remote.size}",
         )
     for algorithm, expected in sorted(remote.digests.items()):
-        actual = digest_file(path, algorithm)
+        actual = digest_file(path, algorithm, working)
         if actual != expected.lower():
             raise FetchError(
                 FetchReason.HASH_MISMATCH,
@@ -193,7 +196,8 @@ class ModelStore:
     def write_part(
         self, remote: RemoteFile, chunks: Iterable[bytes], offset: int, added: Callable[[int], None]
     ) -> None:
-        """Append the chunks to the part file from `offset`, then verify and rename it."""
+        """Append the chunks to the part file from `offset`, then verify and rename it.
+        `added` is told each chunk's bytes, and 0 at each chunk hashed."""
         part = self.part_path(remote)
         try:
             part.parent.mkdir(parents=True, exist_ok=True)
@@ -207,7 +211,7 @@ class ModelStore:
         except OSError as error:
             raise disk_error(error, part) from None
         try:
-            verify(part, remote)
+            verify(part, remote, lambda: added(0))  # no bytes, but the report stays fresh
         except FetchError:
             part.unlink(missing_ok=True)  # the next run starts this file again
             raise

@@ -22,6 +22,7 @@ import pytest
 from minio import Minio
 from prometheus_client.parser import text_string_to_metric_families
 
+from fusebox_contract.metrics import Metric
 from fusebox_contract.model_fetch import FETCH_CONTAINER, SecretKey
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_contract.wiring import HttpPath, Port
@@ -39,8 +40,8 @@ from .conftest import (
 GATEWAY = "s3"
 GATEWAY_PORT = 7070
 SLOW_STORE = "s3-slow"
-SLOW_BYTES_PER_SECOND = 256 * 1024
-# "pod-x 1.2Mi of 6.1Mi (20%) at 256.0Ki/s": a download under way as ModelReady tells it.
+SLOW_BYTES_PER_SECOND = 128 * 1024
+# "pod-x 1.2Mi of 6.1Mi (20%) at 128.0Ki/s": a download under way as ModelReady tells it.
 LIVE_FIGURES = re.compile(
     r" \d+(\.\d)?(B|Ki|Mi|Gi) of \d+(\.\d)?(Ki|Mi|Gi) \(\d+%\) at \d+(\.\d)?(B|Ki|Mi)/s"
 )
@@ -170,20 +171,38 @@ def fetch_statuses(service: Service) -> list[dict[str, Any]]:
     ]
 
 
-def sidecar_metrics(cluster: Cluster, pod: dict[str, Any]) -> dict[str, float]:
-    """What a pod's sidecar serves on /metrics (sample name -> value), asked from inside
-    the sidecar: kubectl port-forward refuses a pod still in its init containers."""
+Sample = tuple[str, dict[str, str], float]
+
+
+def sidecars_up(service: Service) -> list[dict[str, Any]]:
+    """The service's pods whose native sidecar runs."""
+    return [
+        pod
+        for pod in service.pods()
+        if any(
+            s["name"] == "sidecar" and "running" in s.get("state", {})
+            for s in pod.get("status", {}).get("initContainerStatuses", [])
+        )
+    ]
+
+
+def sidecar_metrics(cluster: Cluster, pod: dict[str, Any]) -> list[Sample]:
+    """What a pod's sidecar serves on /metrics, asked from inside the sidecar: kubectl
+    port-forward refuses a pod still in its init containers."""
     fetched = cluster.kubectl(
         "-n", pod["metadata"]["namespace"], "exec", pod["metadata"]["name"], "-c", "sidecar",
         "--", "/opt/venv/bin/python", "-c",
         "import urllib.request, sys; sys.stdout.write(urllib.request.urlopen("
         f"'http://127.0.0.1:{int(Port.METRICS)}{HttpPath.METRICS.value}').read().decode())",
+        check=False,
     )  # fmt: skip
-    return {
-        sample.name: sample.value
+    if fetched.returncode != 0:
+        return []  # the pod moved on (its sidecar restarted, the pod deleted): ask again
+    return [
+        (sample.name, dict(sample.labels), sample.value)
         for family in text_string_to_metric_families(fetched.stdout)
         for sample in family.samples
-    }
+    ]
 
 
 def slow_store(cluster: Cluster, namespace: str) -> str:
@@ -250,7 +269,7 @@ def test_a_model_from_s3_is_told_while_it_downloads_fetched_once_for_two_replica
     model = {
         "name": "chat",
         "source": f"s3://{BUCKET}/tiny",
-        # The store answers at SLOW_BYTES_PER_SECOND: the tiny model takes about 25 s.
+        # The store answers at SLOW_BYTES_PER_SECOND: the tiny model takes about 50 s.
         "endpoint": slow_store(cluster, namespace),
         "credentials": {"secretName": "model-store"},
         "cache": {"claimName": cache_claim},
@@ -258,8 +277,10 @@ def test_a_model_from_s3_is_told_while_it_downloads_fetched_once_for_two_replica
     service = inference_service("from-s3", base_spec(model=model, replicas=2))
 
     # While the fetcher runs, its figures come through the pod's sidecar (started before
-    # it), with when they were read; Ready says what it waits for.
-    def under_way() -> dict[str, Any] | None:
+    # it), with when they were read; Ready says what it waits for; and the sidecar
+    # serves them to Prometheus (read from inside it: port-forward refuses a pod still
+    # in its init containers).
+    def under_way() -> tuple[dict[str, Any], list[Sample]] | None:
         conditions = {c["type"]: c for c in service.status().get("conditions") or []}
         condition = conditions.get(ConditionType.MODEL_READY)
         ready = conditions.get(ConditionType.READY) or {}
@@ -268,27 +289,24 @@ def test_a_model_from_s3_is_told_while_it_downloads_fetched_once_for_two_replica
             return None
         figures = LIVE_FIGURES.search(condition["message"])
         waits = "its model downloading (ModelReady)" in ready.get("message", "")
-        return condition if figures and waits else None
+        if not (figures and waits):
+            return None
+        exported = [s for pod in sidecars_up(service) for s in sidecar_metrics(cluster, pod)]
+        downloading = any(
+            name == Metric.MODEL_FETCH_INFO and labels.get("reason") == "Downloading"
+            for name, labels, _ in exported
+        )
+        moved = any(
+            name == Metric.MODEL_FETCH_DOWNLOADED_BYTES and value > 0 for name, _, value in exported
+        )
+        return (condition, exported) if downloading and moved else None
 
-    told = wait_for(
+    told, exported = wait_for(
         "ModelReady with a download's figures", under_way, timeout=240, diagnose=service.diagnose
     )
     assert "(read 20" in told["message"], told  # the time they were read, in UTC
     print(f"ModelReady while downloading: {told['message']}")
-    # The same figures on the pod's sidecar, as Prometheus scrapes them.
-    exported = [
-        sidecar_metrics(cluster, pod)
-        for pod in service.pods()
-        if any(
-            s["name"] == "sidecar" and "running" in s.get("state", {})
-            for s in pod.get("status", {}).get("initContainerStatuses", [])
-        )
-    ]
-    assert any(
-        m.get("fusebox_model_fetch_downloaded_bytes", 0) > 0
-        and m.get("fusebox_model_fetch_total_bytes", 0) > 0
-        for m in exported
-    ), (exported, told)
+    assert any(name == Metric.MODEL_FETCH_TOTAL_BYTES for name, _, _ in exported), exported
 
     def verified() -> dict[str, Any] | None:
         condition = model_ready(service)

@@ -173,6 +173,22 @@ CASES: dict[str, list[tuple[list[dict[str, str]], str, bool]]] = {
     "FuseboxStatsInvalid": [
         ([series(Metric.STATS_VALID, "1 0x7")], "7m", True),
         ([series(Metric.STATS_VALID, "0 0 1 0 0 1 0 0")], "7m", False),
+        (  # a long model download: the sidecar runs before the server exists
+            [
+                series(Metric.STATS_VALID, "0x7"),
+                series(Metric.MODEL_FETCH_INFO, "1x7", f'{POD},reason="Downloading"'),
+            ],
+            "7m",
+            False,
+        ),
+        (  # the model is there and the server still writes no stats file
+            [
+                series(Metric.STATS_VALID, "0x7"),
+                series(Metric.MODEL_FETCH_INFO, "1x7", f'{POD},reason="Verified"'),
+            ],
+            "7m",
+            True,
+        ),
     ],
     "FuseboxScrapeDown": [
         ([series("up", "1 0x7", f'{POD},job="{JOB}"')], "7m", True),

@@ -8,11 +8,18 @@ from typing import Any
 from fusebox_contract.model_fetch import FETCH_CONTAINER, FetchReason, FetchReport
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator.model_readiness import (
+    fetch_figures,
     model_ready,
     model_ready_conditions,
     resolved_revision,
 )
-from fusebox_operator.observations import FetchProgress, FetchState, fetch_state
+from fusebox_operator.observations import (
+    FetchProgress,
+    FetchState,
+    PodSample,
+    PodView,
+    fetch_state,
+)
 from fusebox_operator.spec import parse_spec
 
 S3 = parse_spec({"model": {"name": "chat", "source": "s3://models/tiny"}})
@@ -121,6 +128,10 @@ def test_events_follow_the_reason_once_per_spell() -> None:
     assert (condition["status"], condition["reason"]) == ("True", "Verified")
 
 
+def pod_view(name: str) -> PodView:
+    return PodView(name, f"uid-{name}", "10.0.0.9", "Pending", False, True, False, 0, False, False)
+
+
 def live(done: int, total: int | None, age: float = 0.5, read_at: float = 100.0) -> FetchProgress:
     return FetchProgress(done, total, 1e8 if done else None, age, read_at)
 
@@ -132,7 +143,7 @@ def test_a_running_download_is_told_with_its_live_figures_and_when_they_were_rea
         False,
         "Downloading",
         "s3://models/tiny: p-1 1.0Gi of 4.0Gi (25%) at 95.4Mi/s; p-2 0B so far "
-        "(read 1970-01-01T00:01:40Z)",
+        "(read 1970-01-01T00:01:30Z)",  # the older read: every figure is that fresh
     )
 
 
@@ -143,33 +154,65 @@ def test_a_download_whose_report_has_not_moved_for_thirty_seconds_is_told_as_sta
     assert "/s" not in message  # no rate next to a download that does not move
 
 
-def test_the_figures_of_a_fetcher_that_ended_are_not_live_ones() -> None:
-    # The kubelet says the run ended (its report is the termination message): what the
-    # sidecar last exported of it is not a download under way.
-    refused = FetchReport(FetchReason.BAD_CREDENTIALS, "SignatureDoesNotMatch")
-    failed = FetchState("p-1", False, False, True, refused, live=live(GIB, 4 * GIB))
-    assert model_ready(S3, [failed]) == (
-        False,
-        "BadCredentials",
-        "s3://models/tiny: p-1: SignatureDoesNotMatch",
-    )
+def test_figures_are_told_only_of_a_fetcher_the_kubelet_says_runs() -> None:
+    # The run ended (its termination message is being written) or has not started: what
+    # the sidecar last exported of it is not a download under way.
+    ended = FetchState("p-1", False, False, False, None, live=live(GIB, 4 * GIB))
+    assert model_ready(S3, [ended]) == (False, "Downloading", "s3://models/tiny: p-1 downloading")
 
 
 def test_a_download_s_figures_are_rewritten_at_most_every_ten_seconds() -> None:
-    def at(done: int, now: float) -> list[FetchState]:
-        return [FetchState("p-1", True, False, False, None, live=live(done, 4 * GIB, read_at=now))]
+    def at(done: int, now: float, *pods: str) -> list[FetchState]:
+        return [
+            FetchState(pod, True, False, False, None, live=live(done, 4 * GIB, read_at=now))
+            for pod in pods or ("p-1",)
+        ]
 
     first = model_ready_conditions([], S3, at(GIB, 100.0), 1, 100.0)
-    assert first.progress_told_at == 100.0
-    held = model_ready_conditions(first.conditions, S3, at(2 * GIB, 105.0), 1, 105.0, 100.0)
-    assert held.conditions == first.conditions and held.progress_told_at == 100.0
-    fresh = model_ready_conditions(held.conditions, S3, at(3 * GIB, 110.0), 1, 110.0, 100.0)
-    assert "3.0Gi of 4.0Gi" in fresh.conditions[0]["message"] and fresh.progress_told_at == 110.0
+    assert first.progress_told is not None and first.progress_told.at == 100.0
+    told = first.progress_told
+    held = model_ready_conditions(first.conditions, S3, at(2 * GIB, 105.0), 1, 105.0, told)
+    assert held.conditions == first.conditions and held.progress_told == told
+    fresh = model_ready_conditions(held.conditions, S3, at(3 * GIB, 110.0), 1, 110.0, told)
+    assert "3.0Gi of 4.0Gi" in fresh.conditions[0]["message"]
+    assert fresh.progress_told is not None and fresh.progress_told.at == 110.0
+    # A change other than the figures is told at once: a pod came, one stalled, the
+    # spec was edited.
+    came = model_ready_conditions(
+        fresh.conditions, S3, at(3 * GIB, 111.0, "p-1", "p-2"), 1, 111.0, fresh.progress_told
+    )
+    assert "p-2" in came.conditions[0]["message"]
+    slow = [FetchState("p-1", True, False, False, None, live=live(GIB, 4 * GIB, age=31.0))]
+    stalled = model_ready_conditions(fresh.conditions, S3, slow, 1, 111.0, fresh.progress_told)
+    assert "no bytes for 31s" in stalled.conditions[0]["message"]
+    edited = model_ready_conditions(
+        fresh.conditions, S3, at(3 * GIB + 1, 111.0), 2, 111.0, fresh.progress_told
+    )
+    assert "(read 1970-01-01T00:01:51Z)" in edited.conditions[0]["message"]
     # An outcome is told at once, and a later download starts a new clock.
     done = [FetchState("p-1", False, True, False, verified())]
-    verified_now = model_ready_conditions(fresh.conditions, S3, done, 1, 111.0, 110.0)
+    verified_now = model_ready_conditions(fresh.conditions, S3, done, 1, 111.0, told)
     assert verified_now.conditions[0]["reason"] == "Verified"
-    assert verified_now.progress_told_at is None
+    assert verified_now.progress_told is None
+
+
+def test_a_pod_s_last_figures_stand_in_for_a_failed_scrape_for_twenty_seconds() -> None:
+    running = FetchState("p-1", True, False, False, None)
+    pods = [replace(pod_view("p-1"), fetch=running), replace(pod_view("p-2"), fetch=running)]
+    kept = {"p-1": live(GIB, 4 * GIB, read_at=100.0), "p-2": live(GIB, 4 * GIB, read_at=85.0)}
+    failed = [PodSample("p-1", 110.0, ok=False), PodSample("p-2", 110.0, ok=False)]
+    assert fetch_figures(pods, failed, kept, 110.0) == {"p-1": kept["p-1"]}  # p-2's too old
+    fresh = live(2 * GIB, 4 * GIB, read_at=110.0)
+    answered = [PodSample("p-1", 110.0, fetch=fresh)]
+    assert fetch_figures(pods, answered, kept, 110.0) == {"p-1": fresh}
+    # A fetcher that ended keeps no figures; a pod the kubelet runs (Running, its init
+    # containers run again) is read like any other.
+    done = [replace(pods[0], fetch=replace(running, running=False, succeeded=True))]
+    assert fetch_figures(done, answered, kept, 110.0) == {}
+    # The message tells the oldest figure's read time.
+    states = [replace(running, live=kept["p-1"]), replace(running, pod="p-2", live=fresh)]
+    _, _, message = model_ready(S3, states) or (None, "", "")
+    assert message.endswith("(read 1970-01-01T00:01:40Z)"), message
 
 
 def test_the_resolved_revision_is_the_one_every_verified_copy_agrees_on() -> None:
@@ -183,11 +226,11 @@ def test_a_download_s_first_figures_are_told_at_once() -> None:
     waiting = [FetchState("p-1", False, False, False, None)]  # the fetcher not started
     first = model_ready_conditions([], S3, waiting, 1, 100.0)
     assert first.conditions[0]["message"] == "s3://models/tiny: p-1 downloading"
-    assert first.progress_told_at is None
+    assert first.progress_told is None
     running = [FetchState("p-1", True, False, False, None, live=live(GIB, 4 * GIB, read_at=101))]
     second = model_ready_conditions(first.conditions, S3, running, 1, 101.0)
     assert "p-1 1.0Gi of 4.0Gi (25%)" in second.conditions[0]["message"]
-    assert second.progress_told_at == 101.0
+    assert second.progress_told is not None and second.progress_told.at == 101.0
 
 
 def test_a_pod_waiting_for_another_pod_s_download_is_told_as_waiting_not_as_stalled() -> None:

@@ -287,3 +287,12 @@ def test_the_fetcher_s_figures_the_sidecar_exports_are_read_with_when_they_were_
     )
     fetch = sample_from_metrics("p", waiting, 5.0, "ttft").fetch
     assert fetch is not None and fetch.waiting
+
+
+@pytest.mark.parametrize("value", ["1e308", "-5", "NaN", "+Inf", "9.3e18"])
+def test_fetch_figures_no_model_can_have_are_not_measured(value: str) -> None:
+    text = f"{Metric.MODEL_FETCH_DOWNLOADED_BYTES} {value}\n{Metric.MODEL_FETCH_TOTAL_BYTES} 10\n"
+    assert sample_from_metrics("p", parse_metrics(text), 1.0, "ttft").fetch is None
+    beyond = f"{Metric.MODEL_FETCH_DOWNLOADED_BYTES} 5\n{Metric.MODEL_FETCH_TOTAL_BYTES} {value}\n"
+    fetch = sample_from_metrics("p", parse_metrics(beyond), 1.0, "ttft").fetch
+    assert fetch is not None and fetch.bytes_total is None

@@ -193,7 +193,7 @@ def test_a_part_file_is_resumed_verified_and_renamed(tmp_path: Path) -> None:
     added: list[int] = []
     store.write_part(listed, iter([DATA[3:]]), offset, added.append)
     assert (store.model_dir / listed.path).read_bytes() == DATA
-    assert not part.exists() and added == [3]
+    assert not part.exists() and added == [3, 0]  # 3 bytes, then one chunk hashed
 
 
 def test_a_part_longer_than_the_object_is_started_again(tmp_path: Path) -> None:
@@ -315,3 +315,21 @@ def test_a_fetcher_waiting_for_another_pod_s_download_says_so_at_each_look(
     assert parse('{"reason": "Downloading", "message": ""}') == FetchReport(
         FetchReason.DOWNLOADING, ""
     )
+
+
+def test_a_report_file_holding_anything_parses_to_a_report_or_none() -> None:
+    assert parse("[" * 100_000 + "]" * 100_000) is None  # deeper than the parser goes
+    huge = parse('{"reason": "Downloading", "message": "", "bytes_done": ' + "9" * 400 + "}")
+    assert huge == FetchReport(FetchReason.DOWNLOADING, "")  # no figure beyond any model
+
+
+def test_hashing_a_downloaded_file_keeps_the_report_fresh(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "m")
+    told: list[int] = []
+    data = b"x" * (3 * 1024 * 1024 + 5)
+    listed = RemoteFile("w.bin", len(data), "k", {"sha256": hashlib.sha256(data).hexdigest()})
+    store.write_part(listed, iter([data]), 0, told.append)
+    # The bytes once, then a word at each chunk hashed: a multi-GB shard takes tens of
+    # seconds to hash, and its report must not look like a stalled download.
+    assert told[0] == len(data) and told[1:] and set(told[1:]) == {0}
+    assert (tmp_path / "m" / "w.bin").read_bytes() == data

@@ -394,3 +394,18 @@ def test_the_model_fetcher_s_report_file_is_exported_with_how_long_it_has_not_mo
     report_path.write_text("not a report")
     assert registry.get_sample_value("fusebox_model_fetch_downloaded_bytes") is None
     assert registry.get_sample_value("fusebox_process_resident_memory_bytes") is None  # no pid
+
+
+def test_a_report_file_no_fetcher_wrote_never_breaks_a_scrape(tmp_path: Path) -> None:
+    report_path = tmp_path / "model-fetch.json"
+    observer = ServerObserver(
+        tmp_path / "stats.json", Path("/proc"), NvmlReader(None), fetch_report_path=report_path
+    )
+    registry = _registry(observer)
+    for text in (
+        "[" * 100_000,
+        '{"reason": "Downloading", "message": "", "bytes_done": ' + "9" * 400 + "}",
+    ):
+        report_path.write_text(text)
+        generate_latest(registry)  # a scrape answers
+    assert registry.get_sample_value("fusebox_model_fetch_downloaded_bytes") == 0
