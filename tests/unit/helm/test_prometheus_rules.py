@@ -74,6 +74,14 @@ def latency(within: str, count: str) -> list[dict[str, str]]:
     ]
 
 
+def fetch_report(age: str, reason: str) -> list[dict[str, str]]:
+    """A pod's model fetch report as its sidecar exports it: its age and its reason."""
+    return [
+        series(Metric.MODEL_FETCH_REPORT_AGE_SECONDS, age),
+        series(Metric.MODEL_FETCH_INFO, "1x7", f'{POD},reason="{reason}"'),
+    ]
+
+
 # Per alert: (input series, evaluation time, fires?). Samples are a minute apart.
 CASES: dict[str, list[tuple[list[dict[str, str]], str, bool]]] = {
     "FuseboxBreakerOpen": [
@@ -189,6 +197,15 @@ CASES: dict[str, list[tuple[list[dict[str, str]], str, bool]]] = {
             "7m",
             True,
         ),
+    ],
+    "FuseboxModelDownloadStalled": [
+        (fetch_report("130+60x7", "Downloading"), "5m", True),  # no bytes since before 0m
+        (fetch_report("2x7", "Downloading"), "5m", False),  # bytes keep arriving
+        # Bytes again after three minutes without: the wait starts over.
+        (fetch_report("130 190 250 2 2 62 122 182", "Downloading"), "7m", False),
+        # The fetcher ended: a verified report only ages, a failed one is ModelReady's.
+        (fetch_report("130+60x7", "Verified"), "5m", False),
+        (fetch_report("130+60x7", "SourceUnreachable"), "5m", False),
     ],
     "FuseboxScrapeDown": [
         ([series("up", "1 0x7", f'{POD},job="{JOB}"')], "7m", True),
