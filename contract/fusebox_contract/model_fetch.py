@@ -54,6 +54,9 @@ class FetchEnv(enum.StrEnum):
     MODEL_DIR = "FUSEBOX_FETCH_MODEL_DIR"  # where the verified copy ends up (the server's)
     REPORT_FILE = "FUSEBOX_FETCH_REPORT_FILE"
     TERMINATION_LOG = "FUSEBOX_FETCH_TERMINATION_LOG"
+    # The emptyDir cache's sizeLimit in bytes (absent on a claim): the kubelet evicts a
+    # pod past it, and the node's free space the fetcher sees says nothing of it.
+    CACHE_SIZE_LIMIT_BYTES = "FUSEBOX_FETCH_CACHE_SIZE_LIMIT_BYTES"
     S3_ENDPOINT = "FUSEBOX_FETCH_S3_ENDPOINT"  # host[:port] or http(s)://host[:port]
     S3_REGION = "FUSEBOX_FETCH_S3_REGION"
     S3_ACCESS_KEY = "AWS_ACCESS_KEY_ID"

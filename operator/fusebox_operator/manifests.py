@@ -369,6 +369,10 @@ def _fetch_env(model: ModelSpec) -> list[Manifest]:
         ("HF_HOME", "/tmp/huggingface"),
         ("HF_HUB_DISABLE_TELEMETRY", "1"),
     ]
+    if not fetch.cache_claim:
+        # The kubelet evicts a pod whose emptyDir outgrows its sizeLimit, and the free
+        # space the fetcher sees is the node's: it refuses a larger model by this.
+        values.append((FetchEnv.CACHE_SIZE_LIMIT_BYTES, str(fetch.cache_size_bytes)))
     if model.source.scheme == "s3":
         values += [(FetchEnv.S3_ENDPOINT, fetch.endpoint), (FetchEnv.S3_REGION, fetch.region)]
     else:

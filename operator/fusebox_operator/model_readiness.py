@@ -121,6 +121,13 @@ def _named(states: Sequence[FetchState], describe: Any) -> str:
 
 
 def _failure(state: FetchState) -> tuple[str, str]:
+    if state.cannot_start:
+        # The fetcher's only Secret references are the credentials' keys.
+        credentials = "CreateContainerConfigError" in state.cannot_start and (
+            "Secret" in state.cannot_start or "secret" in state.cannot_start
+        )
+        reason = FetchReason.BAD_CREDENTIALS if credentials else FetchReason.FAILED
+        return reason.value, f"{state.pod}: its fetcher cannot start: {state.cannot_start}"
     if state.report is not None and state.report.reason.failed:
         return state.report.reason.value, f"{state.pod}: {state.report.message}"
     why = state.exit_message or "exited without a report"

@@ -16,6 +16,18 @@ from fusebox_contract.model_fetch import FETCH_CONTAINER, FetchReport, parse
 from fusebox_contract.names import BreakerState, Variant
 from fusebox_operator.latency import Buckets
 
+# The kubelet's waiting reasons of a container it cannot create or start: a missing
+# Secret or key, an image it cannot pull. Waiting does not clear them.
+CANNOT_START_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
 
 @dataclass(frozen=True)
 class FetchProgress:
@@ -49,6 +61,9 @@ class FetchState:
     report: FetchReport | None
     restarts: int = 0
     exit_message: str = ""  # the termination message when it holds no report (a log tail)
+    # Why the kubelet cannot start it ("" when it can): its waiting reason and words, as
+    # "CreateContainerConfigError: couldn't find key token in Secret team-a/hub".
+    cannot_start: str = ""
     # The running download's figures, read through the sidecar this tick (None: not
     # running, or not read: the sidecar not Ready yet, its scrape failed).
     live: FetchProgress | None = None
@@ -72,9 +87,16 @@ def fetch_state(pod: str, init_statuses: Sequence[Mapping[str, Any]]) -> FetchSt
     text = str((ended or {}).get("message") or "")
     report = parse(text) if text else None
     succeeded = now is not None and now.get("exitCode") == 0
+    waiting = state.get("waiting") or {}
+    cannot_start = ""
+    if waiting.get("reason") in CANNOT_START_REASONS:
+        said = str(waiting.get("message") or "").strip()[-300:]
+        cannot_start = f"{waiting['reason']}" + (f": {said}" if said else "")
     # A retry of a failed run is still that failure until one succeeds: otherwise a
     # refused token would flap between its name and Downloading on every back-off.
-    failed = not succeeded and ended is not None and ended.get("exitCode") != 0
+    failed = bool(cannot_start) or (
+        not succeeded and ended is not None and ended.get("exitCode") != 0
+    )
     return FetchState(
         pod=pod,
         running="running" in state,
@@ -83,6 +105,7 @@ def fetch_state(pod: str, init_statuses: Sequence[Mapping[str, Any]]) -> FetchSt
         report=report,
         restarts=int(status.get("restartCount") or 0),
         exit_message="" if report is not None else text.strip()[-300:],
+        cannot_start=cannot_start,
     )
 
 
@@ -117,6 +140,12 @@ class PodView:
     def instance(self) -> str:
         """This run of the server container: a restarted container starts from defaults."""
         return f"{self.uid}/{self.server_restarts}"
+
+    @property
+    def ended(self) -> bool:
+        """Evicted or finished (phase Failed or Succeeded): the API keeps the pod until
+        someone deletes it, but nothing of it runs again."""
+        return self.phase in ("Succeeded", "Failed")
 
     @property
     def serving(self) -> bool:

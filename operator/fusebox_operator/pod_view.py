@@ -17,23 +17,13 @@ from typing import Any
 from fusebox_contract.model_fetch import FETCH_CONTAINER
 from fusebox_contract.wiring import GPU_RESOURCE, DeviceHealth
 from fusebox_operator.manifests import SERVER_CONTAINER, SIDECAR_CONTAINER
-from fusebox_operator.observations import PodView, fetch_state
+from fusebox_operator.observations import CANNOT_START_REASONS, PodView, fetch_state
 
 Json = Mapping[str, Any]
 
 # The kubelet's waiting reasons that do not clear by waiting (ContainerCreating and
 # PodInitializing do): a user must see them on the service, not only on the pod.
-FAILING_WAIT_REASONS = frozenset(
-    {
-        "CrashLoopBackOff",
-        "ErrImagePull",
-        "ImagePullBackOff",
-        "InvalidImageName",
-        "CreateContainerConfigError",
-        "CreateContainerError",
-        "RunContainerError",
-    }
-)
+FAILING_WAIT_REASONS = CANNOT_START_REASONS | {"CrashLoopBackOff"}
 FAILING_TEXT_CHARS = 160
 # The label a Deployment puts on its ReplicaSets' pods, which ends each ReplicaSet's name.
 TEMPLATE_HASH_LABEL = "pod-template-hash"
@@ -117,9 +107,7 @@ def controlling_deployment(pod: Json) -> str:
 def current_count(pods: Sequence[PodView]) -> int:
     """Pods that exist and are not on their way out, ready or not (a Deployment's
     status.replicas): an evicted or finished pod no longer counts."""
-    return sum(
-        1 for pod in pods if not pod.terminating and pod.phase not in ("Succeeded", "Failed")
-    )
+    return sum(1 for pod in pods if not pod.terminating and not pod.ended)
 
 
 def _ended(status: Json, which: str) -> Json | None:

@@ -102,7 +102,15 @@ _QUANTITY_FACTORS = {
 }
 # A Secret's or a claim's name: a DNS subdomain (at most 253 characters), "" for none.
 OBJECT_NAME_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$"
-ENDPOINT_PATTERN = r"^(https?://)?[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[^ \t\n\r\f\v]*)?$"
+# host[:port][/path]; the port a TCP port (at most 65535), so no client refuses it later.
+ENDPOINT_PATTERN = (
+    r"^(https?://)?[A-Za-z0-9.-]+"
+    r"(:([0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?"
+    r"(/[^ \t\n\r\f\v]*)?$"
+)
+# An S3 endpoint is a host: S3 clients address buckets at its root (a path is refused
+# by the fetcher's client), so at most a trailing "/".
+S3_ENDPOINT_WITH_PATH_PATTERN = r"^(https?://)?[A-Za-z0-9.-]+(:[0-9]+)?/.+$"
 FETCHED_SCHEMES = ("s3", "hf")
 """Sources an init container downloads into the pod's model cache (fusebox_server.fetch)."""
 _S3_SOURCE = re.compile(S3_SOURCE_PATTERN)
@@ -679,7 +687,8 @@ def _parse_model_fetch(
     endpoint = _string(raw, "model.endpoint", schema)
     if endpoint and _ENDPOINT.fullmatch(endpoint) is None:
         raise SpecError(
-            f"model.endpoint {endpoint!r} must be host[:port] or http(s)://host[:port][/path]"
+            f"model.endpoint {endpoint!r} must be host[:port] or http(s)://host[:port][/path], "
+            "the port at most 65535"
         )
     region = _string(raw, "model.region", schema)
     secret_name = _object_name(credentials, "model.credentials.secretName", schema)
@@ -705,6 +714,11 @@ def _parse_model_fetch(
         return None
     if region and source.scheme != "s3":
         raise SpecError("model.region applies to s3:// sources only")
+    if source.scheme == "s3" and re.fullmatch(S3_ENDPOINT_WITH_PATH_PATTERN, endpoint):
+        raise SpecError(
+            f"model.endpoint {endpoint!r} of an s3:// source is host[:port] or "
+            "http(s)://host[:port], without a path (buckets are addressed at its root)"
+        )
     if size_bytes <= 0:
         raise SpecError("model.cache.sizeLimit must be above zero")
     return ModelFetchSpec(endpoint, region, secret_name, claim, size_bytes)

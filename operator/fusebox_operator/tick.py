@@ -45,7 +45,7 @@ from fusebox_operator.node_pressure import (
     node_condition,
     relieve_nodes,
 )
-from fusebox_operator.observations import FetchProgress, PodSample, PodView
+from fusebox_operator.observations import FetchProgress, FetchState, PodSample, PodView
 from fusebox_operator.observe_mode import NOT_ACTED, after_observing, observed
 from fusebox_operator.pod_view import current_count
 from fusebox_operator.policy import admit_percent, decide
@@ -313,14 +313,24 @@ def fetching(pods: Sequence[PodView]) -> dict[str, str]:
     """Pods that cannot serve yet because their model is still being fetched: what Ready
     waits for, pointing at ModelReady for the figures or the failure."""
     return {
-        pod.name: (
-            "its model download failed, retried (ModelReady)"
-            if pod.fetch.failed
-            else "its model downloading (ModelReady)"
-        )
+        pod.fetch.pod: _fetch_words(pod.fetch)
         for pod in pods
-        if pod.fetch is not None and not pod.fetch.succeeded and not pod.terminating
+        if pod.fetch is not None and not pod.fetch.succeeded and _fetch_counts(pod)
     }
+
+
+def _fetch_words(fetch: FetchState) -> str:
+    if fetch.cannot_start:
+        return "its model fetcher cannot start (ModelReady)"
+    if fetch.failed:
+        return "its model download failed, retried (ModelReady)"
+    return "its model downloading (ModelReady)"
+
+
+def _fetch_counts(pod: PodView) -> bool:
+    """A pod whose fetch ModelReady tells: not on its way out, not evicted (an evicted
+    pod stays in the API with its fetcher's last failure until someone deletes it)."""
+    return not pod.terminating and not pod.ended
 
 
 def crash_looping(pod: PodView) -> bool:
@@ -556,7 +566,7 @@ async def run_tick(
     fetches = [
         replace(p.fetch, live=memory.fetch_figures.get(p.name))
         for p in inputs.pods
-        if p.fetch is not None and not p.terminating
+        if p.fetch is not None and _fetch_counts(p)
     ]
     model = model_ready_conditions(
         new_status["conditions"],

@@ -567,6 +567,56 @@ def test_a_revision_on_an_s3_source_is_refused_by_a_rule_with_the_parsers_messag
     parse_spec({"model": {**MODEL, "source": "s3://models/tiny", "revision": default}})
 
 
+
+@pytest.mark.parametrize(
+    ("endpoint", "admitted"),
+    [
+        ("127.0.0.1:7070", True),
+        ("http://s3.lab:65535", True),
+        ("https://s3.lab/", True),
+        ("s3.lab:65536", False),
+        ("http://s3.lab:99999", False),
+    ],
+)
+def test_an_endpoint_port_beyond_65535_is_refused_as_the_parser_does(
+    endpoint: str, admitted: bool
+) -> None:
+    assert (re.search(spec_module.ENDPOINT_PATTERN, endpoint) is not None) is admitted
+    raw = {"model": {**MODEL, "source": "s3://models/tiny", "endpoint": endpoint}}
+    if admitted:
+        parse_spec(raw)
+    else:
+        with pytest.raises(SpecError, match="65535"):
+            parse_spec(raw)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "source", "admitted"),
+    [
+        ("https://s3.example.com/minio", "s3://models/tiny", False),
+        ("s3.lab:9000/x", "s3://models/tiny", False),
+        ("http://s3.lab:9000/", "s3://models/tiny", True),
+        ("http://s3.lab:9000", "s3://models/tiny", True),
+        ("https://hub.lab/mirror", "hf://org/repo", True),  # a hub mirror may sit under a path
+    ],
+)
+def test_an_s3_endpoint_with_a_path_is_refused_by_a_rule_with_the_parsers_message(
+    endpoint: str, source: str, admitted: bool
+) -> None:
+    model = SPEC_SCHEMA["properties"]["model"]
+    [rule] = [r for r in model["x-kubernetes-validations"] if "self.endpoint.matches" in r["rule"]]
+    assert f"matches('{spec_module.S3_ENDPOINT_WITH_PATH_PATTERN}')" in rule["rule"]
+    with_path = re.search(spec_module.S3_ENDPOINT_WITH_PATH_PATTERN, endpoint) is not None
+    assert (not (source.startswith("s3://") and with_path)) is admitted
+    raw = {"model": {**MODEL, "source": source, "endpoint": endpoint}}
+    if admitted:
+        parse_spec(raw)
+        return
+    with pytest.raises(SpecError) as refused:
+        parse_spec(raw)
+    assert rule["message"] == str(refused.value).replace(f" {endpoint!r}", "")
+
+
 def test_cross_field_rules_mirror_the_parser() -> None:
     spec_rules = " ".join(rules(SPEC_SCHEMA))
     assert "'fallback-model' in self.degradation.tiers" in spec_rules

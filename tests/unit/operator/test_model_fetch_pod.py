@@ -118,6 +118,17 @@ def test_a_named_claim_is_the_shared_cache_and_not_counted_as_pod_storage() -> N
     assert server["resources"]["limits"] == local_server["resources"]["limits"]
 
 
+
+def test_the_fetcher_is_told_the_emptydirs_size_limit_and_not_a_claims() -> None:
+    """The kubelet evicts a pod past its emptyDir's sizeLimit; the free space the fetcher
+    sees is the node's, so it is told the limit to refuse a larger model (DiskFull)."""
+    pod = pod_of({"source": "s3://models/tiny", "cache": {"sizeLimit": "2Gi"}})
+    small = container(pod, FETCH_CONTAINER)
+    assert plain_env(small)[FetchEnv.CACHE_SIZE_LIMIT_BYTES] == str(2 * GIB)
+    claimed = pod_of({"source": "hf://org/repo", "cache": {"claimName": "model-cache"}})
+    assert FetchEnv.CACHE_SIZE_LIMIT_BYTES not in plain_env(container(claimed, FETCH_CONTAINER))
+
+
 def test_s3_credentials_come_from_the_named_secret_by_reference_only() -> None:
     pod = pod_of(
         {"source": "s3://models/tiny", "region": "eu-west-1", "credentials": {"secretName": "s3"}}

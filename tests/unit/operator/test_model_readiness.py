@@ -72,6 +72,31 @@ def test_a_fetcher_that_died_without_a_report_is_named_with_its_last_words() -> 
     assert verdict == (False, "FetchFailed", "s3://models/tiny: p-1: Killed")
 
 
+
+def test_a_fetcher_the_kubelet_cannot_start_is_named_not_told_as_downloading() -> None:
+    missing = {
+        "waiting": {
+            "reason": "CreateContainerConfigError",
+            "message": "couldn't find key token in Secret team-a/hub-token",
+        }
+    }
+    state = fetch_state("p-1", [status(missing)])
+    assert state is not None and state.failed and not state.running
+    assert model_ready(S3, [state]) == (
+        False,
+        "BadCredentials",
+        "s3://models/tiny: p-1: its fetcher cannot start: CreateContainerConfigError: "
+        "couldn't find key token in Secret team-a/hub-token",
+    )
+    pull = {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}
+    state = fetch_state("p-1", [status(pull)])
+    assert state is not None
+    assert model_ready(S3, [state])[:2] == (False, "FetchFailed")  # type: ignore[index]
+    # Waiting for its turn (the sidecar first) is not a failure.
+    starting = fetch_state("p-1", [status({"waiting": {"reason": "PodInitializing"}})])
+    assert starting is not None and not starting.failed
+
+
 def test_a_pod_without_a_fetch_container_has_no_state() -> None:
     assert fetch_state("p-1", [{"name": "sidecar", "state": {"running": {}}}]) is None
 

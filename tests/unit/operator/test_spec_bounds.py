@@ -30,6 +30,7 @@ SPEC_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["propertie
 BOUND_KEYWORDS = ("maxLength", "maxItems", "maxProperties")
 MODEL = {"name": "chat", "source": "pvc://models/tiny"}
 S3_MODEL = {"name": "chat", "source": "s3://bucket/prefix"}
+HF_MODEL = {"name": "chat", "source": "hf://org/repo"}
 BASE: dict[str, Any] = {"model": MODEL, "gpu": {"count": 0}}
 
 
@@ -81,7 +82,8 @@ ROWS: dict[str, tuple[Callable[[int], dict[str, Any]], str]] = {
     ),
     "model.revision": (lambda n: spec(model=MODEL | {"revision": text(n)}), "spec.model.revision"),
     "model.endpoint": (
-        lambda n: spec(model=S3_MODEL | {"endpoint": text(n, "https://minio/")}),
+        # A hub mirror's URL may have a path (an s3:// endpoint may not).
+        lambda n: spec(model=HF_MODEL | {"endpoint": text(n, "https://mirror/")}),
         "spec.model.endpoint",
     ),
     "model.region": (lambda n: spec(model=S3_MODEL | {"region": text(n)}), "spec.model.region"),

@@ -617,6 +617,21 @@ def test_an_s3_copy_is_named_by_its_etags_digest_and_no_revision_is_claimed() ->
     assert later.status_patch["modelRevision"] is None
 
 
+
+def test_an_evicted_pod_s_failed_fetch_no_longer_holds_model_ready_false() -> None:
+    """An evicted pod stays in the API (phase Failed) with its fetcher killed; once its
+    replacement has its copy, the model is ready."""
+    bucket = parse_spec({"model": {"name": "chat", "source": "s3://models/chat"}})
+    killed = FetchState("old", running=False, succeeded=False, failed=True, report=None)
+    evicted = replace(pod("old", ready=False), phase="Failed", fetch=killed)
+    report = FetchReport(FetchReason.VERIFIED, "ok", GIB, GIB, 1e8, revision="etags:01")
+    copy = FetchState("new", running=False, succeeded=True, failed=False, report=report)
+    out = run(bucket, {}, [evicted, replace(pod("new"), fetch=copy)], TickMemory())
+    model = next(c for c in out.status_patch["conditions"] if c["type"] == "ModelReady")
+    assert (model["status"], model["reason"]) == ("True", "Verified")
+    assert "old" not in model["message"]
+
+
 def test_a_local_source_has_no_model_ready_condition_in_the_tick() -> None:
     out = run(NO_FALLBACK, {}, [pod("a")], TickMemory())
     assert "ModelReady" not in condition_types(out.status_patch)
