@@ -52,6 +52,9 @@ TIERS_WITHOUT_FALLBACK: tuple[DegradationTier, ...] = (
     DegradationTier.CANNED_ANSWERS,
 )
 """The effective `degradation.tiers` when the spec leaves them out."""
+CANNED_WITHOUT_TIER = (
+    "degradation.cannedAnswers has no effect unless degradation.tiers lists canned-answers"
+)
 
 MAX_PREFIX_CACHE_BYTES = 1024**4
 """server.prefixCache.maxBytes's bound, 1 TiB: more than any GPU holds and than a pod's
@@ -981,6 +984,8 @@ def _parse_degradation(
         isinstance(k, str) and isinstance(v, str) for k, v in canned.items()
     ):
         raise SpecError("degradation.cannedAnswers must map prompt strings to answer strings")
+    if canned and DegradationTier.CANNED_ANSWERS not in tiers:
+        raise SpecError(CANNED_WITHOUT_TIER)
     cool_off = _number(raw, "degradation.coolOffSeconds", schema)
     return DegradationSpec(tiers, tuple(sorted(canned.items())), cool_off)
 

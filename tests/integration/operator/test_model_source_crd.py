@@ -71,6 +71,12 @@ def test_a_fetched_source_is_admitted_with_the_cache_defaults(kubeconfig: Path) 
         ),
         ({"source": "hf://org/name", "region": "eu-west-1"}, "model.region applies to s3://"),
         ({"source": "s3://models/tiny", "endpoint": "not a url"}, "model.endpoint must be"),
+        ({"source": "s3://models/tiny", "endpoint": "s3.lab:65536"}, "the port at most 65535"),
+        (
+            {"source": "s3://models/tiny", "endpoint": "https://s3.lab/minio"},
+            "model.endpoint of an s3:// source is host[:port] or http(s)://host[:port], "
+            "without a path",
+        ),
         (
             {"source": "s3://models/tiny", "credentials": {"secretName": "Bad_Name"}},
             "model.credentials.secretName must be a Secret's name",
@@ -95,6 +101,18 @@ def test_a_fetched_fallback_source_is_refused(kubeconfig: Path) -> None:
     refused = dry_run(kubeconfig, yaml.safe_dump(document))
     assert refused.returncode != 0
     assert "fetched for model.source only" in refused.stderr
+
+
+def test_canned_answers_without_their_tier_are_refused(kubeconfig: Path) -> None:
+    document = yaml.safe_load(service({"source": "s3://models/tiny"}))
+    canned = {"tiers": ["no-streaming"], "cannedAnswers": {"hi": "busy"}}
+    document["spec"]["degradation"] = canned
+    refused = dry_run(kubeconfig, yaml.safe_dump(document))
+    assert refused.returncode != 0
+    assert "cannedAnswers has no effect unless degradation.tiers lists canned" in refused.stderr
+    document["spec"]["degradation"]["tiers"] = ["no-streaming", "canned-answers"]
+    admitted = dry_run(kubeconfig, yaml.safe_dump(document))
+    assert admitted.returncode == 0, admitted.stderr
 
 
 @pytest.mark.parametrize("example", ["s3-model.yaml", "hf-model.yaml"])

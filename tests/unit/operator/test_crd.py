@@ -567,7 +567,6 @@ def test_a_revision_on_an_s3_source_is_refused_by_a_rule_with_the_parsers_messag
     parse_spec({"model": {**MODEL, "source": "s3://models/tiny", "revision": default}})
 
 
-
 @pytest.mark.parametrize(
     ("endpoint", "admitted"),
     [
@@ -615,6 +614,21 @@ def test_an_s3_endpoint_with_a_path_is_refused_by_a_rule_with_the_parsers_messag
     with pytest.raises(SpecError) as refused:
         parse_spec(raw)
     assert rule["message"] == str(refused.value).replace(f" {endpoint!r}", "")
+
+
+def test_canned_answers_without_their_tier_are_refused_by_a_rule_with_the_parsers_message() -> None:
+    degradation = SPEC_SCHEMA["properties"]["degradation"]
+    [rule] = [r for r in degradation["x-kubernetes-validations"] if "cannedAnswers" in r["rule"]]
+    assert rule["message"] == spec_module.CANNED_WITHOUT_TIER
+    assert "'canned-answers' in self.tiers" in rule["rule"]
+    canned = {"hi": "busy, try again"}
+    with pytest.raises(SpecError, match="cannedAnswers has no effect"):
+        parse_spec(
+            {"model": MODEL, "degradation": {"tiers": ["no-streaming"], "cannedAnswers": canned}}
+        )
+    # The default tiers hold canned-answers; an empty map says nothing.
+    parse_spec({"model": MODEL, "degradation": {"cannedAnswers": canned}})
+    parse_spec({"model": MODEL, "degradation": {"tiers": ["no-streaming"], "cannedAnswers": {}}})
 
 
 def test_cross_field_rules_mirror_the_parser() -> None:
