@@ -11,6 +11,18 @@ one place so the cluster-wide and the per-namespace modes cannot drift.
 {{- end -}}
 {{- end -}}
 
+{{/*
+The fullname and a suffix: (suffix, root). The fullname is cut so that the whole
+fits a DNS label (63), as fullname itself does: a Job's name goes into its pods'
+job-name label, so a longer one is refused, and a longer release name (Helm
+allows 53) or fullnameOverride (63) must not fail the hooks of upgrade and uninstall.
+*/}}
+{{- define "fusebox.suffixedName" -}}
+{{- $suffix := index . 0 -}}
+{{- $base := include "fusebox.fullname" (index . 1) | trunc (int (sub 62 (len $suffix))) | trimSuffix "-" -}}
+{{- printf "%s-%s" $base $suffix -}}
+{{- end -}}
+
 {{- define "fusebox.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "fusebox.fullname" .) .Values.serviceAccount.name -}}
@@ -72,6 +84,23 @@ the rules are granted cluster-wide (kopf still acts only in matching ones).
 {{/* The kopf peering name: per release by default, so two releases never pause each other. */}}
 {{- define "fusebox.peeringName" -}}
 {{- default (include "fusebox.fullname" .) .Values.peering.name -}}
+{{- end -}}
+
+{{/*
+Fails when the peering name is one of FUSEBOX_PEERING's keywords (settings.py),
+which the operator reads as a mode, not a name: "standalone" runs every replica
+unpeered, and "auto" peers through a peering named "fusebox", which the chart
+never creates. An explicit peering.name is refused even with one replica (where
+it is unused), so that a later scale-up is not what fails.
+*/}}
+{{- define "fusebox.checkPeeringName" -}}
+{{- $name := include "fusebox.peeringName" . -}}
+{{- $used := or .Values.peering.name (not (include "fusebox.standalone" .)) -}}
+{{- if and $used (has $name (list "auto" "standalone")) -}}
+{{- $source := ternary "peering.name %q" "fullnameOverride %q (the peering name while peering.name is empty)" (not (empty .Values.peering.name)) -}}
+{{- $effect := ternary "runs every replica without peering, so with replicaCount > 1 every replica would act on every service at once" "peers through a peering named \"fusebox\", which the chart does not create, so with replicaCount > 1 no replica would ever act" (eq $name "standalone") -}}
+{{- fail (printf "%s is a keyword of the operator's FUSEBOX_PEERING, not a peering name: the operator %s; set peering.name to another name, or leave it empty for the release's fullname" (printf $source $name) $effect) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "fusebox.standalone" -}}
@@ -282,7 +311,7 @@ get and patch these, and nothing else.
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata:
-  name: {{ include "fusebox.fullname" $root }}-{{ $component }}
+  name: {{ include "fusebox.suffixedName" (list $component $root) }}
   namespace: {{ $root.Release.Namespace }}
   {{- include "fusebox.hookMetadata" (list $component (index . 1) "-10" $root) | nindent 2 }}
 spec:
@@ -327,7 +356,7 @@ pods could leave a one-node cluster no node for the hook. (component, root)
 {{- define "fusebox.hookPodSpec" -}}
 {{- $component := index . 0 -}}
 {{- $root := index . 1 -}}
-serviceAccountName: {{ include "fusebox.fullname" $root }}-{{ $component }}
+serviceAccountName: {{ include "fusebox.suffixedName" (list $component $root) }}
 automountServiceAccountToken: true
 restartPolicy: Never
 {{- with $root.Values.imagePullSecrets }}

@@ -38,6 +38,9 @@ def parser() -> argparse.ArgumentParser:
         "--revision", type=int, help="the release revision being uninstalled (for the message)"
     )
     guard.add_argument(
+        "--chart-version", help="the release's chart version (for the message's helm upgrade)"
+    )
+    guard.add_argument(
         "--watch-namespaces", default="", help="the chart's watchNamespaces, comma-separated"
     )
     guard.add_argument(
@@ -69,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             arguments.delete_services,
             arguments.timeout_seconds,
             revision=arguments.revision,
+            chart_version=arguments.chart_version,
         )
         if deleted:
             print(f"deleted, and gone: {services.named(deleted)}")

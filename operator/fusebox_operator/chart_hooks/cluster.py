@@ -210,6 +210,7 @@ def guard_uninstall(
     timeout_seconds: float,
     clock: Clock = time.monotonic,
     revision: int | None = None,
+    chart_version: str | None = None,
 ) -> list[services.ServiceRef]:
     """Pass when no InferenceService is in scope; otherwise refuse naming them, or
     (with `delete`) delete them and wait. Returns the services deleted."""
@@ -217,6 +218,8 @@ def guard_uninstall(
     if not found:
         return []
     if not delete:
-        raise HookRefused(services.refusal_message(found, release, release_namespace, revision))
+        raise HookRefused(
+            services.refusal_message(found, release, release_namespace, revision, chart_version)
+        )
     delete_services(api, found, scope, timeout_seconds, clock)
     return found

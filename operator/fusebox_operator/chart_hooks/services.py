@@ -87,15 +87,22 @@ def named(services: Sequence[ServiceRef], at_most: int = NAMED_AT_MOST) -> str:
 
 
 def refusal_message(
-    services: Sequence[ServiceRef], release: str, namespace: str, revision: int | None = None
+    services: Sequence[ServiceRef],
+    release: str,
+    namespace: str,
+    revision: int | None = None,
+    chart_version: str | None = None,
 ) -> str:
     """Why `helm uninstall` stopped, which services, and the three ways on. A refused
     uninstall leaves the release "uninstalling", which `helm upgrade` will not touch:
     the ways that change a value go through `helm rollback` to `revision` (the one being
-    uninstalled) first."""
+    uninstalled) first. `helm upgrade` needs the chart as well as the release; where the
+    chart came from (a path, a repository, an OCI reference) is not in the release, so
+    the command names it CHART, pinned to `chart_version`, the one rolled back to."""
     count = len(services)
     noun = "InferenceService remains" if count == 1 else "InferenceServices remain"
     target = str(revision) if revision is not None else "REVISION"
+    version = f" --version {chart_version}" if chart_version else ""
     return (
         f"helm uninstall {release} -n {namespace} refused: {count} {noun} where its"
         f" operator watches: {named(services)}. Each carries kopf's finalizer, which only"
@@ -105,8 +112,10 @@ def refusal_message(
         f" or have the uninstall delete them while the operator runs: this refusal left"
         f" the release 'uninstalling', which `helm upgrade` refuses, so"
         f" `helm rollback {release} {target} -n {namespace}` (it deploys this revision"
-        f" again), then `helm upgrade {release} -n {namespace} --reuse-values"
-        f" --set uninstall.deleteServices=true`, then uninstall again; or set"
+        f" again), then `helm upgrade {release} CHART{version} -n {namespace}"
+        f" --reuse-values --set uninstall.deleteServices=true` (CHART: the chart the"
+        f" release was installed from, e.g. oci://REGISTRY/charts/fusebox or a"
+        f" checkout's helm/fusebox), then uninstall again; or set"
         f" uninstall.guard=false the same way to leave them behind."
     )
 

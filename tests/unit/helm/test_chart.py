@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from fusebox_operator.settings import OperatorSettings
+
 from .conftest import (
     CHART,
     REPO,
@@ -169,6 +171,59 @@ def test_two_releases_with_several_replicas_never_share_a_peering(helm: Path) ->
         names.add(one(documents, "ClusterKopfPeering")["metadata"]["name"])
         assert env_of(one(documents, "Deployment"))["FUSEBOX_PEERING"] in names
     assert names == {"demo-operator", "suite-operator"}
+
+
+@pytest.mark.parametrize(
+    ("replicas", "sets"),
+    [
+        (1, ()),
+        (2, ()),
+        (2, ("peering.name=fusebox-peers",)),
+        (3, ("peering.name=fusebox-peers", "watchNamespaces={team-a}")),
+    ],
+)
+def test_the_operator_peers_through_the_very_peering_object_the_chart_creates(
+    render: Render, replicas: int, sets: tuple[str, ...]
+) -> None:
+    """Across the boundary: the operator's own parser of the rendered env runs alone
+    with one replica, and with several peers through the object the chart made."""
+    documents = render(sets=(f"replicaCount={replicas}", *sets))
+    settings = OperatorSettings.from_env(env_of(one(documents, "Deployment")))
+    assert settings.standalone is (replicas == 1)
+    peerings = by_kind(documents, "ClusterKopfPeering") + by_kind(documents, "KopfPeering")
+    if replicas == 1:
+        assert peerings == []
+    else:
+        assert {p["metadata"]["name"] for p in peerings} == {settings.peering_name}
+
+
+@pytest.mark.parametrize(
+    ("sets", "named", "why"),
+    [
+        (("peering.name=standalone",), 'peering.name "standalone"', "every replica would act"),
+        (("peering.name=auto",), 'peering.name "auto"', "no replica would ever act"),
+        (("fullnameOverride=auto",), 'fullnameOverride "auto"', "no replica would ever act"),
+    ],
+)
+def test_a_peering_name_the_operator_reads_as_a_keyword_is_refused(
+    helm: Path, sets: tuple[str, ...], named: str, why: str
+) -> None:
+    """FUSEBOX_PEERING=standalone runs every replica unpeered, and =auto peers through
+    "fusebox", which the chart never creates: neither may name the chart's peering."""
+    args = [arg for pair in ("replicaCount=2", *sets) for arg in ("--set", pair)]
+    result = run_helm(helm, "template", "fusebox", str(CHART), *args)
+    assert result.returncode != 0, "rendered"
+    assert named in result.stderr and why in result.stderr, result.stderr
+    assert "FUSEBOX_PEERING" in result.stderr, result.stderr
+
+
+def test_an_unused_peering_name_is_still_refused_when_it_is_a_keyword(helm: Path) -> None:
+    """With one replica the name is unused, but scaling up later must not be what fails."""
+    result = run_helm(helm, "template", "fusebox", str(CHART), "--set", "peering.name=standalone")
+    assert result.returncode != 0 and 'peering.name "standalone"' in result.stderr
+    # A fullname of "auto" names no peering with one replica: nothing to refuse.
+    fine = run_helm(helm, "template", "fusebox", str(CHART), "--set", "fullnameOverride=auto")
+    assert fine.returncode == 0, fine.stderr
 
 
 def sidecar_monitor(documents: list[dict[str, Any]]) -> dict[str, Any]:

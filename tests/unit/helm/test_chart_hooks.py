@@ -4,11 +4,16 @@ least-privilege RBAC, restricted Pod Security, and gone when its value is off.""
 
 from __future__ import annotations
 
+import re
+import shlex
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from fusebox_operator.chart_hooks import cli, services
 
 from .conftest import CHART, Render, by_kind, hooks, load_documents, one, run_helm
 
@@ -161,9 +166,44 @@ def test_the_uninstall_guard_lists_cluster_wide_and_deletes_nothing_by_default(
         "--release=fusebox",
         "--release-namespace=fusebox-system",
         "--revision=1",  # helm template's; on uninstall, the revision being removed
+        "--chart-version=0.1.0",  # for the refusal's `helm upgrade RELEASE CHART --version`
         "--watch-namespaces=",
         "--timeout-seconds=180",
     ]
+
+
+def test_the_refusals_helm_upgrade_is_a_command_helm_accepts(
+    helm: Path, render: Render, tmp_path: Path
+) -> None:
+    """Across the boundary: the guard Job's arguments, read by the hook's own parser,
+    give a refusal whose `helm upgrade` the real helm accepts once CHART is filled in:
+    it gets past the arguments and the chart and stops only at the (absent) cluster."""
+    job = the(hooks(render(), "pre-delete"), "Job")
+    arguments = cli.parser().parse_args(job["spec"]["template"]["spec"]["containers"][0]["args"])
+    message = services.refusal_message(
+        [services.ServiceRef("prod", "chat")],
+        arguments.release,
+        arguments.release_namespace,
+        arguments.revision,
+        arguments.chart_version,
+    )
+    (command,) = re.findall(r"`helm (upgrade [^`]*)`", message)
+    words = [str(CHART) if word == "CHART" else word for word in shlex.split(command)]
+    # A cluster nothing listens at: helm reaches for it only after it took the command.
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "none",
+            "clusters": [{"name": "none", "cluster": {"server": "https://127.0.0.1:1"}}],
+            "contexts": [{"name": "none", "context": {"cluster": "none", "user": "none"}}],
+            "users": [{"name": "none", "user": {}}],
+        })
+    )  # fmt: skip
+    result = subprocess.run(
+        [str(helm), *words, "--kubeconfig", str(kubeconfig)],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert "UPGRADE FAILED: kubernetes cluster unreachable" in result.stderr, result.stderr
 
 
 def test_delete_services_grants_delete_and_waits_within_the_jobs_deadline(

@@ -5,6 +5,7 @@ Standard, and extra labels that repeat the chart's own."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -286,6 +287,38 @@ def test_the_operator_priority_class_reaches_its_pods_as_a_string(helm: Path) ->
     ]
     assert len(pods) == 3  # the operator and both hooks
     assert {pod["priorityClassName"] for pod in pods} == {"true"}
+
+
+@pytest.mark.parametrize("name", ["registry.example.com", "ghcr.io-pull", "regcred"])
+def test_a_pull_secret_name_with_dots_reaches_the_operator_hooks_and_inference_pods(
+    helm: Path, name: str
+) -> None:
+    """A Secret's name is a DNS subdomain (dots allowed): the platform's own pull
+    Secret works for the operator and its hooks as it does under inference.pod."""
+    result = run_helm(
+        helm, "template", "fusebox", str(CHART),
+        "--set", f"imagePullSecrets[0]={name}",
+        "--set", f"inference.pod.imagePullSecrets[0].name={name}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    documents = load_documents(result.stdout)
+    pods = [
+        doc["spec"]["template"]["spec"] for doc in documents if doc["kind"] in ("Deployment", "Job")
+    ]
+    assert len(pods) == 3  # the operator and both hooks
+    assert all(pod["imagePullSecrets"] == [{"name": name}] for pod in pods)
+    defaults = json.loads(env_of(one(documents, "Deployment"))["FUSEBOX_POD_DEFAULTS"])
+    assert defaults["imagePullSecrets"] == [{"name": name}]
+
+
+@pytest.mark.parametrize("name", ["Reg_Cred", "regcred.", "-regcred", "a" * 254])
+def test_a_pull_secret_name_that_is_no_dns_subdomain_is_refused_in_both_places(
+    helm: Path, name: str
+) -> None:
+    operator = template(helm, "--set-string", f"imagePullSecrets[0]={name}")
+    assert SCHEMA_REFUSAL in operator and "at '/imagePullSecrets/0'" in operator, operator
+    inference = template(helm, "--set-string", f"inference.pod.imagePullSecrets[0].name={name}")
+    assert "at '/inference/pod/imagePullSecrets/0/name'" in inference, inference
 
 
 @pytest.mark.parametrize(

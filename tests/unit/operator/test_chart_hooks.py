@@ -4,6 +4,8 @@ one the API server will not establish; which InferenceServices block an uninstal
 
 from __future__ import annotations
 
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -107,7 +109,7 @@ def test_services_outside_the_watched_namespaces_do_not_block_the_uninstall() ->
 
 def test_the_refusal_names_each_service_and_says_how_to_proceed() -> None:
     found = [ServiceRef("prod", "chat"), ServiceRef("prod", "embed")]
-    message = services.refusal_message(found, "fusebox", "fusebox-system", 4)
+    message = services.refusal_message(found, "fusebox", "fusebox-system", 4, "0.1.0")
     assert message.startswith("helm uninstall fusebox -n fusebox-system refused: 2")
     assert "prod/chat, prod/embed." in message
     assert "kubectl delete inferenceservices" in message
@@ -116,10 +118,43 @@ def test_the_refusal_names_each_service_and_says_how_to_proceed() -> None:
     # The refusal leaves the release "uninstalling", which `helm upgrade` refuses
     # ("has no deployed releases"): the revision being removed is deployed again first.
     rollback = message.index("`helm rollback fusebox 4 -n fusebox-system`")
-    assert rollback < message.index("helm upgrade fusebox -n fusebox-system --reuse-values")
+    assert rollback < message.index("`helm upgrade fusebox CHART --version 0.1.0 -n fusebox-system")
     one = services.refusal_message(found[:1], "fusebox", "fusebox-system")
     assert "1 InferenceService remains" in one
     assert "`helm rollback fusebox REVISION -n fusebox-system`" in one
+
+
+HELM_UPGRADE_VALUED_FLAGS = {"-n", "--namespace", "--version", "--set"}
+"""The flags of `helm upgrade` the message uses that take a value."""
+
+
+@pytest.mark.parametrize("chart_version", ["0.1.0", None])
+def test_the_refusals_helm_upgrade_names_the_release_and_the_chart(
+    chart_version: str | None,
+) -> None:
+    """`helm upgrade RELEASE CHART`: without CHART helm answers "requires 2 arguments"
+    and the release stays stuck 'uninstalling'."""
+    message = services.refusal_message(
+        [ServiceRef("prod", "chat")], "fusebox", "fusebox-system", 4, chart_version
+    )
+    (command,) = re.findall(r"`(helm upgrade [^`]*)`", message)
+    words = shlex.split(command)[2:]
+    positional: list[str] = []
+    flags: dict[str, str] = {}
+    while words:
+        word = words.pop(0)
+        if word in HELM_UPGRADE_VALUED_FLAGS:
+            flags[word] = words.pop(0)
+        elif word.startswith("-"):
+            flags[word] = ""
+        else:
+            positional.append(word)
+    assert positional == ["fusebox", "CHART"]
+    assert "CHART: the chart the release was installed from" in message
+    assert flags["-n"] == "fusebox-system" and "--reuse-values" in flags
+    assert flags["--set"] == "uninstall.deleteServices=true"
+    # Pinned to the chart version rolled back to, when the hook knows it.
+    assert flags.get("--version") == chart_version
 
 
 def test_many_services_are_named_up_to_twenty_then_counted() -> None:
