@@ -113,13 +113,35 @@ class FetchReport:
     waiting: bool = False
 
     def dumps(self) -> str:
+        """The report as JSON of at most TERMINATION_MESSAGE_MAX_BYTES encoded bytes.
+
+        A longer message is cut to the longest prefix that fits, measured in encoded
+        bytes: a character may take four bytes in UTF-8, a control character six as
+        an escape, and a document the kubelet cuts no longer parses (its reason lost).
+        """
         body = asdict(self)
         body["reason"] = self.reason.value
-        text = json.dumps(body, sort_keys=True, ensure_ascii=False)
-        if len(text.encode()) <= TERMINATION_MESSAGE_MAX_BYTES:
+
+        def encoded(message: str) -> str:
+            body["message"] = message
+            return json.dumps(body, sort_keys=True, ensure_ascii=False)
+
+        def fits(text: str) -> bool:
+            return len(text.encode()) <= TERMINATION_MESSAGE_MAX_BYTES
+
+        text = encoded(self.message)
+        if fits(text):
             return text
-        body["message"] = self.message[:1000] + "..."
-        return json.dumps(body, sort_keys=True, ensure_ascii=False)
+        # The longest prefix that fits, by bisection: `short` fits, `long` does not (every
+        # character takes at least a byte, so no prefix longer than the limit can fit).
+        short, long = 0, min(len(self.message), TERMINATION_MESSAGE_MAX_BYTES)
+        while long - short > 1:
+            middle = (short + long) // 2
+            if fits(encoded(self.message[:middle] + "...")):
+                short = middle
+            else:
+                long = middle
+        return encoded(self.message[:short] + "...")
 
 
 MAX_BYTES: Final = 2**63 - 1

@@ -4,7 +4,13 @@ Exit 0 with a Verified report when the model directory holds a complete,
 verified copy (downloaded now or found there); exit 1 with the failure's name
 (fusebox_contract.model_fetch.FetchReason) otherwise. Every input comes from the
 environment the operator renders (FetchEnv); a flag overrides its variable for
-runs by hand. Credentials are read from the environment only and never printed.
+runs by hand.
+
+Credentials are read from the environment only, without the whitespace around
+them (a Secret made with `kubectl create secret --from-file` ends in a newline,
+which no HTTP header may hold). They are never printed: a client library that
+refuses a header quotes it in its error, so every report leaves the process
+through Progress, which replaces each credential's value with `<redacted>`.
 """
 
 from __future__ import annotations
@@ -12,16 +18,36 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from fusebox_contract.model_fetch import FetchEnv, FetchReason, FetchReport
 from fusebox_server.fetch import hub, s3
-from fusebox_server.fetch.progress import Progress
+from fusebox_server.fetch.progress import Progress, secret_forms
 from fusebox_server.fetch.store import FetchError, ModelStore, RemoteFile
 
 Reader = Callable[[RemoteFile, int], Iterator[bytes]]
+
+CREDENTIALS = (
+    FetchEnv.S3_ACCESS_KEY,
+    FetchEnv.S3_SECRET_KEY,
+    FetchEnv.S3_SESSION_TOKEN,
+    FetchEnv.HF_TOKEN,
+)
+"""The variables holding a credential: stripped when read, redacted from every report."""
+
+
+def credential(env: Mapping[str, str], name: FetchEnv) -> str:
+    """A credential as the clients send it: without the whitespace around it."""
+    return env.get(name, "").strip()
+
+
+def credential_values(env: Mapping[str, str]) -> list[str]:
+    """Every form of every credential that a message could quote (raw and stripped)."""
+    values = [env.get(name, "") for name in CREDENTIALS]
+    return secret_forms(values + [value.strip() for value in values])
 
 
 @dataclass(frozen=True)
@@ -34,6 +60,17 @@ class FetchConfig:
     s3_endpoint: str
     s3_region: str
     hf_endpoint: str
+    cache_size_limit_bytes: int | None = None  # the emptyDir's sizeLimit; None on a claim
+
+
+def _byte_count(text: str) -> int | None:
+    """A flag's byte count: empty is none, anything else a whole number of bytes."""
+    if not text.strip():
+        return None
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"{text!r} is negative")
+    return value
 
 
 def fetch_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> FetchConfig:
@@ -47,6 +84,12 @@ def fetch_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> FetchCon
     parser.add_argument("--s3-endpoint", default=env.get(FetchEnv.S3_ENDPOINT, ""))
     parser.add_argument("--s3-region", default=env.get(FetchEnv.S3_REGION, ""))
     parser.add_argument("--hf-endpoint", default=env.get(FetchEnv.HF_ENDPOINT, ""))
+    parser.add_argument(
+        "--cache-size-limit-bytes",
+        type=_byte_count,
+        default=env.get(FetchEnv.CACHE_SIZE_LIMIT_BYTES, ""),
+        help="the cache volume's size limit (an emptyDir's sizeLimit); empty: none",
+    )
     args = parser.parse_args(argv)
     if not args.source or not args.model_dir:
         parser.error(
@@ -61,6 +104,7 @@ def fetch_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> FetchCon
         s3_endpoint=args.s3_endpoint,
         s3_region=args.s3_region,
         hf_endpoint=args.hf_endpoint,
+        cache_size_limit_bytes=args.cache_size_limit_bytes,
     )
 
 
@@ -72,9 +116,9 @@ def _listing(config: FetchConfig) -> tuple[str, list[RemoteFile], Reader]:
         client = s3.client(
             config.s3_endpoint,
             config.s3_region,
-            env.get(FetchEnv.S3_ACCESS_KEY, ""),
-            env.get(FetchEnv.S3_SECRET_KEY, ""),
-            env.get(FetchEnv.S3_SESSION_TOKEN, ""),
+            credential(env, FetchEnv.S3_ACCESS_KEY),
+            credential(env, FetchEnv.S3_SECRET_KEY),
+            credential(env, FetchEnv.S3_SESSION_TOKEN),
         )
         files = s3.list_files(client, source)
         return (
@@ -86,7 +130,7 @@ def _listing(config: FetchConfig) -> tuple[str, list[RemoteFile], Reader]:
         repository = hub.Hub(
             hub.HubSource.parse(config.source, config.revision),
             config.hf_endpoint,
-            env.get(FetchEnv.HF_TOKEN, ""),
+            credential(env, FetchEnv.HF_TOKEN),
         )
         commit, files = repository.list_files()
         return commit, files, lambda remote, offset: repository.read_file(commit, remote, offset)
@@ -112,9 +156,11 @@ def fetch(config: FetchConfig, progress: Progress) -> FetchReport:
                 files=len(files),
             )
         todo = [f for f in files if not store.is_verified(config.source, f)]
+        for remote in todo:
+            store.discard_stale_parts(remote)  # before measuring what the cache holds
         done = total - sum(f.size for f in todo)
         resumed = sum(store.resumable_bytes(f) for f in todo)
-        store.check_space(total - done - resumed)
+        store.check_space(total - done - resumed, config.cache_size_limit_bytes)
         progress.start(total, len(files), done + resumed)
         for remote in todo:
             offset = store.resumable_bytes(remote)
@@ -134,20 +180,31 @@ def fetch(config: FetchConfig, progress: Progress) -> FetchReport:
     )
 
 
+def failure_report(error: FetchError, progress: Progress) -> FetchReport:
+    """The failure's report, with the figures the run had reached."""
+    return FetchReport(
+        error.reason,
+        error.message,
+        progress.bytes_done,
+        progress.bytes_total,
+        progress.rate(),
+        files=progress.files,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     config = fetch_config(argv, os.environ)
-    progress = Progress(config.report_file, config.termination_log)
+    progress = Progress(
+        config.report_file, config.termination_log, secrets=credential_values(os.environ)
+    )
     try:
         report = fetch(config, progress)
     except FetchError as error:
-        report = FetchReport(
-            error.reason,
-            error.message,
-            progress.bytes_done,
-            progress.bytes_total,
-            progress.rate(),
-            files=progress.files,
-        )
+        report = failure_report(error, progress)
+    except Exception as error:  # noqa: BLE001 - a bug too ends in a report, redacted
+        progress.trace(traceback.format_exc())
+        unexpected = FetchError(FetchReason.FAILED, f"{type(error).__name__}: {error}")
+        report = failure_report(unexpected, progress)
     progress.finish(report)
     return 1 if report.reason.failed else 0
 

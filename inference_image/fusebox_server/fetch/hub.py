@@ -6,6 +6,13 @@ its commit hash once, and every file is fetched at that commit, so a branch that
 moves during a download cannot mix two revisions; the hash is reported (status).
 Each file is checked against the hub's own hashes: an LFS file's SHA-256, a
 small file's git blob id.
+
+Why our own requests (through the library's session, with its URLs and error
+classes): the library sends them without a timeout (its listing cannot be
+given one), and a mirror that accepts a connection and then sends nothing
+would hang the fetcher, and every replica waiting on the shared cache's lock
+behind it, forever. Each request here has a connect and a read timeout; one
+that runs out is SourceUnreachable, and the kubelet's back-off retries.
 """
 
 from __future__ import annotations
@@ -13,8 +20,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
 
-from huggingface_hub import HfApi, hf_hub_url
+import httpx2
+from huggingface_hub import constants, hf_hub_url
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -31,6 +41,9 @@ from fusebox_server.fetch.store import CHUNK_BYTES, FetchError, RemoteFile, chec
 
 _SOURCE = re.compile(HF_SOURCE_PATTERN)
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
+CONNECT_TIMEOUT_SECONDS = 30.0
+READ_TIMEOUT_SECONDS = 60.0
+"""No byte for this long from the hub (listing or file) is a hub that stopped answering."""
 
 
 @dataclass(frozen=True)
@@ -48,10 +61,29 @@ class HubSource:
         return cls(f"{match.group(1)}/{match.group(2)}", pinned or revision or "main")
 
 
-def named_error(error: Exception, where: str) -> FetchError:
-    """A hub error as the failure it is: not found (repo, revision, file), bad token."""
+def _timed_out(error: httpx2.TimeoutException, where: str, read_timeout_seconds: float) -> str:
+    """The words for a timeout: the host (an LFS file may come from a CDN the hub
+    redirected to) and the seconds; never the request's headers (the token)."""
+    try:
+        host = error.request.url.netloc.decode()
+    except RuntimeError:  # an error raised without its request
+        host = "the hub"
+    if isinstance(error, httpx2.ConnectTimeout):
+        return f"{where}: no connection to {host} within {CONNECT_TIMEOUT_SECONDS:g} s"
+    if isinstance(error, httpx2.ReadTimeout):
+        return f"{where}: {host} sent nothing for {read_timeout_seconds:g} s (read timeout)"
+    return f"{where}: {host}: {type(error).__name__} after {read_timeout_seconds:g} s"
+
+
+def named_error(
+    error: Exception, where: str, read_timeout_seconds: float = READ_TIMEOUT_SECONDS
+) -> FetchError:
+    """A hub error as the failure it is: not found (repo, revision, file), bad token,
+    a hub that does not answer."""
     if isinstance(error, FetchError):
         return error
+    if isinstance(error, httpx2.TimeoutException):
+        return FetchError(FetchReason.UNREACHABLE, _timed_out(error, where, read_timeout_seconds))
     if isinstance(error, RevisionNotFoundError):
         return FetchError(FetchReason.NOT_FOUND, f"{where}: revision not found")
     if isinstance(error, GatedRepoError):
@@ -102,14 +134,46 @@ def _remote_file(entry: RepoFile, where: str) -> RemoteFile:
 
 
 class Hub:
-    """One hub (its endpoint and token) and one repository on it."""
+    """One hub (its endpoint and token) and one repository on it.
 
-    def __init__(self, source: HubSource, endpoint: str, token: str) -> None:
+    The token is sent as it is given (the fetcher strips the Secret's whitespace);
+    without one none is sent: credentials come from the environment only, never
+    from a token file of whoever runs it.
+    """
+
+    def __init__(
+        self,
+        source: HubSource,
+        endpoint: str,
+        token: str,
+        read_timeout_seconds: float = READ_TIMEOUT_SECONDS,
+    ) -> None:
         self.source = source
-        self.endpoint = endpoint.rstrip("/") or None
+        self.endpoint = endpoint.rstrip("/") or constants.ENDPOINT
         self.token = token or None
-        self.api = HfApi(endpoint=self.endpoint, token=self.token)
+        self.read_timeout_seconds = read_timeout_seconds
+        self.timeout = httpx2.Timeout(read_timeout_seconds, connect=CONNECT_TIMEOUT_SECONDS)
         self.where = f"hf://{source.repo_id}@{source.revision}"
+
+    def _headers(self) -> dict[str, str]:
+        return build_hf_headers(token=self.token or False)
+
+    def _get_json(self, url: str, params: dict[str, str] | None = None) -> tuple[Any, str | None]:
+        """(the reply's JSON, the next page's URL when the reply is paginated)."""
+        reply = get_session().get(url, headers=self._headers(), params=params, timeout=self.timeout)
+        hf_raise_for_status(reply)
+        return reply.json(), reply.links.get("next", {}).get("url")
+
+    def _tree(self, commit: str) -> Iterator[dict[str, Any]]:
+        """Every entry of the repository at `commit`, page after page."""
+        url: str | None = f"{self.endpoint}/api/models/{self.source.repo_id}/tree/{commit}"
+        params: dict[str, str] | None = {"recursive": "true", "expand": "false"}
+        while url is not None:
+            page, url = self._get_json(url, params)
+            params = None  # the next page's URL carries them
+            if not isinstance(page, list):
+                raise FetchError(FetchReason.FAILED, f"{self.where}: the hub's tree is no list")
+            yield from (entry for entry in page if isinstance(entry, dict))
 
     def list_files(self) -> tuple[str, list[RemoteFile]]:
         """(the revision's commit hash, the repository's files with their hashes).
@@ -118,21 +182,25 @@ class Hub:
         SHA-256), which the hub and its mirrors serve alike; model_info's
         `siblings` carry them only on the hub itself.
         """
+        revision = quote(self.source.revision, safe="")
         try:
-            info = self.api.model_info(self.source.repo_id, revision=self.source.revision)
-            commit = info.sha or ""
-            if not COMMIT.fullmatch(commit):
+            info, _ = self._get_json(
+                f"{self.endpoint}/api/models/{self.source.repo_id}/revision/{revision}"
+            )
+            commit = info.get("sha") if isinstance(info, dict) else None
+            if not isinstance(commit, str) or not COMMIT.fullmatch(commit):
                 raise FetchError(
                     FetchReason.FAILED, f"{self.where}: the hub gave no commit hash ({commit!r})"
                 )
-            entries = list(
-                self.api.list_repo_tree(self.source.repo_id, revision=commit, recursive=True)
-            )
+            # The library's own reading of a tree entry, as its list_repo_tree does.
+            entries = [
+                RepoFile(**entry)  # type: ignore[no-untyped-call]
+                for entry in self._tree(commit)
+                if entry.get("type") == "file"
+            ]
         except Exception as error:  # noqa: BLE001 - every client error gets its name here
-            raise named_error(error, self.where) from None
-        files = [
-            _remote_file(entry, self.where) for entry in entries if isinstance(entry, RepoFile)
-        ]
+            raise named_error(error, self.where, self.read_timeout_seconds) from None
+        files = [_remote_file(entry, self.where) for entry in entries]
         if not files:
             raise FetchError(FetchReason.NOT_FOUND, f"{self.where}: the repository has no files")
         return commit, files
@@ -142,12 +210,14 @@ class Hub:
         if offset >= remote.size:
             return
         url = hf_hub_url(self.source.repo_id, remote.path, revision=commit, endpoint=self.endpoint)
-        headers = build_hf_headers(token=self.token)
+        headers = self._headers()
         if offset:
             headers["Range"] = f"bytes={offset}-"
         where = f"{self.where}/{remote.path}"
         try:
-            with get_session().stream("GET", url, headers=headers, follow_redirects=True) as reply:
+            with get_session().stream(
+                "GET", url, headers=headers, follow_redirects=True, timeout=self.timeout
+            ) as reply:
                 hf_raise_for_status(reply)
                 # A server that ignores Range sends the whole file: skip what the part
                 # file already holds (downloaded again, but written once).
@@ -161,4 +231,4 @@ class Hub:
         except FetchError:
             raise
         except Exception as error:  # noqa: BLE001
-            raise named_error(error, where) from None
+            raise named_error(error, where, self.read_timeout_seconds) from None

@@ -4,10 +4,16 @@ Why MinIO's client and not boto3: botocore pins python-dateutil<3 while the
 kubernetes client needs >=3, so one environment cannot hold both
 (docs/decisions/model-sources.md). Any S3 API works (AWS, MinIO, versitygw, Ceph).
 
-Verification: a single-part object's ETag is the MD5 of its bytes; a multipart
-one's is not, so its full-object SHA-256 checksum is asked for (stored when it
-was uploaded with one), and without one only its size can be checked (said so
-in the outcome).
+Verification: a single-part object's ETag is the MD5 of its bytes, unless the
+object is encrypted with KMS or a customer key (SSE-KMS, SSE-C: its ETag is then
+no hash of the content); a multipart one's is not either. Each object's headers
+are read (one HEAD) with its full-object SHA-256 checksum (stored when it was
+uploaded with one): the MD5 is checked where the ETag is one, else the SHA-256,
+and without either only the size can be checked (said so in the outcome).
+
+No HeadBucket before the listing: it needs s3:ListBucket on the whole bucket,
+which least-privilege credentials (ListBucket under the prefix, GetObject on
+it) do not have, and a missing bucket is named by the listing (NoSuchBucket).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import base64
 import binascii
 import hashlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import urllib3
@@ -28,6 +34,8 @@ from fusebox_server.fetch.store import CHUNK_BYTES, FetchError, RemoteFile, chec
 
 _SOURCE = re.compile(S3_SOURCE_PATTERN)
 NOT_FOUND_CODES = frozenset({"NoSuchBucket", "NoSuchKey", "NotFound"})
+KMS_ENCRYPTION = frozenset({"aws:kms", "aws:kms:dsse"})
+"""`x-amz-server-side-encryption` values whose object's ETag is no MD5 of its bytes."""
 CREDENTIAL_CODES = frozenset(
     {
         "AccessDenied",
@@ -59,17 +67,28 @@ class S3Source:
 
 
 def client(endpoint: str, region: str, access_key: str, secret_key: str, token: str) -> Minio:
-    """A client for `endpoint` (host[:port], or with http:// or https://)."""
+    """A client for `endpoint` (host[:port], or with http:// or https://).
+
+    An endpoint the client refuses (a path, a port out of range: the CRD's pattern
+    admits both) is a named failure, so the fetcher still writes its report.
+    """
     secure = not endpoint.startswith("http://")
     host = endpoint.removeprefix("http://").removeprefix("https://").rstrip("/")
-    return Minio(
-        host or "s3.amazonaws.com",
-        access_key=access_key or None,
-        secret_key=secret_key or None,
-        session_token=token or None,
-        secure=secure,
-        region=region or None,
-    )
+    try:
+        return Minio(
+            host or "s3.amazonaws.com",
+            access_key=access_key or None,
+            secret_key=secret_key or None,
+            session_token=token or None,
+            secure=secure,
+            region=region or None,
+        )
+    except Exception as error:  # noqa: BLE001 - ValueError today; any refusal is named
+        raise FetchError(
+            FetchReason.FAILED,
+            f"spec.model.endpoint {endpoint!r}: the S3 client refuses it ({error}); "
+            "give host[:port] or http(s)://host[:port], without a path",
+        ) from None
 
 
 def named_error(error: Exception, where: str) -> FetchError:
@@ -77,6 +96,8 @@ def named_error(error: Exception, where: str) -> FetchError:
     if isinstance(error, FetchError):
         return error
     if isinstance(error, S3Error):
+        if error.code == "NoSuchBucket":
+            return FetchError(FetchReason.NOT_FOUND, f"{where}: the bucket does not exist")
         if error.code in NOT_FOUND_CODES:
             return FetchError(FetchReason.NOT_FOUND, f"{where}: {error.code} ({error.message})")
         if error.code in CREDENTIAL_CODES:
@@ -93,11 +114,15 @@ def named_error(error: Exception, where: str) -> FetchError:
     return FetchError(FetchReason.FAILED, f"{where}: {type(error).__name__}: {error}")
 
 
-def _checksum_sha256(s3: Minio, bucket: str, key: str) -> str | None:
-    """The object's full-object SHA-256 (hex) when it carries one; None otherwise."""
+def _object_headers(s3: Minio, bucket: str, key: str) -> dict[str, str]:
+    """The object's HEAD headers (names in lower case), its checksum asked for."""
     stat = s3.stat_object(bucket, key, extra_headers={"x-amz-checksum-mode": "ENABLED"})
-    headers = stat.metadata or {}
-    value = next((str(v) for k, v in headers.items() if k.lower() == "x-amz-checksum-sha256"), None)
+    return {str(k).lower(): str(v) for k, v in (stat.metadata or {}).items()}
+
+
+def _checksum_sha256(headers: Mapping[str, str]) -> str | None:
+    """The object's full-object SHA-256 (hex) when it carries one; None otherwise."""
+    value = headers.get("x-amz-checksum-sha256")
     if not value or "-" in value:  # a composite checksum is of the parts, not the object
         return None
     try:
@@ -106,27 +131,34 @@ def _checksum_sha256(s3: Minio, bucket: str, key: str) -> str | None:
         return None
 
 
+def expected_digests(etag: str, headers: Mapping[str, str]) -> dict[str, str]:
+    """What the object's bytes must hash to: the ETag where it is their MD5, else the
+    stored SHA-256, else nothing (its size only).
+
+    A 32-hex ETag is the MD5 of the bytes of a plaintext or SSE-S3 object; with
+    SSE-KMS or SSE-C it is not, and checking it would fail every such file forever.
+    """
+    encrypted = (
+        headers.get("x-amz-server-side-encryption", "").lower() in KMS_ENCRYPTION
+        or "x-amz-server-side-encryption-customer-algorithm" in headers
+    )
+    if not encrypted and re.fullmatch(r"[0-9a-fA-F]{32}", etag):
+        return {"md5": etag.lower()}
+    sha256 = _checksum_sha256(headers)
+    return {"sha256": sha256} if sha256 else {}
+
+
 def list_files(s3: Minio, source: S3Source) -> list[RemoteFile]:
     """The objects under the prefix, each with what its bytes must hash to."""
     where = f"s3://{source.bucket}/{source.prefix}"
     try:
-        if not s3.bucket_exists(source.bucket):
-            raise FetchError(
-                FetchReason.NOT_FOUND, f"{where}: bucket {source.bucket} does not exist"
-            )
         files: list[RemoteFile] = []
         for item in s3.list_objects(source.bucket, prefix=source.prefix, recursive=True):
             key = item.object_name or ""
             if key.endswith("/") or item.is_dir:
                 continue
             etag = (item.etag or "").strip('"')
-            digests: dict[str, str] = {}
-            if etag and "-" not in etag and re.fullmatch(r"[0-9a-fA-F]{32}", etag):
-                digests["md5"] = etag.lower()
-            else:
-                sha256 = _checksum_sha256(s3, source.bucket, key)
-                if sha256:
-                    digests["sha256"] = sha256
+            digests = expected_digests(etag, _object_headers(s3, source.bucket, key))
             files.append(
                 RemoteFile(
                     check_relative(key[len(source.prefix) :]), int(item.size or 0), etag, digests

@@ -4,8 +4,11 @@ Why: replicas on a node may share one cache volume (a claim the spec names),
 so N pods starting together must cause one download. The first takes an
 exclusive file lock and downloads; the others wait on the lock and then find
 the record of a complete, verified copy and download nothing. Each file is
-written as `<name>.part` and renamed only once verified, so a pod killed in the
-middle leaves a part file the next run resumes, never a file that looks done.
+written as `<name>.<version>.part` and renamed only once verified, so a pod
+killed in the middle leaves a part file the next run resumes, never a file that
+looks done. The version (a digest of the remote file's ETag or hash) is in the
+part's name because the remote file may change between two runs: the bytes of
+one version must never be completed with another's.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -26,6 +30,8 @@ from typing import BinaryIO
 from fusebox_contract.model_fetch import FetchReason
 
 PART_SUFFIX = ".part"
+_PART_TAIL = re.compile(r"(\.[0-9a-f]{12})?\.part")
+"""What follows a file's name in the name of one of its parts (none: an older fetcher's)."""
 STATE_FILE = ".fusebox-fetch.json"
 """In the model directory: the source, its revision, and each file verified so far."""
 LOCK_POLL_SECONDS = 2.0
@@ -105,6 +111,18 @@ def disk_error(error: OSError, where: Path) -> FetchError:
     return FetchError(FetchReason.FAILED, f"cannot write {where}: {error.strerror or error}")
 
 
+def held_bytes(directory: Path) -> int:
+    """What the files under `directory` hold (0 when it is not there)."""
+    total = 0
+    for folder, _, names in os.walk(directory):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue  # removed meanwhile
+    return total
+
+
 class ModelStore:
     """One model's directory in the cache volume, and what has been verified in it."""
 
@@ -128,6 +146,15 @@ class ModelStore:
                 except BlockingIOError:
                     waiting("waiting for another pod's download of this model (shared cache)")
                     time.sleep(LOCK_POLL_SECONDS)
+                except OSError as error:
+                    # ENOLCK (NFS without a lock daemon), EOPNOTSUPP: without the lock,
+                    # replicas sharing the claim would write the same files at once.
+                    raise FetchError(
+                        FetchReason.FAILED,
+                        f"cannot lock {handle.name}: the cache volume refuses file locks "
+                        f"({error.strerror or error}); a cache claim (spec.model.cache."
+                        "claimName) must be on a filesystem that supports flock",
+                    ) from None
             try:
                 yield
             finally:
@@ -176,21 +203,56 @@ class ModelStore:
             raise disk_error(error, self._state_path) from None
 
     def part_path(self, remote: RemoteFile) -> Path:
-        return self.model_dir / (remote.path + PART_SUFFIX)
+        """Where this version of the file is written until verified."""
+        version = hashlib.sha256(remote.key.encode()).hexdigest()[:12]
+        return self.model_dir / f"{remote.path}.{version}{PART_SUFFIX}"
 
     def resumable_bytes(self, remote: RemoteFile) -> int:
-        """Bytes of a part file a previous run left (0 when none, or when it is too long)."""
+        """Bytes of this version's part file a previous run left (0 when none, or when it
+        is too long); a part of another version is never resumed."""
         part = self.part_path(remote)
         size = part.stat().st_size if part.is_file() else 0
         return size if size <= remote.size else 0
 
-    def check_space(self, needed_bytes: int) -> None:
-        """Refuse before downloading what the volume cannot hold."""
+    def discard_stale_parts(self, remote: RemoteFile) -> None:
+        """Remove the parts of other versions of this file: they can never be completed,
+        and a multi-GB shard's part would hold its space for nothing."""
+        current = self.part_path(remote)
+        name = Path(remote.path).name
+        try:
+            entries = list(current.parent.iterdir()) if current.parent.is_dir() else []
+            for entry in entries:
+                stale = entry.name.startswith(name) and _PART_TAIL.fullmatch(
+                    entry.name[len(name) :]
+                )
+                if stale and entry != current:
+                    entry.unlink(missing_ok=True)
+        except OSError as error:
+            raise disk_error(error, current.parent) from None
+
+    def check_space(self, needed_bytes: int, size_limit_bytes: int | None = None) -> None:
+        """Refuse before downloading what the volume cannot hold.
+
+        `size_limit_bytes`: the emptyDir cache's sizeLimit. It is no quota the
+        filesystem tells (the free space is the node's): the kubelet evicts a pod
+        past it, so the model directory's bytes plus what is still to come must
+        fit under it. On an emptyDir the model directory is all the volume holds.
+        """
         free = shutil.disk_usage(self.model_dir).free
         if needed_bytes > free:
             raise FetchError(
                 FetchReason.DISK_FULL,
                 f"the model needs {needed_bytes} more bytes and the cache volume has {free} free",
+            )
+        if size_limit_bytes is None:
+            return
+        held = held_bytes(self.model_dir)
+        if needed_bytes + held > size_limit_bytes:
+            raise FetchError(
+                FetchReason.DISK_FULL,
+                f"the model needs {needed_bytes} more bytes, the cache already holds {held}, "
+                f"and the cache's size limit (spec.model.cache.sizeLimit) is "
+                f"{size_limit_bytes} bytes",
             )
 
     def write_part(
@@ -199,6 +261,7 @@ class ModelStore:
         """Append the chunks to the part file from `offset`, then verify and rename it.
         `added` is told each chunk's bytes, and 0 at each chunk hashed."""
         part = self.part_path(remote)
+        self.discard_stale_parts(remote)
         try:
             part.parent.mkdir(parents=True, exist_ok=True)
             handle: BinaryIO

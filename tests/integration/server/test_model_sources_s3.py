@@ -12,6 +12,7 @@ as .cache/versitygw in the checkout.
 
 from __future__ import annotations
 
+import io
 import shutil
 import subprocess
 import tempfile
@@ -27,6 +28,7 @@ from fusebox_server_harness import ServerProcess, free_port
 from minio import Minio
 
 from fusebox_contract.model_fetch import FetchEnv, FetchReason, parse
+from fusebox_server.fetch.store import ModelStore, RemoteFile
 
 pytestmark = pytest.mark.integration
 
@@ -96,19 +98,32 @@ def bucket(gateway: Gateway, tiny_model_dir: Path) -> str:
 
 
 def run_fetch(
-    gateway: Gateway, source: str, model_dir: Path, secret: str = SECRET_KEY
+    gateway: Gateway,
+    source: str,
+    model_dir: Path,
+    secret: str = SECRET_KEY,
+    **more: str,
 ) -> subprocess.Popen[str]:
     settings = {
         FetchEnv.SOURCE: source,
         FetchEnv.S3_ENDPOINT: gateway.endpoint,
         FetchEnv.S3_ACCESS_KEY: ACCESS_KEY,
         FetchEnv.S3_SECRET_KEY: secret,
+        **more,
     }
     return start_fetch(model_dir, settings, scrubbed=("AWS_",))
 
 
-def fetch(gateway: Gateway, source: str, model_dir: Path, secret: str = SECRET_KEY) -> FetchRun:
-    return finished(run_fetch(gateway, source, model_dir, secret), model_dir)
+def fetch(
+    gateway: Gateway, source: str, model_dir: Path, secret: str = SECRET_KEY, **more: str
+) -> FetchRun:
+    return finished(run_fetch(gateway, source, model_dir, secret, **more), model_dir)
+
+
+def listed(gateway: Gateway, key: str) -> RemoteFile:
+    """The object as the fetcher lists it (its name under the prefix, size, ETag)."""
+    (item,) = gateway.client().list_objects(BUCKET, prefix=key)
+    return RemoteFile(key.removeprefix(f"{PREFIX}/"), item.size or 0, (item.etag or "").strip('"'))
 
 
 def test_a_model_fetched_from_s3_is_verified_and_served(
@@ -157,18 +172,70 @@ def test_a_partial_download_is_resumed(
     model_dir = workdir / "resumed" / "model"
     model_dir.mkdir(parents=True)
     weights = (tiny_model_dir / WEIGHTS).read_bytes()
-    (model_dir / f"{WEIGHTS}.part").write_bytes(weights[: len(weights) // 2])
+    part = ModelStore(model_dir).part_path(listed(gateway, f"{PREFIX}/{WEIGHTS}"))
+    part.write_bytes(weights[: len(weights) // 2])
+    # A part an older fetcher left, of no known version: never resumed, removed.
+    (model_dir / f"{WEIGHTS}.part").write_bytes(b"\0" * (len(weights) // 3))
     run = fetch(gateway, bucket, model_dir)
     assert run.returncode == 0, run.output
     assert f"{len(weights) // 2} bytes resumed" in run.report.message
     assert (model_dir / WEIGHTS).read_bytes() == weights
-    assert not (model_dir / f"{WEIGHTS}.part").exists()
+    assert not list(model_dir.glob("*.part"))
+
+
+def test_a_part_of_an_object_since_replaced_is_not_resumed(
+    gateway: Gateway, workdir: Path, tiny_model_dir: Path
+) -> None:
+    """A fetcher killed mid-file, then the object replaced by one of the same size, with
+    no hash the fetcher could check (a multipart upload): the copy is the new one whole."""
+    key, size = "replaced/w.bin", 6 * 1024 * 1024
+    client = gateway.client()
+    client.put_object(BUCKET, key, io.BytesIO(b"A" * size), size, part_size=5 * 1024**2)
+    old = listed(gateway, key)
+    client.put_object(BUCKET, key, io.BytesIO(b"B" * size), size, part_size=5 * 1024**2)
+    model_dir = workdir / "replaced" / "model"
+    model_dir.mkdir(parents=True)
+    ModelStore(model_dir).part_path(RemoteFile("w.bin", size, old.key)).write_bytes(b"A" * 1000)
+    run = fetch(gateway, f"s3://{BUCKET}/replaced", model_dir)
+    assert run.returncode == 0, run.output
+    assert "1 checked by size only" in run.report.message and "resumed" not in run.report.message
+    assert (model_dir / "w.bin").read_bytes() == b"B" * size
+    assert not list(model_dir.glob("*.part"))
+
+
+def test_credentials_ending_in_a_newline_are_used_without_it(
+    gateway: Gateway, bucket: str, workdir: Path
+) -> None:
+    """What `kubectl create secret --from-file` makes of a key in a file that ends a line."""
+    model_dir = workdir / "newline" / "model"
+    run = fetch(
+        gateway,
+        bucket,
+        model_dir,
+        SECRET_KEY + "\n",
+        **{FetchEnv.S3_ACCESS_KEY: ACCESS_KEY + "\n"},
+    )
+    assert run.returncode == 0, run.output
+    assert run.report.reason is FetchReason.VERIFIED
+    assert SECRET_KEY not in run.output
+
+
+def test_a_model_larger_than_the_cache_size_limit_is_disk_full(
+    gateway: Gateway, bucket: str, workdir: Path
+) -> None:
+    """The operator sets the emptyDir's sizeLimit in the fetcher's environment."""
+    model_dir = workdir / "limited" / "model"
+    run = fetch(gateway, bucket, model_dir, **{FetchEnv.CACHE_SIZE_LIMIT_BYTES: "1048576"})
+    assert run.returncode == 1
+    assert run.report.reason is FetchReason.DISK_FULL
+    assert "size limit (spec.model.cache.sizeLimit) is 1048576 bytes" in run.report.message
+    assert not list(model_dir.iterdir())  # refused before any byte
 
 
 @pytest.mark.parametrize(
     ("source", "secret", "reason", "words"),
     [
-        ("s3://no-such-bucket/tiny", SECRET_KEY, FetchReason.NOT_FOUND, "does not exist"),
+        ("s3://no-such-bucket/tiny", SECRET_KEY, FetchReason.NOT_FOUND, "bucket does not exist"),
         ("s3://models/no-such-prefix", SECRET_KEY, FetchReason.NOT_FOUND, "no objects"),
         ("s3://models/tiny", "not-the-secret", FetchReason.BAD_CREDENTIALS, "refused"),
     ],
@@ -205,4 +272,4 @@ def test_an_object_corrupted_at_the_source_is_a_hash_mismatch(
     assert run.report.reason is FetchReason.HASH_MISMATCH
     assert "config.json: md5" in run.report.message
     assert not (model_dir / "config.json").exists()  # never left where the server would load it
-    assert not (model_dir / "config.json.part").exists()  # the next run starts it again
+    assert not list(model_dir.glob("config.json*.part"))  # the next run starts it again

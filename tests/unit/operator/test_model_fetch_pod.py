@@ -118,15 +118,17 @@ def test_a_named_claim_is_the_shared_cache_and_not_counted_as_pod_storage() -> N
     assert server["resources"]["limits"] == local_server["resources"]["limits"]
 
 
-
 def test_the_fetcher_is_told_the_emptydirs_size_limit_and_not_a_claims() -> None:
     """The kubelet evicts a pod past its emptyDir's sizeLimit; the free space the fetcher
     sees is the node's, so it is told the limit to refuse a larger model (DiskFull)."""
     pod = pod_of({"source": "s3://models/tiny", "cache": {"sizeLimit": "2Gi"}})
     small = container(pod, FETCH_CONTAINER)
     assert plain_env(small)[FetchEnv.CACHE_SIZE_LIMIT_BYTES] == str(2 * GIB)
+    assert fetch_config([], plain_env(small)).cache_size_limit_bytes == 2 * GIB  # as it reads it
     claimed = pod_of({"source": "hf://org/repo", "cache": {"claimName": "model-cache"}})
-    assert FetchEnv.CACHE_SIZE_LIMIT_BYTES not in plain_env(container(claimed, FETCH_CONTAINER))
+    on_claim = plain_env(container(claimed, FETCH_CONTAINER))
+    assert FetchEnv.CACHE_SIZE_LIMIT_BYTES not in on_claim
+    assert fetch_config([], on_claim).cache_size_limit_bytes is None
 
 
 def test_s3_credentials_come_from_the_named_secret_by_reference_only() -> None:

@@ -6,11 +6,14 @@ tests/integration/server/test_model_sources_s3.py.
 
 from __future__ import annotations
 
+import base64
 import errno
 import fcntl
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import httpx2
 import pytest
@@ -20,6 +23,8 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from minio import Minio
+from minio.datatypes import Object
 from minio.error import S3Error
 
 from fusebox_contract.model_fetch import (
@@ -29,6 +34,7 @@ from fusebox_contract.model_fetch import (
     model_cache_subdir,
     parse,
 )
+from fusebox_server.fetch import s3
 from fusebox_server.fetch import store as store_module
 from fusebox_server.fetch.hub import HubSource
 from fusebox_server.fetch.hub import named_error as hub_named_error
@@ -333,3 +339,146 @@ def test_hashing_a_downloaded_file_keeps_the_report_fresh(tmp_path: Path) -> Non
     # seconds to hash, and its report must not look like a stalled download.
     assert told[0] == len(data) and told[1:] and set(told[1:]) == {0}
     assert (tmp_path / "m" / "w.bin").read_bytes() == data
+
+
+def test_a_part_of_another_version_of_the_file_is_not_resumed(tmp_path: Path) -> None:
+    """A fetcher killed mid-file, then the object replaced by one of the same size (a
+    retrained checkpoint): the old part must not be completed with the new bytes."""
+    store = ModelStore(tmp_path / "m")
+    old = RemoteFile("w.bin", 6, "etag-old-2", {})
+    store.part_path(old).parent.mkdir(parents=True)
+    store.part_path(old).write_bytes(b"AAA")
+    (tmp_path / "m" / "w.bin.part").write_bytes(b"AA")  # an older fetcher's part: no version
+    new = RemoteFile("w.bin", 6, "etag-new-2", {})
+    assert store.resumable_bytes(new) == 0
+    store.write_part(new, iter([b"BBBBBB"]), 0, lambda _: None)
+    assert (tmp_path / "m" / "w.bin").read_bytes() == b"BBBBBB"
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["w.bin"]  # stale parts gone
+
+
+def test_a_part_of_the_same_version_is_resumed_beside_other_files(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "m")
+    listed = RemoteFile("w.bin", 6, "etag-1", {"md5": hashlib.md5(DATA).hexdigest()})
+    other = RemoteFile("w.bin.idx", 6, "etag-9", {})  # a file whose name starts alike
+    store.part_path(listed).parent.mkdir(parents=True)
+    store.part_path(listed).write_bytes(DATA[:4])
+    store.part_path(other).write_bytes(DATA[:2])
+    assert store.resumable_bytes(listed) == 4
+    store.write_part(listed, iter([DATA[4:]]), 4, lambda _: None)
+    assert (tmp_path / "m" / "w.bin").read_bytes() == DATA
+    assert store.resumable_bytes(other) == 2  # not another version of w.bin: kept
+
+
+def test_a_model_larger_than_the_cache_size_limit_is_refused_naming_the_limit(
+    tmp_path: Path,
+) -> None:
+    """An emptyDir's sizeLimit is no quota the filesystem tells: the kubelet evicts past it."""
+    store = ModelStore(tmp_path / "m")
+    store.model_dir.mkdir()
+    (store.model_dir / "held.bin").write_bytes(b"x" * 600)
+    store.check_space(400, size_limit_bytes=1000)  # 600 held + 400 to come: fits
+    with pytest.raises(FetchError, match="size limit .*1000 bytes") as caught:
+        store.check_space(401, size_limit_bytes=1000)
+    assert caught.value.reason is FetchReason.DISK_FULL
+    assert "600" in caught.value.message  # what the cache already holds
+
+
+@pytest.mark.parametrize("character", ["\x01", "😀", "é"])
+def test_any_message_fits_a_termination_message_with_its_reason(character: str) -> None:
+    report = FetchReport(FetchReason.UNREACHABLE, "head " + character * 5000, 5, 10)
+    text = report.dumps()
+    assert len(text.encode()) <= TERMINATION_MESSAGE_MAX_BYTES
+    parsed = parse(text)
+    assert parsed is not None and parsed.reason is FetchReason.UNREACHABLE
+    assert parsed.message.startswith("head " + character) and parsed.message.endswith("...")
+    assert len(text.encode()) > TERMINATION_MESSAGE_MAX_BYTES - 16  # cut, not emptied
+
+
+class FakeBucket:
+    """The S3 calls list_files makes, answered from `objects` (key -> ETag, size, HEAD
+    headers). `bucket_exists` answers as a HeadBucket does to credentials that may list
+    only under a prefix: AccessDenied (when `head_bucket_denied`)."""
+
+    def __init__(
+        self,
+        objects: dict[str, tuple[str, int, dict[str, str]]],
+        head_bucket_denied: bool = False,
+        listing_error: str = "",
+    ) -> None:
+        self.objects = objects
+        self.head_bucket_denied = head_bucket_denied
+        self.listing_error = listing_error
+        self.heads: list[str] = []
+
+    @staticmethod
+    def error(code: str) -> S3Error:
+        return S3Error(None, code, code, "/b", "id", "host")  # type: ignore[arg-type]
+
+    def bucket_exists(self, bucket: str) -> bool:
+        if self.head_bucket_denied:
+            raise self.error("AccessDenied")
+        return True
+
+    def list_objects(self, bucket: str, prefix: str, recursive: bool) -> Iterator[Object]:
+        if self.listing_error:
+            raise self.error(self.listing_error)
+        for key, (etag, size, _) in self.objects.items():
+            if key.startswith(prefix):
+                yield Object(bucket, key, etag=f'"{etag}"', size=size)
+
+    def stat_object(
+        self, bucket: str, key: str, extra_headers: dict[str, str] | None = None
+    ) -> Object:
+        self.heads.append(key)
+        etag, size, headers = self.objects[key]
+        return Object(bucket, key, etag=etag, size=size, metadata=headers)
+
+
+def s3_listing(bucket: FakeBucket) -> list[RemoteFile]:
+    return s3.list_files(cast(Minio, bucket), S3Source.parse("s3://models/p"))
+
+
+MD5_LIKE_ETAG = "0123456789abcdef0123456789abcdef"
+SHA256_B64 = base64.b64encode(hashlib.sha256(DATA).digest()).decode()
+
+
+@pytest.mark.parametrize(
+    "encryption",
+    [
+        {"x-amz-server-side-encryption": "aws:kms"},
+        {"X-Amz-Server-Side-Encryption": "aws:kms:dsse"},
+        {"x-amz-server-side-encryption-customer-algorithm": "AES256"},
+    ],
+)
+def test_an_s3_object_encrypted_with_kms_or_a_customer_key_is_not_checked_as_md5(
+    encryption: dict[str, str],
+) -> None:
+    """Its 32-hex ETag is no MD5 of its bytes: checking it would fail every single-part file."""
+    bucket = FakeBucket(
+        {
+            "p/config.json": (MD5_LIKE_ETAG, 6, encryption),
+            "p/w.bin": (MD5_LIKE_ETAG, 6, encryption | {"x-amz-checksum-sha256": SHA256_B64}),
+        }
+    )
+    config, weights = s3_listing(bucket)
+    assert config.digests == {}  # checked by size only, and the outcome says so
+    assert weights.digests == {"sha256": hashlib.sha256(DATA).hexdigest()}
+
+
+@pytest.mark.parametrize("headers", [{}, {"x-amz-server-side-encryption": "AES256"}])
+def test_a_plain_or_sse_s3_object_is_checked_against_its_etag_md5(headers: dict[str, str]) -> None:
+    (listed,) = s3_listing(FakeBucket({"p/config.json": (MD5_LIKE_ETAG, 6, headers)}))
+    assert listed.digests == {"md5": MD5_LIKE_ETAG}
+
+
+def test_credentials_that_may_list_only_under_the_prefix_are_not_refused() -> None:
+    """No HeadBucket: it needs s3:ListBucket on the whole bucket, which a least-privilege
+    policy (ListBucket under a prefix, GetObject on it) does not grant."""
+    bucket = FakeBucket({"p/config.json": (MD5_LIKE_ETAG, 6, {})}, head_bucket_denied=True)
+    assert [f.path for f in s3_listing(bucket)] == ["config.json"]
+
+
+def test_a_missing_bucket_is_named_by_the_listing() -> None:
+    with pytest.raises(FetchError, match="does not exist") as caught:
+        s3_listing(FakeBucket({}, listing_error="NoSuchBucket"))
+    assert caught.value.reason is FetchReason.NOT_FOUND
