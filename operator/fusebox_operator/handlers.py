@@ -478,6 +478,7 @@ async def _telemetry(
         tick_status = {**status, **accepted_again}  # the tick builds its conditions on these
         applied_generation = generation
         service.applied_generation = generation  # the children are this spec's: resync again
+    service.catch_up(tick_status, context.settings.pod_name, applied_generation)
     # A child the watches saw deleted or edited is put back at this tick; the
     # periodic resync (from the watches' view, no reads) is the safety net.
     touched = context.kube.children_touched(namespace, name)

@@ -13,13 +13,13 @@ pods hold what must survive.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.spec import InferenceServiceSpec, parse_applied
-from fusebox_operator.tick import TickMemory
+from fusebox_operator.tick import TickMemory, written_elsewhere
 
 if TYPE_CHECKING:
     import aiohttp
@@ -108,6 +108,17 @@ class ServiceMemo:
             return False
         self.next_resync_at = now + resync_seconds
         return True
+
+    def catch_up(self, status: Mapping[str, Any], operator_pod: str, generation: int) -> None:
+        """Take the applied generation from status when another operator replica wrote it
+        since this memory last ticked (`tick.written_elsewhere`): that replica acted while
+        this one was paused, and its children (of `generation`, the generation status
+        records as applied) are the ones a resync keeps. No resume handler runs on a
+        replica kopf's peering resumes, so with the generation this process last applied
+        itself every resync returned early, leaving a child deleted or edited by hand as
+        it was. The tick then rebuilds its own memory from the same status."""
+        if written_elsewhere(self.tick, status, operator_pod):
+            self.applied_generation = max(self.applied_generation or 0, generation)
 
     def parse_applied(self, text: str) -> InferenceServiceSpec:
         """status.appliedSpec parsed, once per record: a parse took about 1 ms a tick,

@@ -29,6 +29,7 @@ CANNOT_START_REASONS = frozenset(
     }
 )
 
+
 @dataclass(frozen=True)
 class FetchProgress:
     """A download under way as the pod's sidecar exports the fetcher's report file.

@@ -12,10 +12,12 @@ same way. Pure: no client, no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from fusebox_contract.names import EventReason
+from fusebox_contract.names import DegradationTier, EventReason, Variant
 from fusebox_operator.autoscaling import ScaleDecision
+from fusebox_operator.observations import PodSample
 from fusebox_operator.policy_state import Action, PolicyState
 from fusebox_operator.status import EventRecord, action_entry, iso
 
@@ -85,12 +87,17 @@ def after_observing(state: PolicyState) -> PolicyState:
     tier or swap of it, and its cooldowns timed actions never taken. So the
     ladders, breaker and tier start over (the first rung can act at once),
     while what was measured (memory and latency history, the pods seen) and
-    the action id sequence carry over: an id is never issued twice.
+    the action id sequence carry over: an id is never issued twice. The
+    ladder's swaps are kept for `swaps_as_reported` to check against the pods:
+    one Enforce made before a pause is still served, and forgotten it would
+    hold the pod out of service (and every other pod's remedy) for good.
     """
     return PolicyState(
         state.service_id,
         memory_limit_bytes=state.memory_limit_bytes,
         sequence=state.sequence,
+        variants=dict(state.variants),
+        swapped_at=dict(state.swapped_at),
         last_counts=state.last_counts,
         history=state.history,
         latency_history=state.latency_history,
@@ -98,6 +105,35 @@ def after_observing(state: PolicyState) -> PolicyState:
         last_fresh=state.last_fresh,
         served_once=state.served_once,
     )
+
+
+def swaps_as_reported(
+    state: PolicyState, samples: Mapping[str, PodSample], now: float
+) -> PolicyState:
+    """The ladder's swaps as the pods report them, at the first tick after holding.
+
+    A swap Enforce made before the hold is still served; one decided while
+    holding was never made. Each pod's report tells which: a pod serving the
+    fallback at a level below the fallback tier was swapped by the ladder (a
+    swap the memory lost gets its cool-off from now, so `_restore_primary`
+    still brings it back), and a pod serving the primary holds no swap. A pod
+    that reported nothing clear (a failed scrape, still loading) keeps what
+    the memory says until the cool-off ends it.
+    """
+    variants, swapped_at = dict(state.variants), dict(state.swapped_at)
+    for pod, sample in samples.items():
+        if not sample.ok or sample.variant is None or sample.model_loaded is False:
+            continue
+        if sample.converging:
+            continue
+        by_level = (sample.degradation_level or 0) >= DegradationTier.FALLBACK_MODEL.level
+        if sample.variant == Variant.FALLBACK and not by_level:
+            variants[pod] = Variant.FALLBACK
+            swapped_at.setdefault(pod, now)
+        else:
+            variants.pop(pod, None)
+            swapped_at.pop(pod, None)
+    return replace(state, variants=variants, swapped_at=swapped_at)
 
 
 def action_events(actions: Sequence[Action], why: str = NOT_ACTED) -> list[EventRecord]:

@@ -36,14 +36,17 @@ def _conditions(status: Mapping[str, Any]) -> list[dict[str, Any]]:
 def invalid_status(
     status: Mapping[str, Any], message: str, generation: int, now: float
 ) -> dict[str, Any]:
-    """InvalidSpec True with the parser's message; Ready False with it."""
+    """InvalidSpec True with the parser's message; Ready False with it while no spec was
+    ever applied. Once one was, its pods keep serving and Ready is the tick's: a refused
+    edit is told by InvalidSpec alone, never by a Ready that flaps False and back."""
     invalid = EventReason.INVALID_SPEC
     conditions = set_condition(
         _conditions(status), ConditionType.INVALID_SPEC, True, invalid, message, generation, now
     )
-    conditions = set_condition(
-        conditions, ConditionType.READY, False, invalid, message, generation, now
-    )
+    if "memory" not in status:  # nothing applied yet, so no pods of ours
+        conditions = set_condition(
+            conditions, ConditionType.READY, False, invalid, message, generation, now
+        )
     return {"conditions": conditions, "observedGeneration": generation}
 
 

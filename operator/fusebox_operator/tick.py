@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
 from fusebox_contract.names import ConditionType, DegradationTier, Variant
@@ -46,7 +46,12 @@ from fusebox_operator.node_pressure import (
     relieve_nodes,
 )
 from fusebox_operator.observations import FetchProgress, FetchState, PodSample, PodView
-from fusebox_operator.observe_mode import NOT_ACTED, after_observing, observed
+from fusebox_operator.observe_mode import (
+    NOT_ACTED,
+    after_observing,
+    observed,
+    swaps_as_reported,
+)
 from fusebox_operator.pod_view import current_count
 from fusebox_operator.policy import admit_percent, decide
 from fusebox_operator.policy_state import DISRUPTIVE, Action, ActionKind, PolicyState
@@ -123,6 +128,26 @@ class TickMemory:
     # last figures (model_readiness): rewritten at most every PROGRESS_REFRESH_SECONDS.
     fetch_progress_told: ProgressTold | None = None
     fetch_figures: dict[str, FetchProgress] = field(default_factory=dict)
+    # The last write of another operator replica this memory was built from
+    # (status.operator.pod, status.updatedAt): `written_elsewhere` tells a newer one.
+    foreign_write: tuple[str, str] | None = None
+    held: bool = False  # the last tick ran holding (Observe, pause-actions): nothing was sent
+
+    def start_over(self) -> None:
+        """Forget everything, as a restarted operator would: the next tick rebuilds
+        the policy from status and tells each pod its state once more."""
+        fresh = TickMemory()
+        for name in (f.name for f in fields(self)):
+            setattr(self, name, getattr(fresh, name))
+
+    def end_hold(self) -> None:
+        """The first tick since holding: forget the drains and cache sheds that were
+        only told as WouldAct, so the pods still on a bad GPU or a pressured node get
+        them now. Both are decided and remembered in one step (so a hold tells each
+        once); a real drain or shed just before the hold at worst runs once more,
+        and a pod already being deleted is never drained again."""
+        self.drained.clear()
+        self.node_pressure.relieved_at.clear()
 
 
 @dataclass(frozen=True)
@@ -338,6 +363,44 @@ def crash_looping(pod: PodView) -> bool:
     return bool(pod.failing) and not pod.server_started
 
 
+def stored_sequence(status: Mapping[str, Any]) -> int:
+    """The action id sequence status.policy holds (0: none, or unreadable)."""
+    try:
+        return int((status.get("policy") or {}).get("sequence") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def foreign_write(status: Mapping[str, Any], operator_pod: str) -> tuple[str, str] | None:
+    """The stored status's last write when another operator replica made it: its pod and
+    `updatedAt`; None when this replica made it, or nobody says (no status.operator)."""
+    writer = str((status.get("operator") or {}).get("pod") or "")
+    if not writer or not operator_pod or writer == operator_pod:
+        return None
+    return writer, str(status.get("updatedAt") or "")
+
+
+def written_elsewhere(memory: TickMemory, status: Mapping[str, Any], operator_pod: str) -> bool:
+    """Whether status moved under this memory: another replica acted since it was built.
+
+    Why: kopf peering pauses a replica when one of higher priority joins and keeps
+    its memo; when that one leaves, the paused replica resumes with no resume
+    handler and its memory from before. Ticking from it would close a breaker the
+    other replica opened, wind the action ids back (the server then replays an
+    old result for a new action) and undo the tier. A status sequence beyond the
+    memory's, or a write by another replica this memory has not seen, means the
+    memory is stale. A body that merely lags this replica's own last write shows
+    neither: its sequence is not higher, and its writer is this replica or the
+    foreign write the memory was built from.
+    """
+    if memory.policy is None:
+        return False  # built from status this tick anyway
+    if stored_sequence(status) > memory.policy.sequence:
+        return True
+    seen = foreign_write(status, operator_pod)
+    return seen is not None and seen != memory.foreign_write
+
+
 def sized_limit_bytes(status: Mapping[str, Any]) -> float | None:
     """The server's memory limit as reconcile last sized it (status.memory), if any."""
     limit = (status.get("memory") or {}).get("limitBytes")
@@ -408,16 +471,25 @@ async def run_tick(
     """Scrape -> decide -> act -> converge runtime state -> status patch and events."""
     spec = inputs.spec
     now = clock()
+    issued = memory.policy.sequence if memory.policy is not None else 0
+    if written_elsewhere(memory, inputs.status, inputs.operator_pod):
+        memory.start_over()  # another replica acted meanwhile: its status is the truth
     state = memory.policy
     if state is None:
-        # First tick after a start or an operator restart: resume from status.
+        # First tick after a start, an operator restart or a handover: resume from status.
         state = PolicyState.from_status(inputs.service_id, inputs.status)
+        state.sequence = max(state.sequence, issued)  # an id this process used is never reused
+        memory.foreign_write = foreign_write(inputs.status, inputs.operator_pod)
     controls = parse_controls(inputs.annotations, spec)
     observing = spec.mode is Mode.OBSERVE
     # Paused by fusebox.dev/pause-actions: the same gate as Observe, with its own reason.
     holding = observing or controls.paused is not None
+    if memory.held and not holding:
+        memory.end_hold()
+    memory.held = holding
     was_holding = inputs.status.get("mode") == Mode.OBSERVE or was_paused(inputs.status)
-    if not holding and was_holding:
+    resumed = not holding and was_holding
+    if resumed:
         state = after_observing(state)  # first tick since Observe or a pause: nothing was done
     incident = incident_step(controls, inputs.status, state, spec, now)
     state = incident.state  # a reset-breaker not yet honoured is applied before deciding
@@ -431,6 +503,8 @@ async def run_tick(
     scraped = await scrape([*targets, *downloading])
     samples = {s.pod: s for s in scraped if s.pod in by_name}
     memory.fetch_figures = fetch_figures(inputs.pods, scraped, memory.fetch_figures, now)
+    if resumed:
+        state = swaps_as_reported(state, samples, now)  # the ladder's swaps the hold kept
 
     rollout = readiness(inputs.pods, samples, state, memory.applied, spec)
     # A pod whose sidecar is briefly unready is not scraped but still exists: its

@@ -365,6 +365,37 @@ def test_a_tick_that_read_the_status_before_an_edits_reconcile_landed_restores_n
     assert "NetworkPolicy chat" in kube.written
 
 
+def test_a_replica_resumed_after_another_applied_an_edit_puts_back_its_children(
+    events: list[tuple[str, str, str]],
+) -> None:
+    """kopf peering paused this replica (its memo kept) while another applied an edit;
+    no resume handler runs when it acts again, and a child deleted by hand is still
+    put back: the generation the other replica applied is the one resynced."""
+    kube = FakeKube()
+    service = Service(kube)
+    paused = service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
+    service.reconcile(VALID)
+    service.tick(VALID)
+    # The other replica: its own memo, the edit applied, its tick writing status.
+    service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
+    edited = {**VALID, "telemetry": {"scrapeIntervalSeconds": 7, "wedgeAfterSeconds": 30}}
+    service.reconcile(edited, old=VALID)
+    service.tick(edited)
+    service.status["operator"] = {"pod": "fusebox-operator-other", "since": "2027-01-15T08:00:00Z"}
+    kube.statuses[service.name] = service.status
+    # It leaves; this replica resumes, and a watch saw a child deleted.
+    service.kept = paused
+    kube.written.clear()
+    kube.touched.add(service.name)
+    paused.next_scrape_at = 0.0
+
+    service.tick(edited)
+
+    assert "NetworkPolicy chat" in kube.written
+    restored = [m for _, reason, m in events if reason == EventReason.CHILD_RESTORED]
+    assert "NetworkPolicy chat was missing (deleted outside Fusebox): recreated" in restored
+
+
 def test_before_any_spec_is_applied_nothing_is_watched(
     events: list[tuple[str, str, str]],
 ) -> None:

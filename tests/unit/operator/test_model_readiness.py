@@ -72,7 +72,6 @@ def test_a_fetcher_that_died_without_a_report_is_named_with_its_last_words() -> 
     assert verdict == (False, "FetchFailed", "s3://models/tiny: p-1: Killed")
 
 
-
 def test_a_fetcher_the_kubelet_cannot_start_is_named_not_told_as_downloading() -> None:
     missing = {
         "waiting": {

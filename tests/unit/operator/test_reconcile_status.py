@@ -32,6 +32,17 @@ def test_a_refused_spec_says_why_in_invalid_spec_and_ready() -> None:
     assert status["observedGeneration"] == 4
 
 
+def test_a_refused_edit_of_a_running_service_leaves_ready_to_its_pods() -> None:
+    # Pods of an applied spec serve (status.memory): Ready is the tick's, and a refused
+    # edit is told by InvalidSpec alone, never by Ready False and back a tick later.
+    ready = set_condition([], ConditionType.READY, True, "PodsReady", "1/1", 1, T0)
+    refused = invalid_status({"conditions": ready, "memory": {}}, "fp8 on an A100", 2, T0 + 5)
+    assert condition(refused, ConditionType.READY) == ready[0]
+    invalid = condition(refused, ConditionType.INVALID_SPEC)
+    assert (invalid["status"], invalid["reason"]) == ("True", EventReason.INVALID_SPEC)
+    assert invalid["message"] == "fp8 on an A100"
+
+
 def test_a_wait_for_gpu_nodes_is_new_once_and_leaves_ready_to_running_pods() -> None:
     first, text, new = waiting_for_gpu_nodes({}, "no node says nvidia.com/gpu.memory", 1, T0)
     assert new and text.endswith("looking again every 60 s")

@@ -617,7 +617,6 @@ def test_an_s3_copy_is_named_by_its_etags_digest_and_no_revision_is_claimed() ->
     assert later.status_patch["modelRevision"] is None
 
 
-
 def test_an_evicted_pod_s_failed_fetch_no_longer_holds_model_ready_false() -> None:
     """An evicted pod stays in the API (phase Failed) with its fetcher killed; once its
     replacement has its copy, the model is ready."""
