@@ -13,7 +13,7 @@ summary.observedAt), so a figure not rewritten shows its true age (SEEN).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,8 @@ NOT_READY = ServingReason.NOT_READY
 SPEC_VALID = "SpecValid"  # InvalidSpec's reason once a spec is accepted
 SCALE_LIMIT_GPU = "PodsPendingForGPU"  # ScalingLimited's reason while scale-up is held
 NO_QUALITY_REMEDY = "NoQualityRemedy"  # Degraded's reason: quality fails, no tier helps
+# Degraded's reason while the memory ladder's swap (not a tier) has pods on the fallback.
+SWAPPED_TO_FALLBACK = "SwappedToFallback"
 TIER_NAMES: dict[int, str] = {int(DegradationLevel.NONE): "none"} | {
     int(tier.level): tier.value for tier in DegradationTier
 }
@@ -477,14 +479,37 @@ def degradation_explanation(
 ) -> tuple[bool, str, str]:
     """Degraded's status, reason and message: the tier and breaker the operator set."""
     unremedied = state.quality_unremedied
-    if not (state.level > 0 or state.breaker is not BreakerState.CLOSED or unremedied):
+    swapped = swap_note(
+        pod for pod, variant in state.variants.items() if variant == Variant.FALLBACK
+    )
+    if state.level >= DegradationLevel.FALLBACK_MODEL:
+        swapped = ""  # the tier has every pod on the fallback: the message says so
+    tiered = state.level > 0 or state.breaker is not BreakerState.CLOSED
+    if not (tiered or unremedied or swapped):
         return False, "FullService", FULL_SERVICE
+    if not tiered and not unremedied:
+        return True, SWAPPED_TO_FALLBACK, swapped
     message = (
         f"tier {tier_name(state.level)} (level {state.level}); breaker {state.breaker.status_name}"
         + fallback_note(state, spec)
+        + (f"; {swapped}" if swapped else "")
         + (f"; {unremedied}" if unremedied else "")
     )
     return True, NO_QUALITY_REMEDY if unremedied else "Degraded", message
+
+
+def swap_note(pods: Iterable[str]) -> str:
+    """Pods the memory ladder swapped to the fallback (not a tier): they serve the
+    quantized model until the cool-off brings the primary back; "" for none."""
+    listed = sorted(pods)
+    if not listed:
+        return ""
+    more = len(listed) - MAX_PODS_LISTED
+    names = ", ".join(listed[:MAX_PODS_LISTED]) + (f" and {more} more" if more > 0 else "")
+    return (
+        f"{names} serve{'s' if len(listed) == 1 else ''} the fallback model (the memory "
+        "ladder's swap; the primary comes back after degradation.coolOffSeconds)"
+    )
 
 
 def held_degradation(state: PolicyState, samples: Sequence[PodSample]) -> tuple[bool, str, str]:
@@ -500,14 +525,23 @@ def held_degradation(state: PolicyState, samples: Sequence[PodSample]) -> tuple[
         sample.pod for sample in reported if sample.breaker_state not in (None, BreakerState.CLOSED)
     )
     unremedied = state.quality_unremedied
+    swapped = swap_note(
+        sample.pod
+        for sample in reported
+        if sample.variant == Variant.FALLBACK
+        and (sample.degradation_level or 0) < DegradationLevel.FALLBACK_MODEL
+    )
     parts = []
     if level > 0:
         parts.append(f"pods report tier {tier_name(level)} (level {level})")
     if refusing:
         parts.append(f"breaker not closed on {', '.join(refusing)}")
+    if swapped:
+        parts.append(swapped)
     if unremedied:
         parts.append(unremedied)
     degraded = bool(parts)
+    only_swapped = degraded and parts == [swapped]
     if state.level > 0 or state.breaker is not BreakerState.CLOSED:
         parts.append(
             f"held: the operator would set tier {tier_name(state.level)} (level {state.level}), "
@@ -515,6 +549,8 @@ def held_degradation(state: PolicyState, samples: Sequence[PodSample]) -> tuple[
         )
     if not degraded:
         return False, "FullService", "; ".join([FULL_SERVICE, *parts])
+    if only_swapped:
+        return True, SWAPPED_TO_FALLBACK, "; ".join(parts)
     return True, NO_QUALITY_REMEDY if unremedied else "Degraded", "; ".join(parts)
 
 

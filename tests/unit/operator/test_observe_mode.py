@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from fusebox_contract.names import BreakerState, EventReason
+from fusebox_contract.names import BreakerState, EventReason, Variant
 from fusebox_operator.actuator import ActionResult, RuntimeCall
 from fusebox_operator.incident import PAUSE_ACTIONS
 from fusebox_operator.observations import PodSample, PodView
@@ -314,6 +314,24 @@ def test_a_pause_keeps_degraded_true_while_the_pods_still_run_the_tier_enforce_s
     state, reason, message = degraded_of(outcome.status_patch)
     assert (state, reason) == ("True", "Degraded")
     assert message.startswith("pods report tier")
+
+
+@pytest.mark.parametrize(("mode", "annotations"), HOLDS)
+def test_a_held_pod_serving_the_fallback_below_its_tier_is_degraded_by_a_ladder_swap(
+    mode: str, annotations: dict[str, str]
+) -> None:
+    swapped = sample(
+        rss_bytes=0.2 * LIMIT,
+        memory_limit_bytes=LIMIT,
+        breaker_state=BreakerState.CLOSED,
+        degradation_level=0,
+        variant=Variant.FALLBACK,
+    )
+    status = open_breaker_status("Observe" if mode == "Observe" else "Enforce")
+    outcome = tick(spec_in(mode), status, RecordingActuator(), swapped, annotations=annotations)
+    state, reason, message = degraded_of(outcome.status_patch)
+    assert (state, reason) == ("True", "SwappedToFallback")
+    assert message.startswith("p serves the fallback model")
 
 
 def test_an_open_breaker_in_enforce_makes_degraded_true_from_the_operators_state() -> None:

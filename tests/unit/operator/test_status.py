@@ -205,6 +205,23 @@ def test_a_pod_that_cannot_swap_is_named_by_one_event_and_in_degraded() -> None:
     assert "cannot swap" not in degraded["message"]
 
 
+def test_a_pod_the_memory_ladder_swapped_to_the_fallback_is_degraded_not_full_service() -> None:
+    """VARIANT says fallback: Degraded must not say every feature is on."""
+    swapped = PolicyState("svc", variants={"pod-a": Variant.FALLBACK}, swapped_at={"pod-a": T0})
+    status = build_status({}, swapped, [], [], seen(2), SPEC, 1, T0)
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "SwappedToFallback")
+    assert degraded["message"].startswith("pod-a serves the fallback model")
+    # Under a tier as well: both are told, the tier's reason first.
+    tiered = build_status({}, replace(swapped, level=1), [], [], seen(2), SPEC, 1, T0)
+    degraded = next(c for c in tiered["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "Degraded" and "pod-a serves the fallback" in degraded["message"]
+    # At the fallback tier every pod serves it: no pod is named as a ladder swap.
+    at_tier = build_status({}, replace(swapped, level=2), [], [], seen(2), SPEC, 1, T0)
+    degraded = next(c for c in at_tier["conditions"] if c["type"] == "Degraded")
+    assert "memory ladder" not in degraded["message"]
+
+
 def test_last_action_and_bounded_history() -> None:
     state = PolicyState("svc")
     previous: dict = {}
