@@ -89,6 +89,9 @@ class LoadedModel:
     kernels: dict[str, Any] = field(default_factory=dict)
     # Linear layers the quantization left in the model's dtype (`quantization.quantize`).
     unquantized_layers: tuple[str, ...] = ()
+    # The tokenizer it was loaded with: a job encoded with another is refused
+    # (`tokenization.encodes_alike`); None when unknown (refused the same way).
+    tokenizer: Any = None
 
     @property
     def footprint_bytes(self) -> int:
@@ -155,6 +158,7 @@ def load_model(
         prompt_arguments=_last_logits_only(model),
         kernels=kernels,
         unquantized_layers=unquantized,
+        tokenizer=tokenizer,
     )
 
 

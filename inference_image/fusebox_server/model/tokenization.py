@@ -246,3 +246,22 @@ def token_text(tokenizer: Any, token_id: int, starts_text: bool = False) -> tupl
     if raw is None:
         return text, text.encode("utf-8")
     return "".join(f"\\x{byte:02x}" for byte in raw), raw
+
+
+def encodes_alike(first: Any, second: Any) -> bool:
+    """Whether token ids from one tokenizer mean the same to the other: the same object
+    (the fallback from the primary's directory shares it), or two loads of the same
+    tokenizer and chat template (a fallback directory with a copy of the primary's).
+
+    Only fast tokenizers, whose whole definition serialises, are compared; any other
+    pair of distinct tokenizers is taken to differ.
+    """
+    if first is second:
+        return True
+    definitions = []
+    for tokenizer in (first, second):
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return False
+        definitions.append((backend.to_str(), getattr(tokenizer, "chat_template", None)))
+    return definitions[0] == definitions[1]

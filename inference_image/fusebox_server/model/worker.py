@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import structlog
 import torch
 
 from fusebox_contract.names import Fault
@@ -46,7 +47,7 @@ from fusebox_server.model.prefix_kv import PrefixKV, leading, new_prefix_cache, 
 from fusebox_server.model.slot_batch import SlotBatch, new_batch
 from fusebox_server.model.structured_output import vocabulary_of
 from fusebox_server.model.token_choice import TokenScore
-from fusebox_server.model.tokenization import IncrementalDecoder, token_text
+from fusebox_server.model.tokenization import IncrementalDecoder, encodes_alike, token_text
 
 IDLE_WAIT_SECONDS = 0.2
 CONTROL_ACTION_GRACE_SECONDS = 900.0
@@ -55,6 +56,10 @@ POST_ATTEMPTS = 200
 POST_RETRY_SECONDS = 0.005
 # Joiners' prompts run together up to this many (padded) tokens per forward pass.
 PREFILL_TOKEN_BUDGET = 2048
+# How much of an error a log line quotes.
+ERROR_LOG_CHARS = 300
+
+log = structlog.get_logger("fusebox_server")
 
 
 @dataclass(frozen=True)
@@ -208,6 +213,9 @@ class InferenceWorker(threading.Thread):
         self._prefill_chunk_tokens = prefill_chunk_tokens
         # Started jobs whose prompts run in chunks, oldest first (`_prefill_next_chunk`).
         self._chunked: list[GenerationJob] = []
+        # The last pair of tokenizers compared for a job moved to another variant, and whether
+        # they encode alike (`_encodes_alike`).
+        self._alike: tuple[Any, Any, bool] | None = None
 
     # ----- called from the event loop -----
     def submit(self, job: GenerationJob | ControlJob) -> None:
@@ -399,25 +407,32 @@ class InferenceWorker(threading.Thread):
         return self.prefix_cache
 
     def _reuse_prefix(self, job: GenerationJob) -> None:
-        """Start the job from the longest cached prefix of its prompt, if any."""
+        """Start the job from the longest cached prefix of its prompt, if any.
+
+        The cache is an optimisation, never a request's error: a match or a copy
+        that fails (on the CPU a failed allocation is a plain RuntimeError) leaves
+        the job as on a miss, its prompt to run whole (`_skip_prefix_cache`).
+        """
         decoding = job.decoding
         assert decoding is not None
         cache = self._prefix_cache_of(decoding.loaded)
         if not cache.enabled:
             return
-        found = cache.match(job.prompt_ids)
-        if found is None:
-            return
         try:
+            found = cache.match(job.prompt_ids)  # copies the shared part of a partial match
+            if found is None:
+                return
             decoding.start_from_prefix(leading(found.value, found.length))
-        except (MemoryError, torch.OutOfMemoryError):
-            return  # the copy did not fit: the prompt runs whole, as on a miss
+        except Exception as error:
+            self._skip_prefix_cache("reuse", job, cache, error)
+            return
         job.reused_prefix_tokens = found.length
 
     def _keep_prefixes(self, group: list[GenerationJob]) -> None:
         """Cache the prompts a prefill just computed in full (not the ones that started
         from a prefix: their shared part is cached already). A copy that cannot be made
-        (memory short) is skipped: the cache is an optimisation, never a request's error."""
+        is skipped: the cache is an optimisation, never a request's error; the rows
+        decode on, uncached."""
         for job in group:
             decoding = job.decoding
             if decoding is None or job.reused_prefix_tokens or decoding.cache is None:
@@ -427,9 +442,28 @@ class InferenceWorker(threading.Thread):
                 return
             try:
                 cache.insert(job.prompt_ids, prompt_kv(decoding))
-            except (MemoryError, torch.OutOfMemoryError):
-                cache.shed()
+            except Exception as error:
+                self._skip_prefix_cache("keep", job, cache, error)
                 return
+
+    def _skip_prefix_cache(
+        self, step: str, job: GenerationJob, cache: PrefixCache[PrefixKV], error: Exception
+    ) -> None:
+        """Log a prefix-cache step that failed; when memory ran short, empty the cache too
+        (its entries are what can be given back; `shed` counts them as evictions)."""
+        exhausted = memory_exhausted(error) is not None or isinstance(error, torch.OutOfMemoryError)
+        if exhausted:
+            cache.shed()
+        try:
+            log.warning(
+                "prefix_cache_skipped",
+                step=step,
+                request_id=job.request_id,
+                memory_exhausted=exhausted,
+                error=repr(error)[:ERROR_LOG_CHARS],
+            )
+        except Exception:  # logging allocates too: a lost line must not fail the request
+            pass
 
     def _prefill_alone(self, job: GenerationJob) -> None:
         assert job.decoding is not None
@@ -586,8 +620,14 @@ class InferenceWorker(threading.Thread):
             self._finish(job, Failed(error, job.completion_tokens))
 
     def abort_active(self, error: ServerError) -> None:
-        """Called on this thread by unload/swap: running requests lose their model."""
-        self._fail_all(error)
+        """Called on this thread by unload/swap: running requests lose their model.
+
+        Jobs not started yet hold nothing of it: they stay, and start on the model
+        that serves after the change (`_start`), or fail there if none does.
+        """
+        for job in list(self._active):
+            if job.decoding is not None:
+                self._finish(job, Failed(error, job.completion_tokens))
         self._chunked = []
         self._batch = None
         self.prefix_cache.clear()  # keys and values of the model that goes
@@ -610,13 +650,42 @@ class InferenceWorker(threading.Thread):
 
     def _start(self, job: GenerationJob) -> None:
         loaded = self.loaded
-        if loaded is None or loaded.variant != job.variant:
-            raise ModelUnavailable("the model was unloaded or swapped before generation started")
+        if loaded is None:
+            raise ModelUnavailable("the model was unloaded before generation started")
+        if loaded.variant != job.variant:
+            self._move_to(job, loaded)
         job.cuda_at_entry = cuda_memory(loaded.device)
         self._faults.grow_leaks(loaded)
         vocabulary = vocabulary_of(job.tokenizer) if job.settings.output_format else None
         job.decoding = Decoding(loaded, job.prompt_ids, job.settings, vocabulary)
         job.decoder = IncrementalDecoder(job.tokenizer)
+
+    def _move_to(self, job: GenerationJob, loaded: LoadedModel) -> None:
+        """The variant changed while the job waited: it runs on the one that serves now.
+
+        A load-first change keeps the pod ready, so jobs named after the old
+        variant queue behind the load; they wait and are then served
+        (docs/decisions/fallback-swap.md), under the new variant's name (the
+        response headers, the access log). Only a model with another tokenizer
+        refuses them: their prompts' token ids would mean other text there.
+        """
+        if not self._encodes_alike(job.tokenizer, loaded.tokenizer):
+            raise ModelUnavailable(
+                "the model was swapped for one with another tokenizer before generation started"
+            )
+        job.variant = loaded.variant
+        job.tokenizer = loaded.tokenizer
+
+    def _encodes_alike(self, first: Any, second: Any) -> bool:
+        """`tokenization.encodes_alike`, remembered for the last pair (it serialises both)."""
+        if first is second:
+            return True
+        known = self._alike
+        if known is not None and known[0] is first and known[1] is second:
+            return known[2]
+        alike = second is not None and encodes_alike(first, second)
+        self._alike = (first, second, alike)
+        return alike
 
     def _append(self, job: GenerationJob, piece: str, final: bool) -> bool:
         """Add text; emit what is safe; returns True when a stop sequence ended it."""

@@ -20,6 +20,7 @@ from fusebox_server.model.decode_settings import DecodeSettings
 from fusebox_server.model.engine import Decoding, load_model
 from fusebox_server.model.faults import Faults
 from fusebox_server.model.tiny_model import write_model
+from fusebox_server.model.tokenization import load_tokenizer
 from fusebox_server.model.worker import Failed, Finished, GenerationJob, InferenceWorker
 
 from .worker_jobs import GREEDY, cpu_worker, submit_job
@@ -59,13 +60,18 @@ def test_a_failing_request_reaches_its_caller_and_the_worker_carries_on(
         worker.start()
         outcomes: list[Any] = []
 
-        async def run(prompt_ids: tuple[int, ...], variant: str = "primary") -> Any:
-            done, pieces = submit_job(worker, tiny_tokenizer, prompt_ids, variant=variant)
+        async def run(
+            prompt_ids: tuple[int, ...], variant: str = "primary", tokenizer: Any = tiny_tokenizer
+        ) -> Any:
+            done, pieces = submit_job(worker, tokenizer, prompt_ids, variant=variant)
             event = await done
             return event, "".join(pieces)
 
         outcomes.append(await run((10**9,)))  # an id outside the vocabulary: the model raises
-        outcomes.append(await run((5, 6, 7), variant="fallback"))  # not the loaded variant
+        # Encoded for a variant not loaded, with a tokenizer the loaded one does not share.
+        other = load_tokenizer(tiny_model_dir)
+        other.add_tokens(["<another-vocabulary>"])
+        outcomes.append(await run((5, 6, 7), variant="fallback", tokenizer=other))
         outcomes.append(await run((5, 6, 7)))
         assert worker.is_alive()
         worker.stop()

@@ -4,20 +4,27 @@ model, with a fallback whose weights are cut short, as corrupt weights on a volu
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import torch
 
 from fusebox_contract.names import ActionType, DegradationLevel, Quantization, Variant
 from fusebox_contract.stats import StatsDocument
 from fusebox_server.config import ServerConfig
 from fusebox_server.control.runtime import Runtime
-from fusebox_server.errors import FallbackUnavailable
+from fusebox_server.errors import FallbackUnavailable, ModelUnavailable
 from fusebox_server.model import cpu_kernels, engine
+from fusebox_server.model.decode_settings import DecodeSettings
 from fusebox_server.model.load_order import LoadOrder, MemoryRoom, load_order, weights_on_disk_bytes
+from fusebox_server.model.tokenization import load_tokenizer
+from fusebox_server.model.worker import ControlJob, Failed, Finished
 
 from .runtime_runs import run_with_runtime, settled
+from .worker_jobs import cpu_worker, submit_job
 
 T = TypeVar("T")
 
@@ -161,6 +168,86 @@ def test_a_good_fallback_loads_beside_the_primary_when_both_fit(tiny_model_dir: 
     order, serving = run_with_runtime(config, scenario, ROOM)
     assert order is LoadOrder.LOAD_FIRST
     assert serving == (Variant.FALLBACK, True, "int8")
+
+
+def test_a_request_admitted_during_a_load_first_swap_waits_and_is_served_by_the_new_variant(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = ServerConfig(
+        model_dir=tiny_model_dir, fallback_quantization=Quantization.INT8, torch_threads=1
+    )
+    real_load = engine.load_model
+
+    def slow_load(*args: Any, **kwargs: Any) -> Any:  # a larger model's load time
+        time.sleep(0.5)
+        return real_load(*args, **kwargs)
+
+    async def scenario(runtime: Runtime) -> tuple[bool, LoadOrder | None, str, Any]:
+        monkeypatch.setattr(engine, "load_model", slow_load)
+        swap = asyncio.ensure_future(
+            runtime.run_action("swap-1", ActionType.SWAP, Variant.FALLBACK)
+        )
+        await asyncio.sleep(0.2)
+        ready_during_load = runtime.ready
+        runtime.check_available()  # admitted: the pod stays ready during a load-first swap
+        ids = await runtime.encode_prompt("Hello there", True)
+        choices = await runtime.start_generations(
+            "r", ids, [DecodeSettings(4, 0.0, 1.0, None, ())], time.monotonic() + 30
+        )
+        await swap
+        while True:
+            _, event = await choices.events.get()
+            if isinstance(event, Finished | Failed):
+                break
+        return ready_during_load, runtime.variants.last_load_order, choices.variant, event
+
+    ready, order, served_by, event = run_with_runtime(config, scenario, ROOM)
+    assert ready is True and order is LoadOrder.LOAD_FIRST
+    assert isinstance(event, Finished), event
+    assert event.completion_tokens == 4
+    assert served_by == Variant.FALLBACK.value  # what the headers and the access log say
+
+
+@pytest.mark.parametrize(
+    ("fallback_tokenizer", "served"),
+    [
+        pytest.param("shared", True, id="the-primarys-tokenizer"),
+        pytest.param("copy", True, id="a-copy-of-it-from-another-directory"),
+        pytest.param("other", False, id="another-tokenizer"),
+    ],
+)
+def test_a_job_queued_when_a_swap_starts_runs_on_the_new_variant_if_its_ids_mean_the_same(
+    tiny_model_dir: Path, tiny_tokenizer: Any, fallback_tokenizer: str, served: bool
+) -> None:
+    tokenizer = tiny_tokenizer
+    if fallback_tokenizer != "shared":
+        tokenizer = load_tokenizer(tiny_model_dir)
+        if fallback_tokenizer == "other":
+            tokenizer.add_tokens(["<another-vocabulary>"])
+    fallback = engine.load_model(
+        "fallback", tiny_model_dir, Quantization.INT8, torch.device("cpu"), tokenizer
+    )
+
+    async def scenario() -> Any:
+        worker = cpu_worker(asyncio.get_running_loop(), tiny_model_dir, tiny_tokenizer)
+        done, _ = submit_job(worker, tiny_tokenizer, tuple(tiny_tokenizer.encode("Hello there")))
+
+        def swap() -> None:  # what a swap does on the worker (`Variants._load_on_worker`)
+            worker.abort_active(ModelUnavailable("the model was unloaded"))
+            worker.loaded = fallback
+
+        worker.submit(ControlJob(swap, lambda result, error: None))
+        while not done.done():
+            worker._turn()  # the job and the swap are taken from the inbox in one turn
+            await asyncio.sleep(0)
+        return done.result()
+
+    event = asyncio.run(scenario())
+    if served:
+        assert isinstance(event, Finished) and event.completion_tokens == 4, event
+    else:  # its token ids would mean other text to the new variant: refused, retryable
+        assert isinstance(event, Failed) and isinstance(event.error, ModelUnavailable), event
+        assert "another tokenizer" in str(event.error)
 
 
 def test_a_loaded_variants_footprint_counts_the_plain_weights_it_keeps_for_one_row(
