@@ -60,6 +60,7 @@ from fusebox_operator.sizing import GpuMemoryUnknown, recorded_sizing, size_memo
 from fusebox_operator.spec import (
     InferenceServiceSpec,
     SpecError,
+    applied_record_problem,
     check_service_name,
     parse_spec,
     watched_spec,
@@ -69,6 +70,7 @@ from fusebox_operator.status import (
     observed_yet,
     rebase_conditions,
     undone_wait,
+    unreadable_record_conditions,
 )
 from fusebox_operator.telemetry import scrape_all, scrape_session
 from fusebox_operator.tick import TickInputs, current_replicas, first_observation, run_tick
@@ -467,7 +469,13 @@ async def _telemetry(
     generation = int(meta.get("generation") or 0)
     watched = watched_spec(spec, status, generation, service.parse_applied)
     if watched is None:
-        return  # nothing applied yet: no pods of ours to watch
+        # Nothing applied yet (no pods of ours to watch), or a record this parser refuses.
+        problem = applied_record_problem(status)
+        told = None if problem is None else unreadable_record_conditions(status, problem, now)
+        if told is not None:
+            log.warning("%s/%s: status.appliedSpec unreadable: %s", namespace, name, problem)
+            patch.status["conditions"] = told
+        return
     parsed, applied_generation = watched
     service.scraped(now, parsed.telemetry.scrape_interval_seconds)
     tick_status: Mapping[str, Any] = status

@@ -13,7 +13,7 @@ and the quantile interpolated within its bucket exactly as Prometheus'
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 Buckets = tuple[tuple[float, float], ...]
@@ -84,6 +84,21 @@ def window_quantile(q: float, histories: Iterable[Sequence[Snapshot]]) -> float 
     """The quantile of every pod's increase over its window: None with no pod seen twice
     or nothing observed in between (no evidence, not a fast service)."""
     increases = [increase(h[0][1], h[-1][1]) for h in histories if len(h) >= 2]
+    if not increases:
+        return None
+    return bucket_quantile(q, merge(increases))
+
+
+def quantile_since(
+    q: float, baselines: Mapping[str, Buckets], latest: Mapping[str, Buckets]
+) -> float | None:
+    """The quantile of what each pod's histogram gained since its baseline, summed over
+    the pods: the requests of one stretch of time (the half-open ones), whatever the
+    window still holds from before it. A pod without a baseline gained nothing yet;
+    None with nothing observed since (no evidence, not a fast service)."""
+    increases = [
+        increase(baselines[pod], buckets) for pod, buckets in latest.items() if pod in baselines
+    ]
     if not increases:
         return None
     return bucket_quantile(q, merge(increases))

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Sequence
 from fusebox_contract.names import BreakerState, DegradationLevel, Variant
 from fusebox_operator.latency import (
     LATENCY_WINDOW_SECONDS,
+    Buckets,
+    quantile_since,
     remember,
     window_quantile,
 )
@@ -105,6 +107,7 @@ def _forget_pod(state: PolicyState, pod: str) -> None:
         state.last_counts,
         state.history,
         state.latency_history,
+        state.half_open_buckets,
         state.fallback_unavailable,
         state.time_to_oom,
     ):
@@ -349,8 +352,13 @@ def _latency_breaker(
     calls: RequestCounts,
     spec: InferenceServiceSpec,
     now: float,
+    half_open_p99_millis: float | None = None,
 ) -> bool:
-    """Advance the service's latency breaker; True when it tripped (-> OPEN) just now."""
+    """Advance the service's latency breaker; True when it tripped (-> OPEN) just now.
+
+    `p99_millis` (the window's) opens it; `half_open_p99_millis`, of the requests
+    admitted since it went half-open only (`_half_open_p99_millis`), closes or reopens it.
+    """
     latency = spec.breaker.latency
     half = spec.breaker.half_open
     metric = latency.metric
@@ -376,6 +384,7 @@ def _latency_breaker(
         if now - state.breaker_since >= spec.breaker.open_seconds:
             state.breaker, state.breaker_since = BreakerState.HALF_OPEN, now
             state.half_open_counts = RequestCounts()
+            state.half_open_buckets = _latest_buckets(state)
             state.breaker_reason = (
                 f"open for {spec.breaker.open_seconds:g} s: admitting {half.admit_percent}% "
                 f"until {half.min_requests} requests decide"
@@ -384,15 +393,16 @@ def _latency_breaker(
     # HALF_OPEN: only results seen while half-open decide.
     state.half_open_counts = state.half_open_counts.plus(calls)
     seen = state.half_open_counts
-    if seen.calls < half.min_requests or p99_millis is None:
+    if seen.calls < half.min_requests or half_open_p99_millis is None:
         return False
     success_rate = seen.succeeded / seen.calls
     summary = (
-        f"{seen.calls:.0f} half-open requests: p99 {metric} {p99_millis:.0f} ms "
+        f"{seen.calls:.0f} half-open requests: p99 {metric} {half_open_p99_millis:.0f} ms "
         f"(recovery < {half.p99_recovery_millis:g} ms), success {success_rate:.1%} "
         f"(need >= {half.min_success_rate:.1%})"
     )
-    if p99_millis < half.p99_recovery_millis and success_rate >= half.min_success_rate:
+    state.half_open_buckets = {}
+    if half_open_p99_millis < half.p99_recovery_millis and success_rate >= half.min_success_rate:
         state.breaker, state.breaker_since = BreakerState.CLOSED, now
         state.breaker_reason = summary
         return False
@@ -490,6 +500,39 @@ def _service_p99_millis(state: PolicyState, fresh: Sequence[PodSample]) -> float
     return max(p99s) * 1000 if p99s else None
 
 
+def _latest_buckets(state: PolicyState) -> dict[str, Buckets]:
+    """Each pod's last scraped histogram."""
+    return {pod: history[-1][1] for pod, history in state.latency_history.items() if history}
+
+
+def _half_open_p99_millis(state: PolicyState, fresh: Sequence[PodSample]) -> float | None:
+    """The p99 of the half-open requests alone: each fresh pod's histogram increase since
+    the breaker went half-open (`half_open_buckets`).
+
+    Not the window's: it spans LATENCY_WINDOW_SECONDS (60 s), longer than the default
+    breaker.openSeconds (30 s), so it still held the slow requests that opened the
+    breaker, and a service that had recovered tripped again with a reason blaming
+    half-open requests that were all fast. A pod with no baseline (new since, or an
+    operator restart) counts from this scrape on; one without histograms counts with
+    its own p99 gauge, as in `_service_p99_millis`.
+    """
+    latest = {
+        sample.pod: state.latency_history[sample.pod][-1][1]
+        for sample in fresh
+        if state.latency_history.get(sample.pod)
+    }
+    for pod, buckets in latest.items():
+        state.half_open_buckets.setdefault(pod, buckets)
+    gauges = [
+        sample.latency_p99_seconds
+        for sample in fresh
+        if sample.latency_buckets is None and sample.latency_p99_seconds is not None
+    ]
+    since = quantile_since(0.99, state.half_open_buckets, latest)
+    p99s = [p for p in (since, *gauges) if p is not None]
+    return max(p99s) * 1000 if p99s else None
+
+
 def decide(
     state: PolicyState,
     samples: Iterable[PodSample],
@@ -578,7 +621,10 @@ def decide(
     state.p99_millis = _service_p99_millis(state, fresh)
     ratios = [s.quality_failure_ratio for s in fresh if s.quality_failure_ratio is not None]
     state.quality_ratio = max(ratios) if ratios else None
-    tripped = _latency_breaker(state, state.p99_millis, calls, spec, now)
+    half_open_p99 = (
+        _half_open_p99_millis(state, fresh) if state.breaker is BreakerState.HALF_OPEN else None
+    )
+    tripped = _latency_breaker(state, state.p99_millis, calls, spec, now, half_open_p99)
     _degradation(state, tripped, state.quality_ratio, spec, now)
     return state, actions
 

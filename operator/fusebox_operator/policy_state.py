@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fusebox_contract.names import BreakerState, Variant
-from fusebox_operator.latency import Snapshot
+from fusebox_operator.latency import Buckets, Snapshot
 from fusebox_operator.observations import RequestCounts
 
 
@@ -122,6 +122,9 @@ class PolicyState:
     # In memory only: rebuilt after a restart by fresh scrapes.
     history: dict[str, list[tuple[float, float | None, float | None]]] = field(default_factory=dict)
     latency_history: dict[str, list[Snapshot]] = field(default_factory=dict)  # pod -> buckets
+    # Pod -> its histogram when the breaker went half-open: the half-open requests are
+    # what it gained since. After a restart, a pod counts from its next scrape.
+    half_open_buckets: dict[str, Buckets] = field(default_factory=dict)
     first_seen: dict[str, float] = field(default_factory=dict)
     last_fresh: dict[str, float] = field(default_factory=dict)
     served_once: set[str] = field(default_factory=set)  # pods whose stats were fresh once

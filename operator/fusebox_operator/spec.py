@@ -1075,7 +1075,7 @@ def parse_spec(
         raise SpecError(f"spec must be an object, got {_show(raw)}")
     # spec.pod first: its refusals say which pod fields Fusebox owns, where the schema
     # would only call them unknown.
-    pod = _parse_pod(raw.get("pod"))
+    pod = _parse_pod(raw.get("pod"), running=running)
     if not running:
         # Before the sections, so a typo is named rather than a check its default fails.
         # Not of a running spec: one applied before a field was dropped or a bound
@@ -1111,11 +1111,60 @@ def parse_spec(
     return parsed
 
 
-def _parse_pod(raw: Any) -> PodPlacement:
+def _parse_pod(raw: Any, *, running: bool = False) -> PodPlacement:
     try:
         return parse_placement(raw)
     except PlacementError as error:
+        if running:
+            return placement_as_applied(raw)
         raise SpecError(str(error)) from None
+
+
+def placement_as_applied(raw: Any) -> PodPlacement:
+    """`spec.pod` of a spec whose pods already run, taken as written, for a record that
+    a check added since it was applied refuses (an AppArmor `unconfined` annotation,
+    refused since commit a8dbe98).
+
+    Refused, the record stopped the service's ticks: no wedge restart, ladder, breaker
+    or status. Taken without its placement, a resync would render a template the pods
+    do not run and roll them. Its pods run this placement, so it is watched and
+    rendered as they run it, as with check_servable; the next edit is still refused
+    (parse_spec without `running`). Only the shape is read, as `parse_placement` keeps
+    a section it accepts (a test holds the two equal).
+    """
+    try:
+        section: Mapping[str, Any] = dict(raw or {})
+
+        def listed(key: str) -> tuple[dict[str, Any], ...] | None:
+            items = section.get(key)
+            return None if items is None else tuple(dict(item) for item in items)
+
+        def pairs(key: str) -> tuple[tuple[str, str], ...]:
+            return tuple(sorted((str(k), str(v)) for k, v in dict(section.get(key) or {}).items()))
+
+        def text(key: str) -> str | None:
+            value = section.get(key)
+            return None if value is None else str(value)
+
+        secrets = section.get("imagePullSecrets")
+        affinity = section.get("affinity")
+        return PodPlacement(
+            tolerations=listed("tolerations"),
+            affinity=None if affinity is None else dict(affinity),
+            node_selector=pairs("nodeSelector"),
+            topology_spread_constraints=listed("topologySpreadConstraints"),
+            image_pull_secrets=None
+            if secrets is None
+            else tuple(str(entry["name"]) for entry in secrets),
+            runtime_class_name=text("runtimeClassName"),
+            priority_class_name=text("priorityClassName"),
+            service_account_name=text("serviceAccountName"),
+            labels=pairs("labels"),
+            annotations=pairs("annotations"),
+            image=text("image"),
+        )
+    except (TypeError, ValueError, KeyError) as error:
+        raise SpecError(f"spec.pod cannot be read as applied: {error!r}") from None
 
 
 def check_servable(spec: InferenceServiceSpec) -> None:
@@ -1147,6 +1196,21 @@ def applied_spec_text(raw: Mapping[str, Any]) -> str:
 def parse_applied(text: str) -> InferenceServiceSpec:
     """status.appliedSpec, parsed as the spec of running pods (SpecError, ValueError)."""
     return parse_spec(json.loads(text), running=True)
+
+
+def applied_record_problem(
+    status: Mapping[str, Any], parse_text: Callable[[str], InferenceServiceSpec] = parse_applied
+) -> str | None:
+    """Why `status.appliedSpec` cannot be read, or None when it can (or there is none):
+    what `watched_spec` gives up on, for the status to say so."""
+    text = status.get("appliedSpec")
+    if not isinstance(text, str):
+        return None
+    try:
+        parse_text(text)
+    except (TypeError, ValueError) as error:  # SpecError included
+        return str(error) or type(error).__name__
+    return None
 
 
 def watched_spec(

@@ -42,6 +42,9 @@ SCALE_LIMIT_GPU = "PodsPendingForGPU"  # ScalingLimited's reason while scale-up 
 NO_QUALITY_REMEDY = "NoQualityRemedy"  # Degraded's reason: quality fails, no tier helps
 # Degraded's reason while the memory ladder's swap (not a tier) has pods on the fallback.
 SWAPPED_TO_FALLBACK = "SwappedToFallback"
+# TelemetryFresh's and Ready's reason while status.appliedSpec cannot be read: no tick runs.
+APPLIED_SPEC_UNREADABLE = "AppliedSpecUnreadable"
+MAX_PROBLEM_CHARS = 200
 TIER_NAMES: dict[int, str] = {int(DegradationLevel.NONE): "none"} | {
     int(tier.level): tier.value for tier in DegradationTier
 }
@@ -219,6 +222,38 @@ def undone_wait(
         "appliedGeneration": generation,
         "observedGeneration": generation,
     }
+
+
+def unreadable_record_conditions(
+    status: Mapping[str, Any], problem: str, now: float
+) -> list[dict[str, Any]] | None:
+    """TelemetryFresh False and Ready Unknown naming a `status.appliedSpec` this operator
+    cannot read; None when the conditions say so already.
+
+    Why: the ticks watch the pods of the applied spec, so without it none runs, and
+    Ready, Available and the breaker stayed as last written, an observation nobody
+    made any more, with nothing logged. A record refused only by a check added since
+    it was applied is still read (`spec.placement_as_applied`); this is for the rest.
+    """
+    message = (
+        f"status.appliedSpec cannot be read by this operator ({problem[:MAX_PROBLEM_CHARS]}): "
+        "its pods are not watched until a reconcile applies the spec again (edit the spec)"
+    )
+    conditions = list(status.get("conditions") or [])
+    said = any(
+        c.get("type") == ConditionType.TELEMETRY_FRESH
+        and c.get("reason") == APPLIED_SPEC_UNREADABLE
+        and c.get("message") == message
+        for c in conditions
+    )
+    if said:
+        return None
+    generation = int(status.get("appliedGeneration") or 0)
+    for type_, state in ((ConditionType.TELEMETRY_FRESH, False), (ConditionType.READY, None)):
+        conditions = set_condition(
+            conditions, type_, state, APPLIED_SPEC_UNREADABLE, message, generation, now
+        )
+    return conditions
 
 
 def pod_entry(sample: PodSample, state: PolicyState, seen: ServiceView) -> dict[str, Any]:

@@ -434,6 +434,31 @@ def autoscale(
     return decision
 
 
+def deleted_as_terminating(pods: Sequence[PodView], deleted: set[str]) -> list[PodView]:
+    """The pods as the next listing will show them: those deleted this tick terminating."""
+    return [
+        replace(pod, terminating=True) if pod.name in deleted and not pod.terminating else pod
+        for pod in pods
+    ]
+
+
+def deletions_alone(actions: Sequence[Action]) -> list[Action]:
+    """The actions in order, except that a pod deleted this tick gets its deletion only.
+
+    Anything else queued on that pod dies with it, and it would go first: a reload
+    retried because the load wedged the server waits on the wedged server (an unload
+    with a 300 s timeout) before the restart that cures it, and the whole tick, every
+    status write of the service included, waits with it. A dropped retry stays in
+    flight until the deletion settles, which forgets it with the pod
+    (`PolicyState.settle`).
+    """
+    deletion: dict[str, str] = {}
+    for action in actions:
+        if action.kind in POD_DELETING:
+            deletion.setdefault(action.pod, action.id)
+    return [a for a in actions if deletion.get(a.pod, a.id) == a.id]
+
+
 async def execute_per_pod(
     actions: Sequence[Action],
     inputs: TickInputs,
@@ -531,15 +556,14 @@ async def run_tick(
     # Actions whose outcome was unknown go again first, with their own ids.
     retries = [a for a in new_state.in_flight.values() if a.pod in by_name]
     retried = {a.id for a in retries}
+    calls_due = deletions_alone([*retries, *actions])
     # The one place decisions become calls. In Observe (or paused) none is made: each
     # action is settled as not taken (the ladder moves on as if it had not helped) and
     # told as WouldAct; the runtime state below is not sent either.
-    would_act = [*retries, *actions] if holding else []
+    would_act = calls_due if holding else []
     for action in would_act:
         new_state.settle(action, settled=True)
-    results = (
-        [] if holding else await execute_per_pod([*retries, *actions], inputs, by_name, actuator)
-    )
+    results = [] if holding else await execute_per_pod(calls_due, inputs, by_name, actuator)
     executed: list[tuple[Action, str]] = []
     # Fresh decisions the server had already run under the same id: an operator that
     # died after acting and posting its event, before its status was written,
@@ -563,6 +587,9 @@ async def run_tick(
             new_state.time_to_oom.pop(name, None)
 
     restarted = {a.pod for a, _ in executed if a.kind in POD_DELETING}
+    # Deleted, a pod leaves the Service's endpoints at once: this tick's status already
+    # judges and shows it as the next tick will list it, terminating.
+    pods_after = deleted_as_terminating(inputs.pods, restarted)
     reachable = (
         [] if holding else settable([p for p in targets if p.name not in restarted], samples)
     )
@@ -591,10 +618,10 @@ async def run_tick(
     )
     scale = autoscale(spec, inputs.status, inputs.pods, samples, memory, now)
     written_at = clock()
-    memory.sightings = update_sightings(memory.sightings, inputs.pods, samples, now)
-    memory.reach = update_reach(memory.reach, inputs.pods, calls, now)
+    memory.sightings = update_sightings(memory.sightings, pods_after, samples, now)
+    memory.reach = update_reach(memory.reach, pods_after, calls, now)
     seen = observe(
-        inputs.pods, memory.sightings, spec.telemetry.wedge_after_seconds, written_at, memory.reach
+        pods_after, memory.sightings, spec.telemetry.wedge_after_seconds, written_at, memory.reach
     )
     events += blind_events(memory.blind, seen)
     memory.blind = {(v.reason.value, v.pod) for v in (*seen.blind, *seen.unreachable)}
@@ -606,17 +633,17 @@ async def run_tick(
     new_status = build_status(
         inputs.status,
         new_state,
-        sample_list,
+        [sample for sample in sample_list if sample.pod not in restarted],
         executed,
         seen,
         spec,
         inputs.generation,
         written_at,
         desired_pods=replicas,
-        unschedulable=unplaced(inputs.pods, now),
-        failing={p.name: p.failing for p in inputs.pods if p.failing and not p.terminating},
+        unschedulable=unplaced(pods_after, now),
+        failing={p.name: p.failing for p in pods_after if p.failing and not p.terminating},
         holding=holding,
-        starting=fetching(inputs.pods),
+        starting=fetching(pods_after),
     )
     events += stuck_pod_events(inputs.status, new_status)
     new_status["mode"] = spec.mode.value  # the mode this tick ran in

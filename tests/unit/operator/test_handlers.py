@@ -406,6 +406,40 @@ def test_before_any_spec_is_applied_nothing_is_watched(
     assert service.kube.pods_listed == 0
 
 
+def test_a_record_a_check_added_since_refuses_is_still_watched(
+    events: list[tuple[str, str, str]],
+) -> None:
+    """Applied before the AppArmor refusal (a8dbe98): its ticks stopped, silently."""
+    unconfined = {"container.apparmor.security.beta.kubernetes.io/server": "unconfined"}
+    applied = {**VALID, "pod": {"annotations": unconfined}}
+    service = Service(FakeKube())
+    service.reconcile(VALID)
+    service.status["appliedSpec"] = json.dumps(applied)  # as the older operator wrote it
+    service.status["updatedAt"] = "2000-01-01T00:00:00Z"  # due for its refresh
+    listed = service.kube.pods_listed
+    written = service.tick(applied)
+    assert service.kube.pods_listed == listed + 1  # its pods are scraped
+    assert written["replicas"] == 0 and "conditions" in written  # and their status written
+
+
+def test_a_record_this_operator_cannot_read_is_said_once_not_left_standing(
+    events: list[tuple[str, str, str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    service = Service(FakeKube())
+    service.reconcile(VALID)
+    service.status["appliedSpec"] = "{not json"
+    written = service.tick(VALID)
+    fresh = service.condition(ConditionType.TELEMETRY_FRESH)
+    assert (fresh["status"], fresh["reason"]) == ("False", "AppliedSpecUnreadable")
+    assert "status.appliedSpec cannot be read" in fresh["message"]
+    ready = service.condition(ConditionType.READY)
+    assert (ready["status"], ready["reason"]) == ("Unknown", "AppliedSpecUnreadable")
+    assert list(written) == ["conditions"]
+    assert service.tick(VALID) == {}  # said once: the next ticks write nothing more
+    logged = [r for r in caplog.records if "appliedSpec unreadable" in r.getMessage()]
+    assert len(logged) == 1
+
+
 def test_a_fixed_edit_is_applied_and_then_watched(events: list[tuple[str, str, str]]) -> None:
     service = Service(FakeKube())
     service.reconcile(VALID)

@@ -28,7 +28,7 @@ from fusebox_operator.latency import (
 from fusebox_operator.observations import PodSample, RequestCounts
 from fusebox_operator.policy import decide
 from fusebox_operator.policy_state import PolicyState
-from fusebox_operator.spec import parse_spec
+from fusebox_operator.spec import InferenceServiceSpec, parse_spec
 from fusebox_operator.telemetry import parse_metrics, sample_from_metrics
 
 INF = math.inf
@@ -270,3 +270,51 @@ def test_a_gone_pod_s_histogram_is_forgotten() -> None:
     assert "p" in state.latency_history
     state, _ = decide(state, [PodSample("q", T0 + 5, stats_age_seconds=1.0)], T0 + 5, SPEC)
     assert "p" not in state.latency_history
+
+
+def test_a_recovered_service_closes_at_its_first_half_open_on_the_default_spec() -> None:
+    """openSeconds (30 s by default) is shorter than the 60 s window: the half-open
+    decision must judge the requests admitted since half-open, not the slow ones that
+    opened the breaker and are still in the window."""
+    spec = parse_spec({"model": {"name": "chat", "source": "pvc://models/tiny"}})
+    admitted = spec.breaker.half_open.admit_percent / 100
+    state, at = PolicyState("svc"), T0
+    slow, fast, served = 0, 0, 0.0
+    while state.breaker is BreakerState.CLOSED:  # 100 rps, every first token in ~0.5 s
+        at, slow, served = at + 5, slow + 500, served + 500
+        state = _tick_with(spec, state, at, {"p": _slow(slow)}, served)
+        assert at < T0 + 400
+    moves = []
+    for _ in range(12):  # the server is fast again from the moment the breaker opens
+        at += 5
+        if state.breaker is BreakerState.HALF_OPEN:
+            fast, served = fast + round(500 * admitted), served + round(500 * admitted)
+        before = state.breaker
+        state = _tick_with(spec, state, at, {"p": _plus(_slow(slow), _fast(fast))}, served)
+        if state.breaker is not before:
+            moves.append(state.breaker)
+    assert moves[:2] == [BreakerState.HALF_OPEN, BreakerState.CLOSED]
+    assert state.trips == 1
+    assert f"{fast} half-open requests: p99 ttft 50 ms" in state.breaker_reason
+
+
+def _tick_with(
+    spec: InferenceServiceSpec,
+    state: PolicyState,
+    at: float,
+    pods: dict[str, list[int]],
+    calls: float,
+) -> PolicyState:
+    samples = [
+        PodSample(
+            pod,
+            at,
+            stats_age_seconds=1.0,
+            heartbeat_age_seconds=0.5,
+            latency_buckets=cumulative(LatencyHistogram.TTFT.buckets, [float(c) for c in counts]),
+            requests=RequestCounts(succeeded=calls),
+        )
+        for pod, counts in pods.items()
+    ]
+    state, _ = decide(state, samples, at, spec)
+    return state

@@ -4,6 +4,7 @@ field named, where before a value was accepted and did something else (or nothin
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -11,7 +12,13 @@ import pytest
 from fusebox_operator.manifests import build_children
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import size_memory
-from fusebox_operator.spec import SpecError, applied_spec_text, parse_spec, watched_spec
+from fusebox_operator.spec import (
+    SpecError,
+    applied_spec_text,
+    parse_spec,
+    placement_as_applied,
+    watched_spec,
+)
 
 MODEL = {"name": "chat", "source": "pvc://models/tiny"}
 MAX_CPU_CORES = 1024  # docs/decisions/spec-seams.md
@@ -257,3 +264,39 @@ def test_a_running_spec_refused_by_a_newer_check_is_still_watched(raw: dict[str,
     status = {"appliedSpec": applied_spec_text(raw), "appliedGeneration": 3}
     watched = watched_spec(raw, status, 4)  # ...but the pods it already runs stay protected
     assert watched is not None and watched[1] == 3
+
+
+UNCONFINED = {"container.apparmor.security.beta.kubernetes.io/server": "unconfined"}
+FULL_POD = {
+    "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+    "nodeSelector": {"pool": "a100"},
+    "topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}
+    ],
+    "imagePullSecrets": [{"name": "registry"}],
+    "runtimeClassName": "nvidia",
+    "priorityClassName": "inference",
+    "serviceAccountName": "chat",
+    "labels": {"team": "ml"},
+    "annotations": {"owner": "ml"},
+    "image": "registry.example/fusebox@sha256:abc",
+}
+
+
+def test_a_running_spec_whose_pod_section_a_newer_check_refuses_is_still_watched() -> None:
+    """An AppArmor `unconfined` annotation, refused since a8dbe98: its record froze the
+    service's ticks. Watched, its pods keep the placement they run (a resync renders it)."""
+    raw = spec(pod={**FULL_POD, "annotations": {**FULL_POD["annotations"], **UNCONFINED}})
+    assert "unconfined" in refusal(raw)  # a new object or an edit is refused...
+    status = {"appliedSpec": applied_spec_text(raw), "appliedGeneration": 3, "memory": {}}
+    watched = watched_spec(raw, status, 4)  # ...but the pods it already runs stay watched
+    assert watched is not None and watched[1] == 3
+    pod = watched[0].pod
+    assert dict(pod.annotations) == {"owner": "ml", **UNCONFINED}
+    assert pod == replace(parse_spec(spec(pod=FULL_POD)).pod, annotations=pod.annotations)
+
+
+def test_a_pod_section_taken_as_applied_is_what_the_parser_keeps_of_a_valid_one() -> None:
+    assert placement_as_applied(FULL_POD) == parse_spec(spec(pod=FULL_POD)).pod
+    assert placement_as_applied(None) == parse_spec(spec()).pod

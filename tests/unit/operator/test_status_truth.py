@@ -146,7 +146,8 @@ def test_a_pod_without_a_model_or_with_a_wedged_server_does_not_serve() -> None:
         "no model loaded (loading or swapping)" in service.condition(ConditionType.READY)["message"]
     )
     restarted = service.tick(answer("a", service.now, stats_age_seconds=40.0))
-    assert service.ready() == ("False", "ServerWedged")
+    # Wedged, it is restarted at once: deleted, it no longer counts (PodRestarted says why).
+    assert service.ready() == ("False", "PodsNotReady")
     assert [e.reason for e in restarted.events] == [EventReason.POD_RESTARTED]
 
 
@@ -388,7 +389,7 @@ def test_a_stats_file_that_goes_bad_is_unknown_then_wedged() -> None:
     message = service.condition(ConditionType.TELEMETRY_FRESH)["message"]
     assert "stats file invalid (fusebox_stats_valid 0), last valid 6 s ago" in message
     restarted = service.tick(never_valid("a", service.now, stats_age_seconds=40.0))
-    assert service.ready() == ("False", "ServerWedged")
+    assert service.ready() == ("False", "PodsNotReady")  # restarted: on its way out
     assert [e.reason for e in restarted.events] == [EventReason.POD_RESTARTED]
 
 

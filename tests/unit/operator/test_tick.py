@@ -513,6 +513,42 @@ def test_one_pods_slow_action_never_holds_back_another_pods() -> None:
     assert started.index("gc-a") > started.index("load-a")  # pod a's own order kept
 
 
+def test_a_wedged_pod_is_restarted_without_first_retrying_its_in_flight_reload() -> None:
+    """The reload timed out because its load wedged the server: retried first, its unload
+    would wait up to 300 s on the wedged server before the restart, holding the tick."""
+    reload = Action("svc-000007-reload", ActionKind.RELOAD, "a", "rss 97%", T0 - 10)
+    state = PolicyState("svc", sequence=7, in_flight={reload.id: reload}, served_once={"a"})
+    wedged = report("a", 0, Variant.PRIMARY, stats_age_seconds=60.0, heartbeat_age_seconds=60.0)
+    actuator = RecordingActuator()
+    out = run(NO_FALLBACK, {}, [pod("a")], TickMemory(policy=state), [[wedged]], actuator)
+    assert [(a.kind, a.pod) for a in actuator.sent] == [(ActionKind.RESTART, "a")]
+    assert out.status_patch["policy"]["inFlight"] == []  # the reload died with the pod
+
+
+def test_a_pod_drained_this_tick_no_longer_counts_as_serving() -> None:
+    """Deleted, it leaves the Service's endpoints at once: the same tick's Ready must not
+    say it serves, nor the summary show its figures."""
+    spec = parse_spec({"model": MODEL, "replicas": 1, "gpu": {"count": 1, "memoryGiB": 24}})
+    sick = replace(pod("a"), unhealthy_gpus=("GPU-1",))
+    figures = report("a", 0, Variant.PRIMARY, stats_age_seconds=1.0, rss_bytes=3e9,
+                     gpu_memory_used_bytes=2e10)  # fmt: skip
+    actuator = RecordingActuator()
+    out = run(spec, {"memory": {"limitBytes": 32 * GIB}}, [sick], TickMemory(), [[figures]],
+              actuator)  # fmt: skip
+    assert [a.kind for a in actuator.sent] == [ActionKind.DRAIN]
+    status = out.status_patch
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"], ready["message"]) == (
+        "False",
+        "PodsNotReady",
+        "0/1 pods serving",
+    )
+    available = next(c for c in status["conditions"] if c["type"] == "Available")
+    assert available["status"] == "False"
+    assert status["summary"]["ready"] == "0/1"
+    assert [p["name"] for p in status["pods"]] == []
+
+
 def test_the_tick_shows_the_model_download_and_the_commit_it_was_verified_at() -> None:
     hub = parse_spec({"model": {"name": "chat", "source": "hf://acme/chat@main"}, "replicas": 2})
     commit = "0123456789abcdef0123456789abcdef01234567"
