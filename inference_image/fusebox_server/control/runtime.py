@@ -341,6 +341,8 @@ class Runtime:
                 )
                 generation = Generation(job, self.admission.release, events)
                 job.deliver = partial(_delivered, generation, index)
+                if generations:  # one request: its prefix-cache use is counted once
+                    job.first_choice = generations[0].job
                 generations.append(generation)
             # Everything is allocated: nothing between a submit and its count can fail.
             for generation in generations:

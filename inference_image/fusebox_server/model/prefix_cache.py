@@ -22,7 +22,8 @@ rules are tested on their own.
   empties it (empty_cache, the memory guard's early shedding, unload, swap).
 
 Used only on the inference thread; the counters are plain ints that the
-stats thread may read at any time.
+stats thread may read at any time. A lookup is not a use: the worker counts
+each request once (`count`), when it knows whether the cached state served.
 """
 
 from __future__ import annotations
@@ -125,9 +126,18 @@ class PrefixCache(Generic[Value]):
             capacity_bytes=self.capacity_bytes,
         )
 
+    def count(self, reused_tokens: int) -> None:
+        """Count one prompt: a hit that started from `reused_tokens` cached tokens, or a
+        miss (0)."""
+        if reused_tokens:
+            self.hits_total += 1
+            self.reused_tokens_total += reused_tokens
+        else:
+            self.misses_total += 1
+
     def match(self, ids: Sequence[int]) -> PrefixMatch[Value] | None:
-        """The longest cached prefix of `ids` that leaves at least one token to run; counted
-        as a hit or a miss. None when nothing matches a whole block (or the cache is off)."""
+        """The longest cached prefix of `ids` that leaves at least one token to run (not
+        counted: see `count`). None when nothing matches a whole block (or the cache is off)."""
         if not self.enabled:
             return None
         blocks = (len(ids) - 1) // BLOCK_TOKENS
@@ -143,12 +153,9 @@ class PrefixCache(Generic[Value]):
                 continue
             entry = min(candidates, key=lambda candidate: len(candidate.ids))
             self._touch(entry)
-            self.hits_total += 1
-            self.reused_tokens_total += length
             if length < len(entry.ids):
                 self._keep_shared(entry, length)
             return PrefixMatch(entry.value, length)
-        self.misses_total += 1
         return None
 
     def insert(self, ids: Sequence[int], value: Value) -> None:

@@ -27,6 +27,7 @@ from fusebox_contract.names import Fault
 from fusebox_server.errors import (
     DeadlineExceeded,
     GenerationFailed,
+    MemoryExhausted,
     ModelUnavailable,
     ServerError,
     memory_exhausted,
@@ -54,6 +55,16 @@ CONTROL_ACTION_GRACE_SECONDS = 900.0
 # A result the loop could not take (an allocation failed) is offered again this often.
 POST_ATTEMPTS = 200
 POST_RETRY_SECONDS = 0.005
+# What a request or an admin action ends with when the loop could not take a piece of its
+# answer, or its result, for all those attempts.
+PIECE_LOST_MESSAGE = (
+    "the server could not allocate memory to send part of the answer, so the answer is "
+    "incomplete; it keeps running, retry later"
+)
+RESULT_LOST_MESSAGE = (
+    "the server could not allocate memory to report this action's result: the action ran "
+    "but its result is lost; the server keeps running"
+)
 # Joiners' prompts run together up to this many (padded) tokens per forward pass.
 PREFILL_TOKEN_BUDGET = 2048
 # How much of an error a log line quotes.
@@ -130,6 +141,10 @@ class GenerationJob:
     cuda_at_entry: dict[str, int | None] = field(default_factory=dict)
     # Prompt tokens whose keys and values came from the prefix cache (0: a miss).
     reused_prefix_tokens: int = 0
+    # A request's `n` choices are one job each; the runtime points the later ones to the
+    # first, which holds whether the request's prefix-cache use is counted (`_count_prefix`).
+    first_choice: GenerationJob | None = None
+    prefix_counted: bool = False
 
 
 @dataclass
@@ -216,6 +231,8 @@ class InferenceWorker(threading.Thread):
         # The last pair of tokenizers compared for a job moved to another variant, and whether
         # they encode alike (`_encodes_alike`).
         self._alike: tuple[Any, Any, bool] | None = None
+        # Admin actions' answers the loop could not take: offered again every turn.
+        self._undelivered: list[Callable[[], None]] = []
 
     # ----- called from the event loop -----
     def submit(self, job: GenerationJob | ControlJob) -> None:
@@ -300,6 +317,7 @@ class InferenceWorker(threading.Thread):
         time.sleep(IDLE_WAIT_SECONDS)
 
     def _turn(self) -> None:
+        self._redeliver()
         self._drop_idle_batch()
         self._drop_prefix_cache()
         self._take_inbox(block=not self._active)
@@ -398,6 +416,16 @@ class InferenceWorker(threading.Thread):
             return
         self._chunked = [other for other in self._chunked if other is not job]
         self._prefill_alone(job)
+
+    def _count_prefix(self, job: GenerationJob) -> None:
+        """Count the request's prefix-cache hit (the tokens its prefill started from) or
+        miss, once per request, when its first token is generated: as the prompt tokens are
+        counted (`Recorder.finished`), so the reused tokens are a share of those."""
+        first = job.first_choice or job
+        if first.prefix_counted or not self.prefix_cache.enabled:
+            return
+        first.prefix_counted = True
+        self.prefix_cache.count(job.reused_prefix_tokens)
 
     def _prefix_cache_of(self, loaded: LoadedModel) -> PrefixCache[PrefixKV]:
         """The prefix cache, emptied first if it holds another model's keys and values."""
@@ -532,6 +560,8 @@ class InferenceWorker(threading.Thread):
             self._complete(job, reason, job.decoder.flush())
             return True
         job.completion_tokens += 1
+        if job.completion_tokens == 1:
+            self._count_prefix(job)
         score = job.decoding.last_score
         if job.settings.top_alternatives is not None and score is not None:
             first = job.completion_tokens == 1
@@ -564,16 +594,33 @@ class InferenceWorker(threading.Thread):
                 return
 
     def _run_control(self, job: ControlJob) -> None:
+        # Made before the action: when its result cannot be handed over, memory is short.
+        answer_lost = partial(job.deliver, None, MemoryExhausted(RESULT_LOST_MESSAGE))
         self.control_started_at = time.time()
         try:
             result = job.action()
         except BaseException as error:
-            self._post(job.deliver, None, error)
+            delivered = self._post(job.deliver, None, error)
         else:
-            self._post(job.deliver, result, None)
+            delivered = self._post(job.deliver, result, None)
         finally:
             self.control_started_at = None
             self.heartbeat = time.time()
+        if not delivered:
+            # The action's caller would wait forever, and so would a retry with its id
+            # (`ActionLog`): it gets an error instead, offered again every turn until taken.
+            self._undelivered.append(answer_lost)
+
+    def _redeliver(self) -> None:
+        """Offer the loop, once each, the admin actions' answers it could not take before."""
+        while self._undelivered:
+            try:
+                self._loop.call_soon_threadsafe(self._undelivered[0])
+            except MemoryError:
+                return  # memory is still short: next turn
+            except RuntimeError:
+                pass  # the loop is closed: nobody waits any more
+            self._undelivered.pop(0)
 
     def effective_heartbeat(self, now: float) -> float:
         """The heartbeat, counting a model load or swap in progress as alive (up to a limit).
@@ -587,20 +634,25 @@ class InferenceWorker(threading.Thread):
             return now
         return self.heartbeat
 
-    def _post(self, callback: Callable[..., None], *args: Any) -> None:
-        """Hand a result to the loop, retrying a failed allocation for a while.
+    def _post(self, callback: Callable[..., None], *args: Any) -> bool:
+        """Hand a result to the loop, retrying a failed allocation for a while; False when
+        the loop did not take it.
 
-        A final event lost all the same is made good at the request's deadline
-        (runtime.Generation.give_up: the job has ended, its slot is freed).
+        What the caller does about a loss: a lost piece of text fails its request
+        (`_emit`), a lost admin answer becomes an error offered again every turn
+        (`_run_control`). A final event lost all the same is made good at the
+        request's deadline (runtime.Generation.give_up: the job has ended, its
+        slot is freed).
         """
         for _ in range(POST_ATTEMPTS):
             try:
                 self._loop.call_soon_threadsafe(callback, *args)
-                return
+                return True
             except RuntimeError:
-                return  # the loop is closed: the process is shutting down
+                return False  # the loop is closed: the process is shutting down
             except MemoryError:
                 time.sleep(POST_RETRY_SECONDS)
+        return False
 
     def _finish(self, job: GenerationJob, event: Event) -> None:
         if job in self._active:
@@ -634,10 +686,15 @@ class InferenceWorker(threading.Thread):
         self._prefix_cache_model = None
 
     def _emit(self, job: GenerationJob, text: str) -> None:
-        """Post new text, with the scores of the tokens since the last piece (if any)."""
+        """Post new text, with the scores of the tokens since the last piece (if any).
+
+        A piece the loop could not take ends the request with a 503: sent on, the
+        answer would reach the client with a hole in it, reported as a success.
+        """
         if text or job.pending_scores:
             scores, job.pending_scores = tuple(job.pending_scores), []
-            self._post(job.deliver, Piece(text, job.completion_tokens, scores))
+            if not self._post(job.deliver, Piece(text, job.completion_tokens, scores)):
+                raise MemoryExhausted(PIECE_LOST_MESSAGE)
 
     def _slow_fault(self, jobs: list[GenerationJob]) -> None:
         """The `slow` fault: N ms per token, in slices so a cancel or a change takes effect."""

@@ -34,7 +34,6 @@ def test_a_prompt_reuses_the_longest_block_aligned_prefix_it_shares() -> None:
     assert found is not None
     assert found.length == 3 * B  # the shared 3 blocks; the 5 tokens past them do not count
     assert found.value[: found.length] == second[: found.length]
-    assert (cache.hits_total, cache.misses_total, cache.reused_tokens_total) == (1, 0, 3 * B)
 
 
 def test_a_prompt_sharing_less_than_a_block_misses() -> None:
@@ -42,7 +41,17 @@ def test_a_prompt_sharing_less_than_a_block_misses() -> None:
     cache.insert(_ids(0, 4 * B), _ids(0, 4 * B))
     assert cache.match(_ids(0, B - 1) + _ids(900, 40)) is None
     assert cache.match(_ids(7, 4 * B)) is None
-    assert (cache.hits_total, cache.misses_total) == (0, 2)
+
+
+def test_a_lookup_is_not_counted_until_the_caller_counts_what_it_used() -> None:
+    cache = _cache(10_000)
+    cache.insert(SYSTEM + _ids(1, 40), SYSTEM + _ids(1, 40))
+    assert cache.match(SYSTEM + _ids(500, 30)) is not None
+    assert cache.match(_ids(7, 4 * B)) is None
+    assert (cache.hits_total, cache.misses_total, cache.reused_tokens_total) == (0, 0, 0)
+    cache.count(3 * B)
+    cache.count(0)
+    assert (cache.hits_total, cache.misses_total, cache.reused_tokens_total) == (1, 1, 3 * B)
 
 
 def test_the_last_prompt_token_always_runs_even_when_the_whole_prompt_is_cached() -> None:
