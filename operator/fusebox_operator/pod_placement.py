@@ -71,11 +71,19 @@ OWNED_FIELDS: dict[str, str] = {
 }
 """Pod fields a service may not set, each with the reason given in the refusal."""
 
-_QUALIFIED_NAME = re.compile(
+QUALIFIED_NAME_PATTERN = (
     r"^(([a-z0-9]([-a-z0-9]*[a-z0-9])?)(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+"""A label key (also a taint key, a topologyKey): [DNS-subdomain prefix/]name; the
+chart's values.schema.json holds the same pattern (definitions.qualifiedName)."""
+QUALIFIED_NAME_MAX_LENGTH = 317  # a 253-character prefix, '/', a 63-character name
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+"""A label value (also an Equal toleration's value); definitions.labelValue in the chart."""
+_QUALIFIED_NAME = re.compile(QUALIFIED_NAME_PATTERN)
+_LABEL_VALUE = re.compile(LABEL_VALUE_PATTERN)
+QUALIFIED_NAME_RULE = "[prefix/]name, the name at most 63 letters, digits, '-', '_' or '.'"
+LABEL_VALUE_RULE = "at most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 _DNS_SUBDOMAIN = re.compile(DNS_SUBDOMAIN_PATTERN)
 DNS_SUBDOMAIN_MAX_LENGTH = 253
@@ -84,6 +92,8 @@ TOLERATION_KEYS = ("key", "operator", "value", "effect", "tolerationSeconds")
 TOLERATION_OPERATORS = ("Exists", "Equal")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 AFFINITY_KEYS = ("nodeAffinity", "podAffinity", "podAntiAffinity")
+REQUIRED_TERMS = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED_TERMS = "preferredDuringSchedulingIgnoredDuringExecution"
 SPREAD_KEYS = (
     "maxSkew",
     "topologyKey",
@@ -253,8 +263,14 @@ def _tolerations(raw: Any, where: str) -> tuple[Manifest, ...] | None:
             raise PlacementError(f"{at}.operator must be Exists or Equal, got {operator!r}")
         if operator == "Exists" and entry.get("value"):
             raise PlacementError(f"{at}.value must be empty when operator is Exists")
-        if not entry.get("key") and operator != "Exists":
+        taint_key = entry.get("key")
+        if not taint_key and operator != "Exists":
             raise PlacementError(f"{at}: an empty key needs operator Exists")
+        if taint_key:
+            _qualified_name(taint_key, f"{at}.key")
+        value = entry.get("value")
+        if value and _LABEL_VALUE.fullmatch(value) is None:
+            raise PlacementError(f"{at}.value {value!r} is not a label value ({LABEL_VALUE_RULE})")
         effect = entry.get("effect")
         if effect not in (None, "", *TAINT_EFFECTS):
             raise PlacementError(f"{at}.effect must be one of {', '.join(TAINT_EFFECTS)}")
@@ -275,7 +291,32 @@ def _affinity(raw: Any, where: str) -> Manifest | None:
     for key, value in entry.items():
         if not isinstance(value, Mapping):
             raise PlacementError(f"{where}.{key} must be an object")
+        _affinity_terms(value, f"{where}.{key}", node=key == "nodeAffinity")
     return dict(entry)
+
+
+def _affinity_terms(raw: Mapping[str, Any], where: str, *, node: bool) -> None:
+    """The shape of a nodeAffinity, podAffinity or podAntiAffinity: its two fields,
+    lists of objects, but a nodeAffinity's required terms are one object holding a
+    non-empty nodeSelectorTerms list. A term's own fields (selectors, operators) are
+    the Pod API's, left to the API server."""
+    entry = _entry(raw, where, (REQUIRED_TERMS, PREFERRED_TERMS))
+    for key, value in entry.items():
+        at = f"{where}.{key}"
+        if node and key == REQUIRED_TERMS:
+            selector = _entry(value, at, ("nodeSelectorTerms",))
+            terms = selector.get("nodeSelectorTerms")
+            if not isinstance(terms, list) or not terms:
+                raise PlacementError(f"{at}.nodeSelectorTerms must be a non-empty list")
+            _objects(terms, f"{at}.nodeSelectorTerms")
+        else:
+            _objects(_list(value, at) or [], at)
+
+
+def _objects(items: list[Any], where: str) -> None:
+    for index, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise PlacementError(f"{where}[{index}] must be an object, got {type(item).__name__}")
 
 
 def _spread(raw: Any, where: str) -> tuple[Manifest, ...] | None:
@@ -289,8 +330,10 @@ def _spread(raw: Any, where: str) -> tuple[Manifest, ...] | None:
         skew = entry.get("maxSkew")
         if isinstance(skew, bool) or not isinstance(skew, int) or skew < 1:
             raise PlacementError(f"{at}.maxSkew must be a whole number of at least 1")
-        if not _text(entry, "topologyKey", at):
+        topology_key = _text(entry, "topologyKey", at)
+        if not topology_key:
             raise PlacementError(f"{at}.topologyKey is required")
+        _qualified_name(topology_key, f"{at}.topologyKey")
         if entry.get("whenUnsatisfiable") not in SPREAD_WHEN_UNSATISFIABLE:
             raise PlacementError(
                 f"{at}.whenUnsatisfiable must be one of {', '.join(SPREAD_WHEN_UNSATISFIABLE)}"
@@ -321,6 +364,17 @@ def _spread_extras(entry: Mapping[str, Any], at: str) -> None:
     selector = entry.get("labelSelector")
     if selector is not None and not isinstance(selector, Mapping):
         raise PlacementError(f"{at}.labelSelector must be an object")
+    if keys and selector is None:
+        raise PlacementError(
+            f"{at}.matchLabelKeys needs a labelSelector: the keys narrow the pods it selects"
+        )
+    for index, key in enumerate(keys or ()):
+        _qualified_name(key, f"{at}.matchLabelKeys[{index}]")
+
+
+def _qualified_name(text: str, where: str) -> None:
+    if len(text) > QUALIFIED_NAME_MAX_LENGTH or _QUALIFIED_NAME.fullmatch(text) is None:
+        raise PlacementError(f"{where} {text!r} is not a qualified name ({QUALIFIED_NAME_RULE})")
 
 
 def _pull_secrets(raw: Any, where: str) -> tuple[str, ...] | None:
@@ -366,8 +420,7 @@ def _string_map(raw: Any, where: str, *, label_values: bool) -> tuple[tuple[str,
             raise PlacementError(f"{where}[{key!r}] must be a string, got {type(value).__name__}")
         if label_values and _LABEL_VALUE.fullmatch(value) is None:
             raise PlacementError(
-                f"{where}[{key!r}] {value!r} is not a label value (at most 63 letters, "
-                "digits, '-', '_' or '.', alphanumeric at both ends)"
+                f"{where}[{key!r}] {value!r} is not a label value ({LABEL_VALUE_RULE})"
             )
     return tuple(sorted(raw.items()))
 

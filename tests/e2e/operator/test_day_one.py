@@ -163,7 +163,10 @@ def cache_volume(cluster: Cluster, names: dict[str, str]) -> Iterator[str]:
     root.chmod(0o777)  # past the umask: the fetcher runs as uid 65532
     volume = f"day1-cache-{names['APP_NS']}"
     try:
-        made = _localcluster("pv", volume, "--path", str(root), timeout=120)
+        # ReadWriteMany, as the doc's claim asks (its replicas may land on any node).
+        made = _localcluster(
+            "pv", volume, "--path", str(root), "--access-mode", "ReadWriteMany", timeout=120
+        )
         assert made.returncode == 0, made.stderr
         claim = {"namespace": names["APP_NS"], "name": "model-cache"}
         cluster.kubectl(

@@ -82,6 +82,33 @@ def assert_prerequisites_come_first(event_hooks: list[dict[str, Any]]) -> None:
             assert weight(document) < weight(job), document["kind"]
 
 
+def unreachable_kubeconfig(tmp_path: Path) -> Path:
+    """A cluster nothing listens at: helm reaches for it only after it took the command."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "none",
+            "clusters": [{"name": "none", "cluster": {"server": "https://127.0.0.1:1"}}],
+            "contexts": [{"name": "none", "context": {"cluster": "none", "user": "none"}}],
+            "users": [{"name": "none", "user": {}}],
+        })
+    )  # fmt: skip
+    return kubeconfig
+
+
+def deleted_namespace_section() -> str:
+    """docs/releases.md on a watched namespace deleted before `helm uninstall`."""
+    text = (CHART.parents[1] / "docs" / "releases.md").read_text()
+    start = text.index("**A watched namespace deleted first.**")
+    return " ".join(text[start : text.index("\n\n", text.index("--no-hooks", start))].split())
+
+
+def render_with(helm: Path, *args: str) -> list[dict[str, Any]]:
+    result = run_helm(helm, "template", "fusebox", str(CHART), *args)
+    assert result.returncode == 0, result.stderr
+    return load_documents(result.stdout)
+
+
 def test_the_upgrade_hook_applies_crds_with_a_job_of_its_own(render: Render) -> None:
     documents = render(sets=PULL_SECRET_SETS)
     upgrade = hooks(documents, "pre-upgrade")
@@ -189,18 +216,8 @@ def test_the_refusals_helm_upgrade_is_a_command_helm_accepts(
     )
     (command,) = re.findall(r"`helm (upgrade [^`]*)`", message)
     words = [str(CHART) if word == "CHART" else word for word in shlex.split(command)]
-    # A cluster nothing listens at: helm reaches for it only after it took the command.
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "none",
-            "clusters": [{"name": "none", "cluster": {"server": "https://127.0.0.1:1"}}],
-            "contexts": [{"name": "none", "context": {"cluster": "none", "user": "none"}}],
-            "users": [{"name": "none", "user": {}}],
-        })
-    )  # fmt: skip
     result = subprocess.run(
-        [str(helm), *words, "--kubeconfig", str(kubeconfig)],
+        [str(helm), *words, "--kubeconfig", str(unreachable_kubeconfig(tmp_path))],
         capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
     assert "UPGRADE FAILED: kubernetes cluster unreachable" in result.stderr, result.stderr
@@ -234,6 +251,41 @@ def test_watched_namespaces_get_the_guards_rights_only_there(render: Render) -> 
     # A glob names no namespace to hold a Role: the list is cluster-wide, filtered.
     globbed = hooks(render(sets=("watchNamespaces={e2e-*}",)), "pre-delete")
     assert of_kind(globbed, "Role") == [] and len(of_kind(globbed, "ClusterRole")) == 1
+
+
+def test_the_documented_upgrade_that_drops_a_deleted_namespace_is_one_helm_accepts(
+    helm: Path, tmp_path: Path
+) -> None:
+    """The way out of an uninstall that fails creating the guard's Role in a namespace
+    deleted since: an upgrade that no longer names it, runnable as written."""
+    (command,) = re.findall(r"`helm (upgrade [^`]*--set-json[^`]*)`", deleted_namespace_section())
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    filled = {"RELEASE": "fusebox", "CHART": str(CHART), "VERSION": version}
+    words = [filled.get(word, word) for word in shlex.split(command)]
+    result = subprocess.run(
+        [str(helm), *words, "--kubeconfig", str(unreachable_kubeconfig(tmp_path))],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert "UPGRADE FAILED: kubernetes cluster unreachable" in result.stderr, result.stderr
+    # The values it sets are the chart's: a list of names, one Role in each.
+    values = words[words.index("--set-json") + 1]
+    guard = hooks(render_with(helm, "--set-json", values), "pre-delete")
+    assert len(of_kind(guard, "Role")) == 2
+
+
+def test_the_documented_cleanup_after_no_hooks_selects_every_guard_object(
+    render: Render,
+) -> None:
+    """`helm uninstall --no-hooks` leaves what the failed guard attempt created; the
+    documented `kubectl delete` selects each kind of it by its labels."""
+    (command,) = re.findall(r"`kubectl (delete [^`]*)`", deleted_namespace_section())
+    words = shlex.split(command.replace("RELEASE", "fusebox"))
+    kinds = set(words[1].split(","))
+    selector = dict(pair.split("=") for pair in words[words.index("-l") + 1].split(","))
+    guard = hooks(render(sets=("watchNamespaces={team-a,team-b}",)), "pre-delete")
+    assert {doc["kind"].lower() for doc in guard} <= kinds
+    for doc in guard:
+        assert selector.items() <= doc["metadata"]["labels"].items(), doc["metadata"]
 
 
 def test_the_hook_pods_may_reach_only_the_api_server_and_dns(render: Render) -> None:

@@ -24,6 +24,8 @@ SPREAD = {
     "whenUnsatisfiable": "DoNotSchedule",
 }
 AT = "/inference/pod/"
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 
 
 def with_pod(tmp_path: Path, pod: dict[str, Any]) -> Path:
@@ -51,7 +53,25 @@ def with_pod(tmp_path: Path, pod: dict[str, Any]) -> Path:
             {"tolerations": [{"key": "a", "effect": "NoExecute", "tolerationSeconds": "30"}]},
             "tolerations/0/tolerationSeconds",
         ),
+        ({"tolerations": [{"key": "gpu pool!", "operator": "Exists"}]}, "tolerations/0/key"),
+        (
+            {"tolerations": [{"key": "pool", "operator": "Equal", "value": "a b"}]},
+            "tolerations/0/value",
+        ),
         ({"affinity": {"nodeAffinity": "gpu"}}, "affinity/nodeAffinity"),
+        (
+            {"affinity": {"nodeAffinity": {REQUIRED: "x"}}},
+            f"affinity/nodeAffinity/{REQUIRED}",
+        ),
+        (
+            {"affinity": {"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": []}}}},
+            f"affinity/nodeAffinity/{REQUIRED}/nodeSelectorTerms",
+        ),
+        (
+            {"affinity": {"podAntiAffinity": {PREFERRED: {}}}},
+            f"affinity/podAntiAffinity/{PREFERRED}",
+        ),
+        ({"affinity": {"podAffinity": {"requiredDuringScheduling": []}}}, "affinity/podAffinity"),
         ({"affinity": {"nodeSelector": {}}}, "affinity"),
         ({"nodeSelector": {"pool": "a b"}}, "nodeSelector/pool"),
         ({"nodeSelector": {"Bad_Prefix/pool": "a"}}, "nodeSelector"),
@@ -76,6 +96,22 @@ def with_pod(tmp_path: Path, pod: dict[str, Any]) -> Path:
             "topologySpreadConstraints/0/nodeTaintsPolicy",
         ),
         ({"topologySpreadConstraints": [{**SPREAD, "foo": 1}]}, "topologySpreadConstraints/0"),
+        (
+            {"topologySpreadConstraints": [{**SPREAD, "topologyKey": "zone key!"}]},
+            "topologySpreadConstraints/0/topologyKey",
+        ),
+        (
+            {"topologySpreadConstraints": [{**SPREAD, "matchLabelKeys": ["pod-template-hash"]}]},
+            "topologySpreadConstraints/0",
+        ),
+        (
+            {
+                "topologySpreadConstraints": [
+                    {**SPREAD, "labelSelector": {}, "matchLabelKeys": ["a b"]}
+                ]
+            },
+            "topologySpreadConstraints/0/matchLabelKeys/0",
+        ),
         ({"imagePullSecrets": [{"name": "regcred"}, {"name": "regcred"}]}, "imagePullSecrets"),
         ({"labels": {"fusebox.dev/service": "chat"}}, "labels/fusebox.dev~1service"),
         (
@@ -123,7 +159,24 @@ def test_what_the_schema_admits_the_operator_parses(render: Render, tmp_path: Pa
                 "tolerationSeconds": 30,
             },
         ],
-        "affinity": {"nodeAffinity": {}, "podAntiAffinity": {}},
+        "affinity": {
+            "nodeAffinity": {
+                REQUIRED: {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]}
+                    ]
+                },
+            },
+            "podAntiAffinity": {
+                PREFERRED: [
+                    {
+                        "weight": 1,
+                        "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"},
+                    }
+                ]
+            },
+            "podAffinity": {},
+        },
         "nodeSelector": {"example.com/pool": "gpu-a"},
         "topologySpreadConstraints": [
             {
@@ -143,6 +196,7 @@ def test_what_the_schema_admits_the_operator_parses(render: Render, tmp_path: Pa
     assert dict(defaults.labels) == {"example.com/team": "ml", "tier": ""}
     assert defaults.image_pull_secrets == ("a", "b")
     assert defaults.tolerations is not None and len(defaults.tolerations) == 3
+    assert defaults.affinity == pod["affinity"]
 
 
 PROFILE_ANNOTATIONS = (

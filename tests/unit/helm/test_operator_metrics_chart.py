@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from fusebox_operator.settings import OperatorSettings
 
 from .conftest import CHART, Render, by_kind, env_of, one, run_helm
@@ -51,3 +53,22 @@ def test_the_metrics_port_may_not_be_the_health_port(helm: Path) -> None:
     result = run_helm(helm, "template", "fusebox", str(CHART), "--set", "metricsPort=8080")
     assert result.returncode != 0
     assert "metricsPort (8080) must differ from healthPort" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("network_policy", ["true", "false"])
+def test_pod_monitors_without_a_scrape_namespace_are_refused_naming_it(
+    helm: Path, network_policy: str
+) -> None:
+    """The NetworkPolicies admit scrapes from monitoring.scrapeNamespace only (each
+    service's whatever networkPolicy.enabled says): empty, every scrape the PodMonitors
+    ask for would time out and FuseboxOperatorDown would page for good."""
+    sets = (
+        "monitoring.podMonitor.enabled=true",
+        "monitoring.prometheusRule.enabled=true",
+        "monitoring.scrapeNamespace=",
+        f"networkPolicy.enabled={network_policy}",
+    )
+    args = [arg for pair in sets for arg in ("--set", pair)]
+    result = run_helm(helm, "template", "fusebox", str(CHART), *args)
+    assert result.returncode != 0, "rendered"
+    assert "monitoring.podMonitor.enabled needs monitoring.scrapeNamespace" in result.stderr

@@ -14,8 +14,14 @@ import pytest
 import yaml
 
 from fusebox_operator.manifests import build_deployment
+from fusebox_operator.pod_placement import (
+    LABEL_VALUE_PATTERN,
+    QUALIFIED_NAME_MAX_LENGTH,
+    QUALIFIED_NAME_PATTERN,
+)
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import size_memory
+from fusebox_operator.spec import LABEL_VALUE_PATTERN as SPEC_LABEL_VALUE_PATTERN
 from fusebox_operator.spec import parse_spec
 
 from .conftest import CHART, Render, env_of, load_documents, one, run_helm
@@ -337,6 +343,52 @@ def test_the_operator_pods_placement_and_labels_have_the_apis_shapes(
 ) -> None:
     """Refused by helm naming the key, not later by the API server mid-install."""
     assert f"at '{key}" in refusal(helm, value)
+
+
+def test_the_schema_checks_label_keys_and_values_by_the_operators_patterns() -> None:
+    """One rule at both ends: what helm admits as a taint key, topologyKey or label
+    value, the operator's start-up parse (pod_placement) admits, and the reverse."""
+    definitions = json.loads((CHART / "values.schema.json").read_text())["definitions"]
+    assert definitions["qualifiedName"]["pattern"] == QUALIFIED_NAME_PATTERN
+    assert definitions["qualifiedName"]["maxLength"] == QUALIFIED_NAME_MAX_LENGTH
+    assert definitions["labelValue"]["pattern"] == LABEL_VALUE_PATTERN == SPEC_LABEL_VALUE_PATTERN
+
+
+@pytest.mark.parametrize(
+    ("values", "at"),
+    [
+        (
+            'inference.pod.tolerations=[{"key":"a b","operator":"Equal","value":"x"}]',
+            "/inference/pod/tolerations/0/key",
+        ),
+        (
+            'inference.pod.tolerations=[{"key":"pool","operator":"Equal","value":"x y"}]',
+            "/inference/pod/tolerations/0/value",
+        ),
+        (
+            'inference.pod.topologySpreadConstraints=[{"maxSkew":1,"topologyKey":"zone key!",'
+            '"whenUnsatisfiable":"DoNotSchedule"}]',
+            "/inference/pod/topologySpreadConstraints/0/topologyKey",
+        ),
+        (
+            'inference.pod.topologySpreadConstraints=[{"maxSkew":1,"topologyKey":"zone",'
+            '"whenUnsatisfiable":"DoNotSchedule","matchLabelKeys":["pod-template-hash"]}]',
+            "/inference/pod/topologySpreadConstraints/0",
+        ),
+        (
+            'inference.pod.affinity={"nodeAffinity":'
+            '{"requiredDuringSchedulingIgnoredDuringExecution":"x"}}',
+            "/inference/pod/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution",
+        ),
+    ],
+)
+def test_an_inference_pod_default_every_deployment_would_fail_on_is_refused_at_install(
+    helm: Path, values: str, at: str
+) -> None:
+    """The API server would refuse every service's Deployment over such a default and
+    the operator would retry them all forever: helm refuses it first, naming it."""
+    stderr = template(helm, "--set-json", values)
+    assert SCHEMA_REFUSAL in stderr and f"at '{at}" in stderr, stderr
 
 
 def test_inference_egress_is_deny_or_allow(helm: Path) -> None:

@@ -31,6 +31,8 @@ from .test_crd import ENUMS as CRD_ENUMS
 
 Snapshot = Callable[[str, Any], None]
 MODEL = {"name": "chat", "source": "pvc://models/chat"}
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 POOL_TOLERATION = {"key": "pool", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
 ZONE_SPREAD = {
@@ -39,6 +41,7 @@ ZONE_SPREAD = {
     "whenUnsatisfiable": "ScheduleAnyway",
     "labelSelector": {"matchLabels": {"fusebox.dev/service": "chat"}},
 }
+UNSELECTED_SPREAD = {key: value for key, value in ZONE_SPREAD.items() if key != "labelSelector"}
 EVERY_FIELD = {
     "tolerations": [POOL_TOLERATION],
     "affinity": {
@@ -245,6 +248,11 @@ def test_the_crd_rules_refuse_the_same_label_and_annotation_keys() -> None:
         ({"runtimeClassName": "Not_A_Name"}, "runtimeClassName"),
         ({"labels": {"team": "a b"}}, "labels['team']"),
         ({"affinity": {"nodeAfinity": {}}}, "affinity.nodeAfinity"),
+        ({"tolerations": [{"key": "gpu pool", "operator": "Exists"}]}, "tolerations[0].key"),
+        (
+            {"topologySpreadConstraints": [{**ZONE_SPREAD, "topologyKey": "zone key"}]},
+            "topologySpreadConstraints[0].topologyKey",
+        ),
         ({"image": "has space"}, "image"),
     ],
 )
@@ -317,9 +325,53 @@ def test_the_charts_empty_values_are_no_defaults() -> None:
             {"annotations": {"example.com/x": "v" * 4097}},
             "inference.pod.annotations['example.com/x'] must be at most 4096 characters",
         ),
+        # What the API server refuses in every service's Deployment, named here once.
+        (
+            {"tolerations": [{"key": "gpu pool!", "operator": "Exists"}]},
+            "inference.pod.tolerations[0].key 'gpu pool!' is not a qualified name",
+        ),
         (
             {"tolerations": [{"key": "k" * 318, "operator": "Exists"}]},
-            "inference.pod.tolerations[0].key must be at most 317 characters",
+            "inference.pod.tolerations[0].key",
+        ),
+        (
+            {"tolerations": [{"key": "pool", "operator": "Equal", "value": "a b"}]},
+            "inference.pod.tolerations[0].value 'a b' is not a label value",
+        ),
+        (
+            {"topologySpreadConstraints": [{**ZONE_SPREAD, "topologyKey": "zone key!"}]},
+            "inference.pod.topologySpreadConstraints[0].topologyKey 'zone key!' is not a "
+            "qualified name",
+        ),
+        (
+            {"topologySpreadConstraints": [{**UNSELECTED_SPREAD, "matchLabelKeys": ["a"]}]},
+            "inference.pod.topologySpreadConstraints[0].matchLabelKeys needs a labelSelector",
+        ),
+        (
+            {
+                "topologySpreadConstraints": [
+                    {**ZONE_SPREAD, "labelSelector": {}, "matchLabelKeys": ["a b"]}
+                ]
+            },
+            "inference.pod.topologySpreadConstraints[0].matchLabelKeys[0] 'a b' is not a "
+            "qualified name",
+        ),
+        (
+            {"affinity": {"nodeAffinity": {REQUIRED: "x"}}},
+            f"inference.pod.affinity.nodeAffinity.{REQUIRED} must be an object",
+        ),
+        (
+            {"affinity": {"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": []}}}},
+            f"inference.pod.affinity.nodeAffinity.{REQUIRED}.nodeSelectorTerms must be a "
+            "non-empty list",
+        ),
+        (
+            {"affinity": {"podAntiAffinity": {PREFERRED: [None]}}},
+            f"inference.pod.affinity.podAntiAffinity.{PREFERRED}[0] must be an object",
+        ),
+        (
+            {"affinity": {"podAffinity": {"requiredDuringScheduling": []}}},
+            "inference.pod.affinity.podAffinity.requiredDuringScheduling is not a field",
         ),
         (
             {"tolerations": [{"operator": "Exists"}] * 33},

@@ -59,6 +59,11 @@ def text(size: int, prefix: str = "") -> str:
     return prefix + "a" * (size - len(prefix))
 
 
+def qualified_name(size: int) -> str:
+    """A label key of `size` characters: a prefix, '/', a 63-character name."""
+    return "a" * (size - 64) + "/" + "a" * 63
+
+
 def quantity(size: int, unit: str) -> str:
     """A valid quantity of exactly `size` characters: 1.000...0<unit>."""
     return "1." + "0" * (size - 2 - len(unit)) + unit
@@ -145,7 +150,7 @@ ROWS: dict[str, tuple[Callable[[int], dict[str, Any]], str]] = {
         "spec.pod.tolerations",
     ),
     "pod.tolerations[].key": (
-        lambda n: spec(pod={"tolerations": [{"key": text(n), "operator": "Exists"}]}),
+        lambda n: spec(pod={"tolerations": [{"key": qualified_name(n), "operator": "Exists"}]}),
         "spec.pod.tolerations[0].key",
     ),
     "pod.tolerations[].value": (
@@ -175,7 +180,11 @@ ROWS: dict[str, tuple[Callable[[int], dict[str, Any]], str]] = {
         lambda n: spec(
             pod={
                 "topologySpreadConstraints": [
-                    {"maxSkew": 1, "topologyKey": text(n), "whenUnsatisfiable": "DoNotSchedule"}
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": qualified_name(n),
+                        "whenUnsatisfiable": "DoNotSchedule",
+                    }
                 ]
             }
         ),
@@ -364,6 +373,7 @@ def test_a_spread_constraint_with_min_domains_and_match_label_keys_is_accepted()
         "whenUnsatisfiable": "DoNotSchedule",
         "minDomains": 3,
         "matchLabelKeys": ["pod-template-hash"],
+        "labelSelector": {"matchLabels": {"fusebox.dev/service": "chat"}},
     }
     parsed = parse_spec(spec(pod={"topologySpreadConstraints": [constraint]}))
     assert parsed.pod.topology_spread_constraints == (constraint,)
