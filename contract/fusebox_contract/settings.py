@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from fusebox_contract.wiring import GPU_SELECTION_ENV_NAMES
+
 ENV_PREFIX: Final = "FUSEBOX_"
 
 
@@ -164,10 +166,13 @@ SERVER_SETTINGS: Final[tuple[Setting, ...]] = (
     LOG_LEVEL,
 )
 
-RESERVED_ENV_NAMES: Final = frozenset(s.env for s in SERVER_SETTINGS if s.wired) | frozenset(
-    {"HOME", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"}
+RESERVED_ENV_NAMES: Final = (
+    frozenset(s.env for s in SERVER_SETTINGS if s.wired)
+    | frozenset({"HOME", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"})
+    | GPU_SELECTION_ENV_NAMES
 )
-"""Env names `spec.server.env` may not set: the operator wires them."""
+"""Env names `spec.server.env` may not set: the operator wires them, or (the GPU
+selection names) only the device plugin or DRA driver may."""
 
 
 def body_limit_bytes(max_input_tokens: int) -> int:

@@ -64,6 +64,20 @@ SERVED_BY_HEADER: Final = "X-Fusebox-Served-By"  # primary|fallback|canned: what
 # device's health in a pod's status.containerStatuses[].allocatedResourcesStatus.
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 GPU_VISIBLE_DEVICES_ENV: Final = "NVIDIA_VISIBLE_DEVICES"
+# Env the NVIDIA container toolkit and CUDA read to choose a container's GPUs
+# and driver libraries. Set by hand in a pod that asks for no GPU, the toolkit
+# (at its default, accept-nvidia-visible-devices-envvar-when-unprivileged)
+# would hand it every GPU of the node, other tenants' included; only the
+# device plugin or the DRA driver may set them.
+GPU_SELECTION_ENV_NAMES: Final = frozenset(
+    {
+        GPU_VISIBLE_DEVICES_ENV,
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+        "NVIDIA_MIG_CONFIG_DEVICES",
+        "NVIDIA_MIG_MONITOR_DEVICES",
+    }
+)
 
 
 class DeviceHealth(enum.StrEnum):

@@ -21,7 +21,7 @@ from fusebox_operator.spec import GpuSpec
 Manifest = dict[str, Any]
 
 CLAIM_NAME = "gpu"
-"""The pod's entry in spec.resourceClaims, which the server container names."""
+"""The pod's entry in spec.resourceClaims, which the server and sidecar containers name."""
 REQUEST_NAME = "gpu"
 """The one device request in the claim; the kubelet reports health as claim:<claim>/<request>."""
 
@@ -65,5 +65,7 @@ def pod_resource_claims(gpu: GpuSpec, name: str) -> list[Manifest]:
 
 
 def container_claims() -> list[Manifest]:
-    """The server container's resources.claims: it gets the pod's GPU claim."""
+    """The resources.claims of the server and of the metrics sidecar: both get the
+    pod's GPU claim (a claim may be shared by the containers of one pod), so the
+    sidecar's NVML sees the server's GPU from outside it (DESIGN.md §4)."""
     return [{"name": CLAIM_NAME}]

@@ -12,6 +12,13 @@ fields the apiserver or other controllers add (defaults, a clusterIP, a
 rewrites are not drift either: an empty value it omits (`value: ""`,
 `readOnly: false`, `[]`) and a quantity it writes in canonical form
 (`0.5` as `500m`, `2147483648` as `2Gi`).
+
+Containment alone would let a hand edit *add* what decides what the pods may
+do (`hostNetwork`, `privileged`, `capabilities.add`, a `command`, an
+`envFrom`) or where they may reach (an `egress` rule, `externalIPs`), since
+Fusebox renders those absent. Under `OWNED_PATHS` the comparison is
+equality: a key the operator did not render is drift unless it is empty or
+a value the apiserver fills in itself (`DEFAULTED`).
 """
 
 from __future__ import annotations
@@ -19,18 +26,58 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import ROUND_CEILING, Context, Decimal, InvalidOperation
 from typing import Any
 
 EMPTY: tuple[Any, ...] = (None, "", 0)  # scalars the apiserver omits (False is 0)
-_QUANTITY = re.compile(r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+_QUANTITY = re.compile(r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))(n|u|m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 _FACTORS: dict[str | None, Decimal] = {
     None: Decimal(1),
+    # Below a milli the apiserver writes micro and nano (`1.5m` is read back `1500u`).
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
     "m": Decimal("0.001"),
     **{s: Decimal(1000) ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
     **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
 }
+_NANO = Decimal("1e-9")
 NAMED_PATHS = 3  # an event names this many drifted fields, then counts the rest
+
+_POD = "spec.template.spec"
+OWNED_PATHS: frozenset[str] = frozenset(
+    {
+        # The pod template's keys that decide what the pods may do.
+        *(f"{_POD}.{key}" for key in ("hostNetwork", "hostPID", "hostIPC", "hostUsers")),
+        f"{_POD}.hostAliases",
+        f"{_POD}.securityContext",
+        f"{_POD}.volumes",
+        *(
+            f"{_POD}.{containers}[*].{key}"
+            for containers in ("containers", "initContainers")
+            for key in ("securityContext", "command", "args", "envFrom", "env")
+        ),
+        # The NetworkPolicy's rules (no other child has these under spec).
+        "spec.podSelector",
+        "spec.policyTypes",
+        "spec.ingress",
+        "spec.egress",
+        # The Service's reach beyond the cluster.
+        "spec.externalIPs",
+    }
+)
+"""Paths (list indices as `[*]`) compared for equality, not containment."""
+DEFAULTED: frozenset[tuple[str, Any]] = frozenset(
+    {
+        ("defaultMode", 420),  # configMap, secret, projected and downwardAPI volumes
+        ("apiVersion", "v1"),  # fieldRef
+        ("expirationSeconds", 3600),  # a projected serviceAccountToken
+        ("divisor", "0"),  # resourceFieldRef
+        ("protocol", "TCP"),  # ports
+        ("procMount", "Default"),  # a container's securityContext, where the gate defaults it
+    }
+)
+"""What the apiserver writes under an owned path when the operator rendered nothing."""
+_INDEX = re.compile(r"\[[0-9]+\]")
 
 
 @dataclass(frozen=True)
@@ -79,8 +126,9 @@ def secret_restored_message(secret: Mapping[str, Any], service: str, same_token:
     )
 
 
-def differences(wanted: Any, current: Any, path: str = "") -> list[str]:
-    """The paths where `current` does not carry what `wanted` says; [] when it does."""
+def differences(wanted: Any, current: Any, path: str = "", owned: bool = False) -> list[str]:
+    """The paths where `current` does not carry what `wanted` says, or (under an owned
+    path) carries more than it; [] when it does."""
     if isinstance(wanted, Mapping):
         if not isinstance(current, Mapping):
             return [] if _is_empty(wanted) and current is None else [path or "."]
@@ -91,7 +139,11 @@ def differences(wanted: Any, current: Any, path: str = "") -> list[str]:
                 if not _is_empty(value):
                     found.append(child)
                 continue
-            found.extend(differences(value, current[key], child))
+            found.extend(differences(value, current[key], child, owned or _owned(child)))
+        for key, value in current.items():
+            child = f"{path}.{key}" if path else str(key)
+            if key not in wanted and (owned or _owned(child)) and not _unset(key, value):
+                found.append(child)
         return found
     if isinstance(wanted, Sequence) and not isinstance(wanted, str):
         if current is None and not wanted:
@@ -102,13 +154,32 @@ def differences(wanted: Any, current: Any, path: str = "") -> list[str]:
             return [path]
         found = []
         for index, (value, there) in enumerate(zip(wanted, current, strict=True)):
-            found.extend(differences(value, there, f"{path}[{index}]"))
+            found.extend(differences(value, there, f"{path}[{index}]", owned))
         return found
     if isinstance(wanted, bool) != isinstance(current, bool):
         return [] if _is_empty(wanted) and current is None else [path]
     if wanted == current or (_is_empty(wanted) and current is None):
         return []
     return [] if _same_quantity(wanted, current) else [path]
+
+
+def _owned(path: str) -> bool:
+    return _INDEX.sub("[*]", path) in OWNED_PATHS
+
+
+def _unset(key: Any, value: Any) -> bool:
+    """An added key under an owned path that sets nothing: empty, or the apiserver's own
+    default. Stricter than `_is_empty`: `runAsUser: 0` or `egress: [{}]` sets a lot."""
+    if value is None or value is False or value == "":
+        return True
+    if isinstance(value, Mapping):
+        return all(_unset(k, v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return not value
+    try:
+        return (key, value) in DEFAULTED and not isinstance(value, bool)
+    except TypeError:  # an unhashable value
+        return False
 
 
 def _is_empty(value: Any) -> bool:
@@ -120,9 +191,19 @@ def _is_empty(value: Any) -> bool:
 
 
 def _same_quantity(wanted: Any, current: Any) -> bool:
-    """`500m` and `0.5`, `2Gi` and `2147483648`: one quantity in two spellings."""
+    """`500m` and `0.5`, `2Gi` and `2147483648`: one quantity in two spellings. The
+    apiserver keeps nothing finer than a nano and rounds up (`0.0000000001` is `1n`)."""
     first, second = _quantity(wanted), _quantity(current)
-    return first is not None and first == second
+    if first is None or second is None:
+        return False
+    try:
+        return _nanos(first) == _nanos(second)
+    except InvalidOperation:  # more digits than a quantity holds: compare as written
+        return first == second
+
+
+def _nanos(value: Decimal) -> Decimal:
+    return value.quantize(_NANO, ROUND_CEILING, Context(prec=64))
 
 
 def _quantity(value: Any) -> Decimal | None:

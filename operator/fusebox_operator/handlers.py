@@ -33,6 +33,7 @@ from fusebox_operator.kube import (
     SERVICE_GROUP,
     SERVICE_PLURAL,
     SERVICE_VERSION,
+    ChildRefused,
     Kube,
     KubeError,
     load_config,
@@ -48,11 +49,14 @@ from fusebox_operator.memo import (
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.operator_metrics import METRICS, timed
 from fusebox_operator.reconcile_status import (
+    CHILD_REFUSED_RETRY_SECONDS,
     GPU_NODES_RETRY_SECONDS,
     admin_secret_refused_status,
     applied_status,
+    child_refused_status,
     invalid_status,
     memory_sized_message,
+    resync_keeps,
     waiting_for_gpu_nodes,
 )
 from fusebox_operator.settings import OperatorSettings
@@ -263,6 +267,10 @@ async def _reconcile(
                 service.token_known(token, time.time())
     except AdminSecretRefused as error:
         raise _admin_secret_conflict(body, status, patch, generation, service, error) from error
+    except ChildRefused as error:  # before KubeError: a refusal a retry will not fix
+        for key, value in child_refused_status(status, str(error), generation, time.time()).items():
+            patch.status[key] = value
+        raise kopf.TemporaryError(str(error), delay=CHILD_REFUSED_RETRY_SECONDS) from error
     except KubeError as error:
         raise kopf.TemporaryError(str(error), delay=10) from error
     if edited is not None:
@@ -355,13 +363,11 @@ async def _resync(
     # The Secret is read every few resyncs only (memo.SECRET_CHECK_EVERY_RESYNCS).
     check_secret = service.secret_check_due(now, context.settings.resync_seconds)
     async with service.children_lock:
-        # Only children this process applied for this very generation: a newer
-        # spec (or one a reconcile still retries) is the reconcile's to apply. And
-        # only from that generation's record: a body read before the reconcile's
-        # status patch landed still holds the previous appliedSpec, whose children
-        # would "restore" over the ones just applied.
+        # A newer spec a reconcile still applies or retries is the reconcile's; one
+        # it refused or waits on leaves the applied generation's children to keep.
+        generation = int(meta.get("generation") or 0)
         ours = service.applied_generation
-        if sizing is None or ours != meta.get("generation") or ours != spec_generation:
+        if sizing is None or not resync_keeps(status, generation, spec_generation, ours):
             return
         rendered = manifests.build_children(
             spec,

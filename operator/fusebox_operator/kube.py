@@ -65,6 +65,31 @@ class KubeError(RuntimeError):
     """An API call failed in a way a retry later may fix."""
 
 
+REFUSAL_MESSAGE_CHARS = 1024
+"""How much of the API server's words a refusal keeps: they go into a condition."""
+
+
+class ChildRefused(KubeError):
+    """The API server refused a child as rendered (422, reason Invalid): the spec asks
+    for something the Kubernetes API does not accept. A retry as such will not fix
+    it, so the reconcile says so in status, naming the child, the fields and the API
+    server's words (`causes`: (field, message) pairs from the Status' details;
+    `message`: its message, used where it lists no cause)."""
+
+    def __init__(
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        causes: tuple[tuple[str, str], ...],
+        message: str,
+    ) -> None:
+        said = "; ".join(f"{field}: {text}" if field else text for field, text in causes)
+        words = (said or message or "Unprocessable Entity")[:REFUSAL_MESSAGE_CHARS]
+        super().__init__(f"the API server refused {kind} {namespace}/{name}: {words}")
+        self.kind, self.causes, self.message = kind, causes, message
+
+
 def load_config() -> None:
     """In-cluster credentials when running as a pod, else KUBECONFIG / ~/.kube/config."""
     try:
@@ -110,7 +135,7 @@ longer for a thread, and the wait is not counted in a request's timeout."""
 WRITE_TIMEOUT = aiohttp.ClientTimeout(
     total=None, sock_connect=10, sock_read=REQUEST_TIMEOUT_SECONDS
 )
-NOT_FOUND, CONFLICT = 404, 409
+NOT_FOUND, CONFLICT, UNPROCESSABLE = 404, 409, 422
 # The children's kinds are built in (manifests.build_children), so their paths are known
 # without discovery: kind -> the resource's plural.
 CHILD_PLURALS: dict[str, str] = {
@@ -140,11 +165,39 @@ def _admin_secret_of(manifest: Mapping[str, Any]) -> tuple[str, str, str]:
 
 class Refused(Exception):
     """The apiserver answered with an error status. `reason` is its status line's text, as
-    the client library's ApiException carried it, so a KubeError reads as it did."""
+    the client library's ApiException carried it, so a KubeError reads as it did;
+    `answer` the Status object it sent, when it sent one (refusal_of reads it)."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, answer: Mapping[str, Any] | None = None) -> None:
         super().__init__(f"{status} {reason}")
         self.status, self.reason = status, reason
+        self.answer: Mapping[str, Any] = answer or {}
+
+
+def status_object(answer: bytes) -> Mapping[str, Any] | None:
+    """The metav1.Status of an error answer, None when it is not one (a proxy's page)."""
+    try:
+        found = json.loads(answer)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) and found.get("kind") == "Status" else None
+
+
+def refusal_of(refused: Refused, kind: str, namespace: str, name: str) -> ChildRefused | KubeError:
+    """A refused write of a child as the reconcile tells it: a ChildRefused for the API
+    server's validation (422 Invalid), naming each field it gave, else a KubeError
+    with the status line as before (a conflict, a quota, a webhook down: retried)."""
+    answer = refused.answer
+    if refused.status != UNPROCESSABLE or answer.get("reason") != "Invalid":
+        return KubeError(f"{kind} {namespace}/{name}: {refused.reason}")
+    details = answer.get("details")
+    listed = details.get("causes") if isinstance(details, Mapping) else None
+    causes = tuple(
+        (str(cause.get("field") or ""), str(cause.get("message") or ""))
+        for cause in (listed if isinstance(listed, list) else [])
+        if isinstance(cause, Mapping)
+    )
+    return ChildRefused(kind, namespace, name, causes, str(answer.get("message") or ""))
 
 
 def tls_context(configuration: Any) -> ssl.SSLContext:
@@ -228,7 +281,7 @@ class ApiRequests:
         ) as response:
             answer = await response.read()
             if not 200 <= response.status < 300:
-                raise Refused(response.status, response.reason or "")
+                raise Refused(response.status, response.reason or "", status_object(answer))
         found: dict[str, Any] = json.loads(answer)
         return found
 
@@ -573,7 +626,7 @@ class Kube:
                     return Applied(manifest, "unchanged")  # created concurrently
                 raise
         except Refused as error:
-            raise KubeError(f"{kind} {namespace}/{name}: {error.reason}") from error
+            raise refusal_of(error, kind, namespace, name) from error
         except (aiohttp.ClientError, TimeoutError) as error:
             raise KubeError(f"{kind} {namespace}/{name}: {error!r}") from error
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from fusebox_contract.model_fetch import FETCH_CONTAINER
 from fusebox_operator.crd_schema import spec_schema
 
 Manifest = dict[str, Any]
@@ -34,6 +35,16 @@ the PDB and the NetworkPolicy select the pods by them."""
 FUSEBOX_ANNOTATIONS = ("prometheus.io/scrape", "prometheus.io/port")
 """The annotations the pod template carries besides fusebox.dev/*."""
 
+SERVER_CONTAINER = "server"
+SIDECAR_CONTAINER = "sidecar"
+POD_CONTAINERS = (SERVER_CONTAINER, SIDECAR_CONTAINER, FETCH_CONTAINER)
+"""Every container an inference pod may have (the fetcher only for hf:// sources):
+an AppArmor annotation naming another is refused by the API server."""
+APPARMOR_ANNOTATION_PREFIX = "container.apparmor.security.beta.kubernetes.io/"
+SECCOMP_ANNOTATION_PREFIXES = (
+    "seccomp.security.alpha.kubernetes.io/",
+    "container.seccomp.security.alpha.kubernetes.io/",
+)
 CONFINEMENT_ANNOTATION_PREFIXES = (
     "container.apparmor.security.beta.kubernetes.io/",
     "seccomp.security.alpha.kubernetes.io/",
@@ -105,6 +116,8 @@ SPREAD_KEYS = (
     "nodeTaintsPolicy",
 )
 SPREAD_WHEN_UNSATISFIABLE = ("DoNotSchedule", "ScheduleAnyway")
+INT32_MAX = 2**31 - 1  # maxSkew, minDomains and a preferred term's weight are int32
+AFFINITY_WEIGHT_RANGE = (1, 100)
 NODE_POLICIES = ("Honor", "Ignore")  # nodeAffinityPolicy, nodeTaintsPolicy
 
 
@@ -298,8 +311,10 @@ def _affinity(raw: Any, where: str) -> Manifest | None:
 def _affinity_terms(raw: Mapping[str, Any], where: str, *, node: bool) -> None:
     """The shape of a nodeAffinity, podAffinity or podAntiAffinity: its two fields,
     lists of objects, but a nodeAffinity's required terms are one object holding a
-    non-empty nodeSelectorTerms list. A term's own fields (selectors, operators) are
-    the Pod API's, left to the API server."""
+    non-empty nodeSelectorTerms list. A pod (anti-)affinity term needs its topologyKey
+    and a preferred one its weight (1-100): the API server refuses the Deployment
+    without them, so they are refused here, naming the term. A term's other fields
+    (selectors, operators) are the Pod API's, left to the API server."""
     entry = _entry(raw, where, (REQUIRED_TERMS, PREFERRED_TERMS))
     for key, value in entry.items():
         at = f"{where}.{key}"
@@ -309,8 +324,30 @@ def _affinity_terms(raw: Mapping[str, Any], where: str, *, node: bool) -> None:
             if not isinstance(terms, list) or not terms:
                 raise PlacementError(f"{at}.nodeSelectorTerms must be a non-empty list")
             _objects(terms, f"{at}.nodeSelectorTerms")
-        else:
-            _objects(_list(value, at) or [], at)
+            continue
+        items = _list(value, at) or []
+        _objects(items, at)
+        if node:
+            continue
+        for index, item in enumerate(items):
+            if key == REQUIRED_TERMS:
+                _pod_affinity_term(item, f"{at}[{index}]")
+                continue
+            weight = item.get("weight")
+            low, high = AFFINITY_WEIGHT_RANGE
+            if isinstance(weight, bool) or not isinstance(weight, int) or not low <= weight <= high:
+                raise PlacementError(f"{at}[{index}].weight must be a whole number {low}-{high}")
+            term = item.get("podAffinityTerm")
+            if not isinstance(term, Mapping):
+                raise PlacementError(f"{at}[{index}].podAffinityTerm must be an object")
+            _pod_affinity_term(term, f"{at}[{index}].podAffinityTerm")
+
+
+def _pod_affinity_term(term: Mapping[str, Any], where: str) -> None:
+    topology_key = _text(term, "topologyKey", where)
+    if not topology_key:
+        raise PlacementError(f"{where}.topologyKey is required (the domain the pods share)")
+    _qualified_name(topology_key, f"{where}.topologyKey")
 
 
 def _objects(items: list[Any], where: str) -> None:
@@ -324,12 +361,13 @@ def _spread(raw: Any, where: str) -> tuple[Manifest, ...] | None:
     if items is None:
         return None
     parsed: list[Manifest] = []
+    pairs: set[tuple[str, str]] = set()
     for index, item in enumerate(items):
         at = f"{where}[{index}]"
         entry = _entry(item, at, SPREAD_KEYS)
         skew = entry.get("maxSkew")
-        if isinstance(skew, bool) or not isinstance(skew, int) or skew < 1:
-            raise PlacementError(f"{at}.maxSkew must be a whole number of at least 1")
+        if isinstance(skew, bool) or not isinstance(skew, int) or not 1 <= skew <= INT32_MAX:
+            raise PlacementError(f"{at}.maxSkew must be a whole number 1 to at most {INT32_MAX}")
         topology_key = _text(entry, "topologyKey", at)
         if not topology_key:
             raise PlacementError(f"{at}.topologyKey is required")
@@ -341,6 +379,15 @@ def _spread(raw: Any, where: str) -> tuple[Manifest, ...] | None:
         for key in ("nodeAffinityPolicy", "nodeTaintsPolicy"):
             if entry.get(key) not in (None, *NODE_POLICIES):
                 raise PlacementError(f"{at}.{key} must be one of {', '.join(NODE_POLICIES)}")
+        # The API server refuses two constraints with the same pair (a Deployment it
+        # would never create): one of them must go, or differ in whenUnsatisfiable.
+        pair = (topology_key, str(entry["whenUnsatisfiable"]))
+        if pair in pairs:
+            raise PlacementError(
+                f"{at} repeats topologyKey {pair[0]!r} with whenUnsatisfiable {pair[1]}: "
+                "each pair may appear once"
+            )
+        pairs.add(pair)
         _spread_extras(entry, at)
         parsed.append(dict(entry))
     return tuple(parsed)
@@ -352,8 +399,12 @@ def _spread_extras(entry: Mapping[str, Any], at: str) -> None:
     rules on minDomains), rather than on every reconcile after."""
     domains = entry.get("minDomains")
     if domains is not None:
-        if isinstance(domains, bool) or not isinstance(domains, int) or domains < 1:
-            raise PlacementError(f"{at}.minDomains must be a whole number of at least 1")
+        if (
+            isinstance(domains, bool)
+            or not isinstance(domains, int)
+            or not 1 <= domains <= INT32_MAX
+        ):
+            raise PlacementError(f"{at}.minDomains must be a whole number 1 to {INT32_MAX}")
         if entry.get("whenUnsatisfiable") != "DoNotSchedule":
             raise PlacementError(f"{at}.minDomains needs whenUnsatisfiable DoNotSchedule")
     keys = entry.get("matchLabelKeys")
@@ -414,8 +465,15 @@ def _string_map(raw: Any, where: str, *, label_values: bool) -> tuple[tuple[str,
     if not isinstance(raw, Mapping):
         raise PlacementError(f"{where} must map names to strings, got {type(raw).__name__}")
     for key, value in raw.items():
-        if not isinstance(key, str) or _QUALIFIED_NAME.fullmatch(key) is None:
-            raise PlacementError(f"{where} key {key!r} is not a qualified name ([prefix/]name)")
+        if (
+            not isinstance(key, str)
+            or len(key) > QUALIFIED_NAME_MAX_LENGTH
+            or _QUALIFIED_NAME.fullmatch(key) is None
+        ):
+            raise PlacementError(
+                f"{where} key {key!r} is not a qualified name ([prefix/]name, at most "
+                f"{QUALIFIED_NAME_MAX_LENGTH} characters)"
+            )
         if not isinstance(value, str):
             raise PlacementError(f"{where}[{key!r}] must be a string, got {type(value).__name__}")
         if label_values and _LABEL_VALUE.fullmatch(value) is None:
@@ -440,7 +498,13 @@ def _reserved_free(
 def _confined(pairs: tuple[tuple[str, str], ...], where: str) -> tuple[tuple[str, str], ...]:
     """AppArmor and seccomp annotations may only name the runtime's default profile or
     a node's own (`localhost/...`), as restricted Pod Security allows: an `unconfined`
-    one would loosen the pod wherever the namespace does not enforce that profile."""
+    one would loosen the pod wherever the namespace does not enforce that profile.
+
+    And only what the API server accepts with the pod Fusebox renders: an AppArmor
+    annotation must name one of its containers (else the Deployment is refused), and
+    a seccomp one must agree with the seccompProfile RuntimeDefault Fusebox sets
+    (else every pod is refused, with only a FailedCreate on the ReplicaSet to say so).
+    """
     for key, value in pairs:
         if key.startswith(CONFINEMENT_ANNOTATION_PREFIXES) and not (
             value in CONFINED_PROFILES or value.startswith("localhost/")
@@ -448,6 +512,18 @@ def _confined(pairs: tuple[tuple[str, str], ...], where: str) -> tuple[tuple[str
             raise PlacementError(
                 f"{where}[{key!r}] cannot be {value!r}: Fusebox's pods keep restricted Pod"
                 f" Security (only {', '.join(CONFINED_PROFILES)} or localhost/PROFILE)"
+            )
+        container = key.removeprefix(APPARMOR_ANNOTATION_PREFIX)
+        if container != key and container not in POD_CONTAINERS:
+            raise PlacementError(
+                f"{where}[{key!r}] names no container of the pod: {container!r} "
+                f"(they are {', '.join(POD_CONTAINERS)})"
+            )
+        if key.startswith(SECCOMP_ANNOTATION_PREFIXES) and value not in CONFINED_PROFILES:
+            raise PlacementError(
+                f"{where}[{key!r}] cannot be {value!r}: Fusebox sets seccompProfile "
+                f"RuntimeDefault, which the API server requires the annotation to match "
+                f"({' or '.join(CONFINED_PROFILES)})"
             )
     return pairs
 

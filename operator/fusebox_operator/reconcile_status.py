@@ -21,12 +21,62 @@ from fusebox_operator.status import SPEC_VALID, set_condition
 
 GPU_NODES_RETRY_SECONDS = 60
 """How often a reconcile waiting for labelled GPU nodes looks again."""
+CHILD_REFUSED = "ChildRefused"
+"""InvalidSpec's reason when the API server refused a child as rendered (422 Invalid)."""
+CHILD_REFUSED_RETRY_SECONDS = 60
+"""How often a reconcile whose child the API server refused tries again: the same
+spec is refused the same way, but a webhook or an API server upgrade may change
+its mind, and an edit reconciles at once anyway."""
 # Ready's reasons a reconcile wrote itself; an applied spec clears them.
 HELD_BACK = (
     EventReason.INVALID_SPEC,
     EventReason.WAITING_FOR_GPU_NODES,
     EventReason.ADMIN_SECRET_REFUSED,
+    CHILD_REFUSED,
 )
+
+
+def held_back(status: Mapping[str, Any], generation: int) -> bool:
+    """Whether the reconcile of `generation` stopped before writing any child: the
+    parser refused it (InvalidSpec True) or it waits for GPU nodes. The children of
+    the applied generation are then still the service's, and a resync keeps them.
+
+    A child the API server refused (CHILD_REFUSED) is not one of these: that
+    reconcile wrote the children before it, and retries them; a resync putting the
+    applied generation's back in between would flap them.
+    """
+    for condition in status.get("conditions") or []:
+        if (
+            condition.get("type") == ConditionType.INVALID_SPEC
+            and condition.get("observedGeneration") == generation
+        ):
+            reason, refused = condition.get("reason"), condition.get("status") == "True"
+            waiting = reason == EventReason.WAITING_FOR_GPU_NODES
+            return bool(waiting or (refused and reason == EventReason.INVALID_SPEC))
+    return False
+
+
+def resync_keeps(
+    status: Mapping[str, Any], generation: int, record_generation: int, applied_here: int | None
+) -> bool:
+    """Whether a resync may put back the children of `record_generation` (the applied
+    spec it renders) while the object is at `generation`.
+
+    Either that generation is the current one and this process applied it (or caught
+    up with the replica that did), or a later edit was held back before any child of
+    it was written (`held_back`), so the record's children are still the ones kept;
+    then this process must not have applied another since (`applied_here`, None
+    after a restart whose resume refused the edit again). A body read before a
+    reconcile's status patch landed holds an older record: never restored over the
+    children just applied.
+    """
+    if applied_here == record_generation == generation:
+        return True
+    return (
+        applied_here in (None, record_generation)
+        and status.get("appliedGeneration") == record_generation
+        and held_back(status, generation)
+    )
 
 
 def _conditions(status: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -46,6 +96,32 @@ def invalid_status(
     if "memory" not in status:  # nothing applied yet, so no pods of ours
         conditions = set_condition(
             conditions, ConditionType.READY, False, invalid, message, generation, now
+        )
+    return {"conditions": conditions, "observedGeneration": generation}
+
+
+def child_refused_status(
+    status: Mapping[str, Any], refusal: str, generation: int, now: float
+) -> dict[str, Any]:
+    """InvalidSpec True, reason ChildRefused, with the API server's refusal (the child,
+    the fields, its words); Ready False with it while nothing was ever applied.
+
+    The parser accepted the spec, Kubernetes did not: the children before the refused
+    one are written, the refused one (and those after it) are not, and the applied
+    generation's pods keep running. Without this the only trace was a retry every
+    10 s and "Unprocessable Entity" in the operator's log.
+    """
+    text = (
+        f"{refusal}; the spec's other children are applied as far as that one, trying "
+        f"again every {CHILD_REFUSED_RETRY_SECONDS} s (fix the field in the spec)"
+    )
+    conditions = set_condition(
+        _conditions(status), ConditionType.INVALID_SPEC, True, CHILD_REFUSED, text, generation,
+        now,
+    )  # fmt: skip
+    if "memory" not in status:  # nothing applied yet, so no pods of ours
+        conditions = set_condition(
+            conditions, ConditionType.READY, False, CHILD_REFUSED, text, generation, now
         )
     return {"conditions": conditions, "observedGeneration": generation}
 

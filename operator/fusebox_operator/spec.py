@@ -130,6 +130,13 @@ _SERVICE_NAME = re.compile(SERVICE_NAME_PATTERN)
 E = TypeVar("E", bound=enum.Enum)
 
 
+CANNED_PROMPT_MAX_CHARS = 256
+"""A canned answer's prompt (a map key, which a CRD schema cannot bound): the CRD's
+rule on degradation.cannedAnswers holds the same number, and with its other bounds
+keeps the largest spec far below the 256 KiB that kopf's copy of it in an annotation
+must fit (test_spec_bounds.py computes it)."""
+
+
 class SpecError(ValueError):
     """The spec cannot be served as written (reported as condition InvalidSpec)."""
 
@@ -984,6 +991,12 @@ def _parse_degradation(
         isinstance(k, str) and isinstance(v, str) for k, v in canned.items()
     ):
         raise SpecError("degradation.cannedAnswers must map prompt strings to answer strings")
+    for prompt in canned:
+        if len(prompt) > CANNED_PROMPT_MAX_CHARS:
+            raise SpecError(
+                f"spec.degradation.cannedAnswers keys must be at most {CANNED_PROMPT_MAX_CHARS}"
+                f" characters, got {len(prompt)} ({prompt[:32]!r}...)"
+            )
     if canned and DegradationTier.CANNED_ANSWERS not in tiers:
         raise SpecError(CANNED_WITHOUT_TIER)
     cool_off = _number(raw, "degradation.coolOffSeconds", schema)

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from fusebox_contract.names import ConditionType, EventReason
+from fusebox_operator.spec import parse_spec
 
 from .conftest import REPO
 
@@ -73,3 +74,22 @@ def test_day_one_install_values_name_the_namespace_prometheus_scrapes_from() -> 
     [values] = day_one_documents("install")
     assert values["monitoring"]["podMonitor"]["enabled"] is True
     assert values["monitoring"]["scrapeNamespace"], values["monitoring"]
+
+
+OPERATOR_DOC = (REPO / "docs" / "operator.md").read_text()
+# One source of each scheme spec.model.source takes (docs/api.md lists them).
+MODEL_SOURCES = {
+    "pvc": "pvc://models/chat",
+    "file": "file:///models/chat",
+    "s3": "s3://bucket/chat",
+    "hf": "hf://org/chat",
+}
+REFUSED_SCHEME = re.compile(r"`(\w+)://`\s+is\s+refused")
+
+
+def test_the_operator_doc_never_calls_a_model_source_the_operator_fetches_refused() -> None:
+    """It said `hf://` was refused while the parser accepted it and the pod fetched it."""
+    for source in MODEL_SOURCES.values():  # each is a model.source the operator takes
+        parse_spec({"model": {"name": "chat", "source": source}, "gpu": {"count": 0}})
+    said_refused = set(REFUSED_SCHEME.findall(" ".join(OPERATOR_DOC.split())))
+    assert said_refused & set(MODEL_SOURCES) == set()

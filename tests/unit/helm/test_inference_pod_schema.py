@@ -206,6 +206,45 @@ PROFILE_ANNOTATIONS = (
 )
 """One key under each prefix the operator holds to a confining profile
 (pod_placement.CONFINEMENT_ANNOTATION_PREFIXES)."""
+CONFINED = ("runtime/default", "docker/default")
+
+
+@pytest.mark.parametrize(
+    ("key", "profile", "words"),
+    [
+        ("seccomp.security.alpha.kubernetes.io/pod", "localhost/x", "seccompProfile"),
+        ("container.apparmor.security.beta.kubernetes.io/other", "runtime/default", "container"),
+    ],
+)
+def test_an_annotation_the_api_server_would_refuse_with_the_pod_is_refused_at_install(
+    helm: Path, tmp_path: Path, key: str, profile: str, words: str
+) -> None:
+    """A seccomp profile other than the RuntimeDefault Fusebox sets, or an AppArmor
+    annotation naming no container of the pod: every pod or the Deployment would be
+    refused, and the operator refuses them at start."""
+    pod = {"annotations": {key: profile}}
+    result = run_helm(
+        helm, "template", "fusebox", str(CHART), "--values", str(with_pod(tmp_path, pod))
+    )
+    assert result.returncode != 0, "rendered"
+    assert SCHEMA_REFUSAL in result.stderr, result.stderr
+    with pytest.raises(ValueError, match=words):
+        parse_pod_defaults(json.dumps(pod))
+
+
+def test_the_charts_pod_default_bounds_are_the_crds() -> None:
+    """The operator holds chart defaults to spec.pod's bounds: the install must too."""
+    crd = yaml.safe_load((CHART / "crds" / "inferenceservice.yaml").read_text(encoding="utf-8"))
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    crd_pod = spec["properties"]["pod"]["properties"]
+    schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    chart_pod = schema["properties"]["inference"]["properties"]["pod"]["properties"]
+    for field in ("tolerations", "topologySpreadConstraints", "imagePullSecrets"):
+        assert chart_pod[field]["maxItems"] == crd_pod[field]["maxItems"], field
+    for field in ("nodeSelector", "labels", "annotations"):
+        assert chart_pod[field]["maxProperties"] == crd_pod[field]["maxProperties"], field
+    values = chart_pod["annotations"]["additionalProperties"]["maxLength"]
+    assert values == crd_pod["annotations"]["additionalProperties"]["maxLength"]
 
 
 @pytest.mark.parametrize("key", PROFILE_ANNOTATIONS)
@@ -228,8 +267,14 @@ def test_the_schema_refuses_an_unconfining_profile_annotation(
         parse_pod_defaults(json.dumps(pod))
 
 
-@pytest.mark.parametrize("key", PROFILE_ANNOTATIONS)
-@pytest.mark.parametrize("profile", ["runtime/default", "docker/default", "localhost/x"])
+@pytest.mark.parametrize(
+    ("key", "profile"),
+    [
+        *((key, profile) for key in PROFILE_ANNOTATIONS for profile in CONFINED),
+        # A node's own AppArmor profile; seccomp must match the RuntimeDefault Fusebox sets.
+        ("container.apparmor.security.beta.kubernetes.io/server", "localhost/x"),
+    ],
+)
 def test_a_confining_profile_annotation_reaches_the_operator(
     render: Render, tmp_path: Path, key: str, profile: str
 ) -> None:

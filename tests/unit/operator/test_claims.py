@@ -20,7 +20,7 @@ from fusebox_contract.wiring import GPU_DEVICE_CLASS, GPU_RESOURCE
 from fusebox_operator import spec as spec_module
 from fusebox_operator.autoscaling import pending_for_gpu
 from fusebox_operator.claims import CLAIM_NAME, build_claim_template, claim_template_name
-from fusebox_operator.manifests import build_children, build_deployment
+from fusebox_operator.manifests import SIDECAR_CONTAINER, build_children, build_deployment
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import size_memory
 from fusebox_operator.spec import GpuSpec, SpecError, parse_spec
@@ -90,6 +90,23 @@ def test_the_pod_names_the_claim_instead_of_asking_the_device_plugin(snapshot: S
     assert GPU_RESOURCE not in server["resources"]["requests"]
     assert GPU_RESOURCE not in server["resources"]["limits"]
     assert restricted_violations(deployment["spec"]["template"]) == []
+
+
+def test_the_sidecar_shares_the_servers_gpu_claim_so_its_nvml_sees_the_gpu() -> None:
+    pod = children(dra_spec())["Deployment"]["spec"]["template"]["spec"]
+    (sidecar,) = [c for c in pod["initContainers"] if c["name"] == SIDECAR_CONTAINER]
+
+    assert sidecar["resources"]["claims"] == pod["containers"][0]["resources"]["claims"]
+    assert sidecar["resources"]["claims"] == [{"name": CLAIM_NAME}]
+
+
+def test_a_device_plugin_pods_sidecar_asks_for_no_gpu() -> None:
+    device_plugin = {**dra_spec(), "gpu": {"count": 1}}
+    pod = children(device_plugin)["Deployment"]["spec"]["template"]["spec"]
+    (sidecar,) = [c for c in pod["initContainers"] if c["name"] == SIDECAR_CONTAINER]
+
+    assert "claims" not in sidecar["resources"]
+    assert GPU_RESOURCE not in sidecar["resources"]["limits"]
 
 
 def test_the_template_comes_before_the_deployment_that_names_it() -> None:

@@ -5,6 +5,7 @@ resync writes nothing; every real edit is named by its path in ChildRestored."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from fusebox_operator.drift import Applied, differences, restored_message, secret_restored_message
+from fusebox_operator.manifests import build_network_policy, build_service
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import MemorySizing, recorded_sizing
 
@@ -37,6 +39,11 @@ def served_back(manifest: dict[str, Any]) -> dict[str, Any]:
         for variable in container.get("env", []):
             if variable.get("value") == "":
                 del variable["value"]
+    for volume in pod["volumes"]:
+        for source in ("configMap", "secret"):
+            if source in volume:
+                volume[source].setdefault("defaultMode", 420)
+    pod.setdefault("securityContext", {})
     current["status"] = {"replicas": 2, "readyReplicas": 2}
     return current
 
@@ -64,6 +71,77 @@ def test_an_edited_image_and_an_added_env_var_are_named_by_their_paths() -> None
     ]
 
 
+@pytest.mark.parametrize(
+    ("edit", "path"),
+    [
+        (lambda pod, server: pod.update(hostNetwork=True), "spec.template.spec.hostNetwork"),
+        (lambda pod, server: pod.update(hostPID=True), "spec.template.spec.hostPID"),
+        (
+            lambda pod, server: pod["securityContext"].update(supplementalGroups=[0]),
+            "spec.template.spec.securityContext.supplementalGroups",
+        ),
+        (
+            lambda pod, server: server["securityContext"].update(privileged=True),
+            "spec.template.spec.containers[0].securityContext.privileged",
+        ),
+        (
+            lambda pod, server: server["securityContext"]["capabilities"].update(add=["SYS_ADMIN"]),
+            "spec.template.spec.containers[0].securityContext.capabilities.add",
+        ),
+        (
+            lambda pod, server: server.update(command=["sh", "-c", "cat /var/run/*/token"]),
+            "spec.template.spec.containers[0].command",
+        ),
+        (
+            lambda pod, server: server.update(envFrom=[{"secretRef": {"name": "other"}}]),
+            "spec.template.spec.containers[0].envFrom",
+        ),
+        (
+            lambda pod, server: pod["volumes"].append({"name": "h", "hostPath": {"path": "/"}}),
+            "spec.template.spec.volumes",
+        ),
+        (
+            lambda pod, server: pod["volumes"][1]["emptyDir"].update(medium="Memory"),
+            "spec.template.spec.volumes[1].emptyDir.medium",
+        ),
+    ],
+)
+def test_a_hand_edit_adding_what_the_pods_may_do_is_drift(
+    edit: Callable[[dict[str, Any], dict[str, Any]], None], path: str
+) -> None:
+    rendered = deployment()
+    current = served_back(rendered)
+    pod = current["spec"]["template"]["spec"]
+    edit(pod, pod["containers"][0])
+
+    assert differences(rendered, current) == [path]
+
+
+def test_an_egress_rule_added_to_the_network_policy_by_hand_is_drift() -> None:
+    wanted = build_network_policy("demo", "ns", OperatorSettings())
+    body = {k: v for k, v in wanted.items() if k not in ("apiVersion", "kind")}
+    current = copy.deepcopy(body)
+    current["metadata"].update(uid="1", resourceVersion="2")
+    assert differences(body, current) == []
+
+    current["spec"]["egress"] = [{}]
+    current["spec"]["ingress"][0]["from"] = [{"ipBlock": {"cidr": "0.0.0.0/0"}}]
+
+    assert differences(body, current) == ["spec.ingress[0].from", "spec.egress"]
+
+
+def test_external_ips_added_to_the_service_by_hand_are_drift() -> None:
+    wanted = build_service("demo", "ns")
+    body = {k: v for k, v in wanted.items() if k not in ("apiVersion", "kind")}
+    current = copy.deepcopy(body)
+    current["spec"].update(clusterIP="10.0.0.7", clusterIPs=["10.0.0.7"], sessionAffinity="None")
+    assert differences(body, current) == []
+
+    current["spec"]["externalIPs"] = ["203.0.113.9"]
+
+    assert differences(body, current) == ["spec.externalIPs"]
+
+
 def test_a_deleted_field_is_drift_and_an_emptied_one_is_not() -> None:
     assert differences({"spec": {"maxUnavailable": 1}}, {"spec": {}}) == ["spec.maxUnavailable"]
     assert differences({"spec": {"flag": False, "items": [], "note": ""}}, {"spec": {}}) == []
@@ -76,6 +154,9 @@ def test_a_deleted_field_is_drift_and_an_emptied_one_is_not() -> None:
         ("0.5", "500m", True),
         ("2147483648", "2Gi", True),
         (1024, "1Ki", True),
+        ("1.5m", "1500u", True),  # a sub-millicore cpu as the apiserver stores it
+        ("0.0000000001", "1n", True),  # the apiserver keeps nanos, rounding up
+        ("0.000000002", "2n", True),
         ("1Gi", "1G", False),
         ("500m", "600m", False),
         (True, 1, False),

@@ -20,6 +20,7 @@ from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator import handlers
 from fusebox_operator.admin_secret import CONFLICT_RETRY_SECONDS, AdminSecretRefused
 from fusebox_operator.drift import Applied
+from fusebox_operator.kube import ChildRefused, KubeError
 from fusebox_operator.kubelet_pressure import KubeletPressureReader
 from fusebox_operator.memo import (
     CONTEXT_KEY,
@@ -59,6 +60,7 @@ class FakeKube:
         self.secret_refusal: str | None = None  # why the Secret there is not the service's
         self.actuator = FakeActuator()
         self.pods: list[PodView] = []  # what the pod watch holds
+        self.refusals: dict[str, KubeError] = {}  # what a write of a kind is answered
 
     async def read_service_status(self, namespace: str, name: str) -> dict[str, Any]:
         self.status_reads += 1
@@ -86,6 +88,8 @@ class FakeKube:
         return True
 
     async def apply(self, manifest: Mapping[str, Any], scale: bool = True) -> Applied:
+        if manifest["kind"] in self.refusals:
+            raise self.refusals[manifest["kind"]]
         self.written.append(f"{manifest['kind']} {manifest['metadata']['name']}")
         return Applied(manifest, "created")
 
@@ -394,6 +398,112 @@ def test_a_replica_resumed_after_another_applied_an_edit_puts_back_its_children(
     assert "NetworkPolicy chat" in kube.written
     restored = [m for _, reason, m in events if reason == EventReason.CHILD_RESTORED]
     assert "NetworkPolicy chat was missing (deleted outside Fusebox): recreated" in restored
+
+
+# Edits the reconcile holds back before writing any child: refused, or waiting for
+# GPU nodes (the labelled nodes gone when the edit comes).
+HELD_BACK_EDITS = {
+    "refused": (VALID, REFUSED_EDIT),
+    "waiting": (MODEL_ONLY, {**MODEL_ONLY, "server": {"maxConcurrency": 4}}),
+}
+
+
+@pytest.mark.parametrize("restarted", [False, True], ids=["same-process", "after-restart"])
+@pytest.mark.parametrize("held", sorted(HELD_BACK_EDITS))
+def test_a_child_deleted_while_a_later_edit_is_held_back_is_put_back_from_the_applied_spec(
+    events: list[tuple[str, str, str]], held: str, restarted: bool
+) -> None:
+    """docs/operator.md: the resync waits only while an edit is being reconciled. A
+    refused (InvalidSpec) or waiting (WaitingForGPUNodes) edit was reconciled: the
+    children of the applied generation are still the ones kept, even after a restart
+    (whose resume refused the edit again, so this process applied nothing)."""
+    applied, edit = HELD_BACK_EDITS[held]
+    kube = FakeKube((81920,))
+    service = Service(kube)
+    service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
+    service.reconcile(applied)
+    if held == "waiting":
+        kube.node_vram = []  # the labelled nodes are gone when the edit comes
+    with pytest.raises((kopf.PermanentError, kopf.TemporaryError)):
+        service.reconcile(edit, old=applied)
+    if restarted:
+        service.kept = None
+    kube.written.clear()
+    kube.touched.add(service.name)  # a watch saw the NetworkPolicy deleted
+    if service.kept is not None:
+        service.kept.next_scrape_at = 0.0
+
+    service.tick(edit)
+
+    assert "NetworkPolicy chat" in kube.written
+    restored = [m for _, reason, m in events if reason == EventReason.CHILD_RESTORED]
+    assert "NetworkPolicy chat was missing (deleted outside Fusebox): recreated" in restored
+    assert service.status["appliedGeneration"] == 1  # generation 1's children, not the edit's
+
+
+TOPOLOGY_KEY = (
+    "spec.template.spec.affinity.podAntiAffinity."
+    "requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey"
+)
+
+
+def test_a_child_the_api_server_refuses_is_an_invalid_spec_naming_the_field(
+    events: list[tuple[str, str, str]],
+) -> None:
+    """A spec the parser accepts but Kubernetes does not: said in status, not only retried
+    every 10 s with 'Unprocessable Entity' in the operator's log."""
+    kube = FakeKube()
+    service = Service(kube)
+    service.reconcile(VALID)
+    edited = {**VALID, "server": {"maxConcurrency": 4}}
+    kube.refusals["Deployment"] = ChildRefused(
+        "Deployment", NAMESPACE, "chat", ((TOPOLOGY_KEY, "Required value: can not be empty"),), ""
+    )
+    with pytest.raises(kopf.TemporaryError) as raised:
+        service.reconcile(edited, old=VALID)
+
+    assert raised.value.delay == handlers.CHILD_REFUSED_RETRY_SECONDS > 10
+    invalid = service.condition(ConditionType.INVALID_SPEC)
+    assert (invalid["status"], invalid["reason"]) == ("True", "ChildRefused")
+    assert invalid["observedGeneration"] == 2
+    assert f"Deployment {NAMESPACE}/chat" in invalid["message"]
+    assert f"{TOPOLOGY_KEY}: Required value: can not be empty" in invalid["message"]
+    assert service.status["appliedGeneration"] == 1  # the edit is not applied
+    assert service.condition(ConditionType.READY)["reason"] != "ChildRefused"  # gen 1's pods'
+
+    del kube.refusals["Deployment"]  # the spec fixed
+    service.reconcile(VALID, old=edited)
+    invalid = service.condition(ConditionType.INVALID_SPEC)
+    assert (invalid["status"], invalid["reason"]) == ("False", "SpecValid")
+
+
+def test_a_child_refused_before_anything_was_applied_holds_ready_false_with_its_words(
+    events: list[tuple[str, str, str]],
+) -> None:
+    kube = FakeKube()
+    kube.refusals["Deployment"] = ChildRefused(
+        "Deployment", NAMESPACE, "chat", ((TOPOLOGY_KEY, "Required value: can not be empty"),), ""
+    )
+    service = Service(kube)
+    with pytest.raises(kopf.TemporaryError):
+        service.reconcile(VALID, reason="create")
+    ready = service.condition(ConditionType.READY)
+    assert (ready["status"], ready["reason"]) == ("False", "ChildRefused")
+    assert TOPOLOGY_KEY in ready["message"]
+
+
+def test_any_other_api_error_is_retried_soon_and_says_nothing_in_status(
+    events: list[tuple[str, str, str]],
+) -> None:
+    kube = FakeKube()
+    service = Service(kube)
+    service.reconcile(VALID)
+    before = service.condition(ConditionType.INVALID_SPEC)
+    kube.refusals["Deployment"] = KubeError(f"Deployment {NAMESPACE}/chat: Service Unavailable")
+    with pytest.raises(kopf.TemporaryError) as raised:
+        service.reconcile(VALID, old=VALID)
+    assert raised.value.delay == 10
+    assert service.condition(ConditionType.INVALID_SPEC) == before
 
 
 def test_before_any_spec_is_applied_nothing_is_watched(

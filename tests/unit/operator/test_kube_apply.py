@@ -33,7 +33,7 @@ from aiohttp import web
 
 from fusebox_operator.admin_secret import AdminSecretRefused
 from fusebox_operator.child_store import ChildStore
-from fusebox_operator.kube import CHILD_PLURALS, Kube, KubeError, child_path
+from fusebox_operator.kube import CHILD_PLURALS, ChildRefused, Kube, KubeError, child_path
 from fusebox_operator.manifests import TEMPLATE_HASH_ANNOTATION
 
 TOKEN = "apply-test-token"
@@ -52,6 +52,7 @@ class FakeApiserver:
     headers: list[dict[str, str]] = field(default_factory=list)
     content_types: list[str] = field(default_factory=list)
     refuse: dict[str, int] = field(default_factory=dict)
+    refusal: dict[str, Any] = field(default_factory=lambda: {"kind": "Status"})  # its body
     version: int = 8
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -62,7 +63,7 @@ class FakeApiserver:
         if body is not None:
             self.content_types.append(request.content_type)
         if method in self.refuse:
-            return web.json_response({"kind": "Status"}, status=self.refuse[method])
+            return web.json_response(self.refusal, status=self.refuse[method])
         if method == "POST":
             path = f"{path}/{body['metadata']['name']}"
             if path in self.objects:
@@ -383,6 +384,51 @@ def test_a_write_the_apiserver_refuses_reads_as_the_client_library_said_it() -> 
     apiserver.refuse["POST"] = 403
     with pytest.raises(KubeError, match=r"^Secret team/chat-admin: Forbidden$"):
         create_secret_once(apiserver, likely_absent=True)
+
+
+TOPOLOGY_KEY = (
+    "spec.template.spec.affinity.podAntiAffinity.requiredDuringScheduling"
+    "IgnoredDuringExecution[0].topologyKey"
+)
+INVALID_DEPLOYMENT = {  # as kube-apiserver answers a Deployment its validation refuses
+    "kind": "Status",
+    "apiVersion": "v1",
+    "status": "Failure",
+    "message": f'Deployment.apps "chat" is invalid: {TOPOLOGY_KEY}: Required value: '
+    "can not be empty",
+    "reason": "Invalid",
+    "details": {
+        "name": "chat",
+        "group": "apps",
+        "kind": "Deployment",
+        "causes": [
+            {
+                "reason": "FieldValueRequired",
+                "message": "Required value: can not be empty",
+                "field": TOPOLOGY_KEY,
+            }
+        ],
+    },
+    "code": 422,
+}
+
+
+def test_a_child_the_apiserver_finds_invalid_is_refused_naming_its_field_in_its_words() -> None:
+    apiserver = holding(None)
+    apiserver.refuse["POST"] = 422
+    apiserver.refusal = INVALID_DEPLOYMENT
+    with pytest.raises(ChildRefused) as refused:
+        against(apiserver, lambda kube: kube.apply(deployment()))
+    assert refused.value.kind == "Deployment"
+    assert refused.value.causes == ((TOPOLOGY_KEY, "Required value: can not be empty"),)
+    assert str(refused.value) == (
+        "the API server refused Deployment team/chat: "
+        f"{TOPOLOGY_KEY}: Required value: can not be empty"
+    )
+    # Without causes, the Status message is the API server's words.
+    apiserver.refusal = {**INVALID_DEPLOYMENT, "details": {"kind": "Deployment"}}
+    with pytest.raises(ChildRefused, match=r'refused Deployment team/chat: Deployment.apps "chat"'):
+        against(apiserver, lambda kube: kube.apply(deployment()))
 
 
 def test_an_apiserver_out_of_reach_is_a_kube_error() -> None:

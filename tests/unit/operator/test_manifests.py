@@ -110,6 +110,15 @@ def test_service_secret_configmap_pdb_networkpolicy_match_snapshots(snapshot: Sn
     snapshot("networkpolicy", build_network_policy("tiny-chat", "ml", SETTINGS))
 
 
+def test_the_pdb_lets_a_drain_evict_pods_that_are_not_ready() -> None:
+    """With IfHealthyBudget (the default), two unready pods of a service left no
+    disruption allowed, and even those broken pods could not be evicted: a node
+    drain or an autoscaler's scale-down hung until the service was fixed."""
+    spec = build_pdb("tiny-chat", "ml")["spec"]
+    assert spec["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert spec["maxUnavailable"] == 1  # healthy pods still go one at a time
+
+
 def test_gpu_request_and_product_node_selector() -> None:
     deployment = deployment_of("llama-h100.yaml")
     pod = deployment["spec"]["template"]["spec"]

@@ -214,6 +214,93 @@ def test_an_annotation_naming_a_confining_profile_reaches_the_pod(value: str) ->
     assert pod["metadata"]["annotations"][key] == value
 
 
+SERVICE_SELECTOR = {"matchLabels": {"fusebox.dev/service": "chat"}}
+HOST_SPREAD = {**UNSELECTED_SPREAD, "topologyKey": "kubernetes.io/hostname"}
+
+
+@pytest.mark.parametrize(
+    ("pod", "named", "says"),
+    [
+        (
+            {"affinity": {"podAntiAffinity": {REQUIRED: [{"labelSelector": SERVICE_SELECTOR}]}}},
+            "affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0]"
+            ".topologyKey",
+            "is required",
+        ),
+        (
+            {
+                "affinity": {
+                    "podAffinity": {
+                        PREFERRED: [
+                            {"weight": 10, "podAffinityTerm": {"labelSelector": SERVICE_SELECTOR}}
+                        ]
+                    }
+                }
+            },
+            "affinity.podAffinity.preferredDuringSchedulingIgnoredDuringExecution[0]"
+            ".podAffinityTerm.topologyKey",
+            "is required",
+        ),
+        (
+            {"topologySpreadConstraints": [HOST_SPREAD, {**HOST_SPREAD, "maxSkew": 2}]},
+            "topologySpreadConstraints[1]",
+            "repeats topologyKey 'kubernetes.io/hostname' with whenUnsatisfiable",
+        ),
+        (
+            {
+                "annotations": {
+                    "container.apparmor.security.beta.kubernetes.io/web": "runtime/default"
+                }
+            },
+            "annotations['container.apparmor.security.beta.kubernetes.io/web']",
+            "names no container of the pod",
+        ),
+        (
+            {
+                "annotations": {
+                    "seccomp.security.alpha.kubernetes.io/pod": "localhost/profiles/x.json"
+                }
+            },
+            "annotations['seccomp.security.alpha.kubernetes.io/pod']",
+            "seccompProfile RuntimeDefault",
+        ),
+        (
+            {"topologySpreadConstraints": [{**HOST_SPREAD, "maxSkew": 2**31}]},
+            "topologySpreadConstraints[0].maxSkew",
+            "at most 2147483647",
+        ),
+    ],
+    ids=["anti-affinity", "affinity", "spread-twice", "apparmor-container", "seccomp", "skew"],
+)
+def test_a_pod_value_the_api_server_would_refuse_in_the_deployment_is_refused_naming_it(
+    pod: dict[str, Any], named: str, says: str
+) -> None:
+    """Accepted before, these made every reconcile fail with 'Unprocessable Entity'."""
+    message = refusal(pod)
+    assert f"spec.pod.{named}" in message and says in message
+
+
+def test_pod_affinity_terms_with_a_topology_key_and_confined_containers_reach_the_pod() -> None:
+    term = {"labelSelector": SERVICE_SELECTOR, "topologyKey": "kubernetes.io/hostname"}
+    annotations = {
+        "container.apparmor.security.beta.kubernetes.io/sidecar": "localhost/fusebox",
+        "seccomp.security.alpha.kubernetes.io/pod": "runtime/default",
+    }
+    affinity = {
+        "podAntiAffinity": {
+            REQUIRED: [term],
+            PREFERRED: [{"weight": 100, "podAffinityTerm": term}],
+        }
+    }
+    spread = [HOST_SPREAD, {**HOST_SPREAD, "whenUnsatisfiable": "DoNotSchedule"}]
+    pod = pod_of(
+        pod={"affinity": affinity, "annotations": annotations, "topologySpreadConstraints": spread}
+    )
+    assert pod["spec"]["affinity"] == affinity
+    assert pod["spec"]["topologySpreadConstraints"] == spread
+    assert annotations.items() <= pod["metadata"]["annotations"].items()
+
+
 def test_every_label_and_annotation_fusebox_renders_is_reserved() -> None:
     # The reserved lists and the builder are two places: this keeps them one set.
     metadata = pod_of(gpu={"product": "NVIDIA-H100"})["metadata"]
@@ -322,8 +409,8 @@ def test_the_charts_empty_values_are_no_defaults() -> None:
         ({"labels": {"fusebox.dev/service": "x"}}, "inference.pod.labels['fusebox.dev/service']"),
         # Past the sizes the CRD bounds a spec.pod by, at any depth.
         (
-            {"annotations": {"example.com/x": "v" * 4097}},
-            "inference.pod.annotations['example.com/x'] must be at most 4096 characters",
+            {"annotations": {"example.com/x": "v" * 513}},
+            "inference.pod.annotations['example.com/x'] must be at most 512 characters",
         ),
         # What the API server refuses in every service's Deployment, named here once.
         (
@@ -374,8 +461,8 @@ def test_the_charts_empty_values_are_no_defaults() -> None:
             "inference.pod.affinity.podAffinity.requiredDuringScheduling is not a field",
         ),
         (
-            {"tolerations": [{"operator": "Exists"}] * 33},
-            "inference.pod.tolerations must have at most 32 items",
+            {"tolerations": [{"operator": "Exists"}] * 17},
+            "inference.pod.tolerations must have at most 16 items",
         ),
     ],
 )

@@ -185,6 +185,22 @@ def test_every_reserved_env_name_is_refused_in_server_env(name: str) -> None:
         parse_spec(minimal(server={"env": [{"name": name, "value": "x"}]}))
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "NVIDIA_VISIBLE_DEVICES",
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+        "NVIDIA_MIG_CONFIG_DEVICES",
+        "NVIDIA_MIG_MONITOR_DEVICES",
+    ],
+)
+def test_server_env_may_not_choose_the_pods_gpus(name: str) -> None:
+    # The NVIDIA toolkit would hand a pod that asks for no GPU every GPU on the node.
+    with pytest.raises(SpecError, match=f"server.env may not set {name}"):
+        parse_spec(minimal(gpu={"count": 0}, server={"env": [{"name": name, "value": "all"}]}))
+
+
 def test_only_model_is_a_valid_spec_without_a_fallback_tier() -> None:
     spec = parse_spec({"model": {"name": "chat", "source": "pvc://models/tiny"}})
     assert spec.fallback is None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -75,12 +76,24 @@ def tiers(count: int) -> list[str]:
     return (every * 2)[:count]
 
 
+def spread_keys(keys: list[str]) -> dict[str, Any]:
+    """A spread constraint narrowed by `keys` (matchLabelKeys needs a labelSelector)."""
+    return {
+        "maxSkew": 1,
+        "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": {"fusebox.dev/service": "chat"}},
+        "matchLabelKeys": keys,
+    }
+
+
 FALLBACK = {"source": "pvc://models/small", "quantization": "int8"}
 GPU = {"count": 1, "memoryGiB": 24}
 
 # Per bounded field: a spec whose value there has `size` characters, items or entries
 # (valid at the bound), and the path a refusal names.
 ROWS: dict[str, tuple[Callable[[int], dict[str, Any]], str]] = {
+    "model.name": (lambda n: spec(model=MODEL | {"name": text(n)}), "spec.model.name"),
     "model.source": (
         lambda n: spec(model={"name": "chat", "source": text(n, "pvc://models/")}),
         "spec.model.source",
@@ -126,6 +139,18 @@ ROWS: dict[str, tuple[Callable[[int], dict[str, Any]], str]] = {
         lambda n: spec(server={"templates": [f"t{i}" for i in range(n)]}),
         "spec.server.templates",
     ),
+    "server.templates[]": (
+        lambda n: spec(server={"templates": [text(n)]}),
+        "spec.server.templates[0]",
+    ),
+    "server.env[].name": (
+        lambda n: spec(server={"env": [{"name": text(n, "V"), "value": ""}]}),
+        "spec.server.env[0].name",
+    ),
+    "server.env[].value": (
+        lambda n: spec(server={"env": [{"name": "V", "value": text(n)}]}),
+        "spec.server.env[0].value",
+    ),
     "server.cpu": (lambda n: spec(server={"cpu": quantity(n, "")}), "spec.server.cpu"),
     "server.env": (
         lambda n: spec(server={"env": [{"name": f"V{i}", "value": ""} for i in range(n)]}),
@@ -135,6 +160,10 @@ ROWS: dict[str, tuple[Callable[[int], dict[str, Any]], str]] = {
         lambda n: spec(breaker={"quality": {"blockedTerms": [f"b{i}" for i in range(n)]}}),
         "spec.breaker.quality.blockedTerms",
     ),
+    "breaker.quality.blockedTerms[]": (
+        lambda n: spec(breaker={"quality": {"blockedTerms": [text(n)]}}),
+        "spec.breaker.quality.blockedTerms[0]",
+    ),
     "degradation.tiers": (
         lambda n: spec(fallback=FALLBACK, degradation={"tiers": tiers(n)}),
         "spec.degradation.tiers",
@@ -142,6 +171,10 @@ ROWS: dict[str, tuple[Callable[[int], dict[str, Any]], str]] = {
     "degradation.cannedAnswers": (
         lambda n: spec(degradation={"cannedAnswers": {f"p{i}": "a" for i in range(n)}}),
         "spec.degradation.cannedAnswers",
+    ),
+    "degradation.cannedAnswers{}": (
+        lambda n: spec(degradation={"cannedAnswers": {"p": text(n)}}),
+        "spec.degradation.cannedAnswers['p']",
     ),
     "pod.tolerations": (
         lambda n: spec(
@@ -189,6 +222,16 @@ ROWS: dict[str, tuple[Callable[[int], dict[str, Any]], str]] = {
             }
         ),
         "spec.pod.topologySpreadConstraints[0].topologyKey",
+    ),
+    "pod.topologySpreadConstraints[].matchLabelKeys": (
+        lambda n: spec(
+            pod={"topologySpreadConstraints": [spread_keys([f"k{i}" for i in range(n)])]}
+        ),
+        "spec.pod.topologySpreadConstraints[0].matchLabelKeys",
+    ),
+    "pod.topologySpreadConstraints[].matchLabelKeys[]": (
+        lambda n: spec(pod={"topologySpreadConstraints": [spread_keys([qualified_name(n)])]}),
+        "spec.pod.topologySpreadConstraints[0].matchLabelKeys[0]",
     ),
     "pod.imagePullSecrets": (
         lambda n: spec(pod={"imagePullSecrets": [{"name": f"s{i}"} for i in range(n)]}),
@@ -377,3 +420,113 @@ def test_a_spread_constraint_with_min_domains_and_match_label_keys_is_accepted()
     }
     parsed = parse_spec(spec(pod={"topologySpreadConstraints": [constraint]}))
     assert parsed.pod.topology_spread_constraints == (constraint,)
+
+
+# A map's keys, which a structural schema cannot bound: a CEL rule on the map does.
+KEY_BOUND = re.compile(r"self\.all\(k, size\(k\) <= (\d+)\)")
+
+
+def key_bounds(node: Mapping[str, Any], path: str) -> Iterator[tuple[str, int]]:
+    """(path, bound) of every map below .spec whose keys a CEL rule bounds."""
+    if isinstance(node.get("additionalProperties"), Mapping):
+        rules = " ".join(rule["rule"] for rule in node.get("x-kubernetes-validations") or [])
+        found = KEY_BOUND.search(rules)
+        yield path, int(found.group(1)) if found else -1
+    for name, child in (node.get("properties") or {}).items():
+        yield from key_bounds(child, f"{path}.{name}" if path else name)
+    if isinstance(node.get("items"), Mapping):
+        yield from key_bounds(node["items"], f"{path}[]")
+
+
+KEY_BOUNDS = dict(key_bounds(SPEC_SCHEMA, ""))
+# Per map: a spec whose one key has `size` characters (valid at the bound).
+KEY_ROWS: dict[str, Callable[[int], dict[str, Any]]] = {
+    "degradation.cannedAnswers": lambda n: spec(degradation={"cannedAnswers": {text(n): "a"}}),
+    "pod.nodeSelector": lambda n: spec(pod={"nodeSelector": {qualified_name(n): "v"}}),
+    "pod.labels": lambda n: spec(pod={"labels": {qualified_name(n): "v"}}),
+    "pod.annotations": lambda n: spec(pod={"annotations": {qualified_name(n): "v"}}),
+}
+
+
+def test_every_map_in_the_crd_bounds_its_keys_and_has_a_row() -> None:
+    assert set(KEY_ROWS) == set(KEY_BOUNDS)
+    assert all(bound > 0 for bound in KEY_BOUNDS.values()), KEY_BOUNDS
+
+
+@pytest.mark.parametrize("path", sorted(KEY_BOUNDS))
+def test_a_key_at_its_crd_bound_is_accepted_and_one_past_it_refused(path: str) -> None:
+    parse_spec(KEY_ROWS[path](KEY_BOUNDS[path]))
+    with pytest.raises(SpecError) as refused:
+        parse_spec(KEY_ROWS[path](KEY_BOUNDS[path] + 1))
+    assert f"spec.{path}" in str(refused.value)
+
+
+# The Pod API's own terms, typed by the CRD as open objects the API server checks on the
+# pods: no schema keyword bounds their inside (left out of the worst case below).
+OPEN_OBJECTS = {
+    "pod.affinity.nodeAffinity",
+    "pod.affinity.podAffinity",
+    "pod.affinity.podAntiAffinity",
+    "pod.topologySpreadConstraints[].labelSelector",
+}
+NUMBER_CHARACTERS = 24  # the longest JSON a number the schema admits is written as
+WORST_SPEC_CHARACTERS = 100 * 1024
+ANNOTATIONS_LIMIT_BYTES = 256 * 1024  # Kubernetes' TotalAnnotationSizeLimitB
+
+
+def worst_characters(node: Mapping[str, Any], path: str, open_found: set[str]) -> int:
+    """The most characters the JSON of a value `node` admits can take: every string at
+    its maxLength (the longest enum value), every list and map full, every key at its
+    bound; a node without a bound fails here, naming it."""
+    if node.get("x-kubernetes-preserve-unknown-fields"):
+        open_found.add(path)
+        return len("{}")
+    kind = node.get("type")
+    if kind == "string" or node.get("x-kubernetes-int-or-string"):
+        if "enum" in node:
+            return 2 + max(len(str(value)) for value in node["enum"])
+        assert "maxLength" in node, f"{path}: a string without maxLength"
+        return 2 + int(node["maxLength"])
+    if kind in ("integer", "number"):
+        return NUMBER_CHARACTERS
+    if kind == "boolean":
+        return len("false")
+    if kind == "array":
+        assert "maxItems" in node, f"{path}: a list without maxItems"
+        item = worst_characters(node["items"], f"{path}[]", open_found)
+        return 2 + int(node["maxItems"]) * (item + 1)
+    assert kind == "object", f"{path}: type {kind}"
+    if isinstance(node.get("additionalProperties"), Mapping):
+        assert "maxProperties" in node, f"{path}: a map without maxProperties"
+        value = worst_characters(node["additionalProperties"], f"{path}{{}}", open_found)
+        key = 2 + KEY_BOUNDS[path]
+        return 2 + int(node["maxProperties"]) * (key + 1 + value + 1)
+    fields = (node.get("properties") or {}).items()
+    return 2 + sum(
+        len(name) + 3 + worst_characters(child, f"{path}.{name}" if path else name, open_found) + 1
+        for name, child in fields
+    )
+
+
+def test_the_largest_spec_the_crd_admits_leaves_kopfs_annotation_far_below_the_limit() -> None:
+    """kopf keeps the spec it last handled in an annotation (handlers.configure); once
+    the object's annotations passed 256 KiB its status patch was refused for good and
+    the pods ran unwatched. Every string, list and map the CRD admits is bounded so
+    that the fullest spec serialises to at most 100 KiB of characters: room beside
+    kopf's copy for kubectl's last-applied one and the rest. (Characters, not bytes:
+    kopf's json.dumps writes a non-ASCII character as a 6-byte escape, an astral one
+    as 12, so a spec of non-ASCII text at every bound can still pass the limit.)"""
+    open_found: set[str] = set()
+    worst = worst_characters(SPEC_SCHEMA, "", open_found)
+    assert open_found == OPEN_OBJECTS
+    assert worst <= WORST_SPEC_CHARACTERS < ANNOTATIONS_LIMIT_BYTES / 2, worst
+
+
+def test_the_audits_oversized_specs_are_refused_naming_the_field() -> None:
+    # Accepted before: 1000 canned answers (128 KB) and 100 templates of 2.9 KB.
+    answers = {f"prompt {i} " + "x" * 50: "answer " + "y" * 50 for i in range(1000)}
+    with pytest.raises(SpecError, match=r"spec\.degradation\.cannedAnswers"):
+        parse_spec(spec(degradation={"cannedAnswers": answers}))
+    templates = ["You are a helpful assistant. " * 100] * 100
+    with pytest.raises(SpecError, match=r"spec\.server\.templates"):
+        parse_spec(spec(server={"templates": templates}))
