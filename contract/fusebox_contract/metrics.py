@@ -176,6 +176,7 @@ STALL_LABEL: Final = "stall"  # NODE_MEMORY_PRESSURE_RATIO's label: a MemoryStal
 
 
 QUANTITY_LABEL: Final = "quantity"  # SIDECAR_MEASURED's label: a MeasuredQuantity value
+GPU_LABEL: Final = "gpu"  # the GPU_* families' label: the device's NVML index
 
 
 class MeasuredQuantity(enum.StrEnum):

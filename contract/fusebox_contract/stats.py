@@ -368,6 +368,13 @@ class _Fields:
         if not isinstance(value, str) or len(value) > MAX_TEXT_CHARS:
             self._problem(path, f"expected a string of at most {MAX_TEXT_CHARS} characters")
             return None
+        try:
+            # A lone surrogate (JSON "\ud800") decodes to a str that cannot be
+            # written as UTF-8: as a label it would make every scrape fail.
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            self._problem(path, "holds a lone surrogate, not UTF-8 text")
+            return None
         return value
 
     def choice(self, path: str, allowed: type[_E]) -> _E | None:

@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from fusebox_contract.metrics import (
     FETCH_REASON_LABEL,
+    GPU_LABEL,
     QUANTITY_LABEL,
     STALL_LABEL,
     LatencyHistogram,
@@ -45,20 +46,30 @@ from fusebox_sidecar.readings import ProcOutcome, ProcReading
 OUTCOME_LABEL = "outcome"
 LATENCY_LABEL = "metric"
 THREAD_LABEL = "thread"
-GPU_LABEL = "gpu"
 REASON_LABEL = "reason"
 MODEL_INFO_LABELS = ("model", "variant", "quantization", "dtype", "revision")
+
+
+@dataclass(frozen=True)
+class StampAge:
+    """What the sidecar's own monotonic clock says of a stamp's age, whatever the wall
+    clock did: at least as long as the stamp has kept its value, and, once the sidecar
+    has seen it change, at most the time since the last read that still held the
+    value before (the stamp was written between the two reads)."""
+
+    at_least_seconds: float = 0.0
+    at_most_seconds: float | None = None  # None: never seen changing (the first read)
 
 
 @dataclass(frozen=True)
 class FetchReading:
     """The model fetcher's last report (its file in the runtime volume) and the file's
     modification time: the fetcher rewrites it as bytes arrive, so its age is how long
-    the download has not moved. `unchanged_seconds` as for the stats file's stamp."""
+    the download has not moved. `stamp_age` as for the stats file's stamp."""
 
     report: FetchReport
     written_at: float
-    unchanged_seconds: float = 0.0
+    stamp_age: StampAge = StampAge()
 
 
 @dataclass(frozen=True)
@@ -71,24 +82,30 @@ class Observation:
     proc: ProcReading
     gpu: GpuReading
     node: NodeMemory = NodeMemory()
-    # How long the sidecar has seen `last_written_at`, and each heartbeat
-    # stamp, keep one value, on its monotonic clock: an age no clock step can
-    # hide (see `age_seconds`).
-    stats_unchanged_seconds: float = 0.0
-    heartbeats_unchanged_seconds: Mapping[HeartbeatThread, float] = field(default_factory=dict)
+    # What the sidecar's monotonic clock says of the age of `last_written_at`
+    # and of each heartbeat stamp: bounds no clock step can move (see
+    # `age_seconds`).
+    stats_stamp_age: StampAge = StampAge()
+    heartbeat_stamp_ages: Mapping[HeartbeatThread, StampAge] = field(default_factory=dict)
     fetch: FetchReading | None = None  # the model fetcher's report file, when there is one
 
 
-def age_seconds(now_seconds: float, stamp: float, unchanged_seconds: float) -> float:
-    """Seconds since the server stamped `stamp`, never less than it has been seen unchanged.
+def age_seconds(now_seconds: float, stamp: float, seen: StampAge) -> float:
+    """Seconds since the server stamped `stamp`, kept within what the sidecar saw.
 
     The wall-clock difference alone is 0 for as long as a stamp lies in the
     future, so after the clock steps back (NTP, a resumed VM) a server that
     stopped writing would look fresh until the clock caught up: an hour's
     step hides a wedge for an hour. A stamp that stays the same while the
     sidecar's monotonic clock runs is that old whatever the wall clock says.
+    The other way, a forward step makes a stamp written a moment ago look
+    minutes old, and the operator would restart a healthy pod: a stamp the
+    sidecar saw change since its previous read is at most that read's age.
     """
-    return max(0.0, now_seconds - stamp, unchanged_seconds)
+    age = max(0.0, now_seconds - stamp, seen.at_least_seconds)
+    if seen.at_most_seconds is None:
+        return age
+    return min(age, max(seen.at_most_seconds, seen.at_least_seconds))
 
 
 def _gauge(metric: Metric, documentation: str, value: float | None) -> Iterator[Family]:
@@ -124,7 +141,7 @@ def stats_families(
     reading: StatsReading,
     now_seconds: float,
     last_written_at: float | None,
-    unchanged_seconds: float = 0.0,
+    stamp_age: StampAge = StampAge(),
 ) -> Iterator[Family]:
     """Health of the stats file itself: validity and age."""
     yield from _gauge(
@@ -137,20 +154,20 @@ def stats_families(
             Metric.SERVER_STATS_AGE_SECONDS,
             "Seconds since the server last wrote a valid stats file (a stale file means a "
             "stuck server)",
-            age_seconds(now_seconds, last_written_at, unchanged_seconds),
+            age_seconds(now_seconds, last_written_at, stamp_age),
         )
 
 
 def relayed_families(
     document: StatsDocument | None,
     now_seconds: float,
-    heartbeats_unchanged_seconds: Mapping[HeartbeatThread, float] | None = None,
+    heartbeat_stamp_ages: Mapping[HeartbeatThread, StampAge] | None = None,
 ) -> Iterator[Family]:
     """Values only the server can know, relayed from its stats file."""
     if document is None:
         return
     d = document
-    unchanged = heartbeats_unchanged_seconds or {}
+    stamp_ages = heartbeat_stamp_ages or {}
     yield from _gauge(
         Metric.SERVER_START_TIME_SECONDS,
         "When the server process started, in Unix seconds (a change is a restart)",
@@ -210,11 +227,25 @@ def relayed_families(
         "stamped its heartbeat",
         THREAD_LABEL,
         {
-            thread.value: age_seconds(now_seconds, stamp, unchanged.get(thread, 0.0))
+            thread.value: _heartbeat_age(
+                now_seconds, stamp, stamp_ages.get(thread, StampAge()), d.written_at
+            )
             for thread, stamp in d.heartbeats.items()
         },
     )
     yield from _state_families(d)
+
+
+def _heartbeat_age(
+    now_seconds: float, stamp: float, seen: StampAge, written_at: float | None
+) -> float:
+    """A heartbeat reaches the file at the server's next write, a moment after it was
+    stamped: its upper bound is the file's plus that lag, as the server's clock measured
+    it between two stamps of its own."""
+    if seen.at_most_seconds is not None and written_at is not None:
+        lag = max(0.0, written_at - stamp)
+        seen = StampAge(seen.at_least_seconds, seen.at_most_seconds + lag)
+    return age_seconds(now_seconds, stamp, seen)
 
 
 def _tokenizer_families(d: StatsDocument) -> Iterator[Family]:
@@ -579,7 +610,7 @@ def fetch_families(fetch: FetchReading | None, now_seconds: float) -> Iterator[F
         Metric.MODEL_FETCH_REPORT_AGE_SECONDS,
         "Seconds since the fetcher last wrote its report: it writes as bytes arrive, so a "
         "stalled download's age grows",
-        age_seconds(now_seconds, fetch.written_at, fetch.unchanged_seconds),
+        age_seconds(now_seconds, fetch.written_at, fetch.stamp_age),
     )
 
 
@@ -591,11 +622,9 @@ def build_families(observation: Observation) -> list[Family]:
             observation.stats,
             observation.now_seconds,
             observation.last_written_at,
-            observation.stats_unchanged_seconds,
+            observation.stats_stamp_age,
         ),
-        *relayed_families(
-            document, observation.now_seconds, observation.heartbeats_unchanged_seconds
-        ),
+        *relayed_families(document, observation.now_seconds, observation.heartbeat_stamp_ages),
         *process_families(observation.proc, document),
         *gpu_families(observation.gpu, document),
         *measured_families(observation.proc, observation.gpu),

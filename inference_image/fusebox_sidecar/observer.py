@@ -10,9 +10,10 @@ file is deleted or corrupted) and its `pid` (so the server's RSS is still
 measured from `/proc` while its stats file is broken), and since when, on
 the monotonic clock, that `written_at` and each heartbeat stamp have kept
 their value (so a stamp in the future, after the clock stepped back, cannot
-hide a server that stopped writing). Problems are logged when they change,
-not on every scrape, so a broken file does not flood the log at the scrape
-rate.
+hide a server that stopped writing), and when the read before it changed was
+(so a forward step cannot make a stamp written since then look older).
+Problems are logged when they change, not on every scrape, so a broken file
+does not flood the log at the scrape rate.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Final
 from fusebox_contract.model_fetch import parse as parse_fetch_report
 from fusebox_contract.names import HeartbeatThread
 from fusebox_contract.stats import StatsDocument, StatsReading, parse
-from fusebox_sidecar.collectors import FetchReading, Observation
+from fusebox_sidecar.collectors import FetchReading, Observation, StampAge
 from fusebox_sidecar.node_memory import read_node_memory
 from fusebox_sidecar.nvml import GpuAccess, GpuReading, NvmlReader
 from fusebox_sidecar.readings import ProcOutcome, ProcReading, parse_proc_status
@@ -121,18 +122,32 @@ def read_proc(proc_root: Path, pid: int | None, own_pid: int) -> ProcReading:
     return ProcReading(ProcOutcome.MEASURED, rss_bytes=status.rss_bytes)
 
 
+@dataclasses.dataclass
+class _Sighting:
+    stamp: float
+    first_read: float  # monotonic: the first read that held this stamp
+    read_before: float | None  # monotonic: the last read that held another one
+    last_read: float
+
+
 class StampWatch:
-    """Since when, on the monotonic clock, each of the server's stamps has kept its value."""
+    """For each of the server's stamps, on the monotonic clock: since when it has kept
+    its value, and when the last read before it changed was."""
 
     def __init__(self) -> None:
-        self._first_seen: dict[Hashable, tuple[float, float]] = {}
+        self._sightings: dict[Hashable, _Sighting] = {}
 
-    def unchanged_seconds(self, key: Hashable, stamp: float, monotonic_now: float) -> float:
-        seen = self._first_seen.get(key)
-        if seen is None or seen[0] != stamp:
-            self._first_seen[key] = (stamp, monotonic_now)
-            return 0.0
-        return monotonic_now - seen[1]
+    def age(self, key: Hashable, stamp: float, monotonic_now: float) -> StampAge:
+        seen = self._sightings.get(key)
+        if seen is None or seen.stamp != stamp:
+            read_before = None if seen is None else seen.last_read
+            seen = _Sighting(stamp, monotonic_now, read_before, monotonic_now)
+            self._sightings[key] = seen
+        seen.last_read = monotonic_now
+        return StampAge(
+            at_least_seconds=monotonic_now - seen.first_read,
+            at_most_seconds=None if seen.read_before is None else monotonic_now - seen.read_before,
+        )
 
 
 class ServerObserver:
@@ -170,12 +185,10 @@ class ServerObserver:
                 self._last_written_at = document.written_at
             if document is not None and document.pid is not None:
                 self._last_pid = document.pid
-            stats_unchanged = 0.0
+            stats_age = StampAge()
             if self._last_written_at is not None:
-                stats_unchanged = self._stamps.unchanged_seconds(
-                    "written_at", self._last_written_at, monotonic_now
-                )
-            heartbeats_unchanged = self._heartbeats_unchanged(document, monotonic_now)
+                stats_age = self._stamps.age("written_at", self._last_written_at, monotonic_now)
+            heartbeat_ages = self._heartbeat_ages(document, monotonic_now)
             proc = read_proc(self._proc_root, self._last_pid, self._own_pid)
             gpu = self._nvml.read(self._last_pid)
             self._report(stats, now_seconds, proc, gpu)
@@ -184,10 +197,8 @@ class ServerObserver:
             if self._fetch_report_path is not None:
                 fetch = read_fetch_report(self._fetch_report_path)
             if fetch is not None:
-                unchanged = self._stamps.unchanged_seconds(
-                    "fetch_report", fetch.written_at, monotonic_now
-                )
-                fetch = dataclasses.replace(fetch, unchanged_seconds=unchanged)
+                fetch_age = self._stamps.age("fetch_report", fetch.written_at, monotonic_now)
+                fetch = dataclasses.replace(fetch, stamp_age=fetch_age)
             return Observation(
                 now_seconds,
                 stats,
@@ -195,18 +206,18 @@ class ServerObserver:
                 proc,
                 gpu,
                 node,
-                stats_unchanged,
-                heartbeats_unchanged,
+                stats_age,
+                heartbeat_ages,
                 fetch,
             )
 
-    def _heartbeats_unchanged(
+    def _heartbeat_ages(
         self, document: StatsDocument | None, monotonic_now: float
-    ) -> dict[HeartbeatThread, float]:
+    ) -> dict[HeartbeatThread, StampAge]:
         if document is None:
             return {}
         return {
-            thread: self._stamps.unchanged_seconds(thread, stamp, monotonic_now)
+            thread: self._stamps.age(thread, stamp, monotonic_now)
             for thread, stamp in document.heartbeats.items()
         }
 

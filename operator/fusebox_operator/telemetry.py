@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fusebox_contract.metrics import (
     BUCKET_LABEL,
+    GPU_LABEL,
     QUANTITY_LABEL,
     STALL_LABEL,
     LatencyHistogram,
@@ -97,25 +98,79 @@ def _one(samples: Samples, name: Metric, **match: str) -> float | None:
     return None
 
 
-def _total(samples: Samples, name: Metric) -> float | None:
-    values = [v for _, v in samples.get(name.sample, []) if math.isfinite(v)]
-    return sum(values) if values else None
+def _by_gpu(samples: Samples, name: Metric) -> dict[str, float]:
+    return {
+        labels.get(GPU_LABEL, ""): value
+        for labels, value in samples.get(name.sample, [])
+        if math.isfinite(value)
+    }
+
+
+class GpuDeviceCounts:
+    """The most GPUs each pod's scrapes have shown. A pod keeps its devices for its
+    life, so a scrape showing fewer lost one or could not read it; summing the rest
+    would read as a memory drop (and a jump back when the read recovers)."""
+
+    FORGET_AFTER_SECONDS = 3600.0
+
+    def __init__(self) -> None:
+        self._most: dict[str, tuple[int, float]] = {}
+
+    def complete(self, pod_uid: str, devices: int, now: float) -> bool:
+        """Whether `devices` is every device this pod has shown; remembers the count."""
+        most = max(devices, self._most.get(pod_uid, (0, 0.0))[0])
+        self._most[pod_uid] = (most, now)
+        if len(self._most) > 1024:  # pods come and go: forget the long-unseen ones
+            cutoff = now - self.FORGET_AFTER_SECONDS
+            self._most = {uid: seen for uid, seen in self._most.items() if seen[1] >= cutoff}
+        return devices >= most
+
+
+DEVICE_COUNTS = GpuDeviceCounts()
+"""The operator process's memory of each pod's GPU count, for `scrape_pod`."""
+
+
+def _gpu_memory(
+    samples: Samples, pod_uid: str | None, now: float, counts: GpuDeviceCounts
+) -> tuple[float | None, float | None]:
+    """The pod's GPU memory used and total, summed over its devices; (None, None) when a
+    device is missing from the scrape: reported lost, read for one figure and not the
+    other, or fewer devices than the pod has shown before. A partial sum is no figure."""
+    used = _by_gpu(samples, Metric.GPU_MEMORY_USED_BYTES)
+    total = _by_gpu(samples, Metric.GPU_MEMORY_TOTAL_BYTES)
+    if not used and not total:
+        return None, None
+    lost = _one(samples, Metric.GPU_LOST)
+    devices = set(used) | set(total)
+    incomplete = (
+        (lost is not None and lost >= 1)
+        or set(used) != set(total)
+        or not set(_by_gpu(samples, Metric.GPU_PROCESS_MEMORY_USED_BYTES)) <= devices
+    )
+    if pod_uid is not None and not counts.complete(pod_uid, len(devices), now):
+        incomplete = True
+    if incomplete:
+        return None, None
+    return sum(used.values()), sum(total.values())
 
 
 def _request_counts(samples: Samples) -> RequestCounts | None:
-    if Metric.REQUESTS.sample not in samples:
+    """Every outcome's counter, or None: the server writes each from its start, so one
+    missing (a field problem in its stats file) is unknown, not 0. Read as 0, the next
+    good scrape would count every such request since the process started as new."""
+    counts = {
+        outcome: _one(samples, Metric.REQUESTS, outcome=outcome.value) for outcome in RequestOutcome
+    }
+    known = {outcome: value for outcome, value in counts.items() if value is not None}
+    if len(known) != len(counts):
         return None
-
-    def count(outcome: RequestOutcome) -> float:
-        return _one(samples, Metric.REQUESTS, outcome=outcome.value) or 0.0
-
     return RequestCounts(
-        succeeded=count(RequestOutcome.SUCCEEDED),
-        failed=count(RequestOutcome.FAILED),
-        rejected=count(RequestOutcome.REJECTED),
-        timed_out=count(RequestOutcome.TIMED_OUT),
-        cancelled=count(RequestOutcome.CANCELLED),
-        invalid=count(RequestOutcome.INVALID),
+        succeeded=known[RequestOutcome.SUCCEEDED],
+        failed=known[RequestOutcome.FAILED],
+        rejected=known[RequestOutcome.REJECTED],
+        timed_out=known[RequestOutcome.TIMED_OUT],
+        cancelled=known[RequestOutcome.CANCELLED],
+        invalid=known[RequestOutcome.INVALID],
     )
 
 
@@ -179,8 +234,17 @@ def _measured(samples: Samples, quantity: MeasuredQuantity) -> bool | None:
     return _flag(_one(samples, Metric.SIDECAR_MEASURED, **{QUANTITY_LABEL: quantity.value}))
 
 
-def sample_from_metrics(pod: str, samples: Samples, sampled_at: float, metric: str) -> PodSample:
-    """The sidecar's samples -> one PodSample (absent metrics stay None)."""
+def sample_from_metrics(
+    pod: str,
+    samples: Samples,
+    sampled_at: float,
+    metric: str,
+    pod_uid: str | None = None,
+    device_counts: GpuDeviceCounts = DEVICE_COUNTS,
+) -> PodSample:
+    """The sidecar's samples -> one PodSample (absent metrics stay None). With the
+    pod's uid, a scrape showing fewer GPUs than the pod has shown gives no GPU memory."""
+    gpu_used, gpu_total = _gpu_memory(samples, pod_uid, sampled_at, device_counts)
     heartbeats = [
         v
         for thread in HeartbeatThread
@@ -196,8 +260,8 @@ def sample_from_metrics(pod: str, samples: Samples, sampled_at: float, metric: s
         ok=True,
         rss_bytes=_one(samples, Metric.PROCESS_RESIDENT_MEMORY_BYTES),
         memory_limit_bytes=_one(samples, Metric.MEMORY_LIMIT_BYTES),
-        gpu_memory_used_bytes=_total(samples, Metric.GPU_MEMORY_USED_BYTES),
-        gpu_memory_total_bytes=_total(samples, Metric.GPU_MEMORY_TOTAL_BYTES),
+        gpu_memory_used_bytes=gpu_used,
+        gpu_memory_total_bytes=gpu_total,
         latency_p99_seconds=_one(samples, Metric.LATENCY_P99_SECONDS, metric=metric),
         latency_buckets=_buckets(samples, metric),
         quality_failure_ratio=_one(samples, Metric.QUALITY_FAILURE_RATIO),
@@ -284,7 +348,7 @@ async def scrape_pod(
     except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError) as error:
         return _failed(pod.name, sampled_at, error)
     try:
-        return sample_from_metrics(pod.name, parse_metrics(text), sampled_at, metric)
+        return sample_from_metrics(pod.name, parse_metrics(text), sampled_at, metric, pod.uid)
     except (ValueError, ArithmeticError, KeyError, TypeError) as error:
         # Whatever answered is not a sidecar this operator can read (version skew,
         # something else on the pod IP): that pod's failed scrape, never the tick's.

@@ -72,10 +72,12 @@ class QualitySampler:
             self.sampled_total += 1
             if not verdict.ok:
                 self.failed_total += 1
-            self._window.append((time.time() if now is None else now, verdict.ok))
+            # The monotonic clock, as LatencyWindow's: a wall-clock step back would
+            # keep old verdicts in the window for as long as the step.
+            self._window.append((time.monotonic() if now is None else now, verdict.ok))
 
     def failure_ratio(self, now: float | None = None) -> float | None:
-        cutoff = (time.time() if now is None else now) - self.window_seconds
+        cutoff = (time.monotonic() if now is None else now) - self.window_seconds
         with self._lock:
             while self._window and self._window[0][0] < cutoff:
                 self._window.popleft()

@@ -123,7 +123,10 @@ class LatencyWindow:
     """Recent samples of one latency (seconds) for the p99; thread-safe.
 
     Each sample is also counted into `counter`, the latency's histogram, so a
-    latency recorded once shows in both."""
+    latency recorded once shows in both. Samples are stamped on the monotonic
+    clock (`now`, where given, is on that clock too): on the wall clock a step
+    back would leave samples stamped in the future at the head of the window,
+    where they and every sample behind them outlive it by the size of the step."""
 
     def __init__(self, window_seconds: float, counter: LatencyCounter | None = None) -> None:
         self.window_seconds = window_seconds
@@ -135,7 +138,7 @@ class LatencyWindow:
         self.add_many([seconds], now)
 
     def add_many(self, values: list[float], now: float | None = None) -> None:
-        stamp = time.time() if now is None else now
+        stamp = time.monotonic() if now is None else now
         with self._lock:
             self._samples.extend((stamp, value) for value in values)
         if self.counter is not None:
@@ -143,7 +146,7 @@ class LatencyWindow:
 
     def summary(self, now: float | None = None) -> LatencySummary | None:
         """The p99 and the sample count over the window; None while it is empty."""
-        cutoff = (time.time() if now is None else now) - self.window_seconds
+        cutoff = (time.monotonic() if now is None else now) - self.window_seconds
         with self._lock:
             while self._samples and self._samples[0][0] < cutoff:
                 self._samples.popleft()

@@ -18,6 +18,7 @@ from fusebox_contract.names import BreakerState, Variant
 from fusebox_operator.observations import FetchProgress, PodSample, PodView, RequestCounts
 from fusebox_operator.operator_metrics import METRICS, OperatorMetric, ScrapeErrorKind
 from fusebox_operator.telemetry import (
+    GpuDeviceCounts,
     ParseError,
     parse_metrics,
     sample_from_metrics,
@@ -84,12 +85,93 @@ def test_a_fallback_the_server_cannot_load_is_read_with_its_reason() -> None:
     assert unreported.fallback_available is None and not unreported.cannot_swap
 
 
+def _gpus(*lines: str) -> str:
+    return "".join(f"{line}\n" for line in lines)
+
+
+BOTH_GPUS = _gpus(
+    f"{Metric.GPU_LOST} 0",
+    f'{Metric.GPU_MEMORY_USED_BYTES}{{gpu="0"}} 7e10',
+    f'{Metric.GPU_MEMORY_USED_BYTES}{{gpu="1"}} 7e10',
+    f'{Metric.GPU_MEMORY_TOTAL_BYTES}{{gpu="0"}} 8e10',
+    f'{Metric.GPU_MEMORY_TOTAL_BYTES}{{gpu="1"}} 8e10',
+)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(
+            _gpus(
+                f"{Metric.GPU_LOST} 1",
+                f'{Metric.GPU_MEMORY_USED_BYTES}{{gpu="0"}} 7e10',
+                f'{Metric.GPU_MEMORY_TOTAL_BYTES}{{gpu="0"}} 8e10',
+            ),
+            id="device 1 reported lost",
+        ),
+        pytest.param(
+            _gpus(
+                f'{Metric.GPU_MEMORY_USED_BYTES}{{gpu="0"}} 7e10',
+                f'{Metric.GPU_MEMORY_TOTAL_BYTES}{{gpu="0"}} 8e10',
+                f'{Metric.GPU_MEMORY_TOTAL_BYTES}{{gpu="1"}} 8e10',
+            ),
+            id="device 1's use unreadable",
+        ),
+        pytest.param(
+            _gpus(
+                f'{Metric.GPU_MEMORY_USED_BYTES}{{gpu="0"}} 7e10',
+                f'{Metric.GPU_MEMORY_TOTAL_BYTES}{{gpu="0"}} 8e10',
+                f'{Metric.GPU_PROCESS_MEMORY_USED_BYTES}{{gpu="1"}} 6e10',
+            ),
+            id="device 1 seen but unreadable",
+        ),
+        pytest.param(
+            _gpus(
+                f'{Metric.GPU_MEMORY_USED_BYTES}{{gpu="0"}} 7e10',
+                f'{Metric.GPU_MEMORY_TOTAL_BYTES}{{gpu="0"}} 8e10',
+            ),
+            id="device 1 gone from the scrape",
+        ),
+    ],
+)
+def test_a_scrape_missing_one_of_the_pods_gpus_gives_no_gpu_memory_not_a_drop(text: str) -> None:
+    counts = GpuDeviceCounts()
+    before = sample_from_metrics("p", parse_metrics(BOTH_GPUS), 100.0, "ttft", "uid-1", counts)
+    assert (before.gpu_memory_used_bytes, before.gpu_memory_total_bytes) == (1.4e11, 1.6e11)
+
+    after = sample_from_metrics("p", parse_metrics(text), 105.0, "ttft", "uid-1", counts)
+
+    assert (after.gpu_memory_used_bytes, after.gpu_memory_total_bytes) == (None, None)
+    again = sample_from_metrics("p", parse_metrics(BOTH_GPUS), 110.0, "ttft", "uid-1", counts)
+    assert again.gpu_memory_used_bytes == 1.4e11
+
+
+def test_a_one_gpu_pod_beside_a_two_gpu_pod_is_measured() -> None:
+    counts = GpuDeviceCounts()
+    sample_from_metrics("a", parse_metrics(BOTH_GPUS), 100.0, "ttft", "uid-a", counts)
+    one = _gpus(
+        f'{Metric.GPU_MEMORY_USED_BYTES}{{gpu="0"}} 7e10',
+        f'{Metric.GPU_MEMORY_TOTAL_BYTES}{{gpu="0"}} 8e10',
+    )
+    sample = sample_from_metrics("b", parse_metrics(one), 100.0, "ttft", "uid-b", counts)
+    assert sample.gpu_memory_used_bytes == 7e10
+
+
 def test_every_request_outcome_is_read_and_each_counted_once() -> None:
     sample = sample_from_metrics("p", parse_metrics(TEXT), 100.0, "ttft")
     assert sample.requests == RequestCounts(
         succeeded=40, failed=2, rejected=7, timed_out=1, cancelled=3, invalid=5
     )
     assert sample.requests.calls == 43  # rejected, cancelled and invalid never ran to a verdict
+
+
+def test_a_missing_outcome_counter_makes_the_request_counts_unknown_not_zero() -> None:
+    text = "".join(
+        line + "\n"
+        for line in TEXT.splitlines()
+        if not line.startswith(f'{Metric.REQUESTS.sample}{{outcome="failed"}}')
+    )
+    assert sample_from_metrics("p", parse_metrics(text), 100.0, "ttft").requests is None
 
 
 def test_the_primary_and_a_convergence_in_progress() -> None:

@@ -29,6 +29,8 @@ from fusebox_contract.stats import (
     dumps,
     parse,
 )
+from fusebox_server.config import QualitySettings
+from fusebox_server.control.quality import QualitySampler, check_response
 from fusebox_server.control.stats import (
     LatencyCounter,
     LatencyWindow,
@@ -67,6 +69,38 @@ def test_the_window_forgets_old_samples() -> None:
     assert window.summary(now=140) == LatencySummary(p99_seconds=0.5, count=3)
     assert window.summary(now=175) == LatencySummary(p99_seconds=0.2, count=2)
     assert window.summary(now=200) is None
+
+
+class SteppingClocks:
+    """The node's wall clock and the monotonic clock, as the process sees them."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.wall, self.monotonic = 10_000.0, 500.0
+        monkeypatch.setattr(time, "time", lambda: self.wall)
+        monkeypatch.setattr(time, "monotonic", lambda: self.monotonic)
+
+    def run(self, seconds: float) -> None:
+        self.wall += seconds
+        self.monotonic += seconds
+
+
+def test_a_wall_clock_step_back_does_not_keep_old_samples_in_the_windows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clocks = SteppingClocks(monkeypatch)
+    window = LatencyWindow(window_seconds=60)
+    quality = QualitySampler(window_seconds=60)
+    window.add(5.0)
+    quality.record(check_response("", True, 1, 1, QualitySettings()))
+
+    clocks.wall -= 3600  # NTP or a resumed VM steps the clock back an hour
+    clocks.run(1)
+    window.add_many([0.05] * 50)
+    quality.record(check_response("fine", True, 1, 1, QualitySettings()))
+    clocks.run(120)
+
+    assert window.summary() is None
+    assert quality.failure_ratio() is None
 
 
 def test_a_latency_counts_into_the_first_bucket_whose_bound_holds_it() -> None:

@@ -70,3 +70,24 @@ def test_arbitrary_schema_1_documents_give_parseable_exposition(document: dict[s
 
     names = {family.name for family in text_string_to_metric_families(text)}
     assert {"fusebox_stats_valid", "fusebox_gpu_visible"} <= names
+
+
+def test_a_lone_surrogate_in_a_stats_string_is_a_field_problem_not_a_failed_scrape() -> None:
+    raw = (
+        b'{"schema":1,"written_at":1800000000,"model_name":"chat\\ud800",'
+        b'"state":{"variant":"primary","fallback_unavailable_reason":"no /models/\\udcff"}}'
+    )
+
+    reading = parse(raw)
+    text = _exposition(raw)
+
+    assert [problem.split(":")[0] for problem in reading.field_problems] == [
+        "model_name",
+        "state.fallback_unavailable_reason",
+    ]
+    samples = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+    assert samples["fusebox_stats_valid"] == 0

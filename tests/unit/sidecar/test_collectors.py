@@ -32,7 +32,7 @@ from fusebox_contract.stats import (
     encode,
     parse,
 )
-from fusebox_sidecar.collectors import Observation, SidecarCollector
+from fusebox_sidecar.collectors import Observation, SidecarCollector, StampAge
 from fusebox_sidecar.nvml import GpuAccess, GpuDevice, GpuReading
 from fusebox_sidecar.readings import ProcOutcome, ProcReading
 
@@ -297,8 +297,8 @@ def test_a_stats_stamp_in_the_future_ages_by_how_long_it_stayed_unchanged(
         stats_document.written_at,
         MEASURED,
         NO_GPU,
-        stats_unchanged_seconds=90.0,
-        heartbeats_unchanged_seconds={HeartbeatThread.LOOP: 90.0},
+        stats_stamp_age=StampAge(at_least_seconds=90.0),
+        heartbeat_stamp_ages={HeartbeatThread.LOOP: StampAge(at_least_seconds=90.0)},
     )
     registry = CollectorRegistry()
     registry.register(SidecarCollector(lambda: observation))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from fusebox_sidecar.config import parse_config
+from fusebox_sidecar.config import ENV_PREFIX, _parser, parse_config
+
+METRICS_DOC = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
 
 
 def test_defaults_match_the_pod_layout() -> None:
@@ -70,3 +73,16 @@ def test_a_bad_value_stops_with_a_message_naming_the_flag(
 
 def test_an_empty_fetch_report_file_turns_the_fetch_figures_off() -> None:
     assert parse_config(["--fetch-report-file", ""], {}).fetch_report_file is None
+
+
+def test_the_metrics_docs_flag_table_lists_every_flag_with_its_env_var() -> None:
+    flags = {
+        action.option_strings[0]
+        for action in _parser({})._actions
+        if action.option_strings and action.dest != "help"
+    }
+    rows = re.findall(r"^\| `(--[a-z-]+)`[^|]*\| `([A-Z_]+)` \|", METRICS_DOC.read_text(), re.M)
+
+    assert {flag for flag, _ in rows} == flags
+    for flag, env in rows:
+        assert env == ENV_PREFIX + flag.removeprefix("--").replace("-", "_").upper()

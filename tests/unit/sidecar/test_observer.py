@@ -291,6 +291,42 @@ def test_a_server_writing_again_after_a_clock_step_shows_a_fresh_file(
     assert registry.get_sample_value("fusebox_server_stats_age_seconds") == pytest.approx(0.5)
 
 
+def test_a_forward_clock_step_does_not_age_a_file_the_sidecar_saw_change_since_its_last_read(
+    tmp_path: Path, stats_document: StatsDocument
+) -> None:
+    wall = Clock(2e9)
+    monotonic = Clock(1000.0)
+    stats_path = tmp_path / "stats.json"
+
+    def write() -> None:
+        stamp = wall.now
+        heartbeats = {HeartbeatThread.LOOP: stamp, HeartbeatThread.WORKER: stamp - 0.3}
+        _write(stats_path, replace(stats_document, written_at=stamp, heartbeats=heartbeats))
+
+    registry = _registry(
+        ServerObserver(stats_path, Path("/proc"), NvmlReader(None), wall, monotonic)
+    )
+    for _ in range(3):
+        write()
+        wall.now += 5
+        monotonic.now += 5
+        registry.get_sample_value("fusebox_server_stats_age_seconds")
+    write()
+    # NTP steps the node's clock 120 s forward; the server wrote 0.4 s ago.
+    wall.now += 120.4
+    monotonic.now += 0.4
+
+    value = registry.get_sample_value
+    assert value("fusebox_server_stats_age_seconds") == pytest.approx(0.4)
+    assert value("fusebox_heartbeat_age_seconds", {"thread": "loop"}) == pytest.approx(0.4)
+    # Stamped 0.3 s before the write that carried it, by the server's own clock.
+    assert value("fusebox_heartbeat_age_seconds", {"thread": "worker"}) == pytest.approx(0.7)
+    # A server that then stops writing ages again by the sidecar's own clock.
+    monotonic.now += 30
+    wall.now += 30
+    assert value("fusebox_server_stats_age_seconds") == pytest.approx(30.4)
+
+
 def test_a_gpu_whose_memory_nvml_cannot_read_is_relayed_and_logged_once(
     tmp_path: Path,
     stats_document: StatsDocument,
