@@ -126,6 +126,11 @@ class Prepared:
         return self.record.arrival_monotonic
 
 
+SCHEMA_FIELDS: Final = frozenset({"response_format"})
+"""Body fields whose parse may compile a JSON schema, which runs off the event loop (a
+forced tool call's schema is compiled later, `forced_settings`, off the loop too)."""
+
+
 def canned_key(parsed: ChatRequest | CompletionRequest) -> str:
     """The text a canned answer must match exactly: the prompt, or the lone user turn."""
     if isinstance(parsed, CompletionRequest):
@@ -248,7 +253,12 @@ class Api:
         record.fields.update(model_name=self.config.model_name, variant=self.runtime.variant)
         check_query(request.query_params)
         data = parse_json_body(await read_body(request, self.config.max_body_bytes))
-        parsed = parse_chat_request(data) if kind == Kind.CHAT else parse_completion_request(data)
+        if kind == Kind.COMPLETION:
+            parsed: ChatRequest | CompletionRequest = parse_completion_request(data)
+        elif SCHEMA_FIELDS.isdisjoint(data):
+            parsed = parse_chat_request(data)
+        else:  # a schema is compiled (bounded, `json_grammar.MAX_SCHEMA_BYTES`): off the loop
+            parsed = await asyncio.to_thread(parse_chat_request, data)
         record.fields.update(parsed.identifiers)
         prepared = self._prepare(parsed, kind, record)
         # A canned answer is one free text with no scores or calls: n > 1, logprobs, tools,
@@ -288,7 +298,7 @@ class Api:
         )
         settings = choice_settings(parsed.sampling, max_new_tokens)
         if prepared.tool_use is not None and prepared.tool_use.forced:
-            settings = forced_settings(settings, prepared.tool_use)
+            settings = await asyncio.to_thread(forced_settings, settings, prepared.tool_use)
         choices = await _unless_disconnected(
             request.receive,
             self.runtime.start_generations(

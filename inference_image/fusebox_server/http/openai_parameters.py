@@ -21,6 +21,11 @@ from typing import Any, Final
 
 from fusebox_server.errors import InvalidRequest
 from fusebox_server.http.rendering import Kind
+from fusebox_server.model.json_grammar import (
+    MAX_SCHEMA_BYTES,
+    MAX_SCHEMA_NESTING,
+    MAX_SCHEMA_PROPERTIES,
+)
 
 
 class Treatment(enum.StrEnum):
@@ -141,7 +146,11 @@ PARAMETERS: Final[tuple[Parameter, ...]] = (
         "included); closed within `max_tokens` when it can be for the pydantic subset "
         "(docs/server.md), else a tight `max_tokens` ends with `length` and a cut document, "
         "as OpenAI does; a keyword llguidance refuses (`uniqueItems`, `not`, `if`): 400 "
-        "naming `response_format.json_schema.schema` and the keyword",
+        "naming `response_format.json_schema.schema` and the keyword; so is a schema past "
+        f"{MAX_SCHEMA_BYTES // 1024} KiB of JSON, {MAX_SCHEMA_PROPERTIES:,} properties or "
+        f"{MAX_SCHEMA_NESTING} levels of nesting (naming the limit), or one no document "
+        'satisfies (`{"$ref": "#"}`); `json_schema.description` is accepted and does '
+        "not steer generation",
         CHAT_ONLY,
     ),
     Parameter("user", H, "a string, logged on the request's line as `user`; no effect on output"),

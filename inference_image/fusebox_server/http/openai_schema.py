@@ -363,15 +363,22 @@ def _identifiers(body: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
+TEXT_PART_KEYS: Final = frozenset({"type", "text"})
+
+
 def _content(value: object, index: int) -> str:
     param = f"messages[{index}].content"
     if isinstance(value, str):
         return value
     if isinstance(value, list):
         parts: list[str] = []
-        for part in value:
+        for number, part in enumerate(value):
             if not isinstance(part, dict) or part.get("type") != "text":
                 raise InvalidRequest(f"'{param}' supports only text parts", param=param)
+            for key in part:
+                if key not in TEXT_PART_KEYS:  # e.g. cache_control: refused, never dropped
+                    at = f"{param}[{number}].{key}"
+                    raise InvalidRequest(f"'{at}' is not a field of a text part", param=at)
             text = part.get("text")
             if not isinstance(text, str):
                 raise SchemaError(f"'{param}' text parts need a string 'text'", param=param)

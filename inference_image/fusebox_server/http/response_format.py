@@ -6,6 +6,10 @@ the grammar is the model's (`model.structured_output`, llguidance's matcher);
 here one meets the other, and a schema llguidance cannot enforce becomes a 400
 on `response_format.json_schema.schema` with llguidance's message, which names
 the keyword (`uniqueItems`, `not`, ...): never a schema silently half-enforced.
+So does a schema past the size limits (`json_grammar.check_schema_size`) and one no
+document satisfies. `json_schema.description` is checked and accepted, as OpenAI
+accepts it, and steers nothing here: the schema alone constrains the output
+(docs/server.md says so).
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ def _json_schema(value: object) -> OutputFormat:
     strict = value.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise SchemaError(f"'{param}.strict' must be a boolean", param=f"{param}.strict")
+    # Accepted, as OpenAI does, and steers nothing: the schema alone constrains the output
+    # (the model is not told the description; docs/server.md).
     if not isinstance(value.get("description", ""), str):
         raise SchemaError(f"'{param}.description' must be a string", param=f"{param}.description")
     schema = value.get("schema", {})

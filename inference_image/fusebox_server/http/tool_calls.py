@@ -22,6 +22,7 @@ import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Final
 
 from fusebox_server.errors import InvalidRequest
@@ -320,7 +321,27 @@ class ParsedReply:
 
 
 HERMES_CALL: Final = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_DECODER: Final = json.JSONDecoder()
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_DECODER: Final = json.JSONDecoder(parse_float=Decimal, parse_constant=_not_json)
+"""A model's JSON: a fraction or exponent kept as written (`9e999` is a JSON number, which
+a float would make `Infinity`, and `Infinity` is not JSON), NaN and Infinity refused."""
+
+
+def _json_text(value: Any) -> str:
+    """`value` as `json.dumps` spells it (`", "`, `": "`, no ASCII escapes), each number
+    as decoded by `_DECODER`: never NaN or Infinity."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_json_text(k)}: {_json_text(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_json_text(item) for item in value) + "]"
+    if isinstance(value, Decimal):
+        return str(value)
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
 
 
 def _call_of(value: object, argument_keys: tuple[str, ...]) -> FunctionCall | None:
@@ -333,12 +354,12 @@ def _call_of(value: object, argument_keys: tuple[str, ...]) -> FunctionCall | No
             break
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
         try:
-            arguments = json.loads(arguments)
+            arguments = _DECODER.decode(arguments)
         except (ValueError, RecursionError):
             return None
     if not isinstance(arguments, dict):
         return None
-    return FunctionCall(value["name"], json.dumps(arguments, ensure_ascii=False))
+    return FunctionCall(value["name"], _json_text(arguments))
 
 
 def _json_values(text: str, separators: str) -> list[Any] | None:
@@ -365,7 +386,7 @@ def _parse_hermes(text: str) -> ParsedReply | None:
     calls: list[FunctionCall] = []
     for block in blocks:
         try:
-            value = json.loads(block.group(1))
+            value = _DECODER.decode(block.group(1))
         except (ValueError, RecursionError):
             return None
         call = _call_of(value, ("arguments", "parameters"))
@@ -566,16 +587,15 @@ def parse_forced(text: str, use: ToolUse) -> ParsedReply:
     being written once its name is. Only a list cut before any name stays content.
     """
     try:
-        value: Any = json.loads(text)
+        value: Any = _DECODER.decode(text)
     except (ValueError, RecursionError):
         if use.mode != ChoiceMode.NAMED:
             return _cut_forced_calls(text, use)
         value = None
     if use.mode == ChoiceMode.NAMED:
-        if not isinstance(value, dict):  # cut: the arguments as far as they were written
-            return ParsedReply(None, (FunctionCall(use.named or "", text),), cut=True)
-        arguments = json.dumps(value, ensure_ascii=False)
-        return ParsedReply(None, (FunctionCall(use.named or "", arguments),))
+        # The arguments are the text as generated, as the stream sends them piece by piece.
+        cut = not isinstance(value, dict)  # cut: the arguments as far as they were written
+        return ParsedReply(None, (FunctionCall(use.named or "", text),), cut=cut)
     values = value if use.parallel and isinstance(value, list) else [value]
     calls = [_call_of(item, ("parameters",)) for item in values]
     if not calls or any(call is None or use.tool(call.name) is None for call in calls):
@@ -617,7 +637,7 @@ def _cut_forced_calls(text: str, use: ToolUse) -> ParsedReply:
             break
         if not isinstance(arguments, dict):
             return ParsedReply(text, ())
-        calls.append(FunctionCall(name, json.dumps(arguments, ensure_ascii=False)))
+        calls.append(FunctionCall(name, _json_text(arguments)))
         closing = _FORCED_CALL_CLOSING.match(text, position)
         if not use.parallel or closing is None:
             break

@@ -26,9 +26,9 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
@@ -42,6 +42,24 @@ MAX_SCHEMA_DEPTH: Final = 64
 few levels; a body may nest hundreds, past what compiling (recursive) can take."""
 MAX_NESTING: Final = 32
 """How deep a document of free shape (json_object) may nest objects and arrays."""
+MAX_SCHEMA_BYTES: Final = 64 * 1024
+"""The most bytes of a schema's JSON text (compact, UTF-8). A schema is compiled on the
+request's path and its matcher built on the one inference thread: 64 KiB compiles and
+builds in well under a second; 300 KiB took tens of seconds, and past about 10,000
+properties llguidance's matcher panics."""
+MAX_SCHEMA_PROPERTIES: Final = 1024
+"""The most property names in a schema, every `properties` object counted together."""
+MAX_SCHEMA_NESTING: Final = 100
+"""The most levels of JSON objects and arrays in a schema's text, checked before anything
+reads it recursively (llguidance's own reader stops near 125)."""
+MAX_PARSES: Final = 1024
+"""The most ways of reading the text that ours' bookkeeping follows at once. `anyOf`
+options that read the same bytes fork it, and nested ones multiply the forks (17 levels of
+two options: 131,072 after 17 bytes, seconds per token on the inference thread). Past the
+cap the bookkeeping stops (`DocumentState.untracked`) and llguidance alone decides, as for
+a schema outside ours' subset. 1,024 leaves room for 128 tools forced together."""
+REASON_CHARS: Final = 300
+"""The most characters of llguidance's refusal that reach a client."""
 ANNOTATIONS: Final = frozenset(
     {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated"}
 )
@@ -56,6 +74,7 @@ STRUCTURE_KEYWORDS: Final = frozenset(
 UNREACHABLE: Final = 1 << 30
 """The cost of a state no bytes can complete."""
 TYPES: Final = ("object", "array", "string", "number", "integer", "boolean", "null")
+_T = TypeVar("_T")
 
 
 class UnsupportedSchema(ValueError):
@@ -281,7 +300,9 @@ class _SchemaCompiler:
         if "$ref" in schema:
             return self._reference(schema, path)
         if "anyOf" in schema:
-            return UnionNode(tuple(self._each(schema, "anyOf", path)))
+            # Identical options collapse: each would fork the bookkeeping for nothing.
+            options = tuple(dict.fromkeys(self._each(schema, "anyOf", path, distinct=True)))
+            return options[0] if len(options) == 1 else UnionNode(options)
         if "allOf" in schema:
             parts = self._each(schema, "allOf", path)
             if len(parts) != 1:
@@ -317,11 +338,23 @@ class _SchemaCompiler:
             raise UnsupportedSchema((*path, key), f"{key} must be an object")
         return value
 
-    def _each(self, schema: Mapping[str, Any], key: str, path: tuple[str, ...]) -> list[Node]:
+    def _each(
+        self, schema: Mapping[str, Any], key: str, path: tuple[str, ...], distinct: bool = False
+    ) -> list[Node]:
+        """Each part compiled (`distinct`: a part spelt as an earlier one is left out)."""
         value = schema[key]
         if not isinstance(value, list) or not value:
             raise UnsupportedSchema((*path, key), f"{key} must be a non-empty list")
-        return [self.compile(part, (*path, key, str(i))) for i, part in enumerate(value)]
+        spelt: set[str] = set()
+        nodes = []
+        for i, part in enumerate(value):
+            if distinct:
+                spelling = json.dumps(part, sort_keys=True)
+                if spelling in spelt:
+                    continue
+                spelt.add(spelling)
+            nodes.append(self.compile(part, (*path, key, str(i))))
+        return nodes
 
     def _definition(self, ref: str, definition: object, path: tuple[str, ...]) -> Node:
         if ref in self.compiled:
@@ -435,13 +468,15 @@ class OutputFormat:
     @classmethod
     def json(cls, schema: Mapping[str, Any] | None) -> OutputFormat:
         """None: any JSON object (`json_object`). Else the schema, or `UnsupportedSchema`
-        with llguidance's message (which names the keyword it refuses)."""
+        with llguidance's message (which names the keyword it refuses), or naming the
+        limit it is past (`check_schema_size`)."""
         if schema is None:
             return JSON_OBJECT
+        check_schema_size(schema)
         try:
             # Keys in the schema's order: llguidance writes properties in that order.
             key = json.dumps(schema, allow_nan=False)
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, RecursionError) as error:
             raise UnsupportedSchema((), f"not a JSON schema: {error}") from None
         return _compiled(key)
 
@@ -450,6 +485,44 @@ class OutputFormat:
         if self.closing_root is None:
             return None
         return DocumentState(((_Value(self.closing_root, 0), None),), (0,))
+
+
+def check_schema_size(schema: object) -> None:
+    """`UnsupportedSchema` naming the limit the schema is past: its nesting, its
+    properties (`MAX_SCHEMA_PROPERTIES`) or its bytes (`MAX_SCHEMA_BYTES`). A walk
+    without recursion, so a schema nested thousands deep costs a loop, not a crash."""
+    properties, pending = 0, [(schema, 1)]
+    while pending:
+        value, level = pending.pop()
+        if isinstance(value, Mapping):
+            named = value.get("properties")
+            if isinstance(named, Mapping):
+                properties += len(named)
+            children: Iterable[Any] = value.values()
+        elif isinstance(value, list | tuple):
+            children = value
+        else:
+            continue
+        if level > MAX_SCHEMA_NESTING:
+            raise UnsupportedSchema(
+                (), f"nested deeper than the limit of {MAX_SCHEMA_NESTING} levels"
+            )
+        pending.extend((child, level + 1) for child in children)
+    if properties > MAX_SCHEMA_PROPERTIES:
+        raise UnsupportedSchema(
+            (),
+            f"{properties:,} properties, more than the limit of {MAX_SCHEMA_PROPERTIES:,}",
+        )
+    try:
+        size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
+    except (TypeError, ValueError) as error:
+        raise UnsupportedSchema((), f"not a JSON schema: {error}") from None
+    if size > MAX_SCHEMA_BYTES:
+        raise UnsupportedSchema(
+            (),
+            f"{size:,} bytes of JSON, more than the limit of "
+            f"{MAX_SCHEMA_BYTES:,} bytes ({MAX_SCHEMA_BYTES // 1024} KiB)",
+        )
 
 
 def _llguidance_options() -> JsonCompileOptions:
@@ -467,19 +540,82 @@ COMPILED_SCHEMAS_KEPT: Final = 256
 
 
 def _grammar(schema: Mapping[str, Any]) -> str:
-    """llguidance's grammar of the schema, or `UnsupportedSchema` with its message."""
+    """llguidance's grammar of the schema, or `UnsupportedSchema` with its message.
+
+    The grammar is also built into a matcher over the 256 bytes, here rather than on the
+    inference thread: llguidance validates a grammar it cannot build (a grammar too big
+    for its symbol table panics only there), and a schema that refers only to itself
+    (`{"$ref": "#"}`) compiles, but no byte can start its document.
+    """
     import llguidance
 
-    try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            dict(schema), overrides=_llguidance_options()
-        )
-    except ValueError as error:
-        raise UnsupportedSchema((), str(error)) from None
-    message = llguidance.LLMatcher.validate_grammar(grammar)
+    options = _llguidance_options()
+    grammar = _refused(
+        lambda: llguidance.LLMatcher.grammar_from_json_schema(dict(schema), overrides=options)
+    )
+    message = _refused(lambda: llguidance.LLMatcher.validate_grammar(grammar))
     if message:
-        raise UnsupportedSchema((), message)
+        raise UnsupportedSchema((), refusal_reason(message))
+    matcher = _refused(lambda: llguidance.LLMatcher(_byte_tokenizer(), grammar, log_level=0))
+    if matcher.is_error():
+        raise UnsupportedSchema((), refusal_reason(matcher.get_error()))
+    mask = _refused(matcher.compute_bitmask)
+    first_bytes = [value for value in range(256) if mask[value // 8] >> (value % 8) & 1]
+    if not first_bytes:
+        raise UnsupportedSchema(
+            (),
+            "no JSON document satisfies the schema: it refers only to itself, with no "
+            "value to end on",
+        )
+    for value in first_bytes:  # an object too wide for the parser fails at its `{`
+        probe = matcher.deep_copy()
+        if not probe.consume_token(value) or probe.is_error():
+            raise UnsupportedSchema((), refusal_reason(probe.get_error()))
     return grammar
+
+
+PANIC_REASON: Final = "the grammar compiler cannot build it (it is too large or too complex)"
+
+
+def _refused(call: Callable[[], _T]) -> _T:
+    """The call's result; llguidance's refusal, or its panic (a BaseException from Rust),
+    as `UnsupportedSchema`."""
+    try:
+        return call()
+    except Exception as error:
+        raise UnsupportedSchema((), refusal_reason(str(error))) from None
+    except BaseException as error:
+        if type(error).__name__ != "PanicException":
+            raise  # KeyboardInterrupt, SystemExit: not ours to swallow
+        raise UnsupportedSchema((), PANIC_REASON) from None
+
+
+def refusal_reason(message: str) -> str:
+    """llguidance's refusal as a client may read it: on one line, without the parser's
+    state dump, cut short. A panic's message (a Rust backtrace, with build paths) is
+    never quoted."""
+    if message.lstrip().startswith("panic") or "panicked at" in message or "backtrace" in message:
+        return PANIC_REASON
+    text = " ".join(message.split("<state>")[0].split()) or "refused by the grammar compiler"
+    return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 3] + "..."
+
+
+@functools.cache
+def _byte_tokenizer() -> Any:
+    """llguidance's tokenizer over the 256 bytes (and an end id): a grammar checked
+    against it builds a matcher over any byte-complete vocabulary."""
+    import llguidance
+
+    class _Bytes:
+        tokens = [bytes([value]) for value in range(256)] + [b""]
+        eos_token_id = 256
+        bos_token_id = None
+        special_token_ids = [256]
+
+        def __call__(self, text: str) -> list[int]:
+            return list(text.encode("utf-8"))
+
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()), n_vocab=257)
 
 
 @functools.lru_cache(maxsize=COMPILED_SCHEMAS_KEPT)
@@ -553,14 +689,22 @@ def _starts_by_byte(node: Node, depth: int) -> dict[int, tuple[Any, ...]]:
                 first = frame.node.children
             for byte in first:
                 grouped.setdefault(byte, []).append(frame)
-        table = kept[depth] = {byte: tuple(frames) for byte, frames in grouped.items()}
+        table = kept[depth] = {
+            byte: tuple(dict.fromkeys(frames)) for byte, frames in grouped.items()
+        }
     return table
 
 
-def _starts(node: Node, depth: int) -> Iterable[Any]:
+def _starts(node: Node, depth: int, expanded: set[int] | None = None) -> Iterable[Any]:
+    """The frames a value of `node` starts as (a union reached twice is expanded once:
+    nested unions that share options would otherwise multiply them)."""
     if isinstance(node, UnionNode):
-        for option in node.options:
-            yield from _starts(option, depth)
+        expanded = set() if expanded is None else expanded
+        if id(node) in expanded:
+            return
+        expanded.add(id(node))
+        for option in dict.fromkeys(node.options):
+            yield from _starts(option, depth, expanded)
     elif isinstance(node, AnyNode):
         if depth < MAX_NESTING:
             yield _Object(ANY_OBJECT, _START, frozenset(), None, depth)
@@ -938,20 +1082,31 @@ def _cost(stack: Stack) -> int:
 
 
 class DocumentState:
-    """The text so far, as every way the parser can be reading it (empty: not a prefix)."""
+    """The text so far, as every way the parser can be reading it (empty: not a prefix).
 
-    __slots__ = ("stacks", "runs", "_min_close")
+    `untracked`: the text forked into more than `MAX_PARSES` readings, and the
+    bookkeeping stopped there; it knows nothing more (llguidance alone decides).
+    """
 
-    def __init__(self, stacks: tuple[Stack, ...], runs: tuple[int, ...]) -> None:
-        self.stacks, self.runs = stacks, runs
+    __slots__ = ("stacks", "runs", "untracked", "_min_close")
+
+    def __init__(
+        self, stacks: tuple[Stack, ...], runs: tuple[int, ...], untracked: bool = False
+    ) -> None:
+        self.stacks, self.runs, self.untracked = stacks, runs, untracked
         self._min_close: int | None = None
 
     def feed(self, data: bytes) -> DocumentState:
+        """The state after `data`; each byte costs at most `MAX_PARSES` readings' work."""
+        if self.untracked:
+            return self
         configs = list(zip(self.stacks, self.runs, strict=True))
         for byte in data:
             after: list[tuple[Stack, int]] = []
             for stack, run in configs:
                 _feed(stack, run, byte, after)
+                if len(after) > MAX_PARSES:
+                    return DocumentState((), (), untracked=True)
             configs = list(dict.fromkeys(after))
             if not configs:
                 break

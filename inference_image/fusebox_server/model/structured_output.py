@@ -39,6 +39,7 @@ from fusebox_server.model.json_grammar import (
     DocumentState,
     OutputFormat,
     UnsupportedSchema,
+    refusal_reason,
 )
 
 __all__ = [
@@ -83,8 +84,10 @@ class TokenVocabulary:
             prototype = llguidance.LLMatcher(
                 self.matcher_tokenizer, output_format.grammar, log_level=0
             )
-            if prototype.is_error():  # validated at compile time: a bug, not a bad request
-                raise ValueError(f"llguidance refused a validated grammar: {prototype.get_error()}")
+            if prototype.is_error():
+                # Built over the 256 bytes when compiled (`json_grammar._grammar`): a
+                # refusal here is this vocabulary's, still the schema's, never a crash.
+                raise UnsupportedSchema((), refusal_reason(prototype.get_error()))
             self._matchers[output_format.grammar] = prototype
             if len(self._matchers) > MATCHERS_KEPT:
                 self._matchers.popitem(last=False)
@@ -257,6 +260,8 @@ class ConstrainedRow:
         after = self._tried.get(token_id)
         if after is None:
             after = self._tried[token_id] = self.closing.feed(data)
+        if after.untracked:  # forked past what ours follows: the grammar alone decides
+            return True
         # Ours refuses what llguidance allows only where ours is stricter (a key twice,
         # deep free nesting): its verdict stands, unless nothing in the budget fitted and
         # the grammar alone decides (`budgeted` False).
@@ -271,8 +276,9 @@ class ConstrainedRow:
             data = self.vocabulary.token_bytes[token_id]
             if self.closing is not None and data is not None:
                 after = self._tried.get(token_id) or self.closing.feed(data)
-                # Past what ours follows (chosen by the grammar alone): llguidance goes on.
-                self.closing = after if after.valid else None
+                # Past what ours follows (chosen by the grammar alone, or forked past
+                # `MAX_PARSES`): llguidance goes on.
+                self.closing = after if after.valid and not after.untracked else None
         self.tokens_left -= 1
         self._tried = {}
 
@@ -335,6 +341,8 @@ class ConstrainedRow:
             found = self._scan(masked if budgeted else rows, budgeted)
             if found is not None:
                 return found
+        if self.matcher.is_error():  # the parser gave up (a row past its limits): a refusal
+            raise UnsupportedSchema((), refusal_reason(self.matcher.get_error()))
         return min(self.end_ids) if self.end_ids else int(torch.argmax(rows).item())
 
     def _closing_byte(self, masked: torch.Tensor) -> int | None:

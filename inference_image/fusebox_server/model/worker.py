@@ -27,6 +27,7 @@ from fusebox_contract.names import Fault
 from fusebox_server.errors import (
     DeadlineExceeded,
     GenerationFailed,
+    InvalidRequest,
     MemoryExhausted,
     ModelUnavailable,
     ServerError,
@@ -46,7 +47,7 @@ from fusebox_server.model.memory import cuda_memory
 from fusebox_server.model.prefix_cache import PrefixCache, PrefixCacheFigures
 from fusebox_server.model.prefix_kv import PrefixKV, leading, new_prefix_cache, prompt_kv
 from fusebox_server.model.slot_batch import SlotBatch, new_batch
-from fusebox_server.model.structured_output import vocabulary_of
+from fusebox_server.model.structured_output import UnsupportedSchema, vocabulary_of
 from fusebox_server.model.token_choice import TokenScore
 from fusebox_server.model.tokenization import IncrementalDecoder, encodes_alike, token_text
 
@@ -69,6 +70,9 @@ RESULT_LOST_MESSAGE = (
 PREFILL_TOKEN_BUDGET = 2048
 # How much of an error a log line quotes.
 ERROR_LOG_CHARS = 300
+GENERATION_FAILED_MESSAGE = (
+    "the server failed while generating this answer; the error is in its log"
+)
 
 log = structlog.get_logger("fusebox_server")
 
@@ -309,9 +313,7 @@ class InferenceWorker(threading.Thread):
         stay active and the next turn carries on with them.
         """
         try:
-            self._fail_all(
-                memory_exhausted(error) or GenerationFailed(f"inference worker error: {error!r}")
-            )
+            self._fail_all(memory_exhausted(error) or self._unexpected(error, "inference_worker"))
         except MemoryError:
             pass
         time.sleep(IDLE_WAIT_SECONDS)
@@ -335,16 +337,41 @@ class InferenceWorker(threading.Thread):
         except ServerError as error:
             self._finish(job, Failed(error, job.completion_tokens))
         except Exception as error:
-            self._finish(job, Failed(self._generation_error(error), job.completion_tokens))
+            failure = self._generation_error(error, [job])
+            self._finish(job, Failed(failure, job.completion_tokens))
 
-    def _generation_error(self, error: Exception) -> ServerError:
-        """An allocation failure is a 503 (and frees what the allocator caches), else a 500."""
+    def _generation_error(self, error: Exception, jobs: list[GenerationJob]) -> ServerError:
+        """An allocation failure is a 503 (and frees what the allocator caches); a schema
+        this tokenizer's matcher refuses is a 400; anything else a 500 that says nothing
+        of the error (the log has it)."""
+        if isinstance(error, UnsupportedSchema):
+            return InvalidRequest(
+                f"the output format (response_format, or the forced tool call's parameters) "
+                f"cannot be enforced: {error.reason}"
+            )
         exhausted = memory_exhausted(error)
         if exhausted is None:
-            return GenerationFailed(f"generation failed: {error!r}")
+            return self._unexpected(error, "generation", [job.request_id for job in jobs])
         if isinstance(error, torch.OutOfMemoryError):
             release_memory(self.loaded.device if self.loaded else torch.device("cpu"))
         return exhausted
+
+    @staticmethod
+    def _unexpected(
+        error: BaseException, where: str, request_ids: list[str] | None = None
+    ) -> GenerationFailed:
+        """A 500 whose message is generic: a library's text (a path, a backtrace) stays in
+        the server log."""
+        try:
+            log.error(
+                "generation_error",
+                where=where,
+                request_ids=request_ids,
+                error=repr(error)[:ERROR_LOG_CHARS],
+            )
+        except Exception:  # logging allocates too: a lost line must not lose the answer
+            pass
+        return GenerationFailed(GENERATION_FAILED_MESSAGE)
 
     def _check_alive(self, job: GenerationJob) -> None:
         if job.cancelled.is_set():
@@ -508,7 +535,7 @@ class InferenceWorker(threading.Thread):
         try:
             batch.add(*decodings)
         except Exception as error:  # e.g. the merge's allocation failed: the batch is unchanged
-            failure = self._generation_error(error)
+            failure = self._generation_error(error, group)
             for job in group:
                 job.decoding = None
                 self._finish(job, Failed(failure, job.completion_tokens))
@@ -534,7 +561,7 @@ class InferenceWorker(threading.Thread):
             tokens = batch.step()
         except Exception as error:  # the batch is lost; its members fail, the worker goes on
             self._batch = None
-            failure = self._generation_error(error)
+            failure = self._generation_error(error, members)
             for job in members:
                 job.decoding = None
                 self._finish(job, Failed(failure, job.completion_tokens))

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import openai
 import pydantic
 import pytest
@@ -247,3 +250,44 @@ def test_a_malformed_json_schema_format_is_refused_naming_the_field(client: open
     with pytest.raises(openai.UnprocessableEntityError) as unprocessable:
         chat(client, response_format={"type": "json_schema"})
     assert unprocessable.value.param == "response_format.json_schema"
+
+
+def test_a_schema_past_the_limits_is_a_prompt_400_and_liveness_answers_meanwhile(
+    server: ServerProcess,
+) -> None:
+    """11,000 properties (330 KiB, within the body limit) once compiled for seconds on the
+    event loop, then panicked in llguidance's matcher on the inference thread: /healthz
+    went unanswered, and the client got a 500 quoting the Rust backtrace."""
+    schema = {"type": "object", "properties": {f"z_{i}": {"type": "string"} for i in range(11_000)}}
+    body = {
+        "model": MODEL_NAME,
+        "messages": MESSAGES,
+        "max_tokens": 1,
+        "response_format": json_schema_format(schema, name="huge"),
+    }
+    with httpx.Client(base_url=server.url, timeout=120) as http, ThreadPoolExecutor(1) as pool:
+        posted = pool.submit(http.post, "/v1/chat/completions", json=body)
+        time.sleep(0.5)  # the body is in, its schema being read
+        health = http.get("/healthz", timeout=2)
+        answer = posted.result()
+    assert health.status_code == 200
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "response_format.json_schema.schema"
+    assert "1,024" in error["message"] and "backtrace" not in answer.text
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$ref": "#"},
+        {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+    ],
+)
+def test_a_schema_that_only_refers_to_itself_is_a_400_not_an_empty_answer(
+    client: openai.OpenAI, schema: dict[str, Any]
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, response_format=json_schema_format(schema, name="selfref"), max_tokens=8)
+    assert caught.value.param == "response_format.json_schema.schema"
+    assert "no JSON document satisfies the schema" in caught.value.message

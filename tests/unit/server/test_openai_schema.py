@@ -259,7 +259,7 @@ def test_response_format_becomes_the_output_format_and_a_bad_schema_is_named() -
     with pytest.raises(InvalidRequest) as caught:
         parse({"type": "json_schema", "json_schema": {"name": "n", "schema": deep}})
     assert caught.value.param == "response_format.json_schema.schema"
-    assert "recursion limit" in caught.value.message  # llguidance's bound, not a 500
+    assert "nested deeper than the limit of 100 levels" in caught.value.message  # not a 500
 
 
 def test_stream_options_need_a_stream_and_known_boolean_options() -> None:
@@ -345,9 +345,12 @@ def test_docs_server_md_has_the_table_row_for_row() -> None:
 
 def test_the_table_states_the_limits_the_parser_applies() -> None:
     from fusebox_server.http.openai_schema import SEED_RANGE, STOP_MAX_CHARS
+    from fusebox_server.model.json_grammar import MAX_SCHEMA_BYTES, MAX_SCHEMA_PROPERTIES
 
     how = {row.name: row.how for row in PARAMETERS}
     assert f"at most {STOP_MAX_CHARS} characters" in how["stop"]
+    assert f"{MAX_SCHEMA_BYTES // 1024} KiB of JSON" in how["response_format"]
+    assert f"{MAX_SCHEMA_PROPERTIES:,} properties" in how["response_format"]
     assert SEED_RANGE == (-(2**63), 2**64 - 1) and "-2^63 to 2^64 - 1" in how["seed"]
 
 
@@ -448,3 +451,30 @@ def test_max_tokens_is_checked_beside_max_completion_tokens(
     assert caught.value.param == param and "max_tokens" in caught.value.message
     agreeing = {**_base(Kind.CHAT), "max_tokens": 2, "max_completion_tokens": 2}
     assert parse_chat_request(agreeing).sampling.max_tokens == 2
+
+
+@pytest.mark.parametrize("key", ["cache_control", "annotations"])
+def test_an_unknown_key_on_a_text_part_is_a_400_naming_it(key: str) -> None:
+    part = {"type": "text", "text": "a", key: {"type": "ephemeral"}}
+    body = {**_base(Kind.CHAT), "messages": [{"role": "user", "content": [part]}]}
+    with pytest.raises(InvalidRequest) as caught:
+        parse_chat_request(body)
+    assert caught.value.param == f"messages[0].content[0].{key}"
+
+
+def test_a_json_schema_description_is_accepted_and_documented_as_not_steering() -> None:
+    """OpenAI accepts `description`; here it is checked, and the output is the schema's
+    alone, as docs/server.md says (never a silent pass-through to nothing)."""
+
+    def output_format(json_schema: dict[str, Any]) -> Any:
+        response_format = {"type": "json_schema", "json_schema": json_schema}
+        body = {**_base(Kind.CHAT), "response_format": response_format}
+        return parse_chat_request(body).sampling.output_format
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    described = output_format({"name": "x", "description": "answer as a haiku", "schema": schema})
+    assert described == output_format({"name": "x", "schema": schema})
+    with pytest.raises(SchemaError):
+        output_format({"name": "x", "description": 3, "schema": schema})
+    server_md = (Path(__file__).resolve().parents[3] / "docs" / "server.md").read_text()
+    assert "`json_schema.description` is accepted and does not steer" in server_md

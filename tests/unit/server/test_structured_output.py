@@ -11,7 +11,19 @@ from typing import Any
 import pytest
 import torch
 
-from fusebox_server.model.json_grammar import WHITESPACE_RUN_BYTES, OutputFormat, UnsupportedSchema
+from fusebox_server.errors import InvalidRequest
+from fusebox_server.http.response_format import parse_response_format
+from fusebox_server.http.tool_calls import forced_format, parse_tool_use
+from fusebox_server.model.json_grammar import (
+    MAX_SCHEMA_BYTES,
+    MAX_SCHEMA_NESTING,
+    MAX_SCHEMA_PROPERTIES,
+    PANIC_REASON,
+    WHITESPACE_RUN_BYTES,
+    OutputFormat,
+    UnsupportedSchema,
+    refusal_reason,
+)
 from fusebox_server.model.structured_output import (
     ConstrainedRow,
     TokenVocabulary,
@@ -294,7 +306,7 @@ def test_keywords_llguidance_enforces_are_enforced(
         ({"$ref": "#/$defs/Missing"}, "Missing"),
         ({"$ref": "https://example.com/schema"}, "example.com"),
         ({"type": "object", "required": ["x"], "additionalProperties": False}, "'x'"),
-        (_nested(400), "recursion"),
+        (_nested(400), "nested deeper than the limit of 100 levels"),
         ({"type": "string", "pattern": "("}, "unclosed group"),
         ({"type": "string", "maxLength": -1}, "maxLength"),
         ({"type": "array", "minItems": 5, "maxItems": 2}, "minItems"),
@@ -634,6 +646,150 @@ def test_literals_that_are_prefixes_of_each_other_are_told_apart_by_what_follows
     assert not state_of(numbers, "[1234").valid and not state_of(numbers, "[13").valid
     one = state_of(OutputFormat.json({"enum": [1, 12]}), "1")
     assert one.complete and not one.finished and one.feed(b"2").finished
-    many = OutputFormat.json({"enum": [f"value_{i:05d}" for i in range(5000)]})
-    assert state_of(many, '"value_04999"').finished and not state_of(many, '"value_05').valid
+    many = OutputFormat.json({"enum": [f"value_{i:05d}" for i in range(4000)]})  # in 64 KiB
+    assert state_of(many, '"value_03999"').finished and not state_of(many, '"value_05').valid
     assert state_of(many, '"value_0').min_close == len('0000"')
+
+
+# ----- bounds: size, forks, and schemas no document satisfies -----
+
+
+def _properties(count: int) -> dict[str, Any]:
+    return {"type": "object", "properties": {f"z_{i}": {"type": "string"} for i in range(count)}}
+
+
+def _response_format(schema: Any) -> dict[str, Any]:
+    return {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    }
+
+
+def test_a_schema_past_the_grammar_compilers_reach_is_a_400_without_its_backtrace() -> None:
+    """11,000 properties once panicked inside llguidance's matcher on the inference thread,
+    and the client got a 500 quoting the Rust backtrace."""
+    with pytest.raises(InvalidRequest) as caught:
+        parse_response_format(_response_format(_properties(11_000)))
+    assert caught.value.param == "response_format.json_schema.schema"
+    assert "backtrace" not in caught.value.message and "panic" not in caught.value.message
+    assert "more than the limit of 1,024" in caught.value.message
+
+
+def test_a_panic_of_the_grammar_compiler_is_named_not_quoted() -> None:
+    panic = "panic: assertion failed: x < y\n<backtrace>\n 0: <unknown> at /tmp/python-build/x.c"
+    assert refusal_reason(panic) == PANIC_REASON
+    assert refusal_reason("regex parse error:\n    (\n    ^\nerror: unclosed group") == (
+        "regex parse error: ( ^ error: unclosed group"
+    )
+
+
+def test_an_object_too_wide_for_the_grammar_parser_is_a_400_when_compiled() -> None:
+    """600 optional properties in one object compiled, then llguidance's parser gave up at
+    the `{`: the answer was empty with `length`. Now it is refused at once, briefly."""
+    with pytest.raises(InvalidRequest) as caught:
+        parse_response_format(_response_format(_properties(600)))
+    assert caught.value.param == "response_format.json_schema.schema"
+    assert "max is 2000" in caught.value.message and "<state>" not in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("schema", "limit"),
+    [
+        (_properties(MAX_SCHEMA_PROPERTIES + 1), "1,025 properties, more than the limit of 1,024"),
+        (
+            {"enum": ["v" * 60] * 1100},
+            f"bytes of JSON, more than the limit of {MAX_SCHEMA_BYTES:,} bytes (64 KiB)",
+        ),
+        (_nested(MAX_SCHEMA_NESTING), "nested deeper than the limit of 100 levels"),
+    ],
+)
+def test_a_schema_past_a_size_limit_is_a_400_naming_the_limit(schema: Any, limit: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_response_format(_response_format(schema))
+    assert caught.value.param == "response_format.json_schema.schema"
+    assert limit in caught.value.message
+
+
+def test_a_schema_at_the_size_limits_is_enforced() -> None:
+    wide = {"type": "object", "properties": {f"o{j}": _properties(255) for j in range(4)}}
+    assert accepted(OutputFormat.json(wide), '{"o2": {"z_7": "a"}}')
+    deep = _nested(MAX_SCHEMA_NESTING - 1)
+    assert accepted(OutputFormat.json(deep), "[" * 99 + '"a"' + "]" * 99)
+
+
+def _forking(depth: int, titled: bool) -> dict[str, Any]:
+    """The audit's schema: each level two `anyOf` arrays of the level below (`titled`: the
+    two spelt apart, so they cannot be merged as identical)."""
+    defs: dict[str, Any] = {"L0": {"type": "string"}}
+    for level in range(1, depth + 1):
+        option = {"type": "array", "items": {"$ref": f"#/$defs/L{level - 1}"}, "minItems": 1}
+        defs[f"L{level}"] = {"anyOf": [option, {**option, "title": "b"} if titled else option]}
+    return {"$defs": defs, "$ref": f"#/$defs/L{depth}"}
+
+
+@pytest.mark.parametrize("titled", [False, True])
+def test_forking_anyof_options_cost_a_bounded_number_of_steps(
+    titled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """17 levels of two options once forked the bookkeeping into 131,072 readings (seconds
+    per token on the one inference thread). Steps are counted: a byte's work is bounded."""
+    from fusebox_server.model import json_grammar
+
+    steps = 0
+    feed = json_grammar._feed
+
+    def counted(*args: Any) -> None:
+        nonlocal steps
+        steps += 1
+        feed(*args)
+
+    monkeypatch.setattr(json_grammar, "_feed", counted)
+    state = OutputFormat.json(_forking(17, titled)).start()
+    for _ in range(17):
+        state = state.feed(b"[")
+        assert len(state.stacks) <= 1024
+    assert steps <= 17 * 4 * 1024
+    state = state.feed(b'"a"' + b"]" * 17)
+    assert state.untracked or state.finished
+
+
+def test_a_row_under_a_forking_schema_still_writes_a_valid_document() -> None:
+    """Past the cap, llguidance alone decides: the document is still the schema's."""
+    output_format = OutputFormat.json(_forking(17, titled=True))
+    table = vocabulary_from_bytes([bytes([b]) for b in range(256)])
+    row = ConstrainedRow(output_format, table, end_ids=[], token_budget=60)
+    logits = torch.zeros(256)
+    logits[ord('"')] = 3.0
+    logits[ord("]")] = 2.0
+    logits[ord("[")] = 1.0
+    text = b""
+    while not row.finished and len(text) < 60:
+        token = row.choose(logits, None)
+        row.took(token)
+        text += bytes([token])
+    assert json.loads(text) and row.finished
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$ref": "#"},
+        {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+        {"anyOf": [{"$ref": "#/anyOf/1"}, {"$ref": "#/anyOf/0"}]},
+    ],
+)
+def test_a_schema_that_only_refers_to_itself_is_a_400_naming_the_problem(schema: Any) -> None:
+    """It compiled, and the answer was 200 with empty content and `length` at 0 tokens."""
+    with pytest.raises(InvalidRequest) as caught:
+        parse_response_format(_response_format(schema))
+    assert caught.value.param == "response_format.json_schema.schema"
+    assert "no JSON document satisfies the schema" in caught.value.message
+
+
+def test_a_forced_tool_whose_parameters_only_refer_to_themselves_is_a_400() -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}
+    use = parse_tool_use({"tools": [tool], "tool_choice": "required"})
+    assert use is not None
+    with pytest.raises(InvalidRequest) as caught:
+        forced_format(use)
+    assert caught.value.param == "tools[0].function.parameters"
+    assert "no JSON document satisfies the schema" in caught.value.message

@@ -346,6 +346,7 @@ def test_a_required_call_cut_short_keeps_its_whole_calls_and_the_one_being_writt
 
 FORCED_OUTPUTS: Any = [
     (NAMED_WEATHER, True, '{"city": "Oslo, Norway"}'),
+    (NAMED_WEATHER, True, '{"city"    :"Oslo",\n\n"n":  8888888888888}'),  # as qwen spaced it
     (
         "required",
         True,
@@ -536,7 +537,7 @@ def _grammar_accepts(constrained: ConstrainedRow, text: bytes) -> bool:
 
 def test_tools_that_compile_alone_but_not_together_are_a_400_naming_tools() -> None:
     deep: dict[str, Any] = {"type": "string"}
-    for _ in range(61):  # passes llguidance's recursion limit alone, not wrapped in the list
+    for _ in range(49):  # 99 levels: within the nesting limit alone, not wrapped in the list
         deep = {"type": "object", "properties": {"a": deep}}
     tool = {"type": "function", "function": {"name": "deep", "parameters": deep}}
     named = parse_tool_use(
@@ -549,7 +550,7 @@ def test_tools_that_compile_alone_but_not_together_are_a_400_naming_tools() -> N
     with pytest.raises(InvalidRequest) as caught:
         forced_format(required)
     assert caught.value.param == "tools"
-    assert "recursion" in str(caught.value)
+    assert "nested deeper than the limit of 100 levels" in str(caught.value)
 
 
 def test_a_forced_schema_compiles_and_an_unenforceable_keyword_is_a_400_naming_it() -> None:
@@ -775,3 +776,37 @@ def test_a_json_answer_that_forbids_the_call_format_is_a_400_naming_response_for
 def test_a_json_answer_keeps_llama3s_json_calls_callable() -> None:
     check_json_answer(_use(), CallFormat.LLAMA3_JSON)
     check_json_answer(None, CallFormat.HERMES)
+
+
+def _no_constants(name: str) -> Any:
+    raise AssertionError(f"{name} in arguments: not JSON")
+
+
+@pytest.mark.parametrize(
+    ("choice", "call_format", "text"),
+    [
+        (NAMED_WEATHER, None, '{"city": "a", "n": 9e99999999}'),
+        ("required", None, '[{"name": "get_weather", "parameters": {"n": -1E999}}]'),
+        (
+            "auto",
+            CallFormat.HERMES,
+            '<tool_call>{"name": "get_weather", "arguments": {"n": 1e400}}</tool_call>',
+        ),
+        ("auto", CallFormat.LLAMA3_JSON, '{"name": "get_weather", "parameters": {"n": 1e400}}'),
+    ],
+)
+def test_a_number_past_a_float_stays_json_in_the_arguments(
+    choice: Any, call_format: CallFormat | None, text: str
+) -> None:
+    """A number too big for a double is a JSON number: the arguments a client parses
+    (JSON.parse, pydantic) must not say `Infinity`."""
+    reply = read_reply(text, call_format, _use(tool_choice=choice))
+    assert reply.calls
+    arguments = json.loads(reply.calls[0].arguments, parse_constant=_no_constants)
+    assert "Infinity" not in reply.calls[0].arguments and arguments
+
+
+def test_nan_or_infinity_written_by_a_model_is_not_a_call() -> None:
+    text = '<tool_call>{"name": "get_weather", "arguments": {"n": NaN}}</tool_call>'
+    reply = read_reply(text, CallFormat.HERMES, _use(tool_choice="auto"))
+    assert reply.calls == () and reply.content == text
