@@ -286,8 +286,9 @@ def render_api_docs(crd: Schema) -> str:
         "",
         "### Reserved `server.env` names",
         "",
-        "The operator renders these itself (generated from"
-        " `fusebox_contract.settings.RESERVED_ENV_NAMES`); `server.env` may not set them:",
+        "The operator renders these itself, or they choose the pod's GPUs outside"
+        " scheduling (`NVIDIA_VISIBLE_DEVICES` and the like); generated from"
+        " `fusebox_contract.settings.RESERVED_ENV_NAMES`. `server.env` may not set them:",
         "",
         ", ".join(f"`{name}`" for name in sorted(RESERVED_ENV_NAMES)) + ".",
         "",
