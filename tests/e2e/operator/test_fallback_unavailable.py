@@ -47,7 +47,11 @@ def test_an_int4_fallback_on_a_cpu_is_named_and_the_level_still_reaches_every_po
         replicas=2,
         gpu={"count": 1},
         fallback={"quantization": "int4"},
-        degradation={"tiers": [DegradationTier.FALLBACK_MODEL.value], "coolOffSeconds": 600},
+        degradation={
+            "tiers": [DegradationTier.FALLBACK_MODEL.value],
+            "coolOffSeconds": 600,
+            "cannedAnswers": {},  # no canned-answers tier: the CRD refuses answers for it
+        },
     )
     spec.pop("memory")  # sized by the operator from the (simulated) GPU, as tiny-chat is
     service = inference_service("int4-on-cpu", spec)
@@ -122,7 +126,11 @@ def test_a_fallback_with_corrupt_weights_leaves_the_service_answering_from_the_p
         weights.write_bytes(weights.read_bytes()[:4096])
     spec = quality_switch_spec(
         fallback={"source": f"pvc://models/{corrupt.name}", "quantization": "none"},
-        degradation={"tiers": [DegradationTier.FALLBACK_MODEL.value], "coolOffSeconds": 600},
+        degradation={
+            "tiers": [DegradationTier.FALLBACK_MODEL.value],
+            "coolOffSeconds": 600,
+            "cannedAnswers": {},  # no canned-answers tier: the CRD refuses answers for it
+        },
     )
     service = inference_service("corrupt-fallback", spec)
     wait_serving(service, pods=1)

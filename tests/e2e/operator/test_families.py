@@ -102,7 +102,11 @@ def family_spec(family: str) -> dict[str, Any]:
         # A 250m server is slow by design here; the latency breaker is not under test.
         breaker={"latency": {"p99ThresholdMillis": 30000}},
         # Only the pin moves the tier: nothing the policy decides on its own.
-        degradation={"tiers": [DegradationTier.FALLBACK_MODEL.value], "coolOffSeconds": 3600},
+        degradation={
+            "tiers": [DegradationTier.FALLBACK_MODEL.value],
+            "coolOffSeconds": 3600,
+            "cannedAnswers": {},  # no canned-answers tier: the CRD refuses answers for it
+        },
     )
 
 

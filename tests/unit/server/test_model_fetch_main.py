@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import huggingface_hub.constants
 import pytest
 
 from fusebox_contract.model_fetch import FetchEnv, FetchReason, FetchReport, parse
@@ -31,6 +32,13 @@ from fusebox_server.fetch.store import FetchError, ModelStore, RemoteFile
 
 COMMIT = "a" * 40
 MIB = 1024 * 1024
+
+
+@pytest.fixture(autouse=True)
+def online(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the pod sets HF_HUB_OFFLINE=0 for this container alone: the test run exports 1
+    (nothing else may reach a hub), which huggingface_hub read when it was imported."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
 
 
 @dataclass(frozen=True)
