@@ -141,5 +141,8 @@ def main(argv: Sequence[str], out: TextIO = sys.stdout, err: TextIO = sys.stderr
     except (OSError, ValueError, yaml.YAMLError) as error:
         print(f"render: {error}", file=err)
         return 1
+    except RecursionError:  # a YAML alias that holds itself (`a: &x [*x]`)
+        print("render: the document nests itself (a YAML alias inside its own value)", file=err)
+        return 1
     yaml.dump_all(children, out, Dumper=_PlainDumper, sort_keys=False, allow_unicode=True)
     return 0

@@ -25,6 +25,7 @@ from fusebox_operator.gpu_products import product_vram_gib
 from fusebox_operator.spec import GIB, InferenceServiceSpec, SpecError
 
 MIB = 1024**2
+MAX_LIMIT_BYTES = 1024**5  # a limit beyond a PiB is a typo in a ratio, not a pod
 BASE_OVERHEAD_BYTES = 2 * GIB
 """Python, torch, tokenizer and the server itself, beyond the model's weights."""
 
@@ -83,9 +84,12 @@ def vram_per_gpu(spec: InferenceServiceSpec, node_vram_mib: Sequence[int]) -> tu
         return 0, "no GPU requested"
     if spec.gpu.memory_gib is not None:
         return int(spec.gpu.memory_gib * GIB), "spec.gpu.memoryGiB"
-    if node_vram_mib:
+    # A label of 0 (or less) is a discovery that failed on that node, not a GPU's memory:
+    # sized by it, the limit would sit below the VRAM the server must hold.
+    measured = [mib for mib in node_vram_mib if mib > 0]
+    if measured:
         # Nodes may differ; size for the largest so any node the pod lands on fits.
-        return max(node_vram_mib) * MIB, f"node label {NODE_VRAM_LABEL}"
+        return max(measured) * MIB, f"node label {NODE_VRAM_LABEL}"
     table_gib = product_vram_gib(spec.gpu.product) if spec.gpu.product else None
     if table_gib is not None:
         return table_gib * GIB, f"product table ({spec.gpu.product})"
@@ -110,7 +114,15 @@ def prefix_cache_limit_bytes(spec: InferenceServiceSpec) -> int:
     beyond_bytes = spec.server.prefix_cache_bytes - PREFIX_CACHE_ROOM_BYTES
     if beyond_bytes <= 0:
         return 0
-    return math.ceil(beyond_bytes / spec.breaker.resource.rss.ratio)
+    ratio = spec.breaker.resource.rss.ratio
+    added = beyond_bytes / ratio
+    if not math.isfinite(added) or added > MAX_LIMIT_BYTES:
+        raise SpecError(
+            f"server.prefixCache.maxBytes over breaker.resource.rss.ratioOfLimit ({ratio:g}) "
+            f"asks a memory limit above {MAX_LIMIT_BYTES // 1024**5} PiB: raise ratioOfLimit "
+            "or lower maxBytes"
+        )
+    return math.ceil(added)
 
 
 def size_memory(spec: InferenceServiceSpec, node_vram_mib: Sequence[int]) -> MemorySizing:

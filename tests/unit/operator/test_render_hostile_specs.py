@@ -244,3 +244,16 @@ def test_metadata_without_a_name_is_no_inference_service_and_says_so(
     err = io.StringIO()
     assert main([str(path)], io.StringIO(), err) == 1
     assert err.getvalue() == "render: an InferenceService needs metadata.name\n"
+
+
+def test_a_yaml_alias_inside_its_own_value_is_said_not_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "probe.yaml"
+    path.write_text(
+        "kind: InferenceService\nmetadata: {name: probe}\n"
+        "spec:\n  model: {name: chat, source: 'pvc://models/m'}\n"
+        "  server:\n    templates: &loop [*loop]\n",
+        encoding="utf-8",
+    )
+    err = io.StringIO()
+    assert main([str(path)], io.StringIO(), err) == 1
+    assert "nests itself" in err.getvalue()

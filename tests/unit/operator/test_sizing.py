@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from fusebox_operator.gpu_products import product_vram_gib
-from fusebox_operator.sizing import size_memory
+from fusebox_operator.sizing import GpuMemoryUnknown, size_memory
 from fusebox_operator.spec import GIB, SpecError, parse_spec
 
 
@@ -43,6 +43,27 @@ def test_product_table_when_no_label() -> None:
     assert sizing.vram_bytes == 80 * GIB
     assert sizing.limit_bytes == 102 * GIB
     assert sizing.vram_source.startswith("product table")
+
+
+def test_a_node_label_of_zero_is_no_measurement() -> None:
+    """A label of 0 is a failed discovery: sized by it, a GPU pod got a 2 GiB limit."""
+    with pytest.raises(GpuMemoryUnknown, match="cannot tell the GPU memory"):
+        size_memory(spec_with({"count": 1}), [0])
+    sizing = size_memory(spec_with({"count": 1, "product": "NVIDIA-H100-80GB-HBM3"}), [0, -5])
+    assert sizing.vram_bytes == 80 * GIB and sizing.vram_source.startswith("product table")
+
+
+def test_a_ratio_that_would_ask_an_absurd_limit_is_a_spec_error_not_a_crash() -> None:
+    spec = parse_spec(
+        {
+            "model": {"name": "chat", "source": "pvc://models/m"},
+            "gpu": {"count": 0},
+            "server": {"prefixCache": {"maxBytes": "2Gi"}},
+            "breaker": {"resource": {"rss": {"ratioOfLimit": 1e-300}}},
+        }
+    )
+    with pytest.raises(SpecError, match="ratioOfLimit"):
+        size_memory(spec, [])
 
 
 def test_largest_node_label_is_used_when_nodes_differ() -> None:
