@@ -89,15 +89,7 @@ def invalid_status(
     """InvalidSpec True with the parser's message; Ready False with it while no spec was
     ever applied. Once one was, its pods keep serving and Ready is the tick's: a refused
     edit is told by InvalidSpec alone, never by a Ready that flaps False and back."""
-    invalid = EventReason.INVALID_SPEC
-    conditions = set_condition(
-        _conditions(status), ConditionType.INVALID_SPEC, True, invalid, message, generation, now
-    )
-    if "memory" not in status:  # nothing applied yet, so no pods of ours
-        conditions = set_condition(
-            conditions, ConditionType.READY, False, invalid, message, generation, now
-        )
-    return {"conditions": conditions, "observedGeneration": generation}
+    return _refused(status, EventReason.INVALID_SPEC, message, generation, now)
 
 
 def child_refused_status(
@@ -115,13 +107,20 @@ def child_refused_status(
         f"{refusal}; the spec's other children are applied as far as that one, trying "
         f"again every {CHILD_REFUSED_RETRY_SECONDS} s (fix the field in the spec)"
     )
+    return _refused(status, CHILD_REFUSED, text, generation, now)
+
+
+def _refused(
+    status: Mapping[str, Any], reason: str, message: str, generation: int, now: float
+) -> dict[str, Any]:
+    """InvalidSpec True for `reason`; Ready False with it only while no spec was ever
+    applied (status.memory absent: no pods of ours), else Ready stays the tick's."""
     conditions = set_condition(
-        _conditions(status), ConditionType.INVALID_SPEC, True, CHILD_REFUSED, text, generation,
-        now,
-    )  # fmt: skip
-    if "memory" not in status:  # nothing applied yet, so no pods of ours
+        _conditions(status), ConditionType.INVALID_SPEC, True, reason, message, generation, now
+    )
+    if "memory" not in status:
         conditions = set_condition(
-            conditions, ConditionType.READY, False, CHILD_REFUSED, text, generation, now
+            conditions, ConditionType.READY, False, reason, message, generation, now
         )
     return {"conditions": conditions, "observedGeneration": generation}
 
