@@ -45,11 +45,7 @@ SECCOMP_ANNOTATION_PREFIXES = (
     "seccomp.security.alpha.kubernetes.io/",
     "container.seccomp.security.alpha.kubernetes.io/",
 )
-CONFINEMENT_ANNOTATION_PREFIXES = (
-    "container.apparmor.security.beta.kubernetes.io/",
-    "seccomp.security.alpha.kubernetes.io/",
-    "container.seccomp.security.alpha.kubernetes.io/",
-)
+CONFINEMENT_ANNOTATION_PREFIXES = (APPARMOR_ANNOTATION_PREFIX, *SECCOMP_ANNOTATION_PREFIXES)
 """Annotations that choose a container's AppArmor or seccomp profile."""
 CONFINED_PROFILES = ("runtime/default", "docker/default")
 
@@ -506,7 +502,8 @@ def _confined(pairs: tuple[tuple[str, str], ...], where: str) -> tuple[tuple[str
     (else every pod is refused, with only a FailedCreate on the ReplicaSet to say so).
     """
     for key, value in pairs:
-        if key.startswith(CONFINEMENT_ANNOTATION_PREFIXES) and not (
+        # A seccomp annotation is held to the narrower rule below: one message, one rule.
+        if key.startswith(APPARMOR_ANNOTATION_PREFIX) and not (
             value in CONFINED_PROFILES or value.startswith("localhost/")
         ):
             raise PlacementError(
@@ -521,9 +518,9 @@ def _confined(pairs: tuple[tuple[str, str], ...], where: str) -> tuple[tuple[str
             )
         if key.startswith(SECCOMP_ANNOTATION_PREFIXES) and value not in CONFINED_PROFILES:
             raise PlacementError(
-                f"{where}[{key!r}] cannot be {value!r}: Fusebox sets seccompProfile "
-                f"RuntimeDefault, which the API server requires the annotation to match "
-                f"({' or '.join(CONFINED_PROFILES)})"
+                f"{where}[{key!r}] cannot be {value!r}: Fusebox's pods keep restricted Pod"
+                f" Security with seccompProfile RuntimeDefault, which the API server"
+                f" requires the annotation to match ({' or '.join(CONFINED_PROFILES)})"
             )
     return pairs
 

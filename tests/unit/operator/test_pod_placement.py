@@ -205,6 +205,14 @@ def test_an_annotation_that_would_unconfine_a_container_is_refused(key: str, val
     assert "restricted Pod Security" in message
 
 
+def test_a_seccomp_annotation_is_refused_with_one_rule_whatever_its_value() -> None:
+    """Refused as unconfined, then as a node's profile: both times the rule that holds."""
+    for value in ("unconfined", "localhost/x"):
+        message = refusal({"annotations": {"seccomp.security.alpha.kubernetes.io/pod": value}})
+        assert "runtime/default or docker/default" in message, message
+        assert "localhost/PROFILE" not in message, message
+
+
 @pytest.mark.parametrize(
     "value", ["runtime/default", "docker/default", "localhost/fusebox-inference"]
 )
