@@ -123,8 +123,9 @@ def _named(states: Sequence[FetchState], describe: Any) -> str:
 def _failure(state: FetchState) -> tuple[str, str]:
     if state.cannot_start:
         # The fetcher's only Secret references are the credentials' keys.
-        credentials = "CreateContainerConfigError" in state.cannot_start and (
-            "Secret" in state.cannot_start or "secret" in state.cannot_start
+        credentials = (
+            "CreateContainerConfigError" in state.cannot_start
+            and "secret" in state.cannot_start.lower()
         )
         reason = FetchReason.BAD_CREDENTIALS if credentials else FetchReason.FAILED
         return reason.value, f"{state.pod}: its fetcher cannot start: {state.cannot_start}"

@@ -516,11 +516,8 @@ def _half_open_p99_millis(state: PolicyState, fresh: Sequence[PodSample]) -> flo
     operator restart) counts from this scrape on; one without histograms counts with
     its own p99 gauge, as in `_service_p99_millis`.
     """
-    latest = {
-        sample.pod: state.latency_history[sample.pod][-1][1]
-        for sample in fresh
-        if state.latency_history.get(sample.pod)
-    }
+    scraped = {sample.pod for sample in fresh}
+    latest = {pod: buckets for pod, buckets in _latest_buckets(state).items() if pod in scraped}
     for pod, buckets in latest.items():
         state.half_open_buckets.setdefault(pod, buckets)
     gauges = [
