@@ -112,15 +112,19 @@ class GpuDeviceCounts:
     would read as a memory drop (and a jump back when the read recovers)."""
 
     FORGET_AFTER_SECONDS = 3600.0
+    PRUNE_EVERY_SECONDS = 60.0  # a fleet keeps thousands in view: not a sweep per scrape
 
     def __init__(self) -> None:
         self._most: dict[str, tuple[int, float]] = {}
+        self._pruned_at = -math.inf
 
     def complete(self, pod_uid: str, devices: int, now: float) -> bool:
         """Whether `devices` is every device this pod has shown; remembers the count."""
         most = max(devices, self._most.get(pod_uid, (0, 0.0))[0])
         self._most[pod_uid] = (most, now)
-        if len(self._most) > 1024:  # pods come and go: forget the long-unseen ones
+        if len(self._most) > 1024 and now - self._pruned_at >= self.PRUNE_EVERY_SECONDS:
+            # Pods come and go: forget the long-unseen ones.
+            self._pruned_at = now
             cutoff = now - self.FORGET_AFTER_SECONDS
             self._most = {uid: seen for uid, seen in self._most.items() if seen[1] >= cutoff}
         return devices >= most

@@ -378,3 +378,16 @@ def test_fetch_figures_no_model_can_have_are_not_measured(value: str) -> None:
     beyond = f"{Metric.MODEL_FETCH_DOWNLOADED_BYTES} 5\n{Metric.MODEL_FETCH_TOTAL_BYTES} {value}\n"
     fetch = sample_from_metrics("p", parse_metrics(beyond), 1.0, "ttft").fetch
     assert fetch is not None and fetch.bytes_total is None
+
+
+def test_device_counts_forget_long_unseen_pods_and_keep_the_recent_ones() -> None:
+    counts = GpuDeviceCounts()
+    for index in range(1100):
+        counts.complete(f"uid-{index}", 2, 0.0)
+    # An hour and more later a sweep forgets them: a pod new under an old uid starts over.
+    counts.complete("uid-new", 1, 4000.0)
+    assert counts.complete("uid-0", 1, 4000.5)
+    # Past 1024 again within the minute (no second sweep): the recent counts stand.
+    for index in range(1100):
+        counts.complete(f"late-{index}", 2, 4001.0)
+    assert not counts.complete("late-0", 1, 4030.0)
