@@ -3,10 +3,11 @@
 Every family here is a pure function of an `Observation` (the parsed stats
 document, the `/proc` reading, the NVML reading and the clock), so each is
 tested with hand-written inputs and a fresh `CollectorRegistry`. Nothing is
-remembered between scrapes: the relayed counters are the server's own, and
-the little memory the sidecar needs (the last valid stats file's time and
-pid, so its age keeps growing after it disappears and the server's RSS is
-still measured) lives in the observer, not here.
+remembered between scrapes here: the little memory the sidecar needs (the
+last valid stats file's time and pid, so its age keeps growing after it
+disappears and the server's RSS is still measured, and the counters' totals
+across server restarts and variant swaps, counters.py) lives in the
+observer, which hands the document over with its counters already carried.
 
 One collector builds every family from one observation, so a scrape is
 consistent (every family from the same read of the stats file) and costs
@@ -35,7 +36,7 @@ from fusebox_contract.metrics import (
     MeasuredQuantity,
     Metric,
 )
-from fusebox_contract.model_fetch import FetchReport
+from fusebox_contract.model_fetch import FetchReason, FetchReport
 from fusebox_contract.names import HeartbeatThread, Variant
 from fusebox_contract.stats import StatsDocument, StatsReading
 from fusebox_sidecar.node_memory import NodeMemory
@@ -48,6 +49,9 @@ LATENCY_LABEL = "metric"
 THREAD_LABEL = "thread"
 REASON_LABEL = "reason"
 MODEL_INFO_LABELS = ("model", "variant", "quantization", "dtype", "revision")
+# A fetch report unchanged this long describes a download that no longer moves: the
+# operator calls it stalled at the same age (model_readiness.STALLED_SECONDS).
+FETCH_RATE_FRESH_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -201,7 +205,12 @@ def relayed_families(
     yield from _counter(
         Metric.CUDA_OOMS, "CUDA out-of-memory errors the server's allocator raised", d.cuda.num_ooms
     )
-    yield from _gauge(Metric.CUDA_CONTEXTS, "CUDA contexts the server holds", d.cuda.contexts)
+    yield from _gauge(
+        Metric.CUDA_CONTEXTS,
+        "GPUs on which the server's torch allocator holds memory (at least 1 once CUDA is up; "
+        "contexts created outside torch are not counted)",
+        d.cuda.contexts,
+    )
     yield from _gauge(
         Metric.REQUEST_QUEUE_LENGTH, "Requests waiting for a generation slot", d.queue_length
     )
@@ -211,7 +220,7 @@ def relayed_families(
     if d.requests:
         requests = CounterMetricFamily(
             Metric.REQUESTS.value,
-            "Requests the server finished, by outcome, each counted once, since it started",
+            "Requests the server finished, by outcome, each counted once (across its restarts)",
             labels=[OUTCOME_LABEL],
         )
         for outcome, count in sorted(d.requests.items()):
@@ -256,12 +265,12 @@ def _tokenizer_families(d: StatsDocument) -> Iterator[Family]:
     )
     yield from _counter(
         Metric.TOKENIZER_CACHE_HITS,
-        "Prompt encodings the server's tokenizer cache answered",
+        "Prompt encodings the server's tokenizer caches answered (every variant, across restarts)",
         d.tokenizer_cache_hits_total,
     )
     yield from _counter(
         Metric.TOKENIZER_TEMPLATE_HITS,
-        "Prompts that matched a pre-encoded template",
+        "Prompts that matched a pre-encoded template (every variant, across restarts)",
         d.tokenizer_template_hits_total,
     )
 
@@ -326,13 +335,13 @@ _HISTOGRAM_HELP = {
 
 
 def _histogram_families(d: StatsDocument) -> Iterator[Family]:
-    """The server's latency histograms since it started, bucketed by the contract's bounds."""
+    """The server's latency histograms (carried across its restarts), in the contract's buckets."""
     for name, counts in sorted(d.histograms.items()):
         bounds = [str(bound) for bound in name.buckets]  # finite: 0.005, 1.0, 60.0
         buckets = [*zip(bounds, counts.bucket_counts, strict=True), ("+Inf", counts.count)]
         yield HistogramMetricFamily(
             name.metric.value,
-            f"{_HISTOGRAM_HELP[name]}, in seconds, since the server started",
+            f"{_HISTOGRAM_HELP[name]}, in seconds (across the server's restarts)",
             buckets=buckets,
             sum_value=counts.sum_seconds,
         )
@@ -341,12 +350,12 @@ def _histogram_families(d: StatsDocument) -> Iterator[Family]:
 def _token_families(d: StatsDocument) -> Iterator[Family]:
     yield from _counter(
         Metric.PROMPT_TOKENS,
-        "Prompt tokens of the generations the server ran, since it started",
+        "Prompt tokens of the generations the server ran (across its restarts)",
         d.tokens.prompt_total,
     )
     yield from _counter(
         Metric.GENERATION_TOKENS,
-        "Tokens the server generated, since it started",
+        "Tokens the server generated (across its restarts)",
         d.tokens.generation_total,
     )
 
@@ -359,12 +368,12 @@ def _quality_families(d: StatsDocument) -> Iterator[Family]:
     )
     yield from _counter(
         Metric.QUALITY_SAMPLED,
-        "Responses the server checked for quality since it started",
+        "Responses the server checked for quality (across its restarts)",
         d.quality.sampled_total,
     )
     yield from _counter(
         Metric.QUALITY_FAILURES,
-        "Sampled responses that failed a quality check since the server started",
+        "Sampled responses that failed a quality check (across the server's restarts)",
         d.quality.failed_total,
     )
 
@@ -463,9 +472,10 @@ def _model_info(d: StatsDocument) -> Iterator[Family]:
 
 
 def process_families(proc: ProcReading, document: StatsDocument | None) -> Iterator[Family]:
-    """The server's RSS: measured from /proc when possible, else relayed."""
+    """The server's RSS: measured from /proc when possible, else relayed; absent once the
+    sidecar saw the process exit (the file's figure is then a dead process's)."""
     rss_bytes = proc.rss_bytes if _rss_measured(proc) else None
-    if rss_bytes is None and document is not None:
+    if rss_bytes is None and document is not None and proc.outcome is not ProcOutcome.EXITED:
         rss_bytes = document.rss_bytes
     yield from _gauge(
         Metric.PROCESS_RESIDENT_MEMORY_BYTES,
@@ -579,6 +589,7 @@ def fetch_families(fetch: FetchReading | None, now_seconds: float) -> Iterator[F
     if fetch is None:
         return
     report = fetch.report
+    age = age_seconds(now_seconds, fetch.written_at, fetch.stamp_age)
     yield from _labelled_gauge(
         Metric.MODEL_FETCH_INFO,
         "The model fetcher's last report: Downloading, Verified or the failure's name",
@@ -597,8 +608,9 @@ def fetch_families(fetch: FetchReading | None, now_seconds: float) -> Iterator[F
     )
     yield from _gauge(
         Metric.MODEL_FETCH_RATE_BYTES_PER_SECOND,
-        "Bytes per second the fetcher's current run has downloaded (absent before any)",
-        report.rate_bytes_per_second,
+        "Bytes per second the fetcher's current run has downloaded (absent before any, once "
+        "the download ended, and while no bytes arrived for FETCH_RATE_FRESH_SECONDS)",
+        _fetch_rate(report, age),
     )
     yield from _gauge(
         Metric.MODEL_FETCH_WAITING,
@@ -610,8 +622,17 @@ def fetch_families(fetch: FetchReading | None, now_seconds: float) -> Iterator[F
         Metric.MODEL_FETCH_REPORT_AGE_SECONDS,
         "Seconds since the fetcher last wrote its report: it writes as bytes arrive, so a "
         "stalled download's age grows",
-        age_seconds(now_seconds, fetch.written_at, fetch.stamp_age),
+        age,
     )
+
+
+def _fetch_rate(report: FetchReport, age: float) -> float | None:
+    """The report's rate while it says something about now: the fetcher rewrites it as
+    bytes arrive, so a report that stopped changing (a stalled or killed fetcher) or
+    that ended the download holds the rate of a moment long gone."""
+    if report.reason is not FetchReason.DOWNLOADING or age >= FETCH_RATE_FRESH_SECONDS:
+        return None
+    return report.rate_bytes_per_second
 
 
 def build_families(observation: Observation) -> list[Family]:

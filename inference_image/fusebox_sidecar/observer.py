@@ -11,7 +11,9 @@ measured from `/proc` while its stats file is broken), and since when, on
 the monotonic clock, that `written_at` and each heartbeat stamp have kept
 their value (so a stamp in the future, after the clock stepped back, cannot
 hide a server that stopped writing), and when the read before it changed was
-(so a forward step cannot make a stamp written since then look older).
+(so a forward step cannot make a stamp written since then look older),
+and the counters' totals, carried across server restarts and variant swaps
+(counters.py), so an exported counter never goes back or counts twice.
 Problems are logged when they change, not on every scrape, so a broken file
 does not flood the log at the scrape rate.
 """
@@ -32,6 +34,7 @@ from fusebox_contract.model_fetch import parse as parse_fetch_report
 from fusebox_contract.names import HeartbeatThread
 from fusebox_contract.stats import StatsDocument, StatsReading, parse
 from fusebox_sidecar.collectors import FetchReading, Observation, StampAge
+from fusebox_sidecar.counters import CounterCarry
 from fusebox_sidecar.node_memory import read_node_memory
 from fusebox_sidecar.nvml import GpuAccess, GpuReading, NvmlReader
 from fusebox_sidecar.readings import ProcOutcome, ProcReading, parse_proc_status
@@ -172,7 +175,9 @@ class ServerObserver:
         self._lock = threading.Lock()
         self._last_written_at: float | None = None
         self._last_pid: int | None = None
+        self._measured_pid: int | None = None  # the last pid whose /proc entry was read
         self._stamps = StampWatch()
+        self._counters = CounterCarry()
         self._reported: dict[str, str | None] = {}
 
     def observe(self) -> Observation:
@@ -189,7 +194,10 @@ class ServerObserver:
             if self._last_written_at is not None:
                 stats_age = self._stamps.age("written_at", self._last_written_at, monotonic_now)
             heartbeat_ages = self._heartbeat_ages(document, monotonic_now)
-            proc = read_proc(self._proc_root, self._last_pid, self._own_pid)
+            if document is not None:
+                # Exported counters are the sidecar's totals (counters.py), not the raw values.
+                stats = dataclasses.replace(stats, document=self._counters.carried(document))
+            proc = self._read_proc()
             gpu = self._nvml.read(self._last_pid)
             self._report(stats, now_seconds, proc, gpu)
             node = read_node_memory(self._proc_root)
@@ -210,6 +218,17 @@ class ServerObserver:
                 heartbeat_ages,
                 fetch,
             )
+
+    def _read_proc(self) -> ProcReading:
+        """The server's /proc entry. A pid the sidecar measured and that is gone now is a
+        server that exited, not one hidden by another PID namespace: the RSS its last
+        stats file wrote is a dead process's, and is not relayed."""
+        proc = read_proc(self._proc_root, self._last_pid, self._own_pid)
+        if proc.outcome is ProcOutcome.MEASURED:
+            self._measured_pid = self._last_pid
+        elif proc.outcome is ProcOutcome.GONE and self._last_pid == self._measured_pid:
+            return ProcReading(ProcOutcome.EXITED, detail=f"server process {self._last_pid} exited")
+        return proc
 
     def _heartbeat_ages(
         self, document: StatsDocument | None, monotonic_now: float

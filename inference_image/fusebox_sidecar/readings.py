@@ -39,6 +39,7 @@ class ProcOutcome(StrEnum):
     MEASURED = "measured"
     NO_PID = "no_pid"
     GONE = "gone"
+    EXITED = "exited"  # gone after the sidecar measured it: the server process ended
     UNREADABLE = "unreadable"
 
 

@@ -19,6 +19,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from fusebox_contract.model_fetch import FetchReason, FetchReport
 from fusebox_contract.names import HeartbeatThread
 from fusebox_contract.stats import CudaMemory, StatsDocument, dumps
 from fusebox_server.fetch.progress import Progress
@@ -445,3 +446,65 @@ def test_a_report_file_no_fetcher_wrote_never_breaks_a_scrape(tmp_path: Path) ->
         report_path.write_text(text)
         generate_latest(registry)  # a scrape answers
     assert registry.get_sample_value("fusebox_model_fetch_downloaded_bytes") == 0
+
+
+def test_a_download_rate_is_not_exported_once_the_download_stops_moving_or_ends(
+    tmp_path: Path,
+) -> None:
+    report_path = tmp_path / "model-fetch.json"
+    wall, monotonic = Clock(2e9), Clock(1000.0)
+    observer = ServerObserver(
+        tmp_path / "stats.json",
+        Path("/proc"),
+        NvmlReader(None),
+        wall,
+        monotonic,
+        fetch_report_path=report_path,
+    )
+    value = _registry(observer).get_sample_value
+    fetcher_clock = Clock(0.0)
+    progress = Progress(report_path, None, clock=fetcher_clock)
+    progress.start(4 << 30, files=1)
+    fetcher_clock.now = 4.0
+    progress.add(1 << 30)
+    wall.now = report_path.stat().st_mtime + 1
+    assert value("fusebox_model_fetch_rate_bytes_per_second") == (1 << 30) / 4
+
+    # The fetcher stalls (or is killed): no write for 31 s. The bytes it has stay true;
+    # the rate it last wrote is no longer what arrives.
+    wall.now += 30
+    monotonic.now += 30
+    assert value("fusebox_model_fetch_downloaded_bytes") == 1 << 30
+    assert value("fusebox_model_fetch_rate_bytes_per_second") is None
+
+    # The download ends: a verified copy has no rate of its own.
+    progress.finish(
+        FetchReport(FetchReason.VERIFIED, "verified", 4 << 30, 4 << 30, (4 << 30) / 9.0, files=1)
+    )
+    wall.now = report_path.stat().st_mtime + 1
+    assert value("fusebox_model_fetch_info", {"reason": "Verified"}) == 1
+    assert value("fusebox_model_fetch_rate_bytes_per_second") is None
+
+
+def test_a_server_process_seen_to_exit_has_no_rss_until_a_new_one_writes(
+    tmp_path: Path, stats_document: StatsDocument
+) -> None:
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        _write(tmp_path / "stats.json", replace(stats_document, pid=server.pid))
+        registry = _registry(
+            ServerObserver(tmp_path / "stats.json", Path("/proc"), NvmlReader(None), Clock(2e9))
+        )
+        assert registry.get_sample_value("fusebox_sidecar_measured", {"quantity": "rss"}) == 1
+    finally:
+        server.kill()
+        server.wait()
+
+    # Its last stats file still names it: the RSS written there is a dead process's.
+    assert registry.get_sample_value("fusebox_process_resident_memory_bytes") is None
+    assert registry.get_sample_value("fusebox_sidecar_measured", {"quantity": "rss"}) == 0
+
+    # A new server whose pid the sidecar cannot see (never measured): its own figure again.
+    _write(tmp_path / "stats.json", replace(stats_document, pid=_missing_pid()))
+    rss = registry.get_sample_value("fusebox_process_resident_memory_bytes")
+    assert rss == stats_document.rss_bytes
