@@ -75,6 +75,7 @@ from fusebox_server.model.tokenization import PromptEncoder, load_tokenizer
 from fusebox_server.model.variants import Variants
 from fusebox_server.model.worker import (
     ControlJob,
+    EncodeAgain,
     Event,
     Failed,
     Finished,
@@ -136,6 +137,12 @@ class Choices:
     @property
     def variant(self) -> str:
         return self.generations[0].job.variant
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt's length as the generating variant reads it: encoded again when the
+        job moved to a variant with another tokenizer (`worker._move_to`)."""
+        return len(self.generations[0].job.prompt_ids)
 
     def cancel(self) -> None:
         for generation in self.generations:
@@ -258,8 +265,9 @@ class Runtime:
             return None
         return self.device.index if self.device.index is not None else torch.cuda.current_device()
 
-    def encoder(self) -> PromptEncoder:
-        return self.encoders[self.variant]
+    def encoder(self, variant: Variant | None = None) -> PromptEncoder:
+        """The prompt encoder of `variant`, by default of the one serving now."""
+        return self.encoders[self.variant if variant is None else variant]
 
     def vocabulary_size(self) -> int:
         """Token ids below this are ones the serving tokenizer has and the model scores."""
@@ -296,8 +304,11 @@ class Runtime:
         if not self.ready:
             raise ModelUnavailable("the model is not loaded; retry later")
 
-    async def encode_prompt(self, text: str, add_special_tokens: bool) -> tuple[int, ...]:
-        encoder = self.encoder()
+    async def encode_prompt(
+        self, text: str, add_special_tokens: bool, variant: Variant | None = None
+    ) -> tuple[int, ...]:
+        """`text` in token ids of `variant`'s tokenizer (by default the serving one's)."""
+        encoder = self.encoder(variant)
         if len(text) > LONG_PROMPT_CHARS:
             # Long prompts are encoded off the loop and not cached (they are rarely repeated).
             return await asyncio.to_thread(encoder.encode_uncached, text, add_special_tokens)
@@ -317,9 +328,18 @@ class Runtime:
         prompt_ids: tuple[int, ...],
         choices: Sequence[DecodeSettings],
         deadline_monotonic: float,
+        variant: Variant | None = None,
+        encode_again: EncodeAgain | None = None,
     ) -> Choices:
         """Admit (maybe wait) one running slot per choice, all at once, and hand the
-        generations to the worker; each frees its own slot when the worker is done."""
+        generations to the worker; each frees its own slot when the worker is done.
+
+        `variant` is the one whose tokenizer encoded `prompt_ids` (by default the one
+        serving now): a swap while the request waits for its slot leaves the jobs named
+        after it, so the worker sees the change and encodes the prompt again
+        (`encode_again`) for the variant that generates.
+        """
+        encoded_by = self.variant if variant is None else variant
         queued_at = time.monotonic()
         await self.admission.acquire(deadline_monotonic - queued_at, len(choices))
         submitted = 0
@@ -327,17 +347,17 @@ class Runtime:
         try:  # until the worker has a job, an error (a failed allocation too) frees its slot
             self.latency_counters[LatencyHistogram.QUEUE].observe([time.monotonic() - queued_at])
             assert self.worker is not None
-            variant = self.variant
             events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
             for index, settings in enumerate(choices):
                 job = GenerationJob(
                     request_id=request_id,
-                    variant=variant,
+                    variant=encoded_by,
                     prompt_ids=prompt_ids,
                     settings=settings,
                     deadline_monotonic=deadline_monotonic,
-                    tokenizer=self.encoders[variant].tokenizer,
+                    tokenizer=self.encoders[encoded_by].tokenizer,
                     deliver=lambda event: None,
+                    encode_again=encode_again,
                 )
                 generation = Generation(job, self.admission.release, events)
                 job.deliver = partial(_delivered, generation, index)

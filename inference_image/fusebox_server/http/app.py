@@ -13,6 +13,7 @@ its own SSE event with no buffering of its own.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
@@ -26,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from fusebox_contract.names import DegradationTier
+from fusebox_contract.names import DegradationTier, Variant
 from fusebox_contract.wiring import (
     REQUEST_ID_HEADER,
     SERVED_BY_HEADER,
@@ -43,6 +44,7 @@ from fusebox_server.errors import (
     InputTooLong,
     InvalidRequest,
     ModelNotFound,
+    ModelUnavailable,
 )
 from fusebox_server.http.edge import (
     EXCEPTION_HANDLERS,
@@ -95,13 +97,18 @@ from fusebox_server.model.decode_settings import (
     choice_seed,
     earliest_stop,
 )
-from fusebox_server.model.worker import Failed, Finished, Piece, ScoredToken
+from fusebox_server.model.tokenization import PromptEncoder
+from fusebox_server.model.worker import EncodeAgain, Failed, Finished, Piece, ScoredToken
 
 CHAT_PATH: Final = "/v1/chat/completions"
 COMPLETIONS_PATH: Final = "/v1/completions"
 SERVED_BY_CANNED: Final = "canned"
 NO_CANNED_MATCH: Final = "\x00no-canned-match"
 EVENT_STREAM: Final = "text/event-stream; charset=utf-8"
+TEMPLATE_ERROR_CHARS: Final = 300
+"""How much of a chat template's own error message a 400 quotes."""
+_PATH: Final = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.~-]+){2,}[\\/]?")
+"""Something that looks like a file system path (two or more segments)."""
 
 
 @dataclass
@@ -140,6 +147,41 @@ def canned_key(parsed: ChatRequest | CompletionRequest) -> str:
     if len(users) == 1 and not others:
         return users[0].content
     return NO_CANNED_MATCH
+
+
+def template_refusal(error: Exception) -> InvalidRequest:
+    """A chat template that raised while rendering these messages (`raise_exception` on a
+    role it does not take, or an error inside it): a 400 naming `messages`, with the
+    template's own message on one line, cut short, any path in it replaced; never a
+    traceback."""
+    said = _PATH.sub("<path>", " ".join(str(error).split()))
+    if len(said) > TEMPLATE_ERROR_CHARS:
+        said = said[: TEMPLATE_ERROR_CHARS - 3] + "..."
+    reason = said or f"{type(error).__name__} (no message)"
+    return InvalidRequest(
+        f"the model's chat template rejected the messages: {reason}", param="messages"
+    )
+
+
+def prompt_text(encoder: PromptEncoder, parsed: ChatRequest | CompletionRequest) -> str:
+    """The text the model reads: the completion prompt, or the messages (and tools)
+    rendered by the encoder's chat template."""
+    if isinstance(parsed, CompletionRequest):
+        if not parsed.prompt:
+            raise InvalidRequest("'prompt' must not be empty", param="prompt")
+        return parsed.prompt
+    tools = parsed.tool_use.tools if parsed.tool_use is not None else ()
+    try:
+        if tools or any(
+            m.tool_calls or m.tool_call_id or m.name is not None for m in parsed.messages
+        ):
+            return encoder.render_conversation(
+                [message.template_message() for message in parsed.messages],
+                [tool.template_entry() for tool in tools],
+            )
+        return encoder.render_chat(parsed.messages)
+    except Exception as error:  # a chat template that rejects these messages
+        raise template_refusal(error) from None
 
 
 def choice_settings(sampling: OpenAISampling, max_new_tokens: int) -> list[DecodeSettings]:
@@ -277,25 +319,16 @@ class Api:
                 return await self._canned_response(parsed, prepared, answer)
         self.runtime.check_available()
         check_logit_bias(parsed.sampling.logit_bias, self.runtime.vocabulary_size())
+        # The variant whose tokenizer encodes the prompt: the jobs are named after it, so a
+        # swap before they start is seen, and the prompt encoded again (`_encode_again`).
+        variant = self.runtime.variant
+        encoder = self.runtime.encoder(variant)
         if isinstance(parsed, ChatRequest):
-            prepared.call_format = self._check_tools(parsed)
-        prompt_ids = await self._encode(parsed)
+            prepared.call_format = self._check_tools(parsed, encoder)
+        prompt_ids = await self._encode(parsed, variant)
         prepared.input_length = len(prompt_ids)
         record.fields["input_length"] = len(prompt_ids)
-        prompt_param = "messages" if kind == Kind.CHAT else "prompt"
-        if len(prompt_ids) > self.config.max_input_tokens:
-            raise InputTooLong(
-                f"the prompt has {len(prompt_ids)} tokens, more than the limit of "
-                f"{self.config.max_input_tokens} tokens",
-                param=prompt_param,
-            )
-        max_new_tokens = generation_budget(
-            len(prompt_ids),
-            parsed.sampling.max_tokens,
-            prepared.max_new_tokens,
-            self.config.context_window_tokens,
-            prompt_param,
-        )
+        max_new_tokens = self._fitted_budget(parsed, prepared, len(prompt_ids))
         settings = choice_settings(parsed.sampling, max_new_tokens)
         if prepared.tool_use is not None and prepared.tool_use.forced:
             settings = await asyncio.to_thread(forced_settings, settings, prepared.tool_use)
@@ -306,9 +339,70 @@ class Api:
                 prompt_ids,
                 settings,
                 record.arrival_monotonic + self.config.request_timeout_seconds,
+                variant,
+                self._encode_again(parsed, prepared),
             ),
         )
         return GenerationResponse(self.runtime, prepared, choices)  # type: ignore[return-value]
+
+    def _fitted_budget(
+        self, parsed: ChatRequest | CompletionRequest, prepared: Prepared, prompt_tokens: int
+    ) -> int:
+        """The new tokens the request may generate, once its prompt is counted: a 400
+        `context_length_exceeded` when the prompt is over `--max-input-tokens`, or it and
+        the tokens asked for do not fit the context window."""
+        prompt_param = "messages" if prepared.reply.kind == Kind.CHAT else "prompt"
+        if prompt_tokens > self.config.max_input_tokens:
+            raise InputTooLong(
+                f"the prompt has {prompt_tokens} tokens, more than the limit of "
+                f"{self.config.max_input_tokens} tokens",
+                param=prompt_param,
+            )
+        return generation_budget(
+            prompt_tokens,
+            parsed.sampling.max_tokens,
+            prepared.max_new_tokens,
+            self.config.context_window_tokens,
+            prompt_param,
+        )
+
+    def _encode_again(
+        self, parsed: ChatRequest | CompletionRequest, prepared: Prepared
+    ) -> EncodeAgain:
+        """How the worker encodes the prompt again when the request's jobs move, before
+        they start, to a variant with another tokenizer (a swap to a fallback of another
+        family): from the request's own text or messages, through that variant's chat
+        template, with the limits checked again as at admission (the same 400 when the
+        prompt no longer fits). Runs on the inference thread, once per variant for all
+        the request's choices; uncached (the LRU belongs to the event loop).
+
+        A request that names token ids (`logit_bias`) or whose tool calls the new
+        variant writes in another format cannot be carried over: 503, retry.
+        """
+        encoded: dict[str, tuple[tuple[int, ...], int]] = {}
+
+        def encode_again(variant_name: str) -> tuple[tuple[int, ...], int]:
+            if variant_name in encoded:
+                return encoded[variant_name]
+            if parsed.sampling.logit_bias:
+                raise ModelUnavailable(
+                    "the model was swapped for one with another tokenizer before generation "
+                    "started, and 'logit_bias' names token ids of the previous one; retry"
+                )
+            encoder = self.runtime.encoder(Variant(variant_name))
+            if isinstance(parsed, ChatRequest):
+                call_format = self._check_tools(parsed, encoder)
+                if parsed.tool_use is not None and call_format != prepared.call_format:
+                    raise ModelUnavailable(
+                        "the model was swapped for one that writes tool calls in another "
+                        "format before generation started; retry"
+                    )
+            text = prompt_text(encoder, parsed)
+            ids = encoder.encode_uncached(text, isinstance(parsed, CompletionRequest))
+            encoded[variant_name] = (ids, self._fitted_budget(parsed, prepared, len(ids)))
+            return encoded[variant_name]
+
+        return encode_again
 
     def _prepare(
         self, parsed: ChatRequest | CompletionRequest, kind: Kind, record: RequestRecord
@@ -350,10 +444,9 @@ class Api:
             tool_use=parsed.tool_use if isinstance(parsed, ChatRequest) else None,
         )
 
-    def _check_tools(self, parsed: ChatRequest) -> CallFormat | None:
-        """The serving model's call format; a 400 when its template cannot carry the
+    def _check_tools(self, parsed: ChatRequest, encoder: PromptEncoder) -> CallFormat | None:
+        """The encoder's model's call format; a 400 when its template cannot carry the
         request's tools or calls (the model would get prose and never learn of them)."""
-        encoder = self.runtime.encoder()
         use = parsed.tool_use
         if not encoder.template_takes_tools:
             if use is not None:
@@ -382,25 +475,14 @@ class Api:
             check_json_answer(use, call_format)
         return call_format
 
-    async def _encode(self, parsed: ChatRequest | CompletionRequest) -> tuple[int, ...]:
-        if isinstance(parsed, CompletionRequest):
-            if not parsed.prompt:
-                raise InvalidRequest("'prompt' must not be empty", param="prompt")
-            return await self.runtime.encode_prompt(parsed.prompt, True)
-        tools = parsed.tool_use.tools if parsed.tool_use is not None else ()
-        try:
-            if tools or any(
-                m.tool_calls or m.tool_call_id or m.name is not None for m in parsed.messages
-            ):
-                text = self.runtime.encoder().render_conversation(
-                    [message.template_message() for message in parsed.messages],
-                    [tool.template_entry() for tool in tools],
-                )
-            else:
-                text = self.runtime.encoder().render_chat(parsed.messages)
-        except Exception as error:  # a chat template that rejects these messages
-            raise InvalidRequest(f"the chat template rejected the messages: {error}") from None
-        return await self.runtime.encode_prompt(text, False)
+    async def _encode(
+        self, parsed: ChatRequest | CompletionRequest, variant: Variant | None = None
+    ) -> tuple[int, ...]:
+        """The prompt in token ids of `variant` (by default the one serving now)."""
+        text = prompt_text(self.runtime.encoder(variant), parsed)
+        return await self.runtime.encode_prompt(
+            text, isinstance(parsed, CompletionRequest), variant
+        )
 
     async def _canned_response(
         self, parsed: ChatRequest | CompletionRequest, prepared: Prepared, answer: str
@@ -470,6 +552,13 @@ class GenerationResponse:
 
     It never settles the outcome itself: it stores what ended the request on
     the request's record, and the edge settles it once this call returns.
+
+    The response starts (status and headers) only with the first event of the
+    generation, streamed or not: by then the variant that generates is known (a
+    swap while the request waited moves it to the new one, `worker._move_to`), so
+    `X-Fusebox-Variant` names it, and a failure before the first piece (a prompt
+    that no longer fits the new variant, a deadline) gets its own status and JSON
+    body, as unstreamed.
     """
 
     def __init__(self, runtime: Runtime, prepared: Prepared, choices: Choices) -> None:
@@ -487,6 +576,11 @@ class GenerationResponse:
         self._last_piece_at: float | None = None
         self._ttft: float | None = None
         self._itl: list[float] = []
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt's tokens as the generating variant read them: what usage reports."""
+        return self.generations.prompt_tokens
 
     @property
     def completion_tokens(self) -> int:
@@ -526,14 +620,21 @@ class GenerationResponse:
                 self.generations.cancel()
                 return
 
-    def _headers(self, content_type: str) -> list[tuple[bytes, bytes]]:
-        variant = self.generations.variant.encode()
-        return [
+    def _headers(self, content_type: str, index: int | None = 0) -> list[tuple[bytes, bytes]]:
+        """The response's headers; `X-Fusebox-Variant` and `-Served-By` name the variant
+        that generated choice `index` (all choices run on one), or, with None (an error),
+        are left to the edge, which names the variant serving now."""
+        headers = [
             (b"content-type", content_type.encode()),
             (REQUEST_ID_HEADER.lower().encode(), self.reply.request_id.encode()),
-            (SERVED_BY_HEADER.lower().encode(), variant),
-            (VARIANT_HEADER.lower().encode(), variant),
         ]
+        if index is not None:
+            variant = self.generations.generations[index].job.variant.encode()
+            headers += [
+                (SERVED_BY_HEADER.lower().encode(), variant),
+                (VARIANT_HEADER.lower().encode(), variant),
+            ]
+        return headers
 
     def _on_piece(self, index: int, piece: Piece) -> None:
         now = time.monotonic()
@@ -608,7 +709,7 @@ class GenerationResponse:
                 return
             pending -= 1
         choices = self._finished_choices()
-        tokens = (self.prepared.input_length, self.completion_tokens)
+        tokens = (self.prompt_tokens, self.completion_tokens)
         if self.prepared.stream:  # the no-streaming tier: each whole choice in one event
             usage_tokens = tokens if self.prepared.include_usage else None
             payload = whole_choices_events(self.reply, choices, usage_tokens)
@@ -626,7 +727,7 @@ class GenerationResponse:
         self._on_failed(event)
         error = event.error
         payload = json_bytes(error_body(error))
-        headers = self._headers("application/json")
+        headers = self._headers("application/json", None)
         headers += [(k.lower().encode(), v.encode()) for k, v in error_headers(error).items()]
         await send({"type": "http.response.start", "status": error.status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
@@ -660,12 +761,21 @@ class GenerationResponse:
         return sse(chunk)
 
     async def _stream(self, send: Send) -> None:
-        headers = self._headers(EVENT_STREAM)
-        headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        started = False
         pending = len(self.states)
         while pending:
             index, event = await self._next_event()
+            if not started:
+                # The headers go with the first event: they name the variant generating.
+                if isinstance(event, Failed):
+                    return await self._send_error(send, event)
+                if isinstance(event, Finished) and event.reason == "cancelled":
+                    self._on_finished(index, event)  # the client left: nothing to send
+                    return
+                headers = self._headers(EVENT_STREAM, index)
+                headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                started = True
             if isinstance(event, Piece):
                 self._on_piece(index, event)
                 body = self._piece_chunk(index, event)
@@ -693,7 +803,7 @@ class GenerationResponse:
             if not more:
                 if self.prepared.include_usage:
                     final += sse(
-                        usage_chunk(self.reply, self.prepared.input_length, self.completion_tokens)
+                        usage_chunk(self.reply, self.prompt_tokens, self.completion_tokens)
                     )
                 final += sse("[DONE]")
             await send({"type": "http.response.body", "body": final, "more_body": more})
@@ -701,6 +811,7 @@ class GenerationResponse:
     def _account(self) -> None:
         """Hand the generation to the runtime's recorder (tokens, latency, quality) and
         fill the log fields; the edge counts the outcome. The quality check reads choice 0."""
+        self.prepared.input_length = self.prompt_tokens
         verdict = self.runtime.recorder.finished(
             GenerationOutcome(
                 prompt_tokens=self.prepared.input_length,
@@ -719,6 +830,7 @@ class GenerationResponse:
             )
         variant = self.generations.variant
         self.record.fields.update(
+            input_length=self.prompt_tokens,
             output_length=self.completion_tokens,
             finish_reason=self.finish_reason,
             served_by=variant,

@@ -323,6 +323,21 @@ class ParsedReply:
 HERMES_CALL: Final = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
+def content_beside_calls(before: str, outside: str) -> str | None:
+    """The `content` of a reply with calls: the text outside them (`outside`), less the
+    whitespace that ends it, and less the whitespace that opens it when there is no text
+    before the first call (`before`): the newlines a model writes around its calls.
+
+    Exactly what a stream can send as the text comes (`StreamSplitter`), so streamed
+    deltas join to the unstreamed content: text goes out as written, except whitespace,
+    held until text follows it.
+    """
+    content = outside.rstrip()
+    if not before.strip():
+        content = content.lstrip()
+    return content or None
+
+
 def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -396,7 +411,7 @@ def _parse_hermes(text: str) -> ParsedReply | None:
     outside = HERMES_CALL.sub("", text)
     if "<tool_call>" in outside:  # an unfinished call: the text is not a clean reply
         return None
-    return ParsedReply(outside.strip() or None, tuple(calls))
+    return ParsedReply(content_beside_calls(text[: blocks[0].start()], outside), tuple(calls))
 
 
 def _parse_llama3(text: str) -> ParsedReply | None:
@@ -424,7 +439,8 @@ def _parse_mistral(text: str) -> ParsedReply | None:
     calls = [_call_of(value, ("arguments", "parameters")) for value in values[0]]
     if any(call is None for call in calls):
         return None
-    return ParsedReply(head.strip() or None, tuple(call for call in calls if call is not None))
+    calls_made = tuple(call for call in calls if call is not None)
+    return ParsedReply(content_beside_calls(head, head), calls_made)
 
 
 PARSERS: Final = {
@@ -724,7 +740,9 @@ class StreamSplitter:
     Content streams as it comes until text that may be a call begins (the family's
     marker, or for Llama 3 and Mistral an answer that opens with `{` or `[`); from there
     the text is held until the generation ends and is then parsed whole: its calls go
-    out as call deltas, or, if it is not a clean call, as content. A named function's
+    out as call deltas, or, if it is not a clean call, as content. Where a call may
+    follow (Hermes, Mistral), whitespace is held until text follows it, so the content
+    sent is what the unstreamed answer has (`content_beside_calls`). A named function's
     output is its arguments, so each piece streams at once as an arguments delta.
     """
 
@@ -762,7 +780,7 @@ class StreamSplitter:
         if self.use.mode == ChoiceMode.NONE or self.call_format is None:
             return len(self.text)
         if self.call_format == CallFormat.HERMES:
-            return _held_from(self.text, MARKERS[CallFormat.HERMES])
+            return self._unspaced_end(_held_from(self.text, MARKERS[CallFormat.HERMES]))
         opening = self.text.lstrip()
         if not opening:
             return self.sent
@@ -771,8 +789,13 @@ class StreamSplitter:
         if self.call_format == CallFormat.MISTRAL:
             if opening[0] == "[":
                 return self.sent
-            return _held_from(self.text, MARKERS[CallFormat.MISTRAL])
+            return self._unspaced_end(_held_from(self.text, MARKERS[CallFormat.MISTRAL]))
         return len(self.text)
+
+    def _unspaced_end(self, end: int) -> int:
+        """`end` less the whitespace before it: a call may follow it, and then it is not
+        content (`content_beside_calls`)."""
+        return len(self.text[:end].rstrip())
 
     def finish(self) -> tuple[str | None, list[dict[str, Any]] | None]:
         """What is left to send once the generation ended: the rest as content, or calls."""
@@ -782,11 +805,18 @@ class StreamSplitter:
             return None, None
         parsed = read_reply(self.text, self.call_format, self.use)
         if parsed.calls:
-            rest = (
-                "" if self.use.forced else _outside_calls(self.text[self.sent :], self.call_format)
-            )
+            rest = None
+            if not self.use.forced:
+                # What was sent ends with text, never whitespace (`_unspaced_end`): the rest
+                # of the content is the unsent text outside the calls, less its trailing
+                # whitespace; when nothing was sent, the text before the first call was
+                # whitespace only, so the opening whitespace goes too.
+                before = self.text[: self.sent]
+                rest = content_beside_calls(
+                    before, _outside_calls(self.text[self.sent :], self.call_format)
+                )
             ids = [new_call_id() for _ in parsed.calls]
-            return (rest.strip() or None), delta_calls(parsed.calls, ids)
+            return rest, delta_calls(parsed.calls, ids)
         rest = self.text[self.sent :]
         self.sent = len(self.text)
         return (rest or None), None

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -123,6 +123,11 @@ class Failed:
 
 Event = Piece | Finished | Failed
 
+EncodeAgain = Callable[[str], tuple[tuple[int, ...], int]]
+"""The request's prompt encoded again for the variant named (its tokenizer and chat
+template): the prompt's token ids there and the new tokens it may generate; raises the
+request's error (a `ServerError`) when it cannot be served there (the prompt no longer fits)."""
+
 
 @dataclass
 class GenerationJob:
@@ -149,6 +154,9 @@ class GenerationJob:
     # first, which holds whether the request's prefix-cache use is counted (`_count_prefix`).
     first_choice: GenerationJob | None = None
     prefix_counted: bool = False
+    # How to encode the prompt again if the variant changes to one with another tokenizer
+    # before the job starts (`_move_to`); None: such a job is refused with a 503.
+    encode_again: EncodeAgain | None = None
 
 
 @dataclass
@@ -750,13 +758,19 @@ class InferenceWorker(threading.Thread):
         A load-first change keeps the pod ready, so jobs named after the old
         variant queue behind the load; they wait and are then served
         (docs/decisions/fallback-swap.md), under the new variant's name (the
-        response headers, the access log). Only a model with another tokenizer
-        refuses them: their prompts' token ids would mean other text there.
+        response headers, the access log). A model with another tokenizer reads
+        the prompt's token ids as other text, so the prompt is encoded again with
+        its tokenizer and chat template (`encode_again`, which also checks the
+        limits again, and may refuse); a job that cannot be encoded again is
+        refused with a 503.
         """
         if not self._encodes_alike(job.tokenizer, loaded.tokenizer):
-            raise ModelUnavailable(
-                "the model was swapped for one with another tokenizer before generation started"
-            )
+            if job.encode_again is None:
+                raise ModelUnavailable(
+                    "the model was swapped for one with another tokenizer before generation started"
+                )
+            job.prompt_ids, max_new_tokens = job.encode_again(loaded.variant)
+            job.settings = replace(job.settings, max_new_tokens=max_new_tokens)
         job.variant = loaded.variant
         job.tokenizer = loaded.tokenizer
 

@@ -64,9 +64,11 @@ HERMES = Script(
     "qwen2.5",
     (
         "Let me look that up.",
+        "\n\n",  # whitespace around the call: content, streamed or not, has none of it
         "<tool_call>",
         '\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n',
         "</tool_call>",
+        " \n",
         "<|im_end|>",
     ),
 )

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fusebox_server.errors import InvalidRequest, ServerError
@@ -609,8 +609,8 @@ def _stream(pieces: list[str], call_format: CallFormat | None, **body: Any) -> t
 
 def test_a_hermes_stream_sends_text_at_once_and_holds_the_call() -> None:
     splitter = StreamSplitter(_use(), CallFormat.HERMES)
-    assert splitter.push("Let me ") == ("Let me ", None)
-    assert splitter.push("look.<tool") == ("look.", None)  # may be the marker: held
+    assert splitter.push("Let me ") == ("Let me", None)  # a space: held until text follows
+    assert splitter.push("look.<tool") == (" look.", None)  # may be the marker: held
     assert splitter.push('_call>{"name": "get_time", ') == (None, None)
     assert splitter.push('"arguments": {}}</tool_call>') == (None, None)
     text, calls = splitter.finish()
@@ -810,3 +810,42 @@ def test_nan_or_infinity_written_by_a_model_is_not_a_call() -> None:
     text = '<tool_call>{"name": "get_weather", "arguments": {"n": NaN}}</tool_call>'
     reply = read_reply(text, CallFormat.HERMES, _use(tool_choice="auto"))
     assert reply.calls == () and reply.content == text
+
+
+HERMES_CALL_TEXT = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+MISTRAL_CALL_TEXT = '[TOOL_CALLS][{"name": "get_time", "arguments": {}}]'
+
+
+@settings(max_examples=400, deadline=None)
+@example(pieces=["Let me check.", "\n", HERMES_CALL_TEXT, "\n"], call_format=CallFormat.HERMES)
+@example(pieces=["\n\n", HERMES_CALL_TEXT, "\n", HERMES_CALL_TEXT], call_format=CallFormat.HERMES)
+@example(pieces=["Hi\n", HERMES_CALL_TEXT, "\nmore\n"], call_format=CallFormat.HERMES)
+@example(pieces=[" Sure.\n", MISTRAL_CALL_TEXT], call_format=CallFormat.MISTRAL)
+@given(
+    pieces=st.lists(
+        st.sampled_from(
+            [HERMES_CALL_TEXT, MISTRAL_CALL_TEXT, "<tool", "_call>", "\n", " ", "\n\n", "Hi", "x."]
+        ),
+        max_size=10,
+    ),
+    call_format=st.sampled_from([None, *CallFormat]),
+)
+def test_streamed_content_joins_to_the_unstreamed_content(
+    pieces: list[str], call_format: CallFormat | None
+) -> None:
+    """Whitespace around calls included: the deltas join to `message.content` exactly."""
+    use = _use()
+    text = "".join(pieces)
+    reply = read_reply(text, call_format, use)
+    unstreamed = (reply.content or "") if reply.calls else text
+    content, deltas = _stream(pieces, call_format)
+    assert content == unstreamed
+    assert len(deltas) == len(reply.calls)
+
+
+def test_a_hermes_reply_keeps_no_newline_around_its_calls_streamed_or_not() -> None:
+    text = "Let me check.\n" + HERMES_CALL_TEXT + "\n"
+    assert read_reply(text, CallFormat.HERMES, _use()).content == "Let me check."
+    assert _stream(["Let me check.", "\n", HERMES_CALL_TEXT, "\n"], CallFormat.HERMES)[0] == (
+        "Let me check."
+    )

@@ -5,10 +5,12 @@ model, with a fallback whose weights are cut short, as corrupt weights on a volu
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import pytest
 import torch
 
@@ -17,6 +19,7 @@ from fusebox_contract.stats import StatsDocument
 from fusebox_server.config import ServerConfig
 from fusebox_server.control.runtime import Runtime
 from fusebox_server.errors import FallbackUnavailable, ModelUnavailable
+from fusebox_server.http.app import CHAT_PATH, build_api_app
 from fusebox_server.model import cpu_kernels, engine
 from fusebox_server.model.decode_settings import DecodeSettings
 from fusebox_server.model.load_order import LoadOrder, MemoryRoom, load_order, weights_on_disk_bytes
@@ -272,3 +275,164 @@ def test_a_loaded_variants_footprint_counts_the_plain_weights_it_keeps_for_one_r
     footprint, weights, kept = run_with_runtime(config, scenario, ROOM)
     assert kept > 0
     assert footprint == weights + kept  # what a swap back to it must find room for
+
+
+@pytest.fixture(scope="module")
+def other_tokenizer_fallback_dir(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The tiny model's weights with another tokenizer and chat template: the BPE without
+    its merges (a prompt takes more tokens, every id within the model's vocabulary), and a
+    template that opens every conversation with a line of its own."""
+    directory = tmp_path_factory.mktemp("other-tokenizer-fallback")
+    for path in tiny_model_dir.iterdir():
+        if path.name not in ("tokenizer.json", "chat_template.jinja"):
+            (directory / path.name).symlink_to(path)
+    definition = json.loads((tiny_model_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    definition["model"]["merges"] = []
+    (directory / "tokenizer.json").write_text(json.dumps(definition), encoding="utf-8")
+    template = (tiny_model_dir / "chat_template.jinja").read_text(encoding="utf-8")
+    (directory / "chat_template.jinja").write_text("Fallback speaking.\n" + template)
+    return directory
+
+
+def _slow_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_load = engine.load_model
+
+    def slow_load(*args: Any, **kwargs: Any) -> Any:  # a larger model's load time
+        time.sleep(0.5)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "load_model", slow_load)
+
+
+async def _during_a_swap(runtime: Runtime, body: dict[str, Any]) -> tuple[httpx.Response, ...]:
+    """`body` sent while a load-first swap to the fallback runs (admitted and encoded by the
+    primary, started on the fallback), then again once the fallback serves."""
+    transport = httpx.ASGITransport(app=build_api_app(runtime))
+    async with httpx.AsyncClient(transport=transport, base_url="http://fusebox") as client:
+        swap = asyncio.ensure_future(
+            runtime.run_action(f"swap-{time.monotonic_ns()}", ActionType.SWAP, Variant.FALLBACK)
+        )
+        await asyncio.sleep(0.2)
+        assert runtime.variant is Variant.PRIMARY and runtime.ready  # mid-load
+        during = await client.post(CHAT_PATH, json=body)
+        await swap
+        assert runtime.variant is Variant.FALLBACK
+        after = await client.post(CHAT_PATH, json=body)
+    return during, after
+
+
+CHAT_BODY: dict[str, Any] = {
+    "model": "model",
+    "messages": [{"role": "user", "content": "Hello there, how are you today?"}],
+    "max_tokens": 6,
+    "temperature": 0,
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_prompt_admitted_before_a_swap_to_another_tokenizer_is_encoded_again_and_served(
+    tiny_model_dir: Path,
+    other_tokenizer_fallback_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    stream: bool,
+) -> None:
+    config = ServerConfig(
+        model_dir=tiny_model_dir, fallback_dir=other_tokenizer_fallback_dir, torch_threads=1
+    )
+    body = {**CHAT_BODY, "stream": stream, "stream_options": {"include_usage": True}}
+    if not stream:
+        del body["stream_options"]
+
+    async def scenario(runtime: Runtime) -> tuple[httpx.Response, ...]:
+        _slow_loads(monkeypatch)
+        return await _during_a_swap(runtime, body)
+
+    during, after = run_with_runtime(config, scenario, ROOM)
+    assert during.status_code == 200, during.text
+    assert during.headers["x-fusebox-variant"] == Variant.FALLBACK.value
+    # Served as if it had arrived after the swap: the fallback's template and tokenizer.
+    assert during.text.count("data: ") == after.text.count("data: ")
+    if stream:
+        assert _streamed(during) == _streamed(after)
+    else:
+        assert during.json()["choices"] == after.json()["choices"]
+        assert during.json()["usage"] == after.json()["usage"]
+    usage = _streamed(during)[1] if stream else during.json()["usage"]
+    assert usage["prompt_tokens"] == _prompt_tokens(load_tokenizer(other_tokenizer_fallback_dir))
+    assert usage["prompt_tokens"] != _prompt_tokens(load_tokenizer(tiny_model_dir))
+
+
+def _prompt_tokens(tokenizer: Any) -> int:
+    return len(
+        tokenizer.apply_chat_template(
+            CHAT_BODY["messages"], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+    )
+
+
+def _streamed(response: httpx.Response) -> tuple[str, dict[str, Any]]:
+    """A stream's content joined, and its usage chunk."""
+    events = [
+        json.loads(line[len("data: ") :])
+        for line in response.text.splitlines()
+        if line.startswith("data: {")
+    ]
+    content = "".join(
+        choice["delta"].get("content") or "" for event in events for choice in event["choices"]
+    )
+    usage = next(event["usage"] for event in events if event.get("usage"))
+    return content, usage
+
+
+def test_a_prompt_that_no_longer_fits_after_a_swap_is_refused_as_at_admission(
+    tiny_model_dir: Path, other_tokenizer_fallback_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without merges the prompt takes more tokens than the window leaves it beside
+    max_tokens: the 400 the context check gives at admission, streamed or not."""
+    primary = load_tokenizer(tiny_model_dir)
+    fallback = load_tokenizer(other_tokenizer_fallback_dir)
+    window = _prompt_tokens(primary) + CHAT_BODY["max_tokens"]
+    assert _prompt_tokens(fallback) + CHAT_BODY["max_tokens"] > window
+    config = ServerConfig(
+        model_dir=tiny_model_dir,
+        fallback_dir=other_tokenizer_fallback_dir,
+        torch_threads=1,
+        context_window_tokens=window,
+        max_input_tokens=4 * window,  # the window refuses it, not the prompt limit
+        max_new_tokens=CHAT_BODY["max_tokens"],
+    )
+
+    async def scenario(runtime: Runtime) -> tuple[httpx.Response, ...]:
+        _slow_loads(monkeypatch)
+        during, after = await _during_a_swap(runtime, CHAT_BODY)
+        await runtime.run_action("swap-2", ActionType.SWAP, Variant.PRIMARY)
+        during_stream, _ = await _during_a_swap(runtime, {**CHAT_BODY, "stream": True})
+        return during, after, during_stream
+
+    during, after, during_stream = run_with_runtime(config, scenario, ROOM)
+    for response in (during, during_stream):
+        assert response.status_code == 400, response.text
+        assert response.json() == after.json()
+    assert after.json()["error"]["code"] == "context_length_exceeded"
+    assert after.json()["error"]["param"] == "messages"
+    assert f"maximum context length is {window} tokens" in after.json()["error"]["message"]
+
+
+def test_a_stream_admitted_before_a_swap_names_the_variant_that_generates_it(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = ServerConfig(
+        model_dir=tiny_model_dir, fallback_quantization=Quantization.INT8, torch_threads=1
+    )
+
+    async def scenario(runtime: Runtime) -> tuple[httpx.Response, ...]:
+        _slow_loads(monkeypatch)
+        return await _during_a_swap(runtime, {**CHAT_BODY, "stream": True})
+
+    during, after = run_with_runtime(config, scenario, ROOM)
+    assert during.status_code == 200 and "data: [DONE]" in during.text
+    assert during.headers["x-fusebox-variant"] == Variant.FALLBACK.value
+    assert during.headers["x-fusebox-served-by"] == Variant.FALLBACK.value
+    assert after.headers["x-fusebox-variant"] == Variant.FALLBACK.value
