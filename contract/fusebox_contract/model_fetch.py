@@ -29,6 +29,12 @@ MODEL_CACHE_DIR: Final = "/var/cache/fusebox-models"
 """Where the cache volume (an emptyDir, or the claim spec.model.cache names) is mounted."""
 FETCH_REPORT_FILE: Final = "/run/fusebox/model-fetch.json"
 """The fetcher's live progress (bytes, rate), in the runtime volume the sidecar also mounts."""
+FETCHED_MODEL_LINK: Final = "/run/fusebox/model"
+"""The fetched model as the server loads it (its FUSEBOX_MODEL_DIR): a symbolic link the
+fetcher points at the revision directory it verified, in the pod's runtime volume. Per pod
+and kept across container restarts (init containers do not run again), so a restarted
+server loads the very copy its pod verified, whatever later pods fetched into a shared
+cache."""
 TERMINATION_MESSAGE_MAX_BYTES: Final = 4096
 """The kubelet keeps at most this much of a termination message."""
 
@@ -51,11 +57,15 @@ class FetchEnv(enum.StrEnum):
 
     SOURCE = "FUSEBOX_FETCH_SOURCE"  # s3://BUCKET/PREFIX or hf://ORG/NAME[@REVISION]
     REVISION = "FUSEBOX_FETCH_REVISION"  # spec.model.revision (hf: branch, tag or commit)
-    MODEL_DIR = "FUSEBOX_FETCH_MODEL_DIR"  # where the verified copy ends up (the server's)
+    # The source's directory in the cache; each revision the source resolves to is
+    # fetched into its own subdirectory there, never changed once verified.
+    MODEL_DIR = "FUSEBOX_FETCH_MODEL_DIR"
+    MODEL_LINK = "FUSEBOX_FETCH_MODEL_LINK"  # pointed at the verified revision (the server's)
     REPORT_FILE = "FUSEBOX_FETCH_REPORT_FILE"
     TERMINATION_LOG = "FUSEBOX_FETCH_TERMINATION_LOG"
     # The emptyDir cache's sizeLimit in bytes (absent on a claim): the kubelet evicts a
-    # pod past it, and the node's free space the fetcher sees says nothing of it.
+    # pod past it, and the node's free space the fetcher sees says nothing of it. Given, it
+    # also says the cache is this pod's own: revisions other than the one fetched are removed.
     CACHE_SIZE_LIMIT_BYTES = "FUSEBOX_FETCH_CACHE_SIZE_LIMIT_BYTES"
     S3_ENDPOINT = "FUSEBOX_FETCH_S3_ENDPOINT"  # host[:port] or http(s)://host[:port]
     S3_REGION = "FUSEBOX_FETCH_S3_REGION"
@@ -188,7 +198,9 @@ def parse(text: str) -> FetchReport | None:
 
 
 def model_cache_subdir(source: str, revision: str) -> str:
-    """The directory, under the cache volume, that holds one source at one revision.
+    """The directory, under the cache volume, that holds one source at the revision the
+    spec names; each copy the source resolves to (a hub commit, an S3 listing's digest)
+    is a subdirectory of its own (fusebox_server.fetch.store.revision_dir).
 
     A digest, not the source's text: bucket keys and repository names may hold
     characters a path should not, and two services naming the same source and

@@ -19,6 +19,7 @@ from fusebox_contract import settings as server_settings
 from fusebox_contract.model_fetch import (
     FETCH_CONTAINER,
     FETCH_REPORT_FILE,
+    FETCHED_MODEL_LINK,
     MODEL_CACHE_DIR,
     FetchEnv,
     SecretKey,
@@ -136,13 +137,16 @@ def config_map_name(name: str) -> str:
 
 
 def fetched_model_dir(model: ModelSpec) -> str:
-    """Where the fetcher puts an s3:// or hf:// model, and the server loads it from."""
+    """The s3:// or hf:// source's directory in the cache: the fetcher puts each revision
+    the source resolves to in a subdirectory of its own there."""
     return f"{MODEL_CACHE_DIR}/{model_cache_subdir(model.source_text, model.fetch_revision)}"
 
 
 def _source_dir(spec: InferenceServiceSpec, source: ModelSource) -> str:
-    """The directory the server loads `source` from (the primary's, when fetched)."""
-    return fetched_model_dir(spec.model) if source.fetched else _model_dir(source)
+    """The directory the server loads `source` from. A fetched one (the primary) is the
+    pod's link to the revision its fetcher verified: in the runtime volume, it outlives
+    a server restart, and a shared cache's later revisions never reach this pod."""
+    return FETCHED_MODEL_LINK if source.fetched else _model_dir(source)
 
 
 def _model_dir(source: ModelSource) -> str:
@@ -362,6 +366,7 @@ def _fetch_env(model: ModelSpec) -> list[Manifest]:
         (FetchEnv.SOURCE, model.source_text),
         (FetchEnv.REVISION, model.fetch_revision),
         (FetchEnv.MODEL_DIR, fetched_model_dir(model)),
+        (FetchEnv.MODEL_LINK, FETCHED_MODEL_LINK),
         (FetchEnv.REPORT_FILE, FETCH_REPORT_FILE),
         (FetchEnv.TERMINATION_LOG, TERMINATION_LOG),
         # Read-only root: huggingface_hub's own files go to the writable /tmp.

@@ -1,7 +1,9 @@
 """`python -m fusebox_server.fetch`: download, verify and report one model, then exit.
 
-Exit 0 with a Verified report when the model directory holds a complete,
-verified copy (downloaded now or found there); exit 1 with the failure's name
+Exit 0 with a Verified report when the cache holds a complete, verified copy of
+the revision the source resolves to now (downloaded now or found there), in that
+revision's own directory, and the pod's link (`--model-link`, what the server
+loads) points at it; exit 1 with the failure's name
 (fusebox_contract.model_fetch.FetchReason) otherwise. Every input comes from the
 environment the operator renders (FetchEnv); a flag overrides its variable for
 runs by hand.
@@ -26,7 +28,14 @@ from pathlib import Path
 from fusebox_contract.model_fetch import FetchEnv, FetchReason, FetchReport
 from fusebox_server.fetch import hub, s3
 from fusebox_server.fetch.progress import Progress, secret_forms
-from fusebox_server.fetch.store import FetchError, ModelStore, RemoteFile
+from fusebox_server.fetch.store import (
+    FetchError,
+    ModelStore,
+    RemoteFile,
+    discard_other_revisions,
+    link_model,
+    revision_dir,
+)
 
 Reader = Callable[[RemoteFile, int], Iterator[bytes]]
 
@@ -54,13 +63,16 @@ def credential_values(env: Mapping[str, str]) -> list[str]:
 class FetchConfig:
     source: str
     revision: str
-    model_dir: Path
+    model_dir: Path  # the source's directory; each resolved revision under revisions/
     report_file: Path | None
     termination_log: Path | None
     s3_endpoint: str
     s3_region: str
     hf_endpoint: str
-    cache_size_limit_bytes: int | None = None  # the emptyDir's sizeLimit; None on a claim
+    # The emptyDir's sizeLimit; None on a claim. Given, the cache is this pod's own, and
+    # the revisions of the source other than the one fetched are removed.
+    cache_size_limit_bytes: int | None = None
+    model_link: Path | None = None  # pointed at the verified revision; None: no link
 
 
 def _byte_count(text: str) -> int | None:
@@ -78,7 +90,18 @@ def fetch_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> FetchCon
     parser = argparse.ArgumentParser(prog="python -m fusebox_server.fetch", description=__doc__)
     parser.add_argument("--source", default=env.get(FetchEnv.SOURCE, ""))
     parser.add_argument("--revision", default=env.get(FetchEnv.REVISION, "main"))
-    parser.add_argument("--model-dir", default=env.get(FetchEnv.MODEL_DIR, ""))
+    parser.add_argument(
+        "--model-dir",
+        default=env.get(FetchEnv.MODEL_DIR, ""),
+        help="the source's directory in the cache: each revision it resolves to is fetched "
+        "into revisions/REVISION there",
+    )
+    parser.add_argument(
+        "--model-link",
+        default=env.get(FetchEnv.MODEL_LINK, ""),
+        help="a symbolic link to point at the verified revision (the server's model "
+        "directory); empty: none",
+    )
     parser.add_argument("--report-file", default=env.get(FetchEnv.REPORT_FILE, ""))
     parser.add_argument("--termination-log", default=env.get(FetchEnv.TERMINATION_LOG, ""))
     parser.add_argument("--s3-endpoint", default=env.get(FetchEnv.S3_ENDPOINT, ""))
@@ -88,7 +111,8 @@ def fetch_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> FetchCon
         "--cache-size-limit-bytes",
         type=_byte_count,
         default=env.get(FetchEnv.CACHE_SIZE_LIMIT_BYTES, ""),
-        help="the cache volume's size limit (an emptyDir's sizeLimit); empty: none",
+        help="the cache volume's size limit (an emptyDir's sizeLimit; the cache is then "
+        "the pod's own, and other revisions are removed); empty: none (a shared cache)",
     )
     args = parser.parse_args(argv)
     if not args.source or not args.model_dir:
@@ -105,6 +129,7 @@ def fetch_config(argv: Sequence[str] | None, env: Mapping[str, str]) -> FetchCon
         s3_region=args.s3_region,
         hf_endpoint=args.hf_endpoint,
         cache_size_limit_bytes=args.cache_size_limit_bytes,
+        model_link=Path(args.model_link) if args.model_link else None,
     )
 
 
@@ -138,9 +163,36 @@ def _listing(config: FetchConfig) -> tuple[str, list[RemoteFile], Reader]:
 
 
 def fetch(config: FetchConfig, progress: Progress) -> FetchReport:
-    """Bring the model into `config.model_dir`, verified; raise FetchError naming why not."""
+    """Bring the revision the source resolves to now into its own directory, verified,
+    and point the pod's link at it; raise FetchError naming why not.
+
+    The revision is resolved first (the hub's commit, a digest of the S3 listing) and
+    its directory is never written once complete: a source that moves later is another
+    directory, so a server that loaded this one, and restarts from the link, keeps
+    exactly these bytes."""
     revision, files, read = _listing(config)
-    store = ModelStore(config.model_dir)
+    source_dir = config.model_dir.absolute()
+    store = ModelStore(revision_dir(source_dir, revision))
+    if config.cache_size_limit_bytes is not None:
+        # The pod's own emptyDir: no server of this pod runs while its fetcher does, and
+        # an older revision (a restarted pod sandbox, the source moved) only takes room.
+        discard_other_revisions(source_dir, store.model_dir)
+    report = _fetch_revision(config, progress, store, revision, files, read, source_dir)
+    if config.model_link is not None:
+        link_model(config.model_link, store.model_dir)
+    return report
+
+
+def _fetch_revision(
+    config: FetchConfig,
+    progress: Progress,
+    store: ModelStore,
+    revision: str,
+    files: list[RemoteFile],
+    read: Reader,
+    source_dir: Path,
+) -> FetchReport:
+    """The revision's directory complete and verified, under its lock."""
     total = sum(f.size for f in files)
     size_only = sum(1 for f in files if set(f.digests) <= {"size"} or not f.digests)
     checked = f"; {size_only} checked by size only (no hash at the source)" if size_only else ""
@@ -160,7 +212,7 @@ def fetch(config: FetchConfig, progress: Progress) -> FetchReport:
             store.discard_stale_parts(remote)  # before measuring what the cache holds
         done = total - sum(f.size for f in todo)
         resumed = sum(store.resumable_bytes(f) for f in todo)
-        store.check_space(total - done - resumed, config.cache_size_limit_bytes)
+        store.check_space(total - done - resumed, config.cache_size_limit_bytes, source_dir)
         progress.start(total, len(files), done + resumed)
         for remote in todo:
             offset = store.resumable_bytes(remote)

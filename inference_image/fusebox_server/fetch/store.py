@@ -9,6 +9,13 @@ killed in the middle leaves a part file the next run resumes, never a file that
 looks done. The version (a digest of the remote file's ETag or hash) is in the
 part's name because the remote file may change between two runs: the bytes of
 one version must never be completed with another's.
+
+Each revision the source resolves to (a hub commit, a digest of an S3 listing)
+has a directory of its own, `<source dir>/revisions/<revision>/`, which is
+complete and verified before any server loads it and never written again: a
+later pod that finds the source moved fetches the new revision beside it, while
+servers that loaded the old one (and restart from it) keep their files. The pod's
+link (`link_model`) names the revision it verified.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ _PART_TAIL = re.compile(r"(\.[0-9a-f]{12})?\.part")
 """What follows a file's name in the name of one of its parts (none: an older fetcher's)."""
 STATE_FILE = ".fusebox-fetch.json"
 """In the model directory: the source, its revision, and each file verified so far."""
+REVISIONS_DIR = "revisions"
+"""In the source's directory: one subdirectory per resolved revision."""
+LOCK_SUFFIX = ".lock"
 LOCK_POLL_SECONDS = 2.0
 CHUNK_BYTES = 1024 * 1024
 
@@ -123,6 +133,58 @@ def held_bytes(directory: Path) -> int:
     return total
 
 
+def revision_dir(source_dir: Path, revision: str) -> Path:
+    """The directory one resolved revision of the source is fetched into.
+
+    The revision as it is where it is a plain name (a hub commit); any other
+    character (the `:` of S3's `etags:DIGEST`) becomes `-`, so the name is safe
+    on any filesystem a claim may be.
+    """
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", revision).lstrip(".")
+    if not name:
+        raise FetchError(FetchReason.FAILED, f"the source resolved to no revision ({revision!r})")
+    return source_dir / REVISIONS_DIR / name
+
+
+def discard_other_revisions(source_dir: Path, keep: Path) -> None:
+    """Remove every revision of the source but `keep`, with its lock.
+
+    Only for a cache that is the pod's own (an emptyDir): its fetcher runs while no
+    server of the pod does, so no server can hold what is removed. On a shared claim
+    another pod's server may have loaded any of them (docs/decisions/model-sources.md).
+    """
+    revisions = source_dir / REVISIONS_DIR
+    try:
+        entries = list(revisions.iterdir()) if revisions.is_dir() else []
+        for entry in entries:
+            if entry.name in (keep.name, keep.name + LOCK_SUFFIX):
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink(missing_ok=True)
+    except OSError as error:
+        raise disk_error(error, revisions) from None
+
+
+def link_model(link: Path, target: Path) -> None:
+    """Point `link` at `target` (a verified revision), replacing what it pointed at.
+
+    Made beside it and renamed over it: a reader sees the old link or the new one.
+    """
+    temporary = link.with_name(f".{link.name}.tmp")
+    try:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        temporary.unlink(missing_ok=True)
+        temporary.symlink_to(target, target_is_directory=True)
+        os.replace(temporary, link)
+    except OSError as error:
+        raise FetchError(
+            FetchReason.FAILED,
+            f"cannot link {link} to the verified copy {target}: {error.strerror or error}",
+        ) from None
+
+
 class ModelStore:
     """One model's directory in the cache volume, and what has been verified in it."""
 
@@ -135,7 +197,9 @@ class ModelStore:
         """Hold the model's lock; `waiting` is told at each look while another pod holds it."""
         try:
             self.model_dir.mkdir(parents=True, exist_ok=True)
-            handle = open(self.model_dir.parent / f"{self.model_dir.name}.lock", "a+b")  # noqa: SIM115
+            handle = open(  # noqa: SIM115
+                self.model_dir.parent / f"{self.model_dir.name}{LOCK_SUFFIX}", "a+b"
+            )
         except OSError as error:
             raise disk_error(error, self.model_dir) from None
         with handle:
@@ -230,13 +294,16 @@ class ModelStore:
         except OSError as error:
             raise disk_error(error, current.parent) from None
 
-    def check_space(self, needed_bytes: int, size_limit_bytes: int | None = None) -> None:
+    def check_space(
+        self, needed_bytes: int, size_limit_bytes: int | None = None, held_in: Path | None = None
+    ) -> None:
         """Refuse before downloading what the volume cannot hold.
 
         `size_limit_bytes`: the emptyDir cache's sizeLimit. It is no quota the
         filesystem tells (the free space is the node's): the kubelet evicts a pod
-        past it, so the model directory's bytes plus what is still to come must
-        fit under it. On an emptyDir the model directory is all the volume holds.
+        past it, so what the volume holds (`held_in`, by default the model
+        directory: on an emptyDir the source's directory is all it holds) plus
+        what is still to come must fit under it.
         """
         free = shutil.disk_usage(self.model_dir).free
         if needed_bytes > free:
@@ -246,7 +313,7 @@ class ModelStore:
             )
         if size_limit_bytes is None:
             return
-        held = held_bytes(self.model_dir)
+        held = held_bytes(held_in or self.model_dir)
         if needed_bytes + held > size_limit_bytes:
             raise FetchError(
                 FetchReason.DISK_FULL,

@@ -24,14 +24,22 @@ class FetchRun:
     output: str
 
 
+def pod_link(model_dir: Path, pod: str = "pod") -> Path:
+    """Where pod `pod`'s fetcher into `model_dir` links the revision it verified: the
+    server's model directory (in a pod, /run/fusebox/model in its runtime volume)."""
+    return model_dir.parent / f"{model_dir.name}-{pod}" / "model"
+
+
 def start_fetch(
-    model_dir: Path, settings: Mapping[str, str], scrubbed: tuple[str, ...]
+    model_dir: Path, settings: Mapping[str, str], scrubbed: tuple[str, ...], pod: str = "pod"
 ) -> subprocess.Popen[str]:
-    """The fetcher into `model_dir` with `settings`; variables of this process starting
-    with a `scrubbed` prefix are left out, so only the test's own settings count."""
+    """Pod `pod`'s fetcher into the source's directory `model_dir` with `settings`;
+    variables of this process starting with a `scrubbed` prefix are left out, so only
+    the test's own settings count."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FUSEBOX_", *scrubbed))}
     env |= {
         FetchEnv.MODEL_DIR: str(model_dir),
+        FetchEnv.MODEL_LINK: str(pod_link(model_dir, pod)),
         FetchEnv.REPORT_FILE: str(model_dir.parent / f"{model_dir.name}-report.json"),
         FetchEnv.TERMINATION_LOG: str(model_dir.parent / f"{model_dir.name}-termination"),
         **settings,

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from fetch_harness import FetchRun, finished, serving, start_fetch
+from fetch_harness import FetchRun, finished, pod_link, serving, start_fetch
 from fusebox_server_harness import ServerProcess, free_port
 
 from fusebox_contract.model_fetch import FetchEnv, FetchReason
@@ -94,9 +94,12 @@ def test_a_hub_model_at_a_tag_is_fetched_at_its_commit_verified_and_served(
     assert run.report.reason is FetchReason.VERIFIED
     assert run.report.revision == hub.commit  # the tag resolved to its commit hash
     assert run.report.bytes_total == sum(p.stat().st_size for p in tiny_model_dir.iterdir())
+    # The copy is the commit's own directory, and the pod's link (what the server loads)
+    # names it.
+    assert pod_link(model_dir).resolve() == (model_dir / "revisions" / hub.commit).resolve()
     for path in tiny_model_dir.iterdir():
-        assert (model_dir / path.name).read_bytes() == path.read_bytes()
-    server = ServerProcess(workdir / "server", model_dir, {"max-new-tokens": 8}, {})
+        assert (pod_link(model_dir) / path.name).read_bytes() == path.read_bytes()
+    server = ServerProcess(workdir / "server", pod_link(model_dir), {"max-new-tokens": 8}, {})
     try:
         server.wait_ready()
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)

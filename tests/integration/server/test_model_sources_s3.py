@@ -23,12 +23,13 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from fetch_harness import FetchRun, finished, serving, start_fetch
+from fetch_harness import FetchRun, finished, pod_link, serving, start_fetch
 from fusebox_server_harness import ServerProcess, free_port
 from minio import Minio
 
 from fusebox_contract.model_fetch import FetchEnv, FetchReason, parse
-from fusebox_server.fetch.store import ModelStore, RemoteFile
+from fusebox_server.fetch import s3
+from fusebox_server.fetch.store import ModelStore, RemoteFile, held_bytes, revision_dir
 
 pytestmark = pytest.mark.integration
 
@@ -102,6 +103,7 @@ def run_fetch(
     source: str,
     model_dir: Path,
     secret: str = SECRET_KEY,
+    pod: str = "pod",
     **more: str,
 ) -> subprocess.Popen[str]:
     settings = {
@@ -111,19 +113,41 @@ def run_fetch(
         FetchEnv.S3_SECRET_KEY: secret,
         **more,
     }
-    return start_fetch(model_dir, settings, scrubbed=("AWS_",))
+    return start_fetch(model_dir, settings, scrubbed=("AWS_",), pod=pod)
 
 
 def fetch(
-    gateway: Gateway, source: str, model_dir: Path, secret: str = SECRET_KEY, **more: str
+    gateway: Gateway,
+    source: str,
+    model_dir: Path,
+    secret: str = SECRET_KEY,
+    pod: str = "pod",
+    **more: str,
 ) -> FetchRun:
-    return finished(run_fetch(gateway, source, model_dir, secret, **more), model_dir)
+    return finished(run_fetch(gateway, source, model_dir, secret, pod, **more), model_dir)
 
 
 def listed(gateway: Gateway, key: str) -> RemoteFile:
     """The object as the fetcher lists it (its name under the prefix, size, ETag)."""
     (item,) = gateway.client().list_objects(BUCKET, prefix=key)
-    return RemoteFile(key.removeprefix(f"{PREFIX}/"), item.size or 0, (item.etag or "").strip('"'))
+    prefix = key.rsplit("/", 1)[0]
+    return RemoteFile(key.removeprefix(f"{prefix}/"), item.size or 0, (item.etag or "").strip('"'))
+
+
+def copy_dir(gateway: Gateway, model_dir: Path, prefix: str) -> Path:
+    """The directory the objects under `prefix` now are fetched into (their revision's)."""
+    objects = gateway.client().list_objects(BUCKET, prefix=f"{prefix}/", recursive=True)
+    files = [listed(gateway, item.object_name or "") for item in objects]
+    return revision_dir(model_dir, s3.revision_of(files))
+
+
+def model_files(directory: Path) -> dict[str, bytes]:
+    """The model's files as a server loading `directory` reads them."""
+    return {
+        path.relative_to(directory).as_posix(): path.read_bytes()
+        for path in sorted(directory.rglob("*"))
+        if path.is_file() and not path.name.startswith(".fusebox")
+    }
 
 
 def test_a_model_fetched_from_s3_is_verified_and_served(
@@ -138,7 +162,7 @@ def test_a_model_fetched_from_s3_is_verified_and_served(
     assert run.report.revision.startswith("etags:")
     assert "1 checked by size only" in run.report.message  # the multipart weights
     assert SECRET_KEY not in run.output
-    server = ServerProcess(workdir / "server", model_dir, {"max-new-tokens": 8}, {})
+    server = ServerProcess(workdir / "server", pod_link(model_dir), {"max-new-tokens": 8}, {})
     try:
         server.wait_ready()
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
@@ -166,21 +190,57 @@ def test_replicas_sharing_a_cache_download_once(
     assert again.returncode == 0 and again.report.cached
 
 
+def test_objects_replaced_between_two_pods_fetches_never_change_what_the_first_pod_loads(
+    gateway: Gateway, workdir: Path, tiny_model_dir: Path
+) -> None:
+    """A shared cache (a claim): pod A fetches the model, the objects under the prefix
+    are replaced (here by a model no server can load), pod B (a scale-up) fetches. Each
+    copy is a directory of its own; pod A's link still names the copy it verified, byte
+    for byte, and its server, restarted (its fetcher does not run again), serves it."""
+    client = gateway.client()
+    for path in sorted(tiny_model_dir.iterdir()):
+        client.fput_object(BUCKET, f"moving/{path.name}", str(path))
+    model_dir = workdir / "moving" / "model"
+    first = fetch(gateway, f"s3://{BUCKET}/moving", model_dir, pod="a")
+    assert first.returncode == 0, first.output
+    replaced = {"config.json": b'{"model_type": "replaced"}', WEIGHTS: b"\0" * 4096}
+    for name, data in replaced.items():
+        client.put_object(BUCKET, f"moving/{name}", io.BytesIO(data), len(data))
+    second = fetch(gateway, f"s3://{BUCKET}/moving", model_dir, pod="b")
+    assert second.returncode == 0, second.output
+    assert second.report.revision != first.report.revision and not second.report.cached
+    original = {path.name: path.read_bytes() for path in tiny_model_dir.iterdir()}
+    assert model_files(pod_link(model_dir, "a")) == original
+    assert model_files(pod_link(model_dir, "b")) == original | replaced
+    assert len([p for p in (model_dir / "revisions").iterdir() if p.is_dir()]) == 2
+    server = ServerProcess(workdir / "restarted", pod_link(model_dir, "a"), {}, {})
+    try:
+        server.wait_ready()
+        client_api = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        reply = client_api.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=4
+        )
+        assert reply.usage is not None and reply.usage.completion_tokens > 0
+    finally:
+        server.stop()
+
+
 def test_a_partial_download_is_resumed(
     gateway: Gateway, bucket: str, workdir: Path, tiny_model_dir: Path
 ) -> None:
     model_dir = workdir / "resumed" / "model"
-    model_dir.mkdir(parents=True)
+    copy = copy_dir(gateway, model_dir, PREFIX)
+    copy.mkdir(parents=True)
     weights = (tiny_model_dir / WEIGHTS).read_bytes()
-    part = ModelStore(model_dir).part_path(listed(gateway, f"{PREFIX}/{WEIGHTS}"))
+    part = ModelStore(copy).part_path(listed(gateway, f"{PREFIX}/{WEIGHTS}"))
     part.write_bytes(weights[: len(weights) // 2])
     # A part an older fetcher left, of no known version: never resumed, removed.
-    (model_dir / f"{WEIGHTS}.part").write_bytes(b"\0" * (len(weights) // 3))
+    (copy / f"{WEIGHTS}.part").write_bytes(b"\0" * (len(weights) // 3))
     run = fetch(gateway, bucket, model_dir)
     assert run.returncode == 0, run.output
     assert f"{len(weights) // 2} bytes resumed" in run.report.message
-    assert (model_dir / WEIGHTS).read_bytes() == weights
-    assert not list(model_dir.glob("*.part"))
+    assert (pod_link(model_dir) / WEIGHTS).read_bytes() == weights
+    assert not list(copy.glob("*.part"))
 
 
 def test_a_part_of_an_object_since_replaced_is_not_resumed(
@@ -194,13 +254,16 @@ def test_a_part_of_an_object_since_replaced_is_not_resumed(
     old = listed(gateway, key)
     client.put_object(BUCKET, key, io.BytesIO(b"B" * size), size, part_size=5 * 1024**2)
     model_dir = workdir / "replaced" / "model"
-    model_dir.mkdir(parents=True)
-    ModelStore(model_dir).part_path(RemoteFile("w.bin", size, old.key)).write_bytes(b"A" * 1000)
+    # A killed run leaves its part in the old listing's directory, which no later run
+    # writes; put in the new listing's, its version in its name still keeps it out.
+    copy = copy_dir(gateway, model_dir, "replaced")
+    copy.mkdir(parents=True)
+    ModelStore(copy).part_path(RemoteFile("w.bin", size, old.key)).write_bytes(b"A" * 1000)
     run = fetch(gateway, f"s3://{BUCKET}/replaced", model_dir)
     assert run.returncode == 0, run.output
     assert "1 checked by size only" in run.report.message and "resumed" not in run.report.message
-    assert (model_dir / "w.bin").read_bytes() == b"B" * size
-    assert not list(model_dir.glob("*.part"))
+    assert (pod_link(model_dir) / "w.bin").read_bytes() == b"B" * size
+    assert not list(copy.glob("*.part"))
 
 
 def test_credentials_ending_in_a_newline_are_used_without_it(
@@ -229,7 +292,7 @@ def test_a_model_larger_than_the_cache_size_limit_is_disk_full(
     assert run.returncode == 1
     assert run.report.reason is FetchReason.DISK_FULL
     assert "size limit (spec.model.cache.sizeLimit) is 1048576 bytes" in run.report.message
-    assert not list(model_dir.iterdir())  # refused before any byte
+    assert held_bytes(model_dir) == 0  # refused before any byte
 
 
 @pytest.mark.parametrize(
@@ -271,5 +334,5 @@ def test_an_object_corrupted_at_the_source_is_a_hash_mismatch(
     assert run.returncode == 1
     assert run.report.reason is FetchReason.HASH_MISMATCH
     assert "config.json: md5" in run.report.message
-    assert not (model_dir / "config.json").exists()  # never left where the server would load it
-    assert not list(model_dir.glob("config.json*.part"))  # the next run starts it again
+    assert not pod_link(model_dir).exists()  # nothing for the server to load
+    assert not list(model_dir.rglob("config.json*"))  # nor its part: the next run starts again

@@ -35,7 +35,7 @@ import pytest
 import torch
 import yaml
 
-from fusebox_contract.model_fetch import FETCH_CONTAINER, MODEL_CACHE_DIR
+from fusebox_contract.model_fetch import FETCH_CONTAINER, FETCHED_MODEL_LINK, MODEL_CACHE_DIR
 from fusebox_contract.names import Dtype, Quantization
 from fusebox_contract.settings import body_limit_bytes
 from fusebox_contract.wiring import (
@@ -704,7 +704,8 @@ class PodFiles:
         self.prefixes = {
             CONFIG_DIR: root / "config",
             MODELS_ROOT: root / "models",
-            # What the fetcher leaves in the cache volume: the model, as on a claim.
+            # What the fetcher leaves in the cache volume: the model, as on a claim
+            # (and, in the runtime volume, the pod's link to it: FETCHED_MODEL_LINK).
             MODEL_CACHE_DIR: root / "model-cache",
             ADMIN_TOKEN_DIR: root / "admin",
             RUNTIME_DIR: root / "run",
@@ -722,7 +723,8 @@ class PodFiles:
         for prefix, local in self.prefixes.items():
             if value == prefix or value.startswith(prefix + "/"):
                 path = local / value[len(prefix) :].lstrip("/")
-                if prefix in (MODELS_ROOT, MODEL_CACHE_DIR) and not path.exists():
+                model = prefix in (MODELS_ROOT, MODEL_CACHE_DIR) or value == FETCHED_MODEL_LINK
+                if model and not path.exists():
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.symlink_to(self.model, target_is_directory=True)
                 return str(path)

@@ -9,12 +9,22 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
 
-from fusebox_contract.model_fetch import FETCH_CONTAINER, MODEL_CACHE_DIR, FetchEnv
+from fusebox_contract.model_fetch import (
+    FETCH_CONTAINER,
+    FETCHED_MODEL_LINK,
+    MODEL_CACHE_DIR,
+    FetchEnv,
+)
+from fusebox_contract.names import Variant
 from fusebox_contract.settings import FALLBACK_DIR, MODEL_DIR
+from fusebox_contract.stats import RuntimeState, StatsDocument
 from fusebox_operator.manifests import (
     MODEL_CACHE_VOLUME,
     MODEL_REVISION_ANNOTATION,
@@ -22,10 +32,12 @@ from fusebox_operator.manifests import (
 )
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import size_memory
-from fusebox_operator.spec import SpecError, parse_spec
+from fusebox_operator.spec import InferenceServiceSpec, SpecError, parse_spec
 from fusebox_operator.status import model_entry
+from fusebox_operator.telemetry import parse_metrics, sample_from_metrics
 from fusebox_server.config import parse_config
 from fusebox_server.fetch.__main__ import fetch_config
+from fusebox_sidecar.collectors import relayed_families
 
 from .pod_security import restricted_violations
 
@@ -69,7 +81,7 @@ def volume(pod: dict[str, Any], name: str) -> dict[str, Any]:
     return found
 
 
-def test_an_s3_model_is_fetched_first_into_the_directory_the_server_loads() -> None:
+def test_an_s3_model_is_fetched_first_and_the_server_loads_the_pods_link_to_it() -> None:
     pod = pod_of({"source": "s3://models/tiny", "endpoint": "http://s3.local:7070"})
     # The native sidecar first: it runs on beside the fetcher and exports its progress.
     assert [c["name"] for c in pod["initContainers"]] == ["sidecar", FETCH_CONTAINER]
@@ -77,9 +89,15 @@ def test_an_s3_model_is_fetched_first_into_the_directory_the_server_loads() -> N
     config = fetch_config([], plain_env(fetcher))
     assert config.source == "s3://models/tiny"
     assert config.s3_endpoint == "http://s3.local:7070"
-    served = parse_config([], plain_env(server), read_files=False)
-    assert str(config.model_dir) == str(served.model_dir) == plain_env(server)[MODEL_DIR.env]
     assert str(config.model_dir).startswith(MODEL_CACHE_DIR + "/")
+    # The server loads the link the fetcher points at the revision it verified: in the
+    # runtime volume, the pod's own, which both mount and which outlives a restart.
+    served = parse_config([], plain_env(server), read_files=False)
+    assert str(config.model_link) == str(served.model_dir) == FETCHED_MODEL_LINK
+    runtime = {"name": "runtime", "mountPath": str(Path(FETCHED_MODEL_LINK).parent)}
+    assert runtime in fetcher["volumeMounts"] and runtime in server["volumeMounts"]
+    assert "emptyDir" in volume(pod, "runtime")
+    # The link's target is in the cache, which the server mounts where the fetcher does.
     assert {"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_DIR} in fetcher["volumeMounts"]
     assert {
         "name": MODEL_CACHE_VOLUME,
@@ -189,7 +207,7 @@ def test_anonymous_sources_reference_no_secret() -> None:
 def test_another_revision_is_another_directory() -> None:
     def model_dir(revision: str) -> str:
         pod = pod_of({"source": "hf://org/name", "revision": revision})
-        return plain_env(container(pod, "server"))[MODEL_DIR.env]
+        return plain_env(container(pod, FETCH_CONTAINER))[FetchEnv.MODEL_DIR]
 
     assert model_dir("v1") != model_dir("v2")
 
@@ -216,18 +234,34 @@ def template_of(model: dict[str, Any]) -> dict[str, Any]:
     return template
 
 
-def reported_revisions(model: dict[str, Any]) -> tuple[str, str | None, str]:
+def status_revision(spec: InferenceServiceSpec, served_revision: str) -> str | None:
+    """status.model.revision once a pod's server reports `served_revision`: through the
+    real sidecar's fusebox_model_info and the operator's scrape."""
+    state = RuntimeState(variant=Variant.PRIMARY, model_revision=served_revision)
+
+    class Relayed(Collector):
+        def collect(self) -> Any:
+            yield from relayed_families(StatsDocument(model_name="chat", state=state), 0.0)
+
+    registry = CollectorRegistry()
+    registry.register(Relayed())
+    text = generate_latest(registry).decode()
+    sample = sample_from_metrics("p", parse_metrics(text), 0.0, "ttft")
+    return model_entry(spec, [sample], {}).get("revision")
+
+
+def reported_revisions(model: dict[str, Any]) -> tuple[str, str | None, str | None]:
     """The revision as the server reports it, as the pods carry it, and in status.model."""
     template = template_of(model)
     served = parse_config([], plain_env(container(template["spec"], "server")), read_files=False)
     annotation = template["metadata"]["annotations"].get(MODEL_REVISION_ANNOTATION)
-    status_model = model_entry(parse_spec({"model": {"name": "chat", **model}}))
-    return served.model_revision, annotation, status_model["revision"]
+    spec = parse_spec({"model": {"name": "chat", **model}})
+    return served.model_revision, annotation, status_revision(spec, served.model_revision)
 
 
 def test_an_hf_model_reports_the_revision_it_fetches_everywhere() -> None:
-    # @REVISION wins over model.revision (its default "main" here): v2 is downloaded,
-    # so v2 is what the server, the pods and status say it serves.
+    # @REVISION is the revision fetched (model.revision stays at its default): v2 is
+    # downloaded, so v2 is what the server, the pods and status say it serves.
     model = {"source": "hf://org/name@v2"}
     fetched = fetch_config([], plain_env(container(template_of(model)["spec"], FETCH_CONTAINER)))
     assert fetched.revision == "v2"
@@ -236,7 +270,7 @@ def test_an_hf_model_reports_the_revision_it_fetches_everywhere() -> None:
 
 
 def test_an_s3_model_reports_no_revision_a_bucket_has_none() -> None:
-    assert reported_revisions({"source": "s3://models/tiny"}) == ("", None, "")
+    assert reported_revisions({"source": "s3://models/tiny"}) == ("", None, None)
 
 
 def test_a_local_model_reports_model_revision_as_given() -> None:
@@ -250,3 +284,16 @@ def test_a_local_model_reports_model_revision_as_given() -> None:
 def test_a_revision_on_an_s3_source_is_refused_naming_it() -> None:
     with pytest.raises(SpecError, match=r"model.revision 'v2' has no effect on an s3:// source"):
         parse_spec({"model": {"name": "chat", "source": "s3://models/tiny", "revision": "v2"}})
+
+
+def test_a_revision_beside_an_hf_sources_own_revision_is_refused_naming_both() -> None:
+    # It would be overridden by @REVISION, silently: v1 would be fetched, not v2.
+    with pytest.raises(SpecError, match=r"model.revision 'v2' .* hf:// source with @REVISION"):
+        parse_spec({"model": {"name": "chat", "source": "hf://org/name@v1", "revision": "v2"}})
+
+
+def test_a_cache_size_limit_beside_a_claim_is_refused_naming_both() -> None:
+    # The sizeLimit sizes the emptyDir used without a claim: with one it bounds nothing.
+    cache = {"claimName": "models", "sizeLimit": "4Gi"}
+    with pytest.raises(SpecError, match=r"model.cache.sizeLimit '4Gi' .* model.cache.claimName"):
+        parse_spec({"model": {"name": "chat", "source": "hf://org/name", "cache": cache}})

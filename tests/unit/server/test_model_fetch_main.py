@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import socket
 import threading
@@ -96,6 +97,24 @@ def hub_repository(stub: Stub, files: dict[str, int]) -> None:
     stub.replies[f"/api/models/o/n/tree/{COMMIT}"] = Reply(200, json.dumps(tree).encode())
 
 
+def git_blob_id(data: bytes) -> str:
+    """The id the hub's tree lists for a small (non-LFS) file."""
+    return hashlib.sha1(f"blob {len(data)}\0".encode() + data).hexdigest()
+
+
+def hub_branch(stub: Stub, commit: str, files: dict[str, bytes]) -> None:
+    """`o/n`'s `main` at `commit` on the stub hub, holding `files`, each served."""
+    stub.replies["/api/models/o/n/revision/main"] = Reply(
+        200, json.dumps({"id": "o/n", "sha": commit}).encode()
+    )
+    tree = [
+        {"type": "file", "path": p, "size": len(b), "oid": git_blob_id(b)} for p, b in files.items()
+    ]
+    stub.replies[f"/api/models/o/n/tree/{commit}"] = Reply(200, json.dumps(tree).encode())
+    for path, data in files.items():
+        stub.replies[f"/o/n/resolve/{commit}/{path}"] = Reply(200, data, "application/octet-stream")
+
+
 @dataclass(frozen=True)
 class Outcome:
     returncode: int
@@ -110,8 +129,11 @@ def run_main(
     capsys: pytest.CaptureFixture[str],
     env: dict[str, str],
     *flags: str,
+    cache_dir: Path | None = None,
 ) -> Outcome:
-    """`main` with only `env` set of the fetcher's variables, as the init container runs."""
+    """`main` with only `env` set of the fetcher's variables, as the init container runs;
+    `tmp_path` is the pod (its termination message, its report), `cache_dir` the source's
+    directory in the cache volume (by default one of the pod's own)."""
     for name in FetchEnv:
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
@@ -120,7 +142,7 @@ def run_main(
     returncode = main(
         [
             "--model-dir",
-            str(tmp_path / "cache" / "models" / "m"),
+            str(cache_dir or tmp_path / "cache" / "models" / "m"),
             "--termination-log",
             str(termination),
             "--report-file",
@@ -251,7 +273,8 @@ def test_a_cache_volume_that_refuses_file_locks_is_a_named_failure(
     outcome = run_main(tmp_path, monkeypatch, capsys, env)
     assert outcome.returncode == 1
     assert outcome.report.reason is FetchReason.FAILED
-    assert str(tmp_path / "cache" / "models" / "m.lock") in outcome.report.message
+    lock = tmp_path / "cache" / "models" / "m" / "revisions" / f"{COMMIT}.lock"
+    assert str(lock) in outcome.report.message
     assert "No locks available" in outcome.report.message
 
 
@@ -345,3 +368,96 @@ def test_a_hub_that_stops_sending_is_unreachable_not_a_hang(staller: Staller, he
         assert error.reason is FetchReason.UNREACHABLE
         assert host in error.message and f"{STALL_SECONDS:g} s" in error.message
         assert "hf_SECRET" not in error.message
+
+
+FIRST, SECOND = "1" * 40, "2" * 40
+OLD = {"config.json": b'{"v": 1}\n', "w.bin": b"old weights " * 1000}
+NEW = {"config.json": b'{"v": 2}\n', "w.bin": b"new weights " * 1000}
+"""The same files at two commits: what `main` holds before and after the branch moved."""
+
+
+def model_files(directory: Path) -> dict[str, bytes]:
+    """The model's files as a server loading `directory` reads them (not the fetcher's record)."""
+    return {
+        path.relative_to(directory).as_posix(): path.read_bytes()
+        for path in sorted(directory.rglob("*"))
+        if path.is_file() and not path.name.startswith(".fusebox")
+    }
+
+
+def fetch_in_pod(
+    pod: Path,
+    cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    stub: Stub,
+    *flags: str,
+) -> Outcome:
+    """One pod's fetcher into the source's directory `cache`, linking `pod`/run/model."""
+    pod.mkdir(exist_ok=True)
+    env = {FetchEnv.SOURCE: "hf://o/n", FetchEnv.HF_ENDPOINT: stub.url}
+    link = ("--model-link", str(pod / "run" / "model"))
+    return run_main(pod, monkeypatch, capsys, env, *link, *flags, cache_dir=cache)
+
+
+def test_a_branch_that_moves_between_two_pods_fetches_leaves_the_first_pod_its_verified_copy(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    stub: Stub,
+) -> None:
+    """A shared cache (a claim): a scale-up's pod fetches after `main` moved. The first
+    pod's server, restarted (its fetcher does not run again), must load what its fetcher
+    verified and reported, not the new commit, nor a mix of the two."""
+    cache = tmp_path / "claim" / "models" / "m"
+    hub_branch(stub, FIRST, OLD)
+    first = fetch_in_pod(tmp_path / "pod-a", cache, monkeypatch, capsys, stub)
+    hub_branch(stub, SECOND, NEW)
+    second = fetch_in_pod(tmp_path / "pod-b", cache, monkeypatch, capsys, stub)
+    third = fetch_in_pod(tmp_path / "pod-c", cache, monkeypatch, capsys, stub)
+    assert [o.returncode for o in (first, second, third)] == [0, 0, 0]
+    assert [o.report.revision for o in (first, second, third)] == [FIRST, SECOND, SECOND]
+    assert [o.report.cached for o in (first, second, third)] == [False, False, True]
+    assert model_files(tmp_path / "pod-a" / "run" / "model") == OLD
+    assert model_files(tmp_path / "pod-b" / "run" / "model") == NEW
+    assert model_files(tmp_path / "pod-c" / "run" / "model") == NEW
+    revisions = sorted(p.name for p in (cache / "revisions").iterdir() if p.is_dir())
+    assert revisions == [FIRST, SECOND]  # one copy per commit, both kept
+
+
+def test_a_pods_own_cache_keeps_only_the_revision_it_fetched_last(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    stub: Stub,
+) -> None:
+    """An emptyDir (its size limit given): the fetcher runs again only when the pod's
+    sandbox restarts, with no server running; an older revision would only take room
+    under the size limit."""
+    cache, pod = tmp_path / "empty-dir" / "models" / "m", tmp_path / "pod"
+    limit = ("--cache-size-limit-bytes", str(MIB))
+    hub_branch(stub, FIRST, OLD)
+    first = fetch_in_pod(pod, cache, monkeypatch, capsys, stub, *limit)
+    hub_branch(stub, SECOND, NEW)
+    again = fetch_in_pod(pod, cache, monkeypatch, capsys, stub, *limit)
+    assert (first.returncode, again.returncode) == (0, 0)
+    assert again.report.revision == SECOND
+    assert model_files(pod / "run" / "model") == NEW
+    assert [p.name for p in (cache / "revisions").iterdir() if p.is_dir()] == [SECOND]
+
+
+def test_a_fetch_that_fails_leaves_the_pods_link_where_it_was(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    stub: Stub,
+) -> None:
+    """A copy that does not verify is never what the server loads."""
+    cache, pod = tmp_path / "claim" / "models" / "m", tmp_path / "pod"
+    hub_branch(stub, FIRST, OLD)
+    assert fetch_in_pod(pod, cache, monkeypatch, capsys, stub).returncode == 0
+    hub_branch(stub, SECOND, NEW)
+    stub.replies[f"/o/n/resolve/{SECOND}/w.bin"] = Reply(200, b"x" * len(NEW["w.bin"]))
+    failed = fetch_in_pod(pod, cache, monkeypatch, capsys, stub)
+    assert failed.returncode == 1 and failed.report.reason is FetchReason.HASH_MISMATCH
+    assert model_files(pod / "run" / "model") == OLD
