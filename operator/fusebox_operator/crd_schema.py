@@ -10,8 +10,9 @@ test), read once per process. No Kubernetes client: the file ships in the image.
 
 `SpecSchema.violations` walks a raw spec along the same schema for what the API
 server refuses by the schema's shape alone: a field it does not declare, and a
-string, list or map over its maxLength, maxItems or maxProperties. Driven by the
-schema, it covers a field added later without a line of parser code.
+string under its minLength, or a string, list or map over its maxLength, maxItems
+or maxProperties. Driven by the schema, it covers a field added later without a
+line of parser code.
 """
 
 from __future__ import annotations
@@ -80,8 +81,9 @@ class SpecSchema:
 
     def violations(self, raw: Any) -> Iterator[str]:
         """What the API server would refuse in `raw` (a `.spec`) by the schema's shape:
-        each unknown field and each value over its declared size, as a message naming
-        the field's full path. Values of another type are the parser's to refuse."""
+        each unknown field and each value over (or a string under) its declared size,
+        as a message naming the field's full path. Values of another type are the
+        parser's to refuse."""
         return _violations(raw, self._node, "spec")
 
 
@@ -90,6 +92,14 @@ def _violations(value: Any, node: Mapping[str, Any], path: str) -> Iterator[str]
         most = node.get("maxLength")
         if most is not None and len(value) > most:
             yield f"{path} must be at most {most} characters, got {len(value)}"
+        least = node.get("minLength")
+        if least is not None and len(value) < least:
+            # An empty blocked term would match nothing and be skipped: refused instead.
+            yield (
+                f"{path} must not be empty"
+                if least == 1
+                else f"{path} must be at least {least} characters, got {len(value)}"
+            )
     elif isinstance(value, list):
         most = node.get("maxItems")
         if most is not None and len(value) > most:

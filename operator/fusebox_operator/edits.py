@@ -10,6 +10,7 @@ spec, so it is what is applied, not a hand-kept list of fields.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -144,6 +145,28 @@ def edit_effect(before: Sequence[Manifest], after: Sequence[Manifest]) -> EditEf
         replicas=(old_count, new_count) if old_count != new_count else None,
         other_children=tuple(others),
     )
+
+
+def edit_base(old: Any, status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The spec an edit is compared with: the one whose children run (`status.appliedSpec`),
+    else kopf's `old` (the spec it last handled); None when this is no edit (a create or
+    resume: kopf gives no `old`).
+
+    Not `old` alone: kopf records a spec it handled even when the reconcile refused it
+    (InvalidSpec), so after a refused edit `old` is that refused spec, nothing ran from
+    it, and the first accepted edit after it said nothing (no SpecApplied).
+    """
+    if not isinstance(old, Mapping):
+        return None
+    text = status.get("appliedSpec")
+    if isinstance(text, str):
+        try:
+            applied = json.loads(text)
+        except ValueError:
+            return old
+        if isinstance(applied, Mapping):
+            return applied
+    return old
 
 
 def edit_message(

@@ -8,12 +8,14 @@ kopf's `patch`, and kopf sends one patch per handler run.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import secrets
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -28,7 +30,7 @@ from fusebox_operator.cadence import (
     tick_slack_seconds,
 )
 from fusebox_operator.drift import Applied, restored_message, secret_restored_message
-from fusebox_operator.edits import edit_message
+from fusebox_operator.edits import edit_base, edit_message
 from fusebox_operator.kube import (
     SERVICE_GROUP,
     SERVICE_PLURAL,
@@ -57,6 +59,8 @@ from fusebox_operator.reconcile_status import (
     invalid_status,
     memory_sized_message,
     resync_keeps,
+    undone_edit,
+    undone_message,
     waiting_for_gpu_nodes,
 )
 from fusebox_operator.settings import OperatorSettings
@@ -69,11 +73,11 @@ from fusebox_operator.spec import (
     parse_spec,
     watched_spec,
 )
+from fusebox_operator.spec_size import SPEC_RECORD_BUDGET_BYTES, recorded_bytes
 from fusebox_operator.status import (
     iso,
     observed_yet,
     rebase_conditions,
-    undone_wait,
     unreadable_record_conditions,
 )
 from fusebox_operator.telemetry import scrape_all, scrape_session
@@ -102,9 +106,34 @@ def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "fusebox-operator"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="fusebox.dev")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = BoundedDiffBaseStorage(
         prefix="fusebox.dev", key="last-handled-configuration"
     )
+
+
+OVERSIZED_SPEC_KEY = "fusebox.dev/oversized-spec"
+"""What kopf's annotation records in place of a spec over the budget: its digest."""
+
+
+class BoundedDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf's last-handled annotation, where a spec over SPEC_RECORD_BUDGET_BYTES (which
+    the reconcile refuses, spec_size.py) is recorded by its digest and size.
+
+    Why: kopf writes the annotation in the same cycle as the refusal's status patch,
+    first; an annotation past Kubernetes' 256 KiB would be refused, and the refusal
+    never reach status. The digest still moves with every edit, so kopf's diff (and
+    the reconcile it calls) does too; the handler reads the spec from the body.
+    """
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        essence = super().build(body=body, extra_fields=extra_fields)
+        spec = essence.get("spec")
+        if spec is not None and recorded_bytes(spec) > SPEC_RECORD_BUDGET_BYTES:
+            text = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+            digest = hashlib.sha256(text.encode()).hexdigest()
+            recorded = {OVERSIZED_SPEC_KEY: digest, "bytes": recorded_bytes(spec)}
+            essence = cast(kopf.BodyEssence, {**essence, "spec": recorded})
+        return essence
 
 
 @kopf.on.startup()
@@ -197,7 +226,8 @@ async def reconcile(
     """Children from the spec: built purely, adopted (owner refs), applied level-triggered.
 
     On an edit (`old` is the previous spec), one SpecApplied event says what the
-    edit does to the pods: roll them, reach them live, scale, or nothing.
+    edit does to the pods (compared with the applied spec, so the first edit accepted
+    after a refused one says it too): roll them, reach them live, scale, or nothing.
     """
     assert namespace is not None  # the CRD is namespaced
     service = service_memo(memo)
@@ -251,11 +281,8 @@ async def _reconcile(
         )
 
     rendered = render(parsed)
-    edited = (
-        edit_message(old, parsed, rendered, render, generation)
-        if isinstance(old, Mapping)
-        else None
-    )
+    base = edit_base(old, status)  # the applied spec: a refused edit in between ran nothing
+    edited = edit_message(base, parsed, rendered, render, generation) if base is not None else None
     try:
         async with service.children_lock:
             # A new service has no Secret yet: create it without reading first.
@@ -348,8 +375,13 @@ async def _resync(
     meta: kopf.Meta,
     context: OperatorContext,
     service: ServiceMemo,
+    undone: str | None = None,
 ) -> None:
     """Put back a child deleted or edited outside Fusebox, with a Warning naming it.
+
+    `undone`: the hold (its InvalidSpec reason) of an edit just undone; then what is
+    written puts back children of that edit, not of a hand's, and one SpecApplied
+    says so (the first accepted edit after a held one always posts it).
 
     It renders what the last reconcile applied (`spec`, of `spec_generation`, and the
     sizing it recorded in status.memory) and writes only what drifted, so an untouched
@@ -392,6 +424,12 @@ async def _resync(
         except KubeError as error:
             log.warning("%s/%s: resync: %s", namespace, name, error)
             return
+    if undone is not None:
+        put_back = ", ".join(a.child for a in applied if a.wrote)
+        before = int(status.get("appliedGeneration") or 0)
+        told = undone_message(spec_generation, before, undone, put_back)
+        kopf.event(body, type="Normal", reason=EventReason.SPEC_APPLIED, message=told)
+        applied = []  # told above: ours, not a hand's
     messages = [restored_message(a, name) for a in applied if a.wrote]
     if secret_created:
         messages.insert(0, secret_restored_message(rendered[0], name, known_token is not None))
@@ -485,8 +523,9 @@ async def _telemetry(
     parsed, applied_generation = watched
     service.scraped(now, parsed.telemetry.scrape_interval_seconds)
     tick_status: Mapping[str, Any] = status
-    accepted_again = undone_wait(spec, status, generation, now)
-    if accepted_again is not None:
+    undone = undone_edit(spec, status, generation, now)
+    if undone is not None:
+        accepted_again = undone[0]
         for key, value in accepted_again.items():
             patch.status[key] = value
         tick_status = {**status, **accepted_again}  # the tick builds its conditions on these
@@ -494,10 +533,14 @@ async def _telemetry(
         service.applied_generation = generation  # the children are this spec's: resync again
     service.catch_up(tick_status, context.settings.pod_name, applied_generation)
     # A child the watches saw deleted or edited is put back at this tick; the
-    # periodic resync (from the watches' view, no reads) is the safety net.
+    # periodic resync (from the watches' view, no reads) is the safety net. An undone
+    # edit whose child was refused wrote the children before that one: put back now.
     touched = context.kube.children_touched(namespace, name)
-    if service.resync_due(now, context.settings.resync_seconds) or touched:
-        await _resync(body, parsed, applied_generation, status, meta, context, service)
+    if service.resync_due(now, context.settings.resync_seconds) or touched or undone:
+        await _resync(
+            body, parsed, applied_generation, status, meta, context, service,
+            undone=None if undone is None else undone[1],
+        )  # fmt: skip
     kube = context.kube
     try:
         pods = await kube.list_pods(namespace, manifests.selector_labels(name), name)

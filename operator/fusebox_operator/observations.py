@@ -268,6 +268,11 @@ class PodSample:
     model_loaded: bool | None = None
     memory_guard_active: bool | None = None  # the server's last-resort guard refuses work
     variant: Variant | None = None  # the variant the server reports serving
+    # fusebox_model_info: the primary's revision as the server reports it, and the dtype
+    # its weights loaded in, only while the pod serves the primary (None: not reported,
+    # reported empty, or the fallback loaded: its dtype is not the primary's).
+    model_revision: str | None = None
+    model_dtype: str | None = None
     converging: bool | None = None  # the server is still moving to its target variant
     queue_length: float | None = None
     requests_running: float | None = None  # generating now (queue_length waits for a slot)

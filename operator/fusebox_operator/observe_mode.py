@@ -38,7 +38,8 @@ ACTING_REASONS: frozenset[EventReason] = frozenset(
     }
 )
 """Events that tell of a change the operator makes to the pods or the Deployment:
-in Observe each is a change it would make, posted as WouldAct."""
+in Observe each is a change it would make, posted as WouldAct (save one marked
+`EventRecord.observation`: Degraded for quality with no remedy acts on nothing)."""
 
 
 def observed(
@@ -58,8 +59,8 @@ def observed(
     count: the count never moves in Observe, so the autoscaler asks every tick.
     `why`: the result each records (a pause by annotation gives its own).
     """
-    changes = [(event, "") for event in events if event.reason in ACTING_REASONS]
-    kept = [event for event in events if event.reason not in ACTING_REASONS]
+    changes = [(event, "") for event in events if _acting(event)]
+    kept = [event for event in events if not _acting(event)]
     if scale is not None and _new_scale(scale, previous):
         assert scale.reason is not None  # _new_scale: a scale up or down
         changes.append((EventRecord("Normal", scale.reason, scale.message), scale_id(scale)))
@@ -146,6 +147,12 @@ def action_events(actions: Sequence[Action], why: str = NOT_ACTED) -> list[Event
         )
         for action in actions
     ]
+
+
+def _acting(event: EventRecord) -> bool:
+    """A change the operator makes (WouldAct in Observe); not an observation such as
+    quality failing with no tier to remedy it, which Enforce posts as the same Warning."""
+    return event.reason in ACTING_REASONS and not event.observation
 
 
 def _would(event: EventRecord) -> EventRecord:

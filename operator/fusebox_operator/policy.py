@@ -37,6 +37,12 @@ from fusebox_operator.rollout import Rollout
 from fusebox_operator.spec import InferenceServiceSpec
 
 STALE_INTERVALS = 3
+QUALITY_REMEDY_LEVELS: tuple[int, ...] = (
+    int(DegradationLevel.FALLBACK_MODEL),
+    int(DegradationLevel.CANNED_ANSWERS),
+)
+"""The tiers that change what a failing primary writes, the first listed one quality
+steps up to; no-streaming changes only how an answer is sent, so it is no remedy."""
 
 
 LADDER: tuple[ActionKind, ...] = (
@@ -429,21 +435,21 @@ def _degradation(
     """Step the service's degradation level for the latency trip and the quality ratio.
 
     Quality failures ask for the fallback-model tier, the remedy for what the
-    primary writes; without it in the tiers, for the highest tier listed
-    (canned-answers: the prompts it knows get a known answer, not the
-    primary's). With neither
-    listed there is no quality remedy, and `quality_unremedied` says so, for the
+    primary writes; without it in the tiers, for canned-answers (the prompts it
+    knows get a known answer, not the primary's). With neither listed there is
+    no quality remedy: quality steps nothing up (no-streaming alone changes
+    nothing the model writes), and `quality_unremedied` says so, for the
     Degraded condition and one event.
     """
     levels = spec.degradation.levels
     max_rate = spec.breaker.quality.max_failure_rate
     quality_bad = quality_ratio is not None and quality_ratio > max_rate
-    remedy = int(DegradationLevel.FALLBACK_MODEL)
-    quality_target = remedy if remedy in levels else max(levels, default=0)
+    remedies = [level for level in QUALITY_REMEDY_LEVELS if level in levels]
+    quality_target = remedies[0] if remedies else int(DegradationLevel.NONE)
     state.quality_unremedied = (
         f"quality failure ratio {quality_ratio:.1%} > {max_rate:.1%}, but degradation.tiers "
         "lists neither fallback-model nor canned-answers: no quality remedy configured"
-        if quality_bad and quality_target < remedy
+        if quality_bad and not remedies
         else ""
     )
     step_spacing = spec.telemetry.scrape_interval_seconds

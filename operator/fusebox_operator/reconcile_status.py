@@ -79,6 +79,54 @@ def resync_keeps(
     )
 
 
+# Holds an undone edit leaves standing: kopf sees no diff (the spec is the one it last
+# handled), so no reconcile runs to clear them. A parser refusal (PermanentError) is
+# recorded by kopf as handled, so undoing it is an edit that reconciles.
+UNDONE_BY_THE_TICK = (EventReason.WAITING_FOR_GPU_NODES, CHILD_REFUSED)
+
+
+def undone_edit(
+    raw_spec: Mapping[str, Any], status: Mapping[str, Any], generation: int, now: float
+) -> tuple[dict[str, Any], str] | None:
+    """(the status keys to write, the hold's reason) when an edit that waited for GPU
+    nodes or whose child the API server refused was undone, else None.
+
+    Undoing it gives kopf no diff (the spec is the last one it handled), so no
+    reconcile runs to say the spec is accepted again, and WaitingForGPUNodes or
+    ChildRefused would stay until some other edit. The spec is then the applied one
+    (`status.appliedSpec`) again.
+    """
+    conditions = status.get("conditions") or []
+    held = next(
+        (
+            str(c.get("reason"))
+            for c in conditions
+            if c.get("type") == ConditionType.INVALID_SPEC and c.get("reason") in UNDONE_BY_THE_TICK
+        ),
+        None,
+    )
+    if held is None or status.get("appliedSpec") != applied_spec_text(raw_spec):
+        return None
+    accepted = set_condition(
+        conditions, ConditionType.INVALID_SPEC, False, SPEC_VALID, "spec accepted", generation, now
+    )
+    keys = {
+        "conditions": accepted,
+        "appliedGeneration": generation,
+        "observedGeneration": generation,
+    }
+    return keys, held
+
+
+def undone_message(generation: int, applied_generation: int, held: str, put_back: str) -> str:
+    """The SpecApplied event of an undone edit: what it gives back, in one line."""
+    what = f"puts back {put_back}" if put_back else "no pod or child changes"
+    return (
+        f"generation {generation}: the spec of generation {applied_generation} again "
+        f"(the edit held as {held} undone): {what}"
+    )
+
+
 def _conditions(status: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [dict(c) for c in status.get("conditions") or []]
 

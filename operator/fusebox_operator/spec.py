@@ -36,6 +36,7 @@ from fusebox_operator.pod_placement import (
     check_gpu_selector,
     parse_placement,
 )
+from fusebox_operator.spec_size import spec_size_problem
 
 GIB = 1024**3
 
@@ -299,8 +300,9 @@ class ModelSpec:
 
     @property
     def reported_revision(self) -> str:
-        """The revision the pods serve, as the server, the pod annotation and status tell
-        it: for hf:// the one fetched (@REVISION wins over model.revision); for s3:// none
+        """The revision the pods serve, as the server (and from its report status.model)
+        and the pod annotation tell it: for hf:// the one fetched (@REVISION, else
+        model.revision); for s3:// none
         ("": a bucket has no revisions, the copy is named by its ETags in
         status.modelRevision); for a local source model.revision, the user's label."""
         if self.source.scheme == "hf":
@@ -667,6 +669,13 @@ def _parse_model(raw: Mapping[str, Any], schema: SpecSchema) -> ModelSpec:
             "under the prefix is fetched as it is; status.modelRevision names the copy by "
             "its ETags): leave model.revision unset"
         )
+    if source.revision and revision != schema.field("model.revision").default:
+        # hf://ORG/NAME@REVISION fetches that revision: model.revision would be overridden.
+        raise SpecError(
+            f"model.revision {revision!r} has no effect on an hf:// source with @REVISION "
+            "(the source's revision is the one fetched): leave model.revision unset, or drop "
+            "@REVISION from model.source"
+        )
     return ModelSpec(
         name,
         source,
@@ -731,6 +740,13 @@ def _parse_model_fetch(
         )
     if size_bytes <= 0:
         raise SpecError("model.cache.sizeLimit must be above zero")
+    if claim and size_text != schema.field("model.cache.sizeLimit").default:
+        # The sizeLimit sizes the emptyDir used without a claim: with one it changes nothing.
+        raise SpecError(
+            f"model.cache.sizeLimit {size_text!r} has no effect with model.cache.claimName "
+            "(it sizes the emptyDir used without a claim; the claim's own size bounds the "
+            "copy): leave model.cache.sizeLimit unset"
+        )
     return ModelFetchSpec(endpoint, region, secret_name, claim, size_bytes)
 
 
@@ -1093,7 +1109,7 @@ def parse_spec(
         # Before the sections, so a typo is named rather than a check its default fails.
         # Not of a running spec: one applied before a field was dropped or a bound
         # tightened keeps being watched, as with check_servable.
-        problem = next(schema.violations(raw), None)
+        problem = next(schema.violations(raw), None) or spec_size_problem(raw)
         if problem is not None:
             raise SpecError(problem)
     if "model" not in raw:

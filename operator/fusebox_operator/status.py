@@ -29,7 +29,7 @@ from fusebox_operator.autoscaling import ScaleDecision
 from fusebox_operator.observations import PodSample
 from fusebox_operator.policy_state import Action, ActionKind, PolicyState
 from fusebox_operator.serving import ServiceView, ServingReason, service_reason
-from fusebox_operator.spec import InferenceServiceSpec, applied_spec_text
+from fusebox_operator.spec import InferenceServiceSpec
 
 REFRESH_SECONDS = 30.0  # figures that moved are rewritten at most this often
 QUIET_REFRESH_SECONDS = 60.0  # figures that did not move are rewritten this often
@@ -79,6 +79,9 @@ class EventRecord:
     type: str  # Normal | Warning
     reason: EventReason
     message: str
+    # Tells of something observed, not of a change the operator makes to the pods:
+    # posted as is in every mode (observe_mode never rewords it as WouldAct).
+    observation: bool = False
 
 
 def iso(timestamp: float) -> str:
@@ -197,33 +200,6 @@ def rebase_conditions(
     return merged
 
 
-def undone_wait(
-    raw_spec: Mapping[str, Any], status: Mapping[str, Any], generation: int, now: float
-) -> dict[str, Any] | None:
-    """The status keys to write when an edit that waited for GPU nodes was undone, else None.
-
-    Undoing it gives kopf no diff (the spec is the last one it handled), so no
-    reconcile runs to say the spec is accepted again and WaitingForGPUNodes would
-    stay for good. The spec is then the applied one (`status.appliedSpec`) again.
-    """
-    conditions = status.get("conditions") or []
-    waiting = any(
-        c.get("type") == ConditionType.INVALID_SPEC
-        and c.get("reason") == EventReason.WAITING_FOR_GPU_NODES
-        for c in conditions
-    )
-    if not waiting or status.get("appliedSpec") != applied_spec_text(raw_spec):
-        return None
-    accepted = set_condition(
-        conditions, ConditionType.INVALID_SPEC, False, SPEC_VALID, "spec accepted", generation, now
-    )
-    return {
-        "conditions": accepted,
-        "appliedGeneration": generation,
-        "observedGeneration": generation,
-    }
-
-
 def unreadable_record_conditions(
     status: Mapping[str, Any], problem: str, now: float
 ) -> list[dict[str, Any]] | None:
@@ -259,13 +235,13 @@ def unreadable_record_conditions(
 def pod_entry(sample: PodSample, state: PolicyState, seen: ServiceView) -> dict[str, Any]:
     """One pod's line: this tick's figures (none when its scrape failed), its verdict,
     and when it was last seen answering."""
-    variant = sample.variant if sample.variant is not None else state.pod_variant(sample.pod)
     entry: dict[str, Any] = {
         "name": sample.pod,
         "sampledAt": iso(sample.sampled_at),
         "scraped": sample.ok,
-        "variant": variant.value,
     }
+    if sample.variant is not None:  # as the pod reports it; what was asked is not seen
+        entry["variant"] = sample.variant.value
     verdict = seen.verdict(sample.pod)
     if verdict is not None:
         entry["serving"] = verdict.reason.value
@@ -312,27 +288,49 @@ def tier_name(level: int) -> str:
     return TIER_NAMES.get(level, str(level))
 
 
-def active_variant(samples: Sequence[PodSample], previous: Mapping[str, Any]) -> str:
+def active_variant(samples: Sequence[PodSample], previous: Mapping[str, Any]) -> str | None:
     """What the pods report serving: fallback when any pod serves it.
 
     Not what the operator asked for: a level whose swap is still rolling
     through the pods, or a service without a fallback, shows primary. With
-    no pod reporting, the last reported value stands.
+    no pod reporting, the last reported value stands; None (no VARIANT shown)
+    while no pod ever reported one: primary would be a guess.
     """
     reported = {s.variant for s in samples if s.ok and s.variant is not None}
     if Variant.FALLBACK in reported:
         return Variant.FALLBACK.value
     if reported:
         return Variant.PRIMARY.value
-    return str(previous.get("activeVariant") or Variant.PRIMARY.value)
+    last = previous.get("activeVariant")
+    return str(last) if last else None
 
 
-def model_entry(spec: InferenceServiceSpec) -> dict[str, str]:
-    return {
-        "name": spec.model.name,
-        "revision": spec.model.reported_revision,
-        "dtype": spec.model.dtype,
+def agreed(values: Iterable[str | None]) -> str | None:
+    """The one value the pods that report one agree on; None when none reports one or
+    two disagree (a rollout under way), as for status.modelRevision."""
+    reported = {value for value in values if value}
+    return reported.pop() if len(reported) == 1 else None
+
+
+def model_entry(
+    spec: InferenceServiceSpec, figures: Sequence[PodSample], previous: Mapping[str, Any]
+) -> dict[str, str | None]:
+    """status.model: the name served, and the revision and dtype as the observed pods
+    report them (fusebox_model_info), never as the spec asks for them. A field no pod
+    vouches for is left out: deleted with a null while the stored status has it (a
+    merge patch keeps a key it does not name)."""
+    entry: dict[str, str | None] = {"name": spec.model.name}
+    stored = previous.get("model") or {}
+    served = {
+        "revision": agreed(s.model_revision for s in figures),
+        "dtype": agreed(s.model_dtype for s in figures),
     }
+    for key, value in served.items():
+        if value is not None:
+            entry[key] = value
+        elif stored.get(key) is not None:
+            entry[key] = None
+    return entry
 
 
 def fallback_note(state: PolicyState, spec: InferenceServiceSpec) -> str:
@@ -704,8 +702,7 @@ def build_status(
             "reason": state.level_reason,
             "tiers": list(spec.degradation.tiers),
         },
-        "activeVariant": active_variant(samples, previous),
-        "model": model_entry(spec),
+        "model": model_entry(spec, figures, previous),
         "pods": pods,
         "recentActions": recent,
         "summary": {
@@ -730,6 +727,9 @@ def build_status(
     )
     if observed_at:
         status["summary"]["observedAt"] = observed_at
+    variant = active_variant(samples, previous)
+    if variant is not None:
+        status["activeVariant"] = variant
     if recent:
         status["lastAction"] = recent[-1]
     return status
@@ -964,6 +964,7 @@ def transition_events(
                 EventReason.DEGRADED,
                 f"{after.quality_unremedied}; list fallback-model (with spec.fallback) or "
                 "canned-answers in degradation.tiers for the quality breaker to act",
+                observation=True,  # no remedy: nothing Enforce would do, so no WouldAct
             )
         )
     for action, result in executed:

@@ -205,6 +205,25 @@ def _label(samples: Samples, name: Metric, label: str) -> str | None:
     return None
 
 
+def _info(samples: Samples, name: Metric) -> Labels:
+    """The labels of an info gauge (value 1); empty when it is absent."""
+    for labels, value in samples.get(name.sample, []):
+        if value == 1:
+            return labels
+    return {}
+
+
+def _served_model(samples: Samples) -> tuple[str | None, str | None]:
+    """fusebox_model_info's revision (of the primary, as the server is configured) and,
+    while the primary serves, its dtype; an empty label is an unknown fact (None). The
+    label names are the sidecar's MODEL_INFO_LABELS, which a test reads through the
+    real sidecar (test_telemetry_parse)."""
+    info = _info(samples, Metric.MODEL_INFO)
+    revision = info.get("revision") or None
+    primary = info.get("variant") == Variant.PRIMARY.value
+    return revision, (info.get("dtype") or None) if primary else None
+
+
 def _buckets(samples: Samples, metric: str) -> Buckets | None:
     """The cumulative buckets of the latency histogram behind `metric`; None when the
     sidecar exports none (or one without its +Inf bucket, which no quantile can use)."""
@@ -258,6 +277,7 @@ def sample_from_metrics(
     loaded = _one(samples, Metric.MODEL_LOADED)
     fallback = _one(samples, Metric.FALLBACK_ACTIVE)
     moving = _one(samples, Metric.VARIANT_CONVERGING)
+    revision, dtype = _served_model(samples)
     return PodSample(
         pod=pod,
         sampled_at=sampled_at,
@@ -279,6 +299,8 @@ def sample_from_metrics(
         memory_guard_active=_flag(_one(samples, Metric.MEMORY_GUARD_ACTIVE)),
         variant=None if fallback is None else (Variant.FALLBACK if fallback else Variant.PRIMARY),
         converging=None if moving is None else moving >= 1,
+        model_revision=revision,
+        model_dtype=dtype,
         queue_length=_one(samples, Metric.REQUEST_QUEUE_LENGTH),
         requests_running=_one(samples, Metric.REQUESTS_RUNNING),
         tokenizer_cache_entries=_one(samples, Metric.TOKENIZER_CACHE_ENTRIES),

@@ -85,6 +85,14 @@ def test_a_fetched_source_is_admitted_with_the_cache_defaults(kubeconfig: Path) 
             {"source": "s3://models/tiny", "cache": {"sizeLimit": "lots"}},
             "model.cache.sizeLimit must be a memory quantity",
         ),
+        (
+            {"source": "hf://org/name", "cache": {"claimName": "models", "sizeLimit": "4Gi"}},
+            "model.cache.sizeLimit has no effect with model.cache.claimName",
+        ),
+        (
+            {"source": "hf://org/name@v1", "revision": "v2"},
+            "model.revision has no effect on an hf:// source with @REVISION",
+        ),
     ],
 )
 def test_a_bad_source_setting_is_refused_with_its_message(

@@ -68,6 +68,9 @@ def _model_dir(tmp: Path) -> Path:
     return model
 
 
+SERVED_REVISION = "v9"  # what the server reports serving: status.model.revision reads it
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     tmp = tmp_path_factory.mktemp("operator-io")
@@ -112,6 +115,8 @@ def _served(tmp: Path, model: Path, fallback: list[str]) -> Iterator[Pair]:
             str(tmp / "stats.json"),
             "--device",
             "cpu",
+            "--model-revision",
+            SERVED_REVISION,
         ],
         env=env,
         stdout=server_log,
@@ -322,7 +327,10 @@ def test_ticks_move_the_pod_to_the_fallback_and_report_what_it_serves(pair: Pair
     outcomes, status = asyncio.run(_ticks(pair, _base_status(2), serving(Variant.FALLBACK)))
     # The first tick asked for level 2; the status said primary until the pod reported the swap.
     assert outcomes[0].status_patch["activeVariant"] == Variant.PRIMARY
-    assert status["model"] == {"name": "chat", "revision": "main", "dtype": "auto"}
+    # status.model is what the pod reports (fusebox_model_info), not the spec's main/auto:
+    # the primary's revision, and no dtype while the fallback's weights are loaded.
+    assert status["model"]["revision"] == SERVED_REVISION
+    assert status["model"].get("dtype") is None
     assert "fallback-model" in status["degradation"]["tiers"]
 
     back = {**status, "degradation": {"level": 0}, "policy": {}}
@@ -331,6 +339,7 @@ def test_ticks_move_the_pod_to_the_fallback_and_report_what_it_serves(pair: Pair
                and s["degradation"]["level"] == 0)
     )  # fmt: skip
     assert status["pods"][0]["variant"] == Variant.PRIMARY
+    assert status["model"]["dtype"] in {"float32", "bfloat16", "float16"}  # auto, resolved
 
 
 def _admin_state(pair: Pair) -> ServerState:

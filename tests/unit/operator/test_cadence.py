@@ -12,10 +12,19 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 
 from fusebox_operator import handlers
-from fusebox_operator.cadence import coarse_ticks, watched_scrape_interval
+from fusebox_operator.cadence import (
+    COARSE_TICK_SECONDS,
+    FINE_TICK_SECONDS,
+    coarse_ticks,
+    tick_slack_seconds,
+    watched_scrape_interval,
+)
 from fusebox_operator.memo import ServiceMemo
+
+from .conftest import REPO
 
 T0 = 1_800_000_000.0
 
@@ -57,3 +66,32 @@ def test_a_coarse_wake_up_a_little_early_still_scrapes() -> None:
     assert memo.scrape_due(T0 + 4.99, slack_seconds=1.25)  # the timer's clock ran ahead
     assert not memo.scrape_due(T0 + 2.5, slack_seconds=1.25)  # the grid point between
     assert not memo.scrape_due(T0 + 4.99)  # without slack it would wait for the next tick
+
+
+def scrape_gaps(interval: float, tick_seconds: float, jitter: float = 0.01) -> set[float]:
+    """The seconds between scrapes of a timer ticking every `tick_seconds`, each wake-up
+    a little early or late, as kopf's are."""
+    memo = ServiceMemo()
+    scrapes: list[float] = []
+    for k in range(60):
+        now = T0 + k * tick_seconds + (jitter if k % 2 else -jitter)
+        if memo.scrape_due(now, tick_slack_seconds(tick_seconds)):
+            memo.scraped(now, interval)
+            scrapes.append(now)
+    gaps = [b - a for a, b in zip(scrapes, scrapes[1:], strict=False)]
+    return {round(gap) if tick_seconds == 1 else round(gap, 1) for gap in gaps}
+
+
+def test_an_interval_off_the_coarse_grid_takes_effect_rounded_to_a_whole_second_as_described() -> (
+    None
+):
+    assert scrape_gaps(3.2, FINE_TICK_SECONDS) == {3}
+    assert scrape_gaps(3.7, FINE_TICK_SECONDS) == {4}
+    assert scrape_gaps(1.5, FINE_TICK_SECONDS) <= {1, 2}  # a half goes either way
+    assert scrape_gaps(7.5, COARSE_TICK_SECONDS) == {7.5}  # on the coarse grid: exact
+    crd = yaml.safe_load((REPO / "crds" / "inferenceservice.yaml").read_text(encoding="utf-8"))
+    spec_schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    telemetry = spec_schema["properties"]["telemetry"]["properties"]
+    described = telemetry["scrapeIntervalSeconds"]["description"]
+    assert "A multiple of 2.5 s is kept exactly" in described
+    assert "rounded to the nearest whole second" in described

@@ -71,6 +71,7 @@ SCHEMA_KEYWORDS = {
     "minimum",
     "maximum",
     "exclusiveMinimum",
+    "minLength",
     "maxLength",
     "maxItems",
     "maxProperties",
@@ -558,13 +559,72 @@ def test_fetched_sources_are_refused_for_the_fallback_by_a_rule_with_a_message()
 def test_a_revision_on_an_s3_source_is_refused_by_a_rule_with_the_parsers_message() -> None:
     model = SPEC_SCHEMA["properties"]["model"]
     default = model["properties"]["revision"]["default"]
-    [rule] = [r for r in model["x-kubernetes-validations"] if "self.revision" in r["rule"]]
+    [rule] = [
+        r
+        for r in model["x-kubernetes-validations"]
+        if "self.revision" in r["rule"] and "s3://" in r["rule"]
+    ]
     assert f"self.revision == '{default}'" in rule["rule"]
     with pytest.raises(SpecError) as refused:
         parse_spec({"model": {**MODEL, "source": "s3://models/tiny", "revision": "v2"}})
     # The API server's message is the parser's, less the value it quotes.
     assert rule["message"] == str(refused.value).replace(" 'v2'", "")
     parse_spec({"model": {**MODEL, "source": "s3://models/tiny", "revision": default}})
+
+
+@pytest.mark.parametrize(
+    "source", ["hf://org/repo@v1", "hf://org/repo", "hf://org/re.po_x-1@a1b2c3/x"]
+)
+def test_an_at_sign_in_an_hf_source_is_its_revision_as_the_rules_contains_reads_it(
+    source: str,
+) -> None:
+    # The CEL rule below tells @REVISION by self.source.contains('@'): the parser's.
+    if not re.fullmatch(HF_SOURCE_PATTERN, source):
+        with pytest.raises(SpecError):
+            parse_spec({"model": {**MODEL, "source": source}})
+        return
+    parsed = parse_spec({"model": {**MODEL, "source": source}}).model.source
+    assert ("@" in source) is bool(parsed.revision)
+
+
+def test_a_revision_beside_hf_at_revision_is_refused_by_a_rule_with_the_parsers_message() -> None:
+    model = SPEC_SCHEMA["properties"]["model"]
+    default = model["properties"]["revision"]["default"]
+    [rule] = [r for r in model["x-kubernetes-validations"] if "contains('@')" in r["rule"]]
+    assert "self.source.startsWith('hf://')" in rule["rule"]
+    assert f"self.revision == '{default}'" in rule["rule"]
+    with pytest.raises(SpecError) as refused:
+        parse_spec({"model": {**MODEL, "source": "hf://org/repo@v1", "revision": "v2"}})
+    # The API server's message is the parser's, less the value it quotes.
+    assert rule["message"] == str(refused.value).replace(" 'v2'", "")
+    parse_spec({"model": {**MODEL, "source": "hf://org/repo@v1", "revision": default}})
+    parse_spec({"model": {**MODEL, "source": "hf://org/repo", "revision": "v2"}})
+
+
+def test_a_cache_size_limit_beside_a_claim_is_refused_by_a_rule_with_the_parsers_message() -> None:
+    cache = SPEC_SCHEMA["properties"]["model"]["properties"]["cache"]
+    default = cache["properties"]["sizeLimit"]["default"]
+    [rule] = cache["x-kubernetes-validations"]
+    assert "self.claimName == ''" in rule["rule"]
+    assert f"self.sizeLimit == '{default}'" in rule["rule"]
+    source = "s3://models/tiny"
+    with pytest.raises(SpecError) as refused:
+        parse_spec(
+            {"model": {**MODEL, "source": source, "cache": {"claimName": "c", "sizeLimit": "4Gi"}}}
+        )
+    assert rule["message"] == str(refused.value).replace(" '4Gi'", "")
+    for admitted in ({"claimName": "c", "sizeLimit": default}, {"sizeLimit": "4Gi"}):
+        parse_spec({"model": {**MODEL, "source": source, "cache": admitted}})
+
+
+def test_an_empty_blocked_term_is_refused_by_the_schema_and_the_parser_alike() -> None:
+    quality = SPEC_SCHEMA["properties"]["breaker"]["properties"]["quality"]
+    assert quality["properties"]["blockedTerms"]["items"]["minLength"] == 1
+    with pytest.raises(
+        SpecError, match=r"spec.breaker.quality.blockedTerms\[1\] must not be empty"
+    ):
+        parse_spec({"model": MODEL, "breaker": {"quality": {"blockedTerms": ["secret", ""]}}})
+    parse_spec({"model": MODEL, "breaker": {"quality": {"blockedTerms": ["s"]}}})
 
 
 @pytest.mark.parametrize(

@@ -563,6 +563,23 @@ def test_a_fixed_edit_is_applied_and_then_watched(events: list[tuple[str, str, s
     assert service.condition(ConditionType.READY)["observedGeneration"] == 3
 
 
+def test_the_first_edit_accepted_after_a_refused_one_says_what_it_does(
+    events: list[tuple[str, str, str]],
+) -> None:
+    """kopf records the refused spec as handled, so it is the next edit's `old`: the
+    edit is told against the spec whose pods run (status.appliedSpec) instead."""
+    service = Service(FakeKube())
+    service.reconcile(VALID)
+    with pytest.raises(kopf.PermanentError):
+        service.reconcile(REFUSED_EDIT, old=VALID)
+    fixed = {**VALID, "server": {"maxConcurrency": 4}}
+    service.reconcile(fixed, old=REFUSED_EDIT)
+    applied = [m for _, reason, m in events if reason == EventReason.SPEC_APPLIED]
+    assert len(applied) == 1
+    assert applied[0].startswith("generation 3: rolls the pods one at a time: ")
+    assert "FUSEBOX_MAX_CONCURRENCY" in applied[0]
+
+
 @pytest.mark.parametrize("name", ["chat.v2", "a" * 64, "1chat", "Chat", "chat-"])
 def test_a_name_its_service_cannot_carry_is_an_invalid_spec_and_nothing_is_written(
     events: list[tuple[str, str, str]], name: str
@@ -658,6 +675,75 @@ def test_undoing_an_edit_that_waited_for_gpu_nodes_accepts_the_spec_again(
     assert (accepted["status"], accepted["reason"]) == ("False", "SpecValid")
     assert accepted["observedGeneration"] == service.generation
     assert service.status["appliedGeneration"] == service.generation > applied
+
+
+def test_undoing_an_edit_whose_child_was_refused_accepts_the_spec_again(
+    events: list[tuple[str, str, str]],
+) -> None:
+    kube = FakeKube()
+    service = Service(kube)
+    service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
+    service.reconcile(VALID)
+    edited = {**VALID, "server": {"maxConcurrency": 4}}
+    kube.refusals["Deployment"] = ChildRefused(
+        "Deployment", NAMESPACE, "chat", ((TOPOLOGY_KEY, "Required value: can not be empty"),), ""
+    )
+    with pytest.raises(kopf.TemporaryError):
+        service.reconcile(edited, old=VALID)
+    assert service.condition(ConditionType.INVALID_SPEC)["reason"] == "ChildRefused"
+    del kube.refusals["Deployment"]  # the applied spec's Deployment was never refused
+    kube.written.clear()
+    events.clear()
+    # Undone: the spec is the one kopf last handled, so no reconcile runs; the loop says it.
+    service.generation += 1
+    service.kept.next_scrape_at = 0.0
+    service.tick(VALID)
+
+    accepted = service.condition(ConditionType.INVALID_SPEC)
+    assert (accepted["status"], accepted["reason"]) == ("False", "SpecValid")
+    assert accepted["observedGeneration"] == service.generation
+    assert service.status["appliedGeneration"] == service.generation
+    # The refused edit's reconcile wrote the children before the Deployment: put back now,
+    # told as the edit undone, not as someone else's edit.
+    assert "ConfigMap chat-config" in kube.written
+    [told] = [m for _, reason, m in events if reason == EventReason.SPEC_APPLIED]
+    assert f"generation {service.generation}: the spec of generation 1 again" in told
+    assert "ChildRefused undone" in told and "ConfigMap chat-config" in told
+    assert EventReason.CHILD_RESTORED not in [reason for _, reason, _ in events]
+
+
+def chinese_canned_answers(first: str) -> dict[str, Any]:
+    """32 canned answers of Chinese text, within the CRD's bounds: 150 KB as kopf writes it."""
+    answers = {f"{first * 250}{i}": "你" * 512 for i in range(32)}
+    return {**VALID, "degradation": {"cannedAnswers": answers}}
+
+
+def test_a_spec_too_large_in_bytes_is_refused_in_status_and_kopfs_record_stays_small(
+    events: list[tuple[str, str, str]],
+) -> None:
+    service = Service(FakeKube())
+    service.reconcile(VALID)
+    large = chinese_canned_answers("问")
+    with pytest.raises(kopf.PermanentError):
+        service.reconcile(large, old=VALID)
+    invalid = service.condition(ConditionType.INVALID_SPEC)
+    assert (invalid["status"], invalid["reason"]) == ("True", EventReason.INVALID_SPEC)
+    assert "spec.degradation.cannedAnswers takes" in invalid["message"]
+
+    # kopf stores the refused spec as handled in the same cycle, before the status:
+    # recorded by its digest, the annotation cannot pass Kubernetes' 256 KiB.
+    storage = handlers.BoundedDiffBaseStorage(
+        prefix="fusebox.dev", key="last-handled-configuration"
+    )
+    body = kopf.Body(service.body(large))
+    patch = kopf.Patch()
+    storage.store(body=body, patch=patch, essence=storage.build(body=body))
+    recorded = patch["metadata"]["annotations"]
+    assert recorded and all(len(key) + len(value) < 1024 for key, value in recorded.items())
+    other = kopf.Body(service.body(chinese_canned_answers("答")))
+    assert storage.build(body=other) != storage.build(body=body)  # every edit still a diff
+    small = kopf.Body(service.body(VALID))
+    assert storage.build(body=small)["spec"] == VALID  # a spec that fits is kopf's as ever
 
 
 def created_with_a_token(kube: FakeKube) -> Service:

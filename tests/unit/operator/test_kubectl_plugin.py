@@ -68,6 +68,7 @@ def leaking(at: float) -> PodSample:
         rss_bytes=0.97 * LIMIT,
         memory_limit_bytes=LIMIT,
         latency_p99_seconds=0.25,
+        variant=Variant.PRIMARY,  # as a server reports it (status shows no variant unseen)
     )
 
 

@@ -382,3 +382,19 @@ def test_without_the_switch_a_second_enforce_tick_waits_its_cooldown() -> None:
     leaking = sample(later, rss_bytes=0.97 * LIMIT, memory_limit_bytes=LIMIT)
     tick(spec_in("Enforce"), status, actuator, leaking, memory, later)
     assert [a.kind for a in actuator.actions] == [ActionKind.GC]
+
+
+@pytest.mark.parametrize("mode", ["Observe", "Enforce"])
+def test_quality_failing_with_no_remedy_is_the_same_warning_in_every_mode(mode: str) -> None:
+    # No tier that helps quality: there is nothing Enforce would do, so Observe tells
+    # the observation as Enforce does (Warning Degraded), never as a would-be action.
+    streaming_only = spec_in(mode, degradation={"tiers": ["no-streaming"]})
+    failing = sample(quality_failure_ratio=0.5, model_loaded=True)
+    outcome = tick(streaming_only, {}, RecordingActuator(), failing)
+    told = [e for e in outcome.events if "no quality remedy" in e.message]
+    assert [(e.type, e.reason) for e in told] == [("Warning", EventReason.DEGRADED)]
+    assert not [m for m in would_act(outcome) if "no quality remedy" in m]
+    # Nothing is stepped up for it (no-streaming is no quality remedy): that one is told.
+    assert outcome.status_patch["degradation"]["tier"] == "none"
+    degraded = next(c for c in outcome.status_patch["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "NoQualityRemedy"

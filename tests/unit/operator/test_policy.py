@@ -510,6 +510,30 @@ def test_quality_failures_escalate_one_tier_at_a_time_to_fallback_then_cool_off(
     assert steps_down == [(90.0, 1), (150.0, 0)]  # 60 s cool-off each
 
 
+@pytest.mark.parametrize(
+    ("tiers", "top"),
+    [(["no-streaming"], 0), (["no-streaming", "canned-answers"], 3), (["canned-answers"], 3)],
+)
+def test_quality_failures_step_up_only_to_a_tier_that_remedies_quality(
+    tiers: list[str], top: int
+) -> None:
+    # no-streaming changes how an answer is sent, not what the model writes: with no
+    # remedy listed, quality failing steps nothing up and is told as NoQualityRemedy.
+    spec = parse_spec(
+        {
+            "model": {"name": "chat", "source": "pvc://models/tiny"},
+            "degradation": {"tiers": tiers},
+            "telemetry": {"scrapeIntervalSeconds": INTERVAL, "wedgeAfterSeconds": 15},
+        }
+    )
+    state = PolicyState("svc")
+    for i in range(6):
+        t = T0 + i * INTERVAL
+        state, _ = decide(state, [latency(t, 10, i * 10, quality_failure_ratio=0.5)], t, spec)
+    assert state.level == top
+    assert ("no quality remedy" in state.quality_unremedied) is (top == 0)
+
+
 def test_latency_trip_raises_one_tier() -> None:
     points = [(t, 450.0, 10.0 * t) for t in range(0, 35, 5)]
     state, _ = latency_run(points)

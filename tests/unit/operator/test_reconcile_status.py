@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import yaml
+
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator.reconcile_status import (
     admin_secret_refused_status,
@@ -13,6 +15,8 @@ from fusebox_operator.reconcile_status import (
 from fusebox_operator.sizing import MemorySizing
 from fusebox_operator.spec import applied_spec_text, parse_spec
 from fusebox_operator.status import iso, set_condition
+
+from .conftest import REPO
 
 T0 = 1_800_000_000.0
 RAW = {"model": {"name": "chat", "source": "pvc://models/chat"}, "gpu": {"count": 1}}
@@ -83,6 +87,19 @@ def test_an_applied_spec_records_its_sizing_and_the_spec_the_loop_watches_with()
     spec_valid = condition(status, ConditionType.INVALID_SPEC)
     assert (spec_valid["status"], spec_valid["reason"]) == ("False", "SpecValid")
     assert condition(status, ConditionType.READY)["reason"] == "Reconciling"
+
+
+def test_a_refused_edit_is_observed_not_applied_as_the_crd_describes_the_two() -> None:
+    # The Kubernetes convention: observedGeneration is the last generation processed,
+    # applied or refused; the children stay on appliedGeneration's spec.
+    applied = applied_status({}, RAW, SIZING, "chat", 3, T0)
+    stored = {**applied, **invalid_status(applied, "fp8 on an A100", 4, T0 + 5)}
+    assert (stored["observedGeneration"], stored["appliedGeneration"]) == (4, 3)
+    assert stored["appliedSpec"] == applied_spec_text(RAW)
+    crd = yaml.safe_load((REPO / "crds" / "inferenceservice.yaml").read_text(encoding="utf-8"))
+    status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    observed = status["properties"]["observedGeneration"]["description"]
+    assert "applied or refused" in observed and "appliedGeneration" in observed
 
 
 def test_an_applied_spec_clears_a_refusal_but_never_ready_the_pods_reported() -> None:

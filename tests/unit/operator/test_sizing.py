@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 
 from fusebox_operator.gpu_products import product_vram_gib
 from fusebox_operator.sizing import GpuMemoryUnknown, size_memory
 from fusebox_operator.spec import GIB, SpecError, parse_spec
+
+from .conftest import REPO
 
 
 def spec_with(gpu: dict[str, Any], memory: dict[str, Any] | None = None) -> Any:
@@ -122,6 +125,18 @@ def test_swap_allowed_means_lower_request_burstable() -> None:
     sizing = size_memory(spec_with({"count": 1, "memoryGiB": 24}, {"allowSwap": True}), [])
     assert sizing.request_bytes < sizing.limit_bytes
     assert sizing.qos_class == "Burstable"
+
+
+@pytest.mark.parametrize(("limit", "request_gib"), [("7Gi", 4), ("8Gi", 4), ("3Gi", 2)])
+def test_swap_allowed_requests_half_the_limit_rounded_up_to_a_gib_as_described(
+    limit: str, request_gib: int
+) -> None:
+    spec = spec_with({"count": 0}, {"allowSwap": True, "limit": limit})
+    assert size_memory(spec, []).request_bytes == request_gib * GIB
+    crd = yaml.safe_load((REPO / "crds" / "inferenceservice.yaml").read_text(encoding="utf-8"))
+    spec_schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    described = spec_schema["properties"]["memory"]["properties"]["allowSwap"]["description"]
+    assert "half the limit, rounded up to a whole GiB, at least 1Gi" in described
 
 
 def test_cpu_only_pod_gets_the_base_overhead() -> None:

@@ -358,14 +358,14 @@ def test_a_fetched_source_takes_its_endpoint_credentials_and_cache() -> None:
                 "revision": "main",
                 "endpoint": "http://hub.internal:8090",
                 "credentials": {"secretName": "hub-token"},
-                "cache": {"claimName": "models-cache", "sizeLimit": "4Gi"},
+                "cache": {"claimName": "models-cache"},
             }
         )
     ).model
     assert model.fetch == ModelFetchSpec(
-        "http://hub.internal:8090", "", "hub-token", "models-cache", 4 * 1024**3
+        "http://hub.internal:8090", "", "hub-token", "models-cache", 20 * 1024**3
     )
-    assert model.fetch_revision == "abc123"  # the source's @REVISION wins over model.revision
+    assert model.fetch_revision == "abc123"  # the source's @REVISION (model.revision: main)
 
 
 def test_a_local_source_has_nothing_to_fetch() -> None:

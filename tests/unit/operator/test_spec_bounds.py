@@ -21,8 +21,10 @@ import pytest
 import yaml
 
 from fusebox_contract.names import DegradationTier
+from fusebox_operator.crd_schema import spec_schema
 from fusebox_operator.render import EXIT_INVALID_SPEC, main
 from fusebox_operator.spec import SpecError, parse_applied, parse_spec
+from fusebox_operator.spec_size import SPEC_RECORD_BUDGET_BYTES
 
 from .conftest import REPO
 
@@ -513,13 +515,36 @@ def test_the_largest_spec_the_crd_admits_leaves_kopfs_annotation_far_below_the_l
     the object's annotations passed 256 KiB its status patch was refused for good and
     the pods ran unwatched. Every string, list and map the CRD admits is bounded so
     that the fullest spec serialises to at most 100 KiB of characters: room beside
-    kopf's copy for kubectl's last-applied one and the rest. (Characters, not bytes:
+    kopf's copy for kubectl's last-applied one and the rest. Characters, not bytes:
     kopf's json.dumps writes a non-ASCII character as a 6-byte escape, an astral one
-    as 12, so a spec of non-ASCII text at every bound can still pass the limit.)"""
+    as 12, so the parser checks the bytes too (spec_size.py, the tests below), at a
+    budget every ASCII spec the CRD admits fits."""
     open_found: set[str] = set()
     worst = worst_characters(SPEC_SCHEMA, "", open_found)
     assert open_found == OPEN_OBJECTS
-    assert worst <= WORST_SPEC_CHARACTERS < ANNOTATIONS_LIMIT_BYTES / 2, worst
+    assert worst <= WORST_SPEC_CHARACTERS <= SPEC_RECORD_BUDGET_BYTES, worst
+    assert SPEC_RECORD_BUDGET_BYTES < ANNOTATIONS_LIMIT_BYTES / 2
+
+
+def full_canned_answers(character: str) -> dict[str, Any]:
+    """degradation.cannedAnswers at every CRD bound, in `character` repeated."""
+    schema = SPEC_SCHEMA["properties"]["degradation"]["properties"]["cannedAnswers"]
+    count, key = int(schema["maxProperties"]), KEY_BOUNDS["degradation.cannedAnswers"]
+    answer = int(schema["additionalProperties"]["maxLength"])
+    return {f"{i:03d}" + character * (key - 3): character * answer for i in range(count)}
+
+
+def test_a_spec_of_chinese_text_at_the_crds_bounds_is_refused_in_bytes_naming_the_field() -> None:
+    """Within every character bound, yet 150 KB as kopf records it (6 bytes a character)."""
+    chinese = spec(degradation={"cannedAnswers": full_canned_answers("你")})
+    assert not next(spec_schema().violations(chinese), None)  # the CRD admits it
+    with pytest.raises(SpecError) as refused:
+        parse_spec(chinese)
+    message = str(refused.value)
+    assert "spec.degradation.cannedAnswers takes" in message
+    assert f"{SPEC_RECORD_BUDGET_BYTES}-byte budget" in message
+    parse_spec(spec(degradation={"cannedAnswers": full_canned_answers("a")}))  # ASCII fits
+    parse_applied(json.dumps(chinese))  # a spec the pods already run is still watched
 
 
 def test_the_audits_oversized_specs_are_refused_naming_the_field() -> None:

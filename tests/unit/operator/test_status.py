@@ -165,9 +165,41 @@ def test_canned_answers_tier_without_a_fallback_stays_primary() -> None:
 
 def test_status_shows_the_model_and_the_effective_tiers() -> None:
     status = status_for(PolicyState("svc"), 1e9, T0, spec=NO_FALLBACK)
-    assert status["model"] == {"name": "chat", "revision": "v2", "dtype": "bfloat16"}
+    assert status["model"] == {"name": "chat"}  # no pod reported a revision or a dtype
     assert status["degradation"]["tiers"] == list(NO_FALLBACK.degradation.tiers)
     assert "fallback-model" not in status["degradation"]["tiers"]
+
+
+def model_status(samples: Sequence[PodSample], previous: dict | None = None) -> dict:
+    built = build_status(
+        previous or {}, PolicyState("svc"), samples, [], seen(2, samples), SPEC, 1, T0
+    )
+    model: dict = built["model"]
+    return model
+
+
+def test_status_model_is_the_revision_and_dtype_the_pods_report_not_the_spec() -> None:
+    # The spec asks for v2 in bfloat16; the pods' servers report what they serve.
+    served = [
+        PodSample("a", T0, model_revision="v3", model_dtype="float16"),
+        PodSample("b", T0, model_revision="v3", model_dtype="float16"),
+    ]
+    assert model_status(served) == {"name": "chat", "revision": "v3", "dtype": "float16"}
+    # A pod that reports nothing (still loading) does not vouch against the others.
+    quiet = [served[0], PodSample("b", T0)]
+    assert model_status(quiet) == {"name": "chat", "revision": "v3", "dtype": "float16"}
+
+
+def test_status_model_leaves_out_what_the_pods_disagree_on_and_deletes_it_when_stored() -> None:
+    rolling = [
+        PodSample("a", T0, model_revision="v3", model_dtype="float16"),
+        PodSample("b", T0, model_revision="v4", model_dtype="float16"),
+    ]
+    assert model_status(rolling) == {"name": "chat", "dtype": "float16"}
+    stored = {"model": {"name": "chat", "revision": "v3", "dtype": "float16"}}
+    # A merge patch keeps a key it does not name: the stale revision is deleted by a null.
+    assert model_status(rolling, stored) == {"name": "chat", "revision": None, "dtype": "float16"}
+    assert model_status([], stored) == {"name": "chat", "revision": None, "dtype": None}
 
 
 def test_events_name_transitions_and_actions_with_numbers() -> None:
@@ -354,7 +386,7 @@ def test_quality_failures_degrade_to_the_fallback_tier_else_the_highest_listed()
 def test_quality_failing_with_no_tier_that_helps_is_degraded_with_no_remedy() -> None:
     streaming_only = parse_spec({"model": MODEL, "degradation": {"tiers": ["no-streaming"]}})
     levels, events, status = quality_run(streaming_only)
-    assert levels == [1] * 6
+    assert levels == [0] * 6  # no-streaming changes nothing the model writes: not stepped up
     degraded = degraded_condition(status)
     assert (degraded["status"], degraded["reason"]) == ("True", "NoQualityRemedy")
     assert "no quality remedy configured" in degraded["message"]

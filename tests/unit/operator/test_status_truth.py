@@ -416,3 +416,22 @@ def test_a_starting_pod_before_its_first_stats_file_reads_as_starting() -> None:
     service.pods = [pod("a")]
     service.tick(answer("a", service.now))
     assert service.ready() == ("True", "PodsReady")
+
+
+def test_a_pod_that_reported_nothing_is_listed_without_a_variant() -> None:
+    service = Service(TWO, [pod("a"), pod("b")])
+    service.tick(answer("a", T0))  # b's sidecar refuses the scrape
+    listed = {entry["name"]: entry for entry in service.status["pods"]}
+    assert listed["a"]["variant"] == "primary"
+    assert "variant" not in listed["b"]  # not observed: no variant claimed for it
+    assert listed["b"]["scraped"] is False
+
+
+def test_the_variant_column_is_empty_until_a_pod_reports_one() -> None:
+    service = Service()
+    service.tick()  # the pod's sidecar refuses: nothing reported
+    assert "activeVariant" not in service.status
+    service.tick(answer("a", service.now, variant=Variant.FALLBACK))
+    assert service.status["activeVariant"] == "fallback"
+    service.tick()  # unseen again: the last reported value stands
+    assert service.status["activeVariant"] == "fallback"

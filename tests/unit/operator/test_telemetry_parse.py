@@ -268,6 +268,47 @@ def test_the_sidecars_measured_quantities_are_the_contracts() -> None:
     assert {s.labels[QUANTITY_LABEL] for s in family.samples} == {q.value for q in MeasuredQuantity}
 
 
+def _sidecar_text(state: Any) -> str:
+    """What the real sidecar exports for a stats file holding `state`."""
+    from prometheus_client import generate_latest
+    from prometheus_client.registry import Collector, CollectorRegistry
+
+    from fusebox_contract.stats import StatsDocument
+    from fusebox_sidecar.collectors import relayed_families
+
+    class Relayed(Collector):
+        def collect(self) -> Any:
+            yield from relayed_families(StatsDocument(model_name="chat", state=state), 0.0)
+
+    registry = CollectorRegistry()
+    registry.register(Relayed())
+    return generate_latest(registry).decode()
+
+
+def test_the_revision_and_dtype_the_sidecar_exports_are_read_dtype_of_the_primary_only() -> None:
+    from fusebox_contract.names import Dtype, Quantization
+    from fusebox_contract.stats import RuntimeState
+
+    primary = RuntimeState(variant=Variant.PRIMARY, model_revision="v2", dtype=Dtype.BFLOAT16)
+    sample = sample_from_metrics("p", parse_metrics(_sidecar_text(primary)), 1.0, "ttft")
+    assert (sample.model_revision, sample.model_dtype) == ("v2", "bfloat16")
+    # The fallback's weights are not the primary's: its dtype is not reported as theirs.
+    fallback = RuntimeState(
+        variant=Variant.FALLBACK,
+        model_revision="v2",
+        dtype=Dtype.FLOAT16,
+        quantization=Quantization.INT8,
+    )
+    sample = sample_from_metrics("p", parse_metrics(_sidecar_text(fallback)), 1.0, "ttft")
+    assert (sample.model_revision, sample.model_dtype) == ("v2", None)
+    # An s3:// copy has no revision (the label is empty), and nothing loaded says nothing.
+    bucket = RuntimeState(variant=Variant.PRIMARY, model_revision="", dtype=Dtype.FLOAT32)
+    sample = sample_from_metrics("p", parse_metrics(_sidecar_text(bucket)), 1.0, "ttft")
+    assert (sample.model_revision, sample.model_dtype) == (None, "float32")
+    sample = sample_from_metrics("p", parse_metrics(TEXT), 1.0, "ttft")
+    assert (sample.model_revision, sample.model_dtype) == (None, None)
+
+
 def test_infinite_gauges_are_not_measured_and_raise_nothing() -> None:
     text = (
         f"{Metric.DEGRADATION_LEVEL} +Inf\n{Metric.BREAKER_STATE} -Inf\n"
