@@ -24,7 +24,9 @@ if [ ! -f "$shared/.complete" ]; then
   rm -rf "$shared"
   "$python" -m venv "$shared"
   "$shared/bin/pip" install --quiet --disable-pip-version-check --upgrade pip setuptools wheel
-  "$shared/bin/pip" install --quiet --disable-pip-version-check -r "$root/requirements-dev.lock"
+  # --require-hashes: each archive must be the one `make lock` resolved (its sha256).
+  "$shared/bin/pip" install --quiet --disable-pip-version-check --require-hashes \
+    -r "$root/requirements-dev.lock"
   touch "$shared/.complete"
   echo "python: dependencies installed in $((SECONDS - start)) s"
 else

@@ -150,13 +150,18 @@ def _layer_order_violations(stage: list[Instruction]) -> list[str]:
             i
             for i, ins in enumerate(stage)
             if ins.keyword == "RUN"
-            and re.search(r"pip[^&|;]* install[^&|;]*(-r|--requirement)", ins.arguments)
+            and re.search(r"pip[^&|;]* install[^&|;]*\s(-r|--requirement)[\s=]", ins.arguments)
         ),
         None,
     )
     if install is None:
         return ["no RUN installs the locked requirements (pip install -r/--requirement)"]
     found: list[str] = []
+    if "--require-hashes" not in stage[install].arguments:
+        found.append(
+            f"line {stage[install].line}: the locked requirements are installed without "
+            "--require-hashes, so an archive other than the one locked would be accepted"
+        )
     for ins in stage[:install]:
         if ins.keyword in {"COPY", "ADD"}:
             code = [s for s in _copy_sources(ins) if not _DEPENDENCY_INPUT.search(s)]

@@ -19,7 +19,7 @@ FROM ${BASE}
 COPY requirements.lock /tmp/requirements.lock
 RUN python3 -m venv /opt/venv \\
  && /opt/venv/bin/pip install \\
-      --requirement /tmp/requirements.lock
+      --require-hashes --requirement /tmp/requirements.lock
 COPY pyproject.toml /src/pyproject.toml
 COPY app /src/app
 RUN /opt/venv/bin/pip install --no-deps /src
@@ -72,6 +72,7 @@ def test_a_dockerfile_keeping_the_rules_has_no_violation(check: Check) -> None:
             "COPY app comes before",
         ),
         ("--requirement /tmp/requirements.lock", "kopf", "no RUN installs the locked"),
+        ("--require-hashes ", "", "without --require-hashes"),
         ("COPY app /src/app\n", "", ""),  # pyproject.toml is still copied after: fine
     ],
 )

@@ -71,9 +71,9 @@ def test_only_the_handlers_know_kopf() -> None:
 def _pins(path: Path) -> dict[str, str]:
     pins = {}
     for line in path.read_text(encoding="utf-8").splitlines():
-        name, sep, version = line.partition("==")
+        name, sep, rest = line.partition("==")
         if sep and not line.startswith("#"):
-            pins[name.strip().lower().replace("_", "-")] = version.strip()
+            pins[name.strip().lower().replace("_", "-")] = rest.split()[0]
     return pins
 
 
