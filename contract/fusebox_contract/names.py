@@ -199,6 +199,8 @@ class EventReason(enum.StrEnum):
     RECOVERED = "Recovered"
     FALLBACK_UNAVAILABLE = "FallbackUnavailable"
     MEMORY_LIMIT_GROWN = "MemoryLimitGrown"  # the ladder's in-place resize of the server
+    # A ladder rung that takes a pod out of service waits: another pod is out of service.
+    LADDER_STEP_HELD = "LadderStepHeld"
     GPU_UNHEALTHY = "GPUUnhealthy"  # a pod's GPU went Unhealthy: the pod is drained elsewhere
     SCALED_UP = "ScaledUp"
     SCALED_DOWN = "ScaledDown"

@@ -239,6 +239,13 @@ class Actuator:
         except KubeError as error:
             log.warning("action %s on %s: %s", action.id, action.pod, error)
             return ActionResult(f"in flight: {error}", settled=False)  # a delete is safe to repeat
+        except Exception as error:  # noqa: BLE001  never raised: the tick must go on to status
+            # Unforeseen (a client error not classified, a bug): whether the call was
+            # made is unknown, so it stays in flight and is retried under its id.
+            log.exception("action %s on %s failed unexpectedly", action.id, action.pod)
+            return ActionResult(
+                f"in flight: {type(error).__name__} (see the operator's log)", settled=False
+            )
 
     async def reconcile_runtime(
         self,

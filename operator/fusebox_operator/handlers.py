@@ -50,6 +50,7 @@ from fusebox_operator.memo import (
 )
 from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.operator_metrics import METRICS, timed
+from fusebox_operator.pod_view import with_node_readiness
 from fusebox_operator.reconcile_status import (
     CHILD_REFUSED_RETRY_SECONDS,
     GPU_NODES_RETRY_SECONDS,
@@ -78,6 +79,7 @@ from fusebox_operator.status import (
     iso,
     observed_yet,
     rebase_conditions,
+    unlisted_pods_conditions,
     unreadable_record_conditions,
 )
 from fusebox_operator.telemetry import scrape_all, scrape_session
@@ -544,6 +546,14 @@ async def _telemetry(
     kube = context.kube
     try:
         pods = await kube.list_pods(namespace, manifests.selector_labels(name), name)
+    except KubeError as error:
+        # No pods, no tick: status says so rather than standing as last observed.
+        log.warning("%s/%s: no tick: %s", namespace, name, error)
+        told = unlisted_pods_conditions(tick_status, str(error), now)
+        if told is not None:
+            patch.status["conditions"] = told
+        return
+    try:
         token = await _token(service, kube, namespace, name, uid, context.settings.resync_seconds)
     except AdminSecretRefused as error:
         # Observed all the same; an action carries no token the operator did not write,
@@ -566,6 +576,7 @@ async def _telemetry(
     kubelet = None
     if isinstance(reader, KubeletPressureReader) and any(pod.node for pod in pods):
         kubelet = await reader.pressured()  # one list per interval for every service
+        pods = with_node_readiness(pods, reader.not_ready() or {})  # the same list's
     inputs = TickInputs(
         namespace=namespace,
         service_id=_service_id(uid),

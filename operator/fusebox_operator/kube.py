@@ -25,6 +25,7 @@ from typing import Any, TypeVar, cast
 
 import aiohttp
 import kubernetes
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from fusebox_contract.wiring import ADMIN_TOKEN_KEY
@@ -296,8 +297,32 @@ def _body(manifest: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
 
 
-async def _run(function: Callable[[], T]) -> T:
-    return await asyncio.to_thread(function)
+# What the client library raises when it gets no answer from the API server: urllib3's
+# errors (MaxRetryError around a refused or reset connection, ProtocolError, its read
+# and connect timeouts) and the socket's and TLS layer's own (OSError).
+UNREACHABLE_ERRORS: tuple[type[Exception], ...] = (urllib3.exceptions.HTTPError, OSError)
+
+
+def unreachable(what: str, error: BaseException) -> KubeError:
+    """A call that got no answer, as a KubeError naming the API server unreachable and the
+    error's kind (and its cause's, for urllib3's MaxRetryError): never the error's own
+    words, which repeat the request's URL and headers."""
+    kinds = [type(error).__name__]
+    cause = getattr(error, "reason", None) or error.__cause__
+    if isinstance(cause, BaseException):
+        kinds.append(type(cause).__name__)
+    return KubeError(f"{what}: the API server is unreachable ({': '.join(kinds)})")
+
+
+async def _run(function: Callable[[], T], what: str) -> T:
+    """`function` (a client call) in a worker thread. An ApiException (an answer) and a
+    KubeError pass through; an error that means no answer came is a KubeError
+    (`unreachable`), so every caller's `except KubeError` covers an unreachable API
+    server too."""
+    try:
+        return await asyncio.to_thread(function)
+    except UNREACHABLE_ERRORS as error:
+        raise unreachable(what, error) from error
 
 
 def _recorded(store: ChildStore | None, kind: str, written: dict[str, Any] | None) -> None:
@@ -577,7 +602,7 @@ class Kube:
                     values.append(int(raw))
             return values
 
-        return await _run(call)
+        return await _run(call, f"nodes labelled {selector}")
 
     # ----- InferenceServices -----
     async def read_service_status(self, namespace: str, name: str) -> dict[str, Any]:
@@ -591,7 +616,7 @@ class Kube:
             return dict(cast(dict[str, Any], found).get("status") or {})
 
         try:
-            return await _run(call)
+            return await _run(call, f"InferenceService {namespace}/{name}")
         except ApiException as error:
             raise KubeError(f"InferenceService {namespace}/{name}: {error.reason}") from error
 
@@ -628,7 +653,7 @@ class Kube:
         except Refused as error:
             raise refusal_of(error, kind, namespace, name) from error
         except (aiohttp.ClientError, TimeoutError) as error:
-            raise KubeError(f"{kind} {namespace}/{name}: {error!r}") from error
+            raise unreachable(f"{kind} {namespace}/{name}", error) from error
 
     async def _read_child(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
         """The child as the apiserver holds it now (None: absent)."""
@@ -740,7 +765,7 @@ class Kube:
             if refused.status != CONFLICT:
                 raise KubeError(f"Secret {namespace}/{name}: {refused.reason}") from refused
         except (aiohttp.ClientError, TimeoutError) as error:
-            raise KubeError(f"Secret {namespace}/{name}: {error!r}") from error
+            raise unreachable(f"Secret {namespace}/{name}", error) from error
         return await self.read_admin_token(namespace, name, owner_uid)
 
     async def close(self) -> None:
@@ -781,7 +806,7 @@ class Kube:
         except Refused as error:
             raise KubeError(f"Secret {namespace}/{name}: {error.reason}") from error
         except (aiohttp.ClientError, TimeoutError) as error:
-            raise KubeError(f"Secret {namespace}/{name}: {error!r}") from error
+            raise unreachable(f"Secret {namespace}/{name}", error) from error
         return None if served is None else admin_token(served, owner_uid)
 
     # ----- pods -----
@@ -851,7 +876,7 @@ class Kube:
             return [pod_view(pod) for pod in items if controlling_deployment(pod) == deployment]
 
         try:
-            return await _run(call)
+            return await _run(call, f"pods in {namespace}")
         except ApiException as error:
             raise KubeError(f"pods in {namespace}: {error.reason}") from error
 
@@ -872,7 +897,7 @@ class Kube:
                     return False
                 raise KubeError(f"delete pod {namespace}/{name}: {error.reason}") from error
 
-        return await _run(call)
+        return await _run(call, f"delete pod {namespace}/{name}")
 
     async def resize_server_memory(
         self, namespace: str, name: str, limit_bytes: int
@@ -904,7 +929,7 @@ class Kube:
                 raise KubeError(f"resize pod {namespace}/{name}: {error.reason}") from error
             return old, memory_quantity(limit_bytes)
 
-        return await _run(call)
+        return await _run(call, f"resize pod {namespace}/{name}")
 
     async def scale_deployment(self, namespace: str, name: str, replicas: int) -> bool:
         """Set the service's Deployment to `replicas`; True when it changed."""
@@ -927,7 +952,7 @@ class Kube:
                 raise KubeError(f"scale deployment {namespace}/{name}: {error.reason}") from error
             return True
 
-        return await _run(call)
+        return await _run(call, f"scale deployment {namespace}/{name}")
 
     async def deployment_replicas(self, namespace: str, name: str) -> tuple[int, int] | None:
         """(desired, ready) of the service's Deployment, or None when absent."""
@@ -946,4 +971,4 @@ class Kube:
             ready = deployment.status.ready_replicas if deployment.status else 0
             return (desired or 0, ready or 0)
 
-        return await _run(call)
+        return await _run(call, f"deployment {namespace}/{name}")

@@ -1,4 +1,5 @@
 """The kubelets' own memory signal: which nodes report MemoryPressure, read operator-wide.
+The same list says which nodes are not Ready (a pod's own status hides it: serving.py).
 
 Why: the sidecar's MemAvailable is the host's /proc/meminfo, which says
 nothing about one node where nodes share a host (localcluster) or where lxcfs
@@ -31,6 +32,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from fusebox_operator.node_pressure import KubeletPressure
+from fusebox_operator.observations import NodeNotReady
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,7 @@ REQUEST_TIMEOUT_SECONDS = 15
 WAIT_SECONDS = 1.0
 """How long a tick waits for a list under way before it goes on with the last answer."""
 MEMORY_PRESSURE = "MemoryPressure"
+NODE_READY = "Ready"
 
 
 class NodeLister(Protocol):
@@ -76,6 +79,21 @@ def pressured_nodes(node_list: Mapping[str, Any]) -> dict[str, KubeletPressure]:
     return pressured
 
 
+def not_ready_nodes(node_list: Mapping[str, Any]) -> dict[str, NodeNotReady]:
+    """The nodes of a NodeList whose Ready condition is False or Unknown (the node
+    controller sets Unknown once the kubelet stops posting), with its transition time.
+    A node with no Ready condition yet (just registered) is not named."""
+    found: dict[str, NodeNotReady] = {}
+    for node in node_list.get("items") or []:
+        name = (node.get("metadata") or {}).get("name")
+        for condition in (node.get("status") or {}).get("conditions") or []:
+            if condition.get("type") != NODE_READY or condition.get("status") == "True":
+                continue
+            if isinstance(name, str) and name:
+                found[name] = NodeNotReady(name, _epoch(condition.get("lastTransitionTime")))
+    return found
+
+
 def _epoch(moment: Any) -> float | None:
     """An API timestamp ('2026-12-06T03:20:11Z') as epoch seconds; None when unreadable."""
     if not isinstance(moment, str):
@@ -106,6 +124,7 @@ class KubeletPressureReader:
         self._clock = clock
         self._read_at: float | None = None
         self._last: dict[str, KubeletPressure] | None = None
+        self._not_ready: dict[str, NodeNotReady] | None = None  # from the same list
         self._unreadable = False  # told in the log; told again only once readable
         self._listing: asyncio.Task[None] | None = None
 
@@ -133,13 +152,18 @@ class KubeletPressureReader:
                 await asyncio.wait_for(asyncio.shield(self._listing), WAIT_SECONDS)
         return self._last
 
+    def not_ready(self) -> dict[str, NodeNotReady] | None:
+        """Node -> its Ready condition where not True, from the list `pressured` last
+        read (ask that first); None: unreadable, or not read yet."""
+        return self._not_ready
+
     async def _read(self) -> None:
         try:
             body = await asyncio.to_thread(self._list)
         # Whatever the client raises (ApiException, urllib3's errors, a body that is
         # not a NodeList) means the same here: no signal, the floor alone decides.
         except Exception as error:
-            self._last = None
+            self._last = self._not_ready = None
             if not self._unreadable:
                 self._unreadable = True
                 log.warning(
@@ -151,6 +175,7 @@ class KubeletPressureReader:
         finally:
             self._listing = None
         self._last = pressured_nodes(body)
+        self._not_ready = not_ready_nodes(body)
         if self._unreadable:
             self._unreadable = False
             log.info("the Nodes' MemoryPressure is readable again")

@@ -470,16 +470,13 @@ def _sidecar_container(image: str, gpu_claim: bool) -> Manifest:
         ],
         "env": [{"name": "HOME", "value": "/tmp"}],
         "ports": [{"name": "metrics", "containerPort": int(Port.METRICS), "protocol": "TCP"}],
-        # Liveness: the HTTP server answers (a hung one is restarted).
-        # Readiness: the port listens. Deliberately not /metrics: the sidecar
-        # serves no users, so a failing collector must not take the pod out of
-        # its Service; the operator sees that through its scrapes instead.
-        "livenessProbe": {
-            "httpGet": {"path": HttpPath.HEALTHZ.value, "port": "metrics"},
-            "periodSeconds": 10,
-            "timeoutSeconds": 3,
-            "failureThreshold": 3,
-        },
+        # No liveness probe: a native sidecar's readiness counts toward the pod's, so
+        # restarting a hung sidecar took a healthy server out of its Service (from the
+        # kill until the new sidecar listens) for the metrics' sake. A hung sidecar
+        # leaves the pod serving; the operator names it (MetricsUnreachable) from its
+        # scrapes. Readiness: the port listens, deliberately not /metrics, so a failing
+        # collector does not take the pod out of its Service either. A sidecar that
+        # crashes still costs the pod its readiness until the kubelet restarts it.
         "readinessProbe": {
             "tcpSocket": {"port": "metrics"},
             "periodSeconds": 5,

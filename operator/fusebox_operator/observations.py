@@ -111,6 +111,16 @@ def fetch_state(pod: str, init_statuses: Sequence[Mapping[str, Any]]) -> FetchSt
 
 
 @dataclass(frozen=True)
+class NodeNotReady:
+    """A node whose Ready condition is not True (False, or Unknown: its kubelet stopped
+    posting), as the Node's status says it; `since`: that condition's lastTransitionTime
+    (None when the API gave none readable)."""
+
+    node: str
+    since: float | None = None
+
+
+@dataclass(frozen=True)
 class PodView:
     """What the telemetry loop needs of a pod."""
 
@@ -136,6 +146,10 @@ class PodView:
     grace_ends_at: float | None = None
     # The model-fetch init container (s3:// and hf:// sources); None for a local source.
     fetch: FetchState | None = None
+    # Its node when that node is not Ready (pod_view.with_node_readiness): the node
+    # controller then calls the pod not Ready while its containers still say ready.
+    # None: the node is Ready, or the Nodes were not read.
+    node_not_ready: NodeNotReady | None = None
 
     @property
     def instance(self) -> str:

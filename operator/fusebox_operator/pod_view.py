@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from fusebox_contract.model_fetch import FETCH_CONTAINER
 from fusebox_contract.wiring import GPU_RESOURCE, DeviceHealth
 from fusebox_operator.manifests import SERVER_CONTAINER, SIDECAR_CONTAINER
-from fusebox_operator.observations import CANNOT_START_REASONS, PodView, fetch_state
+from fusebox_operator.observations import CANNOT_START_REASONS, NodeNotReady, PodView, fetch_state
 
 Json = Mapping[str, Any]
 
@@ -76,6 +77,19 @@ def pod_view(pod: Json) -> PodView:
         grace_ends_at=_epoch_seconds(deleting),
         fetch=fetch_state(name, init_statuses) if fetch is not None else None,
     )
+
+
+def with_node_readiness(
+    pods: Sequence[PodView], not_ready: Mapping[str, NodeNotReady]
+) -> list[PodView]:
+    """The pods, each carrying its node's NotReady (`not_ready`: node -> its condition, as
+    the Nodes were last read). A pod's own status cannot say it: when a node's kubelet
+    stops posting, the node controller sets the pod's Ready False and leaves its
+    containers' `ready` as the kubelet last posted it, so the pod looked scrapable but
+    unseen and a network fault was suspected instead of the node."""
+    return [
+        replace(pod, node_not_ready=not_ready.get(pod.node) if pod.node else None) for pod in pods
+    ]
 
 
 def controlling_deployment(pod: Json) -> str:

@@ -256,6 +256,8 @@ def _memory_ladder(
             state, sample, ladder, spec, now, reading.seconds_to_limit, reading.resource
         )
         if kind is None or not _may_act(rollout, pod, kind):
+            if kind is not None and rollout is not None:
+                rollout.hold(pod, kind.value)  # told: MemoryPressure and an event
             ladder.step = step_before  # waits for its turn: the next tick decides afresh
             continue
         variant = state.pod_variant(pod)

@@ -45,6 +45,9 @@ class Rollout:
     def __init__(self, pods: Iterable[PodReadiness]) -> None:
         self._pods = {pod.name: pod for pod in pods}
         self.granted: list[str] = []
+        # Steps held this tick for want of a turn (`hold`): pod -> (the step, the
+        # other pods out of service that hold it).
+        self.held: dict[str, tuple[str, tuple[str, ...]]] = {}
 
     def in_service(self, pod: str) -> bool:
         view = self._pods.get(pod)
@@ -58,6 +61,14 @@ class Rollout:
             return True  # already out of service: acting on it takes nothing more out
         return all(self.in_service(other) for other in self._pods if other != pod)
 
+    def out_of_service(self, besides: str) -> tuple[str, ...]:
+        """The pods other than `besides` that are out of service: what holds it back."""
+        return tuple(sorted(o for o in self._pods if o != besides and not self.in_service(o)))
+
+    def hold(self, pod: str, step: str) -> None:
+        """Record that `step` on `pod` waits for its turn (the caller tells it)."""
+        self.held.setdefault(pod, (step, self.out_of_service(pod)))
+
     def grant(self, pod: str) -> None:
         if pod not in self.granted:
             self.granted.append(pod)
@@ -68,6 +79,12 @@ class Rollout:
             return False
         self.grant(pod)
         return True
+
+
+def held_words(pod: str, step: str, holders: tuple[str, ...]) -> str:
+    """`reload on p-1 waits: p-2 out of service (one pod out of service at a time)`."""
+    who = ", ".join(holders) or "another pod"
+    return f"{step} on {pod} waits: {who} out of service (one pod out of service at a time)"
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,13 @@ intervals. Pure: the sightings are carried between ticks by the caller.
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fusebox_contract.names import BreakerState
-from fusebox_operator.observations import PodSample, PodView
+from fusebox_operator.observations import NodeNotReady, PodSample, PodView
 
 MISSES_FORGIVEN = 1
 """Failed scrapes in a row still judged by the last good one; one more and the pod
@@ -93,10 +94,12 @@ class Misses:
         """More than MISSES_FORGIVEN in a row: the link is down, not blinking."""
         return self.count > MISSES_FORGIVEN
 
-    def describe(self, what: str, unit: str, now: float) -> str:
-        """`what for 12 s (2 tries): cause [raw error]`."""
+    def describe(self, what: str, unit: str, now: float, cause: str = "") -> str:
+        """`what for 12 s (2 tries): cause [raw error]`; `cause`: one known for a fact
+        (a node NotReady), told instead of the guess from the error's words."""
         lasted = now - (self.since if self.since is not None else now)
-        return f"{what} for {lasted:.0f} s ({self.count} {unit}): {_evidence(self.last_error)}"
+        evidence = _evidence(self.last_error, cause)
+        return f"{what} for {lasted:.0f} s ({self.count} {unit}): {evidence}"
 
 
 @dataclass(frozen=True)
@@ -159,17 +162,27 @@ def unreachable_cause(error: str) -> str:
     return error[:MAX_ERROR_CHARS] or "not scraped"
 
 
-def _evidence(error: str) -> str:
+def _evidence(error: str, known_cause: str = "") -> str:
     raw = error[:MAX_ERROR_CHARS]
-    cause = unreachable_cause(error)
+    cause = known_cause or unreachable_cause(error)
     return f"{cause} [{raw}]" if raw and raw != cause else cause
 
 
-def _unobserved(pod: str, sighting: Sighting | None, now: float) -> PodServing:
+def node_words(node: NodeNotReady) -> str:
+    """`node n2 NotReady since 2026-12-06T03:20:11Z`."""
+    if node.since is None:
+        return f"node {node.node} NotReady"
+    moment = dt.datetime.fromtimestamp(node.since, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"node {node.node} NotReady since {moment}"
+
+
+def _unobserved(pod: PodView, sighting: Sighting | None, now: float) -> PodServing:
+    node = node_words(pod.node_not_ready) if pod.node_not_ready is not None else ""
     if sighting is None or sighting.misses.since is None:
-        return PodServing(pod, ServingReason.METRICS_UNREACHABLE, "not scraped yet")
-    detail = sighting.misses.describe("not scraped", "tries", now)
-    return PodServing(pod, ServingReason.METRICS_UNREACHABLE, detail)
+        detail = f"not scraped yet: {node}" if node else "not scraped yet"
+        return PodServing(pod.name, ServingReason.METRICS_UNREACHABLE, detail)
+    detail = sighting.misses.describe("not scraped", "tries", now, node)
+    return PodServing(pod.name, ServingReason.METRICS_UNREACHABLE, detail)
 
 
 def _admin_unreachable(pod: str, calls: Misses, now: float) -> PodServing:
@@ -189,13 +202,21 @@ def _stats_unseen(sample: PodSample) -> str:
     return "sidecar reports no stats age (fusebox_server_stats_age_seconds): server state unknown"
 
 
-def judge_sample(pod: str, sample: PodSample, wedge_after_seconds: float) -> PodServing:
-    """A Ready pod's verdict from a good scrape of its sidecar."""
+def _wedged(pod: str, sample: PodSample, wedge_after_seconds: float) -> PodServing | None:
+    """SERVER_WEDGED when the server's stats or heartbeat are older than the threshold."""
     ages = [a for a in (sample.stats_age_seconds, sample.heartbeat_age_seconds) if a is not None]
     if ages and max(ages) > wedge_after_seconds:
         return PodServing(
             pod, ServingReason.SERVER_WEDGED, f"server stats {max(ages):.0f} s old: wedged"
         )
+    return None
+
+
+def judge_sample(pod: str, sample: PodSample, wedge_after_seconds: float) -> PodServing:
+    """A Ready pod's verdict from a good scrape of its sidecar."""
+    wedged = _wedged(pod, sample, wedge_after_seconds)
+    if wedged is not None:
+        return wedged
     if not sample.stats_observed:
         # The state, the heartbeats and the age all come from the stats file: without
         # it, a scrape that answers says nothing of the server. Not Serving: unknown.
@@ -217,11 +238,27 @@ def judge_sample(pod: str, sample: PodSample, wedge_after_seconds: float) -> Pod
 def judge_pod(
     pod: PodView, sighting: Sighting | None, wedge_after_seconds: float, now: float
 ) -> PodServing:
-    """One pod's verdict: the kubelet first, then what its sidecar last said."""
+    """One pod's verdict: the kubelet first, then what its sidecar last said.
+
+    A pod the kubelet does not call Ready is named for why where that is known: its
+    node NotReady (the Node says so; the pod's own status does not), or its server
+    wedged (its server's /readyz fails within seconds, long before the stats are
+    `wedge_after_seconds` old, so a pod whose sidecar still shows stale stats is
+    wedged, not merely not ready).
+    """
     if not pod.serving:
+        if pod.node_not_ready is not None:
+            return PodServing(pod.name, ServingReason.NOT_READY, node_words(pod.node_not_ready))
+        last = sighting.last_ok if sighting is not None and sighting.observed else None
+        # Only a server whose last stats say it ran loaded: a starting one's load can
+        # starve its stats writer for a while (policy._wedge_check reasons the same).
+        if last is not None and last.model_loaded is True and pod.server_started:
+            wedged = _wedged(pod.name, last, wedge_after_seconds)
+            if wedged is not None:
+                return wedged
         return PodServing(pod.name, ServingReason.NOT_READY)
     if sighting is None or not sighting.observed or sighting.last_ok is None:
-        return _unobserved(pod.name, sighting, now)
+        return _unobserved(pod, sighting, now)
     return judge_sample(pod.name, sighting.last_ok, wedge_after_seconds)
 
 
@@ -300,7 +337,7 @@ def observe(
     # skips it, and counting it blind named every such start in a TelemetryStale warning.
     watched = [p for p in pods if not p.terminating and (p.serving or p.scrapable)]
     blind = [
-        _unobserved(p.name, sightings.get(p.name), now)
+        _unobserved(p, sightings.get(p.name), now)
         for p in watched
         if not (s := sightings.get(p.name)) or not s.observed
     ]

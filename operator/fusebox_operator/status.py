@@ -44,6 +44,7 @@ NO_QUALITY_REMEDY = "NoQualityRemedy"  # Degraded's reason: quality fails, no ti
 SWAPPED_TO_FALLBACK = "SwappedToFallback"
 # TelemetryFresh's and Ready's reason while status.appliedSpec cannot be read: no tick runs.
 APPLIED_SPEC_UNREADABLE = "AppliedSpecUnreadable"
+PODS_NOT_LISTED = "PodsNotListed"  # the tick could not list the pods: nothing observed
 MAX_PROBLEM_CHARS = 200
 TIER_NAMES: dict[int, str] = {int(DegradationLevel.NONE): "none"} | {
     int(tier.level): tier.value for tier in DegradationTier
@@ -232,6 +233,38 @@ def unreadable_record_conditions(
     return conditions
 
 
+def unlisted_pods_conditions(
+    status: Mapping[str, Any], problem: str, now: float
+) -> list[dict[str, Any]] | None:
+    """TelemetryFresh False and Ready Unknown naming why the service's pods could not be
+    listed (the API server unreachable, a refused LIST); None when they say so already.
+
+    Why: without the pods no tick runs (no scrape, no decision, no action), and Ready
+    and the figures stayed as last written, an observation nobody made any more. The
+    message holds no time, so a spell writes it once; `summary.observedAt` keeps the
+    time of the last figures.
+    """
+    message = (
+        f"the pods could not be listed ({problem[:MAX_PROBLEM_CHARS]}): nothing is scraped, "
+        "decided or acted on until they are; the figures are the last observed (observedAt)"
+    )
+    conditions = list(status.get("conditions") or [])
+    said = any(
+        c.get("type") == ConditionType.TELEMETRY_FRESH
+        and c.get("reason") == PODS_NOT_LISTED
+        and c.get("message") == message
+        for c in conditions
+    )
+    if said:
+        return None
+    generation = int(status.get("appliedGeneration") or 0)
+    for type_, state in ((ConditionType.TELEMETRY_FRESH, False), (ConditionType.READY, None)):
+        conditions = set_condition(
+            conditions, type_, state, PODS_NOT_LISTED, message, generation, now
+        )
+    return conditions
+
+
 def pod_entry(sample: PodSample, state: PolicyState, seen: ServiceView) -> dict[str, Any]:
     """One pod's line: this tick's figures (none when its scrape failed), its verdict,
     and when it was last seen answering."""
@@ -395,7 +428,10 @@ def ready_explanation(
         return False, EventReason.PODS_FAILING, f"{counted}; {pods_note(failing, 'failing')}"
     cause = service_reason([v for v in seen.verdicts if v.reason is not NOT_READY])
     if cause is None:
-        note = f"; {pods_note(starting, 'starting')}" if starting else ""
+        # A pod not Ready for a known cause (its node NotReady: serving.judge_pod) is named.
+        why = {v.pod: v.detail for v in seen.verdicts if v.reason is NOT_READY and v.detail}
+        note = f"; {pods_note(why, 'not ready')}" if why else ""
+        note += f"; {pods_note(starting, 'starting')}" if starting else ""
         return False, "PodsNotReady", counted + note
     known = serving + seen.unobserved < desired_pods or not cause.unobserved
     return (False if known else None), cause.value, f"{counted}; {not_serving_note(seen)}"
@@ -601,6 +637,7 @@ def build_status(
     failing: Mapping[str, str] | None = None,
     holding: bool = False,
     starting: Mapping[str, str] | None = None,
+    held: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The whole telemetry-owned status, from the policy state and this scrape.
 
@@ -610,6 +647,7 @@ def build_status(
     `unschedulable`: pod -> the scheduler's message, for pods it cannot place;
     `failing`: pod -> the container the kubelet cannot run, and why.
     `starting`: pod -> what a pod not ready yet is doing (its model downloading).
+    `held`: pod -> its ladder step the rollout holds, and by what (MemoryPressure).
     `holding`: the tick sent nothing to the pods (Observe, pause-actions): the
     breaker is what the operator would hold (status.breaker, the BREAKER column),
     and Ready and Available say what the pods do, which is not to refuse for it.
@@ -666,6 +704,7 @@ def build_status(
         bool(pressured),
         "LadderActive" if pressured else "WithinLimits",
         f"resource ladder active on {', '.join(pressured)}"
+        + "".join(f"; {words}" for _, words in sorted((held or {}).items()))
         if pressured
         else "every pod under its thresholds",
         generation,
@@ -742,7 +781,10 @@ def _significant(status: Mapping[str, Any]) -> dict[str, Any]:
         summary.pop(key, None)
     kept["summary"] = summary
     if kept.get("autoscaling"):
-        kept["autoscaling"] = {k: v for k, v in kept["autoscaling"].items() if k != "load"}
+        # The load's value moves every scrape; whether any was measured is news.
+        autoscaling = kept["autoscaling"]
+        kept["autoscaling"] = {k: v for k, v in autoscaling.items() if k != "load"}
+        kept["autoscaling"]["measured"] = autoscaling.get("load") is not None
     return kept
 
 
@@ -784,6 +826,10 @@ def add_autoscaling_status(
     }
     if scale.load is not None:
         entry["load"] = round(scale.load, 3)
+    elif earlier.get("load") is not None:
+        # Nothing measured: a merge patch keeps a key it does not name, so the last
+        # figure would stand as current for ever; only a null deletes it.
+        entry["load"] = None
     changed = scale.reason is not None and not scale.blocked
     last = iso(now) if changed else earlier.get("lastScaleTime")
     if last:
@@ -791,6 +837,8 @@ def add_autoscaling_status(
     status["autoscaling"] = entry
     if scale.blocked:
         limited, reason, message = True, SCALE_LIMIT_GPU, scale.message
+    elif scale.hold is not None:
+        limited, reason, message = True, scale.hold.value, scale.message
     elif scale.recommended >= spec.autoscaling.max_replicas and scale.replicas >= scale.recommended:
         limited, reason = True, "AtMaxReplicas"
         message = f"at maxReplicas {spec.autoscaling.max_replicas}"

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequen
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
-from fusebox_contract.names import ConditionType, DegradationTier, Variant
+from fusebox_contract.names import ConditionType, DegradationTier, EventReason, Variant
 from fusebox_operator.actuator import ActionResult, RuntimeCall, RuntimeTarget
 from fusebox_operator.autoscaling import (
     Recommendation,
@@ -55,7 +55,13 @@ from fusebox_operator.observe_mode import (
 from fusebox_operator.pod_view import current_count
 from fusebox_operator.policy import admit_percent, decide
 from fusebox_operator.policy_state import DISRUPTIVE, Action, ActionKind, PolicyState
-from fusebox_operator.rollout import Degradation, PodReadiness, Rollout, pod_degradations
+from fusebox_operator.rollout import (
+    Degradation,
+    PodReadiness,
+    Rollout,
+    held_words,
+    pod_degradations,
+)
 from fusebox_operator.serving import (
     Misses,
     Sighting,
@@ -114,7 +120,8 @@ class TickMemory:
     policy: PolicyState | None = None
     applied: dict[str, RuntimeTarget] = field(default_factory=dict)  # pod instance -> target
     # The autoscaler's recent recommendations (its stabilization windows); lost on a
-    # restart, which only makes the next scale-down wait one window again.
+    # restart or a handover, after which the first tick counts the count in place as
+    # asked for then (autoscaling.decide_scale), so each window holds a full window again.
     scale_history: tuple[Recommendation, ...] = ()
     drained: set[str] = field(default_factory=set)  # pod UIDs drained off an Unhealthy GPU
     node_pressure: NodePressure = field(default_factory=NodePressure)  # nodes below the floor
@@ -123,6 +130,7 @@ class TickMemory:
     sightings: dict[str, Sighting] = field(default_factory=dict)
     # (reason, pod) last named unobserved or unreachable: each spell is told once.
     blind: set[tuple[str, str]] = field(default_factory=set)
+    held_steps: set[str] = field(default_factory=set)  # pods whose held ladder step was told
     reach: dict[str, Misses] = field(default_factory=dict)  # failed admin calls, per pod
     # What ModelReady last told of a download's figures, and each downloading pod's
     # last figures (model_readiness): rewritten at most every PROGRESS_REFRESH_SECONDS.
@@ -250,8 +258,16 @@ def readiness(
     state: PolicyState,
     applied: Mapping[str, RuntimeTarget],
     spec: InferenceServiceSpec,
+    now: float | None = None,
 ) -> Rollout:
-    """This tick's rollout over every listed pod (terminating ones count as out)."""
+    """This tick's rollout over the listed pods (terminating ones count as out).
+
+    A pod terminating past its grace period (`_leaving` no more: its node is gone, and
+    it stays until the node comes back or someone force-deletes it) is left out: it
+    will never be in service again, and counted as out it held every reload, swap and
+    restart of every other pod, the ladder stuck on its cheap rungs. `now` None: every
+    terminating pod counts as leaving.
+    """
     busy = {a.pod for a in state.in_flight.values() if a.kind in DISRUPTIVE}
     return Rollout(
         PodReadiness(
@@ -260,7 +276,19 @@ def readiness(
             pod.name in busy or converging(pod, samples.get(pod.name), state, applied, spec),
         )
         for pod in pods
+        if now is None or not pod.terminating or _leaving(pod, now)
     )
+
+
+def held_step_events(told: set[str], rollout: Rollout) -> tuple[list[EventRecord], set[str]]:
+    """A Warning for each pod whose ladder step the rollout newly holds (Rollout.held),
+    once a spell; the pods told, for the next tick."""
+    events = [
+        EventRecord("Warning", EventReason.LADDER_STEP_HELD, held_words(pod, *held), True)
+        for pod, held in sorted(rollout.held.items())
+        if pod not in told
+    ]
+    return events, set(rollout.held)
 
 
 def unable_to_swap(samples: Mapping[str, PodSample], state: PolicyState) -> set[str]:
@@ -429,7 +457,15 @@ def autoscale(
     serving = [samples[p.name] for p in pods if p.ready and not p.terminating and p.name in samples]
     pending = pending_for_gpu(unplaced(pods, now))
     current = current_replicas(spec, status)
-    decision = decide_scale(spec.autoscaling, current, serving, pending, memory.scale_history, now)
+    decision = decide_scale(
+        spec.autoscaling,
+        current,
+        serving,
+        pending,
+        memory.scale_history,
+        now,
+        stale_after_seconds=spec.telemetry.wedge_after_seconds,
+    )
     memory.scale_history = decision.history
     return decision
 
@@ -531,7 +567,7 @@ async def run_tick(
     if resumed:
         state = swaps_as_reported(state, samples, now)  # the ladder's swaps the hold kept
 
-    rollout = readiness(inputs.pods, samples, state, memory.applied, spec)
+    rollout = readiness(inputs.pods, samples, state, memory.applied, spec, now)
     # A pod whose sidecar is briefly unready is not scraped but still exists: its
     # in-flight action and its ladder's swap are kept until the pod itself goes.
     existing = [pod.name for pod in inputs.pods if not pod.terminating]
@@ -624,6 +660,8 @@ async def run_tick(
         pods_after, memory.sightings, spec.telemetry.wedge_after_seconds, written_at, memory.reach
     )
     events += blind_events(memory.blind, seen)
+    held_events, memory.held_steps = held_step_events(memory.held_steps, rollout)
+    events += held_events
     memory.blind = {(v.reason.value, v.pod) for v in (*seen.blind, *seen.unreachable)}
     sample_list = sorted(samples.values(), key=lambda s: s.pod)
     # The count the Deployment is set to run: the autoscaler's when it acts; while
@@ -644,6 +682,7 @@ async def run_tick(
         failing={p.name: p.failing for p in pods_after if p.failing and not p.terminating},
         holding=holding,
         starting=fetching(pods_after),
+        held={pod: held_words(pod, *held) for pod, held in rollout.held.items()},
     )
     events += stuck_pod_events(inputs.status, new_status)
     new_status["mode"] = spec.mode.value  # the mode this tick ran in

@@ -136,7 +136,7 @@ def run(args: argparse.Namespace, cluster: Cluster, now: Callable[[], float]) ->
     """The command's output; raises PluginError or ValueError for the user's mistakes."""
     command = args.command
     if command == "status":
-        return views.status_table(cluster.services(args.all_namespaces))
+        return views.status_table(cluster.services(args.all_namespaces), now())
     if command == "explain":
         return views.explain(cluster.service(args.service), now())
     if command == "history":

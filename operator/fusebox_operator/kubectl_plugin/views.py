@@ -23,6 +23,8 @@ from fusebox_operator.spec import InferenceServiceSpec, watched_spec
 from fusebox_operator.status import human_bytes, human_seconds
 
 WHY_WIDTH = 70
+# A pod's relayed figures are older than its scrape by the stats file's age; said past this.
+STATS_AGE_TOLD_SECONDS = 30.0
 # Events worth a line in `history`: what was done, would have been, or a person set.
 HISTORY_REASONS = frozenset(
     {
@@ -87,23 +89,28 @@ def last_action(status: Mapping[str, Any]) -> tuple[str, str]:
     return what, str(latest.get("reason", ""))
 
 
-def status_table(bodies: Sequence[Mapping[str, Any]]) -> str:
-    """`kubectl fusebox status`: one line per service."""
-    header = ("NAMESPACE", "NAME", "MODE", "BREAKER", "TIER", "VARIANT", "READY", "LAST", "WHY")
+def status_table(bodies: Sequence[Mapping[str, Any]], now: float) -> str:
+    """`kubectl fusebox status`: one line per service, with SEEN: how old its oldest
+    figure is (summary.observedAt), as the printer column of the same name."""
+    header = (
+        "NAMESPACE", "NAME", "MODE", "BREAKER", "TIER", "VARIANT", "READY", "SEEN", "LAST", "WHY"
+    )  # fmt: skip
     rows = [header]
     for body in sorted(bodies, key=_name):
         status = _status(body)
         namespace, name = _name(body)
         what, why = last_action(status)
+        summary = status.get("summary") or {}
         rows.append(
             (
                 namespace,
                 name,
                 mode_text(body),
-                str((status.get("breaker") or {}).get("state", "-")),
-                str((status.get("degradation") or {}).get("tier", "-")),
-                str(status.get("activeVariant", "-")),
-                str((status.get("summary") or {}).get("ready", "-")),
+                _text((status.get("breaker") or {}).get("state")),
+                _text((status.get("degradation") or {}).get("tier")),
+                _text(status.get("activeVariant")),
+                _text(summary.get("ready")),
+                _age(summary.get("observedAt"), now),
                 what,
                 _clip(why, WHY_WIDTH),
             )
@@ -121,6 +128,17 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _text(value: Any, absent: str = "-") -> str:
+    """A status field as printed: absent or null (a merge patch's deletion) as `absent`."""
+    return absent if value is None or value == "" else str(value)
+
+
+def _age(moment: Any, now: float) -> str:
+    """How long ago a persisted moment was: 40s, 12m, 3h; "-" when absent."""
+    when = seconds(moment)
+    return "-" if when is None else human_seconds(max(0.0, now - when))
 
 
 # ----- explain ---------------------------------------------------------------------------------
@@ -150,6 +168,12 @@ def explain(body: Mapping[str, Any], now: float) -> str:
     namespace, name = _name(body)
     spec = watched(body)
     lines = [f"InferenceService {namespace}/{name}: mode {mode_text(body)}"]
+    written = status.get("updatedAt")
+    lines.append(
+        f"Status written {_at(written, now)}; each figure as of its own scrape"
+        if written
+        else "Status not written by the control loop yet: nothing observed"
+    )
     if spec is None:
         lines.append("  no spec applied yet: the operator watches no pods of it")
         return "\n".join(lines)
@@ -178,15 +202,14 @@ def _incident_lines(body: Mapping[str, Any], now: float) -> list[str]:
 
 def _breaker_lines(status: Mapping[str, Any], spec: InferenceServiceSpec, now: float) -> list[str]:
     breaker = status.get("breaker") or {}
-    state = str(breaker.get("state", "Closed"))
+    state = _text(breaker.get("state"), "Closed")
     latency, half = spec.breaker.latency, spec.breaker.half_open
-    p99s = [p["p99Millis"] for p in status.get("pods") or [] if p.get("p99Millis") is not None]
     lines = [
         f"Breaker: {state} since {_at(breaker.get('since'), now)}, "
-        f"{breaker.get('trips', 0)} trip(s): {breaker.get('reason') or '-'}",
+        f"{breaker.get('trips') or 0} trip(s): {breaker.get('reason') or '-'}",
         f"  trips when p99 {latency.metric.value} > {latency.p99_threshold_millis:g} ms for "
-        f"{latency.for_seconds:g} s over >= {latency.min_requests} requests; now: "
-        + (f"p99 {max(p99s):g} ms (highest pod)" if p99s else "no p99 reported"),
+        f"{latency.for_seconds:g} s over >= {latency.min_requests} requests; "
+        + _p99_text(_pods(status), now),
         f"  open {spec.breaker.open_seconds:g} s, then half-open admits {half.admit_percent}% "
         f"until {half.min_requests} requests; closes at p99 < {half.p99_recovery_millis:g} ms "
         f"and success >= {half.min_success_rate:.1%}",
@@ -203,16 +226,51 @@ def _breaker_lines(status: Mapping[str, Any], spec: InferenceServiceSpec, now: f
     return lines
 
 
+def _pods(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [p for p in status.get("pods") or [] if isinstance(p, Mapping)]
+
+
+def _p99_text(pods: Sequence[Mapping[str, Any]], now: float) -> str:
+    """The highest pod's p99 and when it was measured (the server's stats are relayed:
+    their age is said when it is more than a scrape's)."""
+    reported = [
+        p for p in pods if p.get("scraped") is not False and _number(p.get("p99Millis")) is not None
+    ]
+    if not reported:
+        return "no p99 reported"
+    highest = max(reported, key=lambda p: float(p["p99Millis"]))
+    return (
+        f"as of {_at(highest.get('sampledAt'), now)}{_stats_age(highest)}: "
+        f"p99 {float(highest['p99Millis']):g} ms (highest pod, {highest.get('name')})"
+    )
+
+
+def _number(value: Any) -> float | None:
+    """A status figure as a number; None when absent, null or not a number."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _stats_age(pod: Mapping[str, Any]) -> str:
+    """The age of the server's stats the pod's figures were relayed from, when it is more
+    than a scrape's (`, its server's stats 6m40s old`); else nothing."""
+    age = _number(pod.get("statsAgeSeconds"))
+    if age is None or age < STATS_AGE_TOLD_SECONDS:
+        return ""
+    return f", its server's stats {human_seconds(age)} old"
+
+
 def _tier_lines(status: Mapping[str, Any], spec: InferenceServiceSpec, now: float) -> list[str]:
     degradation = status.get("degradation") or {}
-    level = int(degradation.get("level", 0))
+    level = int(_number(degradation.get("level")) or 0)
     tiers = ", ".join(spec.degradation.tiers) or "none listed"
     lines = [
-        f"Tier: {degradation.get('tier', 'none')} (level {level}) of [{tiers}]: "
+        f"Tier: {_text(degradation.get('tier'), 'none')} (level {level}) of [{tiers}]: "
         f"{degradation.get('reason') or '-'}"
     ]
     policy = status.get("policy") or {}
-    if str(degradation.get("reason", "")).startswith(f"pinned by {PIN_TIER}"):
+    if str(degradation.get("reason") or "").startswith(f"pinned by {PIN_TIER}"):
         lines.append(f"  held by {PIN_TIER}: the policy steps it again once that is removed")
     elif level > 0:
         healthy = seconds(policy.get("healthySince"))
@@ -236,21 +294,32 @@ def _ladder_lines(status: Mapping[str, Any], spec: InferenceServiceSpec, now: fl
         f" MiB/min), or > {HARD_RATIO:.0%} at once; one rung per {resource.cooldown_seconds:g} s"
     ]
     ladders = {str(v.get("key")): v for v in (status.get("policy") or {}).get("ladders") or []}
-    for pod in status.get("pods") or []:
-        pod_name = str(pod.get("name"))
-        rss, limit = pod.get("rssBytes"), pod.get("memoryLimitBytes")
-        share = f" ({rss / limit:.0%})" if rss and limit else ""
-        gpu = pod.get("gpuMemoryBytes")
-        figures = f"RSS {human_bytes(rss)} of {human_bytes(limit)}{share}"
-        if gpu is not None:
-            figures += f", GPU memory {human_bytes(gpu)}"
-        oom = pod.get("timeToOOMSeconds")
-        if oom is not None:
-            figures += f", time to OOM {human_seconds(oom)}"
-        lines.append(f"  {pod_name}: {figures}")
+    for pod in _pods(status):
+        pod_name = _text(pod.get("name"), "?")
+        lines.append(f"  {pod_name}: {_pod_figures(pod, now)}")
         for key in sorted(k for k in ladders if k.split("/", 1)[0] == pod_name):
             lines.append("    " + _rung_line(key, ladders[key], resource.cooldown_seconds, now))
     return lines
+
+
+def _pod_figures(pod: Mapping[str, Any], now: float) -> str:
+    """A pod's memory figures as of their scrape; a failed scrape says when the pod was
+    last seen answering and why not now, never figures."""
+    if pod.get("scraped") is False:
+        seen = pod.get("lastSeenAt")
+        since = f"since {_at(seen, now)}" if seen else "(never seen answering)"
+        return f"not scraped {since}: {pod.get('error') or 'no reason given'}"
+    rss, limit = pod.get("rssBytes"), pod.get("memoryLimitBytes")
+    rss_bytes, limit_bytes = _number(rss), _number(limit)
+    share = f" ({rss_bytes / limit_bytes:.0%})" if rss_bytes and limit_bytes else ""
+    gpu = pod.get("gpuMemoryBytes")
+    figures = f"RSS {human_bytes(rss)} of {human_bytes(limit)}{share}"
+    if gpu is not None:
+        figures += f", GPU memory {human_bytes(gpu)}"
+    oom = pod.get("timeToOOMSeconds")
+    if oom is not None:
+        figures += f", time to OOM {human_seconds(oom)}"
+    return f"as of {_at(pod.get('sampledAt'), now)}{_stats_age(pod)}: {figures}"
 
 
 def _rung_line(key: str, ladder: Mapping[str, Any], cooldown: float, now: float) -> str:

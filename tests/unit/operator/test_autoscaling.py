@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
-from fusebox_contract.names import ConditionType, EventReason
+from fusebox_contract.names import BreakerState, ConditionType, EventReason
 from fusebox_operator.autoscaling import (
     Recommendation,
+    ScaleHold,
     decide_scale,
     pending_for_gpu,
     pod_load,
@@ -20,6 +23,7 @@ from fusebox_operator.status import (
     SCALE_LIMIT_GPU,
     add_autoscaling_status,
     scaling_events,
+    should_write,
 )
 from fusebox_operator.tick import TickMemory, autoscale, current_replicas
 
@@ -33,7 +37,10 @@ SPEC = AutoscalingSpec(
 
 
 def sample(pod: str, queue: float | None, running: float | None = 0, ok: bool = True) -> PodSample:
-    return PodSample(pod, 0.0, ok=ok, queue_length=queue, requests_running=running)
+    """A scrape of a pod whose server wrote its stats a second before."""
+    return PodSample(
+        pod, 0.0, ok=ok, queue_length=queue, requests_running=running, stats_age_seconds=1.0
+    )
 
 
 def test_a_pods_load_is_its_queue_or_its_queue_plus_running_requests() -> None:
@@ -258,7 +265,12 @@ DOWN_AT_ONCE = replace(SPEC, scale_down_stabilization_seconds=0)
 
 def refusing(pod: str, queue: float, rejected: float) -> PodSample:
     return PodSample(
-        pod, 0.0, queue_length=queue, requests_running=0, requests=RequestCounts(rejected=rejected)
+        pod,
+        0.0,
+        queue_length=queue,
+        requests_running=0,
+        requests=RequestCounts(rejected=rejected),
+        stats_age_seconds=1.0,
     )
 
 
@@ -290,15 +302,213 @@ def test_pods_whose_queue_and_slots_are_full_are_never_scaled_down() -> None:
     # maxQueue 0 (a spec the parser now refuses with autoscaling): the queue always reads
     # 0 and the load never shows; every slot busy is what saturation looks like.
     capped = replace(DOWN_AT_ONCE, pod_max_queue=0, pod_max_concurrency=4)
-    full = [PodSample(p, 0.0, queue_length=0, requests_running=4) for p in "abc"]
+    full = [sample(p, 0, running=4) for p in "abc"]
     held = decide_scale(capped, 3, full, [], (), now=0)
     assert held.replicas == 3 and held.recommended == 3
-    # One pod with a free slot: the service is not saturated, and idle queues scale down.
-    some_free = [*full[:2], PodSample("c", 0.0, queue_length=0, requests_running=1)]
-    assert decide_scale(capped, 3, some_free, [], (), now=0).replicas == 1
+    # One pod with free slots: the service is not saturated, and idle queues scale down,
+    # as far as the slots in use allow (8 generations fill two 4-slot pods).
+    some_free = [*full[:2], sample("c", 0, running=0)]
+    assert decide_scale(capped, 3, some_free, [], (), now=0).replicas == 2
 
 
 def test_the_parsed_spec_gives_the_autoscaler_the_servers_queue_and_slots() -> None:
     parsed = parse_spec({**base(maxReplicas=3), "server": {"maxQueue": 16, "maxConcurrency": 2}})
     assert parsed.autoscaling is not None
     assert (parsed.autoscaling.pod_max_queue, parsed.autoscaling.pod_max_concurrency) == (16, 2)
+
+
+# --- review of the autoscaler: restarts, busy pods, stale figures, holds, steps -------------
+
+WINDOWED = parse_spec(
+    {
+        "model": {"name": "m", "source": "pvc://models/tiny"},
+        "autoscaling": {
+            "maxReplicas": 4,
+            "targetPerReplica": 2,
+            "scaleDownStabilizationSeconds": 60,
+        },
+    }
+)
+
+
+def idle_tick(memory: TickMemory, now: float) -> int:
+    """One tick of three Ready, idle pods the autoscaler last set to 3; the count it sets."""
+    pods = [view(p) for p in "abc"]
+    samples = {p: sample(p, 0) for p in "abc"}
+    decision = autoscale(WINDOWED, {"autoscaling": {"replicas": 3}}, pods, samples, memory, now)
+    assert decision is not None
+    return decision.replicas
+
+
+def test_a_restarted_operator_waits_a_full_scale_down_window_before_scaling_down() -> None:
+    memory = TickMemory()  # a restarted operator: no window remembered
+    assert idle_tick(memory, 1000) == 3  # not one idle scrape: the count in place stands
+    assert idle_tick(memory, 1059) == 3
+    assert idle_tick(memory, 1061) == 1  # idle a full 60 s window, seen by this operator
+
+
+def test_a_start_over_handover_waits_a_full_scale_down_window_again() -> None:
+    memory = TickMemory()
+    assert idle_tick(memory, 0) == 3
+    assert idle_tick(memory, 100) == 1  # past the window: down
+    memory.start_over()  # another replica took the service over, or it started over
+    assert idle_tick(memory, 105) == 3
+    assert idle_tick(memory, 166) == 1
+
+
+def test_a_new_service_with_no_windows_still_scales_up_and_down_at_once() -> None:
+    # Windows of 0 are "at once": the count in place is no part of them.
+    at_once = replace(SPEC, scale_down_stabilization_seconds=0)
+    assert decide_scale(at_once, 1, [sample("a", 6)], [], (), now=0).replicas == 3
+    assert decide_scale(at_once, 3, [sample(p, 0) for p in "abc"], [], (), now=0).replicas == 1
+
+
+BUSY = AutoscalingSpec(
+    min_replicas=1,
+    max_replicas=8,
+    target_per_replica=4,
+    pod_max_queue=64,
+    pod_max_concurrency=8,
+    scale_down_stabilization_seconds=0,
+)
+
+
+def generating(pod: str, running: float, queue: float = 0) -> PodSample:
+    return sample(pod, queue, running=running)
+
+
+def test_pods_with_every_slot_generating_are_not_idle_under_queue_length() -> None:
+    # Four pods, each generating 8 of 8 with nothing waiting: the queue reads 0.
+    full = [generating(p, 8) for p in "abcd"]
+    assert decide_scale(BUSY, 4, full, [], (), now=0).replicas == 4
+    # Six pods sharing the same 32 generations: down to the 4 they fill, not to 1.
+    spread = [generating(p, 32 / 6) for p in "abcdef"]
+    down = decide_scale(BUSY, 6, spread, [], (), now=0)
+    assert down.replicas == 4 and down.reason is EventReason.SCALED_DOWN
+    assert "the 32 requests generating keep 4 pod(s)" in down.message
+    # With inFlight the generations are in the load already: the target alone decides.
+    in_flight = replace(BUSY, metric=AutoscalingMetric.IN_FLIGHT, target_per_replica=16)
+    assert decide_scale(in_flight, 4, full, [], (), now=0).replicas == 2
+
+
+def test_steady_load_settles_instead_of_flapping() -> None:
+    """32 requests always in flight; a new pod serves 120 s after it is asked for."""
+    spec = replace(BUSY, scale_down_stabilization_seconds=300)
+    demand, startup = 32.0, 120
+    count, ready_at, history = 1, {0: -1e9}, ()
+    changes: list[tuple[int, int, int]] = []
+    for now in range(0, 3000, 5):
+        ready = [i for i in range(count) if ready_at.get(i, -1e9) <= now] or [0]
+        per_pod = demand / len(ready)
+        samples = [
+            generating(f"p{i}", min(8.0, per_pod), queue=max(0.0, per_pod - 8)) for i in ready
+        ]
+        decision = decide_scale(spec, count, samples, [], history, float(now))
+        history = decision.history
+        if decision.replicas != count:
+            for i in range(count, decision.replicas):
+                ready_at[i] = now + startup
+            changes.append((now, count, decision.replicas))
+            count = decision.replicas
+    assert count == 4, changes  # the pods 32 generations fill
+    assert all(at < 1000 for at, _, _ in changes), changes  # and it stays there
+    assert min(to for _, _, to in changes[1:]) >= 4, changes  # never back below the load
+
+
+def frozen(pod: str, queue: float, age: float = 900.0, valid: bool | None = True) -> PodSample:
+    """A scrape that relays a stats file the server stopped writing `age` seconds ago."""
+    return PodSample(
+        pod, 0.0, queue_length=queue, requests_running=0, stats_age_seconds=age, stats_valid=valid
+    )
+
+
+def test_stale_or_invalid_stats_are_no_load() -> None:
+    # Two pods at the target; two relay a frozen queue of 0 (stale, and invalid).
+    pods = [sample("a", 2), sample("b", 2), frozen("c", 0), frozen("d", 0, age=1, valid=False)]
+    held = decide_scale(replace(SPEC, scale_down_stabilization_seconds=0), 4, pods, [], (), 0)
+    assert held.replicas == 4 and held.load == 4  # the frozen pods counted at the target
+    # A frozen high queue asks for nothing either.
+    stuck = decide_scale(SPEC, 2, [sample("a", 2), frozen("b", 60)], [], (), now=0)
+    assert stuck.replicas == 2 and stuck.load == 2
+    # A scrape with no stats age (no valid file seen) is not measured.
+    unseen = replace(frozen("e", 3), stats_age_seconds=None)
+    assert pod_load(unseen, AutoscalingMetric.QUEUE_LENGTH) is None
+
+
+def test_the_tick_judges_staleness_by_the_services_wedge_threshold() -> None:
+    patient = parse_spec(
+        {
+            "model": {"name": "m", "source": "pvc://models/tiny"},
+            "telemetry": {"wedgeAfterSeconds": 600},
+            "autoscaling": {"maxReplicas": 4, "targetPerReplica": 2},
+        }
+    )
+    samples = {"a": frozen("a", 6, age=300)}  # 300 s old: within this service's 600 s
+    decision = autoscale(patient, {}, [view("a")], samples, TickMemory(), now=0)
+    assert decision is not None and decision.load == 6 and decision.replicas == 3
+    quick = autoscale(AUTOSCALED, {}, [view("a")], samples, TickMemory(), now=0)
+    assert quick is not None and quick.load is None and quick.replicas == 1  # default 15 s
+
+
+def test_a_service_refusing_requests_tells_why_its_count_is_held() -> None:
+    assert AUTOSCALED.autoscaling is not None
+    spec = replace(AUTOSCALED.autoscaling, scale_down_stabilization_seconds=0)
+    before = decide_scale(spec, 3, [refusing(p, 2, 10) for p in "abc"], [], (), now=0)
+    tripped = replace(refusing("a", 0, 90), breaker_state=BreakerState.OPEN)
+    guarded = replace(refusing("b", 0, 40), memory_guard_active=True)
+    held = decide_scale(spec, 3, [tripped, guarded, refusing("c", 0, 10)], [], before.history, 5)
+    assert held.replicas == 3 and held.hold is ScaleHold.PODS_REFUSING
+    status: dict[str, Any] = {}
+    add_autoscaling_status(status, {}, held, AUTOSCALED, 1, 5)
+    limited = {c["type"]: c for c in status["conditions"]}[ConditionType.SCALING_LIMITED]
+    assert limited["status"] == "True" and limited["reason"] == "PodsRefusingRequests"
+    assert "a (breaker Open, 503), b (memory guard, 503)" in limited["message"]
+    assert "held at 3" in limited["message"] and ", c" not in limited["message"]
+    # Full queues and slots (a cap of 0 the parser now refuses): held too, and told so.
+    capped = replace(
+        spec,
+        metric=AutoscalingMetric.IN_FLIGHT,
+        target_per_replica=4,
+        pod_max_queue=0,
+        pod_max_concurrency=2,
+    )
+    full = decide_scale(capped, 3, [sample(p, 0, running=2) for p in "abc"], [], (), 0)
+    assert full.hold is ScaleHold.QUEUES_FULL
+    status = {}
+    add_autoscaling_status(status, {}, full, AUTOSCALED, 1, 0)
+    limited = {c["type"]: c for c in status["conditions"]}[ConditionType.SCALING_LIMITED]
+    assert limited["reason"] == "QueuesFull" and "full" in limited["message"]
+
+
+def test_one_spiky_scrape_adds_at_most_the_hpas_step() -> None:
+    wide = replace(BUSY, max_replicas=20, scale_down_stabilization_seconds=300)
+    spike = decide_scale(wide, 1, [generating("a", 8, queue=64)], [], (), now=0)
+    assert spike.replicas == 5 and spike.recommended == 16  # max(2 x 1, 1 + 4)
+    assert "load asks for 16" in spike.message and "1 -> 5 replicas" in spike.message
+    load = [generating(p, 8, queue=64) for p in "abcde"]
+    assert decide_scale(wide, 5, load, [], spike.history, now=5).replicas == 10  # 2 x 5
+    assert decide_scale(BUSY, 1, [generating("a", 8, queue=24)], [], (), 0).replicas == 5
+
+
+T_WRITTEN = dt.datetime(2027, 1, 15, 8, tzinfo=dt.UTC).timestamp()
+
+
+def test_the_load_is_deleted_from_status_when_nothing_is_measured() -> None:
+    assert AUTOSCALED.autoscaling is not None
+    measured = decide_scale(AUTOSCALED.autoscaling, 2, [sample("a", 2), sample("b", 2)], [], (), 0)
+    previous: dict[str, Any] = {"updatedAt": "2027-01-15T08:00:00Z"}
+    add_autoscaling_status(previous, {}, measured, AUTOSCALED, 1, 0)
+    assert previous["autoscaling"]["load"] == 4
+    blind = decide_scale(AUTOSCALED.autoscaling, 2, [], [], measured.history, 5)
+    assert blind.load is None
+    status: dict[str, Any] = {
+        "updatedAt": "2027-01-15T08:00:05Z",
+        "conditions": previous["conditions"],
+    }
+    add_autoscaling_status(status, previous, blind, AUTOSCALED, 1, 5)
+    # A merge patch deletes a key only by a null: omitting it would keep 4 for ever.
+    assert "load" in status["autoscaling"] and status["autoscaling"]["load"] is None
+    assert should_write(previous, status, T_WRITTEN + 5)  # news, not a figure to batch
+    never: dict[str, Any] = {}
+    add_autoscaling_status(never, {}, blind, AUTOSCALED, 1, 5)
+    assert "load" not in never["autoscaling"]  # nothing to delete

@@ -61,6 +61,7 @@ class FakeKube:
         self.actuator = FakeActuator()
         self.pods: list[PodView] = []  # what the pod watch holds
         self.refusals: dict[str, KubeError] = {}  # what a write of a kind is answered
+        self.list_error: KubeError | None = None  # what a pod LIST is answered instead
 
     async def read_service_status(self, namespace: str, name: str) -> dict[str, Any]:
         self.status_reads += 1
@@ -97,6 +98,8 @@ class FakeKube:
         self, namespace: str, labels: Mapping[str, str], deployment: str
     ) -> list[Any]:
         self.pods_listed += 1
+        if self.list_error is not None:
+            raise self.list_error
         return list(self.pods)
 
     async def read_admin_token(self, namespace: str, name: str, owner_uid: str) -> str:
@@ -1013,3 +1016,57 @@ def test_cleanup_stops_the_watches_and_closes_every_session() -> None:
     scrapes, admin = asyncio.run(exit_with_sessions())
     assert kube.calls == ["stop_watching", "close"]
     assert scrapes.closed and admin.closed
+
+
+def test_a_tick_that_cannot_list_the_pods_says_so_instead_of_standing_as_observed(
+    events: list[tuple[str, str, str]],
+) -> None:
+    kube = FakeKube()
+    kube.pods = [PENDING]
+    service = Service(kube)
+    service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
+    service.reconcile(VALID, reason="create")
+    service.tick(VALID)
+    assert service.condition(ConditionType.READY)["reason"] == "PodsNotReady"
+
+    kube.list_error = KubeError("pods in ml: the API server is unreachable (MaxRetryError)")
+    service.kept.next_scrape_at = 0.0
+    service.tick(VALID)
+    ready = service.condition(ConditionType.READY)
+    fresh = service.condition(ConditionType.TELEMETRY_FRESH)
+    assert (ready["status"], ready["reason"]) == ("Unknown", "PodsNotListed")
+    assert (fresh["status"], fresh["reason"]) == ("False", "PodsNotListed")
+    assert "the API server is unreachable (MaxRetryError)" in fresh["message"]
+    # The spell is written once, not at every tick.
+    service.kept.next_scrape_at = 0.0
+    assert service.tick(VALID) == {}
+
+
+class LostNodeAPI(NodesAPI):
+    """Node n2's kubelet stopped posting: the node controller set its Ready Unknown."""
+
+    def list_node(self, **_: Any) -> Any:
+        self.lists += 1
+        condition = {
+            "type": "Ready",
+            "status": "Unknown",
+            "lastTransitionTime": "2026-12-06T03:20:11Z",
+            "reason": "NodeStatusUnknown",
+        }
+        body = {"items": [{"metadata": {"name": "n2"}, "status": {"conditions": [condition]}}]}
+        return type("Raw", (), {"data": json.dumps(body).encode()})()
+
+
+def test_a_pod_on_a_node_gone_not_ready_is_named_with_its_node(
+    events: list[tuple[str, str, str]],
+) -> None:
+    kube = FakeKube()
+    kube.pods = [replace(PENDING, node="n2")]
+    service = Service(kube)
+    service.kubelet = KubeletPressureReader(LostNodeAPI())
+    service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
+    service.reconcile(VALID, reason="create")
+    service.tick(VALID)
+    assert service.condition(ConditionType.READY)["message"] == (
+        "0/1 pods serving; chat-0 not ready: node n2 NotReady since 2026-12-06T03:20:11Z"
+    )

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -76,15 +77,19 @@ def service(
     annotations: dict[str, str] | None = None,
     status: dict[str, Any] | None = None,
     ticks: int = 1,
+    scraped: Callable[[float, int], PodSample] = lambda now, step: leaking(now),
 ) -> dict[str, Any]:
-    """A service as the API server returns it after a reconcile and `ticks` ticks."""
+    """A service as the API server returns it after a reconcile and `ticks` ticks
+    (`scraped`: what the pod's scrape at each tick, by time and number, gives)."""
     current = {**applied_status({}, RAW, size_memory(SPEC, []), "chat", 1, T0), **(status or {})}
     memory = TickMemory()
     for step in range(ticks):
         now = T0 + 5 * step
 
-        async def scrape(pods: Sequence[PodView], now: float = now) -> list[PodSample]:
-            return [leaking(now)]
+        async def scrape(
+            pods: Sequence[PodView], now: float = now, step: int = step
+        ) -> list[PodSample]:
+            return [scraped(now, step)]
 
         inputs = TickInputs("prod", "svc", SPEC, current, [POD], "t", 1, annotations or {})
         result = asyncio.run(
@@ -105,26 +110,26 @@ def stamp(moment: float) -> str:
 def test_status_lists_each_service_with_its_last_action_and_why() -> None:
     other = service()
     other["metadata"] = {**other["metadata"], "name": "embed", "namespace": "batch"}
-    lines = views.status_table([service(), other]).splitlines()
+    lines = views.status_table([service(), other], T0 + 10).splitlines()
     assert lines[0].split() == [
-        "NAMESPACE", "NAME", "MODE", "BREAKER", "TIER", "VARIANT", "READY", "LAST", "WHY",
+        "NAMESPACE", "NAME", "MODE", "BREAKER", "TIER", "VARIANT", "READY", "SEEN", "LAST", "WHY",
     ]  # fmt: skip
     assert [line.split()[:2] for line in lines[1:]] == [["batch", "embed"], ["prod", "chat"]]
     row = lines[2].split()
-    assert row[2:7] == ["Enforce", "Closed", "none", "primary", "1/1"]
-    assert row[7:9] == ["gc", "chat-0"] and row[9] == "RSS"  # why: the figures behind it
+    assert row[2:8] == ["Enforce", "Closed", "none", "primary", "1/1", "11s"]  # stats 1 s old
+    assert row[8:10] == ["gc", "chat-0"] and row[10] == "RSS"  # why: the figures behind it
 
 
 def test_status_of_a_paused_and_pinned_service_says_so_and_shows_what_it_would_do() -> None:
     body = service({PAUSE_ACTIONS: "INC-7", PIN_TIER: "no-streaming"})
-    row = views.status_table([body]).splitlines()[1].split()
+    row = views.status_table([body], T0).splitlines()[1].split()
     assert row[2] == "Enforce,paused,pinned:no-streaming"
     assert row[4] == "no-streaming"
-    assert row[7:10] == ["would", "gc", "chat-0"]
+    assert row[8:11] == ["would", "gc", "chat-0"]
 
 
 def test_status_with_no_services_says_so() -> None:
-    assert views.status_table([]) == "No InferenceServices found."
+    assert views.status_table([], T0) == "No InferenceServices found."
 
 
 # ----- explain ---------------------------------------------------------------------------------
@@ -135,10 +140,63 @@ def test_explain_gives_the_thresholds_of_the_applied_spec_and_the_figures() -> N
     latency = SPEC.breaker.latency
     assert f"trips when p99 ttft > {latency.p99_threshold_millis:g} ms" in text
     assert f"over >= {latency.min_requests} requests" in text
-    assert "now: p99 250 ms (highest pod)" in text
+    assert f"as of {stamp(T0)} (10s ago): p99 250 ms (highest pod, chat-0)" in text
     assert f"RSS > {SPEC.breaker.resource.rss.ratio:.0%} of its limit" in text
     assert "one rung per 60 s" in text
-    assert f"chat-0: RSS {human_bytes(0.97 * LIMIT)} of {human_bytes(LIMIT)} (97%)" in text
+    figures = f"RSS {human_bytes(0.97 * LIMIT)} of {human_bytes(LIMIT)} (97%)"
+    assert f"chat-0: as of {stamp(T0)} (10s ago): {figures}" in text
+    assert "now" not in text  # every figure is as of its scrape
+
+
+def test_an_hour_old_status_shows_its_age_in_explain_and_status() -> None:
+    # The operator stopped writing an hour ago: nothing may read as current.
+    body = service()
+    later = T0 + 3600
+    text = views.explain(body, later)
+    assert (
+        text.splitlines()[1]
+        == f"Status written {stamp(T0)} (60m ago); each figure as of its own scrape"
+    )
+    assert f"as of {stamp(T0)} (60m ago): p99 250 ms" in text
+    assert f"chat-0: as of {stamp(T0)} (60m ago): RSS" in text
+    row = views.status_table([body], later).splitlines()[1].split()
+    assert row[7] == "60m"  # SEEN: the age of the oldest figure (summary.observedAt)
+
+
+def test_explain_tells_relayed_figures_older_than_the_scrape() -> None:
+    def stale(now: float, step: int) -> PodSample:
+        return replace(leaking(now), stats_age_seconds=400.0)
+
+    text = views.explain(service(scraped=stale), T0 + 10)
+    assert f"as of {stamp(T0)} (10s ago), its server's stats 7m old: p99 250 ms" in text
+
+
+def test_explain_shows_a_pod_whose_scrape_failed_by_when_it_was_last_seen_and_why() -> None:
+    def refused_later(now: float, step: int) -> PodSample:
+        if step == 0:
+            return leaking(now)
+        return PodSample("chat-0", now, ok=False, error="connection refused")
+
+    # Unanswered for 35 s: the operator writes the pod as it last saw it.
+    text = views.explain(service(ticks=8, scraped=refused_later), T0 + 40)
+    assert f"chat-0: not scraped since {stamp(T0)} (40s ago): connection refused" in text
+    assert "chat-0: as of" not in text and "no p99 reported" in text  # no figure shown
+
+
+def test_explain_and_status_take_absent_and_null_fields() -> None:
+    # A merge patch deletes with null: the API can hand back any field as null.
+    body = service()
+    body["status"].update(
+        {"degradation": {"level": None, "tier": None}, "breaker": None, "pods": [{}, None]}
+    )
+    body["status"]["summary"] = None
+    text = views.explain(body, T0 + 10)
+    assert "Tier: none (level 0)" in text and "Breaker: Closed since -" in text
+    row = views.status_table([body], T0 + 10).splitlines()[1].split()
+    assert row[3:8] == ["-", "-", "primary", "-", "-"]
+    unwritten = service()
+    del unwritten["status"]["updatedAt"]
+    assert "Status not written by the control loop yet" in views.explain(unwritten, T0)
 
 
 def test_explain_names_the_ladder_s_next_rung_and_when() -> None:

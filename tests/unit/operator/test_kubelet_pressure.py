@@ -19,9 +19,11 @@ from fusebox_operator.kubelet_pressure import (
     READ_INTERVAL_SECONDS,
     WAIT_SECONDS,
     KubeletPressureReader,
+    not_ready_nodes,
     pressured_nodes,
 )
 from fusebox_operator.node_pressure import KubeletPressure
+from fusebox_operator.observations import NodeNotReady
 
 
 def node(name: str, memory_pressure: str, message: str = "") -> dict[str, Any]:
@@ -177,3 +179,20 @@ def test_a_slow_list_delays_a_tick_by_at_most_the_wait_and_answers_a_later_one()
     assert first is None and waited < WAIT_SECONDS + 4
     assert list(second or {}) == ["n2"]
     assert len(core.lists) == 1
+
+
+def test_nodes_whose_ready_is_false_or_unknown_are_named_with_their_transition() -> None:
+    down = node("n2", "Unknown")
+    down["status"]["conditions"][0] = {
+        "type": "Ready",
+        "status": "Unknown",
+        "lastTransitionTime": "2026-12-06T03:20:11Z",
+    }
+    off = node("n3", "False")
+    off["status"]["conditions"][0] = {"type": "Ready", "status": "False"}
+    registering = {"metadata": {"name": "n4"}, "status": {}}
+    listed = {"items": [node("n1", "False"), down, off, registering]}
+    assert not_ready_nodes(listed) == {
+        "n2": NodeNotReady("n2", 1796527211.0),
+        "n3": NodeNotReady("n3", None),
+    }

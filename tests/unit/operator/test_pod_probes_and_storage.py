@@ -39,9 +39,21 @@ def quantity_bytes(quantity: str) -> int:
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_no_container_probes_readiness_the_way_it_probes_liveness(example: str) -> None:
     for container in all_containers(pod_spec_of(example)):
+        if "livenessProbe" not in container:
+            continue  # the sidecar: test_a_hung_sidecar_is_never_restarted_by_the_kubelet
         readiness, liveness = container["readinessProbe"], container["livenessProbe"]
         handler = next(key for key in ("httpGet", "tcpSocket", "exec") if key in readiness)
         assert readiness.get(handler) != liveness.get(handler), container["name"]
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_a_hung_sidecar_is_never_restarted_by_the_kubelet(example: str) -> None:
+    # A native sidecar's readiness counts toward the pod's: a liveness restart of a hung
+    # sidecar took a serving pod out of its Service for the metrics' sake.
+    (sidecar,) = [c for c in pod_spec_of(example)["initContainers"] if c["name"] == "sidecar"]
+    assert sidecar["restartPolicy"] == "Always"  # native: counted in the pod's readiness
+    assert "livenessProbe" not in sidecar
+    assert "tcpSocket" in sidecar["readinessProbe"]  # the port listens, not /metrics
 
 
 @pytest.mark.parametrize("example", EXAMPLES)

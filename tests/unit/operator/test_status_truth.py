@@ -15,7 +15,7 @@ from typing import Any
 
 from fusebox_contract.names import BreakerState, ConditionType, EventReason, Variant
 from fusebox_operator.actuator import ActionResult, RuntimeCall
-from fusebox_operator.observations import PodSample, PodView
+from fusebox_operator.observations import NodeNotReady, PodSample, PodView
 from fusebox_operator.serving import (
     PodServing,
     ServingReason,
@@ -435,3 +435,46 @@ def test_the_variant_column_is_empty_until_a_pod_reports_one() -> None:
     assert service.status["activeVariant"] == "fallback"
     service.tick()  # unseen again: the last reported value stands
     assert service.status["activeVariant"] == "fallback"
+
+
+def on_lost_node(name: str, node: str = "n2") -> PodView:
+    """A pod whose node stopped posting: the node controller set its Ready False, its
+    containers still say ready (the kubelet's last word), and the Node says NotReady."""
+    lost = NodeNotReady(node, T0 - 60)
+    return replace(pod(name, ready=False), node=node, node_not_ready=lost)
+
+
+def test_a_pod_on_a_not_ready_node_is_named_with_its_node_not_a_network_guess() -> None:
+    service = Service(spec=TWO, pods=[pod("a"), on_lost_node("b")])
+    for _ in range(3):
+        service.tick(answer("a", service.now))  # b's scrapes time out: its node is gone
+
+    node_words = "node n2 NotReady since " + iso(T0 - 60)
+    ready = service.condition(ConditionType.READY)
+    assert (ready["status"], ready["reason"]) == ("False", "PodsNotReady")
+    assert ready["message"] == f"1/2 pods serving; b not ready: {node_words}"
+    fresh = service.condition(ConditionType.TELEMETRY_FRESH)
+    assert node_words in fresh["message"] and "NetworkPolicy" not in fresh["message"]
+    (stale,) = [e for e in service.events if e.reason is EventReason.TELEMETRY_STALE]
+    assert node_words in stale.message and "NetworkPolicy" not in stale.message
+
+
+def test_a_not_ready_pod_whose_stats_went_stale_is_named_wedged() -> None:
+    # A wedged event loop fails /readyz within seconds: the kubelet calls the pod not
+    # Ready long before its stats are wedgeAfterSeconds old; its sidecar still answers.
+    # Observe mode: the operator's restart (from the tick that deletes it the pod counts
+    # as leaving) is only told, so the verdict stays to be read.
+    service = Service(spec=parse_spec({**SPEC_RAW, "mode": "Observe"}), pods=[pod()])
+    service.tick(answer("a", service.now))
+    service.pods = [pod(ready=False)]
+    service.tick(answer("a", service.now, stats_age_seconds=5.0))
+    assert service.ready() == ("False", "PodsNotReady")  # not stale yet: not ready, no more
+    service.tick(answer("a", service.now, stats_age_seconds=40.0))
+    assert service.ready() == ("False", "ServerWedged")
+    assert "a server stats 40 s old: wedged" in service.condition(ConditionType.READY)["message"]
+
+
+def test_a_starting_pod_whose_stats_lag_is_not_called_wedged() -> None:
+    starting_up = answer("a", T0, model_loaded=False, stats_age_seconds=40.0)
+    verdict = judge_pod(pod(ready=False), Sighting(last_ok=starting_up), 15, T0)
+    assert verdict == PodServing("a", ServingReason.NOT_READY)

@@ -708,3 +708,65 @@ def test_the_kubelets_memory_pressure_on_one_node_reaches_only_its_pod_through_t
     # Without the Nodes (unread: None), nothing on either pod: the sidecars report no figures.
     quiet = replace(inputs, kubelet_pressure=None)
     asyncio.run(run_tick(quiet, TickMemory(), scrape, IdleActuator(), lambda: T0))
+
+
+LIMIT_BYTES = 8 * 2**30
+
+
+def leaking(name: str, at: float) -> PodSample:
+    return PodSample(name, at, model_loaded=True, rss_bytes=0.97 * LIMIT_BYTES,
+                     memory_limit_bytes=LIMIT_BYTES, stats_age_seconds=1.0,
+                     heartbeat_age_seconds=1.0)  # fmt: skip
+
+
+def ladder_ticks(pods: list[PodView], ticks: int = 12) -> tuple[list[str], list[TickOutcome]]:
+    """The leaking pod's ladder over `ticks` ticks 35 s apart (its cooldown is 30 s): the
+    kinds sent, and each tick's outcome."""
+    actuator, memory, outcomes = RecordingActuator(), TickMemory(), []
+    status: dict[str, Any] = {"memory": {"limitBytes": LIMIT_BYTES}}
+    for i in range(ticks):
+        now = T0 + 35 * i
+
+        async def scrape(targets: Sequence[PodView], now: float = now) -> list[PodSample]:
+            return [leaking(t.name, now) if t.name == "leaky" else report(t.name, 0,
+                    Variant.PRIMARY, stats_age_seconds=1.0) for t in targets]  # fmt: skip
+
+        inputs = TickInputs("ns", "svc", NO_FALLBACK, status, pods, "token", 1)
+        outcome = asyncio.run(run_tick(inputs, memory, scrape, actuator, lambda t=now: t))
+        status = {**status, **outcome.status_patch}
+        outcomes.append(outcome)
+    return [a.kind.value for a in actuator.sent if a.pod == "leaky"], outcomes
+
+
+def stuck_on_a_lost_node(name: str) -> PodView:
+    """Evicted an hour ago from a node that is gone: Terminating until it comes back."""
+    return replace(pod(name, ready=False, terminating=True), grace_ends_at=T0 - 3600)
+
+
+def test_a_pod_stuck_terminating_does_not_hold_the_other_pods_reload() -> None:
+    kinds, _ = ladder_ticks([pod("leaky"), pod("fresh"), stuck_on_a_lost_node("lost")])
+    assert kinds[:3] == ["gc", "empty_cache", "reload"]
+    gate = readiness([stuck_on_a_lost_node("lost"), pod("a")], {}, PolicyState("s"), {},
+                     NO_FALLBACK, T0)  # fmt: skip
+    assert gate.may_disrupt("a")
+    # Still within its grace period (plus the margin), a terminating pod is leaving: it holds.
+    leaving = replace(stuck_on_a_lost_node("lost"), grace_ends_at=T0)
+    assert not readiness([leaving, pod("a")], {}, PolicyState("s"), {}, NO_FALLBACK,
+                         T0).may_disrupt("a")  # fmt: skip
+
+
+def test_a_ladder_step_the_rollout_holds_is_told_once_and_in_memory_pressure() -> None:
+    # "starting" is not Ready: the reload would take the only serving pod out as well.
+    kinds, outcomes = ladder_ticks([pod("leaky"), pod("starting", ready=False)])
+    assert kinds == ["gc", "empty_cache"]
+    held = [e for o in outcomes for e in o.events if e.reason is EventReason.LADDER_STEP_HELD]
+    assert [(e.type, e.message) for e in held] == [(
+        "Warning",
+        "reload on leaky waits: starting out of service (one pod out of service at a time)",
+    )]  # fmt: skip
+    written = [o.status_patch for o in outcomes if o.status_patch]
+    pressure = next(c for c in written[-1]["conditions"] if c["type"] == "MemoryPressure")
+    assert pressure["message"] == (
+        "resource ladder active on leaky; reload on leaky waits: starting out of service "
+        "(one pod out of service at a time)"
+    )
