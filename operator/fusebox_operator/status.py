@@ -216,21 +216,7 @@ def unreadable_record_conditions(
         f"status.appliedSpec cannot be read by this operator ({problem[:MAX_PROBLEM_CHARS]}): "
         "its pods are not watched until a reconcile applies the spec again (edit the spec)"
     )
-    conditions = list(status.get("conditions") or [])
-    said = any(
-        c.get("type") == ConditionType.TELEMETRY_FRESH
-        and c.get("reason") == APPLIED_SPEC_UNREADABLE
-        and c.get("message") == message
-        for c in conditions
-    )
-    if said:
-        return None
-    generation = int(status.get("appliedGeneration") or 0)
-    for type_, state in ((ConditionType.TELEMETRY_FRESH, False), (ConditionType.READY, None)):
-        conditions = set_condition(
-            conditions, type_, state, APPLIED_SPEC_UNREADABLE, message, generation, now
-        )
-    return conditions
+    return _no_tick_conditions(status, APPLIED_SPEC_UNREADABLE, message, now)
 
 
 def unlisted_pods_conditions(
@@ -248,10 +234,18 @@ def unlisted_pods_conditions(
         f"the pods could not be listed ({problem[:MAX_PROBLEM_CHARS]}): nothing is scraped, "
         "decided or acted on until they are; the figures are the last observed (observedAt)"
     )
+    return _no_tick_conditions(status, PODS_NOT_LISTED, message, now)
+
+
+def _no_tick_conditions(
+    status: Mapping[str, Any], reason: str, message: str, now: float
+) -> list[dict[str, Any]] | None:
+    """TelemetryFresh False and Ready Unknown with `reason` and `message` (a tick that
+    cannot run); None when TelemetryFresh says so already, so a spell is written once."""
     conditions = list(status.get("conditions") or [])
     said = any(
         c.get("type") == ConditionType.TELEMETRY_FRESH
-        and c.get("reason") == PODS_NOT_LISTED
+        and c.get("reason") == reason
         and c.get("message") == message
         for c in conditions
     )
@@ -259,9 +253,7 @@ def unlisted_pods_conditions(
         return None
     generation = int(status.get("appliedGeneration") or 0)
     for type_, state in ((ConditionType.TELEMETRY_FRESH, False), (ConditionType.READY, None)):
-        conditions = set_condition(
-            conditions, type_, state, PODS_NOT_LISTED, message, generation, now
-        )
+        conditions = set_condition(conditions, type_, state, reason, message, generation, now)
     return conditions
 
 
