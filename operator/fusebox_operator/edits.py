@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from fusebox_contract.names import ConditionType
 from fusebox_operator.manifests import Manifest
 from fusebox_operator.spec import InferenceServiceSpec, SpecError, parse_spec
 
@@ -148,25 +149,30 @@ def edit_effect(before: Sequence[Manifest], after: Sequence[Manifest]) -> EditEf
 
 
 def edit_base(old: Any, status: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The spec an edit is compared with: the one whose children run (`status.appliedSpec`),
-    else kopf's `old` (the spec it last handled); None when this is no edit (a create or
-    resume: kopf gives no `old`).
+    """The spec an edit is compared with: kopf's `old` (the spec it last handled), or,
+    while InvalidSpec is True (the last edit was refused), the one whose children run
+    (`status.appliedSpec`); None when this is no edit (a create or resume: no `old`).
 
-    Not `old` alone: kopf records a spec it handled even when the reconcile refused it
-    (InvalidSpec), so after a refused edit `old` is that refused spec, nothing ran from
-    it, and the first accepted edit after it said nothing (no SpecApplied).
+    Why the applied one then: kopf records a spec it handled even when the reconcile
+    refused it, so after a refused edit `old` is that refused spec, nothing ran from
+    it, and the first accepted edit after it said nothing (no SpecApplied). Not the
+    applied one always: a generation handled again (a retry, a replica taking over)
+    finds its own spec applied already and would tell its edit a second time.
     """
     if not isinstance(old, Mapping):
         return None
+    refused = any(
+        c.get("type") == ConditionType.INVALID_SPEC and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
     text = status.get("appliedSpec")
-    if isinstance(text, str):
-        try:
-            applied = json.loads(text)
-        except ValueError:
-            return old
-        if isinstance(applied, Mapping):
-            return applied
-    return old
+    if not refused or not isinstance(text, str):
+        return old
+    try:
+        applied = json.loads(text)
+    except ValueError:
+        return old
+    return applied if isinstance(applied, Mapping) else old
 
 
 def edit_message(
@@ -187,6 +193,8 @@ def edit_message(
         old_children = render(old_parsed)
     except SpecError:
         return None
+    if old_parsed == new_spec:
+        return None  # the same spec handled again (a retry, a replica taking over): told
     effect = edit_effect(old_children, new_children)
     if new_spec.autoscaling is not None and new_spec.replicas != old_parsed.replicas:
         kept = _deployment_replicas(new_children)

@@ -583,6 +583,20 @@ def test_the_first_edit_accepted_after_a_refused_one_says_what_it_does(
     assert "FUSEBOX_MAX_CONCURRENCY" in applied[0]
 
 
+def test_an_edit_handled_again_is_told_once(events: list[tuple[str, str, str]]) -> None:
+    """A replica taking over (or kopf retrying) handles the applied generation again,
+    its `old` the spec itself: nothing new to tell, though status.appliedSpec (written
+    with the operator's defaults) is not the raw spec byte for byte."""
+    service = Service(FakeKube())
+    service.reconcile(VALID)
+    edited = {**VALID, "server": {"maxConcurrency": 4}}
+    service.reconcile(edited, old=VALID)
+    service.generation -= 1  # the same generation, handled again
+    service.reconcile(edited, old=edited)
+    applied = [m for _, reason, m in events if reason == EventReason.SPEC_APPLIED]
+    assert len(applied) == 1, applied
+
+
 @pytest.mark.parametrize("name", ["chat.v2", "a" * 64, "1chat", "Chat", "chat-"])
 def test_a_name_its_service_cannot_carry_is_an_invalid_spec_and_nothing_is_written(
     events: list[tuple[str, str, str]], name: str
