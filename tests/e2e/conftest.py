@@ -139,15 +139,28 @@ def wait_for(
 ) -> T:
     """Poll until probe() returns something truthy; fail naming `what`, the last value
     and, when given, what `diagnose()` says about why (pod phases, conditions, events)."""
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     last: Any = None
     while time.monotonic() < deadline:
         last = probe()
         if last:
+            _trace_wait(what, started)
             return last
         time.sleep(every)
+    _trace_wait(what, started)
     why = f"\n{diagnose()}" if diagnose is not None else ""
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; last seen: {last!r}{why}")
+
+
+def _trace_wait(what: str, started: float) -> None:
+    """With FUSEBOX_E2E_TRACE_WAITS=FILE, each wait's length and test are appended to FILE:
+    where a slow e2e test spends its time, for keeping the suite inside its budget."""
+    trace = os.environ.get("FUSEBOX_E2E_TRACE_WAITS")
+    if trace:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        with open(trace, "a", encoding="utf-8") as file:
+            file.write(f"{time.monotonic() - started:7.1f} s  {test}  {what}\n")
 
 
 PORT_FORWARD_READY_SECONDS = 30
