@@ -39,6 +39,7 @@ from fusebox_contract.metrics import (
 from fusebox_contract.model_fetch import FetchReason, FetchReport
 from fusebox_contract.names import HeartbeatThread, Variant
 from fusebox_contract.stats import StatsDocument, StatsReading
+from fusebox_sidecar.cardinality import relayable_gpus
 from fusebox_sidecar.node_memory import NodeMemory
 from fusebox_sidecar.nvml import GpuReading
 from fusebox_sidecar.readings import ProcOutcome, ProcReading
@@ -491,7 +492,9 @@ def gpu_families(gpu: GpuReading, document: StatsDocument | None) -> Iterator[Fa
     Unknown for its memory) takes the server's figure for the same index,
     so one failing call does not make the memory metrics vanish. A lost
     device does not: whatever the server last wrote describes a device
-    that is gone.
+    that is gone. Without NVML the server's entries are relayed, but only
+    those whose index one node can have (cardinality.py): a broken file must
+    not mint a series per index it names.
     """
     yield from _gauge(
         Metric.GPU_VISIBLE,
@@ -520,8 +523,9 @@ def gpu_families(gpu: GpuReading, document: StatsDocument | None) -> Iterator[Fa
                 _put(used, key, device.used_bytes)
                 _put(total, key, device.total_bytes)
             _put(process_used, key, device.process_used_bytes)
-    else:
-        for entry in server_reported.values():
+    elif document is not None:
+        # Nothing vouches for these indices: only those one node can have become labels.
+        for entry in relayable_gpus(document.nvml).accepted:
             _put(used, str(entry.index), entry.memory_used_bytes)
             _put(total, str(entry.index), entry.memory_total_bytes)
     yield from _labelled_gauge(

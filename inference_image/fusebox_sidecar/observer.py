@@ -13,7 +13,9 @@ their value (so a stamp in the future, after the clock stepped back, cannot
 hide a server that stopped writing), and when the read before it changed was
 (so a forward step cannot make a stamp written since then look older),
 and the counters' totals, carried across server restarts and variant swaps
-(counters.py), so an exported counter never goes back or counts twice.
+(counters.py), so an exported counter never goes back or counts twice,
+and the free-text label values seen within the last hour (cardinality.py),
+so a file gone wrong cannot mint a series per write.
 Problems are logged when they change, not on every scrape, so a broken file
 does not flood the log at the scrape rate.
 """
@@ -33,6 +35,14 @@ from typing import Final
 from fusebox_contract.model_fetch import parse as parse_fetch_report
 from fusebox_contract.names import HeartbeatThread
 from fusebox_contract.stats import StatsDocument, StatsReading, parse
+from fusebox_sidecar.cardinality import (
+    MAX_RELAYED_GPUS,
+    MAX_TEXT_LABEL_VALUES,
+    TEXT_LABEL_WINDOW_SECONDS,
+    TextField,
+    TextLabelBudget,
+    relayable_gpus,
+)
 from fusebox_sidecar.collectors import FetchReading, Observation, StampAge
 from fusebox_sidecar.counters import CounterCarry
 from fusebox_sidecar.node_memory import read_node_memory
@@ -48,6 +58,10 @@ MAX_FETCH_REPORT_BYTES: Final = 64 * 1024
 # The server and the sidecar share the node's clock, so a stamp further
 # ahead than this was written before the clock stepped back (or is wrong).
 FUTURE_STAMP_TOLERANCE_SECONDS: Final = 5.0
+# A label value dropped by cardinality.py is warned about again only after this long
+# without that problem: a file that flaps between good and bad, or names a new bad
+# value at every write, logs once, not once per scrape.
+DROPPED_LABEL_QUIET_SECONDS: Final = 3600.0
 
 
 class Unreadable(Exception):
@@ -178,7 +192,9 @@ class ServerObserver:
         self._measured_pid: int | None = None  # the last pid whose /proc entry was read
         self._stamps = StampWatch()
         self._counters = CounterCarry()
+        self._text_labels = TextLabelBudget()
         self._reported: dict[str, str | None] = {}
+        self._dropped_seen: dict[str, float] = {}  # problem -> last seen (monotonic)
 
     def observe(self) -> Observation:
         with self._lock:
@@ -194,12 +210,16 @@ class ServerObserver:
             if self._last_written_at is not None:
                 stats_age = self._stamps.age("written_at", self._last_written_at, monotonic_now)
             heartbeat_ages = self._heartbeat_ages(document, monotonic_now)
+            withheld: tuple[TextField, ...] = ()
             if document is not None:
                 # Exported counters are the sidecar's totals (counters.py), not the raw values.
-                stats = dataclasses.replace(stats, document=self._counters.carried(document))
+                carried = self._counters.carried(document)
+                bounded, withheld = self._text_labels.bounded(carried, monotonic_now)
+                stats = dataclasses.replace(stats, document=bounded)
             proc = self._read_proc()
             gpu = self._nvml.read(self._last_pid)
             self._report(stats, now_seconds, proc, gpu)
+            self._report_dropped_labels(document, gpu, withheld, monotonic_now)
             node = read_node_memory(self._proc_root)
             fetch = None
             if self._fetch_report_path is not None:
@@ -300,6 +320,47 @@ class ServerObserver:
                 "GPU metrics come from the server only",
                 extra={"problem": gpu.detail},
             )
+
+    def _report_dropped_labels(
+        self,
+        document: StatsDocument | None,
+        gpu: GpuReading,
+        withheld: tuple[TextField, ...],
+        monotonic_now: float,
+    ) -> None:
+        """One warning per problem (GPU indices, each text field), not per scrape."""
+        if document is not None and not gpu.visible:
+            relayed = relayable_gpus(document.nvml)
+            if relayed.refused:
+                self._warn_dropped(
+                    "gpu_index",
+                    monotonic_now,
+                    "the stats file names GPU indices no node has; their figures are dropped",
+                    {
+                        "problem": f"{relayed.refused} nvml entries with an index outside "
+                        f"0..{MAX_RELAYED_GPUS - 1}, such as "
+                        + ", ".join(str(index) for index in relayed.refused_examples)
+                    },
+                )
+        for field in withheld:
+            self._warn_dropped(
+                f"text_label:{field.value}",
+                monotonic_now,
+                "a stats file text changes too often to be a label; new values are withheld",
+                {
+                    "field": field.value,
+                    "problem": f"more than {MAX_TEXT_LABEL_VALUES} values within "
+                    f"{TEXT_LABEL_WINDOW_SECONDS:.0f} s",
+                },
+            )
+
+    def _warn_dropped(
+        self, key: str, monotonic_now: float, warning: str, extra: dict[str, str]
+    ) -> None:
+        last_seen = self._dropped_seen.get(key)
+        self._dropped_seen[key] = monotonic_now
+        if last_seen is None or monotonic_now - last_seen >= DROPPED_LABEL_QUIET_SECONDS:
+            log.warning(warning, extra=extra)
 
     def _transition(self, key: str, problem: str | None, warning: str, recovery: str) -> None:
         previous = self._reported.get(key)

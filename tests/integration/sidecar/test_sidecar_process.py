@@ -14,9 +14,12 @@ from typing import Any
 
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fusebox_contract.metrics import Metric
 from fusebox_contract.names import HeartbeatThread, LatencyMetric, RequestOutcome
+from fusebox_contract.stats import GpuMemory
+from fusebox_sidecar.cardinality import MAX_RELAYED_GPUS
 
 Sidecar = Any  # conftest's Sidecar: importlib mode cannot import it from here
 
@@ -129,6 +132,32 @@ def test_bad_stats_files_give_a_valid_scrape_and_a_warning(
     assert "fusebox_stats_valid 0.0" in exposition
     assert promtool(exposition).returncode == 0
     assert any(line.get("event") == "stats file unusable" for line in sidecar.log_lines())
+
+
+def test_a_stats_file_naming_thousands_of_gpus_gives_a_bounded_scrape_and_one_warning(
+    start_sidecar: Callable[..., Sidecar],
+    write_stats: Callable[..., Path],
+    promtool: Callable[[str], subprocess.CompletedProcess[str]],
+) -> None:
+    broken = tuple(GpuMemory(index, 1.0, 2.0) for index in range(5000))
+    sidecar = start_sidecar(write_stats(nvml=broken))
+
+    scrapes = [sidecar.scrape_text() for _ in range(3)]
+
+    gpus = {
+        sample.labels["gpu"]
+        for family in text_string_to_metric_families(scrapes[-1])
+        for sample in family.samples
+        if family.name == Metric.GPU_MEMORY_USED_BYTES.value
+    }
+    assert promtool(scrapes[-1]).returncode == 0
+    if f"{Metric.GPU_VISIBLE} 1.0" in scrapes[-1]:  # a GPU machine: NVML names the labels
+        assert len(gpus) <= MAX_RELAYED_GPUS
+        return
+    assert gpus == {str(index) for index in range(MAX_RELAYED_GPUS)}
+    warned = [line for line in sidecar.log_lines() if "GPU indices" in str(line.get("event"))]
+    assert len(warned) == 1 and warned[0]["level"] == "warning"
+    assert str(warned[0]["problem"]).startswith("4984 nvml entries with an index outside 0..15")
 
 
 def test_a_pid_that_does_not_exist_gives_a_valid_scrape_without_measured_rss(

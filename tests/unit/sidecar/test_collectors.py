@@ -23,6 +23,7 @@ from fusebox_contract.names import (
 )
 from fusebox_contract.stats import (
     CudaMemory,
+    GpuMemory,
     HistogramCounts,
     LatencySummary,
     StatsDocument,
@@ -32,11 +33,13 @@ from fusebox_contract.stats import (
     encode,
     parse,
 )
+from fusebox_sidecar.cardinality import MAX_RELAYED_GPUS
 from fusebox_sidecar.collectors import Observation, SidecarCollector, StampAge
 from fusebox_sidecar.nvml import GpuAccess, GpuDevice, GpuReading
 from fusebox_sidecar.readings import ProcOutcome, ProcReading
 
 NOW = 1796000010.0
+GiB = 1024**3
 NO_GPU = GpuReading(GpuAccess.NOT_INSTALLED, detail="not installed")
 MEASURED = ProcReading(ProcOutcome.MEASURED, rss_bytes=2_000_000_000.0)
 
@@ -254,6 +257,50 @@ def test_without_its_own_nvml_the_sidecar_relays_the_server_gpu_figures(
     assert value("fusebox_gpu_memory_used_bytes", {"gpu": "0"}) == 17 * 1024**3
     assert value("fusebox_gpu_memory_total_bytes", {"gpu": "0"}) == 80 * 1024**3
     assert value("fusebox_sidecar_measured", {"quantity": "gpu_memory"}) == 0
+
+
+def _gpu_labels(registry: CollectorRegistry, metric: Metric) -> set[str]:
+    return {
+        sample.labels["gpu"]
+        for family in registry.collect()
+        if family.name == metric.value
+        for sample in family.samples
+    }
+
+
+def test_without_its_own_nvml_the_sidecar_relays_only_gpu_indices_one_node_can_have(
+    stats_document: StatsDocument,
+) -> None:
+    # A broken file naming ten thousand GPUs (and absurd indices) must not mint as many series.
+    named = [*range(10_000), 2**62]
+    document = replace(
+        stats_document,
+        nvml=tuple(GpuMemory(index, float(index + 1), 80.0 * GiB) for index in named),
+    )
+    registry = _registry(_read(document), gpu=NO_GPU)
+    value = registry.get_sample_value
+
+    expected = {str(index) for index in range(MAX_RELAYED_GPUS)}
+    assert _gpu_labels(registry, Metric.GPU_MEMORY_USED_BYTES) == expected
+    assert _gpu_labels(registry, Metric.GPU_MEMORY_TOTAL_BYTES) == expected
+    assert value("fusebox_gpu_memory_used_bytes", {"gpu": "15"}) == 16
+    assert value("fusebox_stats_valid") == 1  # the contract's file is well-formed
+    assert value("fusebox_requests_total", {"outcome": "succeeded"}) == 1000
+
+
+def test_nvml_s_own_gpus_are_the_labels_whatever_indices_the_stats_file_names(
+    stats_document: StatsDocument,
+) -> None:
+    document = replace(
+        stats_document, nvml=tuple(GpuMemory(index, 1.0, 2.0) for index in range(0, 5000, 7))
+    )
+    gpu = GpuReading(
+        GpuAccess.OK, (GpuDevice(0, None, None, read_error="Not Supported"), GpuDevice(1, 5.0, 6.0))
+    )
+    registry = _registry(_read(document), gpu=gpu)
+
+    assert _gpu_labels(registry, Metric.GPU_MEMORY_USED_BYTES) == {"0", "1"}
+    assert registry.get_sample_value("fusebox_gpu_memory_used_bytes", {"gpu": "0"}) == 1.0
 
 
 def test_no_gpu_anywhere_means_gpu_metrics_absent(stats_document: StatsDocument) -> None:
