@@ -13,7 +13,6 @@ It imports torch (to see the device) but loads no weights.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +28,7 @@ from fusebox_server.control.context_window import (
     narrowest,
     read_context_window,
 )
+from fusebox_server.control.early_checks import read_model_config
 from fusebox_server.model.engine import pick_device
 from fusebox_server.model.quantization import refusal
 
@@ -75,17 +75,7 @@ def model_refusal(model_config: Mapping[str, Any]) -> str | None:
 
 def _model_dir(path: Path, flag: str) -> Mapping[str, Any]:
     """The directory's config.json, once it is a model the server will load."""
-    if not path.is_dir():
-        raise ConfigError(f"{flag} {path}: not a directory")
-    config_path = path / "config.json"
-    if not config_path.is_file():
-        raise ConfigError(f"{flag} {path}: no config.json (not a transformers model directory)")
-    try:
-        model_config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"{flag} {config_path}: {error}") from error
-    if not isinstance(model_config, Mapping):
-        raise ConfigError(f"{flag} {config_path}: expected a JSON object")
+    model_config = read_model_config(path, flag)
     reason = model_refusal(model_config)
     if reason is not None:
         raise ConfigError(f"{flag} {path}: {reason}")

@@ -100,6 +100,25 @@ def test_a_model_directory_missing_from_the_volume_stops_the_server_with_its_nam
     assert "Traceback" not in result.stderr and "Repo id" not in result.stderr
 
 
+@pytest.mark.parametrize("flag", ["--model-dir", "--fallback-dir"])
+def test_a_missing_model_directory_stops_the_server_before_torch_is_imported(
+    tiny_model_dir: Path, tmp_path: Path, flag: str
+) -> None:
+    """A pod crash-looping on a wrong path exits at once, not after torch's import
+    (seconds; tens of seconds under a small CPU limit): Python's import trace shows
+    the process never imported torch or transformers."""
+    dirs = {"--model-dir": str(tiny_model_dir), "--fallback-dir": str(tiny_model_dir)}
+    dirs[flag] = str(tmp_path / "no-such-model")
+    result = run_server(
+        *(f for pair in dirs.items() for f in pair), env={"PYTHONPROFILEIMPORTTIME": "1"}
+    )
+    assert result.returncode == 2, result.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()}
+    assert "fusebox_server.control.early_checks" in imported, result.stderr[-2000:]
+    assert not {"torch", "transformers"} & imported, "torch or transformers was imported"
+    assert result.stderr.rstrip().splitlines()[-1].startswith(f"fusebox_server: {flag} ")
+
+
 @pytest.fixture(scope="module")
 def canned_file(server_workdir: Path) -> Path:
     path = server_workdir / f"canned-{uuid.uuid4().hex[:6]}.json"
