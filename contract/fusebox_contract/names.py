@@ -205,6 +205,7 @@ class EventReason(enum.StrEnum):
     SCALED_UP = "ScaledUp"
     SCALED_DOWN = "ScaledDown"
     SCALE_UP_BLOCKED = "ScaleUpBlocked"  # pods already Pending for lack of GPUs
+    SCALE_DOWN_HELD = "ScaleDownHeld"  # the scale-down window keeps the count a while
     PODS_UNSCHEDULABLE = "PodsUnschedulable"  # the scheduler cannot place a pod
     PODS_FAILING = "PodsFailing"  # a pod's container cannot run (crash loop, image pull)
     NODE_MEMORY_PRESSURE = "NodeMemoryPressure"  # a node fell below the available floor

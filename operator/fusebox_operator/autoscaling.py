@@ -18,7 +18,8 @@ one spiky scrape never jumps to maxReplicas. Pods that report no current load
 telemetry.wedgeAfterSeconds: a frozen figure is no load) count as the HPA
 counts them: at the target when the load would scale down, idle when it would
 scale up. Every change is a decision with a reason and a message, which the
-tick turns into an event.
+tick turns into an event; so is a scale-down the down window holds back
+(`WindowHold`), told once a hold (status.scale_down_held_events).
 
 The windows live in the operator's memory. A restarted operator (or one that
 took the service over) has seen no window, so its first tick counts the count
@@ -80,6 +81,21 @@ class Recommendation:
 
 
 @dataclass(frozen=True)
+class WindowHold:
+    """A scale-down the scale-down window holds back: the count stays the highest asked
+    for within the window, and a count at least the current one is still in it."""
+
+    replicas: int  # the count held
+    # What the count goes to once the window lets go, the load staying as it is: the
+    # highest count asked for since a count at least `replicas` was last asked for.
+    # None on a tick whose load asks for `replicas` or more again: the hold goes on
+    # while the window still holds lower counts, and its time moves on.
+    wanted: int | None
+    allowed_after: float  # when that last count at least `replicas` leaves the window
+    window_seconds: float
+
+
+@dataclass(frozen=True)
 class ScaleDecision:
     replicas: int  # what the Deployment should run
     recommended: int  # this tick's raw recommendation
@@ -89,6 +105,7 @@ class ScaleDecision:
     message: str = ""  # the event's words; with `hold`, why the count was held
     blocked: bool = False  # scale-up held back: pods already Pending for lack of GPUs
     hold: ScaleHold | None = None  # a scale-down the load asked for, held: the service refuses
+    window_hold: WindowHold | None = None  # a scale-down the scale-down window holds back
 
 
 def current_sample(sample: PodSample, stale_after_seconds: float) -> bool:
@@ -270,6 +287,25 @@ def _window(
     return [r.replicas for r in remembered if now - r.at <= seconds]
 
 
+def window_hold(
+    remembered: Sequence[Recommendation], current: int, now: float, seconds: float
+) -> WindowHold | None:
+    """The scale-down the down window holds back at `current`, if any: one while a count
+    below `current` asked for is still in the window (None with no window)."""
+    if seconds <= 0:
+        return None
+    window = [r for r in remembered if now - r.at <= seconds]
+    if not any(r.replicas < current for r in window):
+        return None
+    last_high = max((i for i, r in enumerate(window) if r.replicas >= current), default=None)
+    if last_high is None:
+        return None  # nothing holds the count: the window lets it go this tick
+    since = [r.replicas for r in window[last_high + 1 :]]
+    return WindowHold(
+        current, max(since) if since else None, window[last_high].at + seconds, seconds
+    )
+
+
 def decide_scale(
     spec: AutoscalingSpec,
     current: int,
@@ -345,7 +381,8 @@ def decide_scale(
             return ScaleDecision(
                 current, recommended, load, remembered, message=held[1], hold=held[0]
             )
-        return ScaleDecision(current, recommended, load, remembered)
+        delayed = window_hold(remembered, current, now, spec.scale_down_stabilization_seconds)
+        return ScaleDecision(current, recommended, load, remembered, window_hold=delayed)
     reason = EventReason.SCALED_UP if wanted > current else EventReason.SCALED_DOWN
     per_replica = spec.target_per_replica
     measured_text = f"load {load:g} ({unit})" if load is not None else "no load measured"

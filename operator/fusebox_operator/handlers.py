@@ -603,6 +603,12 @@ async def _telemetry(
         patch.status["conditions"] = await _onto_stored_conditions(
             kube, namespace, name, status, patch.status["conditions"]
         )
+    if outcome.deletion_costs:
+        # Before the count goes down, so the ReplicaSet deletes the pods serving least.
+        try:
+            await kube.set_deletion_costs(namespace, outcome.deletion_costs)
+        except KubeError as error:
+            log.warning("%s/%s: %s; scaling down without it", namespace, name, error)
     if outcome.replicas is not None:
         try:
             await kube.scale_deployment(namespace, name, outcome.replicas)

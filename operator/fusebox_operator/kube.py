@@ -31,6 +31,7 @@ from kubernetes.client.exceptions import ApiException
 from fusebox_contract.wiring import ADMIN_TOKEN_KEY
 from fusebox_operator.admin_secret import admin_token, controller_uid
 from fusebox_operator.child_store import UNKNOWN, ChildStore
+from fusebox_operator.deletion_cost import deletion_cost_patch
 from fusebox_operator.drift import Applied, differences
 from fusebox_operator.manifests import (
     SERVER_CONTAINER,
@@ -898,6 +899,24 @@ class Kube:
                 raise KubeError(f"delete pod {namespace}/{name}: {error.reason}") from error
 
         return await _run(call, f"delete pod {namespace}/{name}")
+
+    async def set_deletion_costs(self, namespace: str, costs: Mapping[str, int]) -> None:
+        """Annotate each pod with its pod-deletion-cost (deletion_cost.py), one merge patch
+        a pod; a pod already gone is skipped. Refused or unreachable: a KubeError."""
+        for name, cost in sorted(costs.items()):
+            what = f"pod-deletion-cost of pod {namespace}/{name}"
+            try:
+                await self.requests.send(
+                    "PATCH",
+                    f"/api/v1/namespaces/{namespace}/pods/{name}",
+                    deletion_cost_patch(cost),
+                    content_type="application/merge-patch+json",
+                )
+            except Refused as refused:
+                if refused.status != NOT_FOUND:
+                    raise KubeError(f"{what}: {refused.reason}") from refused
+            except (aiohttp.ClientError, TimeoutError) as error:
+                raise unreachable(what, error) from error
 
     async def resize_server_memory(
         self, namespace: str, name: str, limit_bytes: int

@@ -25,7 +25,7 @@ from fusebox_contract.names import (
     EventReason,
     Variant,
 )
-from fusebox_operator.autoscaling import ScaleDecision
+from fusebox_operator.autoscaling import ScaleDecision, WindowHold
 from fusebox_operator.observations import PodSample
 from fusebox_operator.policy_state import Action, ActionKind, PolicyState
 from fusebox_operator.serving import ServiceView, ServingReason, service_reason
@@ -313,21 +313,20 @@ def tier_name(level: int) -> str:
     return TIER_NAMES.get(level, str(level))
 
 
-def active_variant(samples: Sequence[PodSample], previous: Mapping[str, Any]) -> str | None:
-    """What the pods report serving: fallback when any pod serves it.
+def active_variant(figures: Sequence[PodSample]) -> str | None:
+    """What the observed pods report serving: fallback when any pod serves it.
 
     Not what the operator asked for: a level whose swap is still rolling
-    through the pods, or a service without a fallback, shows primary. With
-    no pod reporting, the last reported value stands; None (no VARIANT shown)
-    while no pod ever reported one: primary would be a guess.
+    through the pods, or a service without a fallback, shows primary. None (no
+    VARIANT shown) while no observed pod reports one: neither a guess (primary)
+    nor the last value reported by pods nobody sees any more.
     """
-    reported = {s.variant for s in samples if s.ok and s.variant is not None}
+    reported = {s.variant for s in figures if s.variant is not None}
     if Variant.FALLBACK in reported:
         return Variant.FALLBACK.value
     if reported:
         return Variant.PRIMARY.value
-    last = previous.get("activeVariant")
-    return str(last) if last else None
+    return None
 
 
 def agreed(values: Iterable[str | None]) -> str | None:
@@ -758,8 +757,10 @@ def build_status(
     )
     if observed_at:
         status["summary"]["observedAt"] = observed_at
-    variant = active_variant(samples, previous)
-    if variant is not None:
+    # Deleted with a null while the stored status has it (a merge patch keeps a key it
+    # does not name), as model_entry's fields.
+    variant = active_variant(figures)
+    if variant is not None or previous.get("activeVariant") is not None:
         status["activeVariant"] = variant
     if recent:
         status["lastAction"] = recent[-1]
@@ -797,6 +798,32 @@ def scaling_events(previous: Mapping[str, Any], scale: ScaleDecision) -> list[Ev
             return []
         return [EventRecord("Warning", scale.reason, scale.message)]
     return [EventRecord("Normal", scale.reason, scale.message)]
+
+
+def scale_down_held_events(
+    told: WindowHold | None, scale: ScaleDecision
+) -> tuple[list[EventRecord], WindowHold | None]:
+    """One ScaleDownHeld per hold of the scale-down window; the hold told, for the next tick.
+
+    Told when the load asks for fewer pods and the window keeps the count: at the hold's
+    first such tick, and again only when the count held or the count wanted changes. A
+    tick whose load asks for the count again goes on with the hold told (a load hovering
+    at a boundary is not a stream of events); the hold ends, and the next one is told,
+    when the count changes or the window keeps no lower count.
+    """
+    hold = scale.window_hold
+    if hold is None:
+        return [], None
+    if hold.wanted is None or (
+        told is not None and (told.replicas, told.wanted) == (hold.replicas, hold.wanted)
+    ):
+        return [], told
+    message = (
+        f"{hold.replicas} replicas held, load asks for {hold.wanted}: the scale-down "
+        f"window ({hold.window_seconds:g} s) keeps the highest count asked for in it; "
+        f"the count can go down after {iso(hold.allowed_after)} if the load stays low"
+    )
+    return [EventRecord("Normal", EventReason.SCALE_DOWN_HELD, message)], hold
 
 
 def add_autoscaling_status(

@@ -28,9 +28,11 @@ from fusebox_operator.actuator import ActionResult, RuntimeCall, RuntimeTarget
 from fusebox_operator.autoscaling import (
     Recommendation,
     ScaleDecision,
+    WindowHold,
     decide_scale,
     pending_for_gpu,
 )
+from fusebox_operator.deletion_cost import deletion_costs
 from fusebox_operator.gpu_health import drain_actions, gpu_condition
 from fusebox_operator.incident import hold_tier, incident_step, parse_controls, was_paused
 from fusebox_operator.model_readiness import (
@@ -78,6 +80,7 @@ from fusebox_operator.status import (
     build_status,
     drop_autoscaling_status,
     drop_condition,
+    scale_down_held_events,
     scaling_events,
     should_write,
     stuck_pod_events,
@@ -123,6 +126,7 @@ class TickMemory:
     # restart or a handover, after which the first tick counts the count in place as
     # asked for then (autoscaling.decide_scale), so each window holds a full window again.
     scale_history: tuple[Recommendation, ...] = ()
+    scale_down_told: WindowHold | None = None  # the scale-down hold ScaleDownHeld told
     drained: set[str] = field(default_factory=set)  # pod UIDs drained off an Unhealthy GPU
     node_pressure: NodePressure = field(default_factory=NodePressure)  # nodes below the floor
     # What the operator last saw of each pod's sidecar (serving.py): a restarted
@@ -183,6 +187,9 @@ class TickOutcome:
     state: PolicyState
     samples: list[PodSample]
     replicas: int | None = None  # the Deployment's count, when the service autoscales
+    # Before a scale-down: each pod's pod-deletion-cost, set before the count is lowered
+    # so the ReplicaSet deletes the pods that serve least first (deletion_cost.py).
+    deletion_costs: dict[str, int] = field(default_factory=dict)
 
 
 # ----- pure decisions ---------------------------------------------------------------------
@@ -733,14 +740,20 @@ async def run_tick(
             new_status["lastWouldAct"] = would
     elif scale is not None:
         events += scaling_events(inputs.status, scale)
+        held_down, memory.scale_down_told = scale_down_held_events(memory.scale_down_told, scale)
+        events += held_down
         add_autoscaling_status(
             new_status, inputs.status, scale, spec, inputs.generation, written_at
         )
     if scale is None:
         drop_autoscaling_status(new_status, inputs.status)
     write = bool(executed or would_act) or should_write(inputs.status, new_status, written_at)
-    scaled = scale.replicas if scale and not holding else None
-    return TickOutcome(new_status if write else {}, events, new_state, sample_list, scaled)
+    enforced = scale if scale is not None and not holding else None
+    scaled = enforced.replicas if enforced is not None else None
+    # The ReplicaSet reads the costs only when the count goes down: set just then.
+    down = enforced is not None and enforced.reason is EventReason.SCALED_DOWN
+    costs = deletion_costs(seen.verdicts) if down else {}
+    return TickOutcome(new_status if write else {}, events, new_state, sample_list, scaled, costs)
 
 
 # ----- the first observation, made by a new service's reconcile ---------------------------

@@ -148,7 +148,7 @@ replaced (kube.py); kopf patches the status and POSTs core/v1 Events.
   verbs: [get, create, patch]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, delete]
+  verbs: [get, list, watch, patch, delete]
 - apiGroups: [""]
   resources: [pods/resize]
   verbs: [patch]

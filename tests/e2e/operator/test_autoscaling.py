@@ -18,6 +18,7 @@ from typing import Any
 
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_contract.wiring import FAULTS_ENV
+from fusebox_operator.deletion_cost import DELETION_COST_ANNOTATION as DELETION_COST
 
 from .conftest import Service, ServiceFactory, base_spec, chat_reply, wait_for
 
@@ -90,10 +91,18 @@ def test_load_scales_up_and_idle_scales_back_down_each_change_an_event(
     (up,) = scaling_messages(service, EventReason.SCALED_UP)
     assert "1 -> 2 replicas" in up and "inFlight" in up, up
 
-    # Idle: the count comes down only after the 20 s window, and says so.
+    # Idle: the count comes down only after the 20 s window, and says so: the hold
+    # first, then the scale-down, the pods ranked for the ReplicaSet before it.
     wait_for("back to one replica", lambda: service.deployment_replicas() == 1, timeout=180)
+    held = scaling_messages(service, EventReason.SCALE_DOWN_HELD)
+    assert any("2 replicas held, load asks for 1" in m for m in held), held
     (down,) = scaling_messages(service, EventReason.SCALED_DOWN)
     assert "2 -> 1 replicas" in down, down
+    costs = {
+        p["metadata"]["name"]: (p["metadata"].get("annotations") or {}).get(DELETION_COST)
+        for p in service.ready_pods()
+    }
+    assert costs and set(costs.values()) == {"2"}, f"the serving pod kept: {costs}"
     assert service.status()["autoscaling"]["replicas"] == 1
     limited = service.condition(ConditionType.SCALING_LIMITED)
     assert limited.get("status") == "False", limited

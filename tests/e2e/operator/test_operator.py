@@ -687,6 +687,7 @@ ALLOWED = [
     ("get", "secrets"),
     ("list", "pods"),
     ("delete", "pods"),
+    ("patch", "pods"),  # the pod-deletion-cost before a scale-down
     ("create", "events"),
     ("list", "nodes"),
     ("create", "networkpolicies.networking.k8s.io"),

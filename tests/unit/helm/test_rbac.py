@@ -25,7 +25,7 @@ NAMESPACED = (
     | grants("policy", ("poddisruptionbudgets",), "get list watch create patch")
     | grants("networking.k8s.io", ("networkpolicies",), "get list watch create patch")
     | grants("resource.k8s.io", ("resourceclaimtemplates",), "get create patch")
-    | grants("", ("pods",), "get list watch delete")
+    | grants("", ("pods",), "get list watch patch delete")
     | grants("", ("pods/resize",), "patch")
     | grants("", ("events",), "create")
 )

@@ -11,6 +11,7 @@ import pytest
 from fusebox_contract.names import BreakerState, ConditionType, EventReason
 from fusebox_operator.autoscaling import (
     Recommendation,
+    ScaleDecision,
     ScaleHold,
     decide_scale,
     pending_for_gpu,
@@ -22,6 +23,8 @@ from fusebox_operator.spec import AutoscalingMetric, AutoscalingSpec, SpecError,
 from fusebox_operator.status import (
     SCALE_LIMIT_GPU,
     add_autoscaling_status,
+    iso,
+    scale_down_held_events,
     scaling_events,
     should_write,
 )
@@ -512,3 +515,66 @@ def test_the_load_is_deleted_from_status_when_nothing_is_measured() -> None:
     never: dict[str, Any] = {}
     add_autoscaling_status(never, {}, blind, AUTOSCALED, 1, 5)
     assert "load" not in never["autoscaling"]  # nothing to delete
+
+
+# --- a scale-down the window holds: told once a hold ------------------------------------
+
+IDLE = [sample(p, 0) for p in "abc"]  # three pods, nothing queued: the load asks for 1
+AT_TARGET = [sample(p, 2) for p in "abc"]  # 2 per pod, the target: the load asks for 3
+
+
+def held_ticks(
+    loads: list[list[PodSample]], history: tuple[Recommendation, ...] = (), start: float = 100
+) -> list[tuple[ScaleDecision, list[str]]]:
+    """Ticks 5 s apart at 3 replicas; each decision and the ScaleDownHeld messages posted."""
+    told = None
+    out = []
+    for step, load in enumerate(loads):
+        decision = decide_scale(SPEC, 3, load, [], history, now=start + 5 * step)
+        history = decision.history
+        events, told = scale_down_held_events(told, decision)
+        assert all(e.reason is EventReason.SCALE_DOWN_HELD and e.type == "Normal" for e in events)
+        out.append((decision, [e.message for e in events]))
+    return out
+
+
+def test_a_scale_down_held_by_its_window_is_told_once_with_the_counts_and_when() -> None:
+    # 3 asked for at t=50: the 60 s window keeps 3 until after t=110.
+    ticks = held_ticks([IDLE, IDLE, IDLE], (Recommendation(50, 3),))
+    [(first, [message]), (_, again), (_, third)] = ticks
+    assert first.replicas == 3 and first.reason is None  # held, no count changed
+    assert message == (
+        "3 replicas held, load asks for 1: the scale-down window (60 s) keeps the highest "
+        f"count asked for in it; the count can go down after {iso(110)} if the load stays low"
+    )
+    assert again == [] and third == []
+    down = decide_scale(SPEC, 3, IDLE, [], ticks[-1][0].history, now=115)
+    assert down.replicas == 1 and down.reason is EventReason.SCALED_DOWN
+    assert scale_down_held_events(None, down) == ([], None)  # the hold is over
+
+
+def test_a_load_hovering_at_the_count_does_not_repeat_the_hold() -> None:
+    ticks = held_ticks([IDLE, AT_TARGET, IDLE, AT_TARGET, IDLE])
+    assert [len(messages) for _, messages in ticks] == [1, 0, 0, 0, 0]
+    # Each return of the load to the count restarts the window: the hold goes on.
+    assert [d.window_hold.allowed_after for d, _ in ticks if d.window_hold] == [
+        160,
+        165,
+        165,
+        175,
+        175,
+    ]
+
+
+def test_a_new_count_wanted_or_a_new_hold_is_told_again() -> None:
+    two = [sample("a", 3), sample("b", 0), sample("c", 0)]  # 3 queued: the load asks for 2
+    ticks = held_ticks([IDLE, two, IDLE])
+    assert [messages for _, messages in ticks][1] == [
+        f"3 replicas held, load asks for 2: the scale-down window (60 s) keeps the highest "
+        f"count asked for in it; the count can go down after {iso(160)} if the load stays low"
+    ]
+    assert ticks[2][1] == []  # 2 is still the most asked for since 3 was
+    # Once the window keeps no lower count the hold is over; the next is a new one.
+    after = held_ticks([IDLE] + [AT_TARGET] * 13 + [IDLE])
+    assert [len(m) for _, m in after] == [1] + [0] * 13 + [1]
+    assert after[13][0].window_hold is None

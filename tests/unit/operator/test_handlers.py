@@ -31,7 +31,9 @@ from fusebox_operator.memo import (
     ServiceMemo,
 )
 from fusebox_operator.observations import PodView
+from fusebox_operator.policy_state import PolicyState
 from fusebox_operator.settings import OperatorSettings
+from fusebox_operator.tick import TickOutcome
 
 NAMESPACE = "ml"
 MODEL_ONLY = {"model": {"name": "chat", "source": "pvc://models/chat"}}  # 1 GPU, no product
@@ -111,6 +113,15 @@ class FakeKube:
         self.secret_reads += 1
         self._refuse_a_foreign_secret()
         return False, self.secret_token
+
+    async def set_deletion_costs(self, namespace: str, costs: Mapping[str, int]) -> None:
+        if "Pod" in self.refusals:
+            raise self.refusals["Pod"]
+        self.written.append(f"pod-deletion-costs {dict(costs)}")
+
+    async def scale_deployment(self, namespace: str, name: str, replicas: int) -> bool:
+        self.written.append(f"scale {name} {replicas}")
+        return True
 
 
 class FakeActuator:
@@ -1084,3 +1095,40 @@ def test_a_pod_on_a_node_gone_not_ready_is_named_with_its_node(
     assert service.condition(ConditionType.READY)["message"] == (
         "0/1 pods serving; chat-0 not ready: node n2 NotReady since 2026-12-06T03:20:11Z"
     )
+
+
+def scaling_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tick decides a scale-down from 3 to 1, with the pods' deletion costs."""
+
+    async def decided(*_: Any) -> TickOutcome:
+        costs = {"chat-a": 2, "chat-b": 0, "chat-c": 1}
+        return TickOutcome({}, [], PolicyState("svc"), [], replicas=1, deletion_costs=costs)
+
+    monkeypatch.setattr(handlers, "run_tick", decided)
+
+
+def test_a_scale_down_sets_the_pods_deletion_costs_before_lowering_the_count(
+    events: list[tuple[str, str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = Service(FakeKube())
+    service.reconcile(VALID)
+    scaling_down(monkeypatch)
+    service.kube.written.clear()
+    service.tick(VALID)
+    assert service.kube.written == [
+        "pod-deletion-costs {'chat-a': 2, 'chat-b': 0, 'chat-c': 1}",
+        "scale chat 1",
+    ]
+
+
+def test_a_refused_deletion_cost_still_scales_down(
+    events: list[tuple[str, str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kube = FakeKube()
+    service = Service(kube)
+    service.reconcile(VALID)
+    scaling_down(monkeypatch)
+    kube.refusals["Pod"] = KubeError("pod-deletion-cost of pod ml/chat-a: Forbidden")
+    kube.written.clear()
+    service.tick(VALID)
+    assert kube.written == ["scale chat 1"]  # the ReplicaSet picks, as without the costs

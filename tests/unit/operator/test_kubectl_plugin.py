@@ -128,6 +128,18 @@ def test_status_of_a_paused_and_pinned_service_says_so_and_shows_what_it_would_d
     assert row[8:11] == ["would", "gc", "chat-0"]
 
 
+def test_status_shows_no_variant_once_no_pod_is_observed_reporting_one() -> None:
+    def unseen_after_the_first(now: float, step: int) -> PodSample:
+        if step == 0:
+            return replace(leaking(now), variant=Variant.FALLBACK)
+        return PodSample("chat-0", now, ok=False, error="connection refused")
+
+    seen = service(ticks=1, scraped=unseen_after_the_first)
+    assert views.status_table([seen], T0).splitlines()[1].split()[5] == "fallback"
+    unseen = service(ticks=3, scraped=unseen_after_the_first)
+    assert views.status_table([unseen], T0 + 10).splitlines()[1].split()[5] == "-"
+
+
 def test_status_with_no_services_says_so() -> None:
     assert views.status_table([], T0) == "No InferenceServices found."
 

@@ -106,7 +106,9 @@ class Service:
         inputs = TickInputs("ns", "svc", self.spec, self.status, self.pods, "token", 1)
         clock = self.now
         outcome = asyncio.run(run_tick(inputs, self.memory, scrape, self.actuator, lambda: clock))
-        self.status = {**self.status, **outcome.status_patch}
+        # kopf's merge patch: a null deletes the key.
+        merged = {**self.status, **outcome.status_patch}
+        self.status = {key: value for key, value in merged.items() if value is not None}
         self.events += outcome.events
         self.now += INTERVAL
         return outcome
@@ -427,14 +429,27 @@ def test_a_pod_that_reported_nothing_is_listed_without_a_variant() -> None:
     assert listed["b"]["scraped"] is False
 
 
-def test_the_variant_column_is_empty_until_a_pod_reports_one() -> None:
+def test_the_variant_column_is_empty_while_no_observed_pod_reports_one() -> None:
     service = Service()
     service.tick()  # the pod's sidecar refuses: nothing reported
     assert "activeVariant" not in service.status
     service.tick(answer("a", service.now, variant=Variant.FALLBACK))
     assert service.status["activeVariant"] == "fallback"
-    service.tick()  # unseen again: the last reported value stands
+    service.tick()  # one refused scrape is forgiven: the pod is still observed
     assert service.status["activeVariant"] == "fallback"
+    service.tick()  # unseen now: no variant claimed for it
+    assert "activeVariant" not in service.status
+    service.tick(answer("a", service.now))
+    assert service.status["activeVariant"] == "primary"
+
+
+def test_the_variant_column_empties_when_the_reporting_pod_is_gone() -> None:
+    service = Service(TWO, [pod("a"), pod("b")])
+    service.tick(answer("a", T0, variant=Variant.FALLBACK), answer("b", T0, variant=None))
+    assert service.status["activeVariant"] == "fallback"
+    service.pods = [pod("b")]  # a deleted; b's server reports no variant
+    service.tick(answer("b", service.now, variant=None))
+    assert "activeVariant" not in service.status
 
 
 def on_lost_node(name: str, node: str = "n2") -> PodView:

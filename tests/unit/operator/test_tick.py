@@ -421,6 +421,24 @@ def test_turning_autoscaling_off_deletes_its_status_and_scaling_limited() -> Non
     assert "autoscaling" not in run(fixed, status, [pod("a")], memory, now=T0 + 40).status_patch
 
 
+def test_a_scale_down_the_window_holds_posts_one_event_then_scales_down() -> None:
+    spec = parse_spec({"model": MODEL, "gpu": {"count": 0}, "autoscaling": {
+        "minReplicas": 1, "maxReplicas": 4, "scaleDownStabilizationSeconds": 60}})  # fmt: skip
+    pods = [pod(name) for name in "abc"]
+    idle = [report(p.name, 0, Variant.PRIMARY, stats_age_seconds=1.0, queue_length=0.0,
+                   requests_running=0.0) for p in pods]  # fmt: skip
+    status: dict[str, Any] = {"autoscaling": {"replicas": 3}}
+    memory = TickMemory()
+    told: list[list[str]] = []
+    for step in range(14):  # T0 .. T0 + 65
+        outcome = run(spec, status, pods, memory, [idle], now=T0 + 5 * step)
+        status = merged(status, outcome.status_patch)
+        told.append([e.reason.value for e in outcome.events if e.reason.startswith("Scale")])
+    assert told[0] == ["ScaleDownHeld"]
+    assert told[1:13] == [[]] * 12  # held, not told again
+    assert told[13] == ["ScaledDown"] and status["autoscaling"]["replicas"] == 1
+
+
 def test_a_service_moved_off_gpus_drops_gpu_healthy() -> None:
     on_gpu = parse_spec({"model": MODEL, "gpu": {"count": 1, "memoryGiB": 16}})
     on_cpu = parse_spec({"model": MODEL, "gpu": {"count": 0}})
