@@ -379,9 +379,9 @@ class Api:
         A request that names token ids (`logit_bias`) or whose tool calls the new
         variant writes in another format cannot be carried over: 503, retry.
         """
-        encoded: dict[str, tuple[tuple[int, ...], int]] = {}
+        encoded: dict[str, tuple[int, ...]] = {}
 
-        def encode_again(variant_name: str) -> tuple[tuple[int, ...], int]:
+        def encode(variant_name: str) -> tuple[int, ...]:
             if variant_name in encoded:
                 return encoded[variant_name]
             if parsed.sampling.logit_bias:
@@ -399,10 +399,13 @@ class Api:
                     )
             text = prompt_text(encoder, parsed)
             ids = encoder.encode_uncached(text, isinstance(parsed, CompletionRequest))
-            encoded[variant_name] = (ids, self._fitted_budget(parsed, prepared, len(ids)))
-            return encoded[variant_name]
+            encoded[variant_name] = ids
+            return ids
 
-        return encode_again
+        def fit(prompt_tokens: int) -> int:
+            return self._fitted_budget(parsed, prepared, prompt_tokens)
+
+        return EncodeAgain(encode, fit)
 
     def _prepare(
         self, parsed: ChatRequest | CompletionRequest, kind: Kind, record: RequestRecord

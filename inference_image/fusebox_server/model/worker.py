@@ -123,10 +123,19 @@ class Failed:
 
 Event = Piece | Finished | Failed
 
-EncodeAgain = Callable[[str], tuple[tuple[int, ...], int]]
-"""The request's prompt encoded again for the variant named (its tokenizer and chat
-template): the prompt's token ids there and the new tokens it may generate; raises the
-request's error (a `ServerError`) when it cannot be served there (the prompt no longer fits)."""
+
+@dataclass(frozen=True)
+class EncodeAgain:
+    """How the request's prompt is encoded again for another variant (its tokenizer and
+    chat template), built by the route. Two steps, so that a prompt refused for its new
+    length is still counted in the new variant's tokens (the access log's `input_length`)."""
+
+    encode: Callable[[str], tuple[int, ...]]
+    """The prompt's token ids for the variant named; raises the request's error (a
+    `ServerError`) when the request cannot be carried over to it."""
+    fit: Callable[[int], int]
+    """The new tokens a prompt of that many tokens may generate; raises the admission's
+    400 when it no longer fits."""
 
 
 @dataclass
@@ -763,16 +772,23 @@ class InferenceWorker(threading.Thread):
         its tokenizer and chat template (`encode_again`, which also checks the
         limits again, and may refuse); a job that cannot be encoded again is
         refused with a 503.
+
+        The job takes the new variant's name before anything can refuse it: a
+        refusal here is the new variant's (the access log names it, and counts the
+        prompt in its tokens once encoded).
         """
-        if not self._encodes_alike(job.tokenizer, loaded.tokenizer):
-            if job.encode_again is None:
-                raise ModelUnavailable(
-                    "the model was swapped for one with another tokenizer before generation started"
-                )
-            job.prompt_ids, max_new_tokens = job.encode_again(loaded.variant)
-            job.settings = replace(job.settings, max_new_tokens=max_new_tokens)
+        alike = self._encodes_alike(job.tokenizer, loaded.tokenizer)
         job.variant = loaded.variant
         job.tokenizer = loaded.tokenizer
+        if alike:
+            return
+        if job.encode_again is None:
+            raise ModelUnavailable(
+                "the model was swapped for one with another tokenizer before generation started"
+            )
+        job.prompt_ids = job.encode_again.encode(loaded.variant)
+        max_new_tokens = job.encode_again.fit(len(job.prompt_ids))
+        job.settings = replace(job.settings, max_new_tokens=max_new_tokens)
 
     def _encodes_alike(self, first: Any, second: Any) -> bool:
         """`tokenization.encodes_alike`, remembered for the last pair (it serialises both)."""
