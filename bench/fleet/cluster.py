@@ -34,6 +34,8 @@ CONTROLLERS = (
     "serviceaccount-controller",
     "garbage-collector-controller",
     "namespace-controller",
+    # The operator's Ready reads each Service's EndpointSlices (docs/decisions/endpoint-slices.md).
+    "endpointslice-controller",
 )
 
 

@@ -208,6 +208,11 @@ class EventReason(enum.StrEnum):
     SCALE_DOWN_HELD = "ScaleDownHeld"  # the scale-down window keeps the count a while
     PODS_UNSCHEDULABLE = "PodsUnschedulable"  # the scheduler cannot place a pod
     PODS_FAILING = "PodsFailing"  # a pod's container cannot run (crash loop, image pull)
+    # Ready pods the Service's EndpointSlices do not list as ready endpoints: no traffic
+    # reaches them (also Ready's reason, and each such pod's status.pods[].serving).
+    NO_READY_ENDPOINTS = "NoReadyEndpoints"
+    # The Service's EndpointSlices could not be read: Ready cannot say traffic reaches the pods.
+    ENDPOINTS_UNREAD = "EndpointsUnread"
     NODE_MEMORY_PRESSURE = "NodeMemoryPressure"  # a node fell below the available floor
     NODE_MEMORY_RECOVERED = "NodeMemoryRecovered"  # and came back above it
     SPEC_APPLIED = "SpecApplied"  # an edit's children applied: what it does to the pods

@@ -10,7 +10,8 @@ after readiness, so before the autoscaler lowers the count the operator sets it
 on every pod of the service from this tick's verdicts (serving.py):
 
     NOT_SERVING (0)  not Ready, or seen refusing every request (memory
-                     guard, wedged server, no model loaded, its own breaker open)
+                     guard, wedged server, no model loaded, its own breaker open),
+                     or left out of the Service's ready endpoints
     UNOBSERVED  (1)  the operator cannot tell whether it serves (its sidecar not
                      scraped, or no valid stats of its server)
     SERVING     (2)  seen serving

@@ -146,6 +146,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     kube = Kube()
     kube.watch_pods(ours)
     kube.watch_children(ours)
+    kube.watch_endpoints(ours)
     memo[CONTEXT_KEY] = OperatorContext(
         ours, kube, scrape_session(), Actuator(admin_session(), kube)
     )
@@ -589,6 +590,7 @@ async def _telemetry(
         annotations=dict(meta.get("annotations") or {}),  # the incident controls
         operator_pod=context.settings.pod_name,
         kubelet_pressure=kubelet,
+        endpoints=kube.service_endpoints(namespace, name),  # the Service is named as the object
     )
     started = time.perf_counter()
     outcome = await run_tick(inputs, service.tick, scrape, context.actuator, time.time)

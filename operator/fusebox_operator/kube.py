@@ -20,6 +20,7 @@ import json
 import logging
 import ssl
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
@@ -33,6 +34,8 @@ from fusebox_operator.admin_secret import admin_token, controller_uid
 from fusebox_operator.child_store import UNKNOWN, ChildStore
 from fusebox_operator.deletion_cost import deletion_cost_patch
 from fusebox_operator.drift import Applied, differences
+from fusebox_operator.endpoint_store import EndpointStore
+from fusebox_operator.endpoints import EndpointsRead, slice_endpoints
 from fusebox_operator.manifests import (
     SERVER_CONTAINER,
     SERVICE_LABEL,
@@ -390,7 +393,7 @@ class ScopeWatch:
             try:
                 version = self.follow(version or self.relist())
             except Exception as error:  # noqa: BLE001  any failure: list again, never die
-                self.lost()
+                self.failed(error)
                 version = ""
                 if self._stopping.is_set():
                     return
@@ -437,6 +440,10 @@ class ScopeWatch:
 
     def lost(self) -> None:
         raise NotImplementedError
+
+    def failed(self, error: Exception) -> None:
+        """The LIST or the watch failed (a 410 included): the store may have missed events."""
+        self.lost()
 
     def _stream(self, version: str) -> Any:
         watch = self._watch = self._watch_factory()
@@ -569,6 +576,69 @@ class ChildWatch(ScopeWatch):
         self.store.lost(self.kind)
 
 
+class EndpointSliceWatch(ScopeWatch):
+    """The EndpointSlices of the Fusebox Services of one scope, kept in an EndpointStore.
+
+    Selected by `fusebox.dev/service` like the pods: the slice controller copies a
+    Service's labels onto its slices, so no other Service's slice reaches the operator.
+    """
+
+    def __init__(
+        self,
+        api_client: Any,
+        namespace: str | None,
+        store: EndpointStore,
+        server_timeout_seconds: int,
+        client_timeout_seconds: int,
+        watch_factory: Callable[[], Any] = kubernetes.watch.Watch,
+    ) -> None:
+        api = kubernetes.client.DiscoveryV1Api(api_client)
+        super().__init__(
+            api.list_namespaced_endpoint_slice,
+            api.list_endpoint_slice_for_all_namespaces,
+            namespace,
+            "endpointslice",
+            server_timeout_seconds,
+            client_timeout_seconds,
+            watch_factory,
+        )
+        self.store = store
+
+    def replace(self, items: list[dict[str, Any]]) -> None:
+        self.store.replace(
+            (item["metadata"]["namespace"], item["metadata"]["name"], slice_endpoints(item))
+            for item in items
+        )
+
+    def put(self, item: dict[str, Any]) -> None:
+        metadata = item["metadata"]
+        self.store.put(metadata["namespace"], metadata["name"], slice_endpoints(item))
+
+    def remove(self, item: dict[str, Any]) -> None:
+        self.store.remove(item["metadata"]["namespace"], item["metadata"]["name"])
+
+    def lost(self) -> None:
+        self.store.lost("the EndpointSlice watch stopped", time.time())
+
+    def failed(self, error: Exception) -> None:
+        self.store.lost(slices_unread(error), time.time())
+
+
+def slices_unread(error: Exception) -> str:
+    """Why the EndpointSlices could not be read, in an on-call engineer's words (never the
+    request's URL or headers, which an ApiException's text repeats)."""
+    if isinstance(error, ApiException):
+        answer = f"the API server answered {error.status} {error.reason}"
+        if error.status in (401, 403):
+            return f"{answer}: the operator may not list and watch endpointslices.discovery.k8s.io"
+        if error.status == 410:
+            return f"{answer}: the watch expired, listing again"
+        return answer
+    if isinstance(error, UNREACHABLE_ERRORS):
+        return str(unreachable("EndpointSlices", error))
+    return f"EndpointSlices: {type(error).__name__}"
+
+
 class Kube:
     def __init__(self, configuration: kubernetes.client.Configuration | None = None) -> None:
         """`configuration`: the client library's (None: its default, as load_config set it)."""
@@ -582,6 +652,9 @@ class Kube:
         self._pod_watches: list[PodWatch] = []
         self._child_stores: dict[str | None, ChildStore] = {}
         self._child_watches: list[ChildWatch] = []
+        self._endpoint_stores: dict[str | None, EndpointStore] = {}
+        self._endpoint_watches: list[EndpointSliceWatch] = []
+        self._endpoints_since: float | None = None  # when the EndpointSlice watches started
 
     # ----- nodes -----
     async def node_vram_mib(self, product: str) -> list[int]:
@@ -841,6 +914,33 @@ class Kube:
                 self._child_watches.append(watch)
                 watch.start()
 
+    def watch_endpoints(self, settings: OperatorSettings) -> None:
+        """Keep the Fusebox Services' EndpointSlices in memory: per scope, one watch."""
+        self._endpoints_since = time.time()
+        for scope in settings.pod_watch_scopes:
+            store = self._endpoint_stores[scope] = EndpointStore(self._endpoints_since)
+            watch = EndpointSliceWatch(
+                self.api_client,
+                scope,
+                store,
+                settings.watch_server_timeout_seconds,
+                settings.watch_client_timeout_seconds,
+            )
+            self._endpoint_watches.append(watch)
+            watch.start()
+
+    def service_endpoints(self, namespace: str, service: str) -> EndpointsRead | None:
+        """The ready endpoints of the Service's slices as the watch holds them; no request.
+        None when no EndpointSlice watch was started; a namespace none covers reads as
+        never listed since they started."""
+        if self._endpoints_since is None:
+            return None
+        store = self._endpoint_stores.get(namespace) or self._endpoint_stores.get(None)
+        if store is None:
+            cause = f"no EndpointSlice watch covers namespace {namespace}"
+            return EndpointsRead(service, None, self._endpoints_since, cause)
+        return store.read(namespace, service)
+
     def _child_store(self, namespace: str) -> ChildStore | None:
         return self._child_stores.get(namespace) or self._child_stores.get(None)
 
@@ -850,7 +950,7 @@ class Kube:
         return store is not None and store.take_touched(namespace, service)
 
     def stop_watching(self) -> None:
-        for watch in [*self._pod_watches, *self._child_watches]:
+        for watch in [*self._pod_watches, *self._child_watches, *self._endpoint_watches]:
             watch.stop()
 
     async def list_pods(

@@ -150,6 +150,9 @@ class PodView:
     # controller then calls the pod not Ready while its containers still say ready.
     # None: the node is Ready, or the Nodes were not read.
     node_not_ready: NodeNotReady | None = None
+    # When the kubelet last set the pod's Ready condition (its lastTransitionTime), for a
+    # Ready pod: how long the Service's endpoints have had to list it (endpoints.py).
+    ready_since: float | None = None
 
     @property
     def instance(self) -> str:

@@ -44,7 +44,8 @@ def pod_view(pod: Json) -> PodView:
     sidecar = statuses.get(SIDECAR_CONTAINER)
     fetch = statuses.get(FETCH_CONTAINER)
     conditions: list[Json] = status.get("conditions") or []
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    ready_condition = next((c for c in conditions if c.get("type") == "Ready"), {})
+    ready = ready_condition.get("status") == "True"
     unschedulable = next(
         (
             c.get("message") or c.get("reason") or "Unschedulable"
@@ -76,6 +77,7 @@ def pod_view(pod: Json) -> PodView:
         failing=_failing([s for s in (fetch, server, sidecar) if s is not None]),
         grace_ends_at=_epoch_seconds(deleting),
         fetch=fetch_state(name, init_statuses) if fetch is not None else None,
+        ready_since=_epoch_seconds(ready_condition.get("lastTransitionTime")) if ready else None,
     )
 
 

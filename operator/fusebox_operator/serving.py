@@ -11,7 +11,9 @@ says Unknown with the cause instead of repeating the last good news.
 
 One lost scrape is forgiven (a sidecar busy for a moment); the second in a
 row makes the pod unobserved, so a blind operator says so within two scrape
-intervals. Pure: the sightings are carried between ticks by the caller.
+intervals. A pod that serves still serves nobody while the Service's
+EndpointSlices leave it out (endpoints.py, `outside_service`). Pure: the
+sightings are carried between ticks by the caller.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from __future__ import annotations
 import datetime as dt
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from fusebox_contract.names import BreakerState
+from fusebox_contract.names import BreakerState, EventReason
+from fusebox_operator.endpoints import EndpointGaps
 from fusebox_operator.observations import NodeNotReady, PodSample, PodView
 
 MISSES_FORGIVEN = 1
@@ -44,10 +47,14 @@ class ServingReason(enum.StrEnum):
     STATS_INVALID = "StatsInvalid"
     # The operator cannot call the pod's admin API: it serves, but cannot be acted on.
     ADMIN_UNREACHABLE = "AdminUnreachable"
+    # Ready and serving, but not among the Service's ready endpoints (endpoints.py): no
+    # traffic reaches it.
+    NO_READY_ENDPOINTS = EventReason.NO_READY_ENDPOINTS.value
 
     @property
     def refusing(self) -> bool:
-        """Seen answering, and answering every request with an error."""
+        """Requests to it fail: it answers every one with an error, or the Service sends
+        it none (a Service with no ready endpoint refuses the connection)."""
         return self in REFUSING
 
     @property
@@ -62,6 +69,7 @@ REFUSING = frozenset(
         ServingReason.MODEL_UNAVAILABLE,
         ServingReason.SERVER_WEDGED,
         ServingReason.POD_BREAKER_OPEN,
+        ServingReason.NO_READY_ENDPOINTS,
     }
 )
 UNOBSERVED = frozenset({ServingReason.METRICS_UNREACHABLE, ServingReason.STATS_INVALID})
@@ -72,6 +80,7 @@ REASON_PRECEDENCE = (
     ServingReason.SERVER_WEDGED,
     ServingReason.MODEL_UNAVAILABLE,
     ServingReason.POD_BREAKER_OPEN,
+    ServingReason.NO_READY_ENDPOINTS,
     ServingReason.METRICS_UNREACHABLE,
     ServingReason.STATS_INVALID,
     ServingReason.NOT_READY,
@@ -309,6 +318,8 @@ class ServiceView:
     # Ready pods whose admin API the operator's calls do not reach: it cannot act on them.
     unreachable: tuple[PodServing, ...] = ()
     last_seen: Mapping[str, float] = field(default_factory=dict)  # pod -> last good scrape
+    # Serving pods the Service's endpoints leave out, or why they were not read.
+    endpoints: EndpointGaps = EndpointGaps()
 
     @property
     def serving(self) -> int:
@@ -362,6 +373,19 @@ def observe(
         unreachable=tuple(unreachable),
         last_seen=last_seen,
     )
+
+
+def outside_service(view: ServiceView, gaps: EndpointGaps) -> ServiceView:
+    """The view with each serving pod the Service's ready endpoints leave out
+    (`gaps.missing`, endpoints.judge_endpoints) judged NO_READY_ENDPOINTS: it serves
+    nobody. Its figures stay: the pod itself was seen."""
+    verdicts = tuple(
+        PodServing(v.pod, ServingReason.NO_READY_ENDPOINTS, gaps.detail(v.pod))
+        if v.serving and v.pod in gaps.missing
+        else v
+        for v in view.verdicts
+    )
+    return replace(view, verdicts=verdicts, endpoints=gaps)
 
 
 def update_reach(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fusebox_contract.names import (
@@ -26,6 +26,7 @@ from fusebox_contract.names import (
     Variant,
 )
 from fusebox_operator.autoscaling import ScaleDecision, WindowHold
+from fusebox_operator.endpoints import EndpointGaps
 from fusebox_operator.observations import PodSample
 from fusebox_operator.policy_state import Action, ActionKind, PolicyState
 from fusebox_operator.serving import ServiceView, ServingReason, service_reason
@@ -45,6 +46,7 @@ SWAPPED_TO_FALLBACK = "SwappedToFallback"
 # TelemetryFresh's and Ready's reason while status.appliedSpec cannot be read: no tick runs.
 APPLIED_SPEC_UNREADABLE = "AppliedSpecUnreadable"
 PODS_NOT_LISTED = "PodsNotListed"  # the tick could not list the pods: nothing observed
+NO_READY_ENDPOINTS = ServingReason.NO_READY_ENDPOINTS
 MAX_PROBLEM_CHARS = 200
 TIER_NAMES: dict[int, str] = {int(DegradationLevel.NONE): "none"} | {
     int(tier.level): tier.value for tier in DegradationTier
@@ -375,8 +377,13 @@ def pods_note(problems: Mapping[str, str], what: str) -> str:
 
 
 def not_serving_note(seen: ServiceView) -> str:
-    """The pods that do not serve though the kubelet calls them Ready, with the evidence."""
+    """The pods that do not serve though the kubelet calls them Ready, with the evidence;
+    those the Service's endpoints leave out counted first, as one."""
     troubled = [v for v in seen.verdicts if not v.serving and v.reason is not NOT_READY]
+    if seen.endpoints.missing:
+        others = [v for v in troubled if v.reason is not NO_READY_ENDPOINTS]
+        rest = not_serving_note(replace(seen, verdicts=tuple(others), endpoints=EndpointGaps()))
+        return seen.endpoints.note() + (f"; {rest}" if rest else "")
     listed = "; ".join(v.describe() for v in troubled[:MAX_TROUBLED_PODS_LISTED])
     more = len(troubled) - MAX_TROUBLED_PODS_LISTED
     return listed + (f"; and {more} more" if more > 0 else "")
@@ -405,11 +412,21 @@ def ready_explanation(
     state never reached the pods, so an open one refuses nothing.
     `starting`: pod -> what it does before it can serve (its model downloading), told
     with PodsNotReady so the message says what is being waited for.
+    A pod the Service's EndpointSlices leave out gets no traffic, so it does not serve
+    (NoReadyEndpoints, serving.outside_service); slices that could not be read keep
+    Ready from True: Unknown, EndpointsUnread, for what the pods say was observed and
+    whether traffic reaches them was not.
     """
     serving = seen.serving
     counted = f"{serving}/{desired_pods} pods serving"
     if state.breaker is BreakerState.OPEN and breaker_sent:
         return False, "BreakerOpen", state.breaker_reason
+    if serving >= desired_pods and serving > 0 and seen.endpoints.unread:
+        unread = (
+            f"{counted}; the EndpointSlices of Service {seen.endpoints.service} could not be "
+            f"read ({seen.endpoints.unread}): whether traffic reaches the pods is not observed"
+        )
+        return None, EventReason.ENDPOINTS_UNREAD, unread
     if serving >= desired_pods:
         return True, "PodsReady", counted
     if unschedulable:
@@ -482,8 +499,16 @@ def figure(values: Sequence[float], seen: ServiceView) -> str:
     return shown or "-"
 
 
-# Ready's reasons that name pods stuck for good; each gets a Warning when it starts.
-STUCK_POD_REASONS = frozenset({EventReason.PODS_UNSCHEDULABLE, EventReason.PODS_FAILING})
+# Ready's reasons that name pods stuck for good, or traffic that does not reach them (or
+# cannot be told to): each gets a Warning when it starts.
+WARNED_READY_REASONS = frozenset(
+    {
+        EventReason.PODS_UNSCHEDULABLE,
+        EventReason.PODS_FAILING,
+        EventReason.NO_READY_ENDPOINTS,
+        EventReason.ENDPOINTS_UNREAD,
+    }
+)
 
 
 def blind_events(before: Collection[tuple[str, str]], seen: ServiceView) -> list[EventRecord]:
@@ -515,7 +540,8 @@ def blind_events(before: Collection[tuple[str, str]], seen: ServiceView) -> list
 
 
 def stuck_pod_events(previous: Mapping[str, Any], new: Mapping[str, Any]) -> list[EventRecord]:
-    """A Warning when Ready turns to PodsUnschedulable or PodsFailing, once per spell.
+    """A Warning when Ready turns to one of WARNED_READY_REASONS (PodsUnschedulable,
+    PodsFailing, NoReadyEndpoints, EndpointsUnread), once per spell.
 
     Read from the conditions, so an operator restart in the middle of a spell
     (its previous status already says so) posts nothing twice.
@@ -526,7 +552,7 @@ def stuck_pod_events(previous: Mapping[str, Any], new: Mapping[str, Any]) -> lis
         return next((c for c in conditions if c.get("type") == ConditionType.READY), {})
 
     reason = str(ready_of(new).get("reason") or "")
-    if reason not in STUCK_POD_REASONS or ready_of(previous).get("reason") == reason:
+    if reason not in WARNED_READY_REASONS or ready_of(previous).get("reason") == reason:
         return []
     return [EventRecord("Warning", EventReason(reason), str(ready_of(new).get("message")))]
 

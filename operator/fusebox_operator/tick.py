@@ -33,6 +33,7 @@ from fusebox_operator.autoscaling import (
     pending_for_gpu,
 )
 from fusebox_operator.deletion_cost import deletion_costs
+from fusebox_operator.endpoints import EndpointMemory, EndpointsRead, judge_endpoints
 from fusebox_operator.gpu_health import drain_actions, gpu_condition
 from fusebox_operator.incident import hold_tier, incident_step, parse_controls, was_paused
 from fusebox_operator.model_readiness import (
@@ -68,6 +69,7 @@ from fusebox_operator.serving import (
     Misses,
     Sighting,
     observe,
+    outside_service,
     update_reach,
     update_sightings,
 )
@@ -144,6 +146,8 @@ class TickMemory:
     # (status.operator.pod, status.updatedAt): `written_elsewhere` tells a newer one.
     foreign_write: tuple[str, str] | None = None
     held: bool = False  # the last tick ran holding (Observe, pause-actions): nothing was sent
+    # Serving pods seen listed by the Service's endpoints, and since when others are not.
+    endpoints: EndpointMemory = field(default_factory=EndpointMemory)
 
     def start_over(self) -> None:
         """Forget everything, as a restarted operator would: the next tick rebuilds
@@ -178,6 +182,9 @@ class TickInputs:
     # Nodes whose kubelet reports MemoryPressure (kubelet_pressure.py, read operator-wide);
     # None: not read (refused, failed), and the sidecars' MemAvailable alone decides.
     kubelet_pressure: Mapping[str, KubeletPressure] | None = None
+    # The Service's EndpointSlices as the watch holds them (endpoints.py); None: not read
+    # by this caller (a first observation has no pod), and Ready says nothing of them.
+    endpoints: EndpointsRead | None = None
 
 
 @dataclass(frozen=True)
@@ -666,6 +673,12 @@ async def run_tick(
     seen = observe(
         pods_after, memory.sightings, spec.telemetry.wedge_after_seconds, written_at, memory.reach
     )
+    # A serving pod the Service's EndpointSlices leave out gets no traffic: not serving.
+    serving_pods = [p for p in pods_after if (v := seen.verdict(p.name)) and v.serving]
+    gaps, memory.endpoints = judge_endpoints(
+        inputs.endpoints, serving_pods, memory.endpoints, written_at
+    )
+    seen = outside_service(seen, gaps)
     events += blind_events(memory.blind, seen)
     held_events, memory.held_steps = held_step_events(memory.held_steps, rollout)
     events += held_events

@@ -688,6 +688,7 @@ ALLOWED = [
     ("list", "pods"),
     ("delete", "pods"),
     ("patch", "pods"),  # the pod-deletion-cost before a scale-down
+    ("watch", "endpointslices.discovery.k8s.io"),  # Ready reads the Service's endpoints
     ("create", "events"),
     ("list", "nodes"),
     ("create", "networkpolicies.networking.k8s.io"),

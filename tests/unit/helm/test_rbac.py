@@ -26,6 +26,8 @@ NAMESPACED = (
     | grants("networking.k8s.io", ("networkpolicies",), "get list watch create patch")
     | grants("resource.k8s.io", ("resourceclaimtemplates",), "get create patch")
     | grants("", ("pods",), "get list watch patch delete")
+    # Ready reads whether the Service lists its pods: the EndpointSlices, watched.
+    | grants("discovery.k8s.io", ("endpointslices",), "get list watch")
     | grants("", ("pods/resize",), "patch")
     | grants("", ("events",), "create")
 )

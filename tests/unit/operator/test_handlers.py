@@ -18,8 +18,10 @@ import pytest
 
 from fusebox_contract.names import ConditionType, EventReason
 from fusebox_operator import handlers
+from fusebox_operator.actuator import RuntimeCall
 from fusebox_operator.admin_secret import CONFLICT_RETRY_SECONDS, AdminSecretRefused
 from fusebox_operator.drift import Applied
+from fusebox_operator.endpoints import EndpointsRead, ServiceEndpoints
 from fusebox_operator.kube import ChildRefused, KubeError
 from fusebox_operator.kubelet_pressure import KubeletPressureReader
 from fusebox_operator.memo import (
@@ -30,7 +32,7 @@ from fusebox_operator.memo import (
     OperatorContext,
     ServiceMemo,
 )
-from fusebox_operator.observations import PodView
+from fusebox_operator.observations import PodSample, PodView
 from fusebox_operator.policy_state import PolicyState
 from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.tick import TickOutcome
@@ -64,6 +66,11 @@ class FakeKube:
         self.pods: list[PodView] = []  # what the pod watch holds
         self.refusals: dict[str, KubeError] = {}  # what a write of a kind is answered
         self.list_error: KubeError | None = None  # what a pod LIST is answered instead
+        # What the EndpointSlice watch holds, per Service (absent: listed, no slice).
+        self.endpoints: dict[str, EndpointsRead] = {}
+
+    def service_endpoints(self, namespace: str, service: str) -> EndpointsRead:
+        return self.endpoints.get(service, EndpointsRead(service, ServiceEndpoints()))
 
     async def read_service_status(self, namespace: str, name: str) -> dict[str, Any]:
         self.status_reads += 1
@@ -125,10 +132,14 @@ class FakeKube:
 
 
 class FakeActuator:
-    """No pod is listed, so nothing is sent; a test says which token a pod refused."""
+    """Nothing is sent (a pod's runtime state is taken as told); a test says which token
+    a pod refused."""
 
     def __init__(self) -> None:
         self.refused: set[str] = set()
+
+    async def reconcile_runtime(self, *_: Any) -> RuntimeCall:
+        return RuntimeCall()
 
     def token_refused(self, token: str) -> bool:
         found = token in self.refused
@@ -1132,3 +1143,40 @@ def test_a_refused_deletion_cost_still_scales_down(
     kube.written.clear()
     service.tick(VALID)
     assert kube.written == ["scale chat 1"]  # the ReplicaSet picks, as without the costs
+
+
+def test_a_tick_judges_the_serving_pods_by_the_services_endpointslices_as_watched(
+    events: list[tuple[str, str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Service is named as the object: its slices, as the watch holds them, decide
+    whether the Ready pod that serves gets traffic."""
+    serving = PodView(
+        "chat-a", "uid-a", "10.1.0.1", "Running", True, True, True, 0, False, False,
+        ready_since=time.time() - 600,
+    )  # fmt: skip
+
+    async def scrape_all(_session: Any, targets: Any, *_: Any) -> list[PodSample]:
+        return [
+            PodSample(t.name, time.time(), model_loaded=True, stats_valid=True,
+                      stats_age_seconds=1.0, memory_guard_active=False)
+            for t in targets
+        ]  # fmt: skip
+
+    monkeypatch.setattr(handlers, "scrape_all", scrape_all)
+    kube = FakeKube()
+    kube.pods = [serving]
+    kube.endpoints["other"] = EndpointsRead("other", ServiceEndpoints(frozenset({"chat-a"})))
+    service = Service(kube)
+    service.kept = ServiceMemo(next_resync_at=time.time() + 3600)
+    service.reconcile(VALID, reason="create")
+    service.tick(VALID)
+    ready = service.condition(ConditionType.READY)
+    assert (ready["status"], ready["reason"]) == ("False", "NoReadyEndpoints")
+    assert "Service chat's ready endpoints" in ready["message"]
+    assert [r for t, r, _ in events if t == "Warning"] == [EventReason.NO_READY_ENDPOINTS]
+
+    kube.endpoints["chat"] = EndpointsRead("chat", ServiceEndpoints(frozenset({"chat-a"})))
+    service.kept.next_scrape_at = 0.0
+    service.tick(VALID)
+    ready = service.condition(ConditionType.READY)
+    assert (ready["status"], ready["reason"]) == ("True", "PodsReady")
