@@ -22,7 +22,7 @@ from fusebox_contract.wiring import ADMIN_TOKEN_KEY
 
 MIN_TOKEN_CHARS = 32
 """The shortest token taken; the operator writes `secrets.token_urlsafe(32)`: 43."""
-CONFLICT_RETRY_SECONDS = 30
+CONFLICT_RETRY_SECONDS = 10
 """How often a reconcile held back by a foreign admin Secret looks again."""
 
 
