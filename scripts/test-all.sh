@@ -21,7 +21,10 @@ multinode=tests/e2e/multinode
 
 side_lane() {
   # -p no:cacheprovider: the sessions must not write one .pytest_cache at once.
-  "$py" -m pytest -p no:cacheprovider --durations=20 "$@" tests/unit tests/integration
+  # Niced: the e2e tier is the longer lane and its waits (pods starting, ladders) need
+  # the CPU when they need it; these CPU-bound tiers take what it leaves. Not the
+  # multinode module: its cluster's pods wait on CPU like the e2e tier's.
+  nice -n 10 "$py" -m pytest -p no:cacheprovider --durations=20 "$@" tests/unit tests/integration
   local tiers=$?
   echo
   echo "================ multinode e2e module (after the unit and integration tiers) ================"
