@@ -27,13 +27,13 @@ The reading (`read_context_window`) is the only I/O here; the rest is pure.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from fusebox_server.config import ConfigError
+from fusebox_server.control.early_checks import read_model_config
 from fusebox_server.errors import ContextLengthExceeded
 
 # The config.json keys that name a model's positions, in the order transformers' own
@@ -76,16 +76,10 @@ def window_of(model_config: Mapping[str, Any], config_path: str) -> ContextWindo
     return found
 
 
-def read_context_window(model_dir: Path) -> ContextWindow | None:
-    """The window of the model in `model_dir` (its config.json), or None when it names none."""
-    path = model_dir / "config.json"
-    try:
-        model_config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"{path}: {error}") from error
-    if not isinstance(model_config, Mapping):
-        raise ConfigError(f"{path}: expected a JSON object")
-    return window_of(model_config, str(path))
+def read_context_window(model_dir: Path, flag: str = "--model-dir") -> ContextWindow | None:
+    """The window of the model in `model_dir` (its config.json, read as the start-up
+    checks read it), or None when it names none."""
+    return window_of(read_model_config(model_dir, flag), str(model_dir / "config.json"))
 
 
 def narrowest(windows: list[ContextWindow | None]) -> ContextWindow | None:

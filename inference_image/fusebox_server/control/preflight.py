@@ -101,8 +101,10 @@ def fit_to_context_window(config: ServerConfig) -> ServerConfig:
     serve. Raises ConfigError (exit 2) when limits a user chose cannot fit;
     see `context_window.fit_token_limits`. Run after `check_model_dirs`.
     """
-    model_dirs = [config.model_dir, *([config.fallback_dir] if config.fallback_dir else [])]
-    window = narrowest([read_context_window(model_dir) for model_dir in model_dirs])
+    model_dirs = [("--model-dir", config.model_dir)]
+    if config.fallback_dir is not None:
+        model_dirs.append(("--fallback-dir", config.fallback_dir))
+    window = narrowest([read_context_window(path, flag) for flag, path in model_dirs])
     if window is None:
         return config
     requested = TokenLimits(config.max_input_tokens, config.max_new_tokens)
