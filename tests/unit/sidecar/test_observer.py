@@ -8,7 +8,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -38,16 +37,26 @@ class Clock:
 
 @pytest.fixture
 def sleeper() -> Iterator[int]:
-    """A real process standing in for the server, holding ~40 MiB."""
+    """A real process standing in for the server, holding ~40 MiB, yielded
+    once every page of it is written (it says so on stdout): a buffer still
+    being filled on a busy machine is a moving target for two readings."""
     process = subprocess.Popen(
         # b"x" * n writes every page, so the memory is resident (calloc'd zeros are not).
-        [sys.executable, "-c", "import time; b = b'x' * (40 << 20); time.sleep(120)"]
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; b = b'x' * (40 << 20); print('filled', flush=True); time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
+        assert process.stdout is not None
+        assert process.stdout.readline() == "filled\n", "the child never filled its buffer"
         yield process.pid
     finally:
         process.kill()
-        process.wait()
+        process.communicate()
 
 
 def _missing_pid() -> int:
@@ -77,11 +86,7 @@ def test_rss_is_measured_from_proc_for_the_pid_in_the_stats_file(
         ServerObserver(tmp_path / "stats.json", Path("/proc"), NvmlReader(None), Clock(2e9))
     )
 
-    # Wait until the child has written its buffer, then compare with psutil.
-    deadline = time.monotonic() + 60
-    while psutil.Process(sleeper).memory_info().rss < 40 << 20:
-        assert time.monotonic() < deadline, "the child never filled its buffer"
-        time.sleep(0.05)
+    # The child's buffer is whole (the fixture waited for it): compare with psutil.
     psutil_rss = psutil.Process(sleeper).memory_info().rss
     rss = registry.get_sample_value("fusebox_process_resident_memory_bytes")
 
