@@ -751,6 +751,8 @@ async def run_tick(
         events, would = observed(would_act, events, scale, inputs.status, written_at, why)
         if would is not None:
             new_status["lastWouldAct"] = would
+        # Observe or a pause interrupts a hold: one still there on return is told again.
+        memory.scale_down_told = None
     elif scale is not None:
         events += scaling_events(inputs.status, scale)
         held_down, memory.scale_down_told = scale_down_held_events(memory.scale_down_told, scale)

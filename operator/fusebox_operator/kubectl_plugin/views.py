@@ -25,7 +25,8 @@ from fusebox_operator.status import human_bytes, human_seconds
 WHY_WIDTH = 70
 # A pod's relayed figures are older than its scrape by the stats file's age; said past this.
 STATS_AGE_TOLD_SECONDS = 30.0
-# Events worth a line in `history`: what was done, would have been, or a person set.
+# Events worth a line in `history`: what was done, would have been, was held back
+# (a scale the window or the GPUs kept from happening), or a person set.
 HISTORY_REASONS = frozenset(
     {
         EventReason.WOULD_ACT,
@@ -43,6 +44,8 @@ HISTORY_REASONS = frozenset(
         EventReason.INCIDENT_ANNOTATION_REMOVED,
         EventReason.SCALED_UP,
         EventReason.SCALED_DOWN,
+        EventReason.SCALE_UP_BLOCKED,
+        EventReason.SCALE_DOWN_HELD,
     }
 )
 

@@ -278,6 +278,21 @@ def test_history_lists_the_story_events_in_time_order_and_leaves_out_the_rest() 
     ]
 
 
+def test_history_tells_the_scale_changes_held_back_beside_those_made() -> None:
+    events = [
+        event(EventReason.SCALED_UP, "1 -> 2 replicas", "2027-01-15T08:00:00Z"),
+        event(EventReason.SCALE_UP_BLOCKED, "2 pods Pending for GPUs", "2027-01-15T08:01:00Z"),
+        event(EventReason.SCALE_DOWN_HELD, "2 -> 1 held until 08:07", "2027-01-15T08:02:00Z"),
+    ]
+    lines = views.history(service(), events).splitlines()
+    told = lines[lines.index("Events:") + 1 :]
+    assert told == [
+        "  2027-01-15T08:00:00Z  Normal ScaledUp: 1 -> 2 replicas",
+        "  2027-01-15T08:01:00Z  Normal ScaleUpBlocked: 2 pods Pending for GPUs",
+        "  2027-01-15T08:02:00Z  Normal ScaleDownHeld: 2 -> 1 held until 08:07",
+    ]
+
+
 def test_history_of_a_paused_service_shows_what_was_not_acted() -> None:
     text = views.history(service({PAUSE_ACTIONS: "INC-7"}), [])
     assert "recent actions (oldest first)\n  none" in text

@@ -439,6 +439,25 @@ def test_a_scale_down_the_window_holds_posts_one_event_then_scales_down() -> Non
     assert told[13] == ["ScaledDown"] and status["autoscaling"]["replicas"] == 1
 
 
+def test_a_scale_down_hold_is_told_again_after_observe_mode_interrupted_it() -> None:
+    autoscaling = {"minReplicas": 1, "maxReplicas": 4, "scaleDownStabilizationSeconds": 60}
+    enforce = parse_spec({"model": MODEL, "gpu": {"count": 0}, "autoscaling": autoscaling})
+    observe = parse_spec({"model": MODEL, "gpu": {"count": 0}, "mode": "Observe",
+                          "autoscaling": autoscaling})  # fmt: skip
+    pods = [pod(name) for name in "abc"]
+    idle = [report(p.name, 0, Variant.PRIMARY, stats_age_seconds=1.0, queue_length=0.0,
+                   requests_running=0.0) for p in pods]  # fmt: skip
+    status: dict[str, Any] = {"autoscaling": {"replicas": 3}}
+    memory = TickMemory()
+    told: list[list[str]] = []
+    for step, spec in enumerate([enforce, observe, observe, enforce, enforce]):
+        outcome = run(spec, status, pods, memory, [idle], now=T0 + 5 * step)
+        status = merged(status, outcome.status_patch)
+        told.append([e.reason.value for e in outcome.events if e.reason == "ScaleDownHeld"])
+    # Observe decided without the hold being told; back in Enforce the hold is news again.
+    assert told == [["ScaleDownHeld"], [], [], ["ScaleDownHeld"], []]
+
+
 def test_a_service_moved_off_gpus_drops_gpu_healthy() -> None:
     on_gpu = parse_spec({"model": MODEL, "gpu": {"count": 1, "memoryGiB": 16}})
     on_cpu = parse_spec({"model": MODEL, "gpu": {"count": 0}})
