@@ -156,7 +156,8 @@ def test_prometheus_scrapes_every_sidecar_and_answers_every_dashboard_query(
         return health if set(health) == set(pods) and set(health.values()) == {"up"} else None
 
     # The PodMonitor reaches Prometheus through the Prometheus Operator's config Secret,
-    # which the kubelet syncs into its pod about a minute later, longer on a busy node.
+    # the kubelet's resync of its pod's volume and the config reloader's re-read (each
+    # every 10 s in localcluster; a production cluster's kubelet resyncs every minute).
     wait_for("every sidecar target up", targets_up, timeout=240, diagnose=prometheus.targets)
     # Each sidecar target carries the service and its model (the PodMonitor's relabelings).
     labelled = {

@@ -120,6 +120,44 @@ def test_everything_runs_under_restricted_pod_security() -> None:
     assert the_prometheus()["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
+# The init reloader's arguments as operator v0.85 rendered them for this Prometheus
+# (read from the lab's StatefulSet).
+OPERATOR_INIT_RELOADER_ARGS = [
+    "--watch-interval=0",
+    "--listen-address=:8081",
+    "--config-file=/etc/prometheus/config/prometheus.yaml.gz",
+    "--config-envsubst-file=/etc/prometheus/config_out/prometheus.env.yaml",
+    "--watched-dir=/etc/prometheus/rules/prometheus-fusebox-rulefiles-0",
+]
+
+
+def rendered(reloader_args: list[str], init_args: list[str]) -> dict[str, Any]:
+    """The StatefulSet as the operator renders it, the Prometheus' containers merged in."""
+    return {"spec": {"template": {"spec": {
+        "containers": [{"name": "prometheus", "args": []},
+                       {"name": "config-reloader", "args": reloader_args}],
+        "initContainers": [{"name": "init-config-reloader", "args": init_args}],
+    }}}}  # fmt: skip
+
+
+def test_the_config_reloader_rereads_the_config_every_ten_seconds() -> None:
+    (reloader,) = the_prometheus()["spec"]["containers"]
+    assert reloader["name"] == "config-reloader"
+    assert "--watch-interval=10s" in reloader["args"]
+    # Prometheus is told to reload through its lifecycle endpoint, on the port it serves.
+    assert "--reload-url=http://localhost:9090/-/reload" in reloader["args"]
+    # Every argument the operator gives its own reloader is restated.
+    statefulset = rendered(reloader["args"], OPERATOR_INIT_RELOADER_ARGS)
+    assert monitoring_addon.reloader_args_missing(statefulset) == []
+
+
+def test_an_argument_a_newer_operator_adds_is_named_as_missing() -> None:
+    (reloader,) = the_prometheus()["spec"]["containers"]
+    newer = [*OPERATOR_INIT_RELOADER_ARGS, "--watched-dir=/etc/prometheus/rules/rulefiles-1"]
+    missing = monitoring_addon.reloader_args_missing(rendered(reloader["args"], newer))
+    assert missing == ["--watched-dir=/etc/prometheus/rules/rulefiles-1"]
+
+
 def test_available_only_when_the_operator_says_so() -> None:
     available = {"status": {"conditions": [{"type": "Available", "status": "True"}]}}
     degraded = {"status": {"conditions": [{"type": "Available", "status": "Degraded"}]}}
