@@ -88,29 +88,75 @@ the rules are granted cluster-wide (kopf still acts only in matching ones).
 
 {{/*
 Fails when the peering name is one of FUSEBOX_PEERING's keywords (settings.py),
-which the operator reads as a mode, not a name: "standalone" runs every replica
-unpeered, and "auto" peers through a peering named "fusebox", which the chart
-never creates. An explicit peering.name is refused even with one replica (where
-it is unused), so that a later scale-up is not what fails.
+which the operator reads as a mode, not a name: "standalone" runs every pod
+unpeered, and "auto" runs one replica unpeered and several through a peering
+named "fusebox", which the chart never creates. An explicit peering.name is
+refused even where it is unused (a namespace glob, standalone), so that a later
+change of watchNamespaces is not what fails.
 */}}
 {{- define "fusebox.checkPeeringName" -}}
 {{- $name := include "fusebox.peeringName" . -}}
 {{- $used := or .Values.peering.name (not (include "fusebox.standalone" .)) -}}
 {{- if and $used (has $name (list "auto" "standalone")) -}}
 {{- $source := ternary "peering.name %q" "fullnameOverride %q (the peering name while peering.name is empty)" (not (empty .Values.peering.name)) -}}
-{{- $effect := ternary "runs every replica without peering, so with replicaCount > 1 every replica would act on every service at once" "peers through a peering named \"fusebox\", which the chart does not create, so with replicaCount > 1 no replica would ever act" (eq $name "standalone") -}}
+{{- $effect := ternary "runs every pod without peering, so two pods (replicas, or the old and the new one of a rollout) would act on every service at once" "runs one replica without peering (the old and the new pod of a rollout would act at once) and several through a peering named \"fusebox\", which the chart does not create, so no replica would ever act" (eq $name "standalone") -}}
 {{- fail (printf "%s is a keyword of the operator's FUSEBOX_PEERING, not a peering name: the operator %s; set peering.name to another name, or leave it empty for the release's fullname" (printf $source $name) $effect) -}}
 {{- end -}}
 {{- end -}}
 
+{{/*
+"true" when the operator runs without kopf peering: only with a namespace glob
+in watchNamespaces, where no KopfPeering can be made in namespaces not known yet
+(and replicaCount must stay 1). Every other release peers, one replica included:
+every pod of the release, through any rollout or change of replicaCount, is then
+a peer of the others, so a new pod pauses for the acting one or makes it pause,
+and never two act at once (docs/decisions/operator-rollouts.md).
+*/}}
 {{- define "fusebox.standalone" -}}
-{{- if le (int .Values.replicaCount) 1 -}}true{{- end -}}
+{{- if include "fusebox.watchesPatterns" . -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" with more than one operator replica: a standby to keep through a drain, and to spread. */}}
+{{- define "fusebox.severalReplicas" -}}
+{{- if gt (int .Values.replicaCount) 1 -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+"true" when the operator Deployment must roll with Recreate (every old pod gone
+before a new one starts), given (running, root): running is the Deployment as
+the cluster holds it now (lookup; empty at install and under `helm template`).
+The new pods may start beside the running ones only where both peer through one
+kopf peering object, which makes one of them pause. They would not see each
+other, and both act, where this release runs standalone (a namespace glob), or
+the running pods do (FUSEBOX_PEERING=standalone: one replica of a chart before
+peering at every replica count), or they peer under another name, or through
+the other kind of peering object (ClusterKopfPeering when watching every
+namespace, a KopfPeering in each named one).
+*/}}
+{{- define "fusebox.recreate" -}}
+{{- $running := index . 0 -}}
+{{- $root := index . 1 -}}
+{{- $env := dict -}}
+{{- range (dig "spec" "template" "spec" "containers" list $running) -}}
+{{- if eq (dig "name" "" .) "operator" -}}
+{{- range (dig "env" list .) -}}
+{{- $_ := set $env (dig "name" "" .) (dig "value" "" .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if include "fusebox.standalone" $root -}}
+true
+{{- else if hasKey $env "FUSEBOX_PEERING" -}}
+{{- $samePeering := eq (get $env "FUSEBOX_PEERING") (include "fusebox.peeringName" $root) -}}
+{{- $sameKind := eq (empty (get $env "FUSEBOX_WATCH_NAMESPACES")) (empty $root.Values.watchNamespaces) -}}
+{{- if not (and $samePeering $sameKind) -}}true{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
 Rules on namespaced resources: a ClusterRole's in cluster-wide mode, a Role's
 in each watched namespace otherwise. Together with fusebox.rules.cluster they
-equal, at the defaults (every namespace, one replica),
+equal, at the defaults (every namespace, one replica, peering),
 operator/rbac/clusterrole.yaml (a unit test compares them). Only the verbs the
 code sends: children are created, merge-patched and, Deployments only,
 replaced (kube.py); kopf patches the status and POSTs core/v1 Events.
@@ -123,7 +169,7 @@ replaced (kube.py); kopf patches the status and POSTs core/v1 Events.
   resources: [inferenceservices/status]
   verbs: [get, patch]
 {{- if and (not (include "fusebox.standalone" .)) .Values.watchNamespaces }}
-# Several replicas watching named namespaces peer through a KopfPeering in each.
+# Watching named namespaces, the operator peers through a KopfPeering in each.
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]
   verbs: [get, list, watch, patch]
@@ -166,7 +212,7 @@ replaced (kube.py); kopf patches the status and POSTs core/v1 Events.
   resources: [customresourcedefinitions]
   verbs: [get, list, watch]
 {{- if and (not (include "fusebox.standalone" .)) (not .Values.watchNamespaces) }}
-# Several replicas watching every namespace peer through a ClusterKopfPeering.
+# Watching every namespace, the operator peers through a ClusterKopfPeering.
 - apiGroups: [kopf.dev]
   resources: [clusterkopfpeerings]
   verbs: [get, list, watch, patch]

@@ -46,6 +46,12 @@ def canonical_rules() -> set[tuple[str, str, str]]:
     return rule_triples(document["rules"])
 
 
+CLUSTER_PEERING_RULES = {
+    ("kopf.dev", "clusterkopfpeerings", verb) for verb in ("get", "list", "watch", "patch")
+}
+"""The canonical set's peering rule: watching every namespace, kopf peers cluster-wide."""
+
+
 def test_chart_passes_helm_lint_strict(helm: Path) -> None:
     for values in (None, ALL_OPTIONS):
         args = ["lint", "--strict", str(CHART)] + (["--values", str(values)] if values else [])
@@ -76,13 +82,12 @@ def test_defaults_render_operator_with_restricted_security_and_local_image(rende
             "Deployment",
             "Service",
             "NetworkPolicy",  # the operator pod's own
+            "ClusterKopfPeering",  # one replica peers too (test_operator_rollouts.py)
         ]
     )
     deployment = one(documents, "Deployment")
     assert deployment["metadata"]["name"] == "fusebox-operator"
     assert deployment["spec"]["replicas"] == 1
-    # Standalone: never two operators acting at once during a rollout.
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["image"] == "localhost/fusebox/operator:dev"
@@ -97,7 +102,7 @@ def test_defaults_render_operator_with_restricted_security_and_local_image(rende
     env = env_of(deployment)
     assert env["FUSEBOX_INFERENCE_IMAGE"] == "localhost/fusebox/inference:dev"
     assert env["FUSEBOX_WATCH_NAMESPACES"] == ""
-    assert env["FUSEBOX_PEERING"] == "standalone"
+    assert env["FUSEBOX_PEERING"] == "fusebox-operator"
     assert env["FUSEBOX_OPERATOR_NAMESPACE"] == "fusebox-system"
     # The NetworkPolicy peer the operator writes must match these very pods.
     labels = deployment["spec"]["template"]["metadata"]["labels"]
@@ -129,10 +134,12 @@ def test_watch_namespaces_grants_namespaced_rules_only_in_those_namespaces(
     cluster_role = one(documents, "ClusterRole")
     cluster_scoped = {"customresourcedefinitions", "namespaces", "nodes"}
     assert {resource for _, resource, _ in rule_triples(cluster_role["rules"])} == cluster_scoped
-    # Nothing lost: the split is the canonical set, plus kopf's Namespace reads.
+    # Nothing lost: the split is the canonical set, plus kopf's Namespace reads, with
+    # the peering in each namespace (KopfPeering) instead of cluster-wide.
     namespaces = {("", "namespaces", verb) for verb in ("get", "list", "watch")}
+    peerings = {("kopf.dev", "kopfpeerings", v) for v in ("get", "list", "watch", "patch")}
     assert rule_triples(cluster_role["rules"]) | rule_triples(roles[0]["rules"]) == (
-        canonical_rules() | namespaces
+        canonical_rules() - CLUSTER_PEERING_RULES | peerings | namespaces
     )
     assert env_of(one(documents, "Deployment"))["FUSEBOX_WATCH_NAMESPACES"] == "team-a,team-b"
 
@@ -178,6 +185,7 @@ def test_two_releases_with_several_replicas_never_share_a_peering(helm: Path) ->
     [
         (1, ()),
         (2, ()),
+        (1, ("watchNamespaces={team-a}",)),
         (2, ("peering.name=fusebox-peers",)),
         (3, ("peering.name=fusebox-peers", "watchNamespaces={team-a}")),
     ],
@@ -185,22 +193,19 @@ def test_two_releases_with_several_replicas_never_share_a_peering(helm: Path) ->
 def test_the_operator_peers_through_the_very_peering_object_the_chart_creates(
     render: Render, replicas: int, sets: tuple[str, ...]
 ) -> None:
-    """Across the boundary: the operator's own parser of the rendered env runs alone
-    with one replica, and with several peers through the object the chart made."""
+    """Across the boundary: the operator's own parser of the rendered env peers, one
+    replica or several, through the object the chart made, of the kind its scope uses."""
     documents = render(sets=(f"replicaCount={replicas}", *sets))
     settings = OperatorSettings.from_env(env_of(one(documents, "Deployment")))
-    assert settings.standalone is (replicas == 1)
-    peerings = by_kind(documents, "ClusterKopfPeering") + by_kind(documents, "KopfPeering")
-    if replicas == 1:
-        assert peerings == []
-    else:
-        assert {p["metadata"]["name"] for p in peerings} == {settings.peering_name}
+    assert not settings.standalone
+    kind = "KopfPeering" if settings.watch_namespaces else "ClusterKopfPeering"
+    assert {p["metadata"]["name"] for p in by_kind(documents, kind)} == {settings.peering_name}
 
 
 @pytest.mark.parametrize(
     ("sets", "named", "why"),
     [
-        (("peering.name=standalone",), 'peering.name "standalone"', "every replica would act"),
+        (("peering.name=standalone",), 'peering.name "standalone"', "act on every service"),
         (("peering.name=auto",), 'peering.name "auto"', "no replica would ever act"),
         (("fullnameOverride=auto",), 'fullnameOverride "auto"', "no replica would ever act"),
     ],
@@ -208,8 +213,9 @@ def test_the_operator_peers_through_the_very_peering_object_the_chart_creates(
 def test_a_peering_name_the_operator_reads_as_a_keyword_is_refused(
     helm: Path, sets: tuple[str, ...], named: str, why: str
 ) -> None:
-    """FUSEBOX_PEERING=standalone runs every replica unpeered, and =auto peers through
-    "fusebox", which the chart never creates: neither may name the chart's peering."""
+    """FUSEBOX_PEERING=standalone runs every pod unpeered, and =auto peers several
+    replicas through "fusebox", which the chart never creates: neither may name the
+    chart's peering."""
     args = [arg for pair in ("replicaCount=2", *sets) for arg in ("--set", pair)]
     result = run_helm(helm, "template", "fusebox", str(CHART), *args)
     assert result.returncode != 0, "rendered"
@@ -217,12 +223,23 @@ def test_a_peering_name_the_operator_reads_as_a_keyword_is_refused(
     assert "FUSEBOX_PEERING" in result.stderr, result.stderr
 
 
+def test_a_keyword_peering_name_is_refused_with_one_replica_too(helm: Path) -> None:
+    """One replica peers as well: FUSEBOX_PEERING=auto would run it unpeered (the old
+    and the new pod of a rollout both acting), =standalone too."""
+    for sets in ("peering.name=standalone", "fullnameOverride=auto"):
+        result = run_helm(helm, "template", "fusebox", str(CHART), "--set", sets)
+        assert result.returncode != 0, sets
+        assert "FUSEBOX_PEERING" in result.stderr and "at once" in result.stderr, sets
+
+
 def test_an_unused_peering_name_is_still_refused_when_it_is_a_keyword(helm: Path) -> None:
-    """With one replica the name is unused, but scaling up later must not be what fails."""
-    result = run_helm(helm, "template", "fusebox", str(CHART), "--set", "peering.name=standalone")
-    assert result.returncode != 0 and 'peering.name "standalone"' in result.stderr
-    # A fullname of "auto" names no peering with one replica: nothing to refuse.
-    fine = run_helm(helm, "template", "fusebox", str(CHART), "--set", "fullnameOverride=auto")
+    """A namespace glob runs standalone, so the name is unused, but naming the
+    namespaces later must not be what fails."""
+    glob = ("template", "fusebox", str(CHART), "--set", "watchNamespaces={e2e-*}")
+    result = run_helm(helm, *glob, "--set", "peering.name=auto")
+    assert result.returncode != 0 and 'peering.name "auto"' in result.stderr
+    # A fullname of "auto" names no peering there: nothing to refuse.
+    fine = run_helm(helm, *glob, "--set", "fullnameOverride=auto")
     assert fine.returncode == 0, fine.stderr
 
 
@@ -240,7 +257,10 @@ def test_a_namespace_glob_is_watched_with_cluster_wide_rules(render: Render) -> 
     documents = render(sets=("watchNamespaces={e2e-*}", "monitoring.podMonitor.enabled=true"))
     assert by_kind(documents, "Role") == [] and by_kind(documents, "RoleBinding") == []
     namespaces = {("", "namespaces", verb) for verb in ("get", "list", "watch")}
-    assert rule_triples(one(documents, "ClusterRole")["rules"]) == canonical_rules() | namespaces
+    # No peering rule: a glob runs standalone (test_operator_rollouts.py).
+    assert rule_triples(one(documents, "ClusterRole")["rules"]) == (
+        canonical_rules() - CLUSTER_PEERING_RULES | namespaces
+    )
     binding = one(documents, "ClusterRoleBinding")
     assert binding["subjects"][0]["name"] == "fusebox-operator"
     assert env_of(one(documents, "Deployment"))["FUSEBOX_WATCH_NAMESPACES"] == "e2e-*"

@@ -1,5 +1,7 @@
 """The operator's RBAC per scope and replica count: exactly the verbs the code and
-kopf send in that mode, and no peering kind or Namespace read the mode never uses."""
+kopf send in that mode, and no peering kind or Namespace read the mode never uses.
+Every replica count peers (a rollout's new pod and the old one are peers), so the
+peering rule follows the scope, never replicaCount; a namespace glob has none."""
 
 from __future__ import annotations
 
@@ -39,28 +41,27 @@ PEERINGS = grants("kopf.dev", ("kopfpeerings",), "get list watch patch")
 CLUSTER_PEERINGS = grants("kopf.dev", ("clusterkopfpeerings",), "get list watch patch")
 
 
-@pytest.mark.parametrize(
-    ("replicas", "expected"),
-    [(1, NAMESPACED | CLUSTER), (3, NAMESPACED | CLUSTER | CLUSTER_PEERINGS)],
-)
-def test_watching_every_namespace_grants_cluster_peerings_only_with_several_replicas(
-    render: Render, replicas: int, expected: Triples
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_watching_every_namespace_grants_cluster_peerings_at_every_replica_count(
+    render: Render, replicas: int
 ) -> None:
-    """One replica runs kopf standalone (no peering object); several peer through a
-    ClusterKopfPeering. kopf reads no Namespace when it watches all of them."""
+    """One replica or several peer through a ClusterKopfPeering. kopf reads no
+    Namespace when it watches all of them."""
     documents = render(sets=(f"replicaCount={replicas}",))
-    assert rule_triples(one(documents, "ClusterRole")["rules"]) == expected
+    assert rule_triples(one(documents, "ClusterRole")["rules"]) == (
+        NAMESPACED | CLUSTER | CLUSTER_PEERINGS
+    )
     assert by_kind(documents, "Role") == []
 
 
-@pytest.mark.parametrize(("replicas", "expected"), [(1, NAMESPACED), (2, NAMESPACED | PEERINGS)])
-def test_named_namespaces_grant_namespaced_peerings_only_with_several_replicas(
-    render: Render, replicas: int, expected: Triples
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_named_namespaces_grant_namespaced_peerings_at_every_replica_count(
+    render: Render, replicas: int
 ) -> None:
     documents = render(sets=(f"replicaCount={replicas}", "watchNamespaces={team-a,team-b}"))
     roles = by_kind(documents, "Role")
     assert [role["metadata"]["namespace"] for role in roles] == ["team-a", "team-b"]
-    assert all(rule_triples(role["rules"]) == expected for role in roles)
+    assert all(rule_triples(role["rules"]) == NAMESPACED | PEERINGS for role in roles)
     # kopf lists and watches Namespaces to find the named ones.
     assert rule_triples(one(documents, "ClusterRole")["rules"]) == CLUSTER | NAMESPACES
 
@@ -68,6 +69,7 @@ def test_named_namespaces_grant_namespaced_peerings_only_with_several_replicas(
 def test_a_namespace_glob_grants_the_namespaced_rules_cluster_wide_and_namespace_reads(
     render: Render,
 ) -> None:
+    """No peering rule: a glob runs standalone (no KopfPeering in namespaces not known yet)."""
     documents = render(sets=("watchNamespaces={e2e-*}",))
     assert rule_triples(one(documents, "ClusterRole")["rules"]) == (
         NAMESPACED | CLUSTER | NAMESPACES
@@ -75,5 +77,5 @@ def test_a_namespace_glob_grants_the_namespaced_rules_cluster_wide_and_namespace
 
 
 def test_the_static_cluster_role_is_the_charts_default() -> None:
-    """operator/rbac/clusterrole.yaml: every namespace, one replica."""
-    assert canonical_rules() == NAMESPACED | CLUSTER
+    """operator/rbac/clusterrole.yaml: every namespace, one replica, peering."""
+    assert canonical_rules() == NAMESPACED | CLUSTER | CLUSTER_PEERINGS
