@@ -59,6 +59,10 @@ REPO = Path(__file__).resolve().parents[3]
 CRD = REPO / "crds" / "inferenceservice.yaml"
 CHART = REPO / "helm" / "fusebox"
 CRD_NAME = "inferenceservices.fusebox.dev"
+# kopf's peering CRDs, which `helm install` would create from the chart's crds/: the
+# suite installs with --skip-crds, and every release watching named namespaces peers.
+PEERING_CRDS = CHART / "crds" / "kopf-peerings.yaml"
+PEERING_CRD_NAMES = ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev")
 # The `namespace` fixture names every test namespace e2e-<test>-<hex>.
 TEST_NAMESPACES = "e2e-*"
 OPERATOR_LOG_LINES = 80
@@ -304,16 +308,19 @@ class OperatorRelease:
 
 @pytest.fixture(scope="session")
 def crd(cluster: Cluster) -> Iterator[None]:
-    """The CRD from crds/; removed at the end only when this session created it (a CRD
-    someone else installed, the demo's, keeps their InferenceServices)."""
-    existed = cluster.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
-    cluster.kubectl("apply", "-f", str(CRD))
-    wait_established(cluster, CRD_NAME)
+    """The CRD from crds/ and kopf's peering CRDs; each removed at the end only when
+    this session created it (a CRD someone else installed, the demo's, keeps their
+    InferenceServices and peerings)."""
+    names = (CRD_NAME, *PEERING_CRD_NAMES)
+    existed = {n for n in names if cluster.kubectl("get", "crd", n, check=False).returncode == 0}
+    cluster.kubectl("apply", "-f", str(CRD), "-f", str(PEERING_CRDS))
+    wait_established(cluster, *names)
     try:
         yield
     finally:
-        if not existed:
-            cluster.kubectl("delete", "crd", CRD_NAME, "--wait=false", check=False)
+        for name in names:
+            if name not in existed:
+                cluster.kubectl("delete", "crd", name, "--wait=false", check=False)
 
 
 @pytest.fixture(scope="session")

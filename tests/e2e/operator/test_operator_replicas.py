@@ -18,7 +18,6 @@ import re
 import signal
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +25,8 @@ import pytest
 
 from fusebox_contract.names import ConditionType, EventReason
 
-from ..conftest import Cluster, fresh_namespace, local_claim, wait_established
+from ..conftest import Cluster, fresh_namespace, local_claim
 from .conftest import (
-    CHART,
     OperatorRelease,
     Service,
     apply_service,
@@ -42,28 +40,8 @@ from .test_operator import LADDER_EVENTS, leak_spec
 pytestmark = pytest.mark.chaos
 
 NAME = "ha-chat"
-PEERING_CRDS = CHART / "crds" / "kopf-peerings.yaml"
-PEERING_CRD_NAMES = ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev")
 # kopf's peering lifetime: a crashed peer's record counts as alive until then.
 PEER_LIFETIME_SECONDS = 60
-
-
-@pytest.fixture
-def peering_crds(cluster: Cluster) -> Iterator[None]:
-    """kopf's peering CRDs, which `helm install` creates from the chart's crds/ (the suite
-    installs with --skip-crds); deleted afterwards when this test created them."""
-    existing = {
-        name
-        for name in PEERING_CRD_NAMES
-        if cluster.kubectl("get", "crd", name, check=False).returncode == 0
-    }
-    cluster.kubectl("apply", "-f", str(PEERING_CRDS))
-    wait_established(cluster, *PEERING_CRD_NAMES)
-    try:
-        yield
-    finally:
-        for name in set(PEERING_CRD_NAMES) - existing:
-            cluster.kubectl("delete", "crd", name, "--wait=false", check=False)
 
 
 def peers(release: OperatorRelease) -> dict[str, int]:
@@ -182,7 +160,7 @@ def kill_operator_process(pod: str) -> None:
 
 
 def test_with_two_replicas_one_operator_acts_and_a_live_one_takes_over_when_it_goes(
-    cluster: Cluster, crd: None, peering_crds: None
+    cluster: Cluster, crd: None
 ) -> None:
     suffix = uuid.uuid4().hex[:6]
     with fresh_namespace(cluster, f"ha-{suffix}") as namespace:
@@ -273,7 +251,7 @@ def ha_values(release: OperatorRelease) -> tuple[str, ...]:
 
 @pytest.mark.parametrize("how", ["crash", "helm-upgrade"])
 def test_the_acting_replica_gone_mid_ladder_hands_the_climb_over_without_repeating_a_rung(
-    cluster: Cluster, crd: None, peering_crds: None, model_root: Path, how: str
+    cluster: Cluster, crd: None, model_root: Path, how: str
 ) -> None:
     """The acting replica goes (hand_over: crashed, or rolled by `helm upgrade`) right
     after the ladder's first rung, with traffic leaking memory. The live replica with
