@@ -592,8 +592,11 @@ async def _telemetry(
         kubelet_pressure=kubelet,
         endpoints=kube.service_endpoints(namespace, name),  # the Service is named as the object
     )
+    async def told_before(ids: Sequence[str]) -> set[str]:
+        return await context.kube.actions_told(namespace, name, ids)
+
     started = time.perf_counter()
-    outcome = await run_tick(inputs, service.tick, scrape, context.actuator, time.time)
+    outcome = await run_tick(inputs, service.tick, scrape, context.actuator, time.time, told_before)
     METRICS.tick(f"{namespace}/{name}", time.perf_counter() - started, status, outcome.status_patch)
     if context.actuator.token_refused(token):
         service.forget_token()  # rotated or recreated: the next tick reads the Secret

@@ -21,7 +21,7 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 import aiohttp
@@ -693,6 +693,33 @@ class Kube:
             return await _run(call, f"InferenceService {namespace}/{name}")
         except ApiException as error:
             raise KubeError(f"InferenceService {namespace}/{name}: {error.reason}") from error
+
+    async def actions_told(self, namespace: str, name: str, ids: Sequence[str]) -> set[str]:
+        """Of the action ids `ids`, those an Event on the InferenceService already names
+        (an action's event ends with `[id]`: status.transition_events). Events that cannot
+        be read name none: the action is then told again, a rare second event rather
+        than an action told nowhere."""
+        selector = f"involvedObject.kind=InferenceService,involvedObject.name={name}"
+
+        def call() -> set[str]:
+            answer: Any = self.core.list_namespaced_event(
+                namespace,
+                field_selector=selector,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                _preload_content=False,
+            )
+            items = json.loads(answer.data).get("items") or []
+            messages = [str(event.get("message") or "") for event in items]
+            return {i for i in ids if any(f"[{i}]" in message for message in messages)}
+
+        try:
+            return await _run(call, f"events of InferenceService {namespace}/{name}")
+        except (ApiException, KubeError) as error:
+            reason = error.reason if isinstance(error, ApiException) else str(error)
+            log.warning(
+                "%s/%s: events unread, replayed actions told again: %s", namespace, name, reason
+            )
+            return set()
 
     # ----- children -----
     async def apply(self, manifest: dict[str, Any], scale: bool = True) -> Applied:

@@ -95,6 +95,14 @@ Scrape = Callable[[Sequence[PodView]], Awaitable[list[PodSample]]]
 STUCK_TERMINATING_SECONDS = 30.0
 POD_DELETING = frozenset({ActionKind.RESTART, ActionKind.DRAIN})  # the pod is gone after these
 Clock = Callable[[], float]
+# Of the given action ids, those an Event on the service already names: a predecessor
+# that ran them and died before its status was written may or may not have told them.
+ToldBefore = Callable[[Sequence[str]], Awaitable[set[str]]]
+
+
+async def taken_as_told(ids: Sequence[str]) -> set[str]:
+    """Where no Events can be read (the first observation): every replay was told."""
+    return set(ids)
 
 
 class ActuatorPort(Protocol):
@@ -542,6 +550,7 @@ async def run_tick(
     scrape: Scrape,
     actuator: ActuatorPort,
     clock: Clock,
+    told_before: ToldBefore = taken_as_told,
 ) -> TickOutcome:
     """Scrape -> decide -> act -> converge runtime state -> status patch and events."""
     spec = inputs.spec
@@ -616,14 +625,15 @@ async def run_tick(
     results = [] if holding else await execute_per_pod(calls_due, inputs, by_name, actuator)
     executed: list[tuple[Action, str]] = []
     # Fresh decisions the server had already run under the same id: an operator that
-    # died after acting and posting its event, before its status was written,
-    # decided it first. The server replayed; the event is not posted twice.
-    replayed: set[str] = set()
+    # died after acting, before its status was written, decided them first. Its event
+    # is posted now unless an Event already names the action: never twice, never lost.
+    replays: list[str] = []
     for action, result in results:
         if new_state.settle(action, result.settled):
             executed.append((action, result.text))
             if result.replayed and action.id not in retried:
-                replayed.add(action.id)
+                replays.append(action.id)
+    replayed = await told_before(replays) if replays else set()
 
     # Figures after an action are the ones a user wants to see at once.
     acted = sorted({a.pod for a, _ in executed if a.kind not in POD_DELETING and a.pod in by_name})

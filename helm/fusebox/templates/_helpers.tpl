@@ -201,9 +201,11 @@ replaced (kube.py); kopf patches the status and POSTs core/v1 Events.
 - apiGroups: [""]
   resources: [pods/resize]
   verbs: [patch]
+# Events: POSTed (kopf), and listed only when a successor finds an action its
+# predecessor ran, to tell it unless an Event already does (Kube.actions_told).
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, list]
 {{- end -}}
 
 {{/* Rules on cluster-scoped resources: always a ClusterRole (a Role cannot grant them). */}}

@@ -690,6 +690,7 @@ ALLOWED = [
     ("patch", "pods"),  # the pod-deletion-cost before a scale-down
     ("watch", "endpointslices.discovery.k8s.io"),  # Ready reads the Service's endpoints
     ("create", "events"),
+    ("list", "events"),  # a successor's lookup of an action its predecessor ran
     ("list", "nodes"),
     ("create", "networkpolicies.networking.k8s.io"),
     ("create", "poddisruptionbudgets.policy"),
@@ -698,6 +699,8 @@ DENIED = [
     ("list", "secrets"),
     ("watch", "secrets"),
     ("update", "secrets"),
+    ("watch", "events"),
+    ("delete", "events"),
     ("create", "pods"),
     ("create", "pods/exec"),
     ("delete", "deployments.apps"),

@@ -17,7 +17,8 @@ def grants(group: str, resources: tuple[str, ...], verbs: str) -> Triples:
     return {(group, resource, verb) for resource in resources for verb in verbs.split()}
 
 
-# Children: created, merge-patched, Deployments replaced (update); events POSTed only.
+# Children: created, merge-patched, Deployments replaced (update); events POSTed, and
+# listed by a successor that finds an action its predecessor ran (Kube.actions_told).
 NAMESPACED = (
     grants("fusebox.dev", ("inferenceservices",), "get list watch patch")
     | grants("fusebox.dev", ("inferenceservices/status",), "get patch")
@@ -31,7 +32,7 @@ NAMESPACED = (
     # Ready reads whether the Service lists its pods: the EndpointSlices, watched.
     | grants("discovery.k8s.io", ("endpointslices",), "get list watch")
     | grants("", ("pods/resize",), "patch")
-    | grants("", ("events",), "create")
+    | grants("", ("events",), "create list")
 )
 CLUSTER = grants("apiextensions.k8s.io", ("customresourcedefinitions",), "get list watch") | (
     grants("", ("nodes",), "get list")
