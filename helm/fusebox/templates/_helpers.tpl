@@ -23,6 +23,28 @@ allows 53) or fullnameOverride (63) must not fail the hooks of upgrade and unins
 {{- printf "%s-%s" $base $suffix -}}
 {{- end -}}
 
+{{/*
+The name of the release's ClusterRole and ClusterRoleBinding, given (suffix, root):
+the fullname, the release's namespace and the suffix (none: ""). Two releases of
+one name in two namespaces (two teams, each watching its own namespaces) then
+hold one each, where one name would make helm refuse the second install (the
+object belongs to the first release). Past 63 characters (the chart keeps every
+name a DNS label) it is cut to 54 and ends with 8 hex of the whole name's
+sha256, so two long names cut alike still differ.
+*/}}
+{{- define "fusebox.clusterScopedName" -}}
+{{- $suffix := index . 0 -}}
+{{- $root := index . 1 -}}
+{{- $parts := list (include "fusebox.fullname" $root) $root.Release.Namespace -}}
+{{- if $suffix -}}{{- $parts = append $parts $suffix -}}{{- end -}}
+{{- $whole := join "-" $parts -}}
+{{- if le (len $whole) 63 -}}
+{{- $whole -}}
+{{- else -}}
+{{- printf "%s-%s" ($whole | trunc 54 | trimSuffix "-") (sha256sum $whole | trunc 8) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "fusebox.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "fusebox.fullname" .) .Values.serviceAccount.name -}}

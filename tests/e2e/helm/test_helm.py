@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ...unit.helm.names import cluster_scoped_name
 from ..conftest import helm, wait_established, wait_for
 
 REPO = Path(__file__).resolve().parents[3]
@@ -98,7 +99,9 @@ def test_default_render_passes_strict_server_side_validation(
     out = server_dry_run(cluster, namespace)
     for kind_name in (
         "serviceaccount/fusebox-operator",
-        "clusterrole.rbac.authorization.k8s.io/fusebox-operator",
+        # Cluster-scoped names carry the release's namespace (two teams, one release name).
+        "clusterrole.rbac.authorization.k8s.io/"
+        + cluster_scoped_name("fusebox-operator", namespace),
         "deployment.apps/fusebox-operator",
         "service/fusebox-operator",
     ):
@@ -121,7 +124,8 @@ def test_all_options_render_passes_strict_server_side_validation(
         "configmap/fusebox-all-dashboard",
         "kopfpeering.kopf.dev/fusebox-peers",
         "role.rbac.authorization.k8s.io/fusebox-all",
-        "clusterrole.rbac.authorization.k8s.io/fusebox-all-cluster",
+        "clusterrole.rbac.authorization.k8s.io/"
+        + cluster_scoped_name("fusebox-all", namespace, "cluster"),
     ):
         assert f"{kind_name} " in out, out
 
@@ -246,7 +250,10 @@ def test_install_runs_the_operator_which_reconciles_the_examples_and_uninstall_r
         )
         assert (
             cluster.kubectl(
-                "get", "clusterrole", f"{release}-operator-cluster", check=False
+                "get",
+                "clusterrole",
+                cluster_scoped_name(f"{release}-operator", namespace, "cluster"),
+                check=False,
             ).returncode
             != 0
         )

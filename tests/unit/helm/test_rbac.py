@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from .conftest import Render, by_kind, one
+from .names import cluster_scoped_name
 from .test_chart import canonical_rules, rule_triples
 
 Triples = set[tuple[str, str, str]]
@@ -80,3 +81,41 @@ def test_a_namespace_glob_grants_the_namespaced_rules_cluster_wide_and_namespace
 def test_the_static_cluster_role_is_the_charts_default() -> None:
     """operator/rbac/clusterrole.yaml: every namespace, one replica, peering."""
     assert canonical_rules() == NAMESPACED | CLUSTER | CLUSTER_PEERINGS
+
+
+@pytest.mark.parametrize(
+    ("sets", "suffix"),
+    [((), ""), (("watchNamespaces={a,b}",), "cluster"), (("watchNamespaces={team-*}",), "")],
+    ids=["every-namespace", "named", "glob"],
+)
+def test_one_release_name_in_two_namespaces_claims_distinct_cluster_roles(
+    render: Render, sets: tuple[str, ...], suffix: str
+) -> None:
+    """Two teams each install `fusebox` in their own namespace: helm refuses an
+    object another release owns, so no ClusterRole or binding (the hooks' included)
+    may share a name across them, and each binding grants its own release's role."""
+    names: list[set[str]] = []
+    for namespace in ("team-a", "team-b"):
+        documents = render(sets=sets, namespace=namespace)
+        roles = {r["metadata"]["name"] for r in by_kind(documents, "ClusterRole")}
+        bindings = by_kind(documents, "ClusterRoleBinding")
+        assert roles and all(namespace in name for name in roles), roles
+        assert cluster_scoped_name("fusebox-operator", namespace, suffix) in roles, roles
+        assert {b["metadata"]["name"] for b in bindings} == roles
+        assert all(b["roleRef"]["name"] == b["metadata"]["name"] for b in bindings)
+        names.append(roles)
+    assert not names[0] & names[1]
+
+
+def test_long_cluster_scoped_names_are_cut_to_a_dns_label_and_still_differ(
+    render: Render,
+) -> None:
+    prefix = "inference-platform-team-chat-production"  # two namespaces alike for 40 characters
+    names: list[set[str]] = []
+    for namespace in (f"{prefix}-eu-west1", f"{prefix}-eu-west2"):
+        documents = render(sets=("watchNamespaces={a}",), namespace=namespace)
+        roles = {r["metadata"]["name"] for r in by_kind(documents, "ClusterRole")}
+        assert roles and all(len(name) <= 63 for name in roles), roles
+        assert cluster_scoped_name("fusebox-operator", namespace, "cluster") in roles
+        names.append(roles)
+    assert not names[0] & names[1]
