@@ -592,6 +592,7 @@ async def _telemetry(
         kubelet_pressure=kubelet,
         endpoints=kube.service_endpoints(namespace, name),  # the Service is named as the object
     )
+
     async def told_before(ids: Sequence[str]) -> set[str]:
         return await context.kube.actions_told(namespace, name, ids)
 

@@ -421,12 +421,19 @@ def test_turning_autoscaling_off_deletes_its_status_and_scaling_limited() -> Non
     assert "autoscaling" not in run(fixed, status, [pod("a")], memory, now=T0 + 40).status_patch
 
 
-def test_a_scale_down_the_window_holds_posts_one_event_then_scales_down() -> None:
-    spec = parse_spec({"model": MODEL, "gpu": {"count": 0}, "autoscaling": {
-        "minReplicas": 1, "maxReplicas": 4, "scaleDownStabilizationSeconds": 60}})  # fmt: skip
-    pods = [pod(name) for name in "abc"]
-    idle = [report(p.name, 0, Variant.PRIMARY, stats_age_seconds=1.0, queue_length=0.0,
+WINDOWED = {"minReplicas": 1, "maxReplicas": 4, "scaleDownStabilizationSeconds": 60}
+
+
+def idle_reports(pods: list[PodView]) -> list[PodSample]:
+    """Nothing queued or running on any pod: the load asks for the fewest pods."""
+    return [report(p.name, 0, Variant.PRIMARY, stats_age_seconds=1.0, queue_length=0.0,
                    requests_running=0.0) for p in pods]  # fmt: skip
+
+
+def test_a_scale_down_the_window_holds_posts_one_event_then_scales_down() -> None:
+    spec = parse_spec({"model": MODEL, "gpu": {"count": 0}, "autoscaling": WINDOWED})
+    pods = [pod(name) for name in "abc"]
+    idle = idle_reports(pods)
     status: dict[str, Any] = {"autoscaling": {"replicas": 3}}
     memory = TickMemory()
     told: list[list[str]] = []
@@ -440,13 +447,11 @@ def test_a_scale_down_the_window_holds_posts_one_event_then_scales_down() -> Non
 
 
 def test_a_scale_down_hold_is_told_again_after_observe_mode_interrupted_it() -> None:
-    autoscaling = {"minReplicas": 1, "maxReplicas": 4, "scaleDownStabilizationSeconds": 60}
-    enforce = parse_spec({"model": MODEL, "gpu": {"count": 0}, "autoscaling": autoscaling})
+    enforce = parse_spec({"model": MODEL, "gpu": {"count": 0}, "autoscaling": WINDOWED})
     observe = parse_spec({"model": MODEL, "gpu": {"count": 0}, "mode": "Observe",
-                          "autoscaling": autoscaling})  # fmt: skip
+                          "autoscaling": WINDOWED})  # fmt: skip
     pods = [pod(name) for name in "abc"]
-    idle = [report(p.name, 0, Variant.PRIMARY, stats_age_seconds=1.0, queue_length=0.0,
-                   requests_running=0.0) for p in pods]  # fmt: skip
+    idle = idle_reports(pods)
     status: dict[str, Any] = {"autoscaling": {"replicas": 3}}
     memory = TickMemory()
     told: list[list[str]] = []
