@@ -633,7 +633,7 @@ async def run_tick(
             executed.append((action, result.text))
             if result.replayed and action.id not in retried:
                 replays.append(action.id)
-    replayed = await told_before(replays) if replays else set()
+    already_told = await told_before(replays) if replays else set()
 
     # Figures after an action are the ones a user wants to see at once.
     acted = sorted({a.pod for a, _ in executed if a.kind not in POD_DELETING and a.pod in by_name})
@@ -670,7 +670,7 @@ async def run_tick(
 
     # "The service swaps to the fallback" only when some pod can.
     some_pod_swaps = service_swaps(samples, new_state)
-    told = [(action, text) for action, text in executed if action.id not in replayed]
+    told = [(action, text) for action, text in executed if action.id not in already_told]
     events = (
         incident.events
         + node_events
