@@ -7,7 +7,9 @@ its own. Then a representative test runs against the suite's release: a service
 applied, served and deleted, and the suite's operator crashed and replaced. The
 stand-in's operator pod must still be the same pod with the same restart count,
 its service still its own, and neither operator may ever have named the other's
-namespace in its log. And a GPU count the suite raises for its tests (`two_gpus`)
+namespace in its log. The stand-in runs one replica and is a live peer of its
+release's KopfPeering all the same, as the demo's is: a rollout's new pod would
+pause for it. And a GPU count the suite raises for its tests (`two_gpus`)
 is the cluster's own again afterwards.
 """
 
@@ -34,6 +36,7 @@ from .conftest import (
     node_gpus,
     wait_for,
 )
+from .test_operator_replicas import peers
 
 STAND_IN_SERVICE = "demo-chat"
 
@@ -85,6 +88,12 @@ def test_another_release_keeps_running_untouched_while_the_suite_runs(
     namespace: str,
 ) -> None:
     before = identity(wait_for("the stand-in's operator Ready", stand_in_demo.ready_pod))
+    # One replica, a peer all the same (the chart peers at every replica count).
+    wait_for(
+        "the stand-in's operator, alone, a live peer of its KopfPeering",
+        lambda: list(peers(stand_in_demo)) == [before.name],
+        timeout=60,
+    )
     stand_in_deployment = json.loads(
         cluster.kubectl(
             "-n", stand_in_demo.namespace, "get", "deployment", STAND_IN_SERVICE, "-o", "json"
