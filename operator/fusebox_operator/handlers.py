@@ -8,6 +8,7 @@ kopf's `patch`, and kopf sends one patch per handler run.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -592,10 +593,7 @@ async def _telemetry(
         kubelet_pressure=kubelet,
         endpoints=kube.service_endpoints(namespace, name),  # the Service is named as the object
     )
-
-    async def told_before(ids: Sequence[str]) -> set[str]:
-        return await context.kube.actions_told(namespace, name, ids)
-
+    told_before = functools.partial(kube.actions_told, namespace, name)
     started = time.perf_counter()
     outcome = await run_tick(inputs, service.tick, scrape, context.actuator, time.time, told_before)
     METRICS.tick(f"{namespace}/{name}", time.perf_counter() - started, status, outcome.status_patch)

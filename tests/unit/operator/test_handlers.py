@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -75,6 +75,9 @@ class FakeKube:
     async def read_service_status(self, namespace: str, name: str) -> dict[str, Any]:
         self.status_reads += 1
         return dict(self.statuses.get(name, {}))
+
+    async def actions_told(self, namespace: str, name: str, ids: Sequence[str]) -> set[str]:
+        return set()  # no Event names an action here
 
     def children_touched(self, namespace: str, service: str) -> bool:
         if service not in self.touched:
