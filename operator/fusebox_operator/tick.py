@@ -100,9 +100,9 @@ Clock = Callable[[], float]
 ToldBefore = Callable[[Sequence[str]], Awaitable[set[str]]]
 
 
-async def taken_as_told(ids: Sequence[str]) -> set[str]:
-    """Where no Events can be read (the first observation): every replay was told."""
-    return set(ids)
+async def none_told(ids: Sequence[str]) -> set[str]:
+    """Where no Events are read: every replayed action is told (never none)."""
+    return set()
 
 
 class ActuatorPort(Protocol):
@@ -550,7 +550,7 @@ async def run_tick(
     scrape: Scrape,
     actuator: ActuatorPort,
     clock: Clock,
-    told_before: ToldBefore = taken_as_told,
+    told_before: ToldBefore = none_told,
 ) -> TickOutcome:
     """Scrape -> decide -> act -> converge runtime state -> status patch and events."""
     spec = inputs.spec
