@@ -16,8 +16,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import kubernetes
 import pytest
 import yaml
+
+from fusebox_operator.kube import Kube
 
 REPO = Path(__file__).resolve().parents[3]
 BINARIES = REPO / ".cache" / "bin"
@@ -153,6 +156,25 @@ def kubectl(config: Path, *args: str, stdin: str = "") -> subprocess.CompletedPr
         timeout=60,
         check=False,
     )
+
+
+def kubectl_ok(config: Path, *args: str, stdin: str = "") -> str:
+    """kubectl's output; the test fails with its stderr when it fails."""
+    done = kubectl(config, *args, stdin=stdin)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def kube_as(config: Path, user: str) -> Kube:
+    """The operator's own Kube on `config`'s API server, every request made as `user`
+    (impersonated), so only that user's RBAC applies."""
+    configuration = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=str(config), client_configuration=configuration
+    )
+    kube = Kube(configuration)
+    kube.api_client.set_default_header("Impersonate-User", user)
+    return kube
 
 
 def wait_established(config: Path, name: str, timeout_seconds: float = 60) -> None:

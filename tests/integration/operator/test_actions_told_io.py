@@ -16,14 +16,11 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import kubernetes
 import pytest
 import yaml
 
-from fusebox_operator.kube import Kube
-
-from .loopback_apiserver import REPO, loopback_apiserver, skip_without_binaries
-from .loopback_apiserver import kubectl as run_kubectl
+from .loopback_apiserver import REPO, kube_as, loopback_apiserver, skip_without_binaries
+from .loopback_apiserver import kubectl_ok as kubectl
 
 pytestmark = pytest.mark.integration
 
@@ -32,12 +29,6 @@ NAMESPACE = "ml"
 NAME = "chat"
 OPERATOR = "system:serviceaccount:fusebox-system:fusebox-operator"
 UNGRANTED = "system:serviceaccount:fusebox-system:no-events"
-
-
-def kubectl(config: Path, *args: str, stdin: str = "") -> str:
-    done = run_kubectl(config, *args, stdin=stdin)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 def event(name: str, kind: str, involved: str, message: str) -> dict[str, object]:
@@ -83,18 +74,8 @@ def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield config
 
 
-def acting_as(config: Path, user: str) -> Kube:
-    configuration = kubernetes.client.Configuration()
-    kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=str(config), client_configuration=configuration
-    )
-    kube = Kube(configuration)
-    kube.api_client.set_default_header("Impersonate-User", user)
-    return kube
-
-
 def test_only_the_ids_the_services_own_events_name_are_told(kubeconfig: Path) -> None:
-    kube = acting_as(kubeconfig, OPERATOR)
+    kube = kube_as(kubeconfig, OPERATOR)
     asked = ["chat-000003-gc", "chat-000004-gc", "chat-000005-gc", "chat-000006-gc"]
     assert asyncio.run(kube.actions_told(NAMESPACE, NAME, asked)) == {"chat-000003-gc"}
     # An id is matched whole: a prefix of a told id is not told.
@@ -115,6 +96,6 @@ def test_a_role_that_may_not_list_events_reads_none_told(
         kubeconfig, "create", "clusterrolebinding", "no-events", "--clusterrole=no-events",
         "--serviceaccount=fusebox-system:no-events",
     )  # fmt: skip
-    kube = acting_as(kubeconfig, UNGRANTED)
+    kube = kube_as(kubeconfig, UNGRANTED)
     assert asyncio.run(kube.actions_told(NAMESPACE, NAME, ["chat-000003-gc"])) == set()
     assert "events unread, replayed actions told again: Forbidden" in caplog.text

@@ -36,7 +36,7 @@ from fusebox_operator.settings import OperatorSettings
 from fusebox_operator.sizing import NODE_PRODUCT_LABEL, NODE_VRAM_LABEL, size_memory
 from fusebox_operator.spec import parse_spec
 
-from .loopback_apiserver import kubectl as run_kubectl
+from .loopback_apiserver import kubectl_ok as kubectl
 from .loopback_apiserver import loopback_apiserver, skip_without_binaries
 
 pytestmark = pytest.mark.integration
@@ -60,13 +60,6 @@ def in_loop(kube: Kube, call: Coroutine[Any, Any, T]) -> T:
             await kube.close()
 
     return asyncio.run(run())
-
-
-def kubectl(config: Path, *args: str, stdin: str = "") -> str:
-    """kubectl's output; the test fails with its stderr when it fails."""
-    done = run_kubectl(config, *args, stdin=stdin)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 def requests(config: Path, verb: str, code: str = "") -> dict[str, float]:

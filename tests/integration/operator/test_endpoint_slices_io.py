@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import kubernetes
 import pytest
 import yaml
 
@@ -33,8 +32,15 @@ from fusebox_operator.kube import Kube
 from fusebox_operator.pod_view import pod_view
 from fusebox_operator.settings import OperatorSettings
 
-from .loopback_apiserver import BINARIES, REPO, free_port, loopback_apiserver, skip_without_binaries
-from .loopback_apiserver import kubectl as run_kubectl
+from .loopback_apiserver import (
+    BINARIES,
+    REPO,
+    free_port,
+    kube_as,
+    loopback_apiserver,
+    skip_without_binaries,
+)
+from .loopback_apiserver import kubectl_ok as kubectl
 
 pytestmark = pytest.mark.integration
 
@@ -43,12 +49,6 @@ NAMESPACE = "ml"
 NAME = "chat"
 OPERATOR = "system:serviceaccount:fusebox-system:fusebox-operator"
 UNGRANTED = "system:serviceaccount:fusebox-system:no-slices"
-
-
-def kubectl(config: Path, *args: str, stdin: str = "") -> str:
-    done = run_kubectl(config, *args, stdin=stdin)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
@@ -146,12 +146,7 @@ def slice_controller(
 
 
 def watching_as(config: Path, user: str) -> Kube:
-    configuration = kubernetes.client.Configuration()
-    kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=str(config), client_configuration=configuration
-    )
-    kube = Kube(configuration)
-    kube.api_client.set_default_header("Impersonate-User", user)
+    kube = kube_as(config, user)
     kube.watch_endpoints(OperatorSettings.from_env({}))  # every namespace, as the chart's default
     return kube
 
